@@ -1,0 +1,26 @@
+# Quick start: `make train` (set up + train VR-edge with defaults), `make test` (set up + all tests).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup train test lint clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, pinned to the CPU wheel when no torch is present, so the range below never pulls a multi-GB CUDA build
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==2.13.0" || $(PY) -m pip install --quiet "torch>=2.2,<3"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+train: setup
+	$(PY) -m trainer.train $(ARGS)
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,1 @@
+"""Side-by-side throughput benchmarks; each reports ratios measured in one run."""

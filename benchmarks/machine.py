@@ -1,0 +1,48 @@
+"""What a benchmark ran on, and robust summaries of repeated timings."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import gymnasium
+import numpy as np
+import torch
+
+
+def machine_info() -> dict[str, str]:
+    """Python, NumPy, Gymnasium, torch, CPU and CUDA versions of this machine."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "gymnasium": gymnasium.__version__,
+        "torch": torch.__version__,
+        "cpu": f"{cpu} ({os.cpu_count()} logical cores)",
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+    }
+
+
+def print_machine() -> None:
+    for k, v in machine_info().items():
+        print(f"{k:>10}: {v}")
+
+
+def timed(fn: Callable[[], int]) -> float:
+    """Run ``fn`` (which returns a transition count) once; return transitions per second."""
+    start = time.perf_counter()
+    n = fn()
+    return n / (time.perf_counter() - start)
+
+
+def summary(rates: list[float]) -> str:
+    """Median and spread (min-max) of repeated rates."""
+    return f"{statistics.median(rates):>12,.0f}  [{min(rates):,.0f} - {max(rates):,.0f}]"

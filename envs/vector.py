@@ -1,0 +1,125 @@
+"""The natively batched VR-edge env: all envs stepped together with NumPy array operations."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from envs import rng
+from envs.vr_edge import (
+    VREdgeConfig,
+    action_space,
+    burn_cpu,
+    checked_state,
+    initial_state,
+    observation_space,
+    observe,
+    step_state,
+    validate_actions,
+)
+
+_METRICS = ("quality", "stall_s", "switches", "abandoned")
+
+
+class VREdgeVectorEnv(gym.vector.VectorEnv):
+    """``num_envs`` independent VR-edge envs stepped at once, with same-step autoreset.
+
+    Env ``i`` reset with ``reset(seed=[s_0, ..., s_{n-1}])`` follows exactly the
+    trajectory of ``SyntheticVREdgeEnv`` reset with ``seed=s_i`` (and later reset
+    without a seed) under the same actions. An integer seed is expanded into
+    per-env seeds through ``numpy.random.SeedSequence``.
+
+    Example:
+        >>> import numpy as np, envs
+        >>> venv = envs.VREdgeVectorEnv(3, num_users=2)
+        >>> obs, info = venv.reset(seed=[1, 2, 3])
+        >>> obs.shape
+        (3, 19)
+        >>> obs, rew, term, trunc, info = venv.step(np.zeros((3, 2), dtype=np.int64))
+        >>> rew.shape, info["quality"].shape
+        ((3,), (3, 2))
+
+    Returns per step: observations ``[N, obs_dim]`` float32, rewards ``[N]`` float64,
+    ``terminated`` / ``truncated`` ``[N]`` bool and infos with ``quality``, ``stall_s``,
+    ``switches`` ``[N, U]`` and ``capacity_mbps`` ``[N]``. Where an episode ended
+    (mask ``info["_final_obs"]``), ``info["final_obs"]`` holds its last observation
+    and ``info["final_info"]["episode_metrics"]`` its QoE means; the returned
+    observation is already the next episode's first.
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+
+    def __init__(self, num_envs: int, num_users: int = 8, seed: int | None = None, **config: Any) -> None:
+        if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
+            raise ValueError(f"num_envs={num_envs!r} is invalid: must be an integer >= 1")
+        self.config = VREdgeConfig(num_users=num_users, **config)
+        self.num_envs = int(num_envs)
+        self._seed = seed
+        self.single_observation_space = observation_space(self.config)
+        self.single_action_space = action_space(self.config)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._state: dict[str, np.ndarray] | None = None
+
+    def reset(self, *, seed: int | Sequence[int] | None = None, options: dict | None = None):
+        if seed is None and self._state is None:
+            seed = self._seed if self._seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
+        if seed is None:
+            keys, counters = self._state["key"], self._state["counter"]
+        else:
+            keys = np.array([rng.key_from_seed(s) for s in self._env_seeds(seed)], dtype=np.uint64)
+            counters = np.zeros(self.num_envs, dtype=np.uint64)
+        self._state = initial_state(self.config, keys, counters)
+        return observe(self.config, self._state), {}
+
+    def _env_seeds(self, seed: int | Sequence[int]) -> list[int]:
+        if isinstance(seed, (int, np.integer)):
+            return [int(s) for s in np.random.SeedSequence(int(seed)).generate_state(self.num_envs, np.uint64)]
+        seeds = list(seed)
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"reset(seed=...) got {len(seeds)} seeds for {self.num_envs} envs; "
+                             "pass one integer, or one seed per env")
+        return seeds
+
+    def step(self, actions):
+        if self._state is None:
+            raise RuntimeError("call reset() before step()")
+        actions = validate_actions(self.config, actions, self.num_envs)
+        burn_cpu(self.config.step_cost_us * self.num_envs)
+        self._state, reward, terminated, truncated, parts = step_state(self.config, self._state, actions)
+        obs = observe(self.config, self._state)
+        infos: dict[str, Any] = dict(parts)
+        done = terminated | truncated
+        if done.any():
+            s = self._state
+            steps = np.maximum(s["t"], 1)
+            metrics = {
+                "quality": s["ep_quality"] / steps,
+                "stall_s": s["ep_stall"] / steps,
+                "switches": s["ep_switches"] / steps,
+                "abandoned": np.any(s["cum_stall"] > self.config.abandon_stall_s, axis=1).astype(np.float64),
+            }
+            infos["final_obs"] = np.where(done[:, None], obs, 0.0).astype(np.float32)
+            infos["_final_obs"] = done
+            infos["final_info"] = {"episode_metrics": metrics, "_episode_metrics": done}
+            infos["_final_info"] = done
+            fresh = initial_state(self.config, s["key"][done], s["counter"][done])
+            for k, v in fresh.items():
+                s[k][done] = v
+            obs[done] = observe(self.config, fresh)
+        return obs, reward, terminated, truncated, infos
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Return a copy of the state of all envs (RNG positions included)."""
+        if self._state is None:
+            raise RuntimeError("call reset() before get_state()")
+        return {k: v.copy() for k, v in self._state.items()}
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        """Restore a state from :meth:`get_state`."""
+        self._state = checked_state(self.config, state, self.num_envs)

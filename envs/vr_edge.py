@@ -1,0 +1,392 @@
+"""Synthetic multi-user VR edge-rendering workload: dynamics and the single env.
+
+The dynamics are written once, as NumPy functions over a leading batch axis ``B``
+of independent envs; :class:`SyntheticVREdgeEnv` runs them with ``B = 1`` and
+:class:`envs.vector.VREdgeVectorEnv` with ``B = num_envs``. See ``envs/README.md``
+for the model and the reward formula.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from envs import rng
+
+REGIMES = ("good", "fair", "poor")
+USER_FEATURES = ("buffer", "last_level", "throughput", "download_time", "stall", "cum_stall", "channel")
+_OBS_HIGH = 10.0
+_THROUGHPUT_EWMA = 0.5
+
+
+@dataclass(frozen=True)
+class VREdgeConfig:
+    """Parameters of the VR-edge workload; every field is validated on construction."""
+
+    num_users: int = 8
+    bitrates_mbps: tuple[float, ...] = (5.0, 10.0, 20.0, 35.0, 55.0, 80.0)
+    segment_s: float = 1.0
+    max_buffer_s: float = 4.0
+    initial_buffer_s: float = 2.0
+    capacity_per_user_mbps: float = 100.0
+    regime_multipliers: tuple[float, float, float] = (1.35, 0.9, 0.45)
+    regime_stay_prob: float = 0.95
+    noise_corr: float = 0.9
+    noise_std: float = 0.15
+    fade_prob: float = 0.02
+    fade_end_prob: float = 0.35
+    fade_depth: float = 0.3
+    channel_corr: float = 0.98
+    channel_std: float = 1.0
+    quality_weight: float = 1.0
+    stall_weight: float = 4.0
+    switch_weight: float = 1.0
+    abandon_stall_s: float = 10.0
+    max_steps: int = 300
+    history: int = 4
+    step_cost_us: float = 0.0
+    _ladder: np.ndarray = field(init=False, repr=False, compare=False)
+    _quality: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, allowed: str) -> None:
+            if not ok:
+                raise ValueError(f"VR-edge argument {name}={getattr(self, name)!r} is invalid: must be {allowed}")
+
+        need(_is_int(self.num_users) and self.num_users >= 1, "num_users", "an integer >= 1")
+        ladder = tuple(self.bitrates_mbps)
+        need(len(ladder) >= 1, "bitrates_mbps", "a non-empty, strictly increasing sequence of positive numbers")
+        need(all(b > 0 for b in ladder) and all(a < b for a, b in zip(ladder, ladder[1:])),
+             "bitrates_mbps", "a non-empty, strictly increasing sequence of positive numbers")
+        for name in ("segment_s", "max_buffer_s", "capacity_per_user_mbps", "abandon_stall_s", "fade_depth"):
+            need(getattr(self, name) > 0, name, "> 0")
+        need(self.initial_buffer_s >= 0, "initial_buffer_s", ">= 0")
+        need(self.max_buffer_s >= self.segment_s, "max_buffer_s", f">= segment_s ({self.segment_s})")
+        need(len(self.regime_multipliers) == 3 and all(m > 0 for m in self.regime_multipliers),
+             "regime_multipliers", "three positive numbers (good, fair, poor)")
+        for name in ("regime_stay_prob", "noise_corr", "fade_prob", "fade_end_prob", "channel_corr"):
+            need(0 <= getattr(self, name) <= 1, name, "in [0, 1]")
+        need(self.fade_depth <= 1, "fade_depth", "in (0, 1]")
+        for name in ("noise_std", "channel_std", "quality_weight", "stall_weight", "switch_weight", "step_cost_us"):
+            need(getattr(self, name) >= 0, name, ">= 0 (weights and costs cannot be negative)")
+        need(_is_int(self.max_steps) and self.max_steps >= 1, "max_steps", "an integer >= 1")
+        need(_is_int(self.history) and self.history >= 1, "history", "an integer >= 1")
+        ladder_arr = np.asarray(ladder, dtype=np.float64)
+        object.__setattr__(self, "bitrates_mbps", ladder)
+        object.__setattr__(self, "_ladder", ladder_arr)
+        # log utility scaled to [0, 1]; a one-level ladder has constant quality 1
+        span = math.log(ladder[-1] / ladder[0]) if len(ladder) > 1 else 1.0
+        object.__setattr__(self, "_quality", np.log(ladder_arr / ladder[0]) / span if len(ladder) > 1
+                           else np.ones(1))
+
+    @property
+    def num_levels(self) -> int:
+        return len(self.bitrates_mbps)
+
+    @property
+    def obs_dim(self) -> int:
+        return len(USER_FEATURES) * self.num_users + self.history + 1
+
+    @property
+    def block_size(self) -> int:
+        """Uniform draws per env per step (and per reset)."""
+        return 5 + 2 * self.num_users
+
+    @property
+    def nominal_capacity_mbps(self) -> float:
+        return self.num_users * self.capacity_per_user_mbps
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def observation_space(cfg: VREdgeConfig) -> gym.spaces.Box:
+    return gym.spaces.Box(0.0, _OBS_HIGH, shape=(cfg.obs_dim,), dtype=np.float32)
+
+
+def action_space(cfg: VREdgeConfig) -> gym.spaces.MultiDiscrete:
+    return gym.spaces.MultiDiscrete([cfg.num_levels] * cfg.num_users)
+
+
+# ---------------------------------------------------------------- batched dynamics
+# A state is a dict of arrays with leading batch axis B; all functions below are pure.
+
+def _channel_quality(logit: np.ndarray) -> np.ndarray:
+    """Spectral efficiency of a user's link relative to the best one, in [0.25, 1]."""
+    return 0.25 + 0.75 / (1.0 + np.exp(-logit))
+
+
+def _capacity(cfg: VREdgeConfig, regime: np.ndarray, noise: np.ndarray, fade: np.ndarray) -> np.ndarray:
+    mult = np.asarray(cfg.regime_multipliers)[regime]
+    lognormal = np.exp(noise - 0.5 * cfg.noise_std**2)  # mean-one fluctuation
+    return cfg.nominal_capacity_mbps * mult * lognormal * np.where(fade, cfg.fade_depth, 1.0)
+
+
+def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> dict[str, np.ndarray]:
+    """Return fresh episode states for ``[B]`` envs, drawn from block ``counters``."""
+    u = rng.uniform_block(keys, counters, cfg.block_size)
+    b, n_users = len(keys), cfg.num_users
+    regime = np.minimum((u[:, 0] * 3).astype(np.int64), 2)
+    noise = cfg.noise_std * rng.normals(u[:, 2], u[:, 3])
+    fade = np.zeros(b, dtype=bool)
+    logit = cfg.channel_std * rng.normals(u[:, 5:5 + n_users], u[:, 5 + n_users:])
+    cap = _capacity(cfg, regime, noise, fade)
+    return {
+        "key": keys.copy(),
+        "counter": counters + np.uint64(1),
+        "t": np.zeros(b, dtype=np.int64),
+        "regime": regime,
+        "noise": noise,
+        "fade": fade,
+        "channel_logit": logit,
+        "buffer": np.full((b, n_users), cfg.initial_buffer_s),
+        "level": np.zeros((b, n_users), dtype=np.int64),
+        "throughput": np.full((b, n_users), cfg.bitrates_mbps[0]),
+        "download_time": np.zeros((b, n_users)),
+        "stall": np.zeros((b, n_users)),
+        "cum_stall": np.zeros((b, n_users)),
+        "cap_history": np.repeat(cap[:, None], cfg.history, axis=1),
+        "ep_quality": np.zeros(b),
+        "ep_stall": np.zeros(b),
+        "ep_switches": np.zeros(b),
+    }
+
+
+def observe(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> np.ndarray:
+    """Return ``[B, obs_dim]`` float32 observations scaled to roughly unit range."""
+    per_user = np.stack([
+        s["buffer"] / cfg.max_buffer_s,
+        s["level"] / max(cfg.num_levels - 1, 1),
+        s["throughput"] / cfg.bitrates_mbps[-1],
+        s["download_time"] / cfg.segment_s,
+        s["stall"] / cfg.segment_s,
+        s["cum_stall"] / cfg.abandon_stall_s,
+        _channel_quality(s["channel_logit"]),
+    ], axis=-1).reshape(len(s["t"]), -1)
+    cell = s["cap_history"] / cfg.nominal_capacity_mbps
+    progress = (s["t"] / cfg.max_steps)[:, None]
+    obs = np.concatenate([per_user, cell, progress], axis=1)
+    return np.clip(obs, 0.0, _OBS_HIGH).astype(np.float32)
+
+
+def decode_observation(cfg: VREdgeConfig, obs: np.ndarray) -> dict[str, np.ndarray]:
+    """Invert :func:`observe` for ``[B, obs_dim]`` observations: features in physical units.
+
+    Per-user entries are ``[B, U]``: ``buffer`` (s), ``last_level``, ``throughput``
+    (Mbps, recent EWMA), ``download_time`` and ``stall`` (s), ``cum_stall`` (s), ``channel``
+    (relative link quality). ``cap_history`` is ``[B, history]`` in Mbps, oldest first.
+    """
+    obs = np.asarray(obs, dtype=np.float64)
+    n_user_feat = len(USER_FEATURES) * cfg.num_users
+    users = obs[:, :n_user_feat].reshape(len(obs), cfg.num_users, len(USER_FEATURES))
+    scale = (cfg.max_buffer_s, max(cfg.num_levels - 1, 1), cfg.bitrates_mbps[-1], cfg.segment_s, cfg.segment_s,
+             cfg.abandon_stall_s, 1.0)
+    out = {name: users[:, :, i] * scale[i] for i, name in enumerate(USER_FEATURES)}
+    out["last_level"] = np.rint(out["last_level"]).astype(np.int64)
+    out["cap_history"] = obs[:, n_user_feat:n_user_feat + cfg.history] * cfg.nominal_capacity_mbps
+    return out
+
+
+def processor_sharing_times(work: np.ndarray) -> np.ndarray:
+    """Finish times ``[B, U]`` when users share the cell's airtime equally while active.
+
+    ``work[b, u]`` is the time user ``u`` would need with the whole cell. A user who
+    finishes frees their share for the others (work-conserving, max-min fair).
+    The k-th finisher (ascending work) ends at ``sum(work[<k]) + (U - k) * work[k]``.
+    """
+    order = np.argsort(work, axis=1, kind="stable")
+    w = np.take_along_axis(work, order, axis=1)
+    n = work.shape[1]
+    done_before = np.cumsum(w, axis=1) - w
+    finish_sorted = done_before + (n - np.arange(n)) * w
+    finish = np.empty_like(work)
+    np.put_along_axis(finish, order, finish_sorted, axis=1)
+    return finish
+
+
+def step_state(cfg: VREdgeConfig, s: dict[str, np.ndarray], actions: np.ndarray):
+    """Advance ``[B]`` envs by one segment round; returns ``(state, reward, terminated, truncated, parts)``.
+
+    ``parts`` holds the per-user reward components ``quality``, ``stall_s`` and
+    ``switches`` (``[B, U]``) and the round's ``capacity_mbps`` (``[B]``).
+    """
+    n_users = cfg.num_users
+    u = rng.uniform_block(s["key"], s["counter"], cfg.block_size)
+
+    # the cell: persistent regime (Markov chain), correlated log-normal noise, deep fades
+    leave = u[:, 0] >= cfg.regime_stay_prob
+    regime = np.where(leave, (s["regime"] + 1 + (u[:, 1] * 2).astype(np.int64)) % 3, s["regime"])
+    noise = cfg.noise_corr * s["noise"] + math.sqrt(1 - cfg.noise_corr**2) * cfg.noise_std * rng.normals(
+        u[:, 2], u[:, 3])
+    fade = np.where(s["fade"], u[:, 4] >= cfg.fade_end_prob, u[:, 4] < cfg.fade_prob)
+    capacity = _capacity(cfg, regime, noise, fade)
+    logit = cfg.channel_corr * s["channel_logit"] + math.sqrt(1 - cfg.channel_corr**2) * cfg.channel_std * (
+        rng.normals(u[:, 5:5 + n_users], u[:, 5 + n_users:]))
+    channel = _channel_quality(logit)
+
+    # downloads: each user fetches one segment at its chosen bitrate
+    bitrate = cfg._ladder[actions]
+    work = bitrate * cfg.segment_s / (capacity[:, None] * channel)
+    dl_time = processor_sharing_times(work)
+    stall = np.maximum(dl_time - s["buffer"], 0.0)
+    buffer = np.maximum(s["buffer"] - dl_time, 0.0) + cfg.segment_s
+    buffer = np.minimum(buffer, cfg.max_buffer_s)  # a full buffer waits before the next request
+    throughput = _THROUGHPUT_EWMA * s["throughput"] + (1 - _THROUGHPUT_EWMA) * bitrate / dl_time
+
+    quality = cfg._quality[actions]
+    quality_change = np.abs(quality - cfg._quality[s["level"]])
+    switched = (actions != s["level"]).astype(np.float64)
+    reward = np.mean(cfg.quality_weight * quality - cfg.stall_weight * stall - cfg.switch_weight * quality_change,
+                     axis=1)
+
+    cum_stall = s["cum_stall"] + stall
+    t = s["t"] + 1
+    terminated = np.any(cum_stall > cfg.abandon_stall_s, axis=1)
+    truncated = (t >= cfg.max_steps) & ~terminated
+    new = {
+        "key": s["key"],
+        "counter": s["counter"] + np.uint64(1),
+        "t": t,
+        "regime": regime,
+        "noise": noise,
+        "fade": fade,
+        "channel_logit": logit,
+        "buffer": buffer,
+        "level": actions.astype(np.int64),
+        "throughput": throughput,
+        "download_time": dl_time,
+        "stall": stall,
+        "cum_stall": cum_stall,
+        "cap_history": np.concatenate([s["cap_history"][:, 1:], capacity[:, None]], axis=1),
+        "ep_quality": s["ep_quality"] + quality.mean(axis=1),
+        "ep_stall": s["ep_stall"] + stall.mean(axis=1),
+        "ep_switches": s["ep_switches"] + switched.mean(axis=1),
+    }
+    parts = {"quality": quality, "stall_s": stall, "switches": switched, "capacity_mbps": capacity}
+    return new, reward, terminated, truncated, parts
+
+
+def episode_metrics(cfg: VREdgeConfig, s: dict[str, np.ndarray], index: int) -> dict[str, float]:
+    """Per-step means of the QoE components over the episode that env ``index`` just ended."""
+    steps = max(int(s["t"][index]), 1)
+    return {
+        "quality": float(s["ep_quality"][index] / steps),
+        "stall_s": float(s["ep_stall"][index] / steps),
+        "switches": float(s["ep_switches"][index] / steps),
+        "abandoned": float(np.any(s["cum_stall"][index] > cfg.abandon_stall_s)),
+    }
+
+
+def validate_actions(cfg: VREdgeConfig, actions: Any, batch: int) -> np.ndarray:
+    """Return actions as an int64 ``[batch, num_users]`` array or raise ``ValueError``."""
+    a = np.asarray(actions)
+    if a.shape != (batch, cfg.num_users) and not (batch == 1 and a.shape == (cfg.num_users,)):
+        want = f"({cfg.num_users},)" if batch == 1 else f"({batch}, {cfg.num_users})"
+        raise ValueError(f"VR-edge action has shape {a.shape}; expected {want}: one bitrate level per user")
+    if not np.issubdtype(a.dtype, np.integer):
+        if not np.issubdtype(a.dtype, np.floating) or not np.all(a == np.round(a)):
+            raise ValueError(f"VR-edge actions must be integer bitrate levels, got dtype {a.dtype}")
+    a = a.astype(np.int64).reshape(batch, cfg.num_users)
+    if a.min() < 0 or a.max() >= cfg.num_levels:
+        raise ValueError(f"VR-edge action out of range: levels must be in [0, {cfg.num_levels - 1}], "
+                         f"got min {a.min()} and max {a.max()}")
+    return a
+
+
+def burn_cpu(microseconds: float) -> None:
+    """Busy-wait, standing in for the rendering/encoding cost of a heavy simulator."""
+    if microseconds > 0:
+        end = time.perf_counter_ns() + int(microseconds * 1000)
+        while time.perf_counter_ns() < end:
+            pass
+
+
+class SyntheticVREdgeEnv(gym.Env):
+    """Several VR users stream edge-rendered video over one shared, fluctuating cell.
+
+    Each step every user picks a bitrate level; the reward is the mean over users of
+    ``quality - stall_weight * stall_s - switch_weight * |quality change|``.
+
+    Example:
+        >>> import envs
+        >>> env = envs.SyntheticVREdgeEnv(num_users=4, seed=0)
+        >>> obs, info = env.reset()
+        >>> obs.shape, env.action_space
+        ((33,), MultiDiscrete([6 6 6 6]))
+        >>> obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        >>> sorted(info)
+        ['capacity_mbps', 'quality', 'stall_s', 'switches']
+
+    Shapes: observation ``[7 * num_users + history + 1]`` float32 (see ``USER_FEATURES``),
+    action ``[num_users]`` int levels, ``info`` components ``[num_users]``. When an
+    episode ends, ``info["episode_metrics"]`` holds per-step means of the components.
+    Keyword arguments are the fields of :class:`VREdgeConfig`.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, num_users: int = 8, seed: int | None = None, **config: Any) -> None:
+        self.config = VREdgeConfig(num_users=num_users, **config)
+        if seed is not None:
+            rng.key_from_seed(seed)  # validates early
+        self._seed = seed
+        self.observation_space = observation_space(self.config)
+        self.action_space = action_space(self.config)
+        self._state: dict[str, np.ndarray] | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if seed is None and self._state is None:
+            seed = self._seed if self._seed is not None else int(self.np_random.integers(2**63))
+        if seed is not None:
+            key, counter = np.array([rng.key_from_seed(seed)]), np.zeros(1, dtype=np.uint64)
+        else:  # next episode continues this env's random stream
+            key, counter = self._state["key"], self._state["counter"]
+        self._state = initial_state(self.config, key, counter)
+        return observe(self.config, self._state)[0], {}
+
+    def step(self, action):
+        if self._state is None:
+            raise RuntimeError("call reset() before step()")
+        actions = validate_actions(self.config, action, 1)
+        burn_cpu(self.config.step_cost_us)
+        self._state, reward, terminated, truncated, parts = step_state(self.config, self._state, actions)
+        info: dict[str, Any] = {k: v[0] if v.ndim > 1 else float(v[0]) for k, v in parts.items()}
+        if terminated[0] or truncated[0]:
+            info["episode_metrics"] = episode_metrics(self.config, self._state, 0)
+        return observe(self.config, self._state)[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), info
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Return a copy of the full env state (RNG position included) as NumPy arrays."""
+        if self._state is None:
+            raise RuntimeError("call reset() before get_state()")
+        return {k: v.copy() for k, v in self._state.items()}
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        """Restore a state from :meth:`get_state`; the next steps repeat exactly."""
+        self._state = checked_state(self.config, state, 1)
+
+
+def checked_state(cfg: VREdgeConfig, state: dict[str, Any], batch: int) -> dict[str, np.ndarray]:
+    """Return a copy of ``state`` after checking that it fits ``cfg`` and ``batch`` envs."""
+    template = initial_state(cfg, np.zeros(batch, dtype=np.uint64), np.zeros(batch, dtype=np.uint64))
+    if not isinstance(state, dict) or set(state) != set(template):
+        got = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"not a VR-edge state: expected keys {sorted(template)}, got {got}")
+    out = {}
+    for k, ref in template.items():
+        v = np.asarray(state[k])
+        if v.shape != ref.shape:
+            raise ValueError(f"VR-edge state[{k!r}] has shape {v.shape}, expected {ref.shape} "
+                             f"(num_envs={batch}, num_users={cfg.num_users}, history={cfg.history})")
+        out[k] = v.astype(ref.dtype, copy=True)
+    return out

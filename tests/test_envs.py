@@ -1,0 +1,222 @@
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import envs
+from envs.vr_edge import decode_observation, processor_sharing_times
+
+
+def rollout(env, actions, reset_seed):
+    obs, _ = env.reset(seed=reset_seed)
+    out = [obs]
+    for a in actions:
+        obs, r, term, trunc, _ = env.step(a)
+        out.append(np.append(obs, [r, term, trunc]))
+        if term or trunc:
+            obs, _ = env.reset()
+            out.append(obs)
+    return out
+
+
+def test_passes_gymnasium_env_checker():
+    check_env(envs.SyntheticVREdgeEnv(num_users=3, seed=0), skip_render_check=True)
+
+
+def test_registered_and_configurable_through_make():
+    env = gym.make("VREdge-v0", num_users=4)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (7 * 4 + 4 + 1,)
+    assert env.action_space == gym.spaces.MultiDiscrete([6] * 4)
+
+
+def test_same_seed_and_actions_give_same_trajectory_and_different_seeds_differ():
+    actions = np.random.default_rng(0).integers(0, 6, size=(400, 8))
+    a = rollout(envs.SyntheticVREdgeEnv(), actions, reset_seed=5)
+    b = rollout(envs.SyntheticVREdgeEnv(), actions, reset_seed=5)
+    c = rollout(envs.SyntheticVREdgeEnv(), actions, reset_seed=6)
+    assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_constructor_seed_is_used_by_first_reset():
+    a, _ = envs.SyntheticVREdgeEnv(seed=3).reset()
+    b, _ = envs.SyntheticVREdgeEnv().reset(seed=3)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_get_state_set_state_round_trip_mid_episode():
+    env = envs.SyntheticVREdgeEnv(seed=1)
+    env.reset()
+    gen = np.random.default_rng(1)
+    for _ in range(37):
+        env.step(gen.integers(0, 3, size=8))
+    state = env.get_state()
+    actions = gen.integers(0, 6, size=(120, 8))
+    first = [env.step(a)[:4] for a in actions]
+    other = envs.SyntheticVREdgeEnv(seed=99)
+    other.reset()
+    other.set_state(state)
+    second = [other.step(a)[:4] for a in actions]
+    for (o1, r1, t1, u1), (o2, r2, t2, u2) in zip(first, second):
+        np.testing.assert_array_equal(o1, o2)
+        assert (r1, t1, u1) == (r2, t2, u2)
+
+
+def test_set_state_rejects_foreign_state():
+    env = envs.SyntheticVREdgeEnv(num_users=2, seed=0)
+    env.reset()
+    with pytest.raises(ValueError, match="shape"):
+        env.set_state(_state_of(envs.SyntheticVREdgeEnv(num_users=3, seed=0)))
+    with pytest.raises(ValueError, match="expected keys"):
+        env.set_state({"buffer": np.zeros(2)})
+
+
+def _state_of(env):
+    env.reset()
+    return env.get_state()
+
+
+def test_both_termination_and_truncation_occur():
+    venv = envs.VREdgeVectorEnv(64, num_users=8, seed=0, max_steps=100)
+    obs, _ = venv.reset()
+    policy = envs.make_baseline("random", venv.config, seed=0)
+    careful = envs.make_baseline("lowest", venv.config)
+    terminated = truncated = 0
+    for _ in range(300):
+        # half the envs play recklessly (abandonment), half play safe (time limit)
+        actions = np.concatenate([policy(obs[:32]), careful(obs[32:])])
+        obs, _, term, trunc, info = venv.step(actions)
+        terminated += term.sum()
+        truncated += trunc.sum()
+        assert not np.any(term & trunc)
+    assert terminated > 0 and truncated > 0
+
+
+def test_reward_is_documented_formula_of_info_components():
+    env = envs.SyntheticVREdgeEnv(num_users=4, seed=2, stall_weight=3.0, switch_weight=0.5)
+    env.reset()
+    cfg = env.config
+    prev_q = np.zeros(4)
+    gen = np.random.default_rng(0)
+    for _ in range(50):
+        a = gen.integers(0, 6, size=4)
+        _, r, term, trunc, info = env.step(a)
+        q = info["quality"]
+        expected = np.mean(q - 3.0 * info["stall_s"] - 0.5 * np.abs(q - prev_q))
+        assert r == pytest.approx(expected)
+        np.testing.assert_allclose(q, cfg._quality[a])
+        prev_q = q
+        if term or trunc:
+            break
+
+
+def test_processor_sharing_hand_computed():
+    # works 1, 2, 3 with three users: finish at 3*1, 1 + 2*2, 1 + 2 + 3
+    np.testing.assert_allclose(processor_sharing_times(np.array([[2.0, 3.0, 1.0]])), [[5.0, 6.0, 3.0]])
+
+
+def test_vector_env_matches_single_envs_over_thousands_of_steps_across_resets():
+    n, steps, seeds = 6, 2500, [11, 12, 13, 14, 15, 16]
+    kwargs = dict(num_users=3, max_steps=150)
+    venv = envs.VREdgeVectorEnv(n, **kwargs)
+    singles = [envs.SyntheticVREdgeEnv(**kwargs) for _ in range(n)]
+    vobs, _ = venv.reset(seed=seeds)
+    sobs = np.stack([e.reset(seed=s)[0] for e, s in zip(singles, seeds)])
+    np.testing.assert_allclose(vobs, sobs, rtol=1e-6)
+    gen = np.random.default_rng(0)
+    episodes_ended = 0
+    for _ in range(steps):
+        actions = gen.integers(0, 6, size=(n, 3))
+        vobs, vrew, vterm, vtrunc, vinfo = venv.step(actions)
+        for i, env in enumerate(singles):
+            obs, rew, term, trunc, info = env.step(actions[i])
+            assert (term, trunc) == (vterm[i], vtrunc[i])
+            assert rew == pytest.approx(vrew[i], rel=1e-9, abs=1e-12)
+            if term or trunc:
+                episodes_ended += 1
+                np.testing.assert_allclose(vinfo["final_obs"][i], obs, rtol=1e-6)
+                assert vinfo["final_info"]["episode_metrics"]["quality"][i] == pytest.approx(
+                    info["episode_metrics"]["quality"])
+                obs, _ = env.reset()
+            np.testing.assert_allclose(vobs[i], obs, rtol=1e-6)
+    assert episodes_ended > 50
+
+
+def test_vector_env_state_round_trip():
+    venv = envs.VREdgeVectorEnv(5, num_users=2, seed=3)
+    venv.reset()
+    for _ in range(20):
+        venv.step(np.ones((5, 2), dtype=np.int64))
+    state = venv.get_state()
+    a = [venv.step(np.full((5, 2), 3))[0] for _ in range(30)]
+    venv.set_state(state)
+    b = [venv.step(np.full((5, 2), 3))[0] for _ in range(30)]
+    np.testing.assert_array_equal(np.stack(a), np.stack(b))
+
+
+@pytest.mark.parametrize("name", sorted(envs.BASELINES))
+def test_baselines_produce_valid_batched_actions(name):
+    venv = envs.VREdgeVectorEnv(16, num_users=5, seed=0)
+    obs, _ = venv.reset()
+    policy = envs.make_baseline(name, venv.config)
+    for _ in range(30):
+        actions = policy(obs)
+        assert actions.shape == (16, 5) and np.issubdtype(actions.dtype, np.integer)
+        assert venv.single_action_space.contains(actions[0].astype(np.int64))
+        obs, *_ = venv.step(actions)
+
+
+def test_tuned_baselines_beat_the_trivial_ones():
+    venv = envs.VREdgeVectorEnv(64, seed=0)
+    scores = {}
+    for name in envs.BASELINES:
+        obs, _ = venv.reset(seed=123)
+        policy = envs.make_baseline(name, venv.config)
+        total = 0.0
+        for _ in range(300):
+            obs, r, *_ = venv.step(policy(obs))
+            total += r.mean()
+        scores[name] = total / 300
+    for smart in ("throughput", "buffer", "fair_share"):
+        assert scores[smart] > max(scores["lowest"], scores["random"]) + 0.3, scores
+
+
+def test_decode_observation_inverts_observe():
+    env = envs.SyntheticVREdgeEnv(num_users=3, seed=0)
+    obs, _ = env.reset()
+    obs, *_ = env.step(np.array([1, 2, 3]))
+    f = decode_observation(env.config, obs[None])
+    np.testing.assert_array_equal(f["last_level"], [[1, 2, 3]])
+    np.testing.assert_allclose(f["buffer"], env.get_state()["buffer"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(num_users=0), "num_users"),
+    (dict(bitrates_mbps=()), "bitrates_mbps"),
+    (dict(bitrates_mbps=(5.0, 3.0)), "bitrates_mbps"),
+    (dict(stall_weight=-1.0), "stall_weight"),
+    (dict(regime_stay_prob=1.5), "regime_stay_prob"),
+    (dict(max_steps=0), "max_steps"),
+    (dict(step_cost_us=-5), "step_cost_us"),
+])
+def test_bad_constructor_arguments_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        envs.SyntheticVREdgeEnv(**kwargs)
+
+
+def test_out_of_range_actions_are_rejected():
+    env = envs.SyntheticVREdgeEnv(num_users=2, seed=0)
+    env.reset()
+    with pytest.raises(ValueError, match=r"\[0, 5\]"):
+        env.step(np.array([0, 6]))
+    with pytest.raises(ValueError, match="shape"):
+        env.step(np.array([0, 1, 2]))
+    venv = envs.VREdgeVectorEnv(2, num_users=2, seed=0)
+    venv.reset()
+    with pytest.raises(ValueError, match="out of range"):
+        venv.step(np.array([[0, 1], [-1, 0]]))
+    with pytest.raises(ValueError, match="num_envs"):
+        envs.VREdgeVectorEnv(0)
+    with pytest.raises(ValueError, match="unknown baseline"):
+        envs.make_baseline("oracle", venv.config)
