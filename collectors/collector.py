@@ -1,0 +1,230 @@
+"""The one interface for collecting experience: :class:`RolloutCollector`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from collectors.backends import BACKENDS
+from collectors.seeding import env_seeds
+from collectors.storage import RolloutStorage
+
+Policy = Callable[[torch.Tensor], Any]
+
+
+def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bool):
+    if backend == "serial":
+        from collectors.backends.serial import SerialBackend
+        return SerialBackend(env_fns)
+    if backend == "sync":
+        from collectors.backends.sync import SyncBackend
+        return SyncBackend(env_fns)
+    from collectors.backends.async_ import AsyncBackend
+    return AsyncBackend(env_fns, num_workers=num_workers, main_share=main_share)
+
+
+class RolloutCollector:
+    """Collects fixed-shape ``[horizon, num_envs]`` rollouts from Gymnasium envs.
+
+    Example:
+        >>> import functools, gymnasium as gym, torch
+        >>> from collectors import RolloutCollector
+        >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 4
+        >>> policy = lambda obs: torch.zeros(len(obs), dtype=torch.int64)
+        >>> with RolloutCollector(env_fns, policy, backend="sync", horizon=16, seed=0) as collector:
+        ...     batch = collector.collect()
+        >>> batch.batch_size, batch["observations"].shape
+        (torch.Size([16, 4]), torch.Size([16, 4, 4]))
+
+    ``collect()`` returns a ``TensorDict`` on ``device`` with ``observations``,
+    ``actions``, ``rewards``, ``terminated``, ``truncated``, ``final_observations``,
+    ``final_observation_mask`` (``[T, N, ...]``) and, when the policy returns them,
+    ``log_probs`` and ``values`` (``[T, N]``). ``last_observations`` (``[N, ...]``)
+    holds the observations that follow the rollout. Consecutive calls continue the
+    same episodes. ``episodes`` lists the episodes finished during the last
+    rollout (``return``, ``length``, ``env``, plus the env's ``episode_metrics``).
+
+    Args:
+        env_fns: zero-argument callables, each building a ``gymnasium.Env`` or a
+            ``gymnasium.vector.VectorEnv`` with same-step autoreset (N counts all envs).
+        policy: ``policy(obs[N, *obs]) -> actions[N, *act]``, or a mapping with
+            ``"action"`` and optionally ``"log_prob"`` and ``"value"`` (``[N]``).
+            It is called once per step, in this process, under ``torch.no_grad()``.
+        backend: ``"serial"``, ``"sync"`` or ``"async"``.
+        horizon: steps per rollout (``T``).
+        seed: run seed; env ``i`` is reset with the i-th ``SeedSequence(seed).spawn`` seed.
+        device: where ``collect()`` puts the batch (one transfer per rollout).
+        num_workers: async only; worker processes (default: physical cores - 1, since
+            the collecting process steps a share itself when ``main_share``).
+        main_share: async only; whether the collecting process steps a share of the envs.
+    """
+
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
+                 horizon: int = 128, seed: int = 0, device: str | torch.device = "cpu",
+                 num_workers: int | None = None, main_share: bool = True) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        if isinstance(env_fns, (gym.Env, gym.vector.VectorEnv)) or callable(env_fns):
+            raise TypeError("env_fns must be a list of zero-argument env factories, not a single env or factory")
+        env_fns = list(env_fns)
+        if not env_fns:
+            raise ValueError("env_fns is empty: pass at least one zero-argument env factory")
+        for i, fn in enumerate(env_fns):
+            if not callable(fn):
+                raise TypeError(f"env_fns[{i}] is {type(fn).__name__}, not callable; pass factories "
+                                "(e.g. functools.partial(gymnasium.make, 'CartPole-v1')), not env instances")
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+            raise ValueError(f"horizon={horizon!r} is invalid: must be an integer >= 1")
+        if not callable(policy):
+            raise TypeError(f"policy must be callable (obs -> actions), got {type(policy).__name__}")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but CUDA is not available; use device='cpu'")
+        self.horizon = horizon
+        self.seed = seed
+        self.seeds = env_seeds(seed, 0)  # validates the seed before any worker starts
+        self.policy = policy
+        self.backend_name = backend
+        self.backend = _make_backend(backend, env_fns, num_workers, main_share)
+        try:
+            self.num_envs = self.backend.num_envs
+            self.observation_space = self.backend.observation_space
+            self.action_space = self.backend.action_space
+            self.seeds = env_seeds(seed, self.num_envs)
+            self._obs = np.zeros((self.num_envs, *self.observation_space.shape), dtype=self.observation_space.dtype)
+            self.backend.reset(self.seeds, self._obs)
+        except BaseException:
+            self.backend.close()
+            raise
+        self.storage: RolloutStorage | None = None
+        self.last_observations: torch.Tensor | None = None
+        self.episodes: list[dict[str, float]] = []
+        self._episode_return = np.zeros(self.num_envs, dtype=np.float64)
+        self._episode_length = np.zeros(self.num_envs, dtype=np.int64)
+        self._closed = False
+
+    # ------------------------------------------------------------------ policy
+    def _call_policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        with torch.no_grad():
+            out = self.policy(obs)
+        if isinstance(out, (Mapping, TensorDictBase)):
+            if "action" not in out.keys():
+                raise ValueError(f"policy returned a mapping without 'action' (keys: {list(out.keys())})")
+            extras = {name: out[key] for key, name in (("log_prob", "log_probs"), ("value", "values"))
+                      if key in out.keys() and out[key] is not None}
+            out = out["action"]
+        else:
+            extras = {}
+        if not isinstance(out, torch.Tensor):
+            out = torch.as_tensor(np.asarray(out))
+        return out, extras
+
+    def _check_policy_output(self, action: torch.Tensor, extras: dict[str, torch.Tensor]) -> None:
+        n, space = self.num_envs, self.action_space
+        want = (n, *space.shape)
+        if tuple(action.shape) != want:
+            raise ValueError(f"policy returned actions of shape {tuple(action.shape)}; expected {want} "
+                             f"({n} envs x action space {space})")
+        discrete = isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
+        if discrete and (action.dtype.is_floating_point or action.dtype == torch.bool):
+            raise TypeError(f"policy returned {action.dtype} actions for the discrete space {space}; "
+                            "return an integer tensor (e.g. torch.int64)")
+        if isinstance(space, gym.spaces.Box) and not action.dtype.is_floating_point:
+            raise TypeError(f"policy returned {action.dtype} actions for the continuous space {space}; "
+                            "return a floating-point tensor")
+        for name, v in extras.items():
+            if tuple(v.shape) != (n,):
+                raise ValueError(f"policy returned {name[:-1]} of shape {tuple(v.shape)}; expected ({n},)")
+
+    def _allocate(self, action: torch.Tensor, extras: dict[str, torch.Tensor]) -> RolloutStorage:
+        obs_dtype = torch.from_numpy(self._obs[:0]).dtype
+        return RolloutStorage(self.horizon, self.num_envs, self.observation_space.shape, obs_dtype,
+                              tuple(action.shape[1:]), action.dtype, tuple(extras), self.device)
+
+    # ------------------------------------------------------------------ collect
+    def collect(self) -> TensorDictBase:
+        """Run the policy for ``horizon`` steps in every env; return the ``[T, N]`` batch on ``device``."""
+        if self._closed:
+            raise RuntimeError("collect() on a closed RolloutCollector")
+        try:
+            return self._collect()
+        except BaseException:
+            self.close()  # a failed rollout leaves no workers behind
+            raise
+
+    def _collect(self) -> TensorDictBase:
+        s, first = self.storage, None
+        if s is None:  # the first step's output fixes the storage layout (actions dtype, extras)
+            obs0 = torch.from_numpy(self._obs)
+            first = self._call_policy(obs0)
+            self._check_policy_output(*first)
+            s = self.storage = self._allocate(*first)
+            s.obs[0].copy_(obs0)
+        else:
+            s.wait_for_transfer()
+            s.obs[0].copy_(s.last_obs)
+        self.episodes = []
+        for t in range(self.horizon):
+            action, extras = first if t == 0 and first is not None else self._call_policy(s.obs[t])
+            if action.shape != s.actions.shape[1:] or action.dtype != s.actions.dtype \
+                    or extras.keys() != s.extras.keys():
+                self._check_policy_output(action, extras)
+                raise TypeError(f"policy output changed between steps: got {action.dtype} actions with "
+                                f"{sorted(extras)}, first step gave {s.actions.dtype} with {sorted(s.extras)}")
+            s.actions[t].copy_(action)
+            for name, v in extras.items():
+                s.extras[name][t].copy_(v)
+            views = s.step_views(t)
+            infos = self.backend.step(s.actions[t].numpy(), views)
+            self._record_episodes(views, infos)
+        batch, self.last_observations = s.to_device()
+        return batch
+
+    def _record_episodes(self, views, infos) -> None:
+        self._episode_return += views.rewards
+        self._episode_length += 1
+        done = views.final_mask
+        if not done.any():
+            return
+        metrics = dict(infos)
+        for i in np.flatnonzero(done):
+            self.episodes.append({"env": int(i), "return": float(self._episode_return[i]),
+                                  "length": int(self._episode_length[i]), **metrics.get(int(i), {})})
+        self._episode_return[done] = 0.0
+        self._episode_length[done] = 0
+
+    # ------------------------------------------------------------------ policy sync
+    def update_policy(self, policy_or_state_dict: Policy | Mapping[str, torch.Tensor]) -> None:
+        """Swap the acting policy, or load a ``state_dict`` into it (between rollouts)."""
+        if isinstance(policy_or_state_dict, Mapping):
+            if not isinstance(self.policy, torch.nn.Module):
+                raise TypeError("update_policy got a state_dict, but the policy is not a torch.nn.Module; "
+                                "pass a new policy callable instead")
+            self.policy.load_state_dict(policy_or_state_dict)
+        elif callable(policy_or_state_dict):
+            self.policy = policy_or_state_dict
+        else:
+            raise TypeError(f"update_policy expects a policy callable or a state_dict, "
+                            f"got {type(policy_or_state_dict).__name__}")
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Close the envs and stop any worker processes (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self.backend.close()
+
+    def __enter__(self) -> RolloutCollector:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_closed", True) is False:
+            self.close()

@@ -1,0 +1,182 @@
+"""Envs hosted in one process, stepped into caller-provided arrays (sync backend, async workers)."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+EpisodeInfo = tuple[int, dict[str, float]]
+
+
+class EnvError(RuntimeError):
+    """An env raised inside ``reset``/``step``; ``env_index`` is its index in the rollout."""
+
+    def __init__(self, env_index: int, where: str, detail: str) -> None:
+        super().__init__(f"env {env_index} raised in {where}:\n{detail}")
+        self.env_index = env_index
+
+
+@dataclass
+class StepViews:
+    """Where one step's results go: ``[n]`` slices of the rollout storage (or of shared memory)."""
+
+    next_obs: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: np.ndarray
+    final_mask: np.ndarray
+
+    def slice(self, sl: slice) -> StepViews:
+        return StepViews(*(getattr(self, f)[sl] for f in self.__dataclass_fields__))
+
+
+def build_env(fn: Callable[[], Any], index: int) -> gym.Env | gym.vector.VectorEnv:
+    """Call factory ``index`` and check that it built a Gymnasium env we can step."""
+    try:
+        env = fn()
+    except Exception as e:
+        raise ValueError(f"env factory {index} ({fn!r}) failed: {type(e).__name__}: {e}") from e
+    if isinstance(env, gym.vector.VectorEnv):
+        if env.metadata.get("autoreset_mode") != AutoresetMode.SAME_STEP:
+            raise ValueError(
+                f"env factory {index} built a VectorEnv with autoreset_mode="
+                f"{env.metadata.get('autoreset_mode')}; the collector needs same-step autoreset "
+                "(pass autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP)")
+    elif not isinstance(env, gym.Env):
+        raise TypeError(f"env factory {index} returned {type(env).__name__}, not a gymnasium.Env or "
+                        "gymnasium.vector.VectorEnv; env_fns must be zero-argument callables that build envs")
+    return env
+
+
+def spaces_of(env: gym.Env | gym.vector.VectorEnv) -> tuple[gym.Space, gym.Space, int]:
+    """``(single observation space, single action space, number of envs)`` of an env."""
+    if isinstance(env, gym.vector.VectorEnv):
+        return env.single_observation_space, env.single_action_space, env.num_envs
+    return env.observation_space, env.action_space, 1
+
+
+def check_same_spaces(spaces: Sequence[tuple[gym.Space, gym.Space, int]]) -> None:
+    """Raise ``ValueError`` naming the first factory whose spaces differ from factory 0."""
+    obs0, act0, _ = spaces[0]
+    for i, (obs, act, _) in enumerate(spaces):
+        if obs != obs0:
+            raise ValueError(f"env factory {i} has observation space {obs}, but factory 0 has {obs0}; "
+                             "all envs of one collector must share their spaces")
+        if act != act0:
+            raise ValueError(f"env factory {i} has action space {act}, but factory 0 has {act0}; "
+                             "all envs of one collector must share their spaces")
+
+
+def _episode_metrics(info: dict[str, Any]) -> dict[str, float] | None:
+    metrics = info.get("episode_metrics")
+    return {k: float(v) for k, v in metrics.items()} if isinstance(metrics, dict) else None
+
+
+class EnvGroup:
+    """Hosts the envs of a contiguous range of rollout indices and steps them in this process.
+
+    ``first_index`` is the rollout index of this group's first env (for error messages
+    and episode records). Results are written into :class:`StepViews`; nothing is
+    allocated per step beyond what the envs themselves return.
+    """
+
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], first_index: int = 0, first_factory: int = 0) -> None:
+        self.first_index = first_index
+        self.envs: list[gym.Env | gym.vector.VectorEnv] = []
+        self.slices: list[slice] = []
+        spaces = []
+        start = 0
+        try:
+            for k, fn in enumerate(env_fns):
+                env = build_env(fn, first_factory + k)
+                self.envs.append(env)
+                spaces.append(spaces_of(env))
+                self.slices.append(slice(start, start + spaces[-1][2]))
+                start += spaces[-1][2]
+            check_same_spaces(spaces)
+        except BaseException:
+            self.close()
+            raise
+        self.spaces = spaces
+        self.num_envs = start
+
+    def reset(self, seeds: Sequence[int], obs_out: np.ndarray) -> None:
+        """Reset every env with its seed; write first observations into ``obs_out[n]``."""
+        for env, sl in zip(self.envs, self.slices):
+            is_vector = isinstance(env, gym.vector.VectorEnv)
+            obs, _ = self._call(sl.start, "reset()", env.reset,
+                                seed=list(seeds[sl]) if is_vector else seeds[sl.start])
+            obs_out[sl] = obs
+
+    def step(self, actions: np.ndarray, out: StepViews) -> list[EpisodeInfo]:
+        """Step every env with ``actions[n]``, autoresetting ended episodes in the same step.
+
+        Returns ``(rollout env index, env-provided episode metrics)`` for episodes that
+        ended and whose env reported ``info["episode_metrics"]``.
+        """
+        episodes: list[EpisodeInfo] = []
+        for env, sl in zip(self.envs, self.slices):
+            if isinstance(env, gym.vector.VectorEnv):
+                self._step_vector(env, sl, actions[sl], out, episodes)
+                continue
+            i = sl.start
+            obs, rew, term, trunc, info = self._call(i, "step()", env.step, actions[i])
+            out.rewards[i] = rew
+            out.terminated[i] = term
+            out.truncated[i] = trunc
+            done = term or trunc
+            out.final_mask[i] = done
+            if done:
+                out.final_obs[i] = obs  # copied before the reset can touch the env's buffer
+                metrics = _episode_metrics(info)
+                if metrics is not None:
+                    episodes.append((self.first_index + i, metrics))
+                obs, _ = self._call(i, "reset()", env.reset)
+            out.next_obs[i] = obs
+        return episodes
+
+    def _step_vector(self, env, sl: slice, actions, out: StepViews, episodes: list[EpisodeInfo]) -> None:
+        obs, rew, term, trunc, info = self._call(sl.start, "step()", env.step, actions)
+        out.next_obs[sl] = obs
+        out.rewards[sl] = rew
+        out.terminated[sl] = term
+        out.truncated[sl] = trunc
+        done = np.logical_or(term, trunc, out=out.final_mask[sl])
+        if done.any():
+            final = info["final_obs"]
+            for j in np.flatnonzero(done):
+                out.final_obs[sl.start + j] = final[j]
+            metrics = info.get("final_info", {}).get("episode_metrics")
+            if isinstance(metrics, dict):
+                for j in np.flatnonzero(done):
+                    episodes.append((self.first_index + sl.start + j, {k: float(v[j]) for k, v in metrics.items()}))
+
+    def _call(self, i: int, where: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            raise EnvError(self.first_index + i, where, traceback.format_exc()) from None
+
+    def get_states(self) -> list[Any]:
+        """Each env's ``get_state()``, or ``None`` for envs that do not offer it."""
+        return [env.get_state() if hasattr(env, "get_state") else None for env in self.envs]
+
+    def set_states(self, states: Sequence[Any]) -> None:
+        for env, state in zip(self.envs, states):
+            if state is not None:
+                env.set_state(state)
+
+    def close(self) -> None:
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:  # closing is best effort; the env is gone either way
+                pass
+        self.envs = []

@@ -1,0 +1,75 @@
+"""Fixed-shape rollout storage: allocated once, one consolidated (pinned) buffer, one transfer."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from collectors.env_group import StepViews
+
+
+class RolloutStorage:
+    """Host buffers for a ``[T, N]`` rollout plus the ``[N]`` observations that follow it.
+
+    All leaves are views into one consolidated storage (pinned when the target is CUDA),
+    so :meth:`to_device` moves the whole rollout with a single host-to-device copy.
+    """
+
+    def __init__(self, horizon: int, num_envs: int, obs_shape: tuple, obs_dtype: torch.dtype,
+                 action_shape: tuple, action_dtype: torch.dtype, extras: tuple[str, ...], device: torch.device):
+        t, n = horizon, num_envs
+        rollout = {
+            "observations": torch.zeros((t, n, *obs_shape), dtype=obs_dtype),
+            "actions": torch.zeros((t, n, *action_shape), dtype=action_dtype),
+            "rewards": torch.zeros((t, n), dtype=torch.float32),
+            "terminated": torch.zeros((t, n), dtype=torch.bool),
+            "truncated": torch.zeros((t, n), dtype=torch.bool),
+            "final_observations": torch.zeros((t, n, *obs_shape), dtype=obs_dtype),
+            "final_observation_mask": torch.zeros((t, n), dtype=torch.bool),
+        }
+        rollout.update({k: torch.zeros((t, n), dtype=torch.float32) for k in extras})
+        host = TensorDict({"rollout": TensorDict(rollout, batch_size=[t, n]),
+                           "last_observations": torch.zeros((n, *obs_shape), dtype=obs_dtype)}, batch_size=[])
+        self.device = torch.device(device)
+        self.host = host.consolidate(pin_memory=self.device.type == "cuda")
+        self.horizon = horizon
+        r = self.host["rollout"]
+        self.obs = r["observations"]
+        self.actions = r["actions"]
+        self.extras = {k: r[k] for k in extras}
+        self.last_obs = self.host["last_observations"]
+        self._np = {k: v.numpy() for k, v in r.items()}
+        self._last_obs_np = self.last_obs.numpy()
+        self._transfer_done: torch.cuda.Event | None = None
+
+    def step_views(self, t: int) -> StepViews:
+        """Where the results of step ``t`` go; the next observation is ``obs[t + 1]`` or ``last_obs``."""
+        a = self._np
+        next_obs = a["observations"][t + 1] if t + 1 < self.horizon else self._last_obs_np
+        return StepViews(next_obs, a["rewards"][t], a["terminated"][t], a["truncated"][t],
+                         a["final_observations"][t], a["final_observation_mask"][t])
+
+    def obs_numpy(self, t: int) -> np.ndarray:
+        return self._np["observations"][t]
+
+    def wait_for_transfer(self) -> None:
+        """Block until the last asynchronous copy has read the host buffers (before overwriting them)."""
+        if self._transfer_done is not None:
+            self._transfer_done.synchronize()
+            self._transfer_done = None
+
+    def to_device(self) -> tuple[TensorDict, torch.Tensor]:
+        """Return ``(rollout [T, N], last observations [N])`` on the target device.
+
+        On CUDA: one non-blocking copy of the consolidated pinned buffer. On the CPU: a
+        copy, so that the next ``collect()`` does not overwrite a batch still in use.
+        """
+        if self.device.type == "cpu":
+            moved = self.host.clone()
+        else:
+            moved = self.host.to(self.device, non_blocking=True)
+            if self.device.type == "cuda":
+                self._transfer_done = torch.cuda.Event()
+                self._transfer_done.record()
+        return moved["rollout"], moved["last_observations"]
