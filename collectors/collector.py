@@ -166,8 +166,7 @@ class RolloutCollector:
             s = self.storage = self._allocate(*first)
             s.obs[0].copy_(obs0)
         else:
-            s.wait_for_transfer()
-            s.obs[0].copy_(s.last_obs)
+            s.start_rollout()
         self.episodes = []
         for t in range(self.horizon):
             action, extras = first if t == 0 and first is not None else self._call_policy(s.obs[t])

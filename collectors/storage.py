@@ -36,12 +36,19 @@ class RolloutStorage:
         self.horizon = horizon
         r = self.host["rollout"]
         self.obs = r["observations"]
+        self.final_obs = r["final_observations"]
         self.actions = r["actions"]
         self.extras = {k: r[k] for k in extras}
         self.last_obs = self.host["last_observations"]
         self._np = {k: v.numpy() for k, v in r.items()}
         self._last_obs_np = self.last_obs.numpy()
         self._transfer_done: torch.cuda.Event | None = None
+
+    def start_rollout(self) -> None:
+        """Wait until the host buffers are free, carry the last observations over, clear final observations."""
+        self.wait_for_transfer()
+        self.obs[0].copy_(self.last_obs)
+        self.final_obs.zero_()  # rows without an episode end stay zero, identically on every backend
 
     def step_views(self, t: int) -> StepViews:
         """Where the results of step ``t`` go; the next observation is ``obs[t + 1]`` or ``last_obs``."""

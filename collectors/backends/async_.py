@@ -22,7 +22,7 @@ import torch.multiprocessing as tmp
 
 from collectors.env_group import EnvError, EnvGroup, EpisodeInfo, StepViews, check_same_spaces
 
-_FIELDS = ("next_obs", "rewards", "terminated", "truncated", "final_obs", "final_mask")
+_FIELDS = ("next_obs", "rewards", "terminated", "truncated", "final_obs", "final_mask")  # final_* last
 _CLOSE_TIMEOUT_S = 3.0
 
 
@@ -259,8 +259,13 @@ class AsyncBackend:
             for reply in self._wait_all(phase="step"):
                 episodes.extend(reply)
             rows = slice(self._local_rows.stop, self.num_envs)
-            for f in _FIELDS:
+            for f in _FIELDS[:-2]:
                 getattr(out, f)[rows] = self._np[f][rows]
+            mask = self._np["final_mask"][rows]
+            out.final_mask[rows] = mask
+            if mask.any():  # only true final observations: other rows of the rollout stay zero
+                where = mask.reshape(mask.shape + (1,) * (out.final_obs.ndim - 1))
+                np.copyto(out.final_obs[rows], self._np["final_obs"][rows], where=where)
             return episodes
         return self._guarded(run)
 

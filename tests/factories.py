@@ -1,0 +1,80 @@
+"""Top-level env factories and policies for the collector tests (picklable for spawned workers)."""
+
+from __future__ import annotations
+
+import os
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import envs
+
+
+def cartpole() -> gym.Env:
+    return gym.make("CartPole-v1")
+
+
+def vr_edge(num_users: int = 3, max_steps: int = 40) -> gym.Env:
+    return envs.SyntheticVREdgeEnv(num_users=num_users, max_steps=max_steps)
+
+
+def vr_edge_batch(num_envs: int = 3, num_users: int = 3, max_steps: int = 40) -> gym.vector.VectorEnv:
+    return envs.VREdgeVectorEnv(num_envs, num_users=num_users, max_steps=max_steps)
+
+
+class ExplodingEnv(gym.Env):
+    """CartPole that raises on the ``fail_at``-th step."""
+
+    def __init__(self, fail_at: int = 5) -> None:
+        self.inner = gym.make("CartPole-v1")
+        self.observation_space, self.action_space = self.inner.observation_space, self.inner.action_space
+        self.fail_at, self.steps = fail_at, 0
+
+    def reset(self, *, seed=None, options=None):
+        return self.inner.reset(seed=seed)
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.fail_at:
+            raise RuntimeError("simulator exploded")
+        return self.inner.step(action)
+
+
+class SuicidalEnv(ExplodingEnv):
+    """Kills its own process on the ``fail_at``-th step (a segfaulting simulator)."""
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.fail_at:
+            os._exit(13)
+        return self.inner.step(action)
+
+
+def exploding() -> gym.Env:
+    return ExplodingEnv()
+
+
+def suicidal() -> gym.Env:
+    return SuicidalEnv()
+
+
+def pendulum() -> gym.Env:
+    return gym.make("Pendulum-v1")
+
+
+class RandomPolicy:
+    """Seeded stochastic policy returning action, log-prob and value for discrete or multi-discrete spaces."""
+
+    def __init__(self, nvec, seed: int = 0) -> None:
+        self.nvec = np.atleast_1d(nvec)
+        self.multi = np.ndim(nvec) > 0
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __call__(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        n = len(obs)
+        u = torch.rand((n, len(self.nvec)), generator=self.gen)
+        action = (u * torch.as_tensor(self.nvec)).long()
+        if not self.multi:
+            action = action[:, 0]
+        return {"action": action, "log_prob": -u.sum(1), "value": obs.float().flatten(1).sum(1)}

@@ -1,0 +1,224 @@
+import functools
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from collectors import EnvError, RolloutCollector, WorkerDiedError, env_seeds
+from tests import factories as f
+
+BACKENDS = ["serial", "sync", "async"]
+
+
+def collect_all(env_fns, policy_factory, backend, rollouts=3, horizon=50, seed=7, **kw):
+    with RolloutCollector(env_fns, policy_factory(), backend=backend, horizon=horizon, seed=seed, **kw) as c:
+        out = []
+        for _ in range(rollouts):
+            out.append((c.collect(), c.last_observations.clone(), list(c.episodes)))
+        return out
+
+
+def assert_identical(a, b):
+    for (ba, la, ea), (bb, lb, eb) in zip(a, b, strict=True):
+        assert set(ba.keys()) == set(bb.keys())
+        for k in ba.keys():
+            assert torch.equal(ba[k], bb[k]), k
+        assert torch.equal(la, lb)
+        assert ea == eb
+
+
+@pytest.mark.parametrize("name, env_fns, nvec", [
+    ("cartpole", [f.cartpole] * 5, 2),
+    ("vr_edge", [f.vr_edge] * 5, [6, 6, 6]),
+    ("vr_edge_native_batch", [f.vr_edge_batch, f.vr_edge, functools.partial(f.vr_edge_batch, 2)], [6, 6, 6]),
+])
+def test_backends_return_identical_batches_over_consecutive_rollouts(name, env_fns, nvec):
+    results = {b: collect_all(env_fns, lambda: f.RandomPolicy(nvec), b, num_workers=1) for b in BACKENDS}
+    assert sum(len(e) for _, _, e in results["serial"]) > 0, "no episode ended; the test would not check autoreset"
+    assert_identical(results["serial"], results["sync"])
+    assert_identical(results["serial"], results["async"])
+
+
+def test_async_without_main_share_matches_serial():
+    env_fns = [f.vr_edge] * 4
+    a = collect_all(env_fns, lambda: f.RandomPolicy([6, 6, 6]), "serial", rollouts=2)
+    b = collect_all(env_fns, lambda: f.RandomPolicy([6, 6, 6]), "async", rollouts=2, num_workers=2, main_share=False)
+    assert_identical(a, b)
+
+
+def test_batch_layout_and_autoreset_semantics():
+    (batch, last, episodes), = collect_all([f.vr_edge] * 3, lambda: f.RandomPolicy([6, 6, 6]), "sync", rollouts=1,
+                                           horizon=120)
+    t, n = 120, 3
+    assert batch.batch_size == torch.Size([t, n])
+    assert batch["observations"].shape == (t, n, 7 * 3 + 5) and batch["observations"].dtype == torch.float32
+    assert batch["actions"].shape == (t, n, 3) and batch["actions"].dtype == torch.int64
+    assert batch["rewards"].dtype == torch.float32 and batch["terminated"].dtype == torch.bool
+    assert set(batch.keys()) >= {"log_probs", "values", "final_observations", "final_observation_mask"}
+    mask = batch["final_observation_mask"]
+    assert torch.equal(mask, batch["terminated"] | batch["truncated"])
+    assert not (batch["terminated"] & batch["truncated"]).any()
+    assert mask.any()
+    # the first observation of a new episode shows episode progress 0; the final one does not
+    progress = -1
+    ts, envs_ = torch.nonzero(mask[:-1], as_tuple=True)
+    for ti, ni in zip(ts.tolist(), envs_.tolist()):
+        assert batch["observations"][ti + 1, ni, progress] == 0
+        assert batch["final_observations"][ti, ni, progress] > 0
+    assert last.shape == (n, 7 * 3 + 5)
+    assert len(episodes) == int(mask.sum())
+    assert all({"return", "length", "env", "quality", "stall_s", "switches"} <= set(e) for e in episodes)
+
+
+def test_final_observation_is_the_true_last_observation():
+    # replay one env by hand with the same seed and actions
+    (batch, _, _), = collect_all([f.cartpole], lambda: f.RandomPolicy(2), "sync", rollouts=1, horizon=200, seed=3)
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=env_seeds(3, 1)[0])
+    for t in range(200):
+        np.testing.assert_array_equal(batch["observations"][t, 0].numpy(), obs)
+        obs, r, term, trunc, _ = env.step(int(batch["actions"][t, 0]))
+        assert (bool(batch["terminated"][t, 0]), bool(batch["truncated"][t, 0])) == (term, trunc)
+        if term or trunc:
+            np.testing.assert_array_equal(batch["final_observations"][t, 0].numpy(), obs)
+            obs, _ = env.reset()
+    assert batch["terminated"].any()
+
+
+def test_consecutive_rollouts_continue_episodes():
+    with RolloutCollector([f.vr_edge] * 2, f.RandomPolicy([6, 6, 6]), backend="sync", horizon=10, seed=1) as c:
+        first = c.collect()
+        last = c.last_observations.clone()
+        second = c.collect()
+    assert torch.equal(second["observations"][0], last)
+    assert not torch.equal(first["observations"][0], second["observations"][0])
+
+
+def test_seeds_come_from_seed_sequence_and_neighbouring_runs_share_none():
+    a, b = set(env_seeds(1, 64)), set(env_seeds(2, 64))
+    assert len(a) == 64 and not a & b
+    assert env_seeds(1, 3) == [int(c.generate_state(1)[0]) for c in np.random.SeedSequence(1).spawn(3)]
+
+
+def test_episode_returns_are_sums_of_rewards():
+    with RolloutCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", horizon=100, seed=0) as c:
+        batch = c.collect()
+        episodes = c.episodes
+    # first episode of env 0 starts at t=0 in the first rollout
+    end = int(torch.nonzero(batch["final_observation_mask"][:, 0])[0])
+    first = next(e for e in episodes if e["env"] == 0)
+    assert first["length"] == end + 1
+    assert first["return"] == pytest.approx(float(batch["rewards"][: end + 1, 0].sum()))
+
+
+def test_update_policy_with_module_state_dict_and_callable():
+    net = torch.nn.Linear(4, 2)
+    policy = lambda obs: {"action": net(obs).argmax(-1)}  # noqa: E731
+    with RolloutCollector([f.cartpole], policy, backend="sync", horizon=4, seed=0) as c:
+        c.update_policy(lambda obs: torch.ones(len(obs), dtype=torch.int64))
+        assert (c.collect()["actions"] == 1).all()
+        with pytest.raises(TypeError, match="not a torch.nn.Module"):
+            c.update_policy(net.state_dict())
+    module = torch.nn.Sequential()
+    with RolloutCollector([f.cartpole], lambda o: torch.zeros(len(o), dtype=torch.int64), horizon=2) as c:
+        c.policy = module
+        c.update_policy(module.state_dict())
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(env_fns=[]), ValueError, "empty"),
+    (dict(horizon=0), ValueError, "horizon"),
+    (dict(backend="threads"), ValueError, "unknown backend"),
+    (dict(backend="async", num_workers=0), ValueError, "num_workers"),
+    (dict(backend="async", num_workers=5), ValueError, "num_workers"),
+    (dict(env_fns=[f.cartpole, f.pendulum]), ValueError, "observation space"),
+    (dict(env_fns=[gym.make("CartPole-v1")]), TypeError, "not callable"),
+    (dict(env_fns=[lambda: 3]), TypeError, "not a gymnasium.Env"),
+    (dict(seed=-1), ValueError, "seed"),
+])
+def test_bad_arguments_raise_clear_errors(kwargs, exc, match):
+    args = dict(env_fns=[f.cartpole] * 2, policy=lambda o: torch.zeros(len(o), dtype=torch.int64), horizon=4)
+    args.update(kwargs)
+    with pytest.raises(exc, match=match):
+        RolloutCollector(**args)
+
+
+def test_non_picklable_factory_is_rejected_before_workers_start():
+    with pytest.raises(TypeError, match="top-level function, or functools.partial"):
+        RolloutCollector([lambda: gym.make("CartPole-v1")] * 2, lambda o: o, backend="async", num_workers=1)
+
+
+@pytest.mark.parametrize("policy, exc, match", [
+    (lambda o: torch.zeros(len(o) + 1, dtype=torch.int64), ValueError, "shape"),
+    (lambda o: torch.zeros(len(o)), TypeError, "integer"),
+    (lambda o: {"act": torch.zeros(len(o))}, ValueError, "without 'action'"),
+    (lambda o: {"action": torch.zeros(len(o), dtype=torch.int64), "value": torch.zeros(len(o), 2)},
+     ValueError, "value"),
+])
+@pytest.mark.parametrize("backend", ["sync", "async"])
+def test_bad_policy_output_raises_and_leaves_no_workers(policy, exc, match, backend):
+    import multiprocessing as mp
+    c = RolloutCollector([f.cartpole] * 2, policy, backend=backend, horizon=4, num_workers=1)
+    with pytest.raises(exc, match=match):
+        c.collect()
+    assert not mp.active_children()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_env_exception_names_the_env_and_keeps_the_traceback(backend):
+    import multiprocessing as mp
+    env_fns = [f.cartpole, f.cartpole, f.exploding, f.cartpole]
+    with RolloutCollector(env_fns, f.RandomPolicy(2), backend=backend, horizon=20, num_workers=1) as c:
+        with pytest.raises(EnvError, match="env 2 raised") as info:
+            c.collect()
+    assert info.value.env_index == 2
+    assert "simulator exploded" in str(info.value)
+    assert not mp.active_children()
+
+
+def test_dead_worker_is_detected_quickly_and_nothing_is_left_behind():
+    import multiprocessing as mp
+    c = RolloutCollector([f.cartpole, f.suicidal], f.RandomPolicy(2), backend="async", horizon=20, num_workers=1)
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match="exit code 13"):
+        c.collect()
+    assert time.monotonic() - start < 10
+    assert not mp.active_children()
+
+
+def test_keyboard_interrupt_during_collect_closes_workers():
+    import multiprocessing as mp
+
+    def interrupting(obs, calls=[0]):  # noqa: B006 - a counter shared across calls
+        calls[0] += 1
+        if calls[0] == 5:
+            raise KeyboardInterrupt
+        return torch.zeros(len(obs), dtype=torch.int64)
+
+    c = RolloutCollector([f.cartpole] * 2, interrupting, backend="async", horizon=20, num_workers=1)
+    with pytest.raises(KeyboardInterrupt):
+        c.collect()
+    assert not mp.active_children()
+
+
+def test_continuous_actions_and_log_prob_free_policy():
+    policy = lambda o: torch.zeros((len(o), 1))  # noqa: E731
+    with RolloutCollector([f.pendulum] * 2, policy, backend="sync", horizon=5) as c:
+        batch = c.collect()
+    assert batch["actions"].shape == (5, 2, 1) and "log_probs" not in batch.keys()
+
+
+def test_vector_env_with_next_step_autoreset_is_rejected():
+    def make_vec():
+        return gym.vector.SyncVectorEnv([f.cartpole])
+    with pytest.raises(ValueError, match="same-step autoreset"):
+        RolloutCollector([make_vec], lambda o: o, backend="sync")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_one_host_to_device_copy_per_rollout():
+    from benchmarks.gpu_check import count_h2d_copies
+    assert count_h2d_copies(num_envs=8, horizon=32) == 1
