@@ -110,7 +110,7 @@ class RolloutCollector:
 
     # ------------------------------------------------------------------ policy
     def _call_policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        with torch.no_grad():
+        with torch.no_grad():  # also when called outside collect()'s loop
             out = self.policy(obs)
         if isinstance(out, (Mapping, TensorDictBase)):
             if "action" not in out.keys():
@@ -168,19 +168,20 @@ class RolloutCollector:
         else:
             s.start_rollout()
         self.episodes = []
-        for t in range(self.horizon):
-            action, extras = first if t == 0 and first is not None else self._call_policy(s.obs[t])
-            if action.shape != s.actions.shape[1:] or action.dtype != s.actions.dtype \
-                    or extras.keys() != s.extras.keys():
-                self._check_policy_output(action, extras)
-                raise TypeError(f"policy output changed between steps: got {action.dtype} actions with "
-                                f"{sorted(extras)}, first step gave {s.actions.dtype} with {sorted(s.extras)}")
-            s.actions[t].copy_(action)
-            for name, v in extras.items():
-                s.extras[name][t].copy_(v)
-            views = s.step_views(t)
-            infos = self.backend.step(s.actions[t].numpy(), views)
-            self._record_episodes(views, infos)
+        with torch.no_grad():
+            for t in range(self.horizon):
+                action, extras = first if t == 0 and first is not None else self._call_policy(s.obs_steps[t])
+                if action.shape != s.actions.shape[1:] or action.dtype != s.actions.dtype \
+                        or extras.keys() != s.extras.keys():
+                    self._check_policy_output(action, extras)
+                    raise TypeError(f"policy output changed between steps: got {action.dtype} actions with "
+                                    f"{sorted(extras)}, first step gave {s.actions.dtype} with {sorted(s.extras)}")
+                s.action_steps[t].copy_(action)
+                for name, v in extras.items():
+                    s.extras[name][t].copy_(v)
+                views = s.views[t]
+                infos = self.backend.step(s.action_steps_np[t], views)
+                self._record_episodes(views, infos)
         batch, self.last_observations = s.to_device()
         return batch
 

@@ -122,28 +122,32 @@ class EnvGroup:
         ended and whose env reported ``info["episode_metrics"]``.
         """
         episodes: list[EpisodeInfo] = []
-        for env, sl in zip(self.envs, self.slices):
-            if isinstance(env, gym.vector.VectorEnv):
-                self._step_vector(env, sl, actions[sl], out, episodes)
-                continue
-            i = sl.start
-            obs, rew, term, trunc, info = self._call(i, "step()", env.step, actions[i])
-            out.rewards[i] = rew
-            out.terminated[i] = term
-            out.truncated[i] = trunc
-            done = term or trunc
-            out.final_mask[i] = done
-            if done:
-                out.final_obs[i] = obs  # copied before the reset can touch the env's buffer
-                metrics = _episode_metrics(info)
-                if metrics is not None:
-                    episodes.append((self.first_index + i, metrics))
-                obs, _ = self._call(i, "reset()", env.reset)
-            out.next_obs[i] = obs
+        i = 0
+        try:  # one try around the loop: no per-env wrapper call in the hot path
+            for env, sl in zip(self.envs, self.slices):
+                i = sl.start
+                if isinstance(env, gym.vector.VectorEnv):
+                    self._step_vector(env, sl, actions[sl], out, episodes)
+                    continue
+                obs, rew, term, trunc, info = env.step(actions[i])
+                out.rewards[i] = rew
+                out.terminated[i] = term
+                out.truncated[i] = trunc
+                done = term or trunc
+                out.final_mask[i] = done
+                if done:
+                    out.final_obs[i] = obs  # copied before the reset can touch the env's buffer
+                    metrics = _episode_metrics(info)
+                    if metrics is not None:
+                        episodes.append((self.first_index + i, metrics))
+                    obs, _ = env.reset()
+                out.next_obs[i] = obs
+        except Exception:
+            raise EnvError(self.first_index + i, "step()", traceback.format_exc()) from None
         return episodes
 
     def _step_vector(self, env, sl: slice, actions, out: StepViews, episodes: list[EpisodeInfo]) -> None:
-        obs, rew, term, trunc, info = self._call(sl.start, "step()", env.step, actions)
+        obs, rew, term, trunc, info = env.step(actions)
         out.next_obs[sl] = obs
         out.rewards[sl] = rew
         out.terminated[sl] = term

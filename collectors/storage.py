@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -43,6 +42,11 @@ class RolloutStorage:
         self._np = {k: v.numpy() for k, v in r.items()}
         self._last_obs_np = self.last_obs.numpy()
         self._transfer_done: torch.cuda.Event | None = None
+        # per-step views, built once: the hot loop only indexes these lists
+        self.views = [self._step_views(t) for t in range(horizon)]
+        self.obs_steps = [self.obs[t] for t in range(horizon)]
+        self.action_steps = [self.actions[t] for t in range(horizon)]
+        self.action_steps_np = [a.numpy() for a in self.action_steps]
 
     def start_rollout(self) -> None:
         """Wait until the host buffers are free, carry the last observations over, clear final observations."""
@@ -50,15 +54,12 @@ class RolloutStorage:
         self.obs[0].copy_(self.last_obs)
         self.final_obs.zero_()  # rows without an episode end stay zero, identically on every backend
 
-    def step_views(self, t: int) -> StepViews:
+    def _step_views(self, t: int) -> StepViews:
         """Where the results of step ``t`` go; the next observation is ``obs[t + 1]`` or ``last_obs``."""
         a = self._np
         next_obs = a["observations"][t + 1] if t + 1 < self.horizon else self._last_obs_np
         return StepViews(next_obs, a["rewards"][t], a["terminated"][t], a["truncated"][t],
                          a["final_observations"][t], a["final_observation_mask"][t])
-
-    def obs_numpy(self, t: int) -> np.ndarray:
-        return self._np["observations"][t]
 
     def wait_for_transfer(self) -> None:
         """Block until the last asynchronous copy has read the host buffers (before overwriting them)."""
