@@ -1,0 +1,1 @@
+"""Learning: PPO on rollouts from ``collectors`` (config, actor-critic, GAE, update, planner, CLIs)."""

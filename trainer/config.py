@@ -1,0 +1,141 @@
+"""Training configuration: one dataclass, validated, exposed as CLI flags and TOML keys."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+
+@dataclass
+class TrainConfig:
+    env: str = "VREdge-v0"
+    backend: str = "sync"
+    num_envs: int = 64
+    num_steps: int = 128
+    total_steps: int = 3_000_000
+    seed: int = 1
+    device: str = "auto"
+    run_dir: str = ""
+    num_workers: int = 0
+    lr: float = 3e-4
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    epochs: int = 4
+    batch_size: int = 0
+    clip_coef: float = 0.2
+    clip_value: bool = False
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    norm_adv: bool = True
+    target_kl: float = 0.0
+    normalize_obs: bool = True
+    scale_rewards: bool = False
+    hidden: str = "64,64"
+    shared_trunk: bool = False
+    tensorboard: bool = False
+    config: str = ""
+
+    HELP = {
+        "env": "any registered Gymnasium env id (VREdge-v0 uses the natively batched env)",
+        "backend": "rollout backend: serial, sync or async",
+        "num_envs": "parallel envs", "num_steps": "steps per env per rollout",
+        "total_steps": "env steps to train for", "seed": "run seed (envs, init, sampling)",
+        "device": "auto (cuda when available), cpu or cuda",
+        "run_dir": "run directory (default runs/<env>-s<seed>-<time>)",
+        "num_workers": "async workers (0: backend default)", "lr": "Adam learning rate",
+        "anneal_lr": "linear LR annealing to 0 over total_steps", "gamma": "discount",
+        "gae_lambda": "GAE lambda", "epochs": "PPO epochs per rollout",
+        "batch_size": "minibatch size (0: planner picks from num_envs x num_steps)",
+        "clip_coef": "PPO clip range", "clip_value": "clip the value loss too",
+        "ent_coef": "entropy bonus", "vf_coef": "value loss weight", "max_grad_norm": "global grad-norm clip",
+        "norm_adv": "normalise advantages per minibatch", "target_kl": "early-stop epochs above this KL (0: off)",
+        "normalize_obs": "running observation normalisation", "scale_rewards": "divide rewards by running return std",
+        "hidden": "hidden layer sizes, comma separated", "shared_trunk": "one trunk for actor and critic",
+        "tensorboard": "also log to TensorBoard (needs the tensorboard extra)",
+        "config": "TOML file with any of these keys (flags override it)",
+    }
+
+    def validate(self) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)!r} is invalid: {rule}")
+        need(self.backend in ("serial", "sync", "async"), "backend", "choose serial, sync or async")
+        for name in ("num_envs", "num_steps", "total_steps", "epochs"):
+            need(getattr(self, name) >= 1, name, "must be >= 1")
+        need(self.lr > 0, "lr", "must be > 0")
+        need(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
+        need(0 <= self.gae_lambda <= 1, "gae_lambda", "must be in [0, 1]")
+        need(self.clip_coef > 0, "clip_coef", "must be > 0")
+        need(self.max_grad_norm > 0, "max_grad_norm", "must be > 0")
+        need(self.batch_size >= 0, "batch_size", "must be >= 0 (0 lets the planner choose)")
+        need(self.target_kl >= 0, "target_kl", "must be >= 0 (0 disables it)")
+        need(self.num_workers >= 0, "num_workers", "must be >= 0 (0: backend default)")
+        need(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device",
+             "use auto, cpu or cuda")
+        try:
+            sizes = self.hidden_sizes
+        except ValueError:
+            sizes = ()
+        need(len(sizes) > 0 and all(s > 0 for s in sizes), "hidden", "comma-separated positive sizes, e.g. 64,64")
+
+    @property
+    def hidden_sizes(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.hidden.split(",") if x.strip())
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer.train", description="Train a PPO policy.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in fields(TrainConfig):
+        kind = _bool if f.type in (bool, "bool") else {"int": int, "float": float}.get(str(f.type), str)
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default,
+                       help=TrainConfig.HELP.get(f.name, " "))
+    return p
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Flags over TOML file over defaults; validated."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    values = {f.name: f.default for f in fields(TrainConfig)}
+    if args.config:
+        path = Path(args.config)
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            parser.error(f"cannot read config file {path}: {e}")
+        unknown = set(data) - set(values)
+        if unknown:
+            parser.error(f"unknown keys in {path}: {', '.join(sorted(unknown))}")
+        values.update(data)
+    defaults = vars(parser.parse_args([]))
+    for name, v in vars(args).items():
+        if name in values and v != defaults[name]:
+            values[name] = v
+    cfg = TrainConfig(**values)
+    try:
+        cfg.validate()
+    except ValueError as e:
+        parser.error(str(e))
+    return cfg

@@ -1,0 +1,149 @@
+"""Actor-critic MLP for Discrete, MultiDiscrete and Box action spaces, with observation normalisation."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+
+class RunningNorm(nn.Module):
+    """Running mean / variance of observations (parallel-variance merge), stored as buffers."""
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+        self.clip = clip
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, *self.mean.shape).to(torch.float64)
+        b_mean, b_var, b_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta, total = b_mean - self.mean, self.count + b_count
+        self.mean += delta * b_count / total
+        self.var.copy_((self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total) / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = (x - self.mean.to(x.dtype)) / torch.sqrt(self.var.to(x.dtype) + 1e-8)
+        return z.clamp(-self.clip, self.clip)
+
+
+def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out)
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _mlp(n_in: int, hidden: tuple[int, ...]) -> nn.Sequential:
+    layers, size = [], n_in
+    for h in hidden:
+        layers += [_layer(size, h, math.sqrt(2)), nn.Tanh()]
+        size = h
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    """Policy and value MLPs (orthogonal init) over normalised observations.
+
+    Example:
+        >>> import gymnasium as gym, torch
+        >>> env = gym.make("CartPole-v1")
+        >>> ac = ActorCritic(env.observation_space, env.action_space, seed=0)
+        >>> out = ac.act(torch.zeros(5, 4))
+        >>> out["action"].shape, out["log_prob"].shape, out["value"].shape
+        (torch.Size([5]), torch.Size([5]), torch.Size([5]))
+
+    ``act`` samples with the module's own ``torch.Generator`` and never builds a
+    ``torch.distributions`` object (no per-step validation); ``evaluate`` returns
+    log-probs, entropies and values for PPO's loss. ``shared_trunk`` selects one
+    trunk for both heads instead of two separate MLPs.
+    """
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: tuple[int, ...] = (64, 64),
+                 shared_trunk: bool = False, normalize_obs: bool = True, seed: int = 0) -> None:
+        super().__init__()
+        if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+            raise TypeError(f"ActorCritic needs a flat Box observation space, got {obs_space}")
+        if isinstance(act_space, gym.spaces.Discrete):
+            self.kind, self.nvec = "discrete", [int(act_space.n)]
+        elif isinstance(act_space, gym.spaces.MultiDiscrete) and act_space.nvec.ndim == 1:
+            self.kind, self.nvec = "multi", [int(n) for n in act_space.nvec]
+        elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
+            self.kind, self.act_dim = "box", act_space.shape[0]
+        else:
+            raise TypeError(f"unsupported action space {act_space}: use Discrete, 1-D MultiDiscrete or 1-D Box")
+        torch.manual_seed(seed)
+        n_obs = obs_space.shape[0]
+        self.norm = RunningNorm((n_obs,)) if normalize_obs else nn.Identity()
+        self.actor_trunk = _mlp(n_obs, hidden)
+        self.critic_trunk = self.actor_trunk if shared_trunk else _mlp(n_obs, hidden)
+        n_out = sum(self.nvec) if self.kind != "box" else self.act_dim
+        self.actor_head = _layer(hidden[-1], n_out, 0.01)
+        self.critic_head = _layer(hidden[-1], 1, 1.0)
+        if self.kind == "box":
+            self.log_std = nn.Parameter(torch.zeros(self.act_dim))
+        self.generator = torch.Generator().manual_seed(seed + 1)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic_head(self.critic_trunk(self.norm(obs.float()))).squeeze(-1)
+
+    def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.norm(obs.float())
+        actor = self.actor_trunk(z)
+        critic = actor if self.critic_trunk is self.actor_trunk else self.critic_trunk(z)
+        return self.actor_head(actor), self.critic_head(critic).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Sample actions for ``[N, obs]``: ``action``, ``log_prob`` and ``value`` (``[N]``)."""
+        out, value = self._heads(obs)
+        if self.kind == "box":
+            std = self.log_std.exp()
+            action = out + std * torch.randn(out.shape, generator=self.generator, device=out.device)
+            return {"action": action, "log_prob": _normal_log_prob(action, out, self.log_std), "value": value}
+        actions, log_probs = [], []
+        for logits in torch.split(out, self.nvec, dim=-1):
+            logp = torch.log_softmax(logits, -1)
+            a = torch.multinomial(logp.exp(), 1, generator=self.generator)
+            actions.append(a)
+            log_probs.append(logp.gather(-1, a))
+        action = torch.cat(actions, -1)
+        log_prob = torch.cat(log_probs, -1).sum(-1)
+        return {"action": action if self.kind == "multi" else action[:, 0], "log_prob": log_prob, "value": value}
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.act(obs)
+
+    @torch.no_grad()
+    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        """Greedy actions (mode of the policy), for evaluation."""
+        out, _ = self._heads(obs)
+        if self.kind == "box":
+            return out
+        action = torch.stack([lg.argmax(-1) for lg in torch.split(out, self.nvec, dim=-1)], -1)
+        return action if self.kind == "multi" else action[:, 0]
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(log_prob, entropy, value)`` of given actions, each ``[B]``, differentiable."""
+        out, value = self._heads(obs)
+        if self.kind == "box":
+            entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum().expand(len(out))
+            return _normal_log_prob(action, out, self.log_std), entropy, value
+        action = action.reshape(len(out), -1)
+        log_prob = torch.zeros(len(out), device=out.device)
+        entropy = torch.zeros(len(out), device=out.device)
+        for i, logits in enumerate(torch.split(out, self.nvec, dim=-1)):
+            logp = torch.log_softmax(logits, -1)
+            log_prob = log_prob + logp.gather(-1, action[:, i:i + 1].long()).squeeze(-1)
+            entropy = entropy - (logp.exp() * logp).sum(-1)
+        return log_prob, entropy, value
+
+
+def _normal_log_prob(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    return (-0.5 * ((x - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
