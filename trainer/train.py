@@ -71,6 +71,7 @@ class ReturnScaler:
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
     """Run PPO as configured; returns a summary (run dir, final metrics)."""
+    factories = env_factories(cfg)  # checks the env id before anything is created
     device = resolve_device(cfg.device)
     plan = plan_minibatches(cfg.num_envs, cfg.num_steps, cfg.batch_size or None)
     for w in plan.warnings:
@@ -97,7 +98,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     recent = deque(maxlen=100)
     metrics_path = run_dir / "metrics.jsonl"
     summary: dict = {"run_dir": str(run_dir), "iterations": 0}
-    collector = RolloutCollector(env_factories(cfg), acting, backend=cfg.backend, horizon=cfg.num_steps,
+    collector = RolloutCollector(factories, acting, backend=cfg.backend, horizon=cfg.num_steps,
                                  seed=cfg.seed, device=device, num_workers=cfg.num_workers or None)
     bar = tqdm(range(1, iterations + 1), disable=not progress, unit="it", dynamic_ncols=True)
     start = time.perf_counter()

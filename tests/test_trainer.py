@@ -1,0 +1,124 @@
+import json
+import math
+
+import pytest
+import torch
+
+from trainer.batching import main as batching_main
+from trainer.batching import plan_minibatches
+from trainer.config import parse_config
+from trainer.gae import compute_gae, next_values
+
+
+def test_gae_hand_computed_with_truncation_and_termination():
+    # one env, 4 steps: step 1 is truncated (bootstrap from final obs value 10),
+    # step 3 is terminated (no bootstrap); values of the observations 1, 2, 3, 4; after the rollout 5
+    gamma, lam = 0.9, 0.5
+    rewards = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
+    values = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
+    terminated = torch.tensor([[False], [False], [False], [True]])
+    truncated = torch.tensor([[False], [True], [False], [False]])
+    final_values = torch.tensor([[0.0], [10.0], [0.0], [99.0]])
+    nxt = next_values(values, torch.tensor([5.0]), final_values, terminated, truncated)
+    assert nxt.flatten().tolist() == [2.0, 10.0, 4.0, 0.0]
+    adv, ret = compute_gae(rewards, values, nxt, terminated | truncated, gamma, lam)
+    d = [1 + 0.9 * 2 - 1, 2 + 0.9 * 10 - 2, 3 + 0.9 * 4 - 3, 4 + 0 - 4]
+    a3 = d[3]
+    a2 = d[2] + gamma * lam * a3
+    a1 = d[1]  # episode ended (truncated) at step 1: no carry from step 2
+    a0 = d[0] + gamma * lam * a1
+    assert adv.flatten().tolist() == pytest.approx([a0, a1, a2, a3])
+    assert ret.flatten().tolist() == pytest.approx([a0 + 1, a1 + 2, a2 + 3, a3 + 4])
+
+
+def test_gae_with_lambda_one_equals_discounted_return():
+    torch.manual_seed(0)
+    rewards, values = torch.rand(6, 3), torch.rand(6, 3)
+    done = torch.zeros(6, 3, dtype=torch.bool)
+    nxt = next_values(values, torch.zeros(3), torch.zeros(6, 3), done, done)
+    _, ret = compute_gae(rewards, values, nxt, done, 0.5, 1.0)
+    expected = sum(rewards[k] * 0.5**k for k in range(6))
+    assert torch.allclose(ret[0], expected)
+
+
+@pytest.mark.parametrize("envs_, steps, size, count", [(64, 2048, 4096, 32), (8, 128, None, 16), (1, 16, None, 1)])
+def test_planner_counts(envs_, steps, size, count):
+    plan = plan_minibatches(envs_, steps, size)
+    assert plan.num_minibatches == count and plan.minibatch_size * count == envs_ * steps
+    assert not plan.warnings
+
+
+def test_planner_default_aims_at_32_to_256_minibatches_when_large_enough():
+    plan = plan_minibatches(64, 128)
+    assert 32 <= plan.num_minibatches <= 256 and plan.minibatch_size >= 64
+
+
+@pytest.mark.parametrize("size, words", [(1000, "does not divide"), (16, "too small"), (65536, "too coarse"),
+                                         (256, "too aggressive")])
+def test_planner_warnings_suggest_better_values(size, words):
+    plan = plan_minibatches(64, 2048, size)
+    assert any(words in w and "--batch-size" in w for w in plan.warnings), plan.warnings
+
+
+@pytest.mark.parametrize("size", [0, 64 * 2048 + 1])
+def test_planner_rejects_impossible_sizes(size):
+    with pytest.raises(ValueError, match="batch_size"):
+        plan_minibatches(64, 2048, size)
+
+
+def test_planner_command(capsys):
+    batching_main(["--n-envs", "64", "--n-steps", "2048", "--batch-size", "4096"])
+    assert "32 minibatches of 4096" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, words", [(["--lr", "0"], "--lr"), (["--num-envs", "0"], "--num-envs"),
+                                         (["--backend", "gpu"], "--backend"), (["--hidden", "a,b"], "--hidden")])
+def test_bad_config_is_a_clear_error(argv, words, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(argv)
+    assert words in capsys.readouterr().err
+
+
+def test_toml_config_and_flags_override(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('env = "CartPole-v1"\nnum_envs = 4\nlr = 0.001\n')
+    cfg = parse_config(["--config", str(path), "--num-envs", "8"])
+    assert (cfg.env, cfg.num_envs, cfg.lr) == ("CartPole-v1", 8, 0.001)
+
+
+def test_unknown_env_and_unsupported_action_space(tmp_path):
+    import gymnasium as gym
+
+    from trainer.model import ActorCritic
+    from trainer.train import train
+    with pytest.raises(ValueError, match="unknown env id"):
+        train(parse_config(["--env", "NoSuchEnv-v9", "--run-dir", str(tmp_path)]), progress=False)
+    with pytest.raises(TypeError, match="unsupported action space"):
+        ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Tuple([gym.spaces.Discrete(2)]))
+
+
+def test_log_probs_of_act_match_evaluate():
+    import gymnasium as gym
+
+    from trainer.model import ActorCritic
+    for space in (gym.spaces.Discrete(3), gym.spaces.MultiDiscrete([4, 2]), gym.spaces.Box(-1, 1, (2,))):
+        ac = ActorCritic(gym.spaces.Box(-1, 1, (5,)), space, seed=0)
+        obs = torch.randn(7, 5)
+        out = ac.act(obs)
+        logp, entropy, value = ac.evaluate(obs, out["action"])
+        assert torch.allclose(out["log_prob"], logp, atol=1e-5) and torch.allclose(out["value"], value)
+        assert (entropy > 0).all() or isinstance(space, gym.spaces.Box)
+
+
+@pytest.mark.slow
+def test_short_training_run_improves_cartpole(tmp_path):
+    from trainer.train import train
+    cfg = parse_config(["--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "128", "--total-steps", "40960",
+                        "--seed", "3", "--run-dir", str(tmp_path)])
+    summary = train(cfg, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first = [r["episode_return"] for r in rows[:3] if r["episode_return"] is not None]
+    last = [r["episode_return"] for r in rows[-3:] if r["episode_return"] is not None]
+    assert summary["iterations"] == 40
+    assert sum(last) / len(last) > 3 * sum(first) / len(first)
+    assert all(math.isfinite(r["explained_variance"]) for r in rows)
