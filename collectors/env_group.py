@@ -169,18 +169,31 @@ class EnvGroup:
             raise EnvError(self.first_index + i, where, traceback.format_exc()) from None
 
     def get_states(self) -> list[Any]:
-        """Each env's ``get_state()``, or ``None`` for envs that do not offer it."""
-        return [env.get_state() if hasattr(env, "get_state") else None for env in self.envs]
+        return env_states(self.envs)
 
     def set_states(self, states: Sequence[Any]) -> None:
-        for env, state in zip(self.envs, states):
-            if state is not None:
-                env.set_state(state)
+        restore_env_states(self.envs, states)
 
     def close(self) -> None:
-        for env in self.envs:
-            try:
-                env.close()
-            except Exception:  # closing is best effort; the env is gone either way
-                pass
+        close_envs(self.envs)
         self.envs = []
+
+
+def env_states(envs: Sequence[Any]) -> list[Any]:
+    """Each env's ``get_state()``, or ``None`` for envs that do not offer it."""
+    return [env.get_state() if hasattr(env, "get_state") else None for env in envs]
+
+
+def restore_env_states(envs: Sequence[Any], states: Sequence[Any]) -> None:
+    for env, state in zip(envs, states):
+        if state is not None:
+            env.set_state(state)
+
+
+def close_envs(envs: Sequence[Any]) -> None:
+    """Close every env; best effort, since the env is gone either way."""
+    for env in envs:
+        try:
+            env.close()
+        except Exception:
+            pass

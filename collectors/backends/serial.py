@@ -12,7 +12,17 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from collectors.env_group import EnvError, EpisodeInfo, StepViews, build_env, check_same_spaces, spaces_of
+from collectors.env_group import (
+    EnvError,
+    EpisodeInfo,
+    StepViews,
+    build_env,
+    check_same_spaces,
+    close_envs,
+    env_states,
+    restore_env_states,
+    spaces_of,
+)
 
 
 class SerialBackend:
@@ -90,17 +100,11 @@ class SerialBackend:
             raise EnvError(index, f"{getattr(fn, '__name__', 'call')}()", f"{type(e).__name__}: {e}") from e
 
     def get_env_states(self) -> list[Any]:
-        return [env.get_state() if hasattr(env, "get_state") else None for env in self.envs]
+        return env_states(self.envs)
 
     def set_env_states(self, states: Sequence[Any]) -> None:
-        for env, state in zip(self.envs, states):
-            if state is not None:
-                env.set_state(state)
+        restore_env_states(self.envs, states)
 
     def close(self) -> None:
-        for env in self.envs:
-            try:
-                env.close()
-            except Exception:  # best effort
-                pass
+        close_envs(self.envs)
         self.envs = []
