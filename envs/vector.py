@@ -16,14 +16,13 @@ from envs.vr_edge import (
     action_space,
     burn_cpu,
     checked_state,
+    episode_metrics,
     initial_state,
     observation_space,
     observe,
     step_state,
     validate_actions,
 )
-
-_METRICS = ("quality", "stall_s", "switches", "abandoned")
 
 
 class VREdgeVectorEnv(gym.vector.VectorEnv):
@@ -97,13 +96,7 @@ class VREdgeVectorEnv(gym.vector.VectorEnv):
         done = terminated | truncated
         if done.any():
             s = self._state
-            steps = np.maximum(s["t"], 1)
-            metrics = {
-                "quality": s["ep_quality"] / steps,
-                "stall_s": s["ep_stall"] / steps,
-                "switches": s["ep_switches"] / steps,
-                "abandoned": np.any(s["cum_stall"] > self.config.abandon_stall_s, axis=1).astype(np.float64),
-            }
+            metrics = episode_metrics(self.config, s)
             infos["final_obs"] = np.where(done[:, None], obs, 0.0).astype(np.float32)
             infos["_final_obs"] = done
             infos["final_info"] = {"episode_metrics": metrics, "_episode_metrics": done}

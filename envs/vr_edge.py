@@ -275,14 +275,14 @@ def step_state(cfg: VREdgeConfig, s: dict[str, np.ndarray], actions: np.ndarray)
     return new, reward, terminated, truncated, parts
 
 
-def episode_metrics(cfg: VREdgeConfig, s: dict[str, np.ndarray], index: int) -> dict[str, float]:
-    """Per-step means of the QoE components over the episode that env ``index`` just ended."""
-    steps = max(int(s["t"][index]), 1)
+def episode_metrics(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-step means ``[B]`` of the QoE components over each env's current episode, and abandonment."""
+    steps = np.maximum(s["t"], 1)
     return {
-        "quality": float(s["ep_quality"][index] / steps),
-        "stall_s": float(s["ep_stall"][index] / steps),
-        "switches": float(s["ep_switches"][index] / steps),
-        "abandoned": float(np.any(s["cum_stall"][index] > cfg.abandon_stall_s)),
+        "quality": s["ep_quality"] / steps,
+        "stall_s": s["ep_stall"] / steps,
+        "switches": s["ep_switches"] / steps,
+        "abandoned": np.any(s["cum_stall"] > cfg.abandon_stall_s, axis=1).astype(np.float64),
     }
 
 
@@ -362,7 +362,7 @@ class SyntheticVREdgeEnv(gym.Env):
         self._state, reward, terminated, truncated, parts = step_state(self.config, self._state, actions)
         info: dict[str, Any] = {k: v[0] if v.ndim > 1 else float(v[0]) for k, v in parts.items()}
         if terminated[0] or truncated[0]:
-            info["episode_metrics"] = episode_metrics(self.config, self._state, 0)
+            info["episode_metrics"] = {k: float(v[0]) for k, v in episode_metrics(self.config, self._state).items()}
         return observe(self.config, self._state)[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), info
 
     def get_state(self) -> dict[str, np.ndarray]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from tensordict import TensorDictBase
 
@@ -84,7 +86,7 @@ def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Tens
         if target_kl is not None and (epoch_kl / (total // minibatch_size)).item() > target_kl:
             break
     out = {k: (v / max(updates, 1)).item() for k, v in stats.items()}
-    if not all(torch.isfinite(torch.tensor(v)) for v in out.values()):
+    if not all(math.isfinite(v) for v in out.values()):
         raise NonFiniteLossError(f"non-finite loss ({out})")
     with torch.no_grad():
         out["explained_variance"] = explained_variance(batch["values"].flatten(), ret_all).item()
