@@ -15,14 +15,14 @@ from torch.profiler import ProfilerActivity, profile
 
 import envs
 from benchmarks.machine import print_machine
-from benchmarks.policies import MLPPolicy
 from collectors import RolloutCollector
+from trainer.model import ActorCritic
 
 
 def _collector(num_envs: int, horizon: int) -> RolloutCollector:
     fn = functools.partial(envs.VREdgeVectorEnv, num_envs)
     probe = envs.SyntheticVREdgeEnv()
-    policy = MLPPolicy(probe.observation_space, probe.action_space)
+    policy = ActorCritic(probe.observation_space, probe.action_space)
     return RolloutCollector([fn], policy, backend="sync", horizon=horizon, seed=0, device="cuda")
 
 

@@ -21,8 +21,8 @@ import torch
 
 import envs
 from benchmarks.machine import print_machine, summary, timed
-from benchmarks.policies import MLPPolicy
 from collectors import RolloutCollector
+from trainer.model import ActorCritic
 
 
 def make_env(env_id: str, step_cost_us: float) -> gym.Env:
@@ -62,7 +62,7 @@ def gymnasium_contender(env_fns, policy, horizon: int, kind: str):
         nonlocal obs
         store_obs[0] = obs
         for t in range(horizon):
-            action = policy(torch.from_numpy(store_obs[t])).numpy()
+            action = policy(torch.from_numpy(store_obs[t]))["action"].numpy()
             obs, rew, term, trunc, _ = venv.step(action)
             store_obs[t + 1], store_rew[t], store_done[t, 0], store_done[t, 1] = obs, rew, term, trunc
         return horizon * n
@@ -111,7 +111,7 @@ def main() -> None:
         n = args.native_batch
         single = functools.partial(make_env, "VREdge-v0", args.step_cost_us)
         probe = single()
-        policy = MLPPolicy(probe.observation_space, probe.action_space)
+        policy = ActorCritic(probe.observation_space, probe.action_space)
         contenders = {
             f"sync, {n} single envs": collector_contender([single] * n, policy, "sync", args.horizon),
             f"sync, one VREdgeVectorEnv({n})": collector_contender(
@@ -122,7 +122,7 @@ def main() -> None:
 
     env_fn = functools.partial(make_env, args.env, args.step_cost_us)
     probe = env_fn()
-    policy = MLPPolicy(probe.observation_space, probe.action_space)
+    policy = ActorCritic(probe.observation_space, probe.action_space)
     fns = [env_fn] * args.num_envs
     contenders = {}
     if args.compare:

@@ -52,6 +52,7 @@ class VREdgeConfig:
     step_cost_us: float = 0.0
     _ladder: np.ndarray = field(init=False, repr=False, compare=False)
     _quality: np.ndarray = field(init=False, repr=False, compare=False)
+    _regime_mult: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, allowed: str) -> None:
@@ -79,6 +80,7 @@ class VREdgeConfig:
         ladder_arr = np.asarray(ladder, dtype=np.float64)
         object.__setattr__(self, "bitrates_mbps", ladder)
         object.__setattr__(self, "_ladder", ladder_arr)
+        object.__setattr__(self, "_regime_mult", np.asarray(self.regime_multipliers, dtype=np.float64))
         # log utility scaled to [0, 1]; a one-level ladder has constant quality 1
         span = math.log(ladder[-1] / ladder[0]) if len(ladder) > 1 else 1.0
         object.__setattr__(self, "_quality", np.log(ladder_arr / ladder[0]) / span if len(ladder) > 1
@@ -126,7 +128,7 @@ def _channel_quality(logit: np.ndarray) -> np.ndarray:
 
 
 def _capacity(cfg: VREdgeConfig, regime: np.ndarray, noise: np.ndarray, fade: np.ndarray) -> np.ndarray:
-    mult = np.asarray(cfg.regime_multipliers)[regime]
+    mult = cfg._regime_mult[regime]
     lognormal = np.exp(noise - 0.5 * cfg.noise_std**2)  # mean-one fluctuation
     return cfg.nominal_capacity_mbps * mult * lognormal * np.where(fade, cfg.fade_depth, 1.0)
 
@@ -163,19 +165,19 @@ def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> 
 
 def observe(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> np.ndarray:
     """Return ``[B, obs_dim]`` float32 observations scaled to roughly unit range."""
-    per_user = np.stack([
-        s["buffer"] / cfg.max_buffer_s,
-        s["level"] / max(cfg.num_levels - 1, 1),
-        s["throughput"] / cfg.bitrates_mbps[-1],
-        s["download_time"] / cfg.segment_s,
-        s["stall"] / cfg.segment_s,
-        s["cum_stall"] / cfg.abandon_stall_s,
-        _channel_quality(s["channel_logit"]),
-    ], axis=-1).reshape(len(s["t"]), -1)
-    cell = s["cap_history"] / cfg.nominal_capacity_mbps
-    progress = (s["t"] / cfg.max_steps)[:, None]
-    obs = np.concatenate([per_user, cell, progress], axis=1)
-    return np.clip(obs, 0.0, _OBS_HIGH).astype(np.float32)
+    b, n_user_feat = len(s["t"]), len(USER_FEATURES) * cfg.num_users
+    obs = np.empty((b, cfg.obs_dim))
+    users = obs[:, :n_user_feat].reshape(b, cfg.num_users, len(USER_FEATURES))  # a view: columns fill obs
+    users[:, :, 0] = s["buffer"] / cfg.max_buffer_s
+    users[:, :, 1] = s["level"] / max(cfg.num_levels - 1, 1)
+    users[:, :, 2] = s["throughput"] / cfg.bitrates_mbps[-1]
+    users[:, :, 3] = s["download_time"] / cfg.segment_s
+    users[:, :, 4] = s["stall"] / cfg.segment_s
+    users[:, :, 5] = s["cum_stall"] / cfg.abandon_stall_s
+    users[:, :, 6] = _channel_quality(s["channel_logit"])
+    obs[:, n_user_feat:-1] = s["cap_history"] / cfg.nominal_capacity_mbps
+    obs[:, -1] = s["t"] / cfg.max_steps
+    return np.clip(obs, 0.0, _OBS_HIGH, out=obs).astype(np.float32)
 
 
 def decode_observation(cfg: VREdgeConfig, obs: np.ndarray) -> dict[str, np.ndarray]:
@@ -204,12 +206,12 @@ def processor_sharing_times(work: np.ndarray) -> np.ndarray:
     The k-th finisher (ascending work) ends at ``sum(work[<k]) + (U - k) * work[k]``.
     """
     order = np.argsort(work, axis=1, kind="stable")
-    w = np.take_along_axis(work, order, axis=1)
+    rows = np.arange(work.shape[0])[:, None]
+    w = work[rows, order]
     n = work.shape[1]
-    done_before = np.cumsum(w, axis=1) - w
-    finish_sorted = done_before + (n - np.arange(n)) * w
+    finish_sorted = np.cumsum(w, axis=1) + (n - 1 - np.arange(n)) * w  # cumsum includes w itself
     finish = np.empty_like(work)
-    np.put_along_axis(finish, order, finish_sorted, axis=1)
+    finish[rows, order] = finish_sorted
     return finish
 
 
@@ -245,8 +247,9 @@ def step_state(cfg: VREdgeConfig, s: dict[str, np.ndarray], actions: np.ndarray)
     quality = cfg._quality[actions]
     quality_change = np.abs(quality - cfg._quality[s["level"]])
     switched = (actions != s["level"]).astype(np.float64)
-    reward = np.mean(cfg.quality_weight * quality - cfg.stall_weight * stall - cfg.switch_weight * quality_change,
-                     axis=1)
+    inv_users = 1.0 / n_users
+    reward = (cfg.quality_weight * quality - cfg.stall_weight * stall - cfg.switch_weight * quality_change).sum(
+        axis=1) * inv_users
 
     cum_stall = s["cum_stall"] + stall
     t = s["t"] + 1
@@ -267,9 +270,9 @@ def step_state(cfg: VREdgeConfig, s: dict[str, np.ndarray], actions: np.ndarray)
         "stall": stall,
         "cum_stall": cum_stall,
         "cap_history": np.concatenate([s["cap_history"][:, 1:], capacity[:, None]], axis=1),
-        "ep_quality": s["ep_quality"] + quality.mean(axis=1),
-        "ep_stall": s["ep_stall"] + stall.mean(axis=1),
-        "ep_switches": s["ep_switches"] + switched.mean(axis=1),
+        "ep_quality": s["ep_quality"] + quality.sum(axis=1) * inv_users,
+        "ep_stall": s["ep_stall"] + stall.sum(axis=1) * inv_users,
+        "ep_switches": s["ep_switches"] + switched.sum(axis=1) * inv_users,
     }
     parts = {"quality": quality, "stall_s": stall, "switches": switched, "capacity_mbps": capacity}
     return new, reward, terminated, truncated, parts
@@ -292,9 +295,8 @@ def validate_actions(cfg: VREdgeConfig, actions: Any, batch: int) -> np.ndarray:
     if a.shape != (batch, cfg.num_users) and not (batch == 1 and a.shape == (cfg.num_users,)):
         want = f"({cfg.num_users},)" if batch == 1 else f"({batch}, {cfg.num_users})"
         raise ValueError(f"VR-edge action has shape {a.shape}; expected {want}: one bitrate level per user")
-    if not np.issubdtype(a.dtype, np.integer):
-        if not np.issubdtype(a.dtype, np.floating) or not np.all(a == np.round(a)):
-            raise ValueError(f"VR-edge actions must be integer bitrate levels, got dtype {a.dtype}")
+    if a.dtype.kind not in "iu" and not (a.dtype.kind == "f" and np.all(a == np.round(a))):
+        raise ValueError(f"VR-edge actions must be integer bitrate levels, got dtype {a.dtype}")
     a = a.astype(np.int64).reshape(batch, cfg.num_users)
     if a.min() < 0 or a.max() >= cfg.num_levels:
         raise ValueError(f"VR-edge action out of range: levels must be in [0, {cfg.num_levels - 1}], "

@@ -122,3 +122,20 @@ def test_short_training_run_improves_cartpole(tmp_path):
     assert summary["iterations"] == 40
     assert sum(last) / len(last) > 3 * sum(first) / len(first)
     assert all(math.isfinite(r["explained_variance"]) for r in rows)
+
+
+def test_grouped_heads_match_torch_distributions_for_ragged_multidiscrete():
+    import gymnasium as gym
+    from torch.distributions import Categorical
+
+    from trainer.model import ActorCritic
+    ac = ActorCritic(gym.spaces.Box(-1, 1, (5,)), gym.spaces.MultiDiscrete([4, 2, 3]), normalize_obs=False, seed=0)
+    torch.nn.init.normal_(ac.actor_head.weight)
+    obs = torch.randn(500, 5)
+    out = ac.act(obs)
+    assert (out["action"] < torch.tensor([4, 2, 3])).all()
+    logp, entropy, _ = ac.evaluate(obs, out["action"])
+    logits = torch.split(ac.actor_head(ac.actor_trunk(obs)), [4, 2, 3], dim=-1)
+    ref_logp = sum(Categorical(logits=lg).log_prob(out["action"][:, i]) for i, lg in enumerate(logits))
+    ref_entropy = sum(Categorical(logits=lg).entropy() for lg in logits)
+    assert torch.allclose(logp, ref_logp, atol=1e-5) and torch.allclose(entropy, ref_entropy, atol=1e-5)

@@ -10,14 +10,28 @@ from torch import nn
 
 
 class RunningNorm(nn.Module):
-    """Running mean / variance of observations (parallel-variance merge), stored as buffers."""
+    """Running mean / variance of observations (parallel-variance merge), stored as buffers.
+
+    Statistics are kept in float64; the float32 shift and scale used by ``forward`` are
+    derived from them after every update and every ``load_state_dict`` (the acting copy's
+    weight sync), so normalising costs three ops per call.
+    """
 
     def __init__(self, shape: tuple[int, ...], clip: float = 10.0) -> None:
         super().__init__()
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+        self.register_buffer("_shift", torch.zeros(shape), persistent=False)
+        self.register_buffer("_scale", torch.ones(shape), persistent=False)
+        self.register_load_state_dict_post_hook(lambda module, _: module._derive())
         self.clip = clip
+        self._derive()
+
+    @torch.no_grad()
+    def _derive(self) -> None:
+        self._shift.copy_(self.mean)
+        self._scale.copy_(torch.rsqrt(self.var + 1e-8))
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
@@ -27,10 +41,10 @@ class RunningNorm(nn.Module):
         self.mean += delta * b_count / total
         self.var.copy_((self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total) / total)
         self.count.copy_(total)
+        self._derive()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = (x - self.mean.to(x.dtype)) / torch.sqrt(self.var.to(x.dtype) + 1e-8)
-        return z.clamp(-self.clip, self.clip)
+        return ((x - self._shift) * self._scale).clamp(-self.clip, self.clip)
 
 
 def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:
@@ -88,6 +102,13 @@ class ActorCritic(nn.Module):
         self.critic_head = _layer(hidden[-1], 1, 1.0)
         if self.kind == "box":
             self.log_std = nn.Parameter(torch.zeros(self.act_dim))
+        else:  # heads as one [B, K, max_n] tensor; shorter heads padded with -inf (probability 0)
+            width = max(self.nvec)
+            offsets = torch.tensor([0, *self.nvec[:-1]]).cumsum(0)
+            cols = torch.arange(width)
+            pad = cols[None, :] >= torch.tensor(self.nvec)[:, None]
+            self.register_buffer("_gather", torch.where(pad, 0, offsets[:, None] + cols[None, :]), persistent=False)
+            self.register_buffer("_pad", pad, persistent=False)
         self.generator = torch.Generator().manual_seed(seed + 1)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -99,6 +120,13 @@ class ActorCritic(nn.Module):
         critic = actor if self.critic_trunk is self.actor_trunk else self.critic_trunk(z)
         return self.actor_head(actor), self.critic_head(critic).squeeze(-1)
 
+    def _grouped_log_probs(self, out: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities ``[B, K, max_n]`` of the K categorical heads."""
+        return torch.log_softmax(out[:, self._gather].masked_fill(self._pad, -math.inf), -1)
+
+    def _shape_action(self, action: torch.Tensor) -> torch.Tensor:
+        return action if self.kind == "multi" else action[:, 0]
+
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         """Sample actions for ``[N, obs]``: ``action``, ``log_prob`` and ``value`` (``[N]``)."""
@@ -107,15 +135,11 @@ class ActorCritic(nn.Module):
             std = self.log_std.exp()
             action = out + std * torch.randn(out.shape, generator=self.generator, device=out.device)
             return {"action": action, "log_prob": _normal_log_prob(action, out, self.log_std), "value": value}
-        actions, log_probs = [], []
-        for logits in torch.split(out, self.nvec, dim=-1):
-            logp = torch.log_softmax(logits, -1)
-            a = torch.multinomial(logp.exp(), 1, generator=self.generator)
-            actions.append(a)
-            log_probs.append(logp.gather(-1, a))
-        action = torch.cat(actions, -1)
-        log_prob = torch.cat(log_probs, -1).sum(-1)
-        return {"action": action if self.kind == "multi" else action[:, 0], "log_prob": log_prob, "value": value}
+        logp = self._grouped_log_probs(out)
+        n, k, width = logp.shape
+        action = torch.multinomial(logp.exp().view(n * k, width), 1, generator=self.generator).view(n, k)
+        log_prob = logp.gather(-1, action[..., None]).squeeze(-1).sum(-1)
+        return {"action": self._shape_action(action), "log_prob": log_prob, "value": value}
 
     def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.act(obs)
@@ -126,8 +150,7 @@ class ActorCritic(nn.Module):
         out, _ = self._heads(obs)
         if self.kind == "box":
             return out
-        action = torch.stack([lg.argmax(-1) for lg in torch.split(out, self.nvec, dim=-1)], -1)
-        return action if self.kind == "multi" else action[:, 0]
+        return self._shape_action(self._grouped_log_probs(out).argmax(-1))
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(log_prob, entropy, value)`` of given actions, each ``[B]``, differentiable."""
@@ -135,13 +158,10 @@ class ActorCritic(nn.Module):
         if self.kind == "box":
             entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum().expand(len(out))
             return _normal_log_prob(action, out, self.log_std), entropy, value
-        action = action.reshape(len(out), -1)
-        log_prob = torch.zeros(len(out), device=out.device)
-        entropy = torch.zeros(len(out), device=out.device)
-        for i, logits in enumerate(torch.split(out, self.nvec, dim=-1)):
-            logp = torch.log_softmax(logits, -1)
-            log_prob = log_prob + logp.gather(-1, action[:, i:i + 1].long()).squeeze(-1)
-            entropy = entropy - (logp.exp() * logp).sum(-1)
+        logp = self._grouped_log_probs(out)
+        action = action.reshape(len(out), -1, 1).long()
+        log_prob = logp.gather(-1, action).squeeze(-1).sum(-1)
+        entropy = -torch.special.xlogy(logp.exp(), logp.exp()).sum((-1, -2))
         return log_prob, entropy, value
 
 
