@@ -222,3 +222,40 @@ def test_vector_env_with_next_step_autoreset_is_rejected():
 def test_one_host_to_device_copy_per_rollout():
     from benchmarks.gpu_check import count_h2d_copies
     assert count_h2d_copies(num_envs=8, horizon=32) == 1
+
+
+def test_interpreter_exit_without_close_leaves_no_workers(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "leaky.py"
+    script.write_text(
+        "import torch\n"
+        "from collectors import RolloutCollector\n"
+        "from tests import factories as f\n"
+        "if __name__ == '__main__':\n"
+        "    c = RolloutCollector([f.cartpole] * 2, f.RandomPolicy(2), backend='async', horizon=4, num_workers=1)\n"
+        "    c.collect()\n"
+        "    print(' '.join(str(p.pid) for p in c.backend.procs), flush=True)\n"
+        "    raise SystemExit(0)  # no close(): the interpreter's exit must clean up\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         cwd=root, env={**os.environ, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr
+    pids = [int(p) for p in out.stdout.split()]
+    assert pids
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    import os
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie is dead, only not yet reaped by init
+        return fh.read().split()[2] != "Z"
