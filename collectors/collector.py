@@ -198,6 +198,42 @@ class RolloutCollector:
         self._episode_return[done] = 0.0
         self._episode_length[done] = 0
 
+    # ------------------------------------------------------------------ state for exact resume
+    def get_state(self) -> dict[str, Any]:
+        """What the next ``collect()`` continues from: current observations, running episode
+        statistics, and each env factory's ``get_state()`` (``None`` where the env has none)."""
+        obs = self.storage.last_obs.numpy() if self.storage is not None else self._obs
+        return {"observations": obs.copy(), "episode_return": self._episode_return.copy(),
+                "episode_length": self._episode_length.copy(), "env_states": self.backend.get_env_states()}
+
+    def set_state(self, state: dict[str, Any], reseed: int | None = None) -> bool:
+        """Continue from :meth:`get_state`. Returns ``True`` when every env was restored exactly.
+
+        Where some env offers no ``get_state()``, all envs restart their episodes instead,
+        seeded from ``SeedSequence([seed, reseed])`` (pass e.g. the iteration), and ``False``
+        is returned so that the caller can say so.
+        """
+        obs = np.asarray(state["observations"])
+        if obs.shape != self._obs.shape or obs.dtype != self._obs.dtype:
+            raise ValueError(f"collector state has observations {obs.shape} {obs.dtype}; this collector has "
+                             f"{self._obs.shape} {self._obs.dtype} (different envs or num_envs?)")
+        env_states = list(state["env_states"])
+        exact = all(s is not None for s in env_states)
+        if exact:
+            self.backend.set_env_states(env_states)
+            self._episode_return[:] = state["episode_return"]
+            self._episode_length[:] = state["episode_length"]
+        else:
+            derived = int(np.random.SeedSequence([self.seed, reseed or 0]).generate_state(1)[0])
+            self.backend.reset(env_seeds(derived, self.num_envs), obs := self._obs.copy())
+            self._episode_return[:] = 0.0
+            self._episode_length[:] = 0
+        if self.storage is not None:
+            self.storage.last_obs.copy_(torch.from_numpy(obs))
+        else:
+            self._obs[:] = obs
+        return exact
+
     # ------------------------------------------------------------------ policy sync
     def update_policy(self, policy_or_state_dict: Policy | Mapping[str, torch.Tensor]) -> None:
         """Swap the acting policy, or load a ``state_dict`` into it (between rollouts)."""

@@ -180,14 +180,17 @@ class EnvGroup:
 
 
 def env_states(envs: Sequence[Any]) -> list[Any]:
-    """Each env's ``get_state()``, or ``None`` for envs that do not offer it."""
-    return [env.get_state() if hasattr(env, "get_state") else None for env in envs]
+    """Each env's ``get_state()``, or ``None`` for envs that do not offer it.
+
+    Looked up on ``env.unwrapped``: Gymnasium 1.x wrappers do not forward unknown methods.
+    """
+    return [env.unwrapped.get_state() if hasattr(env.unwrapped, "get_state") else None for env in envs]
 
 
 def restore_env_states(envs: Sequence[Any], states: Sequence[Any]) -> None:
     for env, state in zip(envs, states):
         if state is not None:
-            env.set_state(state)
+            env.unwrapped.set_state(state)
 
 
 def close_envs(envs: Sequence[Any]) -> None:

@@ -139,3 +139,29 @@ def test_grouped_heads_match_torch_distributions_for_ragged_multidiscrete():
     ref_logp = sum(Categorical(logits=lg).log_prob(out["action"][:, i]) for i, lg in enumerate(logits))
     ref_entropy = sum(Categorical(logits=lg).entropy() for lg in logits)
     assert torch.allclose(logp, ref_logp, atol=1e-5) and torch.allclose(entropy, ref_entropy, atol=1e-5)
+
+
+def test_run_episodes_plays_exactly_the_requested_episodes_on_held_out_seeds():
+    import functools
+
+    import gymnasium as gym
+    import numpy as np
+
+    from collectors import env_seeds
+    from trainer.evaluation import evaluation_seeds, run_episodes, summarize
+    seeds = evaluation_seeds(0, 7)
+    assert not set(seeds) & set(env_seeds(0, 1024))
+    records = run_episodes(lambda obs: np.zeros(len(obs), dtype=np.int64),
+                           functools.partial(gym.make, "CartPole-v1"), episodes=7, seed=0, num_envs=3)
+    # replay episode 5 by hand: same seed, same (constant) actions
+    env = gym.make("CartPole-v1")
+    env.reset(seed=seeds[5])
+    length, done = 0, False
+    while not done:
+        _, _, term, trunc, _ = env.step(0)
+        length, done = length + 1, term or trunc
+    assert len(records) == 7 and records[5]["length"] == length == records[5]["return"]
+    summary = summarize(records)
+    assert summary["episodes"] == 7 and summary["mean_return"] == pytest.approx(
+        sum(r["return"] for r in records) / 7)
+    assert summary["mean_return_ci95"] > 0

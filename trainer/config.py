@@ -43,6 +43,8 @@ class TrainConfig:
     hidden: str = "64,64"
     shared_trunk: bool = False
     tensorboard: bool = False
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 3
     config: str = ""
 
     HELP = {
@@ -62,6 +64,8 @@ class TrainConfig:
         "normalize_obs": "running observation normalisation", "scale_rewards": "divide rewards by running return std",
         "hidden": "hidden layer sizes, comma separated", "shared_trunk": "one trunk for actor and critic",
         "tensorboard": "also log to TensorBoard (needs the tensorboard extra)",
+        "checkpoint_every": "save a checkpoint every this many iterations (and at the end)",
+        "keep_checkpoints": "how many checkpoint files to keep in <run-dir>/checkpoints",
         "config": "TOML file with any of these keys (flags override it)",
     }
 
@@ -70,7 +74,7 @@ class TrainConfig:
             if not ok:
                 raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)!r} is invalid: {rule}")
         need(self.backend in ("serial", "sync", "async"), "backend", "choose serial, sync or async")
-        for name in ("num_envs", "num_steps", "total_steps", "epochs"):
+        for name in ("num_envs", "num_steps", "total_steps", "epochs", "checkpoint_every", "keep_checkpoints"):
             need(getattr(self, name) >= 1, name, "must be >= 1")
         need(self.lr > 0, "lr", "must be > 0")
         need(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
@@ -104,6 +108,11 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
+# keys a resumed run may change; every other key must match the checkpoint's config
+RESUMABLE_CHANGES = {"total_steps", "device", "run_dir", "num_workers", "tensorboard", "checkpoint_every",
+                     "keep_checkpoints", "config"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer.train", description="Train a PPO policy.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -111,11 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
         kind = _bool if f.type in (bool, "bool") else {"int": int, "float": float}.get(str(f.type), str)
         p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default,
                        help=TrainConfig.HELP.get(f.name, " "))
+    p.add_argument("--resume", default="", metavar="RUN_DIR_OR_CHECKPOINT",
+                   help="continue a run from its newest loadable checkpoint (or from this checkpoint file)")
     return p
 
 
-def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    """Flags over TOML file over defaults; validated."""
+def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict[str, Any], str]:
+    """Return ``(config, explicitly given flags, resume path)``: flags over TOML file over defaults; validated."""
     parser = build_parser()
     args = parser.parse_args(argv)
     values = {f.name: f.default for f in fields(TrainConfig)}
@@ -130,12 +141,30 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
             parser.error(f"unknown keys in {path}: {', '.join(sorted(unknown))}")
         values.update(data)
     defaults = vars(parser.parse_args([]))
-    for name, v in vars(args).items():
-        if name in values and v != defaults[name]:
-            values[name] = v
+    given = {name: v for name, v in vars(args).items() if name in values and v != defaults[name]}
+    given.update({k: v for k, v in values.items() if args.config and v != defaults[k]})
+    values.update(given)
     cfg = TrainConfig(**values)
     try:
         cfg.validate()
     except ValueError as e:
         parser.error(str(e))
+    return cfg, given, args.resume
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """The validated config of a command line (no resume)."""
+    return parse_args(argv)[0]
+
+
+def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) -> TrainConfig:
+    """The checkpoint's config with the given flags applied; flags that would change the run are an error."""
+    clash = {k: (saved.get(k), v) for k, v in given.items() if k not in RESUMABLE_CHANGES and saved.get(k) != v}
+    if clash:
+        detail = ", ".join(f"--{k.replace('_', '-')}={new!r} (run has {old!r})" for k, (old, new) in clash.items())
+        raise ValueError(f"{source}: the flags do not match the run being resumed: {detail}. Drop them, or start "
+                         f"a new run; only {', '.join(sorted(RESUMABLE_CHANGES - {'config'}))} may change")
+    known = {f.name for f in fields(TrainConfig)}
+    cfg = TrainConfig(**{**{k: v for k, v in saved.items() if k in known}, **given})
+    cfg.validate()
     return cfg

@@ -1,0 +1,125 @@
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import checkpoints
+from checkpoints import CheckpointError, latest_loadable, load, save, save_in_run_dir
+
+
+def sample_state():
+    return {
+        "model": {"w": torch.randn(3, 4), "b": torch.zeros(4, dtype=torch.float64)},
+        "env": {"key": np.array([2**64 - 1, 7], dtype=np.uint64), "buffer": np.random.rand(2, 3),
+                "fade": np.array([True, False])},
+        "python_rng": random.getstate(),
+        "numpy_rng": np.random.get_state(),
+        "counters": [1, 2.5, None, "text", (3, 4)],
+    }
+
+
+def assert_same(a, b):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    else:
+        assert a == b
+
+
+def test_round_trip_is_exact_and_loads_with_weights_only(tmp_path):
+    state = sample_state()
+    save(tmp_path / "c.pt", state)
+    assert_same(state, load(tmp_path / "c.pt"))
+    torch.load(tmp_path / "c.pt", weights_only=True)  # no pickled Python objects inside
+
+
+def test_crash_during_save_keeps_the_old_file_and_leaves_no_temp(tmp_path, monkeypatch):
+    save_in_run_dir(tmp_path, {"x": torch.ones(3)}, 1, keep=3)
+
+    def exploding_save(obj, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+    monkeypatch.setattr(torch, "save", exploding_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_in_run_dir(tmp_path, {"x": torch.zeros(3)}, 2, keep=3)
+    monkeypatch.undo()
+    path, state, problems = latest_loadable(tmp_path)
+    assert path.name == "ckpt_00000001.pt" and torch.equal(state["x"], torch.ones(3)) and not problems
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt_00000001.pt", "latest"]
+
+
+def test_kill_9_during_saves_never_leaves_latest_pointing_to_a_partial_file(tmp_path):
+    script = (
+        "import sys, torch\n"
+        "from checkpoints import save_in_run_dir\n"
+        "i = 0\n"
+        "while True:\n"
+        "    i += 1\n"
+        "    save_in_run_dir(sys.argv[1], {'big': torch.full((4_000_000,), float(i))}, i, keep=2)\n"
+        "    print(i, flush=True)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                            cwd=root, env={**os.environ, "PYTHONPATH": root})
+    first = proc.stdout.readline()  # at least one save completed
+    time.sleep(0.35)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert first.strip()
+    path, state, problems = latest_loadable(tmp_path)
+    assert not problems, problems
+    assert state["big"][0] == int(path.stem.split("_")[1])
+
+
+def test_retention_keeps_the_newest_k(tmp_path):
+    for i in range(1, 6):
+        save_in_run_dir(tmp_path, {"i": i}, i, keep=2)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt"))
+    assert names == ["ckpt_00000004.pt", "ckpt_00000005.pt"]
+    assert latest_loadable(tmp_path)[1]["i"] == 5
+
+
+def test_truncated_latest_falls_back_to_an_older_checkpoint_and_says_why(tmp_path):
+    for i in (1, 2):
+        save_in_run_dir(tmp_path, {"i": i}, i, keep=5)
+    newest = tmp_path / "checkpoints" / "ckpt_00000002.pt"
+    newest.write_bytes(newest.read_bytes()[:40])
+    path, state, problems = latest_loadable(tmp_path)
+    assert state["i"] == 1 and path.name == "ckpt_00000001.pt"
+    assert len(problems) == 1 and "ckpt_00000002.pt" in problems[0] and "truncated or corrupted" in problems[0]
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda p: p.write_bytes(b"\x00" * 100), "cannot be read"),
+    (lambda p: torch.save({"weights": torch.ones(1)}, p), "not a parallel-rollouts checkpoint"),
+    (lambda p: torch.save({"format_version": 99, "state": {}}, p), "format version 99"),
+])
+def test_bad_files_name_the_file_and_the_problem(tmp_path, damage, words):
+    path = tmp_path / "bad.pt"
+    damage(path)
+    with pytest.raises(CheckpointError, match=words) as info:
+        load(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_and_empty_locations(tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        latest_loadable(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="no checkpoints found"):
+        latest_loadable(tmp_path)
+    with pytest.raises(ValueError, match="keep"):
+        checkpoints.save_in_run_dir(tmp_path, {}, 1, keep=0)

@@ -1,0 +1,97 @@
+import json
+
+import pytest
+import torch
+
+import checkpoints
+from trainer import evaluate as evaluate_cli
+from trainer import train as train_module
+from trainer.config import parse_args
+
+
+def run(argv, **kw):
+    cfg, given, resume = parse_args(argv)
+    return train_module.train(cfg, progress=False, resume=resume, given=given, **kw)
+
+
+def params(run_dir):
+    return checkpoints.latest_loadable(run_dir)[1]["model"]
+
+
+SMALL_VR = ["--env", "VREdge-v0", "--num-envs", "4", "--num-steps", "16", "--total-steps", str(4 * 16 * 6),
+            "--checkpoint-every", "1", "--seed", "5", "--scale-rewards", "true"]
+
+
+@pytest.mark.parametrize("backend", ["sync", "serial"])
+def test_stop_and_resume_gives_the_same_parameters_bit_for_bit(tmp_path, backend):
+    argv = SMALL_VR + ["--backend", backend]
+    straight = run(argv + ["--run-dir", str(tmp_path / "straight")])
+    first = run(argv + ["--run-dir", str(tmp_path / "split")], max_iterations=3)
+    assert first["iterations"] == 3 and not first["finished"]
+    second = run(["--resume", str(tmp_path / "split")])
+    assert straight["iterations"] == second["iterations"] == 6
+    a, b = params(tmp_path / "straight"), params(tmp_path / "split")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    # and the stop mattered: three iterations fewer give different weights
+    third = checkpoints.load(tmp_path / "straight" / "checkpoints" / "ckpt_00000004.pt")["model"]
+    assert any(not torch.equal(third[k], a[k]) for k in a)
+
+
+def test_resume_with_a_conflicting_flag_is_an_error(tmp_path):
+    run(SMALL_VR + ["--run-dir", str(tmp_path)], max_iterations=1)
+    with pytest.raises(ValueError, match=r"--num-envs=8 \(run has 4\)"):
+        run(["--resume", str(tmp_path), "--num-envs", "8"])
+
+
+def test_resume_of_envs_without_get_state_restarts_episodes_and_says_so(tmp_path, capsys):
+    argv = ["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "32", "--total-steps", "256",
+            "--run-dir", str(tmp_path)]
+    run(argv, max_iterations=2)
+    summary = run(["--resume", str(tmp_path)])
+    assert summary["iterations"] == 4
+    assert "derived seeds" in capsys.readouterr().err
+
+
+def test_ctrl_c_writes_a_checkpoint_of_the_last_completed_iteration(tmp_path, monkeypatch):
+    real, calls = train_module._iteration, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    monkeypatch.setattr(train_module, "_iteration", interrupted)
+    summary = run(SMALL_VR + ["--run-dir", str(tmp_path), "--checkpoint-every", "10"])
+    assert summary["interrupted"] and summary["iterations"] == 2
+    path, state, _ = checkpoints.latest_loadable(tmp_path)
+    assert path.name == "ckpt_00000002.pt" and state["iteration"] == 2
+
+
+def test_evaluate_command_prints_table_and_writes_json(tmp_path, capsys):
+    run(SMALL_VR + ["--run-dir", str(tmp_path)], max_iterations=1)
+    evaluate_cli.main(["--checkpoint", str(tmp_path), "--episodes", "3", "--baselines", "lowest,fair_share",
+                       "--json"])
+    out = capsys.readouterr().out
+    payload = json.loads(out.strip().splitlines()[-1])
+    assert set(payload["baselines"]) == {"lowest", "fair_share"}
+    assert payload["policy"]["episodes"] == 3 and "quality_ci95" in payload["policy"]
+    assert payload["baselines"]["lowest"]["quality"] == 0.0
+    assert "fair_share" in out and "reward/step" in out
+    assert json.loads((tmp_path / "evaluation.json").read_text()) == payload
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--checkpoint", "{missing}"], "no such checkpoint"),
+    (["--checkpoint", "{empty}"], "no checkpoints found"),
+    (["--checkpoint", "{run}", "--env", "CartPole-v1"], "trained on VREdge-v0, not CartPole-v1"),
+    (["--checkpoint", "{run}", "--baselines", "oracle"], "unknown baseline"),
+])
+def test_evaluate_bad_input_is_a_one_line_error(tmp_path, argv, words):
+    run(SMALL_VR + ["--run-dir", str(tmp_path / "run")], max_iterations=1)
+    (tmp_path / "empty").mkdir()
+    argv = [a.format(missing=tmp_path / "missing.pt", empty=tmp_path / "empty", run=tmp_path / "run") for a in argv]
+    with pytest.raises(SystemExit) as info:
+        evaluate_cli.main(argv)
+    assert words in str(info.value) and "\n" not in str(info.value)

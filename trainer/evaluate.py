@@ -1,0 +1,142 @@
+"""Evaluate a trained policy against the heuristic baselines on held-out seeds.
+
+    python -m trainer.evaluate --checkpoint RUN_DIR_OR_FILE [--episodes 50] [--seed S]
+                               [--deterministic | --stochastic] [--baselines all] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import multiprocessing
+import sys
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import checkpoints
+import envs
+from trainer.config import TrainConfig
+from trainer.evaluation import run_episodes, summarize
+from trainer.model import ActorCritic
+
+COLUMNS = (("mean_return", "return"), ("reward_per_step", "reward/step"), ("quality", "quality"),
+           ("stall_s", "stall s/step"), ("switches", "switches/step"))
+
+
+def load_policy(path: str | Path) -> tuple[ActorCritic, TrainConfig, Path]:
+    """The policy of a checkpoint (or of a run directory's newest loadable checkpoint), on the CPU, frozen."""
+    source, state, problems = checkpoints.latest_loadable(path)
+    for p in problems:
+        print(f"skipped {p}", file=sys.stderr)
+    cfg = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.__dataclass_fields__})
+    env = gym.make(cfg.env)
+    model = ActorCritic(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.shared_trunk,
+                        cfg.normalize_obs, seed=cfg.seed)
+    env.close()
+    model.load_state_dict(state["model"])
+    return model.eval(), cfg, source
+
+
+def policy_actions(model: ActorCritic, deterministic: bool):
+    def act(obs: np.ndarray) -> np.ndarray:
+        obs_t = torch.from_numpy(obs)
+        return (model.act_deterministic(obs_t) if deterministic else model.act(obs_t)["action"]).numpy()
+    return act
+
+
+def baseline_names(spec: str, env_id: str) -> list[str]:
+    if spec in ("", "none"):
+        return []
+    names = list(envs.BASELINES) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in envs.BASELINES]
+    if unknown:
+        raise ValueError(f"unknown baseline(s) {', '.join(unknown)}; expected 'all', 'none' or names from "
+                         f"{', '.join(envs.BASELINES)}")
+    return names if env_id == "VREdge-v0" else []
+
+
+def format_table(results: dict[str, dict[str, Any]]) -> str:
+    present = [(k, title) for k, title in COLUMNS if any(k in r for r in results.values())]
+    head = f"{'policy':<22}" + "".join(f"{title:>22}" for _, title in present)
+    lines = [head, "-" * len(head)]
+    for name, r in results.items():
+        cells = "".join(f"{r[k]:>12.3f} ± {r[k + '_ci95']:<7.3f}" if k in r else f"{'-':>22}" for k, _ in present)
+        lines.append(f"{name:<22}{cells}")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict[str, Any]], run_dir: Path, out: Path) -> Path | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+    names = list(results)
+    ax1.bar(names, [results[n]["reward_per_step"] for n in names],
+            yerr=[results[n]["reward_per_step_ci95"] for n in names], capsize=4)
+    ax1.set_ylabel("mean reward per step (95% CI)")
+    ax1.tick_params(axis="x", rotation=30)
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        ax2.plot([r["env_steps"] for r in rows], [r["reward_per_step"] for r in rows])
+        ax2.set_xlabel("env steps")
+        ax2.set_ylabel("training reward per step")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="checkpoint file, or run directory (its newest checkpoint)")
+    p.add_argument("--episodes", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0, help="evaluation seed (a seed branch that training never uses)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--deterministic", dest="deterministic", action="store_true", default=True,
+                      help="greedy actions (default)")
+    mode.add_argument("--stochastic", dest="deterministic", action="store_false", help="sample actions")
+    p.add_argument("--baselines", default="all", help="'all', 'none' or comma-separated names (VR-edge only)")
+    p.add_argument("--env", default="", help="fail unless the checkpoint was trained on this env id")
+    p.add_argument("--json", action="store_true", help="also print the results as JSON to stdout")
+    args = p.parse_args(argv)
+    try:
+        if args.episodes < 1:
+            raise ValueError(f"--episodes={args.episodes} is invalid: must be >= 1")
+        model, cfg, source = load_policy(args.checkpoint)
+        if args.env and args.env != cfg.env:
+            raise ValueError(f"{source} was trained on {cfg.env}, not {args.env}")
+        names = baseline_names(args.baselines, cfg.env)
+    except (ValueError, checkpoints.CheckpointError) as e:
+        raise SystemExit(f"error: {e}") from None
+    env_fn = functools.partial(gym.make, cfg.env)
+    label = f"policy ({'greedy' if args.deterministic else 'stochastic'})"
+    results = {label: summarize(run_episodes(policy_actions(model, args.deterministic), env_fn, args.episodes,
+                                             args.seed))}
+    vr_config = envs.VREdgeConfig()
+    for name in names:
+        results[name] = summarize(run_episodes(envs.make_baseline(name, vr_config), env_fn, args.episodes, args.seed))
+    run_dir = source.parent.parent if source.parent.name == "checkpoints" else source.parent
+    payload = {"checkpoint": str(source), "env": cfg.env, "episodes": args.episodes, "seed": args.seed,
+               "policy": results[label], "baselines": {n: results[n] for n in names}}
+    print(f"{cfg.env}: {args.episodes} episodes on held-out seeds (seed {args.seed}), checkpoint {source}")
+    print(format_table(results))
+    (run_dir / "evaluation.json").write_text(json.dumps(payload, indent=2))
+    png = plot(results, run_dir, run_dir / "evaluation.png")
+    print(f"\nwrote {run_dir / 'evaluation.json'}" + (f" and {png}" if png else " (pip install matplotlib for a plot)"))
+    if args.json:
+        print(json.dumps(payload))
+
+
+if __name__ == "__main__":
+    multiprocessing.freeze_support()
+    main()
