@@ -22,7 +22,7 @@ SMALL_VR = ["--env", "VREdge-v0", "--num-envs", "4", "--num-steps", "16", "--tot
             "--checkpoint-every", "1", "--seed", "5", "--scale-rewards", "true"]
 
 
-@pytest.mark.parametrize("backend", ["sync", "serial"])
+@pytest.mark.parametrize("backend", ["sync", pytest.param("serial", marks=pytest.mark.slow)])
 def test_stop_and_resume_gives_the_same_parameters_bit_for_bit(tmp_path, backend):
     argv = SMALL_VR + ["--backend", backend]
     straight = run(argv + ["--run-dir", str(tmp_path / "straight")])
@@ -69,8 +69,16 @@ def test_ctrl_c_writes_a_checkpoint_of_the_last_completed_iteration(tmp_path, mo
     assert path.name == "ckpt_00000002.pt" and state["iteration"] == 2
 
 
-def test_evaluate_command_prints_table_and_writes_json(tmp_path, capsys):
-    run(SMALL_VR + ["--run-dir", str(tmp_path)], max_iterations=1)
+@pytest.fixture(scope="module")
+def vr_run(tmp_path_factory):
+    """A one-iteration VR-edge run directory, shared by the evaluation tests."""
+    run_dir = tmp_path_factory.mktemp("vr_run")
+    run(SMALL_VR + ["--run-dir", str(run_dir)], max_iterations=1)
+    return run_dir
+
+
+def test_evaluate_command_prints_table_and_writes_json(vr_run, capsys):
+    tmp_path = vr_run
     evaluate_cli.main(["--checkpoint", str(tmp_path), "--episodes", "3", "--baselines", "lowest,fair_share",
                        "--json"])
     out = capsys.readouterr().out
@@ -80,6 +88,8 @@ def test_evaluate_command_prints_table_and_writes_json(tmp_path, capsys):
     assert payload["baselines"]["lowest"]["quality"] == 0.0
     assert "fair_share" in out and "reward/step" in out
     assert json.loads((tmp_path / "evaluation.json").read_text()) == payload
+    png = tmp_path / "evaluation.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -88,10 +98,9 @@ def test_evaluate_command_prints_table_and_writes_json(tmp_path, capsys):
     (["--checkpoint", "{run}", "--env", "CartPole-v1"], "trained on VREdge-v0, not CartPole-v1"),
     (["--checkpoint", "{run}", "--baselines", "oracle"], "unknown baseline"),
 ])
-def test_evaluate_bad_input_is_a_one_line_error(tmp_path, argv, words):
-    run(SMALL_VR + ["--run-dir", str(tmp_path / "run")], max_iterations=1)
+def test_evaluate_bad_input_is_a_one_line_error(tmp_path, vr_run, argv, words):
     (tmp_path / "empty").mkdir()
-    argv = [a.format(missing=tmp_path / "missing.pt", empty=tmp_path / "empty", run=tmp_path / "run") for a in argv]
+    argv = [a.format(missing=tmp_path / "missing.pt", empty=tmp_path / "empty", run=vr_run) for a in argv]
     with pytest.raises(SystemExit) as info:
         evaluate_cli.main(argv)
     assert words in str(info.value) and "\n" not in str(info.value)
