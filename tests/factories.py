@@ -78,3 +78,24 @@ class RandomPolicy:
         if not self.multi:
             action = action[:, 0]
         return {"action": action, "log_prob": -u.sum(1), "value": obs.float().flatten(1).sum(1)}
+
+
+class NaNRewardEnv(gym.Env):
+    """CartPole whose rewards turn NaN after ``clean_steps`` steps (a broken simulator)."""
+
+    def __init__(self, clean_steps: int = 150) -> None:
+        self.inner = gym.make("CartPole-v1")
+        self.observation_space, self.action_space = self.inner.observation_space, self.inner.action_space
+        self.clean_steps, self.steps = clean_steps, 0
+
+    def reset(self, *, seed=None, options=None):
+        return self.inner.reset(seed=seed)
+
+    def step(self, action):
+        self.steps += 1
+        obs, reward, term, trunc, info = self.inner.step(action)
+        return obs, float("nan") if self.steps > self.clean_steps else reward, term, trunc, info
+
+
+if "NaNReward-v0" not in gym.registry:
+    gym.register(id="NaNReward-v0", entry_point="tests.factories:NaNRewardEnv")

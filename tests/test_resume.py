@@ -104,3 +104,15 @@ def test_evaluate_bad_input_is_a_one_line_error(tmp_path, vr_run, argv, words):
     with pytest.raises(SystemExit) as info:
         evaluate_cli.main(argv)
     assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_nan_loss_stops_with_the_iteration_and_keeps_good_checkpoints(tmp_path):
+    import tests.factories  # noqa: F401 - registers NaNReward-v0
+    from trainer.ppo import NonFiniteLossError
+    argv = ["--env", "NaNReward-v0", "--num-envs", "2", "--num-steps", "64", "--total-steps", "1024",
+            "--checkpoint-every", "1", "--run-dir", str(tmp_path)]
+    with pytest.raises(NonFiniteLossError, match=r"iteration 3: non-finite loss.*ckpt_00000002\.pt"):
+        run(argv)
+    path, state, problems = checkpoints.latest_loadable(tmp_path)
+    assert path.name == "ckpt_00000002.pt" and not problems
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())

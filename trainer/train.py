@@ -255,6 +255,9 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
                     summary.update(last=row, env_steps=row["env_steps"])
                     if run.iteration % cfg.checkpoint_every == 0 or run.iteration == stop:
                         last_saved = save()
+        except NonFiniteLossError as e:
+            where = f"the newest checkpoint is {last_saved}" if last_saved else "no checkpoint was written yet"
+            raise NonFiniteLossError(f"{e}; {where}") from None
         except KeyboardInterrupt:
             summary["interrupted"] = True
             print(f"\ninterrupted at iteration {run.iteration}; workers closed", file=sys.stderr)
