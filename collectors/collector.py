@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from collectors.backends import BACKENDS
 from collectors.seeding import env_seeds
-from collectors.storage import RolloutStorage
+from collectors.storage import RolloutStorage, torch_dtype
 
 Policy = Callable[[torch.Tensor], Any]
 
@@ -58,15 +59,28 @@ class RolloutCollector:
         backend: ``"serial"``, ``"sync"`` or ``"async"``.
         horizon: steps per rollout (``T``).
         seed: run seed; env ``i`` is reset with the i-th ``SeedSequence(seed).spawn`` seed.
+            A sequence gives each env its seed explicitly (one per env).
         device: where ``collect()`` puts the batch (one transfer per rollout).
         num_workers: async only; worker processes (default: physical cores - 1, since
-            the collecting process steps a share itself when ``main_share``).
+            the collecting process steps a share itself when ``main_share``). Ray: actors
+            (default: one per env factory).
         main_share: async only; whether the collecting process steps a share of the envs.
+        envs_per_worker, ray_address, cpus_per_worker, worker_options: ray only; env
+            factories per actor, cluster address (default: reuse a running Ray or start a
+            local one), CPUs per actor, and ``.options(...)`` per actor (e.g. resources).
+        sync: ray only; ``False`` collects IMPALA-style: ``collect()`` returns the first
+            worker's ``[T, K]`` rollout that is ready, collected with weights of version
+            ``batch_version`` (compare with ``policy_version``).
+
+    With ``backend="ray"`` the policy runs on the actors (it must be picklable, e.g. an
+    ``nn.Module``); its weights are sent once per rollout.
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
-                 horizon: int = 128, seed: int = 0, device: str | torch.device = "cpu",
-                 num_workers: int | None = None, main_share: bool = True) -> None:
+                 horizon: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
+                 num_workers: int | None = None, main_share: bool = True, envs_per_worker: int | None = None,
+                 ray_address: str | None = None, cpus_per_worker: float = 1.0,
+                 worker_options: Sequence[dict] | dict | None = None, sync: bool = True) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if isinstance(env_fns, (gym.Env, gym.vector.VectorEnv)) or callable(env_fns):
@@ -86,18 +100,32 @@ class RolloutCollector:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but CUDA is not available; use device='cpu'")
         self.horizon = horizon
-        self.seed = seed
-        self.seeds = env_seeds(seed, 0)  # validates the seed before any worker starts
+        explicit = None if isinstance(seed, (int, np.integer)) else [int(s) for s in seed]
+        if explicit is None:
+            env_seeds(seed, 0)  # validates the seed before any worker starts
         self.policy = policy
         self.backend_name = backend
-        self.backend = _make_backend(backend, env_fns, num_workers, main_share)
+        self.sync = sync
+        self.policy_version = 0  # bumped by every collect(); ray batches carry the version they were collected with
+        self.batch_version = 0
+        if backend == "ray":
+            from collectors.backends.ray_ import AsyncRollouts, RayBackend
+            self.backend = RayBackend(env_fns, policy, horizon, seed if explicit is None else 0, num_workers,
+                                      envs_per_worker, ray_address, cpus_per_worker, worker_options)
+            self._async = None if sync else AsyncRollouts(self.backend)
+        else:
+            self.backend = _make_backend(backend, env_fns, num_workers, main_share)
         try:
             self.num_envs = self.backend.num_envs
             self.observation_space = self.backend.observation_space
             self.action_space = self.backend.action_space
-            self.seeds = env_seeds(seed, self.num_envs)
+            if explicit is not None and len(explicit) != self.num_envs:
+                raise ValueError(f"seed has {len(explicit)} entries for {self.num_envs} envs; pass one integer "
+                                 "or one seed per env")
+            self.seeds = explicit if explicit is not None else env_seeds(seed, self.num_envs)
             self._obs = np.zeros((self.num_envs, *self.observation_space.shape), dtype=self.observation_space.dtype)
-            self.backend.reset(self.seeds, self._obs)
+            if backend != "ray":  # ray actors reset their own envs
+                self.backend.reset(self.seeds, self._obs)
         except BaseException:
             self.backend.close()
             raise
@@ -142,7 +170,7 @@ class RolloutCollector:
                 raise ValueError(f"policy returned {name[:-1]} of shape {tuple(v.shape)}; expected ({n},)")
 
     def _allocate(self, action: torch.Tensor, extras: dict[str, torch.Tensor]) -> RolloutStorage:
-        obs_dtype = torch.from_numpy(self._obs[:0]).dtype
+        obs_dtype = torch_dtype(self._obs.dtype)
         return RolloutStorage(self.horizon, self.num_envs, self.observation_space.shape, obs_dtype,
                               tuple(action.shape[1:]), action.dtype, tuple(extras), self.device)
 
@@ -151,8 +179,9 @@ class RolloutCollector:
         """Run the policy for ``horizon`` steps in every env; return the ``[T, N]`` batch on ``device``."""
         if self._closed:
             raise RuntimeError("collect() on a closed RolloutCollector")
+        self.policy_version += 1
         try:
-            return self._collect()
+            return self._collect_ray() if self.backend_name == "ray" else self._collect()
         except BaseException:
             self.close()  # a failed rollout leaves no workers behind
             raise
@@ -185,6 +214,36 @@ class RolloutCollector:
         batch, self.last_observations = s.to_device()
         return batch
 
+    def _collect_ray(self) -> TensorDictBase:
+        if self._async is not None:
+            worker, r = self._async.next_ready(self.policy_version)
+            with warnings.catch_warnings():  # object-store arrays are read-only; consolidate() copies them
+                warnings.simplefilter("ignore", UserWarning)
+                host = TensorDict({"rollout": TensorDict({k: torch.from_numpy(v) for k, v in r["batch"].items()},
+                                                         batch_size=r["batch"]["rewards"].shape),
+                                   "last_observations": torch.from_numpy(r["last_observations"])}, batch_size=[])
+                host = host.consolidate()  # one buffer: one transfer
+            moved = host if self.device.type == "cpu" else host.to(self.device, non_blocking=True)
+            self.episodes, self.batch_version = r["episodes"], r["version"]
+            self.batch_envs = self.backend.slices[worker]
+            self.last_observations = moved["last_observations"]
+            return moved["rollout"]
+        results = self.backend.rollout_all(self.policy_version)
+        if self.storage is None:
+            first = results[0]["batch"]
+            extras = tuple(k for k in ("log_probs", "values") if k in first)
+            self.storage = RolloutStorage(self.horizon, self.num_envs, self.observation_space.shape,
+                                          torch_dtype(first["observations"].dtype),
+                                          first["actions"].shape[2:], torch_dtype(first["actions"].dtype),
+                                          extras, self.device)
+        self.storage.wait_for_transfer()
+        for r, envs in zip(results, self.backend.slices):
+            self.storage.fill_envs(envs, r["batch"], r["last_observations"])
+        self.episodes = sorted((e for r in results for e in r["episodes"]), key=lambda e: e["env"])
+        self.batch_version, self.batch_envs = self.policy_version, slice(0, self.num_envs)
+        batch, self.last_observations = self.storage.to_device()
+        return batch
+
     def _record_episodes(self, views, infos) -> None:
         self._episode_return += views.rewards
         self._episode_length += 1
@@ -202,6 +261,8 @@ class RolloutCollector:
     def get_state(self) -> dict[str, Any]:
         """What the next ``collect()`` continues from: current observations, running episode
         statistics, and each env factory's ``get_state()`` (``None`` where the env has none)."""
+        if self.backend_name == "ray":
+            return {"ray_workers": self.backend.get_env_states()}
         obs = self.storage.last_obs.numpy() if self.storage is not None else self._obs
         return {"observations": obs.copy(), "episode_return": self._episode_return.copy(),
                 "episode_length": self._episode_length.copy(), "env_states": self.backend.get_env_states()}
@@ -213,6 +274,8 @@ class RolloutCollector:
         seeded from ``SeedSequence([seed, reseed])`` (pass e.g. the iteration), and ``False``
         is returned so that the caller can say so.
         """
+        if self.backend_name == "ray":
+            return self.backend.set_env_states(state["ray_workers"], reseed)
         obs = np.asarray(state["observations"])
         if obs.shape != self._obs.shape or obs.dtype != self._obs.dtype:
             raise ValueError(f"collector state has observations {obs.shape} {obs.dtype}; this collector has "
@@ -224,7 +287,7 @@ class RolloutCollector:
             self._episode_return[:] = state["episode_return"]
             self._episode_length[:] = state["episode_length"]
         else:
-            derived = int(np.random.SeedSequence([self.seed, reseed or 0]).generate_state(1)[0])
+            derived = int(np.random.SeedSequence([*self.seeds[:1], reseed or 0]).generate_state(1)[0])
             self.backend.reset(env_seeds(derived, self.num_envs), obs := self._obs.copy())
             self._episode_return[:] = 0.0
             self._episode_length[:] = 0
@@ -244,6 +307,8 @@ class RolloutCollector:
             self.policy.load_state_dict(policy_or_state_dict)
         elif callable(policy_or_state_dict):
             self.policy = policy_or_state_dict
+            if self.backend_name == "ray":  # actors keep their copy; the new weights go out with the next rollout
+                self.backend.policy = policy_or_state_dict
         else:
             raise TypeError(f"update_policy expects a policy callable or a state_dict, "
                             f"got {type(policy_or_state_dict).__name__}")

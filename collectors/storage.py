@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
 from collectors.env_group import StepViews
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype of a NumPy dtype."""
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
 class RolloutStorage:
@@ -60,6 +66,12 @@ class RolloutStorage:
         next_obs = a["observations"][t + 1] if t + 1 < self.horizon else self._last_obs_np
         return StepViews(next_obs, a["rewards"][t], a["terminated"][t], a["truncated"][t],
                          a["final_observations"][t], a["final_observation_mask"][t])
+
+    def fill_envs(self, envs: slice, rollout: dict[str, np.ndarray], last_obs: np.ndarray) -> None:
+        """Copy a ``[T, K]`` slice collected elsewhere (a Ray worker) into envs ``envs`` of this storage."""
+        for k, arr in rollout.items():
+            self._np[k][:, envs] = arr
+        self._last_obs_np[envs] = last_obs
 
     def wait_for_transfer(self) -> None:
         """Block until the last asynchronous copy has read the host buffers (before overwriting them)."""

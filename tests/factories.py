@@ -99,3 +99,16 @@ class NaNRewardEnv(gym.Env):
 
 if "NaNReward-v0" not in gym.registry:
     gym.register(id="NaNReward-v0", entry_point="tests.factories:NaNRewardEnv")
+
+
+def greedy_policy(obs_space, act_space, seed: int = 0):
+    """A picklable deterministic policy (argmax of a random-init actor-critic) with log-probs and values."""
+    from trainer.model import ActorCritic
+
+    class Greedy(ActorCritic):
+        def forward(self, obs):
+            action = self.act_deterministic(obs)
+            log_prob, _, value = self.evaluate(obs, action)
+            return {"action": action, "log_prob": log_prob, "value": value}
+
+    return Greedy(obs_space, act_space, normalize_obs=False, seed=seed)

@@ -259,3 +259,12 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as fh:  # a zombie is dead, only not yet reaped by init
         return fh.read().split()[2] != "Z"
+
+
+def test_missing_ray_says_how_to_install(monkeypatch):
+    import sys
+
+    from collectors.backends import ray_
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[ray\]'"):
+        ray_.require_ray()

@@ -165,3 +165,45 @@ def test_run_episodes_plays_exactly_the_requested_episodes_on_held_out_seeds():
     assert summary["episodes"] == 7 and summary["mean_return"] == pytest.approx(
         sum(r["return"] for r in records) / 7)
     assert summary["mean_return_ci95"] > 0
+
+
+def test_vtrace_hand_computed():
+    from trainer.vtrace import vtrace
+    # two steps, one env, rho = [2, 0.5] (clipped to [1, 0.5]), gamma 0.9, no episode end, bootstrap 3
+    behaviour = torch.log(torch.tensor([[0.25], [0.5]]))
+    target = torch.log(torch.tensor([[0.5], [0.25]]))
+    rewards, values = torch.tensor([[1.0], [2.0]]), torch.tensor([[0.5], [1.0]])
+    next_vals = torch.tensor([[1.0], [3.0]])
+    done = torch.zeros(2, 1, dtype=torch.bool)
+    vs, adv = vtrace(behaviour, target, rewards, values, next_vals, done, gamma=0.9)
+    d1 = 0.5 * (2.0 + 0.9 * 3.0 - 1.0)
+    d0 = 1.0 * (1.0 + 0.9 * 1.0 - 0.5)
+    vs1 = 1.0 + d1
+    vs0 = 0.5 + d0 + 0.9 * 1.0 * d1  # c_0 = min(1, rho_0) = 1
+    assert vs.flatten().tolist() == pytest.approx([vs0, vs1])
+    assert adv.flatten().tolist() == pytest.approx([1.0 * (1.0 + 0.9 * vs1 - 0.5), 0.5 * (2.0 + 0.9 * 3.0 - 1.0)])
+
+
+def test_vtrace_on_policy_equals_n_step_return_and_gae_lambda_one():
+    from trainer.vtrace import vtrace
+    torch.manual_seed(1)
+    t, n, gamma = 7, 4, 0.9
+    rewards, values = torch.rand(t, n), torch.rand(t, n)
+    terminated = torch.rand(t, n) < 0.15
+    truncated = (torch.rand(t, n) < 0.1) & ~terminated
+    done = terminated | truncated
+    nxt = next_values(values, torch.rand(n), torch.rand(t, n), terminated, truncated)
+    logp = torch.log(torch.rand(t, n))
+    vs, adv = vtrace(logp, logp, rewards, values, nxt, done, gamma)
+    gae_adv, gae_ret = compute_gae(rewards, values, nxt, done, gamma, 1.0)
+    assert torch.allclose(vs, gae_ret, atol=1e-5)
+    # n-step return by hand for env 0
+    for start in range(t):
+        ret, discount = 0.0, 1.0
+        for k in range(start, t):
+            ret += discount * float(rewards[k, 0])
+            if done[k, 0] or k == t - 1:
+                ret += discount * gamma * float(nxt[k, 0])
+                break
+            discount *= gamma
+        assert float(vs[start, 0]) == pytest.approx(ret, abs=1e-5)

@@ -5,4 +5,4 @@ A backend has ``num_envs``, ``observation_space``, ``action_space`` and
 ``get_env_states()``, ``set_env_states(states)``, ``close()``.
 """
 
-BACKENDS = ("serial", "sync", "async")
+BACKENDS = ("serial", "sync", "async", "ray")

@@ -21,6 +21,7 @@ import torch
 import torch.multiprocessing as tmp
 
 from collectors.env_group import EnvError, EnvGroup, EpisodeInfo, StepViews, check_same_spaces
+from collectors.storage import torch_dtype
 
 _FIELDS = ("next_obs", "rewards", "terminated", "truncated", "final_obs", "final_mask")  # final_* last
 _CLOSE_TIMEOUT_S = 3.0
@@ -169,8 +170,7 @@ class AsyncBackend:
         sizes = ([self.local.num_envs] if self.local else []) + [sum(s[2] for s in reply) for reply in replies]
         self.num_envs = sum(sizes)
         n, obs, act = self.num_envs, self.observation_space, self.action_space
-        obs_dtype = torch.from_numpy(np.zeros(0, dtype=obs.dtype)).dtype
-        act_dtype = torch.from_numpy(np.zeros(0, dtype=act.dtype)).dtype
+        obs_dtype, act_dtype = torch_dtype(obs.dtype), torch_dtype(act.dtype)
         self.shared = {
             "actions": torch.zeros((n, *act.shape), dtype=act_dtype).share_memory_(),
             "next_obs": torch.zeros((n, *obs.shape), dtype=obs_dtype).share_memory_(),
