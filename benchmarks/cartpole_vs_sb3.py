@@ -33,7 +33,9 @@ def ours(seed: int, episodes: int) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = parse_config(["--env", "CartPole-v1", "--num-envs", str(ENVS), "--num-steps", str(HORIZON),
                             "--epochs", str(EPOCHS), "--batch-size", str(MINIBATCH), "--total-steps", str(STEPS),
-                            "--lr", str(LR), "--normalize-obs", "false", "--device", "cpu", "--seed", str(seed),
+                            "--lr", str(LR), "--gamma", "0.99", "--gae-lambda", "0.95", "--ent-coef", "0.01",
+                            "--clip-coef", "0.2", "--vf-coef", "0.5", "--max-grad-norm", "0.5",
+                            "--normalize-obs", "false", "--device", "cpu", "--seed", str(seed),
                             "--run-dir", run_dir])
         start = time.perf_counter()
         summary = train(cfg, progress=False)

@@ -212,6 +212,7 @@ class RolloutCollector:
                 infos = self.backend.step(s.action_steps_np[t], views)
                 self._record_episodes(views, infos)
         batch, self.last_observations = s.to_device()
+        self.batch_version = self.policy_version  # collected in this process with the current policy
         return batch
 
     def _collect_ray(self) -> TensorDictBase:

@@ -268,3 +268,10 @@ def test_missing_ray_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ImportError, match=r"pip install -e '\.\[ray\]'"):
         ray_.require_ray()
+
+
+def test_local_batches_carry_the_current_policy_version():
+    with RolloutCollector([f.cartpole], f.RandomPolicy(2), backend="sync", horizon=4) as c:
+        for expected in (1, 2, 3, 4, 5, 6):
+            c.collect()
+            assert c.policy_version == c.batch_version == expected

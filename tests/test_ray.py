@@ -9,7 +9,7 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster():
     """One two-node Ray cluster on this host for all Ray tests: small CPUs and object stores."""
     from ray.cluster_utils import Cluster
@@ -93,3 +93,21 @@ def test_bad_worker_layout_is_rejected(cluster):
         RolloutCollector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", num_workers=3,
                          envs_per_worker=2)
 
+
+
+@pytest.mark.parametrize("mode", [[], ["--ray-async", "true", "--max-lag", "1"]])
+def test_training_on_ray_sync_and_async(cluster, tmp_path, mode):
+    import json
+
+    from trainer.config import parse_args
+    from trainer.train import train
+    cfg, given, _ = parse_args(["--backend", "ray", "--num-workers", "2", "--cpus-per-worker", "0.25",
+                                "--num-envs", "4", "--num-steps", "16", "--total-steps", "512",
+                                "--run-dir", str(tmp_path), *mode])
+    summary = train(cfg, progress=False, given=given)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert summary["env_steps"] == 512 and rows[-1]["env_steps"] == 512
+    if mode:
+        assert all(r["policy_lag"] <= 1 for r in rows) and sum(summary["lags"].values()) >= len(rows)
+    else:
+        assert summary["lags"] == {0: len(rows)}

@@ -114,6 +114,7 @@ def test_log_probs_of_act_match_evaluate():
 def test_short_training_run_improves_cartpole(tmp_path):
     from trainer.train import train
     cfg = parse_config(["--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "128", "--total-steps", "40960",
+                        "--lr", "3e-4", "--gamma", "0.99", "--ent-coef", "0.01",
                         "--seed", "3", "--run-dir", str(tmp_path)])
     summary = train(cfg, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -25,15 +25,15 @@ class TrainConfig:
     device: str = "auto"
     run_dir: str = ""
     num_workers: int = 0
-    lr: float = 3e-4
+    lr: float = 1e-3
     anneal_lr: bool = True
-    gamma: float = 0.99
+    gamma: float = 0.9
     gae_lambda: float = 0.95
     epochs: int = 4
     batch_size: int = 0
     clip_coef: float = 0.2
     clip_value: bool = False
-    ent_coef: float = 0.01
+    ent_coef: float = 0.001
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     norm_adv: bool = True
@@ -43,18 +43,25 @@ class TrainConfig:
     hidden: str = "64,64"
     shared_trunk: bool = False
     tensorboard: bool = False
+    ray_address: str = ""
+    envs_per_worker: int = 0
+    cpus_per_worker: float = 1.0
+    ray_async: bool = False
+    max_lag: int = 4
+    rho_bar: float = 1.0
+    c_bar: float = 1.0
     checkpoint_every: int = 10
     keep_checkpoints: int = 3
     config: str = ""
 
     HELP = {
         "env": "any registered Gymnasium env id (VREdge-v0 uses the natively batched env)",
-        "backend": "rollout backend: serial, sync or async",
+        "backend": "rollout backend: serial, sync, async or ray",
         "num_envs": "parallel envs", "num_steps": "steps per env per rollout",
         "total_steps": "env steps to train for", "seed": "run seed (envs, init, sampling)",
         "device": "auto (cuda when available), cpu or cuda",
         "run_dir": "run directory (default runs/<env>-s<seed>-<time>)",
-        "num_workers": "async workers (0: backend default)", "lr": "Adam learning rate",
+        "num_workers": "async processes or ray actors (0: backend default)", "lr": "Adam learning rate",
         "anneal_lr": "linear LR annealing to 0 over total_steps", "gamma": "discount",
         "gae_lambda": "GAE lambda", "epochs": "PPO epochs per rollout",
         "batch_size": "minibatch size (0: planner picks from num_envs x num_steps)",
@@ -64,6 +71,13 @@ class TrainConfig:
         "normalize_obs": "running observation normalisation", "scale_rewards": "divide rewards by running return std",
         "hidden": "hidden layer sizes, comma separated", "shared_trunk": "one trunk for actor and critic",
         "tensorboard": "also log to TensorBoard (needs the tensorboard extra)",
+        "ray_address": "ray backend: cluster address (empty: reuse a running Ray or start a local one)",
+        "envs_per_worker": "ray backend: env factories per actor (0: split evenly)",
+        "cpus_per_worker": "ray backend: CPUs reserved per actor (fractions allowed)",
+        "ray_async": "ray backend: IMPALA-style collection with V-trace correction",
+        "max_lag": "ray_async: drop batches collected more than this many policy versions ago",
+        "rho_bar": "V-trace importance-weight clip for the targets and advantages",
+        "c_bar": "V-trace trace-cutting clip",
         "checkpoint_every": "save a checkpoint every this many iterations (and at the end)",
         "keep_checkpoints": "how many checkpoint files to keep in <run-dir>/checkpoints",
         "config": "TOML file with any of these keys (flags override it)",
@@ -73,7 +87,12 @@ class TrainConfig:
         def need(ok: bool, name: str, rule: str) -> None:
             if not ok:
                 raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)!r} is invalid: {rule}")
-        need(self.backend in ("serial", "sync", "async"), "backend", "choose serial, sync or async")
+        need(self.backend in ("serial", "sync", "async", "ray"), "backend", "choose serial, sync, async or ray")
+        need(not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray")
+        need(self.max_lag >= 0, "max_lag", "must be >= 0")
+        need(self.rho_bar > 0 and self.c_bar > 0, "rho_bar", "rho_bar and c_bar must be > 0")
+        need(self.cpus_per_worker > 0, "cpus_per_worker", "must be > 0")
+        need(self.envs_per_worker >= 0, "envs_per_worker", "must be >= 0 (0: split evenly)")
         for name in ("num_envs", "num_steps", "total_steps", "epochs", "checkpoint_every", "keep_checkpoints"):
             need(getattr(self, name) >= 1, name, "must be >= 1")
         need(self.lr > 0, "lr", "must be > 0")
@@ -110,7 +129,7 @@ def _bool(text: str) -> bool:
 
 # keys a resumed run may change; every other key must match the checkpoint's config
 RESUMABLE_CHANGES = {"total_steps", "device", "run_dir", "num_workers", "tensorboard", "checkpoint_every",
-                     "keep_checkpoints", "config"}
+                     "keep_checkpoints", "config", "ray_address", "cpus_per_worker"}
 
 
 def build_parser() -> argparse.ArgumentParser:

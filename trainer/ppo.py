@@ -9,24 +9,52 @@ from tensordict import TensorDictBase
 
 from trainer.gae import compute_gae, next_values
 from trainer.model import ActorCritic
+from trainer.vtrace import vtrace
 
 
 class NonFiniteLossError(RuntimeError):
     """A loss became NaN or inf; the model keeps its last good weights."""
 
 
+def _bootstrap(model: ActorCritic, batch: TensorDictBase, values: torch.Tensor, last_obs: torch.Tensor):
+    """Next-step values ``[T, N]``; truncated steps bootstrap from the value of their final observation."""
+    trunc = batch["truncated"]
+    final_values = torch.zeros_like(values)
+    if trunc.any():  # one host sync per rollout, not per minibatch
+        final_values[trunc] = model.value(batch["final_observations"][trunc])
+    return next_values(values, model.value(last_obs), final_values, batch["terminated"], trunc)
+
+
 def advantages_and_returns(model: ActorCritic, batch: TensorDictBase, last_obs: torch.Tensor, gamma: float,
                            lam: float, reward_scale: torch.Tensor | float = 1.0):
-    """GAE on the device: values of the next observations, truncation bootstrapped from final observations."""
+    """GAE on the device with the values the behaviour policy recorded."""
     with torch.no_grad():
         values = batch["values"]
-        trunc = batch["truncated"]
-        final_values = torch.zeros_like(values)
-        if trunc.any():  # one host sync per rollout, not per minibatch
-            final_values[trunc] = model.value(batch["final_observations"][trunc])
-        nxt = next_values(values, model.value(last_obs), final_values, batch["terminated"], trunc)
-        rewards = batch["rewards"] * reward_scale
-        return compute_gae(rewards, values, nxt, batch["terminated"] | trunc, gamma, lam)
+        nxt = _bootstrap(model, batch, values, last_obs)
+        done = batch["terminated"] | batch["truncated"]
+        return compute_gae(batch["rewards"] * reward_scale, values, nxt, done, gamma, lam)
+
+
+def vtrace_targets(model: ActorCritic, batch: TensorDictBase, last_obs: torch.Tensor, gamma: float,
+                   rho_bar: float, c_bar: float, reward_scale: torch.Tensor | float = 1.0):
+    """V-trace for a batch collected by an older policy version (IMPALA-style collection).
+
+    Re-evaluates log-probs and values under the current model, and rewrites the batch's
+    ``log_probs`` / ``values`` with them: the PPO ratio then starts at 1 for the current
+    policy, while V-trace has already corrected the targets for the behaviour policy.
+    Returns ``(advantages, returns)``.
+    """
+    with torch.no_grad():
+        t, n = batch.batch_size
+        logp, _, values = model.evaluate(batch["observations"].flatten(0, 1), batch["actions"].flatten(0, 1))
+        logp, values = logp.reshape(t, n), values.reshape(t, n)
+        nxt = _bootstrap(model, batch, values, last_obs)
+        done = batch["terminated"] | batch["truncated"]
+        vs, adv = vtrace(batch["log_probs"], logp, batch["rewards"] * reward_scale, values, nxt, done, gamma,
+                         rho_bar, c_bar)
+        batch["log_probs"].copy_(logp)  # the batch is a locked (consolidated) TensorDict: write in place
+        batch["values"].copy_(values)
+        return adv, vs
 
 
 def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

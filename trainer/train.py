@@ -25,7 +25,7 @@ from trainer import __version__
 from trainer.batching import plan_minibatches
 from trainer.config import TrainConfig, parse_args, resumed_config
 from trainer.model import ActorCritic
-from trainer.ppo import NonFiniteLossError, advantages_and_returns, ppo_update
+from trainer.ppo import NonFiniteLossError, advantages_and_returns, ppo_update, vtrace_targets
 
 QOE_KEYS = ("quality", "stall_s", "switches")
 
@@ -35,11 +35,19 @@ def env_factories(cfg: TrainConfig) -> list:
     if cfg.env not in gym.registry:
         raise ValueError(f"unknown env id {cfg.env!r}: register it with gymnasium first (e.g. CartPole-v1, "
                          "VREdge-v0)")
+    workers = ray_workers(cfg)
     if cfg.env == "VREdge-v0" and cfg.backend != "serial":
-        parts = 1 if cfg.backend == "sync" else max(2, cfg.num_workers + 1)
+        parts = {"sync": 1, "async": max(2, cfg.num_workers + 1), "ray": workers}[cfg.backend]
         sizes = [len(a) for a in np.array_split(np.arange(cfg.num_envs), min(parts, cfg.num_envs))]
         return [functools.partial(envs.VREdgeVectorEnv, n) for n in sizes]
     return [functools.partial(gym.make, cfg.env)] * cfg.num_envs
+
+
+def ray_workers(cfg: TrainConfig) -> int:
+    """Ray actors: ``--num-workers``, or ``num_envs / --envs-per-worker``, or 2."""
+    if cfg.num_workers:
+        return cfg.num_workers
+    return cfg.num_envs // cfg.envs_per_worker if cfg.envs_per_worker else min(2, cfg.num_envs)
 
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
@@ -103,6 +111,9 @@ class Run:
     perm_gen: torch.Generator
     scaler: ReturnScaler | None
     iteration: int = 0
+    env_steps: int = 0
+    dropped: int = 0
+    lags: dict = field(default_factory=dict)  # policy lag -> number of batches (0 when collection is synchronous)
     recent: deque = field(default_factory=lambda: deque(maxlen=100))
 
     def state(self, collector: RolloutCollector) -> dict[str, Any]:
@@ -110,7 +121,7 @@ class Run:
             "version": __version__,
             "config": self.cfg.to_dict(),
             "iteration": self.iteration,
-            "env_steps": self.iteration * self.cfg.num_envs * self.cfg.num_steps,
+            "env_steps": self.env_steps,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "reward_scaler": self.scaler.state_dict() if self.scaler else None,
@@ -125,7 +136,7 @@ class Run:
 
     def restore(self, state: dict[str, Any], collector: RolloutCollector) -> bool:
         """Load a checkpoint's state; returns whether the envs were restored exactly."""
-        self.iteration = state["iteration"]
+        self.iteration, self.env_steps = state["iteration"], state["env_steps"]
         self.model.load_state_dict(state["model"])
         self.acting.load_state_dict({k: v.cpu() for k, v in self.model.state_dict().items()})
         self.optimizer.load_state_dict(state["optimizer"])
@@ -156,19 +167,28 @@ def _new_run(cfg: TrainConfig) -> Run:
 
 
 def _iteration(run: Run, collector: RolloutCollector, plan, iterations: int, start: tuple[int, float],
-               log) -> dict:
-    """Collect one rollout, update PPO on it, log; returns the logged row."""
+               log) -> dict | None:
+    """Collect one rollout, update PPO on it, log; returns the logged row (``None`` for a dropped batch)."""
     cfg, model = run.cfg, run.model
     it = run.iteration + 1
     if cfg.anneal_lr:
         run.optimizer.param_groups[0]["lr"] = cfg.lr * (1 - (it - 1) / iterations)
     batch = collector.collect()
+    lag = collector.policy_version - collector.batch_version
+    run.lags[lag] = run.lags.get(lag, 0) + 1
+    if cfg.ray_async and lag > cfg.max_lag:  # too stale to correct well: skip it, the next one is fresher
+        run.dropped += 1
+        return None
     episodes = collector.episodes
     run.recent.extend(e["return"] for e in episodes)
     if cfg.normalize_obs:
         model.norm.update(batch["observations"])
     scale = run.scaler.scale(batch["rewards"], batch["final_observation_mask"]) if run.scaler else 1.0
-    adv, ret = advantages_and_returns(model, batch, collector.last_observations, cfg.gamma, cfg.gae_lambda, scale)
+    if cfg.ray_async:
+        adv, ret = vtrace_targets(model, batch, collector.last_observations, cfg.gamma, cfg.rho_bar, cfg.c_bar, scale)
+    else:
+        adv, ret = advantages_and_returns(model, batch, collector.last_observations, cfg.gamma, cfg.gae_lambda,
+                                          scale)
     good = {k: v.clone() for k, v in model.state_dict().items()}
     try:
         stats = ppo_update(model, run.optimizer, batch, adv, ret, epochs=cfg.epochs,
@@ -181,13 +201,14 @@ def _iteration(run: Run, collector: RolloutCollector, plan, iterations: int, sta
                                  "previous iteration (try a lower --lr)") from None
     run.acting.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
     run.iteration = it
-    steps = it * cfg.num_envs * cfg.num_steps
+    run.env_steps += batch.numel()
+    steps = run.env_steps
     row = {"iteration": it, "env_steps": steps, "sps": (steps - start[0]) / (time.perf_counter() - start[1]),
            "lr": run.optimizer.param_groups[0]["lr"], **stats,
            "episodes": len(episodes),
            "episode_return": float(np.mean([e["return"] for e in episodes])) if episodes else None,
            "episode_length": float(np.mean([e["length"] for e in episodes])) if episodes else None,
-           "reward_per_step": float(batch["rewards"].mean())}
+           "reward_per_step": float(batch["rewards"].mean()), "policy_lag": lag}
     for k in QOE_KEYS:
         vals = [e[k] for e in episodes if k in e]
         if vals:
@@ -212,7 +233,8 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         if not cfg.run_dir:
             cfg.run_dir = str(source.parent.parent if source.parent.name == "checkpoints" else source.parent)
     factories = env_factories(cfg)  # checks the env id before anything is created
-    plan = plan_minibatches(cfg.num_envs, cfg.num_steps, cfg.batch_size or None)
+    batch_envs = cfg.num_envs // ray_workers(cfg) if cfg.ray_async else cfg.num_envs  # async: one worker's slice
+    plan = plan_minibatches(batch_envs, cfg.num_steps, cfg.batch_size or None)
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr)
     run_dir = Path(cfg.run_dir or f"runs/{cfg.env}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -220,10 +242,16 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     run = _new_run(cfg)
     writer = _tensorboard(run_dir) if cfg.tensorboard else None
-    iterations = max(1, cfg.total_steps // (cfg.num_envs * cfg.num_steps))
+    iterations = max(1, cfg.total_steps // (batch_envs * cfg.num_steps))
     stop = min(iterations, max_iterations or iterations)
+    if cfg.backend == "ray":
+        per_worker = len(factories) // ray_workers(cfg)
+        remote = dict(num_workers=ray_workers(cfg), envs_per_worker=per_worker, ray_address=cfg.ray_address or None,
+                      cpus_per_worker=cfg.cpus_per_worker, sync=not cfg.ray_async)
+    else:
+        remote = dict(num_workers=cfg.num_workers or None)
     collector = RolloutCollector(factories, run.acting, backend=cfg.backend, horizon=cfg.num_steps,
-                                 seed=cfg.seed, device=run.device, num_workers=cfg.num_workers or None)
+                                 seed=cfg.seed, device=run.device, **remote)
     summary: dict = {"run_dir": str(run_dir), "iterations": 0, "interrupted": False}
     last_saved = None
     with collector:
@@ -240,11 +268,13 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
             return checkpoints.save_in_run_dir(run_dir, run.state(collector), run.iteration, cfg.keep_checkpoints)
 
         bar = tqdm(total=stop, initial=run.iteration, disable=not progress, unit="it", dynamic_ncols=True)
-        start = (run.iteration * cfg.num_envs * cfg.num_steps, time.perf_counter())
+        start = (run.env_steps, time.perf_counter())
         try:
             with (run_dir / "metrics.jsonl").open("a") as log:
                 while run.iteration < stop:
                     row = _iteration(run, collector, plan, iterations, start, log)
+                    if row is None:  # a batch too stale to learn from
+                        continue
                     if writer:
                         for k, v in row.items():
                             if isinstance(v, (int, float)):
@@ -267,7 +297,11 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
             bar.close()
             if writer:
                 writer.close()
+    if cfg.ray_async:
+        print(f"policy lag (versions behind: batches): {dict(sorted(run.lags.items()))}; dropped {run.dropped} "
+              f"batches older than --max-lag {cfg.max_lag}", file=sys.stderr)
     summary.update(iterations=run.iteration, checkpoint=str(last_saved) if last_saved else None,
+                   lags=dict(run.lags), dropped=run.dropped,
                    recent_return=float(np.mean(run.recent)) if run.recent else None,
                    finished=run.iteration >= iterations)
     return summary
