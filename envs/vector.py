@@ -17,6 +17,7 @@ from envs.vr_edge import (
     burn_cpu,
     checked_state,
     episode_metrics,
+    head_observation_layout,
     initial_state,
     observation_space,
     observe,
@@ -61,6 +62,7 @@ class VREdgeVectorEnv(gym.vector.VectorEnv):
         self._seed = seed
         self.single_observation_space = observation_space(self.config)
         self.single_action_space = action_space(self.config)
+        self.head_observation_layout = head_observation_layout(self.config)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._state: dict[str, np.ndarray] | None = None

@@ -115,6 +115,14 @@ def observation_space(cfg: VREdgeConfig) -> gym.spaces.Box:
     return gym.spaces.Box(0.0, _OBS_HIGH, shape=(cfg.obs_dim,), dtype=np.float32)
 
 
+def head_observation_layout(cfg: VREdgeConfig) -> tuple[int, int]:
+    """``(features per user, shared features)``: the observation is user 0's features, user 1's, ..., then the cell's.
+
+    Learners may use it to share one network across the users' action heads.
+    """
+    return len(USER_FEATURES), cfg.history + 1
+
+
 def action_space(cfg: VREdgeConfig) -> gym.spaces.MultiDiscrete:
     return gym.spaces.MultiDiscrete([cfg.num_levels] * cfg.num_users)
 
@@ -343,6 +351,7 @@ class SyntheticVREdgeEnv(gym.Env):
         self._seed = seed
         self.observation_space = observation_space(self.config)
         self.action_space = action_space(self.config)
+        self.head_observation_layout = head_observation_layout(self.config)
         self._state: dict[str, np.ndarray] | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):

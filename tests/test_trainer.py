@@ -208,3 +208,32 @@ def test_vtrace_on_policy_equals_n_step_return_and_gae_lambda_one():
                 break
             discount *= gamma
         assert float(vs[start, 0]) == pytest.approx(ret, abs=1e-5)
+
+
+def test_per_head_actor_shares_one_network_across_heads():
+    import envs
+    from trainer.model import ActorCritic
+    env = envs.SyntheticVREdgeEnv(num_users=3)
+    ac = ActorCritic(env.observation_space, env.action_space, per_head=env.head_observation_layout,
+                     normalize_obs=False, seed=0)
+    torch.nn.init.normal_(ac.actor_head.weight)
+    obs = torch.rand(6, env.observation_space.shape[0])
+    swapped = obs.clone()  # exchange users 0 and 2: their logits must swap too
+    f = env.head_observation_layout[0]
+    swapped[:, :f], swapped[:, 2 * f:3 * f] = obs[:, 2 * f:3 * f], obs[:, :f]
+    logp = ac._grouped_log_probs(ac._heads(obs)[0])
+    logp_swapped = ac._grouped_log_probs(ac._heads(swapped)[0])
+    assert torch.allclose(logp[:, 0], logp_swapped[:, 2]) and torch.allclose(logp[:, 2], logp_swapped[:, 0])
+    out = ac.act(obs)
+    assert torch.allclose(ac.evaluate(obs, out["action"])[0], out["log_prob"], atol=1e-5)
+    with pytest.raises(ValueError, match="does not match the observation size"):
+        ActorCritic(env.observation_space, env.action_space, per_head=(f + 1, 5))
+
+
+def test_policy_arch_auto_uses_the_env_layout_where_declared():
+    from trainer.train import make_model
+    assert make_model(parse_config(["--env", "VREdge-v0"])).per_head == (7, 5)
+    assert make_model(parse_config(["--env", "VREdge-v0", "--policy-arch", "flat"])).per_head is None
+    assert make_model(parse_config(["--env", "CartPole-v1"])).per_head is None
+    with pytest.raises(ValueError, match="declares no head_observation_layout"):
+        make_model(parse_config(["--env", "CartPole-v1", "--policy-arch", "per_head"]))

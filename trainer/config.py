@@ -41,6 +41,7 @@ class TrainConfig:
     normalize_obs: bool = True
     scale_rewards: bool = False
     hidden: str = "64,64"
+    policy_arch: str = "auto"
     shared_trunk: bool = False
     tensorboard: bool = False
     ray_address: str = ""
@@ -69,7 +70,10 @@ class TrainConfig:
         "ent_coef": "entropy bonus", "vf_coef": "value loss weight", "max_grad_norm": "global grad-norm clip",
         "norm_adv": "normalise advantages per minibatch", "target_kl": "early-stop epochs above this KL (0: off)",
         "normalize_obs": "running observation normalisation", "scale_rewards": "divide rewards by running return std",
-        "hidden": "hidden layer sizes, comma separated", "shared_trunk": "one trunk for actor and critic",
+        "hidden": "hidden layer sizes, comma separated",
+        "policy_arch": "actor: flat MLP, per_head (one MLP shared by all action heads; needs an env that declares "
+                       "head_observation_layout, like VR-edge), or auto (per_head where declared)",
+        "shared_trunk": "one trunk for actor and critic",
         "tensorboard": "also log to TensorBoard (needs the tensorboard extra)",
         "ray_address": "ray backend: cluster address (empty: reuse a running Ray or start a local one)",
         "envs_per_worker": "ray backend: env factories per actor (0: split evenly)",
@@ -90,6 +94,7 @@ class TrainConfig:
         need(self.backend in ("serial", "sync", "async", "ray"), "backend", "choose serial, sync, async or ray")
         need(not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray")
         need(self.max_lag >= 0, "max_lag", "must be >= 0")
+        need(self.policy_arch in ("auto", "flat", "per_head"), "policy_arch", "choose auto, flat or per_head")
         need(self.rho_bar > 0 and self.c_bar > 0, "rho_bar", "rho_bar and c_bar must be > 0")
         need(self.cpus_per_worker > 0, "cpus_per_worker", "must be > 0")
         need(self.envs_per_worker >= 0, "envs_per_worker", "must be >= 0 (0: split evenly)")

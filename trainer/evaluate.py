@@ -23,6 +23,7 @@ import envs
 from trainer.config import TrainConfig
 from trainer.evaluation import run_episodes, summarize
 from trainer.model import ActorCritic
+from trainer.train import make_model
 
 COLUMNS = (("mean_return", "return"), ("reward_per_step", "reward/step"), ("quality", "quality"),
            ("stall_s", "stall s/step"), ("switches", "switches/step"))
@@ -34,10 +35,7 @@ def load_policy(path: str | Path) -> tuple[ActorCritic, TrainConfig, Path]:
     for p in problems:
         print(f"skipped {p}", file=sys.stderr)
     cfg = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.__dataclass_fields__})
-    env = gym.make(cfg.env)
-    model = ActorCritic(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.shared_trunk,
-                        cfg.normalize_obs, seed=cfg.seed)
-    env.close()
+    model = make_model(cfg)
     model.load_state_dict(state["model"])
     return model.eval(), cfg, source
 

@@ -76,11 +76,15 @@ class ActorCritic(nn.Module):
     ``act`` samples with the module's own ``torch.Generator`` and never builds a
     ``torch.distributions`` object (no per-step validation); ``evaluate`` returns
     log-probs, entropies and values for PPO's loss. ``shared_trunk`` selects one
-    trunk for both heads instead of two separate MLPs.
+    trunk for both heads instead of two separate MLPs. ``per_head=(f, c)``, for an
+    observation made of ``f`` features per action head followed by ``c`` shared ones
+    (VR-edge: one head per user), makes the actor one MLP shared by all heads, each
+    seeing its own features and the shared ones.
     """
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: tuple[int, ...] = (64, 64),
-                 shared_trunk: bool = False, normalize_obs: bool = True, seed: int = 0) -> None:
+                 shared_trunk: bool = False, normalize_obs: bool = True, seed: int = 0,
+                 per_head: tuple[int, int] | None = None) -> None:
         super().__init__()
         if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
             raise TypeError(f"ActorCritic needs a flat Box observation space, got {obs_space}")
@@ -94,10 +98,11 @@ class ActorCritic(nn.Module):
             raise TypeError(f"unsupported action space {act_space}: use Discrete, 1-D MultiDiscrete or 1-D Box")
         torch.manual_seed(seed)
         n_obs = obs_space.shape[0]
+        self.per_head = _check_per_head(per_head, self, n_obs, shared_trunk)
         self.norm = RunningNorm((n_obs,)) if normalize_obs else nn.Identity()
-        self.actor_trunk = _mlp(n_obs, hidden)
+        self.actor_trunk = _mlp(sum(per_head) if per_head else n_obs, hidden)
         self.critic_trunk = self.actor_trunk if shared_trunk else _mlp(n_obs, hidden)
-        n_out = sum(self.nvec) if self.kind != "box" else self.act_dim
+        n_out = self.nvec[0] if per_head else sum(self.nvec) if self.kind != "box" else self.act_dim
         self.actor_head = _layer(hidden[-1], n_out, 0.01)
         self.critic_head = _layer(hidden[-1], 1, 1.0)
         if self.kind == "box":
@@ -116,6 +121,12 @@ class ActorCritic(nn.Module):
 
     def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         z = self.norm(obs.float())
+        if self.per_head:  # one actor shared by all heads: [its own features, the shared ones] -> its logits
+            f, c = self.per_head
+            b, k = z.shape[0], len(self.nvec)
+            rows = torch.cat([z[:, :k * f].reshape(b, k, f), z[:, k * f:].unsqueeze(1).expand(b, k, c)], dim=-1)
+            logits = self.actor_head(self.actor_trunk(rows)).reshape(b, -1)
+            return logits, self.critic_head(self.critic_trunk(z)).squeeze(-1)
         actor = self.actor_trunk(z)
         critic = actor if self.critic_trunk is self.actor_trunk else self.critic_trunk(z)
         return self.actor_head(actor), self.critic_head(critic).squeeze(-1)
@@ -163,6 +174,22 @@ class ActorCritic(nn.Module):
         log_prob = logp.gather(-1, action).squeeze(-1).sum(-1)
         entropy = -torch.special.xlogy(logp.exp(), logp.exp()).sum((-1, -2))
         return log_prob, entropy, value
+
+
+def _check_per_head(per_head, model: ActorCritic, n_obs: int, shared_trunk: bool) -> tuple[int, int] | None:
+    """Validate a per-head observation layout ``(features per head, shared features)``."""
+    if per_head is None:
+        return None
+    f, c = per_head
+    if model.kind != "multi" or len(set(model.nvec)) != 1:
+        raise ValueError("a per-head actor needs a MultiDiscrete action space with equal heads")
+    if len(model.nvec) * f + c != n_obs:
+        raise ValueError(f"per-head layout ({f} per head x {len(model.nvec)} heads + {c} shared) does not match "
+                         f"the observation size {n_obs}")
+    if shared_trunk:
+        raise ValueError("shared_trunk is not available with a per-head actor (its critic reads the whole "
+                         "observation)")
+    return int(f), int(c)
 
 
 def _normal_log_prob(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:

@@ -50,16 +50,18 @@ def ray_workers(cfg: TrainConfig) -> int:
     return cfg.num_envs // cfg.envs_per_worker if cfg.envs_per_worker else min(2, cfg.num_envs)
 
 
-def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    env = gym.make(env_id)
+def make_model(cfg: TrainConfig) -> ActorCritic:
+    """The actor-critic for ``cfg.env``: per-head actor where the env declares a layout and ``--policy-arch`` allows."""
+    env = gym.make(cfg.env)
     try:
-        return env.observation_space, env.action_space
+        layout = getattr(env.unwrapped, "head_observation_layout", None)
+        if cfg.policy_arch == "per_head" and layout is None:
+            raise ValueError(f"--policy-arch per_head: {cfg.env} declares no head_observation_layout; use flat")
+        per_head = layout if cfg.policy_arch in ("auto", "per_head") else None
+        return ActorCritic(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.shared_trunk,
+                           cfg.normalize_obs, seed=cfg.seed, per_head=per_head)
     finally:
         env.close()
-
-
-def make_model(cfg: TrainConfig, obs_space: gym.Space, act_space: gym.Space) -> ActorCritic:
-    return ActorCritic(obs_space, act_space, cfg.hidden_sizes, cfg.shared_trunk, cfg.normalize_obs, seed=cfg.seed)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -157,9 +159,8 @@ class Run:
 def _new_run(cfg: TrainConfig) -> Run:
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
-    obs_space, act_space = env_spaces(cfg.env)
-    model = make_model(cfg, obs_space, act_space).to(device)
-    acting = make_model(cfg, obs_space, act_space)  # the collector's CPU copy, synced once per rollout
+    model = make_model(cfg).to(device)
+    acting = make_model(cfg)  # the collector's CPU copy, synced once per rollout
     acting.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
     return Run(cfg, device, model, acting, torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5),
                torch.Generator(device=device).manual_seed(cfg.seed + 2),
