@@ -165,8 +165,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict[str, An
             parser.error(f"unknown keys in {path}: {', '.join(sorted(unknown))}")
         values.update(data)
     defaults = vars(parser.parse_args([]))
-    given = {name: v for name, v in vars(args).items() if name in values and v != defaults[name]}
-    given.update({k: v for k, v in values.items() if args.config and v != defaults[k]})
+    from_file = {k: v for k, v in values.items() if v != defaults[k]}  # the TOML file's settings
+    from_flags = {name: v for name, v in vars(args).items() if name in values and v != defaults[name]}
+    given = {**from_file, **from_flags}  # flags win over the file
     values.update(given)
     cfg = TrainConfig(**values)
     try:
