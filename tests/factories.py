@@ -23,8 +23,8 @@ def vr_edge_batch(num_envs: int = 3, num_users: int = 3, max_steps: int = 40) ->
     return envs.VREdgeVectorEnv(num_envs, num_users=num_users, max_steps=max_steps)
 
 
-class ExplodingEnv(gym.Env):
-    """CartPole that raises on the ``fail_at``-th step."""
+class FaultyCartPole(gym.Env):
+    """CartPole with a fault after ``fail_at`` steps; subclasses say which fault in ``step``."""
 
     def __init__(self, fail_at: int = 5) -> None:
         self.inner = gym.make("CartPole-v1")
@@ -33,6 +33,10 @@ class ExplodingEnv(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         return self.inner.reset(seed=seed)
+
+
+class ExplodingEnv(FaultyCartPole):
+    """CartPole that raises on the ``fail_at``-th step."""
 
     def step(self, action):
         self.steps += 1
@@ -80,25 +84,17 @@ class RandomPolicy:
         return {"action": action, "log_prob": -u.sum(1), "value": obs.float().flatten(1).sum(1)}
 
 
-class NaNRewardEnv(gym.Env):
-    """CartPole whose rewards turn NaN after ``clean_steps`` steps (a broken simulator)."""
-
-    def __init__(self, clean_steps: int = 150) -> None:
-        self.inner = gym.make("CartPole-v1")
-        self.observation_space, self.action_space = self.inner.observation_space, self.inner.action_space
-        self.clean_steps, self.steps = clean_steps, 0
-
-    def reset(self, *, seed=None, options=None):
-        return self.inner.reset(seed=seed)
+class NaNRewardEnv(FaultyCartPole):
+    """CartPole whose rewards turn NaN after ``fail_at`` steps (a broken simulator)."""
 
     def step(self, action):
         self.steps += 1
         obs, reward, term, trunc, info = self.inner.step(action)
-        return obs, float("nan") if self.steps > self.clean_steps else reward, term, trunc, info
+        return obs, float("nan") if self.steps > self.fail_at else reward, term, trunc, info
 
 
 if "NaNReward-v0" not in gym.registry:
-    gym.register(id="NaNReward-v0", entry_point="tests.factories:NaNRewardEnv")
+    gym.register(id="NaNReward-v0", entry_point="tests.factories:NaNRewardEnv", kwargs={"fail_at": 150})
 
 
 def greedy_policy(obs_space, act_space, seed: int = 0):
