@@ -10,7 +10,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned to the CPU wheel when no torch is present, so the range below never pulls a multi-GB CUDA build
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==2.13.0" || $(PY) -m pip install --quiet "torch>=2.2,<3"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==2.13.0" || $(PY) -m pip install --quiet "torch>=2.4,<3"
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $@
 

@@ -10,7 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-FORMAT_VERSION = 1
+# 2: the optimiser state is that of one flat parameter tensor (trainer/flat_params.py); the
+# model's layout of separate actor/critic trunks changed to one StackedMLP
+FORMAT_VERSION = 2
 _NDARRAY = "__ndarray__"
 
 
@@ -88,5 +90,6 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> d
         raise CheckpointError(f"{path}: not a parallel-rollouts checkpoint (no format version)")
     if payload["format_version"] != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format version {payload['format_version']} is not supported "
-                              f"by this version (expects {FORMAT_VERSION})")
+                              f"by this version (expects {FORMAT_VERSION}); use the version that wrote it, "
+                              "or start a new run")
     return _decode(payload["state"])

@@ -1,6 +1,7 @@
 import json
 import math
 
+import gymnasium as gym
 import pytest
 import torch
 
@@ -136,7 +137,7 @@ def test_grouped_heads_match_torch_distributions_for_ragged_multidiscrete():
     out = ac.act(obs)
     assert (out["action"] < torch.tensor([4, 2, 3])).all()
     logp, entropy, _ = ac.evaluate(obs, out["action"])
-    logits = torch.split(ac.actor_head(ac.actor_trunk(obs)), [4, 2, 3], dim=-1)
+    logits = torch.split(ac._heads(obs)[0], [4, 2, 3], dim=-1)
     ref_logp = sum(Categorical(logits=lg).log_prob(out["action"][:, i]) for i, lg in enumerate(logits))
     ref_entropy = sum(Categorical(logits=lg).entropy() for lg in logits)
     assert torch.allclose(logp, ref_logp, atol=1e-5) and torch.allclose(entropy, ref_entropy, atol=1e-5)
@@ -237,3 +238,50 @@ def test_policy_arch_auto_uses_the_env_layout_where_declared():
     assert make_model(parse_config(["--env", "CartPole-v1"])).per_head is None
     with pytest.raises(ValueError, match="declares no head_observation_layout"):
         make_model(parse_config(["--env", "CartPole-v1", "--policy-arch", "per_head"]))
+
+
+def test_flat_parameters_give_the_same_gradients_and_updates_reach_the_module():
+    from trainer.flat_params import flat_parameters
+    from trainer.model import ActorCritic
+    space = gym.spaces.Box(-1, 1, (4,))
+    ref = ActorCritic(space, gym.spaces.Discrete(3), normalize_obs=False, seed=0)
+    ac = ActorCritic(space, gym.spaces.Discrete(3), normalize_obs=False, seed=0)
+    flat = flat_parameters(ac)
+    assert flat.numel() == sum(p.numel() for p in ref.parameters())
+    obs, act = torch.randn(32, 4), torch.randint(0, 3, (32,))
+    for model in (ref, ac):
+        logp, entropy, value = model.evaluate(obs, act)
+        (logp.mean() + entropy.mean() + value.pow(2).mean()).backward()
+    assert torch.allclose(flat.grad, torch.cat([p.grad.flatten() for p in ref.parameters()]))
+    opt = torch.optim.Adam([flat], lr=0.1, fused=True)
+    before = [p.detach().clone() for p in ac.parameters()]
+    opt.step()
+    assert all(not torch.equal(b, p) for b, p in zip(before, ac.parameters()))  # the module sees the step
+    opt.zero_grad(set_to_none=False)
+    ac.evaluate(obs, act)[2].sum().backward()  # gradients still flow into the flat tensor after zeroing
+    assert flat.grad.abs().sum() > 0
+
+
+def test_sampled_actions_follow_the_policy_probabilities():
+    from trainer.model import ActorCritic
+    ac = ActorCritic(gym.spaces.Box(-1, 1, (2,)), gym.spaces.MultiDiscrete([3, 2]), normalize_obs=False, seed=0)
+    torch.nn.init.normal_(ac.actor_head.weight, std=0.5)
+    obs = torch.randn(1, 2).expand(40_000, 2)
+    action = ac.act(obs)["action"]
+    logp = ac._grouped_log_probs(ac._heads(obs[:1])[0])[0]  # [heads, max_n]
+    for head, n in enumerate((3, 2)):
+        freq = torch.bincount(action[:, head], minlength=n).float() / len(action)
+        assert torch.allclose(freq, logp[head, :n].exp(), atol=0.01), (head, freq, logp[head].exp())
+
+
+def test_stacked_trunks_are_independent_mlps():
+    from trainer.model import StackedMLP
+    trunks = StackedMLP(5, (8, 6), copies=2)
+    x = torch.randn(7, 5)
+    out = trunks(x)
+    for c in range(2):
+        h = x
+        for w, b in zip(trunks.weights, trunks.biases):
+            h = torch.tanh(h @ w[c] + b[c])
+        assert torch.allclose(out[c], h, atol=1e-6)
+    assert not torch.allclose(out[0], out[1])

@@ -62,6 +62,34 @@ def _mlp(n_in: int, hidden: tuple[int, ...]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class StackedMLP(nn.Module):
+    """``copies`` independent tanh MLPs of the same sizes on the same input, run as batched matmuls.
+
+    Why: the actor and critic trunks are two small MLPs; stacked, each layer is one
+    ``baddbmm`` for both, which halves the ops (and autograd nodes) per forward and
+    backward, and those fixed per-op costs dominate small networks on a CPU.
+
+    Example:
+        >>> trunks = StackedMLP(4, (64, 64), copies=2)
+        >>> trunks(torch.zeros(5, 4)).shape  # [copies, B, hidden[-1]]
+        torch.Size([2, 5, 64])
+    """
+
+    def __init__(self, n_in: int, hidden: tuple[int, ...], copies: int) -> None:
+        super().__init__()
+        sizes = (n_in, *hidden)
+        self.weights = nn.ParameterList(
+            torch.stack([nn.init.orthogonal_(torch.empty(o, i), math.sqrt(2)).T for _ in range(copies)])
+            for i, o in zip(sizes[:-1], sizes[1:]))
+        self.biases = nn.ParameterList(torch.zeros(copies, 1, o) for o in hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.expand(len(self.weights[0]), *x.shape)  # the same input for every copy, without a copy
+        for w, b in zip(self.weights, self.biases):
+            h = torch.tanh(torch.baddbmm(b, h, w))
+        return h
+
+
 class ActorCritic(nn.Module):
     """Policy and value MLPs (orthogonal init) over normalised observations.
 
@@ -75,8 +103,9 @@ class ActorCritic(nn.Module):
 
     ``act`` samples with the module's own ``torch.Generator`` and never builds a
     ``torch.distributions`` object (no per-step validation); ``evaluate`` returns
-    log-probs, entropies and values for PPO's loss. ``shared_trunk`` selects one
-    trunk for both heads instead of two separate MLPs. ``per_head=(f, c)``, for an
+    log-probs, entropies and values for PPO's loss. By default the actor and critic
+    have separate trunks, run together as one ``StackedMLP``; ``shared_trunk`` selects
+    one trunk for both heads instead. ``per_head=(f, c)``, for an
     observation made of ``f`` features per action head followed by ``c`` shared ones
     (VR-edge: one head per user), makes the actor one MLP shared by all heads, each
     seeing its own features and the shared ones.
@@ -100,14 +129,18 @@ class ActorCritic(nn.Module):
         n_obs = obs_space.shape[0]
         self.per_head = _check_per_head(per_head, self, n_obs, shared_trunk)
         self.norm = RunningNorm((n_obs,)) if normalize_obs else nn.Identity()
-        self.actor_trunk = _mlp(sum(per_head) if per_head else n_obs, hidden)
-        self.critic_trunk = self.actor_trunk if shared_trunk else _mlp(n_obs, hidden)
+        if per_head:  # the actor reads per-head rows, the critic the whole observation
+            self.actor_trunk, self.critic_trunk = _mlp(sum(per_head), hidden), _mlp(n_obs, hidden)
+        elif shared_trunk:
+            self.trunk = _mlp(n_obs, hidden)
+        else:
+            self.trunks = StackedMLP(n_obs, hidden, copies=2)  # [actor, critic]
         n_out = self.nvec[0] if per_head else sum(self.nvec) if self.kind != "box" else self.act_dim
         self.actor_head = _layer(hidden[-1], n_out, 0.01)
         self.critic_head = _layer(hidden[-1], 1, 1.0)
         if self.kind == "box":
             self.log_std = nn.Parameter(torch.zeros(self.act_dim))
-        else:  # heads as one [B, K, max_n] tensor; shorter heads padded with -inf (probability 0)
+        elif len(set(self.nvec)) > 1:  # ragged heads as one [B, K, max_n] tensor, padded with probability 0
             width = max(self.nvec)
             offsets = torch.tensor([0, *self.nvec[:-1]]).cumsum(0)
             cols = torch.arange(width)
@@ -117,9 +150,10 @@ class ActorCritic(nn.Module):
         self.generator = torch.Generator().manual_seed(seed + 1)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic_head(self.critic_trunk(self.norm(obs.float()))).squeeze(-1)
+        return self._heads(obs)[1]
 
     def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(actor output [B, n_out], value [B])``."""
         z = self.norm(obs.float())
         if self.per_head:  # one actor shared by all heads: [its own features, the shared ones] -> its logits
             f, c = self.per_head
@@ -127,13 +161,22 @@ class ActorCritic(nn.Module):
             rows = torch.cat([z[:, :k * f].reshape(b, k, f), z[:, k * f:].unsqueeze(1).expand(b, k, c)], dim=-1)
             logits = self.actor_head(self.actor_trunk(rows)).reshape(b, -1)
             return logits, self.critic_head(self.critic_trunk(z)).squeeze(-1)
-        actor = self.actor_trunk(z)
-        critic = actor if self.critic_trunk is self.actor_trunk else self.critic_trunk(z)
+        if hasattr(self, "trunk"):
+            actor = critic = self.trunk(z)
+        else:
+            actor, critic = self.trunks(z)
         return self.actor_head(actor), self.critic_head(critic).squeeze(-1)
 
     def _grouped_log_probs(self, out: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities ``[B, K, max_n]`` of the K categorical heads."""
-        return torch.log_softmax(out[:, self._gather].masked_fill(self._pad, -math.inf), -1)
+        """Log-probabilities ``[B, K, max_n]`` of the K categorical heads.
+
+        Equal heads are a free reshape (the common case: Discrete, VR-edge). Ragged heads
+        are gathered into the padded layout, with padding at the most negative finite
+        logit, so that it has probability 0 and ``p * log p`` stays 0 rather than NaN.
+        """
+        if not hasattr(self, "_gather"):
+            return torch.log_softmax(out.view(len(out), len(self.nvec), -1), -1)
+        return torch.log_softmax(out[:, self._gather].masked_fill(self._pad, torch.finfo(out.dtype).min), -1)
 
     def _shape_action(self, action: torch.Tensor) -> torch.Tensor:
         return action if self.kind == "multi" else action[:, 0]
@@ -147,8 +190,9 @@ class ActorCritic(nn.Module):
             action = out + std * torch.randn(out.shape, generator=self.generator, device=out.device)
             return {"action": action, "log_prob": _normal_log_prob(action, out, self.log_std), "value": value}
         logp = self._grouped_log_probs(out)
-        n, k, width = logp.shape
-        action = torch.multinomial(logp.exp().view(n * k, width), 1, generator=self.generator).view(n, k)
+        # Gumbel-max: argmax(log p + Gumbel noise) is a sample of p, in a few cheap ops for every head at once
+        gumbel = torch.rand(logp.shape, generator=self.generator, device=logp.device).log_().neg_().log_().neg_()
+        action = (logp + gumbel).argmax(-1)
         log_prob = logp.gather(-1, action[..., None]).squeeze(-1).sum(-1)
         return {"action": self._shape_action(action), "log_prob": log_prob, "value": value}
 
@@ -172,7 +216,7 @@ class ActorCritic(nn.Module):
         logp = self._grouped_log_probs(out)
         action = action.reshape(len(out), -1, 1).long()
         log_prob = logp.gather(-1, action).squeeze(-1).sum(-1)
-        entropy = -torch.special.xlogy(logp.exp(), logp.exp()).sum((-1, -2))
+        entropy = -(logp.exp() * logp).sum((-1, -2))
         return log_prob, entropy, value
 
 

@@ -62,61 +62,60 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor
     return torch.where(var > 0, 1 - (target - pred).var() / var, torch.zeros_like(var))
 
 
+STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "loss")
+
+
 def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: TensorDictBase,
                advantages: torch.Tensor, returns: torch.Tensor, *, epochs: int, minibatch_size: int,
                clip_coef: float, clip_value: bool, ent_coef: float, vf_coef: float, max_grad_norm: float,
                norm_adv: bool, target_kl: float | None, generator: torch.Generator) -> dict[str, float]:
     """Clipped-surrogate PPO over ``epochs`` random permutations of the flattened batch.
 
-    Minibatches are index slices on the device; diagnostics accumulate as tensors and
-    are read once at the end (plus one KL read per epoch when ``target_kl`` is set).
+    Each epoch shuffles every per-sample tensor once on the device; its minibatches are
+    then contiguous slices (views, no copy). Diagnostics accumulate in one tensor and are
+    read once at the end (plus one KL read per epoch when ``target_kl`` is set).
     """
-    obs = batch["observations"].flatten(0, 1)
-    act = batch["actions"].flatten(0, 1)
-    old_logp = batch["log_probs"].flatten()
-    old_values = batch["values"].flatten()
-    adv_all, ret_all = advantages.flatten(), returns.flatten()
-    total = obs.shape[0]
-    stats = {k: torch.zeros((), device=obs.device) for k in
-             ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "loss")}
+    flat = (batch["observations"].flatten(0, 1), batch["actions"].flatten(0, 1), batch["log_probs"].flatten(),
+            batch["values"].flatten(), advantages.flatten(), returns.flatten())
+    total, device = flat[0].shape[0], flat[0].device
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    stats = torch.zeros(len(STAT_NAMES), device=device)
     updates = 0
     for _epoch in range(epochs):
-        perm = torch.randperm(total, device=obs.device, generator=generator)
-        epoch_kl = torch.zeros((), device=obs.device)
+        perm = torch.randperm(total, device=device, generator=generator)
+        shuffled = [x[perm] for x in flat]
+        epoch_kl = torch.zeros((), device=device)
         for start in range(0, total - minibatch_size + 1, minibatch_size):
-            idx = perm[start:start + minibatch_size]
-            logp, entropy, value = model.evaluate(obs[idx], act[idx])
-            log_ratio = logp - old_logp[idx]
+            obs, act, old_logp, old_values, adv, ret = (x[start:start + minibatch_size] for x in shuffled)
+            logp, entropy, value = model.evaluate(obs, act)
+            log_ratio = logp - old_logp
             ratio = log_ratio.exp()
-            adv = adv_all[idx]
             if norm_adv:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
             if clip_value:
-                v_clipped = old_values[idx] + (value - old_values[idx]).clamp(-clip_coef, clip_coef)
-                value_loss = 0.5 * torch.max((value - ret_all[idx]) ** 2, (v_clipped - ret_all[idx]) ** 2).mean()
+                v_clipped = old_values + (value - old_values).clamp(-clip_coef, clip_coef)
+                value_loss = 0.5 * torch.max((value - ret) ** 2, (v_clipped - ret) ** 2).mean()
             else:
-                value_loss = 0.5 * ((value - ret_all[idx]) ** 2).mean()
+                value_loss = 0.5 * ((value - ret) ** 2).mean()
             entropy_mean = entropy.mean()
             loss = policy_loss - ent_coef * entropy_mean + vf_coef * value_loss
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=False)  # in place: flat_parameters' gradient views stay attached
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
             optimizer.step()
             with torch.no_grad():
                 kl = ((ratio - 1) - log_ratio).mean()  # low-variance KL estimator
                 epoch_kl += kl
-                for k, v in (("policy_loss", policy_loss), ("value_loss", value_loss), ("entropy", entropy_mean),
-                             ("approx_kl", kl), ("clip_fraction", ((ratio - 1).abs() > clip_coef).float().mean()),
-                             ("loss", loss)):
-                    stats[k] += v.detach()
+                clip_fraction = ((ratio - 1).abs() > clip_coef).float().mean()
+                stats += torch.stack([policy_loss, value_loss, entropy_mean, kl, clip_fraction, loss])
             updates += 1
         if target_kl is not None and (epoch_kl / (total // minibatch_size)).item() > target_kl:
             break
-    out = {k: (v / max(updates, 1)).item() for k, v in stats.items()}
+    out = dict(zip(STAT_NAMES, (stats / max(updates, 1)).tolist()))
     if not all(math.isfinite(v) for v in out.values()):
         raise NonFiniteLossError(f"non-finite loss ({out})")
     with torch.no_grad():
-        out["explained_variance"] = explained_variance(batch["values"].flatten(), ret_all).item()
+        out["explained_variance"] = explained_variance(flat[3], flat[5]).item()
     out["epochs"] = _epoch + 1
     return out
