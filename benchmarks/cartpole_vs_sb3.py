@@ -67,18 +67,19 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=20)
     args = p.parse_args()
     print_machine()
-    rows = []
-    for seed in args.seeds:
-        rows.append(("parallel-rollouts", seed, *ours(seed, args.episodes)))
-        print(f"parallel-rollouts seed {seed}: {rows[-1][2]:,.0f} SPS, eval return {rows[-1][3]:.1f}", flush=True)
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
         print("stable-baselines3 is not installed: pip install stable-baselines3 to compare")
         args.sb3_seeds = []
-    for seed in args.sb3_seeds:
-        rows.append(("stable-baselines3", seed, *sb3(seed, args.episodes)))
-        print(f"stable-baselines3 seed {seed}: {rows[-1][2]:,.0f} SPS, eval return {rows[-1][3]:.1f}", flush=True)
+    # interleaved (ours, SB3, ours, SB3, ...) so that slow phases of a shared machine hit both alike
+    jobs = [("parallel-rollouts", ours, s) for s in args.seeds]
+    for i, seed in enumerate(args.sb3_seeds):
+        jobs.insert(2 * i + 1, ("stable-baselines3", sb3, seed))
+    rows = []
+    for name, run, seed in jobs:
+        rows.append((name, seed, *run(seed, args.episodes)))
+        print(f"{name} seed {seed}: {rows[-1][2]:,.0f} SPS, eval return {rows[-1][3]:.1f}", flush=True)
     print("\n| trainer | seed | SPS | greedy eval return |\n|---|---|---|---|")
     for name, seed, sps, ret in rows:
         print(f"| {name} | {seed} | {sps:,.0f} | {ret:.1f} |")

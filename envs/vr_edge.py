@@ -174,7 +174,7 @@ def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> 
 def observe(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> np.ndarray:
     """Return ``[B, obs_dim]`` float32 observations scaled to roughly unit range."""
     b, n_user_feat = len(s["t"]), len(USER_FEATURES) * cfg.num_users
-    obs = np.empty((b, cfg.obs_dim))
+    obs = np.empty((b, cfg.obs_dim), dtype=np.float32)  # float64 results are rounded on assignment
     users = obs[:, :n_user_feat].reshape(b, cfg.num_users, len(USER_FEATURES))  # a view: columns fill obs
     users[:, :, 0] = s["buffer"] / cfg.max_buffer_s
     users[:, :, 1] = s["level"] / max(cfg.num_levels - 1, 1)
@@ -185,7 +185,7 @@ def observe(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> np.ndarray:
     users[:, :, 6] = _channel_quality(s["channel_logit"])
     obs[:, n_user_feat:-1] = s["cap_history"] / cfg.nominal_capacity_mbps
     obs[:, -1] = s["t"] / cfg.max_steps
-    return np.clip(obs, 0.0, _OBS_HIGH, out=obs).astype(np.float32)
+    return np.minimum(obs, _OBS_HIGH, out=obs)  # every feature is >= 0 by construction
 
 
 def decode_observation(cfg: VREdgeConfig, obs: np.ndarray) -> dict[str, np.ndarray]:

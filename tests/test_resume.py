@@ -88,6 +88,10 @@ def test_evaluate_command_prints_table_and_writes_json(vr_run, capsys):
     assert payload["baselines"]["lowest"]["quality"] == 0.0
     assert "fair_share" in out and "reward/step" in out
     assert json.loads((tmp_path / "evaluation.json").read_text()) == payload
+    paired = payload["paired_reward_per_step"]["lowest"]  # the same 3 episodes, differenced
+    assert paired["episodes"] == 3 and paired["mean"] == pytest.approx(
+        payload["policy"]["reward_per_step"] - payload["baselines"]["lowest"]["reward_per_step"])
+    assert "paired over the same episodes" in out
     png = tmp_path / "evaluation.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

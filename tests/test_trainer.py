@@ -285,3 +285,14 @@ def test_stacked_trunks_are_independent_mlps():
             h = torch.tanh(h @ w[c] + b[c])
         assert torch.allclose(out[c], h, atol=1e-6)
     assert not torch.allclose(out[0], out[1])
+
+
+def test_paired_difference_by_hand():
+    from trainer.evaluation import paired_difference
+    a = [{"reward_per_step": x} for x in (1.0, 2.0, 3.0, 4.0)]
+    b = [{"reward_per_step": x} for x in (0.5, 2.5, 2.0, 3.0)]
+    d = paired_difference(a, b)  # differences 0.5, -0.5, 1.0, 1.0: mean 0.5, sample std sqrt(0.5)
+    assert d["mean"] == pytest.approx(0.5) and d["wins"] == 3 and d["episodes"] == 4
+    assert d["ci95"] == pytest.approx(1.96 * math.sqrt(0.5) / 2)
+    with pytest.raises(ValueError, match="same episodes"):
+        paired_difference(a, b[:3])

@@ -21,7 +21,7 @@ import torch
 import checkpoints
 import envs
 from trainer.config import TrainConfig
-from trainer.evaluation import run_episodes, summarize
+from trainer.evaluation import paired_difference, run_episodes, summarize
 from trainer.model import ActorCritic
 from trainer.train import make_model
 
@@ -118,16 +118,22 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {e}") from None
     env_fn = functools.partial(gym.make, cfg.env)
     label = f"policy ({'greedy' if args.deterministic else 'stochastic'})"
-    results = {label: summarize(run_episodes(policy_actions(model, args.deterministic), env_fn, args.episodes,
-                                             args.seed))}
+    played = {label: run_episodes(policy_actions(model, args.deterministic), env_fn, args.episodes, args.seed)}
     vr_config = envs.VREdgeConfig()
     for name in names:
-        results[name] = summarize(run_episodes(envs.make_baseline(name, vr_config), env_fn, args.episodes, args.seed))
+        played[name] = run_episodes(envs.make_baseline(name, vr_config), env_fn, args.episodes, args.seed)
+    results = {name: summarize(records) for name, records in played.items()}
+    paired = {name: paired_difference(played[label], played[name]) for name in names}
     run_dir = source.parent.parent if source.parent.name == "checkpoints" else source.parent
     payload = {"checkpoint": str(source), "env": cfg.env, "episodes": args.episodes, "seed": args.seed,
-               "policy": results[label], "baselines": {n: results[n] for n in names}}
+               "policy": results[label], "baselines": {n: results[n] for n in names},
+               "paired_reward_per_step": paired}
     print(f"{cfg.env}: {args.episodes} episodes on held-out seeds (seed {args.seed}), checkpoint {source}")
     print(format_table(results))
+    if paired:
+        print("\npolicy minus baseline, reward/step, paired over the same episodes (mean ± 95% CI, policy better in):")
+        for name, d in paired.items():
+            print(f"  vs {name:<14}{d['mean']:+.3f} ± {d['ci95']:.3f}   {d['wins']}/{d['episodes']} episodes")
     (run_dir / "evaluation.json").write_text(json.dumps(payload, indent=2))
     png = plot(results, run_dir, run_dir / "evaluation.png")
     print(f"\nwrote {run_dir / 'evaluation.json'}" + (f" and {png}" if png else " (pip install matplotlib for a plot)"))

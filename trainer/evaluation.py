@@ -73,3 +73,18 @@ def summarize(records: list[dict[str, float]]) -> dict[str, Any]:
         out[name] = float(values.mean())
         out[name + "_ci95"] = float(half)
     return out
+
+
+def paired_difference(a: list[dict[str, float]], b: list[dict[str, float]],
+                      key: str = "reward_per_step") -> dict[str, float]:
+    """``a - b`` per episode, for two policies that played the same episodes (same seeds, same order).
+
+    Differencing removes what the episodes share (how hard each one's cell is), so the
+    95% CI is much narrower than the overlap of the two separate CIs suggests. Returns
+    ``mean``, ``ci95`` (normal approximation), ``wins`` (episodes where ``a`` is higher) and ``episodes``.
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired comparison needs the same episodes, got {len(a)} and {len(b)} records")
+    d = np.array([x[key] - y[key] for x, y in zip(a, b)], dtype=np.float64)
+    half = 1.96 * d.std(ddof=1) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+    return {"mean": float(d.mean()), "ci95": float(half), "wins": int((d > 0).sum()), "episodes": len(d)}

@@ -92,7 +92,7 @@ def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Tens
             ratio = log_ratio.exp()
             if norm_adv:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+            policy_loss = -torch.min(adv * ratio, adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
             if clip_value:
                 v_clipped = old_values + (value - old_values).clamp(-clip_coef, clip_coef)
                 value_loss = 0.5 * torch.max((value - ret) ** 2, (v_clipped - ret) ** 2).mean()
@@ -105,9 +105,10 @@ def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Tens
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
             optimizer.step()
             with torch.no_grad():
-                kl = ((ratio - 1) - log_ratio).mean()  # low-variance KL estimator
+                ratio_m1 = ratio - 1
+                kl = (ratio_m1 - log_ratio).mean()  # low-variance KL estimator
                 epoch_kl += kl
-                clip_fraction = ((ratio - 1).abs() > clip_coef).float().mean()
+                clip_fraction = (ratio_m1.abs() > clip_coef).float().mean()
                 stats += torch.stack([policy_loss, value_loss, entropy_mean, kl, clip_fraction, loss])
             updates += 1
         if target_kl is not None and (epoch_kl / (total // minibatch_size)).item() > target_kl:
