@@ -82,12 +82,20 @@ def measure(contenders: dict, repeats: int) -> dict[str, list[float]]:
 
 def report(rates: dict[str, list[float]], title: str) -> None:
     base_name = next(iter(rates))
-    base = rates[base_name]
     print(f"\n{title}")
     print(f"{'contender':<34}{'median transitions/s':>14}  [min - max]      ratio to {base_name} [min - max]")
     for name, r in rates.items():
-        ratio = [a / b for a, b in zip(r, base)]
-        print(f"{name:<34}{summary(r)}   {statistics.median(ratio):6.2f}x [{min(ratio):.2f} - {max(ratio):.2f}]")
+        print(f"{name:<34}{summary(r)}   {_ratio(r, rates[base_name])}")
+    pairs = [(a, b) for a, b in (("sync", "gymnasium SyncVectorEnv"), ("async", "sync"),
+                                 ("async", "gymnasium AsyncVectorEnv(shm)")) if a in rates and b in rates]
+    for a, b in pairs:  # the issue's targets, each as the median of per-round ratios
+        print(f"{a} / {b}: {_ratio(rates[a], rates[b])}")
+
+
+def _ratio(a: list[float], b: list[float]) -> str:
+    """Median and range of the per-round ratios ``a / b`` (rounds interleave, so noise hits both alike)."""
+    r = [x / y for x, y in zip(a, b)]
+    return f"{statistics.median(r):6.2f}x [{min(r):.2f} - {max(r):.2f}]"
 
 
 def main() -> None:
