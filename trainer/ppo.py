@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from tensordict import TensorDictBase
 
 from trainer.gae import compute_gae, next_values
@@ -62,7 +63,7 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor
     return torch.where(var > 0, 1 - (target - pred).var() / var, torch.zeros_like(var))
 
 
-STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "loss")
+STAT_NAMES = ("policy_loss", "value_loss", "entropy", "loss", "approx_kl", "clip_fraction")
 
 
 def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: TensorDictBase,
@@ -72,20 +73,23 @@ def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Tens
     """Clipped-surrogate PPO over ``epochs`` random permutations of the flattened batch.
 
     Each epoch shuffles every per-sample tensor once on the device; its minibatches are
-    then contiguous slices (views, no copy). Diagnostics accumulate in one tensor and are
-    read once at the end (plus one KL read per epoch when ``target_kl`` is set).
+    then contiguous slices (views, no copy). Each minibatch stores its log-ratios, and the
+    approximate KL and clip fraction are computed from them once per epoch. Diagnostics
+    stay on the device until the end (plus one KL read per epoch when ``target_kl`` is set).
     """
     flat = (batch["observations"].flatten(0, 1), batch["actions"].flatten(0, 1), batch["log_probs"].flatten(),
             batch["values"].flatten(), advantages.flatten(), returns.flatten())
     total, device = flat[0].shape[0], flat[0].device
+    used = total - total % minibatch_size  # a remainder smaller than a minibatch waits for the next epoch
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    stats = torch.zeros(len(STAT_NAMES), device=device)
-    updates = 0
-    for _epoch in range(epochs):
+    losses = torch.zeros(4, device=device)  # policy, value, entropy, total: summed over minibatches
+    log_ratios = torch.empty(used, device=device)
+    kl_sum, clip_sum = torch.zeros((), device=device), torch.zeros((), device=device)
+    updates = epochs_run = 0
+    for _ in range(epochs):
         perm = torch.randperm(total, device=device, generator=generator)
         shuffled = [x[perm] for x in flat]
-        epoch_kl = torch.zeros((), device=device)
-        for start in range(0, total - minibatch_size + 1, minibatch_size):
+        for start in range(0, used, minibatch_size):
             obs, act, old_logp, old_values, adv, ret = (x[start:start + minibatch_size] for x in shuffled)
             logp, entropy, value = model.evaluate(obs, act)
             log_ratio = logp - old_logp
@@ -97,7 +101,7 @@ def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Tens
                 v_clipped = old_values + (value - old_values).clamp(-clip_coef, clip_coef)
                 value_loss = 0.5 * torch.max((value - ret) ** 2, (v_clipped - ret) ** 2).mean()
             else:
-                value_loss = 0.5 * ((value - ret) ** 2).mean()
+                value_loss = 0.5 * F.mse_loss(value, ret)
             entropy_mean = entropy.mean()
             loss = policy_loss - ent_coef * entropy_mean + vf_coef * value_loss
             optimizer.zero_grad(set_to_none=False)  # in place: flat_parameters' gradient views stay attached
@@ -105,18 +109,22 @@ def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Tens
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
             optimizer.step()
             with torch.no_grad():
-                ratio_m1 = ratio - 1
-                kl = (ratio_m1 - log_ratio).mean()  # low-variance KL estimator
-                epoch_kl += kl
-                clip_fraction = (ratio_m1.abs() > clip_coef).float().mean()
-                stats += torch.stack([policy_loss, value_loss, entropy_mean, kl, clip_fraction, loss])
+                log_ratios[start:start + minibatch_size] = log_ratio
+                losses += torch.stack([policy_loss, value_loss, entropy_mean, loss])
             updates += 1
-        if target_kl is not None and (epoch_kl / (total // minibatch_size)).item() > target_kl:
+        epochs_run += 1
+        with torch.no_grad():
+            ratio_m1 = log_ratios.exp() - 1
+            epoch_kl = (ratio_m1 - log_ratios).mean()  # low-variance KL estimator, k3
+            kl_sum += epoch_kl
+            clip_sum += (ratio_m1.abs() > clip_coef).float().mean()
+        if target_kl is not None and epoch_kl.item() > target_kl:
             break
-    out = dict(zip(STAT_NAMES, (stats / max(updates, 1)).tolist()))
+    out = dict(zip(STAT_NAMES, [*(losses / max(updates, 1)).tolist(), (kl_sum / epochs_run).item(),
+                                (clip_sum / epochs_run).item()]))
     if not all(math.isfinite(v) for v in out.values()):
         raise NonFiniteLossError(f"non-finite loss ({out})")
     with torch.no_grad():
         out["explained_variance"] = explained_variance(flat[3], flat[5]).item()
-    out["epochs"] = _epoch + 1
+    out["epochs"] = epochs_run
     return out

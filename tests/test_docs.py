@@ -1,0 +1,16 @@
+"""The runnable examples in public docstrings stay true."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["envs.vr_edge", "envs.vector", "envs.baselines", "collectors.collector", "trainer.model",
+           "trainer.flat_params"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name):
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0, f"{name} has no examples left"
+    assert result.failed == 0
