@@ -104,7 +104,9 @@ def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Tens
                 value_loss = 0.5 * F.mse_loss(value, ret)
             entropy_mean = entropy.mean()
             loss = policy_loss - ent_coef * entropy_mean + vf_coef * value_loss
-            optimizer.zero_grad(set_to_none=False)  # in place: flat_parameters' gradient views stay attached
+            for p in params:  # zeroed in place (flat_parameters' gradient views stay attached), without
+                if p.grad is not None:  # optimizer.zero_grad()'s per-call profiler bookkeeping
+                    p.grad.zero_()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
             optimizer.step()
