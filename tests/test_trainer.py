@@ -132,7 +132,7 @@ def test_grouped_heads_match_torch_distributions_for_ragged_multidiscrete():
 
     from trainer.model import ActorCritic
     ac = ActorCritic(gym.spaces.Box(-1, 1, (5,)), gym.spaces.MultiDiscrete([4, 2, 3]), normalize_obs=False, seed=0)
-    torch.nn.init.normal_(ac.actor_head.weight)
+    torch.nn.init.normal_(ac.nets.weights[-1].data[0])  # the actor's output layer: far from uniform
     obs = torch.randn(500, 5)
     out = ac.act(obs)
     assert (out["action"] < torch.tensor([4, 2, 3])).all()
@@ -265,7 +265,7 @@ def test_flat_parameters_give_the_same_gradients_and_updates_reach_the_module():
 def test_sampled_actions_follow_the_policy_probabilities():
     from trainer.model import ActorCritic
     ac = ActorCritic(gym.spaces.Box(-1, 1, (2,)), gym.spaces.MultiDiscrete([3, 2]), normalize_obs=False, seed=0)
-    torch.nn.init.normal_(ac.actor_head.weight, std=0.5)
+    torch.nn.init.normal_(ac.nets.weights[-1].data[0], std=0.5)
     obs = torch.randn(1, 2).expand(40_000, 2)
     action = ac.act(obs)["action"]
     logp = ac._grouped_log_probs(ac._heads(obs[:1])[0])[0]  # [heads, max_n]
@@ -274,17 +274,23 @@ def test_sampled_actions_follow_the_policy_probabilities():
         assert torch.allclose(freq, logp[head, :n].exp(), atol=0.01), (head, freq, logp[head].exp())
 
 
-def test_stacked_trunks_are_independent_mlps():
+def test_stacked_mlps_are_independent_mlps():
     from trainer.model import StackedMLP
-    trunks = StackedMLP(5, (8, 6), copies=2)
+    nets = StackedMLP(5, (8, 6), outputs=((3, 0.01), (1, 1.0)))
     x = torch.randn(7, 5)
-    out = trunks(x)
+    out = nets(x)
+    assert out.shape == (2, 7, 3)
     for c in range(2):
         h = x
-        for w, b in zip(trunks.weights, trunks.biases):
-            h = torch.tanh(h @ w[c] + b[c])
+        for i, (w, b) in enumerate(zip(nets.weights, nets.biases)):
+            h = h @ w[c] + b[c]
+            h = torch.tanh(h) if i < len(nets.weights) - 1 else h
         assert torch.allclose(out[c], h, atol=1e-6)
-    assert not torch.allclose(out[0], out[1])
+    assert not torch.allclose(out[0, :, 0], out[1, :, 0])
+    assert (out[1, :, 1:] == 0).all()  # the critic's padding columns read nothing ...
+    out[1, :, 0].sum().backward()
+    assert (nets.weights[-1].grad[1, :, 1:] == 0).all()  # ... and are never trained
+
 
 
 def test_paired_difference_by_hand():

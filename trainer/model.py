@@ -63,30 +63,44 @@ def _mlp(n_in: int, hidden: tuple[int, ...]) -> nn.Sequential:
 
 
 class StackedMLP(nn.Module):
-    """``copies`` independent tanh MLPs of the same sizes on the same input, run as batched matmuls.
+    """Independent MLPs of the same hidden sizes on the same input, run as batched matmuls.
 
-    Why: the actor and critic trunks are two small MLPs; stacked, each layer is one
+    MLP ``i`` has ``tanh`` hidden layers ``hidden`` and a linear output layer of size
+    ``outputs[i][0]`` (orthogonal init with gain ``outputs[i][1]``). Narrower outputs are
+    padded to the widest with zero weights that no loss reads, so they stay zero.
+
+    Why: the actor and the critic are two small MLPs; stacked, each layer is one
     ``baddbmm`` for both, which halves the ops (and autograd nodes) per forward and
     backward, and those fixed per-op costs dominate small networks on a CPU.
 
     Example:
-        >>> trunks = StackedMLP(4, (64, 64), copies=2)
-        >>> trunks(torch.zeros(5, 4)).shape  # [copies, B, hidden[-1]]
-        torch.Size([2, 5, 64])
+        >>> nets = StackedMLP(4, (64, 64), outputs=((2, 0.01), (1, 1.0)))  # actor logits, critic value
+        >>> out = nets(torch.zeros(5, 4))  # [MLPs, B, widest output]
+        >>> out.shape, out[1, :, 0].shape
+        (torch.Size([2, 5, 2]), torch.Size([5]))
     """
 
-    def __init__(self, n_in: int, hidden: tuple[int, ...], copies: int) -> None:
+    def __init__(self, n_in: int, hidden: tuple[int, ...], outputs: tuple[tuple[int, float], ...]) -> None:
         super().__init__()
-        sizes = (n_in, *hidden)
-        self.weights = nn.ParameterList(
-            torch.stack([nn.init.orthogonal_(torch.empty(o, i), math.sqrt(2)).T for _ in range(copies)])
-            for i, o in zip(sizes[:-1], sizes[1:]))
-        self.biases = nn.ParameterList(torch.zeros(copies, 1, o) for o in hidden)
+        sizes, width = (n_in, *hidden), max(n for n, _ in outputs)
+
+        def orthogonal(n_out: int, n_in_: int, gain: float, pad_to: int) -> torch.Tensor:
+            w = torch.zeros(n_in_, pad_to)
+            w[:, :n_out] = nn.init.orthogonal_(torch.empty(n_out, n_in_), gain).T
+            return w
+
+        layers = [torch.stack([orthogonal(o, i, math.sqrt(2), o) for _ in outputs]) for i, o in zip(sizes, sizes[1:])]
+        layers.append(torch.stack([orthogonal(n, sizes[-1], gain, width) for n, gain in outputs]))
+        self.weights = nn.ParameterList(layers)
+        self.biases = nn.ParameterList(torch.zeros(len(outputs), 1, w.shape[-1]) for w in layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.expand(len(self.weights[0]), *x.shape)  # the same input for every copy, without a copy
-        for w, b in zip(self.weights, self.biases):
-            h = torch.tanh(torch.baddbmm(b, h, w))
+        h = x.expand(len(self.weights[0]), *x.shape)  # the same input for every MLP, without a copy
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            h = torch.baddbmm(b, h, w)
+            if i < last:
+                h = torch.tanh(h)
         return h
 
 
@@ -104,7 +118,7 @@ class ActorCritic(nn.Module):
     ``act`` samples with the module's own ``torch.Generator`` and never builds a
     ``torch.distributions`` object (no per-step validation); ``evaluate`` returns
     log-probs, entropies and values for PPO's loss. By default the actor and critic
-    have separate trunks, run together as one ``StackedMLP``; ``shared_trunk`` selects
+    are separate MLPs, run together as one ``StackedMLP``; ``shared_trunk`` selects
     one trunk for both heads instead. ``per_head=(f, c)``, for an
     observation made of ``f`` features per action head followed by ``c`` shared ones
     (VR-edge: one head per user), makes the actor one MLP shared by all heads, each
@@ -129,15 +143,16 @@ class ActorCritic(nn.Module):
         n_obs = obs_space.shape[0]
         self.per_head = _check_per_head(per_head, self, n_obs, shared_trunk)
         self.norm = RunningNorm((n_obs,)) if normalize_obs else nn.Identity()
-        if per_head:  # the actor reads per-head rows, the critic the whole observation
-            self.actor_trunk, self.critic_trunk = _mlp(sum(per_head), hidden), _mlp(n_obs, hidden)
-        elif shared_trunk:
-            self.trunk = _mlp(n_obs, hidden)
-        else:
-            self.trunks = StackedMLP(n_obs, hidden, copies=2)  # [actor, critic]
         n_out = self.nvec[0] if per_head else sum(self.nvec) if self.kind != "box" else self.act_dim
-        self.actor_head = _layer(hidden[-1], n_out, 0.01)
-        self.critic_head = _layer(hidden[-1], 1, 1.0)
+        if per_head or shared_trunk:
+            if per_head:  # the actor reads per-head rows, the critic the whole observation
+                self.actor_trunk, self.critic_trunk = _mlp(sum(per_head), hidden), _mlp(n_obs, hidden)
+            else:
+                self.actor_trunk = self.critic_trunk = _mlp(n_obs, hidden)
+            self.actor_head = _layer(hidden[-1], n_out, 0.01)
+            self.critic_head = _layer(hidden[-1], 1, 1.0)
+        else:  # two separate MLPs, run as one
+            self.nets = StackedMLP(n_obs, hidden, outputs=((n_out, 0.01), (1, 1.0)))
         if self.kind == "box":
             self.log_std = nn.Parameter(torch.zeros(self.act_dim))
         elif len(set(self.nvec)) > 1:  # ragged heads as one [B, K, max_n] tensor, padded with probability 0
@@ -161,10 +176,11 @@ class ActorCritic(nn.Module):
             rows = torch.cat([z[:, :k * f].reshape(b, k, f), z[:, k * f:].unsqueeze(1).expand(b, k, c)], dim=-1)
             logits = self.actor_head(self.actor_trunk(rows)).reshape(b, -1)
             return logits, self.critic_head(self.critic_trunk(z)).squeeze(-1)
-        if hasattr(self, "trunk"):
-            actor = critic = self.trunk(z)
-        else:
-            actor, critic = self.trunks(z)
+        if hasattr(self, "nets"):
+            out = self.nets(z)
+            return out[0], out[1, :, 0]
+        actor = self.actor_trunk(z)
+        critic = actor if self.critic_trunk is self.actor_trunk else self.critic_trunk(z)
         return self.actor_head(actor), self.critic_head(critic).squeeze(-1)
 
     def _grouped_log_probs(self, out: torch.Tensor) -> torch.Tensor:
@@ -215,7 +231,7 @@ class ActorCritic(nn.Module):
             return _normal_log_prob(action, out, self.log_std), entropy, value
         logp = self._grouped_log_probs(out)
         action = action.reshape(len(out), -1, 1).long()
-        log_prob = logp.gather(-1, action).squeeze(-1).sum(-1)
+        log_prob = logp.gather(-1, action).sum((-1, -2))
         entropy = -(logp.exp() * logp).sum((-1, -2))
         return log_prob, entropy, value
 
