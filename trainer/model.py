@@ -144,18 +144,18 @@ class ActorCritic(nn.Module):
         self.per_head = _check_per_head(per_head, self, n_obs, shared_trunk)
         self.norm = RunningNorm((n_obs,)) if normalize_obs else nn.Identity()
         n_out = self.nvec[0] if per_head else sum(self.nvec) if self.kind != "box" else self.act_dim
-        if per_head or shared_trunk:
+        self.nets = None if per_head or shared_trunk else StackedMLP(n_obs, hidden, outputs=((n_out, 0.01), (1, 1.0)))
+        if self.nets is None:
             if per_head:  # the actor reads per-head rows, the critic the whole observation
                 self.actor_trunk, self.critic_trunk = _mlp(sum(per_head), hidden), _mlp(n_obs, hidden)
             else:
                 self.actor_trunk = self.critic_trunk = _mlp(n_obs, hidden)
             self.actor_head = _layer(hidden[-1], n_out, 0.01)
             self.critic_head = _layer(hidden[-1], 1, 1.0)
-        else:  # two separate MLPs, run as one
-            self.nets = StackedMLP(n_obs, hidden, outputs=((n_out, 0.01), (1, 1.0)))
         if self.kind == "box":
             self.log_std = nn.Parameter(torch.zeros(self.act_dim))
-        elif len(set(self.nvec)) > 1:  # ragged heads as one [B, K, max_n] tensor, padded with probability 0
+        self._ragged = self.kind != "box" and len(set(self.nvec)) > 1
+        if self._ragged:  # ragged heads as one [B, K, max_n] tensor, padded with probability 0
             width = max(self.nvec)
             offsets = torch.tensor([0, *self.nvec[:-1]]).cumsum(0)
             cols = torch.arange(width)
@@ -176,7 +176,7 @@ class ActorCritic(nn.Module):
             rows = torch.cat([z[:, :k * f].reshape(b, k, f), z[:, k * f:].unsqueeze(1).expand(b, k, c)], dim=-1)
             logits = self.actor_head(self.actor_trunk(rows)).reshape(b, -1)
             return logits, self.critic_head(self.critic_trunk(z)).squeeze(-1)
-        if hasattr(self, "nets"):
+        if self.nets is not None:  # separate actor and critic MLPs, run as one
             out = self.nets(z)
             return out[0], out[1, :, 0]
         actor = self.actor_trunk(z)
@@ -190,7 +190,7 @@ class ActorCritic(nn.Module):
         are gathered into the padded layout, with padding at the most negative finite
         logit, so that it has probability 0 and ``p * log p`` stays 0 rather than NaN.
         """
-        if not hasattr(self, "_gather"):
+        if not self._ragged:
             return torch.log_softmax(out.view(len(out), len(self.nvec), -1), -1)
         return torch.log_softmax(out[:, self._gather].masked_fill(self._pad, torch.finfo(out.dtype).min), -1)
 
@@ -209,7 +209,7 @@ class ActorCritic(nn.Module):
         # Gumbel-max: argmax(log p + Gumbel noise) is a sample of p, in a few cheap ops for every head at once
         gumbel = torch.rand(logp.shape, generator=self.generator, device=logp.device).log_().neg_().log_().neg_()
         action = (logp + gumbel).argmax(-1)
-        log_prob = logp.gather(-1, action[..., None]).squeeze(-1).sum(-1)
+        log_prob = logp.gather(-1, action[..., None]).sum((-1, -2))
         return {"action": self._shape_action(action), "log_prob": log_prob, "value": value}
 
     def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
