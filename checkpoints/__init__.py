@@ -1,10 +1,19 @@
-"""Persistence: atomic checkpoint files, safe loading, retention and a ``latest`` pointer.
+"""Persistence: atomic checksummed checkpoint files, safe loading, retention, a ``latest`` pointer, run-dir locks.
 
 Knows nothing of what it stores: any nest of dicts, lists, tuples, tensors, NumPy
 arrays and plain Python values.
 """
 
-from checkpoints.run_dir import latest_loadable, save_in_run_dir
+from checkpoints.run_dir import (
+    RunDirLock,
+    RunDirLockedError,
+    checkpoint_files,
+    latest_loadable,
+    run_dir_of,
+    save_in_run_dir,
+    set_aside_newer,
+)
 from checkpoints.store import FORMAT_VERSION, CheckpointError, load, save
 
-__all__ = ["FORMAT_VERSION", "CheckpointError", "latest_loadable", "load", "save", "save_in_run_dir"]
+__all__ = ["FORMAT_VERSION", "CheckpointError", "RunDirLock", "RunDirLockedError", "checkpoint_files",
+           "latest_loadable", "load", "run_dir_of", "save", "save_in_run_dir", "set_aside_newer"]

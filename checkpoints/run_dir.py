@@ -1,46 +1,86 @@
-"""Checkpoints of a run directory: ``checkpoints/ckpt_<iteration>.pt``, retention and a ``latest`` pointer."""
+"""A run directory's checkpoints (``checkpoints/ckpt_<iteration>.pt``, retention, a ``latest`` pointer) and its lock."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
+import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from checkpoints.store import CheckpointError, load, save
 
 _NAME = re.compile(r"ckpt_(\d+)\.pt$")
 LATEST = "latest"
+LOCK = "lock"
 
 
 def _write_pointer(directory: Path, name: str) -> None:
     tmp = directory / f".{LATEST}.tmp"
-    with open(tmp, "w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, directory / LATEST)
+    try:
+        with open(tmp, "w") as f:
+            f.write(name + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / LATEST)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write {directory / LATEST}: {e.strerror or e}") from None
 
 
 def save_in_run_dir(run_dir: str | os.PathLike, state: dict[str, Any], iteration: int, keep: int) -> Path:
     """Save ``state`` as iteration ``iteration``, point ``latest`` at it, keep the newest ``keep`` files.
 
-    The pointer moves only after the new file is complete, so it never names a partial file.
+    The pointer moves only after the new file is complete, so it never names a partial file,
+    and older files are deleted only after that.
     """
     if keep < 1:
         raise ValueError(f"keep={keep} is invalid: must be >= 1")
     directory = Path(run_dir) / "checkpoints"
     path = save(directory / f"ckpt_{iteration:08d}.pt", state)
     _write_pointer(directory, path.name)
-    for old in _checkpoint_files(directory)[keep:]:
+    for old in checkpoint_files(run_dir)[keep:]:
         old.unlink(missing_ok=True)
     return path
 
 
-def _checkpoint_files(directory: Path) -> list[Path]:
-    """Checkpoint files, newest iteration first."""
+def checkpoint_files(run_dir: str | os.PathLike) -> list[Path]:
+    """A run directory's checkpoint files, newest iteration first (also accepts the ``checkpoints`` folder)."""
+    path = Path(run_dir)
+    directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     files = [p for p in directory.glob("ckpt_*.pt") if _NAME.search(p.name)]
-    return sorted(files, key=lambda p: int(_NAME.search(p.name).group(1)), reverse=True)
+    return sorted(files, key=checkpoint_iteration, reverse=True)
+
+
+def checkpoint_iteration(path: Path) -> int:
+    return int(_NAME.search(path.name).group(1))
+
+
+def run_dir_of(checkpoint: str | os.PathLike) -> Path:
+    """The run directory a checkpoint file belongs to (``RUN/checkpoints/ckpt_*.pt`` -> ``RUN``)."""
+    path = Path(checkpoint)
+    if path.is_dir():
+        return path.parent if path.name == "checkpoints" else path
+    return path.parent.parent if path.parent.name == "checkpoints" else path.parent
+
+
+def set_aside_newer(run_dir: str | os.PathLike, iteration: int) -> list[Path]:
+    """Rename checkpoints newer than ``iteration`` to ``*.pt.orphaned``; returns the new names.
+
+    Resuming from an older checkpoint (or past a corrupted newer one) starts a new future:
+    the newer files would otherwise win retention and the ``latest`` order over it.
+    """
+    moved = []
+    for f in checkpoint_files(run_dir):
+        if checkpoint_iteration(f) > iteration:
+            target = f.with_name(f.name + ".orphaned")
+            os.replace(f, target)
+            moved.append(target)
+    return moved
 
 
 def candidates(path: str | os.PathLike) -> list[Path]:
@@ -51,7 +91,7 @@ def candidates(path: str | os.PathLike) -> list[Path]:
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint file or run directory")
     directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    files = _checkpoint_files(directory)
+    files = checkpoint_files(path)
     pointer = directory / LATEST
     if pointer.is_file():
         named = directory / pointer.read_text().strip()
@@ -73,3 +113,101 @@ def latest_loadable(path: str | os.PathLike, map_location: str = "cpu") -> tuple
         except CheckpointError as e:
             problems.append(str(e))
     raise CheckpointError("no loadable checkpoint:\n  " + "\n  ".join(problems))
+
+
+class RunDirLockedError(ValueError):
+    """Another live process holds the run directory's lock, or the directory cannot be written."""
+
+
+def _start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+class RunDirLock:
+    """One process at a time per run directory: ``<run_dir>/lock`` holds its pid, host and start time.
+
+    Example:
+        >>> import tempfile
+        >>> from checkpoints import RunDirLock
+        >>> with RunDirLock(tempfile.mkdtemp()) as lock:
+        ...     lock.path.is_file()
+        True
+
+    A lock whose process is gone (same host, pid dead or reused by a younger process) is
+    stale and taken over; ``stale`` then describes it. A lock held by a live process, or by
+    a process on another host (whose liveness cannot be checked), raises
+    :class:`RunDirLockedError`.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.path = Path(run_dir) / LOCK
+        self.stale: str | None = None
+        self._held = False
+
+    def acquire(self) -> RunDirLock:
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+              "process_start": _start_time(os.getpid())}
+        tmp = self.path.with_name(f".{LOCK}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(me))
+        except OSError as e:
+            raise RunDirLockedError(f"cannot write to run directory {self.path.parent}: {e.strerror or e}") from None
+        try:
+            for _ in range(2):
+                try:
+                    os.link(tmp, self.path)  # atomic, fails if a lock exists: no window for a second trainer
+                    self._held = True
+                    return self
+                except FileExistsError:
+                    holder = self._holder()
+                    if holder is None or not self._alive(holder):
+                        self.stale = f"removed a stale lock {self.path} ({self._describe(holder)})"
+                        self.path.unlink(missing_ok=True)
+                        continue
+                    raise RunDirLockedError(
+                        f"run directory {self.path.parent} is in use by {self._describe(holder)}; stop that "
+                        f"trainer first (or, if it is gone, delete {self.path})") from None
+            raise RunDirLockedError(f"could not take {self.path}: another trainer took it at the same time")
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _holder(self) -> dict[str, Any] | None:
+        try:
+            holder = json.loads(self.path.read_text())
+            return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _alive(holder: dict[str, Any]) -> bool:
+        if holder.get("host") != socket.gethostname():
+            return True  # cannot be checked from here: assume it runs
+        started = _start_time(holder["pid"])
+        if started is None:
+            return False
+        expected = holder.get("process_start")
+        return expected is None or abs(started - expected) < 1.0  # else the pid was reused
+
+    @staticmethod
+    def _describe(holder: dict[str, Any] | None) -> str:
+        if holder is None:
+            return "unreadable lock file"
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
+        return f"pid {holder['pid']} on {holder.get('host', '?')} since {since}"
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            holder = self._holder()
+            if holder is not None and holder["pid"] == os.getpid():
+                self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> RunDirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,7 +1,9 @@
-"""One checkpoint file: atomic write, ``weights_only`` load, format version check."""
+"""One checkpoint file: atomic write, checksum, ``weights_only`` load, format version check."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -10,14 +12,14 @@ from typing import Any
 import numpy as np
 import torch
 
-# 2: the optimiser state is that of one flat parameter tensor (trainer/flat_params.py); the
-# model's layout of separate actor/critic trunks changed to one StackedMLP
-FORMAT_VERSION = 2
+# 3: the state is stored as a checksummed payload; collector state is kept per env and the
+# minibatch generator is derived from (seed, iteration) instead of being stored per device
+FORMAT_VERSION = 3
 _NDARRAY = "__ndarray__"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file is missing, unreadable, corrupted or of another format version."""
+    """A checkpoint file is missing, unreadable, corrupted, of another format version, or cannot be written."""
 
 
 def _encode(x: Any) -> Any:
@@ -44,24 +46,47 @@ def _decode(x: Any) -> Any:
     return x
 
 
+def _serialize(state: dict[str, Any]) -> bytes:
+    """The file's bytes: the encoded state as an inner torch file, wrapped with its SHA-256.
+
+    The inner file is stored as a uint8 tensor of the outer one, so the whole file is still
+    read by ``torch.load(weights_only=True)``, and a flipped bit anywhere in the state is
+    caught by the checksum (torch's zip reader does not verify its CRCs).
+    """
+    inner = io.BytesIO()
+    torch.save(_encode(state), inner)
+    payload = inner.getvalue()
+    outer = io.BytesIO()
+    torch.save({"format_version": FORMAT_VERSION, "sha256": hashlib.sha256(payload).hexdigest(),
+                "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8)}, outer)
+    return outer.getvalue()
+
+
 def save(path: str | os.PathLike, state: dict[str, Any]) -> Path:
     """Write ``state`` to ``path`` atomically: temp file in the same directory, fsync, ``os.replace``.
 
-    A crash at any point leaves either the old file or the complete new one.
+    A crash at any point leaves either the old file or the complete new one. A write that
+    fails (disk full, read-only directory) raises :class:`CheckpointError` naming the path
+    and leaves no temporary file.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    data = _serialize(state)  # before touching the disk: a failure here writes nothing
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
-            torch.save({"format_version": FORMAT_VERSION, "state": _encode(state)}, f)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+        tmp = None
+        _fsync_dir(path.parent)
+    except OSError as e:
+        raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
     return path
 
 
@@ -77,19 +102,32 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``torch.load(weights_only=True)``; raise :class:`CheckpointError` naming the file."""
+    """Load a checkpoint with ``torch.load(weights_only=True)``; verify its format version and checksum.
+
+    Raises :class:`CheckpointError` naming the file and what is wrong with it.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
+    outer = _torch_load(path, io.BytesIO(path.read_bytes()), "cpu")
+    if not isinstance(outer, dict) or "format_version" not in outer:
+        raise CheckpointError(f"{path}: not a parallel-rollouts checkpoint (no format version)")
+    if outer["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {outer['format_version']} is not supported "
+                              f"by this version (expects {FORMAT_VERSION}); use the version that wrote it, "
+                              "or start a new run")
+    payload = outer.get("payload")
+    if not isinstance(payload, torch.Tensor) or not isinstance(outer.get("sha256"), str):
+        raise CheckpointError(f"{path}: not a parallel-rollouts checkpoint (no checksummed payload)")
+    data = payload.numpy().tobytes()
+    if hashlib.sha256(data).hexdigest() != outer["sha256"]:
+        raise CheckpointError(f"{path}: checksum mismatch, the file is corrupted")
+    return _decode(_torch_load(path, io.BytesIO(data), map_location))
+
+
+def _torch_load(path: Path, f: io.BytesIO, map_location) -> Any:
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(f, map_location=map_location, weights_only=True)
     except Exception as e:
         raise CheckpointError(f"{path}: cannot be read as a checkpoint (truncated or corrupted?): "
                               f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-    if not isinstance(payload, dict) or "format_version" not in payload or "state" not in payload:
-        raise CheckpointError(f"{path}: not a parallel-rollouts checkpoint (no format version)")
-    if payload["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format version {payload['format_version']} is not supported "
-                              f"by this version (expects {FORMAT_VERSION}); use the version that wrote it, "
-                              "or start a new run")
-    return _decode(payload["state"])

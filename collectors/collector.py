@@ -108,6 +108,7 @@ class RolloutCollector:
         self.sync = sync
         self.policy_version = 0  # bumped by every collect(); ray batches carry the version they were collected with
         self.batch_version = 0
+        self.batch_envs = slice(0, 0)  # which envs the last batch covers (IMPALA mode: one worker's slice)
         if backend == "ray":
             from collectors.backends.ray_ import AsyncRollouts, RayBackend
             self.backend = RayBackend(env_fns, policy, horizon, seed if explicit is None else 0, num_workers,
@@ -213,6 +214,7 @@ class RolloutCollector:
                 self._record_episodes(views, infos)
         batch, self.last_observations = s.to_device()
         self.batch_version = self.policy_version  # collected in this process with the current policy
+        self.batch_envs = slice(0, self.num_envs)
         return batch
 
     def _collect_ray(self) -> TensorDictBase:
@@ -260,10 +262,17 @@ class RolloutCollector:
 
     # ------------------------------------------------------------------ state for exact resume
     def get_state(self) -> dict[str, Any]:
-        """What the next ``collect()`` continues from: current observations, running episode
-        statistics, and each env factory's ``get_state()`` (``None`` where the env has none)."""
+        """What the next ``collect()`` continues from, one entry per env: current observations
+        (``[N, *obs]``), running episode returns and lengths (``[N]``), and each env's
+        ``get_state()`` (``None`` where the env has none; a ``VectorEnv``'s state is split per env).
+
+        Per env, not per worker, so a state restores into any grouping of the same envs
+        (another ``num_workers``). With Ray, each actor's state comes back with its rollout,
+        so this costs no extra round trip; in IMPALA mode it is the state after the rollouts
+        received so far (rollouts still in flight are not part of it).
+        """
         if self.backend_name == "ray":
-            return {"ray_workers": self.backend.get_env_states()}
+            return merge_states(self.backend.env_states())
         obs = self.storage.last_obs.numpy() if self.storage is not None else self._obs
         return {"observations": obs.copy(), "episode_return": self._episode_return.copy(),
                 "episode_length": self._episode_length.copy(), "env_states": self.backend.get_env_states()}
@@ -275,13 +284,15 @@ class RolloutCollector:
         seeded from ``SeedSequence([seed, reseed])`` (pass e.g. the iteration), and ``False``
         is returned so that the caller can say so.
         """
-        if self.backend_name == "ray":
-            return self.backend.set_env_states(state["ray_workers"], reseed)
         obs = np.asarray(state["observations"])
         if obs.shape != self._obs.shape or obs.dtype != self._obs.dtype:
             raise ValueError(f"collector state has observations {obs.shape} {obs.dtype}; this collector has "
                              f"{self._obs.shape} {self._obs.dtype} (different envs or num_envs?)")
         env_states = list(state["env_states"])
+        if len(env_states) != self.num_envs:
+            raise ValueError(f"collector state has {len(env_states)} env states for {self.num_envs} envs")
+        if self.backend_name == "ray":
+            return self.backend.set_env_states([split_state(state, sl) for sl in self.backend.slices], reseed)
         exact = all(s is not None for s in env_states)
         if exact:
             self.backend.set_env_states(env_states)
@@ -330,3 +341,19 @@ class RolloutCollector:
     def __del__(self) -> None:
         if getattr(self, "_closed", True) is False:
             self.close()
+
+
+def merge_states(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Concatenate per-env collector states of consecutive env slices (e.g. one per Ray actor)."""
+    return {"observations": np.concatenate([p["observations"] for p in parts]),
+            "episode_return": np.concatenate([p["episode_return"] for p in parts]),
+            "episode_length": np.concatenate([p["episode_length"] for p in parts]),
+            "env_states": [s for p in parts for s in p["env_states"]]}
+
+
+def split_state(state: dict[str, Any], envs: slice) -> dict[str, Any]:
+    """The part of a per-env collector state that belongs to ``envs``."""
+    return {"observations": np.asarray(state["observations"])[envs],
+            "episode_return": np.asarray(state["episode_return"])[envs],
+            "episode_length": np.asarray(state["episode_length"])[envs],
+            "env_states": list(state["env_states"])[envs]}

@@ -180,17 +180,52 @@ class EnvGroup:
 
 
 def env_states(envs: Sequence[Any]) -> list[Any]:
-    """Each env's ``get_state()``, or ``None`` for envs that do not offer it.
+    """One state per env (``None`` where an env offers no ``get_state()``).
 
-    Looked up on ``env.unwrapped``: Gymnasium 1.x wrappers do not forward unknown methods.
+    A ``VectorEnv``'s state is split along its env axis, so that a state belongs to one env
+    and not to how envs were grouped into processes: a run may be resumed with another
+    number of workers. Looked up on ``env.unwrapped``: Gymnasium 1.x wrappers do not
+    forward unknown methods.
     """
-    return [env.unwrapped.get_state() if hasattr(env.unwrapped, "get_state") else None for env in envs]
+    states: list[Any] = []
+    for env in envs:
+        n = env.num_envs if isinstance(env, gym.vector.VectorEnv) else 1
+        if not hasattr(env.unwrapped, "get_state"):
+            states.extend([None] * n)
+        elif isinstance(env, gym.vector.VectorEnv):
+            states.extend(_split_vector_state(env, env.unwrapped.get_state()))
+        else:
+            states.append(env.unwrapped.get_state())
+    return states
+
+
+def _split_vector_state(env: gym.vector.VectorEnv, state: Any) -> list[dict[str, np.ndarray]]:
+    n = env.num_envs
+    if not isinstance(state, dict) or not all(isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == n
+                                              for v in state.values()):
+        raise ValueError(f"{type(env.unwrapped).__name__}.get_state() must return a dict of NumPy arrays with a "
+                         f"leading axis of num_envs={n}, so that each env's state can be kept on its own")
+    return [{k: v[j:j + 1].copy() for k, v in state.items()} for j in range(n)]
 
 
 def restore_env_states(envs: Sequence[Any], states: Sequence[Any]) -> None:
-    for env, state in zip(envs, states):
-        if state is not None:
-            env.unwrapped.set_state(state)
+    """Inverse of :func:`env_states`: ``states`` has one entry per env; ``None`` entries are skipped."""
+    total = sum(env.num_envs if isinstance(env, gym.vector.VectorEnv) else 1 for env in envs)
+    if len(states) != total:
+        raise ValueError(f"got {len(states)} env states for {total} envs (a checkpoint of other envs?)")
+    start = 0
+    for env in envs:
+        if isinstance(env, gym.vector.VectorEnv):
+            part = states[start:start + env.num_envs]
+            start += env.num_envs
+            if any(s is None for s in part):
+                continue
+            env.unwrapped.set_state({k: np.concatenate([s[k] for s in part]) for k in part[0]})
+        else:
+            state = states[start]
+            start += 1
+            if state is not None:
+                env.unwrapped.set_state(state)
 
 
 def close_envs(envs: Sequence[Any]) -> None:

@@ -99,12 +99,12 @@ def test_bad_worker_layout_is_rejected(cluster):
 def test_training_on_ray_sync_and_async(cluster, tmp_path, mode):
     import json
 
-    from trainer.config import parse_args
+    from trainer.config import parse_config
     from trainer.train import train
-    cfg, given, _ = parse_args(["--backend", "ray", "--num-workers", "2", "--cpus-per-worker", "0.25",
-                                "--num-envs", "4", "--num-steps", "16", "--total-steps", "512",
-                                "--run-dir", str(tmp_path), *mode])
-    summary = train(cfg, progress=False, given=given)
+    cfg = parse_config(["--backend", "ray", "--num-workers", "2", "--cpus-per-worker", "0.25",
+                        "--num-envs", "4", "--num-steps", "16", "--total-steps", "512",
+                        "--run-dir", str(tmp_path), *mode])
+    summary = train(cfg, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert summary["env_steps"] == 512 and rows[-1]["env_steps"] == 512
     if mode:

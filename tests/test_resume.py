@@ -10,8 +10,9 @@ from trainer.config import parse_args
 
 
 def run(argv, **kw):
-    cfg, given, resume = parse_args(argv)
-    return train_module.train(cfg, progress=False, resume=resume, given=given, **kw)
+    cli = parse_args(argv)
+    return train_module.train(cli.config, progress=False, resume=cli.resume, given=cli.given,
+                              overwrite=cli.overwrite, **kw)
 
 
 def params(run_dir):
@@ -52,21 +53,6 @@ def test_resume_of_envs_without_get_state_restarts_episodes_and_says_so(tmp_path
     summary = run(["--resume", str(tmp_path)])
     assert summary["iterations"] == 4
     assert "derived seeds" in capsys.readouterr().err
-
-
-def test_ctrl_c_writes_a_checkpoint_of_the_last_completed_iteration(tmp_path, monkeypatch):
-    real, calls = train_module._iteration, []
-
-    def interrupted(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-    monkeypatch.setattr(train_module, "_iteration", interrupted)
-    summary = run(SMALL_VR + ["--run-dir", str(tmp_path), "--checkpoint-every", "10"])
-    assert summary["interrupted"] and summary["iterations"] == 2
-    path, state, _ = checkpoints.latest_loadable(tmp_path)
-    assert path.name == "ckpt_00000002.pt" and state["iteration"] == 2
 
 
 @pytest.fixture(scope="module")

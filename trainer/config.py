@@ -61,7 +61,7 @@ class TrainConfig:
         "num_envs": "parallel envs", "num_steps": "steps per env per rollout",
         "total_steps": "env steps to train for", "seed": "run seed (envs, init, sampling)",
         "device": "auto (cuda when available), cpu or cuda",
-        "run_dir": "run directory (default runs/<env>-s<seed>-<time>)",
+        "run_dir": "run directory of a new run (default runs/<env>-s<seed>-<time>)",
         "num_workers": "async processes or ray actors (0: backend default)", "lr": "Adam learning rate",
         "anneal_lr": "linear LR annealing to 0 over total_steps", "gamma": "discount",
         "gae_lambda": "GAE lambda", "epochs": "PPO epochs per rollout",
@@ -133,53 +133,86 @@ def _bool(text: str) -> bool:
 
 
 # keys a resumed run may change; every other key must match the checkpoint's config
-RESUMABLE_CHANGES = {"total_steps", "device", "run_dir", "num_workers", "tensorboard", "checkpoint_every",
-                     "keep_checkpoints", "config", "ray_address", "cpus_per_worker"}
+RESUMABLE_CHANGES = {"total_steps", "device", "num_workers", "tensorboard", "checkpoint_every", "keep_checkpoints",
+                     "config", "ray_address", "cpus_per_worker"}
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _field_type(f: dataclasses.Field) -> type:
+    return {"bool": bool, "int": int, "float": float, "str": str}.get(str(f.type), f.type)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainer.train", description="Train a PPO policy.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    """Every config field as a flag. Defaults are left out of the namespace (``SUPPRESS``), so
+    that what it holds is exactly what the user typed, whatever the value."""
+    p = argparse.ArgumentParser(prog="python -m trainer.train", description="Train a PPO policy.")
     for f in fields(TrainConfig):
-        kind = _bool if f.type in (bool, "bool") else {"int": int, "float": float}.get(str(f.type), str)
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default,
-                       help=TrainConfig.HELP.get(f.name, " "))
+        kind = _field_type(f)
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=_bool if kind is bool else kind,
+                       default=argparse.SUPPRESS, help=f"{TrainConfig.HELP.get(f.name, '')} (default: {f.default!r})")
     p.add_argument("--resume", default="", metavar="RUN_DIR_OR_CHECKPOINT",
-                   help="continue a run from its newest loadable checkpoint (or from this checkpoint file)")
+                   help="continue a run from its newest loadable checkpoint (or from this checkpoint file); "
+                        "writes into that run directory")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start a new run in a --run-dir that holds another run, deleting its checkpoints and metrics")
     return p
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict[str, Any], str]:
-    """Return ``(config, explicitly given flags, resume path)``: flags over TOML file over defaults; validated."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    values = {f.name: f.default for f in fields(TrainConfig)}
-    if args.config:
-        path = Path(args.config)
-        try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            parser.error(f"cannot read config file {path}: {e}")
-        unknown = set(data) - set(values)
-        if unknown:
-            parser.error(f"unknown keys in {path}: {', '.join(sorted(unknown))}")
-        values.update(data)
-    defaults = vars(parser.parse_args([]))
-    from_file = {k: v for k, v in values.items() if v != defaults[k]}  # the TOML file's settings
-    from_flags = {name: v for name, v in vars(args).items() if name in values and v != defaults[name]}
-    given = {**from_file, **from_flags}  # flags win over the file
-    values.update(given)
-    cfg = TrainConfig(**values)
+def _toml_values(path: Path) -> dict[str, Any]:
+    """The TOML file's settings, each checked against its field's type (one-line errors naming the key)."""
     try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"cannot read config file {path}: {e}") from None
+    types = {f.name: _field_type(f) for f in fields(TrainConfig) if f.name != "config"}
+    unknown = set(data) - set(types)
+    if unknown:
+        raise ValueError(f"unknown keys in {path}: {', '.join(sorted(unknown))} (keys are the flag names with "
+                         "underscores, see --help)")
+    values = {}
+    for key, value in data.items():
+        kind = types[key]
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            ok, value = True, float(value)
+        if not ok:
+            example = {bool: "true", int: "4", float: "0.5", str: '"64,64"' if key == "hidden" else '"..."'}[kind]
+            raise ValueError(f"{path}: {key} = {value!r} is {type(value).__name__}, expected {_KINDS[kind]} "
+                             f"(e.g. {key} = {example})")
+        values[key] = value
+    return values
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    """A parsed ``trainer.train`` command line: the config, what the user gave, and the run-directory options."""
+
+    config: TrainConfig
+    given: dict[str, Any]  # keys from flags or the TOML file, whatever their value (flags win over the file)
+    resume: str
+    overwrite: bool
+
+
+def parse_args(argv: list[str] | None = None) -> CommandLine:
+    """Parse flags over TOML file over defaults; validated. Bad input exits with a one-line error."""
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
+    resume, overwrite = args.pop("resume"), args.pop("overwrite")
+    try:
+        from_file = _toml_values(Path(args["config"])) if args.get("config") else {}
+        given = {**from_file, **args}
+        cfg = TrainConfig(**{**{f.name: f.default for f in fields(TrainConfig)}, **given})
         cfg.validate()
     except ValueError as e:
         parser.error(str(e))
-    return cfg, given, args.resume
+    if resume and overwrite:
+        parser.error("--overwrite starts a new run; it cannot be combined with --resume")
+    return CommandLine(cfg, given, resume, overwrite)
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """The validated config of a command line (no resume)."""
-    return parse_args(argv)[0]
+    return parse_args(argv).config
 
 
 def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) -> TrainConfig:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import multiprocessing
+import os
 import random
+import shlex
+import shutil
+import signal
 import sys
 import time
 from collections import deque
@@ -25,6 +30,7 @@ from trainer import __version__
 from trainer.batching import plan_minibatches
 from trainer.config import TrainConfig, parse_args, resumed_config
 from trainer.flat_params import flat_parameters
+from trainer.interrupts import Interrupted, StopSignals
 from trainer.model import ActorCritic
 from trainer.ppo import NonFiniteLossError, advantages_and_returns, ppo_update, vtrace_targets
 
@@ -81,12 +87,17 @@ class ReturnScaler:
         self.ret = torch.zeros(num_envs, dtype=torch.float64, device=device)
         self.moments = torch.tensor([0.0, 1.0, 1e-4], dtype=torch.float64, device=device)  # mean, var, count
 
-    def scale(self, rewards: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+    def scale(self, rewards: torch.Tensor, done: torch.Tensor, envs: slice | None = None) -> torch.Tensor:
+        """The factor for a ``[T, n]`` batch of the envs ``envs`` (default: all; IMPALA batches hold one slice)."""
+        envs = envs if envs is not None else slice(None)
+        ret = self.ret[envs]
         rets = torch.empty_like(rewards, dtype=torch.float64)
         for t in range(rewards.shape[0]):
-            self.ret = self.ret * self.gamma + rewards[t]
-            rets[t] = self.ret
-            self.ret = torch.where(done[t], torch.zeros_like(self.ret), self.ret)
+            ret = ret * self.gamma + rewards[t]
+            rets[t] = ret
+            ret = torch.where(done[t], torch.zeros_like(ret), ret)
+        self.ret = self.ret.clone()
+        self.ret[envs] = ret
         mean, var, count = self.moments
         n = rets.numel()
         delta, total = rets.mean() - mean, count + n
@@ -111,7 +122,6 @@ class Run:
     model: ActorCritic
     acting: ActorCritic
     optimizer: torch.optim.Optimizer
-    perm_gen: torch.Generator
     scaler: ReturnScaler | None
     iteration: int = 0
     env_steps: int = 0
@@ -119,8 +129,9 @@ class Run:
     lags: dict = field(default_factory=dict)  # policy lag -> number of batches (0 when collection is synchronous)
     recent: deque = field(default_factory=lambda: deque(maxlen=100))
 
-    def state(self, collector: RolloutCollector) -> dict[str, Any]:
-        return {
+    def snapshot(self, collector: RolloutCollector) -> dict[str, Any]:
+        """A copy of the whole state, on the CPU, with nothing tied to a device: what a checkpoint holds."""
+        return _copied({
             "version": __version__,
             "config": self.cfg.to_dict(),
             "iteration": self.iteration,
@@ -132,10 +143,10 @@ class Run:
             "rng": {
                 "python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                "acting": self.acting.generator.get_state(), "minibatch": self.perm_gen.get_state(),
+                "acting": self.acting.generator.get_state(),
             },
             "collector": collector.get_state(),
-        }
+        })
 
     def restore(self, state: dict[str, Any], collector: RolloutCollector) -> bool:
         """Load a checkpoint's state; returns whether the envs were restored exactly."""
@@ -150,11 +161,30 @@ class Run:
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
-        if rng["cuda"] and torch.cuda.is_available():
+        if torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():  # else: another machine
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.acting.generator.set_state(rng["acting"])
-        self.perm_gen.set_state(rng["minibatch"])
         return collector.set_state(state["collector"], reseed=self.iteration)
+
+
+def _copied(x: Any) -> Any:
+    """Deep copy of a state: tensors to fresh CPU tensors, arrays copied, containers rebuilt."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", copy=True)
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    if isinstance(x, dict):
+        return {k: _copied(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_copied(v) for v in x)
+    return x
+
+
+def minibatch_generator(seed: int, iteration: int, device: torch.device) -> torch.Generator:
+    """The minibatch shuffles of one iteration: derived from (seed, iteration), so no device-specific
+    generator state needs to be stored, and a run resumes on another device."""
+    return torch.Generator(device=device).manual_seed(int(np.random.SeedSequence([seed, 2, iteration])
+                                                          .generate_state(1)[0]))
 
 
 def _new_run(cfg: TrainConfig) -> Run:
@@ -166,13 +196,15 @@ def _new_run(cfg: TrainConfig) -> Run:
     # one flat tensor and a fused kernel: Adam is a single op per minibatch, not ~10 per parameter
     optimizer = torch.optim.Adam([flat_parameters(model)], lr=cfg.lr, eps=1e-5, fused=True)
     return Run(cfg, device, model, acting, optimizer,
-               torch.Generator(device=device).manual_seed(cfg.seed + 2),
                ReturnScaler(cfg.num_envs, cfg.gamma, device) if cfg.scale_rewards else None)
 
 
-def _iteration(run: Run, collector: RolloutCollector, plan, iterations: int, start: tuple[int, float],
-               log) -> dict | None:
-    """Collect one rollout, update PPO on it, log; returns the logged row (``None`` for a dropped batch)."""
+def _iteration(run: Run, collector: RolloutCollector, plan, iterations: int, start: tuple[int, float]) -> dict | None:
+    """Collect one rollout and update PPO on it; returns the metrics row (``None`` for a dropped batch).
+
+    Only ``run`` and the collector change; whatever interrupts this leaves the previous
+    iteration's snapshot as the state to save.
+    """
     cfg, model = run.cfg, run.model
     it = run.iteration + 1
     if cfg.anneal_lr:
@@ -187,22 +219,21 @@ def _iteration(run: Run, collector: RolloutCollector, plan, iterations: int, sta
     run.recent.extend(e["return"] for e in episodes)
     if cfg.normalize_obs:
         model.norm.update(batch["observations"])
-    scale = run.scaler.scale(batch["rewards"], batch["final_observation_mask"]) if run.scaler else 1.0
+    scale = (run.scaler.scale(batch["rewards"], batch["final_observation_mask"], collector.batch_envs)
+             if run.scaler else 1.0)
     if cfg.ray_async:
         adv, ret = vtrace_targets(model, batch, collector.last_observations, cfg.gamma, cfg.rho_bar, cfg.c_bar, scale)
     else:
         adv, ret = advantages_and_returns(model, batch, collector.last_observations, cfg.gamma, cfg.gae_lambda,
                                           scale)
-    good = {k: v.clone() for k, v in model.state_dict().items()}
     try:
         stats = ppo_update(model, run.optimizer, batch, adv, ret, epochs=cfg.epochs,
                            minibatch_size=plan.minibatch_size, clip_coef=cfg.clip_coef, clip_value=cfg.clip_value,
                            ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef, max_grad_norm=cfg.max_grad_norm,
-                           norm_adv=cfg.norm_adv, target_kl=cfg.target_kl or None, generator=run.perm_gen)
+                           norm_adv=cfg.norm_adv, target_kl=cfg.target_kl or None,
+                           generator=minibatch_generator(cfg.seed, it, run.device))
     except NonFiniteLossError as e:
-        model.load_state_dict(good)
-        raise NonFiniteLossError(f"iteration {it}: {e}; training stopped, the model keeps the weights of the "
-                                 "previous iteration (try a lower --lr)") from None
+        raise NonFiniteLossError(f"iteration {it}: {e}; training stopped (try a lower --lr)") from None
     run.acting.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
     run.iteration = it
     run.env_steps += batch.numel()
@@ -217,48 +248,127 @@ def _iteration(run: Run, collector: RolloutCollector, plan, iterations: int, sta
         vals = [e[k] for e in episodes if k in e]
         if vals:
             row[k] = float(np.mean(vals))
-    log.write(json.dumps(row) + "\n")
-    log.flush()
     return row
 
 
+def keep_metrics_until(path: Path, iteration: int) -> int:
+    """Drop rows of iterations after ``iteration`` (lost in a crash, to be run again); returns how many.
+
+    Rewritten atomically, so a crash here leaves the old file.
+    """
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines()
+    kept = [line for line in lines if _row_iteration(line) <= iteration]
+    if len(kept) < len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return len(lines) - len(kept)
+
+
+def _row_iteration(line: str) -> float:
+    try:
+        return json.loads(line)["iteration"]
+    except (ValueError, KeyError, TypeError):  # a line torn by a crash, or a blank one
+        return float("inf")
+
+
+RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "evaluation.json", "evaluation.png", "tb")
+
+
+def _claim_new_run_dir(run_dir: Path, overwrite: bool) -> list[str]:
+    """Refuse a directory that holds another run unless ``overwrite``; then delete that run's files."""
+    held = [name for name in RUN_FILES[:2] if (run_dir / name).exists()
+            and (name != "checkpoints" or checkpoints.checkpoint_files(run_dir))]
+    if not held:
+        return []
+    if not overwrite:
+        raise ValueError(f"run directory {run_dir} already holds a run ({', '.join(held)}); resume it with "
+                         f"--resume {run_dir}, choose another --run-dir, or pass --overwrite to delete that run")
+    for name in RUN_FILES:
+        target = run_dir / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+    return [f"--overwrite: deleted the previous run's files in {run_dir}"]
+
+
+def _resume_state(resume: str, given: dict[str, Any]) -> tuple[TrainConfig, Path, dict[str, Any], list[str]]:
+    """Load the checkpoint to resume from; returns the resumed config, its file, state and notes."""
+    source, saved, problems = checkpoints.latest_loadable(resume)
+    notes = [f"skipped {p}" for p in problems]
+    run_dir = checkpoints.run_dir_of(resume)
+    if "run_dir" in given and Path(given["run_dir"]).resolve() != run_dir.resolve():
+        raise ValueError(f"--resume writes into the run directory it resumes ({run_dir}); to continue a copy, "
+                         f"copy the directory and resume the copy (drop --run-dir)")
+    cfg = resumed_config({**saved["config"], "run_dir": str(run_dir)}, {**given, "run_dir": str(run_dir)},
+                         str(source))
+    return cfg, source, saved, notes
+
+
+class TrainingStopped(Interrupted):
+    """:class:`Interrupted` after the checkpoint was written: says where it is."""
+
+    def __init__(self, signum: int, run_dir: Path, iteration: int, checkpoint: Path | None) -> None:
+        super().__init__(signum)
+        self.run_dir, self.iteration, self.checkpoint = run_dir, iteration, checkpoint
+
+
 def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict | None = None,
-          max_iterations: int | None = None) -> dict:
+          max_iterations: int | None = None, overwrite: bool = False) -> dict:
     """Run PPO as configured (or continue the run at ``resume``); returns a summary.
 
     ``max_iterations`` stops early after that many iterations in total (the LR schedule
     still follows ``total_steps``), leaving a checkpoint to resume from.
+
+    Durability: after every completed iteration the whole state is snapshotted (in memory,
+    under a signal guard); whatever ends the run (SIGINT, SIGTERM, SIGUSR1, an error), that
+    snapshot is the checkpoint written, never a half-done iteration. A signal raises
+    :class:`TrainingStopped` (a ``KeyboardInterrupt``) once the checkpoint is on disk.
     """
-    saved, source, notes = None, None, []
-    if resume:
-        source, saved, problems = checkpoints.latest_loadable(resume)
-        notes += [f"skipped {p}" for p in problems]
-        cfg = resumed_config(saved["config"], given or {}, str(source))
-        if not cfg.run_dir:
-            cfg.run_dir = str(source.parent.parent if source.parent.name == "checkpoints" else source.parent)
-    factories = env_factories(cfg)  # checks the env id before anything is created
-    batch_envs = cfg.num_envs // ray_workers(cfg) if cfg.ray_async else cfg.num_envs  # async: one worker's slice
-    plan = plan_minibatches(batch_envs, cfg.num_steps, cfg.batch_size or None)
-    for w in plan.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    run_dir = Path(cfg.run_dir or f"runs/{cfg.env}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    run = _new_run(cfg)
-    writer = _tensorboard(run_dir) if cfg.tensorboard else None
-    iterations = max(1, cfg.total_steps // (batch_envs * cfg.num_steps))
-    stop = min(iterations, max_iterations or iterations)
-    if cfg.backend == "ray":
-        per_worker = len(factories) // ray_workers(cfg)
-        remote = dict(num_workers=ray_workers(cfg), envs_per_worker=per_worker, ray_address=cfg.ray_address or None,
-                      cpus_per_worker=cfg.cpus_per_worker, sync=not cfg.ray_async)
-    else:
-        remote = dict(num_workers=cfg.num_workers or None)
-    collector = RolloutCollector(factories, run.acting, backend=cfg.backend, horizon=cfg.num_steps,
-                                 seed=cfg.seed, device=run.device, **remote)
-    summary: dict = {"run_dir": str(run_dir), "iterations": 0, "interrupted": False}
-    last_saved = None
-    with collector:
+    with contextlib.ExitStack() as stack:
+        signals = stack.enter_context(StopSignals())
+        saved, source, notes = None, None, []
+        if resume:  # read before the lock is taken: files are replaced atomically, and a typo creates nothing
+            cfg, source, saved, notes = _resume_state(resume, given or {})
+        factories = env_factories(cfg)  # checks the env id before anything is created
+        batch_envs = cfg.num_envs // ray_workers(cfg) if cfg.ray_async else cfg.num_envs  # async: one worker's slice
+        plan = plan_minibatches(batch_envs, cfg.num_steps, cfg.batch_size or None)
+        for w in plan.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        run_dir = Path(cfg.run_dir or f"runs/{cfg.env}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+        lock = stack.enter_context(checkpoints.RunDirLock(run_dir))
+        if resume:
+            moved = checkpoints.set_aside_newer(run_dir, saved["iteration"])
+            notes += [f"set aside {p.name}: newer than the checkpoint resumed from" for p in moved]
+            dropped = keep_metrics_until(run_dir / "metrics.jsonl", saved["iteration"])
+            if dropped:
+                notes.append(f"metrics.jsonl: dropped {dropped} rows of iterations after {saved['iteration']} "
+                             "(they are run again)")
+        else:
+            notes += _claim_new_run_dir(run_dir, overwrite)
+        if lock.stale:
+            notes.append(lock.stale)
+        cfg.run_dir = str(run_dir)
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        run = _new_run(cfg)
+        writer = _tensorboard(run_dir) if cfg.tensorboard else None
+        if writer:
+            stack.callback(writer.close)
+        iterations = max(1, cfg.total_steps // (batch_envs * cfg.num_steps))
+        stop = min(iterations, max_iterations or iterations)
+        if cfg.backend == "ray":
+            per_worker = len(factories) // ray_workers(cfg)
+            remote = dict(num_workers=ray_workers(cfg), envs_per_worker=per_worker,
+                          ray_address=cfg.ray_address or None, cpus_per_worker=cfg.cpus_per_worker,
+                          sync=not cfg.ray_async)
+        else:
+            remote = dict(num_workers=cfg.num_workers or None)
+        collector = stack.enter_context(RolloutCollector(factories, run.acting, backend=cfg.backend,
+                                                         horizon=cfg.num_steps, seed=cfg.seed, device=run.device,
+                                                         **remote))
         if saved is not None:
             exact = run.restore(saved, collector)
             notes.append(f"resumed from {source} at iteration {run.iteration}")
@@ -267,40 +377,68 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
                              "so the resumed run is not identical to an uninterrupted one")
         for note in notes:
             print(note, file=sys.stderr)
+        return _loop(run, collector, plan, iterations, stop, run_dir, signals, writer, progress)
 
-        def save() -> Path:
-            return checkpoints.save_in_run_dir(run_dir, run.state(collector), run.iteration, cfg.keep_checkpoints)
 
-        bar = tqdm(total=stop, initial=run.iteration, disable=not progress, unit="it", dynamic_ncols=True)
-        start = (run.env_steps, time.perf_counter())
-        try:
-            with (run_dir / "metrics.jsonl").open("a") as log:
-                while run.iteration < stop:
-                    row = _iteration(run, collector, plan, iterations, start, log)
-                    if row is None:  # a batch too stale to learn from
-                        continue
-                    if writer:
-                        for k, v in row.items():
-                            if isinstance(v, (int, float)):
-                                writer.add_scalar(k, v, row["env_steps"])
-                    bar.update(1)
-                    bar.set_postfix(sps=f"{row['sps']:,.0f}",
-                                    ret=f"{np.mean(run.recent):.2f}" if run.recent else "-")
-                    summary.update(last=row, env_steps=row["env_steps"])
-                    if run.iteration % cfg.checkpoint_every == 0 or run.iteration == stop:
-                        last_saved = save()
-        except NonFiniteLossError as e:
-            where = f"the newest checkpoint is {last_saved}" if last_saved else "no checkpoint was written yet"
+def _loop(run: Run, collector: RolloutCollector, plan, iterations: int, stop: int, run_dir: Path,
+          signals: StopSignals, writer, progress: bool) -> dict:
+    """Iterate until ``stop``; snapshot after each completed iteration; on any exit, save the newest one."""
+    cfg = run.cfg
+    summary: dict = {"run_dir": str(run_dir), "iterations": 0, "interrupted": False}
+    with signals.critical():
+        snapshot = run.snapshot(collector)
+    saved_at = run.iteration if run.iteration else None  # resumed: that state is on disk already
+    last_saved = None
+
+    def save() -> Path:
+        nonlocal saved_at, last_saved
+        with signals.critical():
+            last_saved = checkpoints.save_in_run_dir(run_dir, snapshot, snapshot["iteration"], cfg.keep_checkpoints)
+            saved_at = snapshot["iteration"]
+        return last_saved
+
+    bar = tqdm(total=stop, initial=run.iteration, disable=not progress, unit="it", dynamic_ncols=True)
+    start = (run.env_steps, time.perf_counter())
+    try:
+        with (run_dir / "metrics.jsonl").open("a") as log:
+            while run.iteration < stop:
+                row = _iteration(run, collector, plan, iterations, start)
+                if row is None:  # a batch too stale to learn from
+                    continue
+                with signals.critical():  # the iteration is complete once its snapshot and its row exist
+                    snapshot = run.snapshot(collector)
+                    log.write(json.dumps(row) + "\n")
+                    log.flush()
+                if writer:
+                    for k, v in row.items():
+                        if isinstance(v, (int, float)):
+                            writer.add_scalar(k, v, row["env_steps"])
+                bar.update(1)
+                bar.set_postfix(sps=f"{row['sps']:,.0f}", ret=f"{np.mean(run.recent):.2f}" if run.recent else "-")
+                summary.update(last=row, env_steps=row["env_steps"])
+                if run.iteration % cfg.checkpoint_every == 0 or run.iteration == stop:
+                    save()
+    except BaseException as e:
+        signals.stop()  # a signal from here on waits: the snapshot is saved first
+        bar.close()
+        done = snapshot["iteration"]
+        if done and saved_at != done:
+            try:
+                save()
+            except checkpoints.CheckpointError as failed:
+                print(f"could not save the last completed iteration: {failed}", file=sys.stderr)
+        where = (f"the newest checkpoint {last_saved} holds iteration {saved_at}" if last_saved
+                 else f"no checkpoint of this session (resumed at iteration {saved_at})" if saved_at
+                 else "no iteration was completed, nothing to save")
+        if isinstance(e, KeyboardInterrupt):
+            signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+            raise TrainingStopped(signum, run_dir, saved_at or 0, last_saved) from None
+        if isinstance(e, NonFiniteLossError):
             raise NonFiniteLossError(f"{e}; {where}") from None
-        except KeyboardInterrupt:
-            summary["interrupted"] = True
-            print(f"\ninterrupted at iteration {run.iteration}; workers closed", file=sys.stderr)
-            if run.iteration and (last_saved is None or run.iteration % cfg.checkpoint_every):
-                last_saved = save()  # the last completed iteration is not lost
-        finally:
-            bar.close()
-            if writer:
-                writer.close()
+        print(f"training failed: {where}", file=sys.stderr)
+        raise
+    finally:
+        bar.close()
     if cfg.ray_async:
         print(f"policy lag (versions behind: batches): {dict(sorted(run.lags.items()))}; dropped {run.dropped} "
               f"batches older than --max-lag {cfg.max_lag}", file=sys.stderr)
@@ -319,10 +457,25 @@ def _tensorboard(run_dir: Path):
     return SummaryWriter(str(run_dir / "tb"))
 
 
+def _command(*args: str) -> str:
+    """A shell command with this interpreter, so that it runs as printed (the packages may live in a venv)."""
+    return " ".join(shlex.quote(a) for a in (sys.executable, *args))
+
+
 def main(argv: list[str] | None = None) -> None:
-    cfg, given, resume = parse_args(argv)
+    cli = parse_args(argv)
     try:
-        summary = train(cfg, resume=resume, given=given)
+        summary = train(cli.config, resume=cli.resume, given=cli.given, overwrite=cli.overwrite)
+    except TrainingStopped as e:
+        print(f"\n{e} after iteration {e.iteration}" +
+              (f"; checkpoint: {e.checkpoint}" if e.checkpoint else "; no checkpoint (no iteration completed)"),
+              file=sys.stderr)
+        if e.iteration:
+            print(f"resume:        {_command('-m', 'trainer.train', '--resume', str(e.run_dir))}", file=sys.stderr)
+        raise SystemExit(e.exit_status) from None
+    except KeyboardInterrupt as e:  # before the first iteration or after the last one: nothing to save
+        print(f"\n{e or 'interrupted'}", file=sys.stderr)
+        raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
     except (ValueError, TypeError, NonFiniteLossError) as e:
         raise SystemExit(f"error: {e}") from None
     run_dir = summary["run_dir"]
@@ -330,11 +483,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"metrics:       {run_dir}/metrics.jsonl")
     if summary["checkpoint"]:
         print(f"checkpoint:    {summary['checkpoint']}")
-        print(f"evaluate:      python -m trainer.evaluate --checkpoint {run_dir}")
+        print(f"evaluate:      {_command('-m', 'trainer.evaluate', '--checkpoint', run_dir)}")
         if not summary["finished"]:
-            print(f"resume:        python -m trainer.train --resume {run_dir}")
+            print(f"resume:        {_command('-m', 'trainer.train', '--resume', run_dir)}")
         else:
-            print(f"train longer:  python -m trainer.train --resume {run_dir} --total-steps N")
+            print(f"train longer:  {_command('-m', 'trainer.train', '--resume', run_dir, '--total-steps', 'N')}")
 
 
 if __name__ == "__main__":

@@ -68,7 +68,11 @@ def _split(n: int, parts: int) -> list[range]:
 
 def _worker_main(env_fns: list, first_factory: int, conn) -> None:
     """Worker loop: build the envs, receive shared buffers, then serve step/reset/state commands."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the collecting process's to handle
+    # Ctrl-C, a scheduler's SIGTERM or an early-warning SIGUSR1 reach the whole process group; they are the
+    # collecting process's to handle: it takes the envs' state before it shuts the workers down
+    for name in ("SIGINT", "SIGTERM", "SIGUSR1"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
     torch.set_num_threads(1)
     try:
         group = EnvGroup(env_fns, first_factory=first_factory)
@@ -82,7 +86,11 @@ def _worker_main(env_fns: list, first_factory: int, conn) -> None:
     views = StepViews(*(shared[f][rows].numpy() for f in _FIELDS))
     actions = shared["actions"][rows].numpy()
     while True:
-        cmd, arg = conn.recv()
+        try:
+            cmd, arg = conn.recv()
+        except (EOFError, OSError):  # the collecting process is gone (killed): nothing left to serve
+            group.close()
+            return
         try:
             if cmd == "step":
                 conn.send(("ok", group.step(actions, views)))
@@ -274,11 +282,12 @@ class AsyncBackend:
         return local + [s for reply in self._guarded(self._command, "get_states") for s in reply]
 
     def set_env_states(self, states: Sequence[Any]) -> None:
-        n_local = len(self.local.envs) if self.local else 0
+        """``states`` has one entry per env (not per factory), so any split over workers can restore it."""
+        if len(states) != self.num_envs:
+            raise ValueError(f"got {len(states)} env states for {self.num_envs} envs")
         if self.local:
-            self.local.set_states(states[:n_local])
-        per_worker = [list(states[r.start:r.stop]) for r in self._factory_ranges]
-        self._guarded(self._command, "set_states", per_worker)
+            self.local.set_states(states[self._local_rows])
+        self._guarded(self._command, "set_states", [list(states[rows]) for rows in self._worker_rows])
 
     def close(self) -> None:
         if self.local is not None:

@@ -64,7 +64,8 @@ class RolloutWorker:
         episodes = [{**e, "env": e["env"] + self.first_index} for e in self.collector.episodes]
         return {"batch": {k: v.numpy() for k, v in batch.items()},
                 "last_observations": self.collector.last_observations.numpy(),
-                "episodes": episodes, "version": version}
+                "episodes": episodes, "version": version,
+                "state": self.collector.get_state()}  # travels with the rollout: no extra round trip to save it
 
     def get_state(self) -> dict[str, Any]:
         return self.collector.get_state()
@@ -121,6 +122,7 @@ class RayBackend:
         self.events: list[str] = []
         self.actor_cls = ray.remote(RolloutWorker)
         self.actors = [self._spawn(w, self.seeds[self.slices[w]]) for w in range(num_workers)]
+        self.states: list[dict[str, Any] | None] = [None] * num_workers
 
     def _spawn(self, w: int, seeds: list[int]):
         policy_seed = int(np.random.SeedSequence([self.seed, w, self.restarts]).generate_state(1)[0])
@@ -140,6 +142,7 @@ class RayBackend:
         except Exception:
             pass
         self.actors[w] = self._spawn(w, env_seeds(derived, self.slices[w].stop - self.slices[w].start))
+        self.states[w] = None
 
     def launch(self, w: int, weights_ref: Any, version: int):
         return self.actors[w].rollout.remote(weights_ref, version)
@@ -156,6 +159,7 @@ class RayBackend:
             for attempt in range(_MAX_RESTARTS_PER_ROLLOUT + 1):
                 try:
                     results[w] = self.ray.get(ref)
+                    self.record(w, results[w])
                     break
                 except self.ray.exceptions.RayActorError as e:
                     if attempt == _MAX_RESTARTS_PER_ROLLOUT:
@@ -164,11 +168,20 @@ class RayBackend:
                     ref = self.launch(w, weights_ref, version)
         return results
 
-    def get_env_states(self) -> list[Any]:
-        return [self.ray.get(a.get_state.remote()) for a in self.actors]
+    def env_states(self) -> list[dict[str, Any]]:
+        """Each actor's collector state after its newest received rollout (asked for where none came yet)."""
+        missing = [w for w, s in enumerate(self.states) if s is None]
+        for w, s in zip(missing, self.ray.get([self.actors[w].get_state.remote() for w in missing])):
+            self.states[w] = s
+        return list(self.states)
+
+    def record(self, w: int, result: dict[str, Any]) -> None:
+        self.states[w] = result["state"]
 
     def set_env_states(self, states: Sequence[Any], reseed: int | None = None) -> bool:
-        return all(self.ray.get([a.set_state.remote(s, reseed) for a, s in zip(self.actors, states)]))
+        exact = all(self.ray.get([a.set_state.remote(s, reseed) for a, s in zip(self.actors, states)]))
+        self.states = [None] * len(self.actors)
+        return exact
 
     def close(self) -> None:
         for actor in self.actors:
@@ -202,5 +215,6 @@ class AsyncRollouts:
                 b._replace(w, e)
                 self.in_flight[w] = b.launch(w, weights_ref, version)
                 continue
+            b.record(w, result)
             self.in_flight[w] = b.launch(w, weights_ref, version)
             return w, result

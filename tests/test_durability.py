@@ -1,0 +1,227 @@
+"""Stopping and resuming runs the way users do: signals at any moment, through the API and the command line.
+
+The promise under test: whatever stops a run, the newest checkpoint holds the state at the
+end of the last completed iteration, and ``--resume`` continues as if nothing happened:
+same weights, optimizer state and metrics rows (timing columns aside), bit for bit.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+import checkpoints
+from collectors.env_group import EnvGroup
+from trainer import train as train_module
+from trainer.config import parse_args
+
+ITERATIONS = 8
+VR = ["--env", "VREdge-v0", "--num-envs", "4", "--num-steps", "16", "--total-steps", str(4 * 16 * ITERATIONS),
+      "--checkpoint-every", "3", "--seed", "5", "--device", "cpu"]
+TIMING = {"sps"}
+
+
+def run(argv, **kw):
+    cli = parse_args(argv)
+    return train_module.train(cli.config, progress=False, resume=cli.resume, given=cli.given,
+                              overwrite=cli.overwrite, **kw)
+
+
+def final_state(run_dir):
+    path, state, _ = checkpoints.latest_loadable(run_dir)
+    return state
+
+
+def metrics(run_dir):
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def assert_same_tensors(a, b, where=""):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_same_tensors(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_tensors(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+def assert_same_run(straight, resumed):
+    a, b = final_state(straight), final_state(resumed)
+    assert a["iteration"] == b["iteration"] == ITERATIONS
+    assert_same_tensors(a["model"], b["model"], "model")
+    assert_same_tensors(a["optimizer"], b["optimizer"], "optimizer")
+    assert metrics(straight) == metrics(resumed)  # each iteration once, with the same numbers
+
+
+@pytest.fixture(scope="module", params=["sync", "async"])
+def straight(request, tmp_path_factory):
+    """An uninterrupted run per backend: what every interrupted-and-resumed run must end with."""
+    run_dir = tmp_path_factory.mktemp(f"straight_{request.param}")
+    extra = ["--num-workers", "1"] if request.param == "async" else []
+    run(VR + ["--backend", request.param, *extra, "--run-dir", str(run_dir)])
+    return request.param, extra, run_dir
+
+
+def _signal_at(counter_target: int, signum: int):
+    """A side effect that sends ``signum`` to this process on its ``counter_target``-th call."""
+    calls = []
+
+    def maybe_signal():
+        calls.append(1)
+        if len(calls) == counter_target:
+            os.kill(os.getpid(), signum)
+    return maybe_signal
+
+
+# (phase, function to wrap, call on which the signal arrives): inside collection (step 6 of
+# iteration 5), inside the update (epoch 2 of iteration 5: 64 samples are one minibatch, 4
+# epochs), inside a checkpoint write (fsync 5 = the file of iteration 6's checkpoint; each save
+# syncs the file, the directory and the pointer) and inside a snapshot (iteration 4's, the
+# fifth counting the one taken at the start)
+PHASES = {  # phase: (owner, function, call, iterations completed when the signal takes effect)
+    "collection": (EnvGroup, "step", 16 * 4 + 6, 4),
+    "update": (torch.nn.utils, "clip_grad_norm_", 4 * 4 + 2, 4),
+    "checkpoint_write": (os, "fsync", 5, 6),
+    "snapshot": (train_module.Run, "snapshot", 5, 4),
+}
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_in_any_phase_keeps_the_last_completed_iteration_and_resume_is_exact(
+        straight, tmp_path, monkeypatch, phase, signum):
+    backend, extra, straight_dir = straight
+    owner, name, target, completed = PHASES[phase]
+    real, hook = getattr(owner, name), _signal_at(target, signum)
+
+    def wrapped(*args, **kwargs):
+        hook()
+        return real(*args, **kwargs)
+    monkeypatch.setattr(owner, name, wrapped)
+    with pytest.raises(train_module.TrainingStopped) as stopped:
+        run(VR + ["--backend", backend, *extra, "--run-dir", str(tmp_path)])
+    monkeypatch.undo()
+    assert stopped.value.exit_status == 128 + signum
+    state = final_state(tmp_path)  # the last completed iteration, saved, and nothing of the next one
+    assert state["iteration"] == len(metrics(tmp_path)) == stopped.value.iteration == completed
+    assert all(s is not None for s in state["collector"]["env_states"])
+    assert not (tmp_path / "lock").exists()
+    run(["--resume", str(tmp_path)])
+    assert_same_run(straight_dir, tmp_path)
+
+
+def test_resume_with_another_number_of_workers_is_exact(tmp_path):
+    """Env states are per env: VR-edge split over 3 processes resumes split over 2 (or over one, with sync)."""
+    argv = VR + ["--backend", "async", "--num-workers", "2", "--run-dir"]
+    run(argv + [str(tmp_path / "straight")])
+    run(argv + [str(tmp_path / "split")], max_iterations=3)
+    run(["--resume", str(tmp_path / "split"), "--num-workers", "1"])
+    assert_same_run(tmp_path / "straight", tmp_path / "split")
+
+
+def test_an_env_error_keeps_the_last_completed_iteration(tmp_path, monkeypatch):
+    real, calls = EnvGroup.step, []
+
+    def failing(self, *args):
+        calls.append(1)
+        if len(calls) == 16 * 2 + 4:
+            raise RuntimeError("simulated env bug")
+        return real(self, *args)
+    monkeypatch.setattr(EnvGroup, "step", failing)
+    with pytest.raises(Exception, match="simulated env bug"):
+        run(VR + ["--run-dir", str(tmp_path), "--checkpoint-every", "10"])
+    assert final_state(tmp_path)["iteration"] == 2 == len(metrics(tmp_path))
+
+
+def test_after_a_crash_resume_runs_lost_iterations_once(tmp_path):
+    """kill -9 after iteration 5 of a run that saves every 3: rows 4-5 are in metrics.jsonl, not in a checkpoint."""
+    argv = VR + ["--run-dir", str(tmp_path)]
+    run(argv, max_iterations=5)
+    for f in checkpoints.checkpoint_files(tmp_path)[:1]:  # what a kill -9 before the last save leaves
+        f.unlink()
+    (tmp_path / "checkpoints" / "latest").unlink()
+    assert final_state(tmp_path)["iteration"] == 3 and len(metrics(tmp_path)) == 5
+    run(["--resume", str(tmp_path)])
+    straight = tmp_path.parent / "straight_crash"
+    run(VR + ["--run-dir", str(straight)])
+    assert_same_run(straight, tmp_path)
+
+
+# ---------------------------------------------------------------------------- the command line, real signals
+
+def cli(args, cwd, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "trainer.train", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+CLI_ITERATIONS = 40
+CLI_VR = ["--env", "VREdge-v0", "--num-envs", "4", "--num-steps", "64", "--total-steps",
+          str(4 * 64 * CLI_ITERATIONS), "--checkpoint-every", "5", "--seed", "5", "--device", "cpu"]
+
+
+def interrupt_at_random(args, cwd, run_dir, signum, rng):
+    """Start training, wait for its first checkpoint, then send ``signum`` after a random delay."""
+    proc = cli(args, cwd)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "latest").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(rng.uniform(0.0, 2.0))
+    children = psutil.Process(proc.pid).children(recursive=True)  # async workers, if any
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"processes left behind: {alive}"
+    return proc.returncode, out, err
+
+
+def cli_matrix_case(tmp_path, backend, signum, seed):
+    rng = random.Random(seed)
+    extra = ["--backend", backend] + (["--num-workers", "1"] if backend == "async" else [])
+    straight = tmp_path / "straight"
+    done = cli(CLI_VR + extra + ["--run-dir", str(straight), "--checkpoint-every", "100"], tmp_path)
+    assert done.wait(timeout=300) == 0, done.communicate()
+    split = tmp_path / "split"
+    code, out, err = interrupt_at_random(CLI_VR + extra + ["--run-dir", str(split)], tmp_path, split, signum, rng)
+    if final_state(split)["iteration"] == CLI_ITERATIONS:  # the signal came after the last iteration
+        assert code in (0, 128 + signum, -signum), err  # (-signum: during interpreter shutdown)
+    else:
+        assert code == 128 + signum, err
+        assert "resume:" in err and "Traceback" not in err, err
+        assert not (split / "lock").exists()
+        resumed = cli(["--resume", str(split)], tmp_path)
+        assert resumed.wait(timeout=300) == 0, resumed.communicate()
+    a, b = final_state(straight), final_state(split)
+    assert_same_tensors(a["model"], b["model"], "model")
+    assert_same_tensors(a["optimizer"], b["optimizer"], "optimizer")
+    assert metrics(straight) == metrics(split)
+
+
+@pytest.mark.parametrize("backend, signum", [("sync", signal.SIGINT), ("async", signal.SIGTERM)])
+def test_command_line_real_signal_then_resume_is_exact(tmp_path, backend, signum):
+    cli_matrix_case(tmp_path, backend, signum, seed=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("backend, signum", [("sync", signal.SIGTERM), ("async", signal.SIGINT),
+                                             ("serial", signal.SIGUSR1), ("async", signal.SIGUSR1)])
+def test_command_line_signal_matrix(tmp_path, backend, signum, seed):
+    cli_matrix_case(tmp_path, backend, signum, seed)
