@@ -11,6 +11,7 @@ import functools
 import json
 import multiprocessing
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,17 @@ def plot(results: dict[str, dict[str, Any]], run_dir: Path, out: Path) -> Path |
     return out
 
 
+def check_writable(directory: Path) -> None:
+    """Raise ``ValueError`` naming ``directory`` when files cannot be created in it."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".evaluate-", suffix=".tmp"):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write the evaluation outputs to {directory}: {e.strerror or e}; "
+                         "pass --out DIR") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -106,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--baselines", default="all", help="'all', 'none' or comma-separated names (VR-edge only)")
     p.add_argument("--env", default="", help="fail unless the checkpoint was trained on this env id")
     p.add_argument("--json", action="store_true", help="also print the results as JSON to stdout")
+    p.add_argument("--out", default="", help="where evaluation.json/.png go (default: the run directory)")
     args = p.parse_args(argv)
     try:
         if args.episodes < 1:
@@ -114,6 +127,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.env and args.env != cfg.env:
             raise ValueError(f"{source} was trained on {cfg.env}, not {args.env}")
         names = baseline_names(args.baselines, cfg.env)
+        run_dir = checkpoints.run_dir_of(source)
+        out_dir = Path(args.out) if args.out else run_dir
+        check_writable(out_dir)  # before minutes of episodes, not after
     except (ValueError, checkpoints.CheckpointError) as e:
         raise SystemExit(f"error: {e}") from None
     env_fn = functools.partial(gym.make, cfg.env)
@@ -124,7 +140,6 @@ def main(argv: list[str] | None = None) -> None:
         played[name] = run_episodes(envs.make_baseline(name, vr_config), env_fn, args.episodes, args.seed)
     results = {name: summarize(records) for name, records in played.items()}
     paired = {name: paired_difference(played[label], played[name]) for name in names}
-    run_dir = source.parent.parent if source.parent.name == "checkpoints" else source.parent
     payload = {"checkpoint": str(source), "env": cfg.env, "episodes": args.episodes, "seed": args.seed,
                "policy": results[label], "baselines": {n: results[n] for n in names},
                "paired_reward_per_step": paired}
@@ -134,9 +149,9 @@ def main(argv: list[str] | None = None) -> None:
         print("\npolicy minus baseline, reward/step, paired over the same episodes (mean ± 95% CI, policy better in):")
         for name, d in paired.items():
             print(f"  vs {name:<14}{d['mean']:+.3f} ± {d['ci95']:.3f}   {d['wins']}/{d['episodes']} episodes")
-    (run_dir / "evaluation.json").write_text(json.dumps(payload, indent=2))
-    png = plot(results, run_dir, run_dir / "evaluation.png")
-    print(f"\nwrote {run_dir / 'evaluation.json'}" + (f" and {png}" if png else " (pip install matplotlib for a plot)"))
+    (out_dir / "evaluation.json").write_text(json.dumps(payload, indent=2))
+    png = plot(results, run_dir, out_dir / "evaluation.png")
+    print(f"\nwrote {out_dir / 'evaluation.json'}" + (f" and {png}" if png else " (pip install matplotlib for a plot)"))
     if args.json:
         print(json.dumps(payload))
 

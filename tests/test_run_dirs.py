@@ -1,0 +1,277 @@
+"""Around a run directory: flags as typed, TOML types, one run per directory, locks, corruption, full disks."""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import checkpoints
+from checkpoints import CheckpointError, RunDirLock, RunDirLockedError
+from trainer import evaluate as evaluate_cli
+from trainer import train as train_module
+from trainer.config import parse_args
+
+VR = ["--env", "VREdge-v0", "--num-envs", "4", "--num-steps", "16", "--total-steps", str(4 * 16 * 4),
+      "--checkpoint-every", "1", "--seed", "5", "--device", "cpu"]
+
+
+def run(argv, **kw):
+    cli = parse_args(argv)
+    return train_module.train(cli.config, progress=False, resume=cli.resume, given=cli.given,
+                              overwrite=cli.overwrite, **kw)
+
+
+@pytest.fixture
+def two_iterations(tmp_path):
+    run_dir = tmp_path / "run"
+    run(VR + ["--run-dir", str(run_dir)], max_iterations=2)
+    return run_dir
+
+
+# ---------------------------------------------------------------------------- flags mean what was typed
+
+def test_a_flag_counts_as_given_whatever_its_value():
+    assert parse_args(["--total-steps", "3000000", "--num-envs", "64"]).given == {"total_steps": 3_000_000,
+                                                                                  "num_envs": 64}
+    assert parse_args([]).given == {}
+
+
+def test_resume_applies_a_typed_default_value(two_iterations):
+    """--total-steps equal to the default still changes a run that was started with another value."""
+    cli = parse_args(["--resume", str(two_iterations), "--total-steps", "3000000"])
+    cfg, _, _, _ = train_module._resume_state(cli.resume, cli.given)
+    assert cfg.total_steps == 3_000_000
+
+
+def test_resume_refuses_a_typed_default_that_would_change_the_run(two_iterations):
+    with pytest.raises(ValueError, match=r"--num-envs=64 \(run has 4\)"):
+        run(["--resume", str(two_iterations), "--num-envs", "64"])
+
+
+def test_flags_win_over_the_toml_file_even_at_their_default_value(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text("num_envs = 8\nlr = 3e-4\n")
+    cfg = parse_args(["--config", str(toml), "--num-envs", "64"]).config
+    assert cfg.num_envs == 64 and cfg.lr == 3e-4
+
+
+@pytest.mark.parametrize("line, words", [
+    ('anneal_lr = "false"', "anneal_lr = 'false' is str, expected true or false"),
+    ('num_envs = "4"', "num_envs = '4' is str, expected an integer"),
+    ("num_envs = 4.5", "num_envs = 4.5 is float, expected an integer"),
+    ("num_envs = true", "num_envs = True is bool, expected an integer"),
+    ("hidden = [64, 64]", 'hidden = [64, 64] is list, expected a string (e.g. hidden = "64,64")'),
+    ("device = 3", "device = 3 is int, expected a string"),
+    ("no_such_key = 1", "unknown keys"),
+])
+def test_toml_values_are_type_checked_before_anything_is_written(tmp_path, capsys, line, words):
+    toml = tmp_path / "run.toml"
+    toml.write_text(line + "\n")
+    with pytest.raises(SystemExit) as info:
+        train_module.main(["--config", str(toml), "--run-dir", str(tmp_path / "run")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert words in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_toml_integers_are_accepted_for_float_keys(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text("lr = 1\nclip_coef = 0.1\n")
+    cfg = parse_args(["--config", str(toml)]).config
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float) and cfg.clip_coef == 0.1
+
+
+# ---------------------------------------------------------------------------- one run per directory
+
+def test_a_new_run_refuses_a_directory_holding_another_run(two_iterations):
+    before = sorted(p.name for p in checkpoints.checkpoint_files(two_iterations))
+    with pytest.raises(ValueError, match=f"already holds a run.*--resume {two_iterations}.*--overwrite"):
+        run(VR + ["--run-dir", str(two_iterations), "--seed", "6"])
+    assert sorted(p.name for p in checkpoints.checkpoint_files(two_iterations)) == before
+    assert json.loads((two_iterations / "config.json").read_text())["seed"] == 5
+
+
+def test_overwrite_replaces_the_previous_run(two_iterations):
+    (two_iterations / "evaluation.json").write_text("{}")
+    run(VR + ["--run-dir", str(two_iterations), "--seed", "6", "--overwrite"], max_iterations=1)
+    assert [p.name for p in checkpoints.checkpoint_files(two_iterations)] == ["ckpt_00000001.pt"]
+    rows = (two_iterations / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and not (two_iterations / "evaluation.json").exists()
+    assert checkpoints.latest_loadable(two_iterations)[1]["config"]["seed"] == 6
+
+
+def test_overwrite_and_resume_do_not_mix(two_iterations):
+    with pytest.raises(SystemExit):
+        parse_args(["--resume", str(two_iterations), "--overwrite"])
+
+
+def test_resuming_a_copied_run_writes_into_the_copy(two_iterations, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(two_iterations, copy)
+    original = sorted(p.name for p in (two_iterations / "checkpoints").iterdir())
+    summary = run(["--resume", str(copy)])
+    assert summary["run_dir"] == str(copy) and summary["iterations"] == 4
+    assert sorted(p.name for p in (two_iterations / "checkpoints").iterdir()) == original
+    assert checkpoints.latest_loadable(copy)[1]["iteration"] == 4
+    assert json.loads((copy / "config.json").read_text())["run_dir"] == str(copy)
+    with pytest.raises(ValueError, match="writes into the run directory it resumes"):
+        run(["--resume", str(copy), "--run-dir", str(two_iterations)])
+
+
+def test_resume_from_an_older_checkpoint_sets_newer_ones_aside(two_iterations, capsys):
+    run(["--resume", str(two_iterations / "checkpoints" / "ckpt_00000001.pt")], max_iterations=3)
+    names = sorted(p.name for p in (two_iterations / "checkpoints").iterdir())
+    assert "ckpt_00000002.pt.orphaned" in names and "ckpt_00000003.pt" in names
+    assert checkpoints.latest_loadable(two_iterations)[1]["iteration"] == 3
+    assert [json.loads(r)["iteration"] for r in (two_iterations / "metrics.jsonl").read_text().splitlines()] \
+        == [1, 2, 3]
+    assert "set aside ckpt_00000002.pt" in capsys.readouterr().err
+
+
+def test_a_second_trainer_on_a_run_directory_is_refused(two_iterations):
+    with RunDirLock(two_iterations):  # as if another trainer of this host were running
+        with pytest.raises(RunDirLockedError, match=f"in use by pid {os.getpid()}"):
+            run(["--resume", str(two_iterations)])
+        with pytest.raises(RunDirLockedError, match="in use"):
+            run(VR + ["--run-dir", str(two_iterations), "--overwrite"])
+    assert not (two_iterations / "lock").exists()
+    assert run(["--resume", str(two_iterations)])["iterations"] == 4  # free again
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(two_iterations, capsys):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (two_iterations / "lock").write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename,
+                                                     "started": 0, "process_start": None}))
+    run(["--resume", str(two_iterations)])
+    assert "removed a stale lock" in capsys.readouterr().err
+    assert not (two_iterations / "lock").exists()
+
+
+def test_a_lock_from_another_host_is_respected(two_iterations):
+    (two_iterations / "lock").write_text(json.dumps({"pid": 1, "host": "other-node", "started": 0}))
+    with pytest.raises(RunDirLockedError, match=r"pid 1 on other-node.*delete .*lock"):
+        run(["--resume", str(two_iterations)])
+
+
+# ---------------------------------------------------------------------------- corrupted and unwritable files
+
+def test_a_bit_flip_anywhere_is_detected_or_harmless(tmp_path):
+    state = {"model": {"w": torch.arange(4096, dtype=torch.float32)}, "iteration": 7}
+    path = checkpoints.save(tmp_path / "c.pt", state)
+    data = path.read_bytes()
+    marker = data.find(torch.arange(4096, dtype=torch.float32)[1000:1004].numpy().tobytes())
+    assert marker > 0  # the tensor data itself: a flip here must be caught by the checksum
+    positions = [marker + 2] + list(range(0, len(data), max(1, len(data) // 97)))
+    for pos in positions:
+        flipped = bytearray(data)
+        flipped[pos] ^= 0x10
+        path.write_bytes(bytes(flipped))
+        try:
+            loaded = checkpoints.load(path)
+        except CheckpointError:
+            continue
+        assert torch.equal(loaded["model"]["w"], state["model"]["w"]) and loaded["iteration"] == 7, pos
+    flipped = bytearray(data)
+    flipped[marker + 2] ^= 0x10
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        checkpoints.load(path)
+
+
+def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous_one(two_iterations, capsys):
+    newest = checkpoints.checkpoint_files(two_iterations)[0]
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    summary = run(["--resume", str(two_iterations)])
+    err = capsys.readouterr().err
+    assert "skipped" in err and "resumed from" in err and "ckpt_00000001.pt" in err
+    assert summary["iterations"] == 4
+
+
+def test_disk_full_is_a_one_line_error_and_the_previous_checkpoint_stays(tmp_path, monkeypatch):
+    import errno
+    real, calls = os.fsync, []
+
+    def full(fd):
+        calls.append(1)
+        if len(calls) >= 4:  # from the second checkpoint's file on, the disk stays full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(SystemExit) as info:
+        train_module.main(VR + ["--run-dir", str(tmp_path)])
+    monkeypatch.undo()
+    message = str(info.value)
+    assert "cannot write checkpoint" in message and "No space left on device" in message
+    assert str(tmp_path / "checkpoints") in message and "\n" not in message
+    path, state, problems = checkpoints.latest_loadable(tmp_path)
+    assert state["iteration"] == 1 and not problems
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_version_2_checkpoints_are_refused_with_a_clear_message(tmp_path):
+    torch.save({"format_version": 2, "state": {}}, tmp_path / "old.pt")
+    with pytest.raises(CheckpointError, match="format version 2 is not supported"):
+        checkpoints.load(tmp_path / "old.pt")
+
+
+def test_evaluate_checks_that_it_can_write_before_it_computes(two_iterations, tmp_path, monkeypatch):
+    monkeypatch.setattr(evaluate_cli, "run_episodes", lambda *a, **k: pytest.fail("computed before checking"))
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    with pytest.raises(SystemExit) as info:
+        evaluate_cli.main(["--checkpoint", str(two_iterations), "--out", str(blocked / "sub")])
+    assert "cannot write the evaluation outputs" in str(info.value) and "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------- resume on another device
+
+def test_a_checkpoint_holds_nothing_tied_to_a_device(two_iterations):
+    state = checkpoints.latest_loadable(two_iterations)[1]
+
+    def tensors(x):
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, dict):
+            for v in x.values():
+                yield from tensors(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                yield from tensors(v)
+    assert all(t.device.type == "cpu" for t in tensors(state))
+    assert set(state["rng"]) == {"python", "numpy", "torch", "cuda", "acting"}  # the acting sampler is CPU-only
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("first, then", [("cuda", "cpu"), ("cpu", "cuda")])
+def test_resume_on_another_device(tmp_path, first, then):
+    run(VR + ["--run-dir", str(tmp_path), "--device", first], max_iterations=2)
+    assert run(["--resume", str(tmp_path), "--device", then])["iterations"] == 4
+
+
+# ---------------------------------------------------------------------------- commands that work as printed
+
+def test_printed_commands_run_as_printed_from_a_fresh_shell(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = "/usr/bin:/bin"  # a fresh shell: no venv on the PATH
+    args = VR[:-4] + ["--device", "cpu", "--total-steps", str(4 * 16 * 2), "--run-dir", "run"]
+    done = subprocess.run([sys.executable, "-m", "trainer.train", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    printed = {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in done.stdout.splitlines()
+               if ":" in line}
+    evaluate = shlex.split(printed["evaluate"]) + ["--episodes", "1", "--baselines", "none"]
+    longer = printed["train longer"].replace(" N", " " + str(4 * 16 * 3))
+    assert subprocess.run(evaluate, cwd=tmp_path, env=env, capture_output=True, timeout=300).returncode == 0
+    again = subprocess.run(longer, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert checkpoints.latest_loadable(tmp_path / "run")[1]["iteration"] == 3
