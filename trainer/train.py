@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import multiprocessing
 import random
@@ -21,34 +20,16 @@ from tqdm import tqdm
 import checkpoints
 import envs  # noqa: F401 - registers VREdge-v0
 from collectors import RolloutCollector
+from collectors.resources import torch_threads
 from trainer import __version__
 from trainer.batching import plan_minibatches
 from trainer.config import TrainConfig, parse_args, resumed_config
 from trainer.flat_params import flat_parameters
+from trainer.layout import Machine, learner_device, run_layout
 from trainer.model import ActorCritic
 from trainer.ppo import NonFiniteLossError, advantages_and_returns, ppo_update, vtrace_targets
 
 QOE_KEYS = ("quality", "stall_s", "switches")
-
-
-def env_factories(cfg: TrainConfig) -> list:
-    """VR-edge runs as natively batched envs (one per process for async); other ids via gymnasium.make."""
-    if cfg.env not in gym.registry:
-        raise ValueError(f"unknown env id {cfg.env!r}: register it with gymnasium first (e.g. CartPole-v1, "
-                         "VREdge-v0)")
-    workers = ray_workers(cfg)
-    if cfg.env == "VREdge-v0" and cfg.backend != "serial":
-        parts = {"sync": 1, "async": max(2, cfg.num_workers + 1), "ray": workers}[cfg.backend]
-        sizes = [len(a) for a in np.array_split(np.arange(cfg.num_envs), min(parts, cfg.num_envs))]
-        return [functools.partial(envs.VREdgeVectorEnv, n) for n in sizes]
-    return [functools.partial(gym.make, cfg.env)] * cfg.num_envs
-
-
-def ray_workers(cfg: TrainConfig) -> int:
-    """Ray actors: ``--num-workers``, or ``num_envs / --envs-per-worker``, or 2."""
-    if cfg.num_workers:
-        return cfg.num_workers
-    return cfg.num_envs // cfg.envs_per_worker if cfg.envs_per_worker else min(2, cfg.num_envs)
 
 
 def make_model(cfg: TrainConfig) -> ActorCritic:
@@ -66,11 +47,7 @@ def make_model(cfg: TrainConfig) -> ActorCritic:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda requested but CUDA is not available; use --device cpu or auto")
-    return torch.device(name)
+    return torch.device(learner_device(name, torch.cuda.device_count()))
 
 
 class ReturnScaler:
@@ -223,11 +200,12 @@ def _iteration(run: Run, collector: RolloutCollector, plan, iterations: int, sta
 
 
 def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict | None = None,
-          max_iterations: int | None = None) -> dict:
+          max_iterations: int | None = None, machine: Machine | None = None) -> dict:
     """Run PPO as configured (or continue the run at ``resume``); returns a summary.
 
     ``max_iterations`` stops early after that many iterations in total (the LR schedule
-    still follows ``total_steps``), leaving a checkpoint to resume from.
+    still follows ``total_steps``), leaving a checkpoint to resume from. ``machine``
+    replaces the detected one in the run layout (tests simulate machines with it).
     """
     saved, source, notes = None, None, []
     if resume:
@@ -236,29 +214,26 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         cfg = resumed_config(saved["config"], given or {}, str(source))
         if not cfg.run_dir:
             cfg.run_dir = str(source.parent.parent if source.parent.name == "checkpoints" else source.parent)
-    factories = env_factories(cfg)  # checks the env id before anything is created
-    batch_envs = cfg.num_envs // ray_workers(cfg) if cfg.ray_async else cfg.num_envs  # async: one worker's slice
+    # --- run layout (issue 10): computed once here; nothing below recomputes it
+    layout = run_layout(cfg, machine or Machine.detect(cfg.backend, cfg.ray_address))  # checks the env id first
+    print(layout.describe(), *(f"warning: {w}" for w in layout.warnings), sep="\n", file=sys.stderr)
+    factories, batch_envs = layout.env_factories(), layout.batch_envs  # ray_async: one actor's slice
+    # --- end run layout
     plan = plan_minibatches(batch_envs, cfg.num_steps, cfg.batch_size or None)
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr)
     run_dir = Path(cfg.run_dir or f"runs/{cfg.env}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    (run_dir / "config.json").write_text(json.dumps({"config": cfg.to_dict(), "layout": layout.to_dict()}, indent=2))
     run = _new_run(cfg)
     writer = _tensorboard(run_dir) if cfg.tensorboard else None
     iterations = max(1, cfg.total_steps // (batch_envs * cfg.num_steps))
     stop = min(iterations, max_iterations or iterations)
-    if cfg.backend == "ray":
-        per_worker = len(factories) // ray_workers(cfg)
-        remote = dict(num_workers=ray_workers(cfg), envs_per_worker=per_worker, ray_address=cfg.ray_address or None,
-                      cpus_per_worker=cfg.cpus_per_worker, sync=not cfg.ray_async)
-    else:
-        remote = dict(num_workers=cfg.num_workers or None)
     collector = RolloutCollector(factories, run.acting, backend=cfg.backend, horizon=cfg.num_steps,
-                                 seed=cfg.seed, device=run.device, **remote)
+                                 seed=cfg.seed, device=run.device, **layout.collector_kwargs())
     summary: dict = {"run_dir": str(run_dir), "iterations": 0, "interrupted": False}
     last_saved = None
-    with collector:
+    with collector, torch_threads(layout.learn_threads):  # the collector switches to its own count while collecting
         if saved is not None:
             exact = run.restore(saved, collector)
             notes.append(f"resumed from {source} at iteration {run.iteration}")
