@@ -51,7 +51,8 @@ def connect(address: str | None = None, num_cpus: int | None = None):
     if os.environ.get(_LOOPBACK_ENV) != "0":
         warnings.warn(f"ray was imported before {_LOOPBACK_ENV}=0 was set: the local Ray instance listens on all "
                       "interfaces; set it before importing ray (see docs/distributed.md, Security)", stacklevel=2)
-    ray.init(num_cpus=num_cpus or usable_cores(), include_dashboard=False)
+    # "local": a new instance even where `ray start` left one running on this machine
+    ray.init(address="local", num_cpus=num_cpus or usable_cores(), include_dashboard=False)
     return ray
 
 
@@ -70,13 +71,14 @@ def _bundle(cpus: float, options: dict) -> dict[str, float]:
     return bundle
 
 
-def _shortfall(bundles: list[dict[str, float]], have: dict[str, float]) -> str:
-    """``"4.0 CPU (have 2.0)"``-style list of the resources ``bundles`` need beyond ``have``; empty if none."""
+def _shortfall(bundles: list[dict[str, float]], have: dict[str, float], what: str) -> str:
+    """``"8 CPU (cluster has 4)"``-style list of the resources ``bundles`` need beyond ``have``; empty if none."""
     need: dict[str, float] = {}
     for b in bundles:
         for k, v in b.items():
             need[k] = need.get(k, 0.0) + v
-    return ", ".join(f"{v:g} {k} (have {have.get(k, 0.0):g})" for k, v in need.items() if v > have.get(k, 0.0) + 1e-9)
+    return ", ".join(f"{v:g} {k} ({what} {have.get(k, 0.0):g})" for k, v in need.items()
+                     if v > have.get(k, 0.0) + 1e-9)
 
 
 def policy_weights(policy: Any) -> dict[str, np.ndarray] | None:
@@ -188,19 +190,17 @@ class RayBackend:
         never mistaken for a missing resource, and a replaced actor gets its bundle back.
         """
         from ray.util.placement_group import placement_group, remove_placement_group
-        missing = _shortfall(bundles, total)
+        missing = _shortfall(bundles, total, "cluster has")
         if missing:
-            raise ValueError(f"ray: {len(bundles)} workers need {missing} in the whole cluster; lower num_workers "
-                             "or cpus_per_worker (or the resources in worker_options), or add nodes")
+            raise ValueError(f"ray: {len(bundles)} workers need {missing}; lower num_workers or cpus_per_worker "
+                             "(or the resources in worker_options), or add nodes")
         pg = placement_group(bundles, strategy="PACK")
         if not pg.wait(timeout_seconds=PLACEMENT_TIMEOUT_S):
-            free = self.ray.available_resources()
+            short = _shortfall(bundles, self.ray.available_resources(), "free")
             remove_placement_group(pg)
             raise ValueError(f"ray: {len(bundles)} workers could not be placed within {PLACEMENT_TIMEOUT_S:g} s: "
-                             f"they need {_shortfall(bundles, {}) or 'resources'}, free now: "
-                             f"{_shortfall(bundles, free) or 'enough in total, but no node fits a worker whole'}; "
-                             "other actors or jobs hold the rest: free them, lower num_workers or "
-                             "cpus_per_worker, or add nodes")
+                             f"they need {short or 'a node that fits each worker whole'}; other actors or jobs "
+                             "hold the rest: free them, lower num_workers or cpus_per_worker, or add nodes")
         return pg
 
     def _in_bundle(self, w: int):
