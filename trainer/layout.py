@@ -103,17 +103,17 @@ class RunLayout:
     def describe(self) -> str:
         """Two lines for the start of a run."""
         m = self.machine
-        where = f"{m.cores} cores, {m.gpus} GPU{'s' if m.gpus != 1 else ''}"
+        where = f"{_count(m.cores, 'core')}, {_count(m.gpus, 'GPU')}"
         if m.ray_cpus is not None:
             where += f", Ray cluster {m.ray_cpus:g} CPUs ({m.ray_cpus_here:g} here)"
         sizes = sorted(set(self.factory_envs))
         per = "-".join(str(s) for s in (sizes[0], sizes[-1]) if s) if len(sizes) > 1 else str(sizes[0])
         kind = f"{len(self.factory_envs)} x {'VREdgeVectorEnv(' + per + ')' if self.vectorized else 'gym.make'}"
         if self.backend == "async":
-            procs = f"{self.workers} worker processes" + (" + this process" if self.main_share else "")
+            procs = _count(self.workers, "worker process", "es") + (" + this process" if self.main_share else "")
         elif self.backend == "ray":
-            procs = f"{self.workers} Ray actors x {self.cpus_per_worker:g} CPU, {self.factories_per_worker} " \
-                    "factories each"
+            procs = f"{_count(self.workers, 'Ray actor')} x {self.cpus_per_worker:g} CPU, " \
+                    f"{_count(self.factories_per_worker, 'factory')} each"
         else:
             procs = "this process"
         return (f"layout: {self.env}, {self.num_envs} envs as {kind}; {self.backend}: {procs}; {where}; "
@@ -123,6 +123,12 @@ class RunLayout:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _count(n: int, noun: str, suffix: str = "s") -> str:
+    if noun.endswith("y") and n != 1:
+        return f"{n} {noun[:-1]}ies"
+    return f"{n} {noun}{suffix if n != 1 else ''}"
 
 
 def learner_device(name: str, gpus: int) -> str:
