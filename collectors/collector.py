@@ -12,6 +12,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from collectors.backends import BACKENDS
+from collectors.resources import torch_threads
 from collectors.seeding import env_seeds
 from collectors.storage import RolloutStorage, torch_dtype
 
@@ -61,9 +62,9 @@ class RolloutCollector:
         seed: run seed; env ``i`` is reset with the i-th ``SeedSequence(seed).spawn`` seed.
             A sequence gives each env its seed explicitly (one per env).
         device: where ``collect()`` puts the batch (one transfer per rollout).
-        num_workers: async only; worker processes (default: physical cores - 1, since
-            the collecting process steps a share itself when ``main_share``). Ray: actors
-            (default: one per env factory).
+        num_workers: async only; worker processes (default: one busy process per usable core,
+            the collecting process included when ``main_share``; see ``collectors.resources``).
+            Ray: actors (default: as many equal slices of the factories as the cluster's CPUs hold).
         main_share: async only; whether the collecting process steps a share of the envs.
         envs_per_worker, ray_address, cpus_per_worker, worker_options: ray only; env
             factories per actor, cluster address (default: reuse a running Ray or start a
@@ -71,6 +72,9 @@ class RolloutCollector:
         sync: ray only; ``False`` collects IMPALA-style: ``collect()`` returns the first
             worker's ``[T, K]`` rollout that is ready, collected with weights of version
             ``batch_version`` (compare with ``policy_version``).
+        num_threads: torch intra-op threads of this process while ``collect()`` runs (restored
+            afterwards, so a learner in this process keeps its own count); ``None``: unchanged.
+            Workers always use one thread each.
 
     With ``backend="ray"`` the policy runs on the actors (it must be picklable, e.g. an
     ``nn.Module``); its weights are sent once per rollout.
@@ -80,7 +84,8 @@ class RolloutCollector:
                  horizon: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_workers: int | None = None, main_share: bool = True, envs_per_worker: int | None = None,
                  ray_address: str | None = None, cpus_per_worker: float = 1.0,
-                 worker_options: Sequence[dict] | dict | None = None, sync: bool = True) -> None:
+                 worker_options: Sequence[dict] | dict | None = None, sync: bool = True,
+                 num_threads: int | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if isinstance(env_fns, (gym.Env, gym.vector.VectorEnv)) or callable(env_fns):
@@ -99,7 +104,11 @@ class RolloutCollector:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but CUDA is not available; use device='cpu'")
+        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
+                                        or num_threads < 1):
+            raise ValueError(f"num_threads={num_threads!r} is invalid: an integer >= 1, or None to leave it")
         self.horizon = horizon
+        self.num_threads = num_threads
         explicit = None if isinstance(seed, (int, np.integer)) else [int(s) for s in seed]
         if explicit is None:
             env_seeds(seed, 0)  # validates the seed before any worker starts
@@ -182,7 +191,8 @@ class RolloutCollector:
             raise RuntimeError("collect() on a closed RolloutCollector")
         self.policy_version += 1
         try:
-            return self._collect_ray() if self.backend_name == "ray" else self._collect()
+            with torch_threads(self.num_threads):
+                return self._collect_ray() if self.backend_name == "ray" else self._collect()
         except BaseException:
             self.close()  # a failed rollout leaves no workers behind
             raise

@@ -220,7 +220,7 @@ def test_vector_env_with_next_step_autoreset_is_rejected():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_one_host_to_device_copy_per_rollout():
-    from benchmarks.gpu_check import count_h2d_copies
+    from benchmarks.device_check import count_h2d_copies
     assert count_h2d_copies(num_envs=8, horizon=32) == 1
 
 

@@ -5,8 +5,8 @@ import importlib
 
 import pytest
 
-MODULES = ["envs.vr_edge", "envs.vector", "envs.baselines", "collectors.collector", "trainer.model",
-           "trainer.flat_params"]
+MODULES = ["envs.vr_edge", "envs.vector", "envs.baselines", "collectors.collector", "collectors.resources",
+           "trainer.model", "trainer.flat_params", "trainer.layout"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,3 +1,9 @@
+import ast
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
@@ -119,3 +125,64 @@ def test_training_on_ray_sync_and_async_then_resume(cluster, tmp_path, mode):
         assert all(r["policy_lag"] <= 1 for r in rows)
     else:
         assert summary["lags"] == {0: len(rows) - 4}
+
+
+def test_default_actor_count_fits_the_cluster_cpus(cluster):
+    # one actor per factory at 2 CPUs each would need 16 CPUs of the cluster's 4 and wait forever
+    with RolloutCollector([f.vr_edge] * 8, ActorCritic(*vr_spaces()), backend="ray", horizon=5,
+                          cpus_per_worker=2) as c:
+        assert len(c.backend.actors) == 2 and c.collect().batch_size == torch.Size([5, 8])
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(num_workers=4, cpus_per_worker=2), r"need 8 CPU \(cluster has 4\)"),
+    (dict(num_workers=2, cpus_per_worker=0.25, worker_options={"resources": {"big_gpu_node": 1}}),
+     r"2 big_gpu_node \(cluster has 0\)"),
+])
+def test_a_request_the_cluster_cannot_meet_fails_at_once(cluster, kw, words):
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=words):
+        RolloutCollector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", **kw)
+    assert time.monotonic() - start < 5
+
+
+def test_resources_held_by_others_fail_after_the_placement_timeout(cluster, monkeypatch):
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from collectors.backends import ray_
+    hold = placement_group([{"CPU": 2}, {"CPU": 2}], strategy="SPREAD")  # every CPU of the cluster
+    assert hold.wait(timeout_seconds=30)
+    monkeypatch.setattr(ray_, "PLACEMENT_TIMEOUT_S", 2.0)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ValueError, match=r"could not be placed within 2 s: they need 2 CPU \(free 0\)"):
+            RolloutCollector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="ray", num_workers=2)
+        assert time.monotonic() - start < 10
+    finally:
+        remove_placement_group(hold)
+
+
+def test_machine_reads_the_ray_cluster_cpus(cluster):
+    from trainer.layout import Machine
+    m = Machine.detect("ray")
+    assert (m.ray_cpus, m.ray_cpus_here) == (4.0, 2.0)
+
+
+def test_a_local_ray_started_by_the_project_listens_on_loopback_only():
+    script = (
+        "import psutil\n"
+        "from collectors.backends.ray_ import connect\n"
+        "ray = connect(num_cpus=1)\n"
+        "ray.get(ray.remote(lambda: 1).remote())\n"
+        "ips = {c.laddr.ip for p in psutil.Process().children(recursive=True) for c in p.net_connections('tcp')\n"
+        "       if c.status == psutil.CONN_LISTEN}\n"
+        "print(sorted(ips), ray.get_runtime_context().gcs_address)\n"
+        "ray.shutdown()\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=root,
+                         env={**env, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr
+    ips, gcs = out.stdout.strip().rsplit(" ", 1)
+    assert gcs.startswith("127.0.0.1:")
+    assert ips != "[]" and set(ast.literal_eval(ips)) <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, ips

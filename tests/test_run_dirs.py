@@ -94,7 +94,7 @@ def test_a_new_run_refuses_a_directory_holding_another_run(two_iterations):
     with pytest.raises(ValueError, match=f"already holds a run.*--resume {two_iterations}.*--overwrite"):
         run(VR + ["--run-dir", str(two_iterations), "--seed", "6"])
     assert sorted(p.name for p in checkpoints.checkpoint_files(two_iterations)) == before
-    assert json.loads((two_iterations / "config.json").read_text())["seed"] == 5
+    assert json.loads((two_iterations / "config.json").read_text())["config"]["seed"] == 5
 
 
 def test_overwrite_replaces_the_previous_run(two_iterations):
@@ -119,7 +119,7 @@ def test_resuming_a_copied_run_writes_into_the_copy(two_iterations, tmp_path):
     assert summary["run_dir"] == str(copy) and summary["iterations"] == 4
     assert sorted(p.name for p in (two_iterations / "checkpoints").iterdir()) == original
     assert checkpoints.latest_loadable(copy)[1]["iteration"] == 4
-    assert json.loads((copy / "config.json").read_text())["run_dir"] == str(copy)
+    assert json.loads((copy / "config.json").read_text())["config"]["run_dir"] == str(copy)
     with pytest.raises(ValueError, match="writes into the run directory it resumes"):
         run(["--resume", str(copy), "--run-dir", str(two_iterations)])
 

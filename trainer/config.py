@@ -25,6 +25,7 @@ class TrainConfig:
     device: str = "auto"
     run_dir: str = ""
     num_workers: int = 0
+    threads: int = 0
     lr: float = 1e-3
     anneal_lr: bool = True
     gamma: float = 0.9
@@ -62,7 +63,11 @@ class TrainConfig:
         "total_steps": "env steps to train for", "seed": "run seed (envs, init, sampling)",
         "device": "auto (cuda when available), cpu or cuda",
         "run_dir": "run directory of a new run (default runs/<env>-s<seed>-<time>)",
-        "num_workers": "async processes or ray actors (0: backend default)", "lr": "Adam learning rate",
+        "num_workers": "async worker processes or ray actors (0: from the run layout: one busy process per core, "
+                       "or the actors the Ray cluster's CPUs hold)",
+        "threads": "torch threads of this process (0: from the run layout: the cores the workers leave free while "
+                   "collecting, all cores while learning)",
+        "lr": "Adam learning rate",
         "anneal_lr": "linear LR annealing to 0 over total_steps", "gamma": "discount",
         "gae_lambda": "GAE lambda", "epochs": "PPO epochs per rollout",
         "batch_size": "minibatch size (0: planner picks from num_envs x num_steps)",
@@ -76,7 +81,7 @@ class TrainConfig:
         "shared_trunk": "one trunk for actor and critic",
         "tensorboard": "also log to TensorBoard (needs the tensorboard extra)",
         "ray_address": "ray backend: cluster address (empty: reuse a running Ray or start a local one)",
-        "envs_per_worker": "ray backend: env factories per actor (0: split evenly)",
+        "envs_per_worker": "async/ray: envs per process or actor (0: from the run layout)",
         "cpus_per_worker": "ray backend: CPUs reserved per actor (fractions allowed)",
         "ray_async": "ray backend: IMPALA-style collection with V-trace correction",
         "max_lag": "ray_async: drop batches collected more than this many policy versions ago",
@@ -108,6 +113,7 @@ class TrainConfig:
         need(self.batch_size >= 0, "batch_size", "must be >= 0 (0 lets the planner choose)")
         need(self.target_kl >= 0, "target_kl", "must be >= 0 (0 disables it)")
         need(self.num_workers >= 0, "num_workers", "must be >= 0 (0: backend default)")
+        need(self.threads >= 0, "threads", "must be >= 0 (0: from the run layout)")
         need(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device",
              "use auto, cpu or cuda")
         try:
@@ -133,8 +139,8 @@ def _bool(text: str) -> bool:
 
 
 # keys a resumed run may change; every other key must match the checkpoint's config
-RESUMABLE_CHANGES = {"total_steps", "device", "num_workers", "tensorboard", "checkpoint_every", "keep_checkpoints",
-                     "config", "ray_address", "cpus_per_worker"}
+RESUMABLE_CHANGES = {"total_steps", "device", "num_workers", "threads", "tensorboard", "checkpoint_every",
+                     "keep_checkpoints", "config", "ray_address", "cpus_per_worker"}
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import multiprocessing
 import os
@@ -26,35 +25,17 @@ from tqdm import tqdm
 import checkpoints
 import envs  # noqa: F401 - registers VREdge-v0
 from collectors import RolloutCollector
+from collectors.resources import torch_threads
 from trainer import __version__
 from trainer.batching import plan_minibatches
 from trainer.config import TrainConfig, parse_args, resumed_config
 from trainer.flat_params import flat_parameters
 from trainer.interrupts import Interrupted, StopSignals
+from trainer.layout import Machine, learner_device, run_layout
 from trainer.model import ActorCritic
 from trainer.ppo import NonFiniteLossError, advantages_and_returns, ppo_update, vtrace_targets
 
 QOE_KEYS = ("quality", "stall_s", "switches")
-
-
-def env_factories(cfg: TrainConfig) -> list:
-    """VR-edge runs as natively batched envs (one per process for async); other ids via gymnasium.make."""
-    if cfg.env not in gym.registry:
-        raise ValueError(f"unknown env id {cfg.env!r}: register it with gymnasium first (e.g. CartPole-v1, "
-                         "VREdge-v0)")
-    workers = ray_workers(cfg)
-    if cfg.env == "VREdge-v0" and cfg.backend != "serial":
-        parts = {"sync": 1, "async": max(2, cfg.num_workers + 1), "ray": workers}[cfg.backend]
-        sizes = [len(a) for a in np.array_split(np.arange(cfg.num_envs), min(parts, cfg.num_envs))]
-        return [functools.partial(envs.VREdgeVectorEnv, n) for n in sizes]
-    return [functools.partial(gym.make, cfg.env)] * cfg.num_envs
-
-
-def ray_workers(cfg: TrainConfig) -> int:
-    """Ray actors: ``--num-workers``, or ``num_envs / --envs-per-worker``, or 2."""
-    if cfg.num_workers:
-        return cfg.num_workers
-    return cfg.num_envs // cfg.envs_per_worker if cfg.envs_per_worker else min(2, cfg.num_envs)
 
 
 def make_model(cfg: TrainConfig) -> ActorCritic:
@@ -72,11 +53,7 @@ def make_model(cfg: TrainConfig) -> ActorCritic:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda requested but CUDA is not available; use --device cpu or auto")
-    return torch.device(name)
+    return torch.device(learner_device(name, torch.cuda.device_count()))
 
 
 class ReturnScaler:
@@ -87,17 +64,17 @@ class ReturnScaler:
         self.ret = torch.zeros(num_envs, dtype=torch.float64, device=device)
         self.moments = torch.tensor([0.0, 1.0, 1e-4], dtype=torch.float64, device=device)  # mean, var, count
 
-    def scale(self, rewards: torch.Tensor, done: torch.Tensor, envs: slice | None = None) -> torch.Tensor:
-        """The factor for a ``[T, n]`` batch of the envs ``envs`` (default: all; IMPALA batches hold one slice)."""
-        envs = envs if envs is not None else slice(None)
-        ret = self.ret[envs]
+    def scale(self, rewards: torch.Tensor, done: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        """The factor for a ``[T, n]`` batch of the envs ``rows`` (default: all; IMPALA batches hold one slice)."""
+        rows = rows if rows is not None else slice(None)
+        ret = self.ret[rows]
         rets = torch.empty_like(rewards, dtype=torch.float64)
         for t in range(rewards.shape[0]):
             ret = ret * self.gamma + rewards[t]
             rets[t] = ret
             ret = torch.where(done[t], torch.zeros_like(ret), ret)
         self.ret = self.ret.clone()
-        self.ret[envs] = ret
+        self.ret[rows] = ret
         mean, var, count = self.moments
         n = rets.numel()
         delta, total = rets.mean() - mean, count + n
@@ -317,11 +294,12 @@ class TrainingStopped(Interrupted):
 
 
 def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict | None = None,
-          max_iterations: int | None = None, overwrite: bool = False) -> dict:
+          max_iterations: int | None = None, overwrite: bool = False, machine: Machine | None = None) -> dict:
     """Run PPO as configured (or continue the run at ``resume``); returns a summary.
 
     ``max_iterations`` stops early after that many iterations in total (the LR schedule
-    still follows ``total_steps``), leaving a checkpoint to resume from.
+    still follows ``total_steps``), leaving a checkpoint to resume from. ``machine``
+    replaces the detected one in the run layout (tests simulate machines with it).
 
     Durability: after every completed iteration the whole state is snapshotted (in memory,
     under a signal guard); whatever ends the run (SIGINT, SIGTERM, SIGUSR1, an error), that
@@ -333,8 +311,10 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         saved, source, notes = None, None, []
         if resume:  # read before the lock is taken: files are replaced atomically, and a typo creates nothing
             cfg, source, saved, notes = _resume_state(resume, given or {})
-        factories = env_factories(cfg)  # checks the env id before anything is created
-        batch_envs = cfg.num_envs // ray_workers(cfg) if cfg.ray_async else cfg.num_envs  # async: one worker's slice
+        # the run layout: computed once here; nothing below recomputes it
+        layout = run_layout(cfg, machine or Machine.detect(cfg.backend, cfg.ray_address))  # checks the env id
+        print(layout.describe(), *(f"warning: {w}" for w in layout.warnings), sep="\n", file=sys.stderr)
+        factories, batch_envs = layout.env_factories(), layout.batch_envs  # ray_async: one actor's slice
         plan = plan_minibatches(batch_envs, cfg.num_steps, cfg.batch_size or None)
         for w in plan.warnings:
             print(f"warning: {w}", file=sys.stderr)
@@ -352,23 +332,18 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         if lock.stale:
             notes.append(lock.stale)
         cfg.run_dir = str(run_dir)
-        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        (run_dir / "config.json").write_text(json.dumps({"config": cfg.to_dict(), "layout": layout.to_dict()},
+                                                        indent=2))
         run = _new_run(cfg)
         writer = _tensorboard(run_dir) if cfg.tensorboard else None
         if writer:
             stack.callback(writer.close)
         iterations = max(1, cfg.total_steps // (batch_envs * cfg.num_steps))
         stop = min(iterations, max_iterations or iterations)
-        if cfg.backend == "ray":
-            per_worker = len(factories) // ray_workers(cfg)
-            remote = dict(num_workers=ray_workers(cfg), envs_per_worker=per_worker,
-                          ray_address=cfg.ray_address or None, cpus_per_worker=cfg.cpus_per_worker,
-                          sync=not cfg.ray_async)
-        else:
-            remote = dict(num_workers=cfg.num_workers or None)
         collector = stack.enter_context(RolloutCollector(factories, run.acting, backend=cfg.backend,
                                                          horizon=cfg.num_steps, seed=cfg.seed, device=run.device,
-                                                         **remote))
+                                                         **layout.collector_kwargs()))
+        stack.enter_context(torch_threads(layout.learn_threads))  # the collector uses its own count while collecting
         if saved is not None:
             exact = run.restore(saved, collector)
             notes.append(f"resumed from {source} at iteration {run.iteration}")

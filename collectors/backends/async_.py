@@ -7,7 +7,6 @@ few cores an extra busy process only evicts caches (see ``docs/benchmarks.md``).
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
 import traceback
@@ -21,6 +20,7 @@ import torch
 import torch.multiprocessing as tmp
 
 from collectors.env_group import EnvError, EnvGroup, EpisodeInfo, StepViews, check_same_spaces
+from collectors.resources import async_workers, usable_cores
 from collectors.storage import torch_dtype
 
 _FIELDS = ("next_obs", "rewards", "terminated", "truncated", "final_obs", "final_mask")  # final_* last
@@ -29,23 +29,6 @@ _CLOSE_TIMEOUT_S = 3.0
 
 class WorkerDiedError(RuntimeError):
     """A worker process exited while the collector was waiting for it."""
-
-
-def physical_cores() -> int:
-    """Number of physical CPU cores (logical count where the topology is unknown)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cores, phys = set(), "0"
-            for line in f:
-                if line.startswith("physical id"):
-                    phys = line.split(":")[1].strip()
-                elif line.startswith("core id"):
-                    cores.add((phys, line.split(":")[1].strip()))
-        if cores:
-            return len(cores)
-    except OSError:
-        pass
-    return os.cpu_count() or 1
 
 
 def check_picklable(env_fns: Sequence[Callable[[], Any]]) -> None:
@@ -137,8 +120,9 @@ class AsyncBackend:
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], num_workers: int | None = None,
                  main_share: bool = True) -> None:
-        if num_workers is None:
-            num_workers = max(1, physical_cores() - (1 if main_share else 0))
+        if num_workers is None:  # one busy process per usable core (a sharing collecting process is one of them)
+            cores = usable_cores()
+            num_workers = async_workers(cores, len(env_fns))[0] if main_share else min(cores, len(env_fns))
         parts = num_workers + (1 if main_share else 0)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= parts <= len(env_fns) \
                 or num_workers < 1:

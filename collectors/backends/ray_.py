@@ -8,6 +8,9 @@ object store (one ``ray.put`` of NumPy arrays).
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,10 +18,15 @@ import numpy as np
 import torch
 
 from collectors.env_group import EnvGroup, check_same_spaces
+from collectors.resources import largest_divisor_at_most, usable_cores
 from collectors.seeding import env_seeds
 
 log = logging.getLogger("collectors.ray")
 _MAX_RESTARTS_PER_ROLLOUT = 3
+PLACEMENT_TIMEOUT_S = 20.0  # how long the workers' resources may stay taken before we give up instead of hanging
+# Ray reads this once, at import: "0" makes a local instance's node IP 127.0.0.1, so that every
+# Ray server listens on loopback only (otherwise they listen on all interfaces)
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def require_ray():
@@ -27,6 +35,50 @@ def require_ray():
     except ImportError:
         raise ImportError("backend='ray' needs Ray: pip install -e '.[ray]' (or pip install 'ray>=2.9')") from None
     return ray
+
+
+def connect(address: str | None = None, num_cpus: int | None = None):
+    """Initialised Ray: the cluster at ``address``, a Ray already running in this process, or a new
+    local instance with ``num_cpus`` CPUs (default: the cores this process may use) bound to 127.0.0.1."""
+    if not address and "ray" not in sys.modules:
+        os.environ.setdefault(_LOOPBACK_ENV, "0")
+    ray = require_ray()
+    if ray.is_initialized():
+        return ray
+    if address:
+        ray.init(address=address)
+        return ray
+    if os.environ.get(_LOOPBACK_ENV) != "0":
+        warnings.warn(f"ray was imported before {_LOOPBACK_ENV}=0 was set: the local Ray instance listens on all "
+                      "interfaces; set it before importing ray (see docs/distributed.md, Security)", stacklevel=2)
+    # "local": a new instance even where `ray start` left one running on this machine
+    ray.init(address="local", num_cpus=num_cpus or usable_cores(), include_dashboard=False)
+    return ray
+
+
+def cluster_cpus(ray) -> tuple[float, float]:
+    """CPUs of the whole Ray cluster, and of the node this process runs on (actors there share its cores)."""
+    node = ray.get_runtime_context().get_node_id()
+    here = sum(n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"] and n["NodeID"] == node)
+    return float(ray.cluster_resources().get("CPU", 0.0)), float(here)
+
+
+def _bundle(cpus: float, options: dict) -> dict[str, float]:
+    """The resources one worker holds: its CPUs plus any custom resources and GPUs from its options."""
+    bundle = {"CPU": cpus, **options.get("resources", {})}
+    if options.get("num_gpus"):
+        bundle["GPU"] = options["num_gpus"]
+    return bundle
+
+
+def _shortfall(bundles: list[dict[str, float]], have: dict[str, float], what: str) -> str:
+    """``"8 CPU (cluster has 4)"``-style list of the resources ``bundles`` need beyond ``have``; empty if none."""
+    need: dict[str, float] = {}
+    for b in bundles:
+        for k, v in b.items():
+            need[k] = need.get(k, 0.0) + v
+    return ", ".join(f"{v:g} {k} ({what} {have.get(k, 0.0):g})" for k, v in need.items()
+                     if v > have.get(k, 0.0) + 1e-9)
 
 
 def policy_weights(policy: Any) -> dict[str, np.ndarray] | None:
@@ -84,10 +136,11 @@ class RayBackend:
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Any, horizon: int, seed: int,
                  num_workers: int | None, envs_per_worker: int | None, ray_address: str | None,
                  cpus_per_worker: float = 1.0, worker_options: Sequence[dict] | dict | None = None) -> None:
-        ray = require_ray()
+        ray = connect(ray_address)
         n = len(env_fns)
-        if num_workers is None and envs_per_worker is None:
-            num_workers = n
+        total = ray.cluster_resources()
+        if num_workers is None and envs_per_worker is None:  # as many equal slices as the cluster's CPUs hold
+            num_workers = largest_divisor_at_most(n, int(total.get("CPU", 0.0) // cpus_per_worker + 1e-9))
         if num_workers is None:
             num_workers = n // envs_per_worker if envs_per_worker else n
         envs_per_worker = envs_per_worker or max(1, n // num_workers)
@@ -95,11 +148,6 @@ class RayBackend:
                 or num_workers * envs_per_worker != n:
             raise ValueError(f"num_workers={num_workers!r} x envs_per_worker={envs_per_worker!r} must equal the "
                              f"number of env factories ({n}); e.g. num_workers={n}, envs_per_worker=1")
-        if not ray.is_initialized():
-            if ray_address:
-                ray.init(address=ray_address)
-            else:
-                ray.init(include_dashboard=False)
         self.ray = ray
         self.horizon, self.policy, self.seed = horizon, policy, seed
         self.cpus_per_worker = cpus_per_worker
@@ -107,9 +155,24 @@ class RayBackend:
         if len(opts) != num_workers:
             raise ValueError(f"worker_options has {len(opts)} entries for {num_workers} workers")
         self.options = [dict(o) for o in opts]
+        if any("scheduling_strategy" in o for o in self.options):
+            raise ValueError("worker_options may not set scheduling_strategy: each worker runs in its bundle of "
+                             "the backend's placement group; use resources={...} to choose nodes")
         self.groups = [list(env_fns[w * envs_per_worker:(w + 1) * envs_per_worker]) for w in range(num_workers)]
-        count = ray.remote(num_cpus=cpus_per_worker)(_count_envs)
-        counted = ray.get([count.options(**o).remote(g) for g, o in zip(self.groups, self.options)])
+        self.actors: list = []
+        self.pg = self._reserve([_bundle(cpus_per_worker, o) for o in self.options], total)
+        self.restarts = 0
+        self.events: list[str] = []
+        try:
+            self._start(ray.remote(num_cpus=cpus_per_worker)(_count_envs))
+        except BaseException:
+            self.close()  # releases the reserved resources
+            raise
+
+    def _start(self, count) -> None:
+        """Learn the workers' env counts and spaces (one task per bundle), then start the actors."""
+        counted = self.ray.get([count.options(**o, scheduling_strategy=self._in_bundle(w)).remote(g)
+                                for w, (g, o) in enumerate(zip(self.groups, self.options))])
         spaces = [s for _, group_spaces in counted for s in group_spaces]
         check_same_spaces(spaces)
         self.observation_space, self.action_space, _ = spaces[0]
@@ -117,16 +180,39 @@ class RayBackend:
         self.num_envs = sum(sizes)
         starts = np.cumsum([0, *sizes])
         self.slices = [slice(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
-        self.seeds = env_seeds(seed, self.num_envs)
-        self.restarts = 0
-        self.events: list[str] = []
-        self.actor_cls = ray.remote(RolloutWorker)
-        self.actors = [self._spawn(w, self.seeds[self.slices[w]]) for w in range(num_workers)]
-        self.states: list[dict[str, Any] | None] = [None] * num_workers
+        self.seeds = env_seeds(self.seed, self.num_envs)
+        self.actor_cls = self.ray.remote(RolloutWorker)
+        self.actors = [self._spawn(w, self.seeds[self.slices[w]]) for w in range(len(self.groups))]
+        self.states: list[dict[str, Any] | None] = [None] * len(self.actors)
+
+    def _reserve(self, bundles: list[dict[str, float]], total: dict[str, float]):
+        """Reserve every worker's resources up front, or raise naming what is missing (never wait forever).
+
+        A placement group holds the resources before any actor starts, so a slow actor start is
+        never mistaken for a missing resource, and a replaced actor gets its bundle back.
+        """
+        from ray.util.placement_group import placement_group, remove_placement_group
+        missing = _shortfall(bundles, total, "cluster has")
+        if missing:
+            raise ValueError(f"ray: {len(bundles)} workers need {missing}; lower num_workers or cpus_per_worker "
+                             "(or the resources in worker_options), or add nodes")
+        pg = placement_group(bundles, strategy="PACK")
+        if not pg.wait(timeout_seconds=PLACEMENT_TIMEOUT_S):
+            short = _shortfall(bundles, self.ray.available_resources(), "free")
+            remove_placement_group(pg)
+            raise ValueError(f"ray: {len(bundles)} workers could not be placed within {PLACEMENT_TIMEOUT_S:g} s: "
+                             f"they need {short or 'a node that fits each worker whole'}; other actors or jobs "
+                             "hold the rest: free them, lower num_workers or cpus_per_worker, or add nodes")
+        return pg
+
+    def _in_bundle(self, w: int):
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=w)
 
     def _spawn(self, w: int, seeds: list[int]):
         policy_seed = int(np.random.SeedSequence([self.seed, w, self.restarts]).generate_state(1)[0])
-        return self.actor_cls.options(num_cpus=self.cpus_per_worker, **self.options[w]).remote(
+        return self.actor_cls.options(num_cpus=self.cpus_per_worker, scheduling_strategy=self._in_bundle(w),
+                                      **self.options[w]).remote(
             self.groups[w], self.policy, self.horizon, list(seeds), self.slices[w].start, policy_seed)
 
     def _replace(self, w: int, error: Exception) -> None:
@@ -190,6 +276,13 @@ class RayBackend:
             except Exception:
                 pass
         self.actors = []
+        if getattr(self, "pg", None) is not None:
+            from ray.util.placement_group import remove_placement_group
+            try:
+                remove_placement_group(self.pg)
+            except Exception:
+                pass
+            self.pg = None
 
 
 class AsyncRollouts:

@@ -1,0 +1,199 @@
+"""Device check: what a GPU machine has to show, as one report.
+
+    python -m benchmarks.device_check            # a few minutes on one H200 with 16 cores (under 8)
+    python -m benchmarks.device_check --quick    # tiny sizes; what CI runs on the CPU
+
+(a) host-to-device copies per rollout, counted with the PyTorch profiler (must be 1);
+(b) end-to-end VR-edge training steps/s, CUDA vs CPU, with the default config and with
+1024 envs, for ``sync`` and for ``async`` with 1, 4, 8 and 15 workers;
+(c) PPO update throughput (samples/s), CUDA vs CPU, at 64x128 and 1024x128 batches;
+(d) N iterations + resume + N iterations == 2N iterations on CUDA, deterministic algorithms on.
+
+Without CUDA, (a) is skipped with the reason, (b) and (c) run on the CPU alone, and (d) runs
+on the CPU so that its code path stays tested. Exits 1 when (a) or (d) fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import checkpoints
+import envs
+from benchmarks.machine import print_machine
+from collectors import RolloutCollector
+from trainer import train as train_module
+from trainer.batching import plan_minibatches
+from trainer.config import TrainConfig
+from trainer.model import ActorCritic
+from trainer.ppo import advantages_and_returns, ppo_update
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each part runs: the full check, or ``--quick`` for CI."""
+
+    envs: tuple[int, ...] = (64, 1024)  # (b): the default config's num_envs, and 1024
+    num_steps: int = 128
+    workers: tuple[int, ...] = (1, 4, 8, 15)  # (b): async workers
+    iterations: int = 3  # (b): the first one is warm-up and not timed
+    update_batches: tuple[tuple[int, int], ...] = ((64, 128), (1024, 128))  # (c): envs x steps
+    resume_envs: int = 64  # (d)
+    resume_iterations: int = 2  # (d): N
+
+
+QUICK = Sizes(envs=(8,), num_steps=16, workers=(1, 2), iterations=2, update_batches=((8, 16),), resume_envs=4,
+              resume_iterations=1)
+
+
+def count_h2d_copies(num_envs: int = 64, horizon: int = 128) -> int:
+    """Number of host-to-device memcpy kernels during one ``collect()`` on CUDA."""
+    probe = envs.SyntheticVREdgeEnv()
+    policy = ActorCritic(probe.observation_space, probe.action_space)
+    with RolloutCollector([functools.partial(envs.VREdgeVectorEnv, num_envs)], policy, backend="sync",
+                          horizon=horizon, seed=0, device="cuda") as c:
+        c.collect()  # warm-up: allocation, pinned storage
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            c.collect()
+            torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if "HtoD" in e.name)
+
+
+def _train(cfg: TrainConfig, **kw) -> dict:
+    """``trainer.train.train`` quietly (its layout lines and warnings would interleave with the report)."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        return train_module.train(cfg, progress=False, **kw)
+
+
+def training_rate(cfg: TrainConfig, iterations: int) -> tuple[float, dict]:
+    """Env steps/s of ``iterations`` training iterations after the first, and the run's layout."""
+    _train(cfg, max_iterations=iterations)
+    rows = [json.loads(line) for line in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    layout = json.loads((Path(cfg.run_dir) / "config.json").read_text())["layout"]
+    first, last = rows[0], rows[-1]
+    if len(rows) == 1:
+        return last["sps"], layout
+    # rows carry steps/s since the start; recover the times to leave the first (warm-up) iteration out
+    elapsed = last["env_steps"] / last["sps"] - first["env_steps"] / first["sps"]
+    return (last["env_steps"] - first["env_steps"]) / elapsed, layout
+
+
+def update_rate(device: str, num_envs: int, num_steps: int, epochs: int = 4) -> float:
+    """Samples/s of one PPO update (``epochs`` passes) on a real VR-edge rollout of ``num_envs x num_steps``."""
+    cfg = TrainConfig(num_envs=num_envs, num_steps=num_steps, device=device)
+    run = train_module._new_run(cfg)  # the trainer's own learner: model, fused Adam, minibatch generator
+    fn = functools.partial(envs.VREdgeVectorEnv, num_envs)
+    with RolloutCollector([fn], run.acting, backend="sync", horizon=num_steps, seed=0, device=device) as c:
+        batch, last = c.collect(), c.last_observations
+    plan = plan_minibatches(num_envs, num_steps)
+    adv, ret = advantages_and_returns(run.model, batch, last, cfg.gamma, cfg.gae_lambda)
+
+    def update() -> None:
+        ppo_update(run.model, run.optimizer, batch, adv, ret, epochs=epochs, minibatch_size=plan.minibatch_size,
+                   clip_coef=cfg.clip_coef, clip_value=cfg.clip_value, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
+                   max_grad_norm=cfg.max_grad_norm, norm_adv=cfg.norm_adv, target_kl=None,
+                   generator=train_module.minibatch_generator(cfg.seed, 1, run.device))
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    update()  # warm-up: kernels, allocator
+    start = time.perf_counter()
+    update()
+    return epochs * batch.numel() / (time.perf_counter() - start)
+
+
+def resume_matches(device: str, num_envs: int, n: int, num_steps: int, root: Path) -> bool:
+    """Whether N iterations + resume + N iterations give the same weights, bit for bit, as 2N in one go."""
+    cfg = TrainConfig(num_envs=num_envs, num_steps=num_steps, total_steps=2 * n * num_envs * num_steps,
+                      device=device, checkpoint_every=1)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # a kernel without a deterministic variant warns
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _train(replace(cfg, run_dir=str(root / "straight")))
+            _train(replace(cfg, run_dir=str(root / "split")), max_iterations=n)
+            _train(cfg, resume=str(root / "split"))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    for w in {str(w.message) for w in caught if "deterministic" in str(w.message)}:
+        print(f"    note: {w}")
+    a, b = (checkpoints.latest_loadable(root / d)[1]["model"] for d in ("straight", "split"))
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny sizes (CI, CPU): checks that every part runs")
+    args = p.parse_args(argv)
+    sizes = QUICK if args.quick else Sizes()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; read when CUDA starts
+    cuda = torch.cuda.is_available()
+    devices = ["cuda", "cpu"] if cuda else ["cpu"]
+    no_cuda = "skipped: CUDA is not available here"
+    failures = []
+    print_machine()
+
+    print("\n(a) host-to-device copies per rollout (must be 1)")
+    if cuda:
+        copies = count_h2d_copies(sizes.envs[0], sizes.num_steps)
+        print(f"    {copies} {'OK' if copies == 1 else 'FAILED'}")
+        if copies != 1:
+            failures.append(f"(a) {copies} host-to-device copies per rollout")
+    else:
+        print(f"    {no_cuda}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        print(f"\n(b) end-to-end VR-edge training, env steps/s (iterations 2-{sizes.iterations}; "
+              f"{sizes.num_steps} steps per rollout){'' if cuda else '; CUDA ' + no_cuda}")
+        print(f"    {'envs':>5}  {'backend':<10} {'workers':>7}  " + "  ".join(f"{d:>10}" for d in devices)
+              + ("  cuda/cpu" if cuda else ""))
+        for n in sizes.envs:
+            for backend, workers in [("sync", 0), *(("async", w) for w in sizes.workers if w < n)]:
+                rates, layout = [], {}
+                for device in devices:
+                    cfg = TrainConfig(num_envs=n, num_steps=sizes.num_steps, backend=backend, num_workers=workers,
+                                      device=device, total_steps=10**9, run_dir=str(root / f"b-{n}-{backend}"
+                                                                                        f"{workers}-{device}"))
+                    rate, layout = training_rate(cfg, sizes.iterations)
+                    rates.append(rate)
+                ratio = f"  {rates[0] / rates[1]:7.2f}x" if cuda else ""
+                print(f"    {n:>5}  {backend:<10} {layout['workers']:>7}  "
+                      + "  ".join(f"{r:>10,.0f}" for r in rates) + ratio)
+
+        print(f"\n(c) PPO update, samples/s (4 epochs){'' if cuda else '; CUDA ' + no_cuda}")
+        for n, t in sizes.update_batches:
+            rates = [update_rate(d, n, t) for d in devices]
+            ratio = f"  cuda/cpu {rates[0] / rates[1]:.2f}x" if cuda else ""
+            print(f"    {n}x{t}: " + ", ".join(f"{d} {r:,.0f}" for d, r in zip(devices, rates)) + ratio)
+
+        device = "cuda" if cuda else "cpu"
+        n = sizes.resume_iterations
+        print(f"\n(d) {n} + resume + {n} == {2 * n} iterations on {device}, deterministic algorithms"
+              + ("" if cuda else " (no CUDA: the CPU stands in, so the code path stays checked)"))
+        same = resume_matches(device, sizes.resume_envs, n, sizes.num_steps, root / "d")
+        print(f"    {'OK: identical weights' if same else 'FAILED: the weights differ'}")
+        if not same:
+            failures.append(f"(d) resume on {device} is not exact")
+
+    print("\ndevice check: " + ("OK" if not failures else "FAILED: " + "; ".join(failures)))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""What this process may use (cores allowed by CPU affinity and cgroup quotas) and thread budgets.
+
+    >>> usable_cores() >= 1
+    True
+    >>> async_workers(cores=16, units=64), async_workers(cores=1, units=64), async_workers(cores=16, units=1)
+    ((15, True), (1, False), (1, False))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import torch
+
+
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")) -> \
+        float | None:
+    """CPUs this process's cgroup may use per period (v2 ``cpu.max`` or v1 CFS quota); ``None`` if unlimited.
+
+    Containers and schedulers (Docker ``--cpus``, Kubernetes limits, SLURM with cgroups) cap CPU
+    time this way without changing the affinity mask, so ``os.cpu_count()`` alone overcounts.
+    """
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    candidates: list[tuple[Path, str]] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if controllers == "":  # cgroup v2: one unified hierarchy
+            candidates += [(root / rel / "cpu.max", "v2"), (root / "cpu.max", "v2")]
+        elif "cpu" in controllers.split(","):
+            for name in (controllers, "cpu", "cpu,cpuacct"):
+                candidates += [(root / name / rel, "v1"), (root / name, "v1")]
+    for where, version in candidates:
+        try:
+            if version == "v2":
+                quota, period = where.read_text().split()[:2]
+                if quota != "max":
+                    return int(quota) / int(period)
+            else:
+                quota = int((where / "cpu.cfs_quota_us").read_text())
+                if quota > 0:
+                    return quota / int((where / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        return None  # the first readable file decides: parents' limits apply to the whole subtree anyway
+    return None
+
+
+def usable_cores() -> int:
+    """Cores this process may keep busy: min(CPUs in its affinity mask, cgroup quota, physical cores).
+
+    A SLURM job given 4 cores of a 128-core node gets 4; hyperthreads do not count twice.
+    """
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        allowed = len(psutil.Process().cpu_affinity() or []) if hasattr(psutil.Process, "cpu_affinity") else 0
+    allowed = allowed or psutil.cpu_count(logical=True) or 1
+    limits = [allowed, psutil.cpu_count(logical=False) or allowed]
+    quota = cgroup_cpu_limit()
+    if quota is not None:
+        limits.append(max(1, math.floor(quota)))
+    return max(1, min(limits))
+
+
+def async_workers(cores: int, units: int) -> tuple[int, bool]:
+    """Default ``(worker processes, main_share)`` for ``units`` env factories on ``cores`` cores.
+
+    One busy process per core: ``cores - 1`` workers plus the collecting process stepping a
+    share; with one core or one factory, a single worker and an idle collecting process.
+    """
+    workers = max(1, min(cores, units) - 1)
+    return workers, workers < min(cores, units)
+
+
+def largest_divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` that is ``<= cap`` (at least 1): equal slices per worker."""
+    return max(d for d in range(1, max(1, min(n, cap)) + 1) if n % d == 0)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` torch intra-op threads (``None``: unchanged), then restore the previous count."""
+    before = torch.get_num_threads()
+    if n is None or n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,30 @@
+"""The benchmark scripts run end to end at tiny sizes and print sane reports (no timing is asserted)."""
+
+import re
+
+from benchmarks import device_check, scaling
+
+
+def test_device_check_quick_runs_every_part(capsys):
+    assert device_check.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for part in ("(a)", "(b)", "(c)", "(d)"):
+        assert part in out
+    assert "OK: identical weights" in out and out.rstrip().endswith("device check: OK")
+    rows = re.findall(r"^\s+8\s+(sync|async)\s+(\d+)\s+([\d,]+)", out, re.M)
+    assert [(b, int(w)) for b, w, _ in rows] == [("sync", 0), ("async", 1), ("async", 2)]
+    assert all(int(r.replace(",", "")) > 0 for _, _, r in rows)
+
+
+def test_scaling_quick_reports_rates_and_efficiency(capsys):
+    scaling.main(["--quick"])
+    out = capsys.readouterr().out
+    rows = re.findall(r"^\s+(\d+)\s+([\d,]+)\s+([\d.]+)x\s+([\d.]+)$", out, re.M)
+    assert [int(w) for w, *_ in rows] == [1, 2, 1, 2]  # two workloads, 1 and 2 workers
+    assert all(float(e) > 0 for *_, e in rows)
+
+
+def test_worker_counts_reach_the_cores():
+    assert scaling.worker_counts(1) == [1]
+    assert scaling.worker_counts(16) == [1, 2, 4, 8, 16]
+    assert scaling.worker_counts(12) == [1, 2, 4, 8, 12]

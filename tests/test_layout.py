@@ -1,0 +1,166 @@
+"""The run layout on machines we do not have: simulated cores, GPUs and Ray clusters."""
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from collectors import RolloutCollector
+from collectors.resources import cgroup_cpu_limit, usable_cores
+from tests import factories as f
+from trainer.config import TrainConfig
+from trainer.layout import Machine, run_layout
+from trainer.train import train
+
+CORES = [1, 2, 4, 16, 64, 128]
+ENVS = ["CartPole-v1", "VREdge-v0"]
+NUM_ENVS = [1, 3, 8, 64, 1024]
+
+
+def machines(backend):
+    for cores, gpus in itertools.product(CORES, [0, 1]):
+        if backend != "ray":
+            yield Machine(cores, gpus)
+            continue
+        for ray_cpus, here in [(1.0, 1.0), (float(cores), float(cores)), (4.0 * cores, float(cores)), (256.0, 0.0)]:
+            yield Machine(cores, gpus, ray_cpus, here)
+
+
+CASES = [(backend, env, n, m, ray_async) for backend in ("serial", "sync", "async", "ray") for env in ENVS
+         for n in NUM_ENVS for m in machines(backend) for ray_async in ([False, True] if backend == "ray" else [False])]
+
+
+@pytest.mark.parametrize("backend, env, num_envs, machine, ray_async", CASES,
+                         ids=[f"{b}-{e}-n{n}-{m.cores}c{m.gpus}g-ray{m.ray_cpus}{'-async' * a}"
+                              for b, e, n, m, a in CASES])
+def test_default_layout_is_valid_on_every_machine(backend, env, num_envs, machine, ray_async):
+    cfg = TrainConfig(env=env, backend=backend, num_envs=num_envs, ray_async=ray_async)
+    layout = run_layout(cfg, machine)
+    cores = machine.cores
+    assert not layout.warnings, layout.warnings
+    assert sum(layout.factory_envs) == num_envs and len(layout.env_factories()) == len(layout.factory_envs)
+    assert layout.device == ("cuda" if machine.gpus else "cpu")
+    assert layout.worker_threads == 1 and 1 <= layout.collect_threads <= cores and 1 <= layout.learn_threads <= cores
+    kw = layout.collector_kwargs()
+    if backend == "async":
+        # what AsyncBackend accepts: each process at least one factory
+        assert 1 <= layout.workers and layout.workers + layout.main_share <= len(layout.factory_envs)
+        # the thread budget: workers (one thread each) + the collecting process never exceed the cores
+        assert layout.workers + (layout.collect_threads if layout.main_share else 0) <= cores
+        assert layout.learn_threads == cores
+        assert kw["num_workers"] == layout.workers
+    elif backend == "ray":
+        assert num_envs % layout.workers == 0 and layout.workers * layout.cpus_per_worker <= machine.ray_cpus
+        assert layout.factories_per_worker * layout.workers == len(layout.factory_envs)
+        assert layout.batch_envs == (num_envs // layout.workers if ray_async else num_envs)
+        busy_here = min(machine.ray_cpus_here, layout.workers)
+        assert layout.collect_threads == max(1, cores - busy_here)
+        assert layout.learn_threads == (max(1, cores - busy_here) if ray_async else cores)
+    else:
+        assert layout.workers == 0 and layout.collect_threads == layout.learn_threads == cores
+    if layout.vectorized:
+        assert env == "VREdge-v0" and backend != "serial"
+        assert len(layout.factory_envs) == max(1, layout.workers + layout.main_share)  # one vector env per process
+    json.dumps(layout.to_dict())  # goes into config.json
+
+
+def test_the_16_core_async_vr_edge_bug_is_gone():
+    layout = run_layout(TrainConfig(backend="async"), Machine(cores=16))  # VREdge-v0, 64 envs: failed before
+    assert (layout.workers, layout.main_share, len(layout.factory_envs)) == (15, True, 16)
+    assert (layout.collect_threads, layout.learn_threads) == (1, 16)
+
+
+def test_slurm_share_of_a_big_node_uses_only_its_cores(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(4)))
+    assert usable_cores() <= 4
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"cgroup": "0::/job\n", "job/cpu.max": "400000 100000\n"}, 4.0),
+    ({"cgroup": "0::/\n", "cpu.max": "max 100000\n"}, None),
+    ({"cgroup": "0::/job\n", "cpu.max": "150000 100000\n"}, 1.5),  # namespaced: the path is not mounted
+    ({"cgroup": "2:cpuacct:/\n1:cpu:/\n", "cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"},
+     2.0),
+    ({"cgroup": "1:cpu,cpuacct:/\n", "cpu,cpuacct/cpu.cfs_quota_us": "-1\n",
+      "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, None),
+])
+def test_cgroup_quotas_v1_and_v2(tmp_path, files, expected):
+    for name, text in files.items():
+        path = tmp_path / ("proc" if name == "cgroup" else "fs") / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert cgroup_cpu_limit(tmp_path / "fs", tmp_path / "proc" / "cgroup") == expected
+
+
+def test_detected_machine_is_this_one():
+    m = Machine.detect("async")
+    assert m.cores == usable_cores() and m.gpus == torch.cuda.device_count() and m.ray_cpus is None
+
+
+@pytest.mark.parametrize("flags, machine, words", [
+    (dict(backend="async", num_workers=9, num_envs=8), Machine(16), "--num-workers=9"),
+    (dict(backend="async", envs_per_worker=3, num_envs=8), Machine(16), "--envs-per-worker=3"),
+    (dict(backend="async", envs_per_worker=8, num_envs=8), Machine(16), "--envs-per-worker=8"),
+    (dict(backend="async", envs_per_worker=2, num_workers=2, num_envs=8), Machine(16), "--num-workers=2"),
+    (dict(backend="ray", num_workers=3, num_envs=8), Machine(4, 0, 64.0), "--num-workers=3"),
+    (dict(backend="ray", num_workers=8, num_envs=8), Machine(4, 0, 4.0), "--cpus-per-worker"),
+    (dict(backend="ray", cpus_per_worker=8.0), Machine(4, 0, 4.0), "--cpus-per-worker=8"),
+    (dict(backend="ray", envs_per_worker=5), Machine(4, 0, 4.0), "--envs-per-worker=5"),
+    (dict(device="cuda"), Machine(4, 0), "--device"),
+    (dict(env="NoSuchEnv-v9"), Machine(4), "unknown env id"),
+])
+def test_impossible_requests_are_one_line_errors_naming_the_flag(flags, machine, words):
+    with pytest.raises(ValueError, match=words) as e:
+        run_layout(TrainConfig(**flags), machine)
+    assert "\n" not in str(e.value)
+
+
+def test_explicit_flags_win_and_oversubscription_is_only_a_warning():
+    layout = run_layout(TrainConfig(backend="async", num_workers=6, num_envs=8, threads=3), Machine(2))
+    assert (layout.workers, layout.collect_threads, layout.learn_threads) == (6, 3, 3)
+    assert len(layout.warnings) == 2 and "6 workers" in layout.warnings[0] and "--threads=3" in layout.warnings[1]
+    every_env = run_layout(TrainConfig(backend="async", num_workers=8, num_envs=8), Machine(16))
+    assert not every_env.main_share and not every_env.warnings
+    per = run_layout(TrainConfig(env="VREdge-v0", backend="async", envs_per_worker=2, num_envs=8), Machine(16))
+    assert (per.workers, per.main_share, per.factory_envs) == (3, True, (2, 2, 2, 2))
+    ray = run_layout(TrainConfig(backend="ray", envs_per_worker=16, cpus_per_worker=0.5), Machine(4, 0, 2.0, 2.0))
+    assert (ray.workers, ray.factory_envs, ray.factories_per_worker) == (4, (16,) * 4, 1)
+
+
+def test_ray_async_keeps_a_cpu_for_a_learner_sharing_the_node():
+    cfg = TrainConfig(env="CartPole-v1", backend="ray", ray_async=True, num_envs=16)
+    assert run_layout(cfg, Machine(16, 0, 16.0, 16.0)).workers == 8  # 15 fit: the largest divisor of 16 is 8
+    assert run_layout(cfg, Machine(16, 0, 16.0, 0.0)).workers == 16  # actors elsewhere: all of them
+
+
+def test_collector_uses_its_thread_count_while_collecting_only():
+    seen = []
+
+    def policy(obs):
+        seen.append(torch.get_num_threads())
+        return torch.zeros(len(obs), dtype=torch.int64)
+
+    before = torch.get_num_threads()
+    want = 3 if before != 3 else 2
+    with RolloutCollector([f.cartpole] * 2, policy, backend="sync", horizon=4, num_threads=want) as c:
+        c.collect()
+    assert set(seen) == {want} and torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("env", ENVS)
+@pytest.mark.parametrize("cores, num_envs", [(16, 3), (64, 4)])
+def test_short_async_training_on_simulated_big_machines(tmp_path, capsys, env, cores, num_envs):
+    """More worker processes than this box has cores: correctness, not speed."""
+    cfg = TrainConfig(env=env, backend="async", num_envs=num_envs, num_steps=8, total_steps=num_envs * 8 * 2,
+                      epochs=1, run_dir=str(tmp_path), checkpoint_every=2)
+    threads = torch.get_num_threads()
+    summary = train(cfg, progress=False, machine=Machine(cores=cores))
+    assert summary["iterations"] == 2 and summary["env_steps"] == num_envs * 16
+    assert torch.get_num_threads() == threads  # the layout's thread counts do not leak out of train()
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert TrainConfig(**saved["config"]) == cfg
+    layout = saved["layout"]
+    assert layout["workers"] == num_envs - 1 and layout["machine"]["cores"] == cores
+    assert layout["collect_threads"] == cores - (num_envs - 1) and layout["learn_threads"] == cores
+    assert f"{num_envs - 1} worker processes + this process; {cores} cores" in capsys.readouterr().err

@@ -1,0 +1,231 @@
+"""The run layout: how one training run is spread over the machine it runs on, decided once.
+
+The rule: busy processes never outnumber the cores this process may use. ``async`` runs
+``cores - 1`` worker processes next to the collecting process (which steps a share); Ray gets
+as many actors as the cluster's CPUs hold (one CPU kept for the learner where it learns while
+actors on its node collect). Workers and actors use one torch thread each; the collecting
+process uses the cores the workers leave free while it collects, and all of its cores while it
+learns (the workers are idle then). ``--num-workers``, ``--envs-per-worker`` and ``--threads``
+override this; more than the cores is allowed with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import envs
+from collectors.resources import async_workers, largest_divisor_at_most, usable_cores
+from trainer.config import TrainConfig
+
+VECTOR_ENVS = {"VREdge-v0": envs.VREdgeVectorEnv}  # natively batched: one vector env per process or actor
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a run may use: cores (affinity and cgroup quota), GPUs, and for Ray the cluster's CPUs.
+
+    Tests build one by hand to simulate machines they do not have:
+
+        >>> Machine(cores=16, gpus=1)
+        Machine(cores=16, gpus=1, ray_cpus=None, ray_cpus_here=0.0)
+    """
+
+    cores: int
+    gpus: int = 0
+    ray_cpus: float | None = None  # CPUs of the whole Ray cluster (ray backend only)
+    ray_cpus_here: float = 0.0  # of those, on this machine: actors there compete with the learner
+
+    @classmethod
+    def detect(cls, backend: str = "sync", ray_address: str = "") -> Machine:
+        """This machine; for ``backend="ray"`` also connects to (or starts) Ray to read its CPUs."""
+        cores, gpus = usable_cores(), torch.cuda.device_count()
+        if backend != "ray":
+            return cls(cores, gpus)
+        from collectors.backends.ray_ import cluster_cpus, connect
+        return cls(cores, gpus, *cluster_cpus(connect(ray_address or None, num_cpus=cores)))
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """One run's shape on one machine: env factories, workers, threads. Made by :func:`run_layout`.
+
+        >>> from trainer.config import TrainConfig
+        >>> layout = run_layout(TrainConfig(env="VREdge-v0", backend="async", num_envs=64), Machine(cores=16))
+        >>> layout.workers, layout.factory_envs[:2], layout.collect_threads, layout.learn_threads
+        (15, (4, 4), 1, 16)
+    """
+
+    env: str
+    backend: str
+    num_envs: int
+    device: str
+    factory_envs: tuple[int, ...]  # envs each factory builds (a vector env's size, or 1)
+    vectorized: bool  # factories build one natively batched env each
+    workers: int  # async worker processes or Ray actors (0: everything in this process)
+    main_share: bool  # async: the collecting process steps a share of the envs too
+    factories_per_worker: int  # ray: env factories per actor
+    cpus_per_worker: float  # ray: CPUs reserved per actor
+    ray_address: str
+    ray_async: bool
+    collect_threads: int  # torch threads of this process while it collects
+    learn_threads: int  # ... and while it learns
+    worker_threads: int  # torch threads of each worker process or actor
+    batch_envs: int  # envs in one learner batch (ray_async: one actor's slice)
+    machine: Machine
+    warnings: tuple[str, ...] = ()
+
+    def env_factories(self) -> list[Callable[[], Any]]:
+        """Picklable zero-argument factories, one per entry of ``factory_envs``."""
+        if self.vectorized:
+            return [functools.partial(VECTOR_ENVS[self.env], n) for n in self.factory_envs]
+        return [functools.partial(gym.make, self.env)] * len(self.factory_envs)
+
+    def collector_kwargs(self) -> dict[str, Any]:
+        """The ``RolloutCollector`` arguments this layout fixes (besides env factories, policy, horizon, seed)."""
+        kw: dict[str, Any] = {"num_threads": self.collect_threads}
+        if self.backend == "async":
+            kw.update(num_workers=self.workers, main_share=self.main_share)
+        elif self.backend == "ray":
+            kw.update(num_workers=self.workers, envs_per_worker=self.factories_per_worker,
+                      ray_address=self.ray_address or None, cpus_per_worker=self.cpus_per_worker,
+                      sync=not self.ray_async)
+        return kw
+
+    def describe(self) -> str:
+        """Two lines for the start of a run."""
+        m = self.machine
+        where = f"{_count(m.cores, 'core')}, {_count(m.gpus, 'GPU')}"
+        if m.ray_cpus is not None:
+            where += f", Ray cluster {m.ray_cpus:g} CPUs ({m.ray_cpus_here:g} here)"
+        sizes = sorted(set(self.factory_envs))
+        per = "-".join(str(s) for s in (sizes[0], sizes[-1]) if s) if len(sizes) > 1 else str(sizes[0])
+        kind = f"{len(self.factory_envs)} x {'VREdgeVectorEnv(' + per + ')' if self.vectorized else 'gym.make'}"
+        if self.backend == "async":
+            procs = _count(self.workers, "worker process", "es") + (" + this process" if self.main_share else "")
+        elif self.backend == "ray":
+            procs = f"{_count(self.workers, 'Ray actor')} x {self.cpus_per_worker:g} CPU, " \
+                    f"{_count(self.factories_per_worker, 'factory')} each"
+        else:
+            procs = "this process"
+        return (f"layout: {self.env}, {self.num_envs} envs as {kind}; {self.backend}: {procs}; {where}; "
+                f"learner on {self.device}\n"
+                f"threads: {self.worker_threads} per worker, this process {self.collect_threads} collecting / "
+                f"{self.learn_threads} learning (override: --num-workers, --envs-per-worker, --threads)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _count(n: int, noun: str, suffix: str = "s") -> str:
+    if noun.endswith("y") and n != 1:
+        return f"{n} {noun[:-1]}ies"
+    return f"{n} {noun}{suffix if n != 1 else ''}"
+
+
+def learner_device(name: str, gpus: int) -> str:
+    """``auto`` -> ``cuda`` where there is a GPU, else ``cpu``; an explicit CUDA device needs a GPU."""
+    if name == "auto":
+        return "cuda" if gpus else "cpu"
+    if name.startswith("cuda") and not gpus:
+        raise ValueError("--device cuda requested but CUDA is not available; use --device cpu or auto")
+    return name
+
+
+def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
+    """Decide the layout of ``cfg`` on ``machine``; an impossible request is a ``ValueError`` naming the flag."""
+    if cfg.env not in gym.registry:
+        raise ValueError(f"unknown env id {cfg.env!r}: register it with gymnasium first (e.g. CartPole-v1, "
+                         "VREdge-v0)")
+    n, cores, notes = cfg.num_envs, machine.cores, []
+    vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
+    workers, main_share, per_worker, cpus = 0, False, 0, 0.0
+    if cfg.backend in ("serial", "sync"):
+        if cfg.num_workers or cfg.envs_per_worker:
+            notes.append(f"--num-workers and --envs-per-worker are ignored by --backend {cfg.backend}")
+        sizes = [n] if vectorized else [1] * n
+        busy_here = 0  # collecting: only this process works
+        learn_busy = 0
+    elif cfg.backend == "async":
+        workers, main_share = _async_workers(cfg, cores, notes)
+        sizes = [len(a) for a in np.array_split(np.arange(n), workers + main_share)] if vectorized else [1] * n
+        busy_here, learn_busy = workers, 0  # workers step while this process collects; idle while it learns
+    else:
+        workers, cpus, busy_here = _ray_workers(cfg, machine)
+        sizes = [n // workers] * workers if vectorized else [1] * n
+        per_worker = len(sizes) // workers
+        learn_busy = busy_here if cfg.ray_async else 0  # IMPALA-style actors keep collecting while we learn
+    collect_threads, learn_threads = max(1, cores - busy_here), max(1, cores - learn_busy)
+    if cfg.threads:
+        collect_threads = learn_threads = cfg.threads
+        if cfg.threads + max(busy_here, learn_busy) > cores:
+            notes.append(f"--threads={cfg.threads} with {max(busy_here, learn_busy)} busy workers exceeds the "
+                         f"{cores} cores: they will share them (slower)")
+    return RunLayout(env=cfg.env, backend=cfg.backend, num_envs=n, device=learner_device(cfg.device, machine.gpus),
+                     factory_envs=tuple(sizes), vectorized=vectorized, workers=workers, main_share=main_share,
+                     factories_per_worker=per_worker, cpus_per_worker=cpus, ray_address=cfg.ray_address,
+                     ray_async=cfg.ray_async, collect_threads=collect_threads, learn_threads=learn_threads,
+                     worker_threads=1, batch_envs=n // workers if cfg.ray_async else n, machine=machine,
+                     warnings=tuple(notes))
+
+
+def _async_workers(cfg: TrainConfig, cores: int, notes: list[str]) -> tuple[int, bool]:
+    """Worker processes and whether the collecting process steps a share, for ``--backend async``."""
+    n, workers, per = cfg.num_envs, cfg.num_workers, cfg.envs_per_worker
+    if per:
+        if n % per or n // per < 2:
+            raise ValueError(f"--envs-per-worker={per} must divide --num-envs={n} into at least 2 processes "
+                             "(the collecting process and a worker); use --backend sync for one process")
+        if workers and workers != n // per - 1:
+            raise ValueError(f"--num-workers={workers} disagrees with --envs-per-worker={per}: {n} envs in "
+                             f"{n // per} processes means --num-workers={n // per - 1}; give only one of them")
+        workers, main_share = n // per - 1, True
+    elif workers:
+        if workers > n:
+            raise ValueError(f"--num-workers={workers} is more than --num-envs={n}: every worker process needs "
+                             "at least one env; lower --num-workers")
+        main_share = workers < min(n, cores)  # a core and an env left for the collecting process
+    else:
+        return async_workers(cores, n)
+    busy = workers + main_share
+    if busy > cores:
+        notes.append(f"{busy} busy processes ({workers} workers{' + this one' if main_share else ''}) on {cores} "
+                     "cores, as requested: they will share the cores (slower; lower --num-workers)")
+    return workers, main_share
+
+
+def _ray_workers(cfg: TrainConfig, machine: Machine) -> tuple[int, float, int]:
+    """Ray actors, CPUs per actor, and how many of this machine's cores the actors keep busy."""
+    n, cpus, total = cfg.num_envs, cfg.cpus_per_worker, machine.ray_cpus
+    if total is None:
+        raise ValueError("--backend ray: the machine has no Ray cluster CPUs (Machine.detect connects to Ray)")
+    if cfg.envs_per_worker and n % cfg.envs_per_worker:
+        raise ValueError(f"--envs-per-worker={cfg.envs_per_worker} must divide --num-envs={n} for --backend ray "
+                         "(equal slices per actor)")
+    workers = cfg.num_workers or (n // cfg.envs_per_worker if cfg.envs_per_worker else 0)
+    if cfg.num_workers and cfg.envs_per_worker and cfg.num_workers * cfg.envs_per_worker != n:
+        raise ValueError(f"--num-workers={cfg.num_workers} x --envs-per-worker={cfg.envs_per_worker} must equal "
+                         f"--num-envs={n}; give only one of them")
+    if workers and n % workers:
+        raise ValueError(f"--num-workers={workers} must divide --num-envs={n} for --backend ray (equal slices per "
+                         "actor)")
+    if not workers:
+        # a learner sharing a node with IMPALA-style actors learns while they collect: keep a CPU for it
+        spare = 1.0 if cfg.ray_async and machine.ray_cpus_here > 0 else 0.0
+        fit = math.floor((total - spare) / cpus + 1e-9) or math.floor(total / cpus + 1e-9)
+        if fit < 1:
+            raise ValueError(f"--cpus-per-worker={cpus:g} is more than the Ray cluster's {total:g} CPUs; lower "
+                             "--cpus-per-worker or add nodes")
+        workers = largest_divisor_at_most(n, fit)
+    if workers * cpus > total + 1e-9:
+        raise ValueError(f"--num-workers={workers} x --cpus-per-worker={cpus:g} need {workers * cpus:g} CPUs but the "
+                         f"Ray cluster has {total:g}; lower --num-workers or --cpus-per-worker, or add nodes")
+    return workers, cpus, math.ceil(min(machine.ray_cpus_here, workers * cpus) - 1e-9)
