@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= dev,ray
 
-.PHONY: setup train test lint clean
+.PHONY: setup train resume evaluate test lint clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,12 @@ setup: $(VENV)/.installed
 
 train: setup
 	$(PY) -m trainer.train $(ARGS)
+
+resume: setup  # make resume RUN=runs/<dir> [ARGS="--total-steps N"]
+	$(PY) -m trainer.train --resume $(RUN) $(ARGS)
+
+evaluate: setup  # make evaluate RUN=runs/<dir> [ARGS="--episodes 50"]
+	$(PY) -m trainer.evaluate --checkpoint $(RUN) $(ARGS)
 
 test: setup
 	$(PY) -m ruff check .

@@ -119,6 +119,12 @@ class RunDirLockedError(ValueError):
     """Another live process holds the run directory's lock, or the directory cannot be written."""
 
 
+def _slurm_job() -> dict[str, str]:
+    """The SLURM job and its requeue count, where this runs in a SLURM job."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return {"slurm_job": job, "slurm_restart": os.environ.get("SLURM_RESTART_COUNT", "0")} if job else {}
+
+
 def _start_time(pid: int) -> float | None:
     try:
         return psutil.Process(pid).create_time()
@@ -136,8 +142,9 @@ class RunDirLock:
         ...     lock.path.is_file()
         True
 
-    A lock whose process is gone (same host, pid dead or reused by a younger process) is
-    stale and taken over; ``stale`` then describes it. A lock held by a live process, or by
+    A lock whose process is gone (same host, pid dead or reused by a younger process, or an
+    earlier run of the same requeued SLURM job on any host) is stale and taken over;
+    ``stale`` then describes it. A lock held by a live process, or by
     a process on another host (whose liveness cannot be checked), raises
     :class:`RunDirLockedError`.
     """
@@ -149,7 +156,7 @@ class RunDirLock:
 
     def acquire(self) -> RunDirLock:
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-              "process_start": _start_time(os.getpid())}
+              "process_start": _start_time(os.getpid()), **_slurm_job()}
         tmp = self.path.with_name(f".{LOCK}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -184,6 +191,9 @@ class RunDirLock:
 
     @staticmethod
     def _alive(holder: dict[str, Any]) -> bool:
+        job = _slurm_job()
+        if job and holder.get("slurm_job") == job["slurm_job"] and holder.get("slurm_restart") != job["slurm_restart"]:
+            return False  # an earlier run of this requeued job (perhaps on another node): one job runs once at a time
         if holder.get("host") != socket.gethostname():
             return True  # cannot be checked from here: assume it runs
         started = _start_time(holder["pid"])

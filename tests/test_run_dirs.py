@@ -160,6 +160,20 @@ def test_a_lock_from_another_host_is_respected(two_iterations):
         run(["--resume", str(two_iterations)])
 
 
+def test_a_requeued_slurm_job_takes_over_the_lock_of_its_earlier_run_on_another_node(two_iterations,
+                                                                                     monkeypatch):
+    (two_iterations / "lock").write_text(json.dumps({"pid": 1, "host": "node-17", "started": 0,
+                                                     "slurm_job": "4242", "slurm_restart": "0"}))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert run(["--resume", str(two_iterations)])["iterations"] == 4
+    monkeypatch.setenv("SLURM_JOB_ID", "4243")  # another job's lock on another node is respected
+    (two_iterations / "lock").write_text(json.dumps({"pid": 1, "host": "node-17", "started": 0,
+                                                     "slurm_job": "4242", "slurm_restart": "0"}))
+    with pytest.raises(RunDirLockedError, match="node-17"):
+        run(["--resume", str(two_iterations)])
+
+
 # ---------------------------------------------------------------------------- corrupted and unwritable files
 
 def test_a_bit_flip_anywhere_is_detected_or_harmless(tmp_path):
