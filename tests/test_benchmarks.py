@@ -28,3 +28,22 @@ def test_worker_counts_reach_the_cores():
     assert scaling.worker_counts(1) == [1]
     assert scaling.worker_counts(16) == [1, 2, 4, 8, 16]
     assert scaling.worker_counts(12) == [1, 2, 4, 8, 12]
+
+
+def test_revisions_compares_two_checkouts_side_by_side(capsys):
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    from benchmarks import revisions
+    root = Path(revisions.__file__).resolve().parent.parent
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    revisions.main(["--base", "HEAD", "--rounds", "1", "--", "--env", "CartPole-v1", "--num-envs", "2",
+                    "--num-steps", "16", "--total-steps", "96", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert re.search(r"round 1 base: [\d,]+ env steps/s", out) and re.search(r"round 1 head: [\d,]+", out)
+    assert re.search(r"head / base: \d+\.\d{3}", out)
+    listed = subprocess.run(["git", "worktree", "list"], cwd=root, capture_output=True, text=True).stdout
+    assert "/base" not in listed  # the temporary worktree is removed

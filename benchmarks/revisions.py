@@ -1,0 +1,73 @@
+"""Training speed of two git revisions, side by side in one run: is a change measurably slower?
+
+    python -m benchmarks.revisions --base eae2906 --rounds 3 -- --env VREdge-v0 --total-steps 163840
+
+Checks ``--base`` out into a temporary worktree and runs ``python -m trainer.train`` with the
+same flags alternately from the base and from this checkout (base, head, base, head, ...), each
+in a fresh interpreter with this interpreter's packages. The rate of a run is its env steps per
+second over the iterations after the first (warm-up and start-up left out), read from its
+``metrics.jsonl``. Prints each side's median and spread and the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.machine import print_machine
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def steady_rate(metrics: Path) -> float:
+    """Env steps/s after the first iteration (rows carry steps/s since the start of the run)."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    first, last = rows[0], rows[-1]
+    elapsed = last["env_steps"] / last["sps"] - first["env_steps"] / first["sps"]
+    return (last["env_steps"] - first["env_steps"]) / elapsed
+
+
+def train_rate(source: Path, flags: list[str], run_dir: Path) -> float:
+    subprocess.run([sys.executable, "-m", "trainer.train", *flags, "--run-dir", str(run_dir)], cwd=source,
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   env={**os.environ, "PYTHONPATH": str(source)})  # its own packages before the installed ones
+    return steady_rate(run_dir / "metrics.jsonl")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base", required=True, help="git revision to compare against")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("flags", nargs=argparse.REMAINDER, help="trainer flags, after --")
+    args = p.parse_args(argv)
+    flags = [f for f in args.flags if f != "--"]
+    print_machine()
+    print(f"flags: {' '.join(flags)}")
+    rates: dict[str, list[float]] = {"base": [], "head": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
+                       capture_output=True)
+        try:
+            for r in range(args.rounds):
+                for side, source in (("base", base), ("head", ROOT)):
+                    rates[side].append(train_rate(source, flags, Path(tmp) / f"{side}{r}"))
+                    print(f"round {r + 1} {side}: {rates[side][-1]:,.0f} env steps/s", flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
+    med = {side: statistics.median(v) for side, v in rates.items()}
+    for side, v in rates.items():
+        print(f"{side} ({args.base if side == 'base' else 'this checkout'}): median {med[side]:,.0f} "
+              f"[{min(v):,.0f} - {max(v):,.0f}]")
+    print(f"head / base: {med['head'] / med['base']:.3f} (per round: "
+          f"{', '.join(f'{h / b:.3f}' for h, b in zip(rates['head'], rates['base']))})")
+
+
+if __name__ == "__main__":
+    main()
