@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= dev,ray
 
-.PHONY: setup train resume evaluate test lint clean
+.PHONY: setup train resume evaluate need-run test lint clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,10 +19,13 @@ setup: $(VENV)/.installed
 train: setup
 	$(PY) -m trainer.train $(ARGS)
 
-resume: setup  # make resume RUN=runs/<dir> [ARGS="--total-steps N"]
+need-run:
+	@test -n "$(RUN)" || { echo 'set RUN to a run directory, e.g. make $(MAKECMDGOALS) RUN=runs/VREdge-v0-s1-...'; exit 2; }
+
+resume: need-run setup  # make resume RUN=runs/<dir> [ARGS="--total-steps N"]
 	$(PY) -m trainer.train --resume $(RUN) $(ARGS)
 
-evaluate: setup  # make evaluate RUN=runs/<dir> [ARGS="--episodes 50"]
+evaluate: need-run setup  # make evaluate RUN=runs/<dir> [ARGS="--episodes 50"]
 	$(PY) -m trainer.evaluate --checkpoint $(RUN) $(ARGS)
 
 test: setup

@@ -97,7 +97,8 @@ def candidates(path: str | os.PathLike) -> list[Path]:
         named = directory / pointer.read_text().strip()
         files = [named] + [f for f in files if f != named]
     if not files:
-        raise CheckpointError(f"{path}: no checkpoints found (expected {directory}/ckpt_*.pt)")
+        where = directory if directory.name == "checkpoints" else directory / "checkpoints"
+        raise CheckpointError(f"{path}: no checkpoints found (expected {where}/ckpt_*.pt)")
     return files
 
 
@@ -143,8 +144,8 @@ class RunDirLock:
         True
 
     A lock whose process is gone (same host, pid dead or reused by a younger process, or an
-    earlier run of the same requeued SLURM job on any host) is stale and taken over;
-    ``stale`` then describes it. A lock held by a live process, or by
+    earlier run of the same requeued SLURM job on any host), or one copied along with its run
+    directory, is stale and taken over; ``stale`` then describes it. A lock held by a live process, or by
     a process on another host (whose liveness cannot be checked), raises
     :class:`RunDirLockedError`.
     """
@@ -156,7 +157,7 @@ class RunDirLock:
 
     def acquire(self) -> RunDirLock:
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-              "process_start": _start_time(os.getpid()), **_slurm_job()}
+              "process_start": _start_time(os.getpid()), "run_dir": str(self.path.parent.resolve()), **_slurm_job()}
         tmp = self.path.with_name(f".{LOCK}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -171,7 +172,7 @@ class RunDirLock:
                     return self
                 except FileExistsError:
                     holder = self._holder()
-                    if holder is None or not self._alive(holder):
+                    if holder is None or not self._alive(holder) or self._copied(holder):
                         self.stale = f"removed a stale lock {self.path} ({self._describe(holder)})"
                         self.path.unlink(missing_ok=True)
                         continue
@@ -188,6 +189,10 @@ class RunDirLock:
             return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
         except (OSError, ValueError):
             return None
+
+    def _copied(self, holder: dict[str, Any]) -> bool:
+        """A lock copied along with its run directory (``cp -r`` of a live run) belongs to the original."""
+        return holder.get("run_dir", str(self.path.parent.resolve())) != str(self.path.parent.resolve())
 
     @staticmethod
     def _alive(holder: dict[str, Any]) -> bool:

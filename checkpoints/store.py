@@ -83,7 +83,9 @@ def save(path: str | os.PathLike, state: dict[str, Any]) -> Path:
         tmp = None
         _fsync_dir(path.parent)
     except OSError as e:
-        raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
+        why = (f"{path.parent} is not a directory" if path.parent.exists() and not path.parent.is_dir()
+               else e.strerror or str(e))
+        raise CheckpointError(f"cannot write checkpoint {path}: {why}") from None
     finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)

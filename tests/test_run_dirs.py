@@ -80,6 +80,29 @@ def test_toml_values_are_type_checked_before_anything_is_written(tmp_path, capsy
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--lr", "inf"], "--lr=inf is invalid: must be a finite number"),
+    (["--seed", "-1"], "--seed=-1 is invalid: must be >= 0"),
+    (["--hidden", "64,,64"], "--hidden='64,,64' is invalid"),
+    (["--num-envs", "abc"], "--num-envs: invalid int value: 'abc'"),
+    (["--env", "CartPole-v1", "--policy-arch", "per_head"], "declares no head_observation_layout"),
+])
+def test_bad_values_are_one_line_errors_and_write_nothing(tmp_path, capfd, argv, words):
+    with pytest.raises(SystemExit) as info:
+        train_module.main(argv + ["--run-dir", str(tmp_path / "run")])
+    message = capfd.readouterr().err.strip() + str(info.value.code)
+    assert words in message and "usage:" not in message
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_toml_value_names_the_file_and_key(tmp_path, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_text("num_envs = -3\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--config", str(toml)])
+    assert f"{toml}: num_envs = -3 is invalid: must be >= 1" in capsys.readouterr().err
+
+
 def test_toml_integers_are_accepted_for_float_keys(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text("lr = 1\nclip_coef = 0.1\n")
@@ -95,6 +118,18 @@ def test_a_new_run_refuses_a_directory_holding_another_run(two_iterations):
         run(VR + ["--run-dir", str(two_iterations), "--seed", "6"])
     assert sorted(p.name for p in checkpoints.checkpoint_files(two_iterations)) == before
     assert json.loads((two_iterations / "config.json").read_text())["config"]["seed"] == 5
+
+
+def test_a_directory_without_checkpoints_is_free_for_a_new_run(tmp_path, capsys):
+    """A run stopped before its first checkpoint leaves config.json and metrics rows, nothing to resume."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text("{}")
+    (run_dir / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    (run_dir / "checkpoints").write_text("")  # even a file where the checkpoints should go
+    assert run(VR + ["--run-dir", str(run_dir)], max_iterations=2)["iterations"] == 2
+    assert "cleared checkpoints, metrics.jsonl, config.json of an earlier run" in capsys.readouterr().err
+    assert [json.loads(r)["iteration"] for r in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
 def test_overwrite_replaces_the_previous_run(two_iterations):
@@ -152,6 +187,14 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(two_iterations, capsys):
     run(["--resume", str(two_iterations)])
     assert "removed a stale lock" in capsys.readouterr().err
     assert not (two_iterations / "lock").exists()
+
+
+def test_a_lock_copied_with_its_run_directory_does_not_block_the_copy(two_iterations, tmp_path):
+    with RunDirLock(two_iterations):  # the original is running while it is copied
+        copy = tmp_path / "copy"
+        shutil.copytree(two_iterations, copy)
+        assert (copy / "lock").is_file()
+        assert run(["--resume", str(copy)])["iterations"] == 4
 
 
 def test_a_lock_from_another_host_is_respected(two_iterations):
@@ -231,6 +274,32 @@ def test_disk_full_is_a_one_line_error_and_the_previous_checkpoint_stays(tmp_pat
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_file_where_the_checkpoints_directory_should_be_is_named(tmp_path):
+    (tmp_path / "checkpoints").write_text("")
+    with pytest.raises(CheckpointError, match=r"checkpoints is not a directory"):
+        checkpoints.save_in_run_dir(tmp_path, {"x": 1}, 1, keep=1)
+
+
+def test_resuming_a_finished_run_says_so(two_iterations, capsys):
+    run(["--resume", str(two_iterations)])
+    capsys.readouterr()
+    summary = run(["--resume", str(two_iterations)])
+    assert summary["iterations"] == 4 and summary["env_steps"] == 4 * 64 and summary["checkpoint"]
+    assert "nothing to do (pass a larger --total-steps" in capsys.readouterr().err
+
+
+def test_a_stop_signal_after_the_run_finished_is_ignored(tmp_path, capsys):
+    import signal
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        train_module.main(VR + ["--run-dir", str(tmp_path), "--total-steps", str(64)])
+        os.kill(os.getpid(), signal.SIGUSR1)  # a scheduler's early warning, a moment too late
+        assert "SIGUSR1 after the run finished: nothing to stop" in capsys.readouterr().err
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def test_version_2_checkpoints_are_refused_with_a_clear_message(tmp_path):
     torch.save({"format_version": 2, "state": {}}, tmp_path / "old.pt")
     with pytest.raises(CheckpointError, match="format version 2 is not supported"):
@@ -285,7 +354,9 @@ def test_printed_commands_run_as_printed_from_a_fresh_shell(tmp_path):
                if ":" in line}
     evaluate = shlex.split(printed["evaluate"]) + ["--episodes", "1", "--baselines", "none"]
     longer = printed["train longer"].replace(" N", " " + str(4 * 16 * 3))
-    assert subprocess.run(evaluate, cwd=tmp_path, env=env, capture_output=True, timeout=300).returncode == 0
-    again = subprocess.run(longer, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    elsewhere = tmp_path / "elsewhere"  # pasted in another directory than the one training ran in
+    elsewhere.mkdir()
+    assert subprocess.run(evaluate, cwd=elsewhere, env=env, capture_output=True, timeout=300).returncode == 0
+    again = subprocess.run(longer, shell=True, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert checkpoints.latest_loadable(tmp_path / "run")[1]["iteration"] == 3

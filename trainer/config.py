@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -93,9 +94,14 @@ class TrainConfig:
     }
 
     def validate(self) -> None:
+        """Raise :class:`ConfigError` (a ``ValueError`` naming the key) for the first invalid value."""
         def need(ok: bool, name: str, rule: str) -> None:
             if not ok:
-                raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)!r} is invalid: {rule}")
+                raise ConfigError(name, getattr(self, name), rule)
+        for f in fields(self):  # inf or nan anywhere makes no sense and would fail much later
+            value = getattr(self, f.name)
+            need(not isinstance(value, float) or math.isfinite(value), f.name, "must be a finite number")
+        need(self.seed >= 0, "seed", "must be >= 0")
         need(self.backend in ("serial", "sync", "async", "ray"), "backend", "choose serial, sync, async or ray")
         need(not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray")
         need(self.max_lag >= 0, "max_lag", "must be >= 0")
@@ -124,10 +130,25 @@ class TrainConfig:
 
     @property
     def hidden_sizes(self) -> tuple[int, ...]:
-        return tuple(int(x) for x in self.hidden.split(",") if x.strip())
+        return tuple(int(x) for x in self.hidden.split(","))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+class ConfigError(ValueError):
+    """An invalid config value; ``key`` names it (a flag on the command line, a key in a TOML file)."""
+
+    def __init__(self, key: str, value: Any, rule: str) -> None:
+        super().__init__(f"--{key.replace('_', '-')}={value!r} is invalid: {rule}")
+        self.key, self.value, self.rule = key, value, rule
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors as one line that says what to change, without the 40-line usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _bool(text: str) -> bool:
@@ -151,7 +172,7 @@ def _field_type(f: dataclasses.Field) -> type:
 def build_parser() -> argparse.ArgumentParser:
     """Every config field as a flag. Defaults are left out of the namespace (``SUPPRESS``), so
     that what it holds is exactly what the user typed, whatever the value."""
-    p = argparse.ArgumentParser(prog="python -m trainer.train", description="Train a PPO policy.")
+    p = _Parser(prog="python -m trainer.train", description="Train a PPO policy.")
     for f in fields(TrainConfig):
         kind = _field_type(f)
         p.add_argument(f"--{f.name.replace('_', '-')}", type=_bool if kind is bool else kind,
@@ -204,11 +225,16 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
     parser = build_parser()
     args = vars(parser.parse_args(argv))
     resume, overwrite = args.pop("resume"), args.pop("overwrite")
+    from_file: dict[str, Any] = {}
     try:
         from_file = _toml_values(Path(args["config"])) if args.get("config") else {}
         given = {**from_file, **args}
         cfg = TrainConfig(**{**{f.name: f.default for f in fields(TrainConfig)}, **given})
         cfg.validate()
+    except ConfigError as e:
+        if e.key in from_file and e.key not in args:
+            parser.error(f"{args['config']}: {e.key} = {e.value!r} is invalid: {e.rule}")
+        parser.error(str(e))
     except ValueError as e:
         parser.error(str(e))
     if resume and overwrite:

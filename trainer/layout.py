@@ -167,8 +167,9 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
     if cfg.threads:
         collect_threads = learn_threads = cfg.threads
         if cfg.threads + max(busy_here, learn_busy) > cores:
-            notes.append(f"--threads={cfg.threads} with {max(busy_here, learn_busy)} busy workers exceeds the "
-                         f"{cores} cores: they will share them (slower)")
+            busy = max(busy_here, learn_busy)
+            notes.append(f"--threads={cfg.threads} with {_count(busy, 'busy worker')} exceeds the {cores} cores: "
+                         "they will share them (slower)")
     return RunLayout(env=cfg.env, backend=cfg.backend, num_envs=n, device=learner_device(cfg.device, machine.gpus),
                      factory_envs=tuple(sizes), vectorized=vectorized, workers=workers, main_share=main_share,
                      factories_per_worker=per_worker, cpus_per_worker=cpus, ray_address=cfg.ray_address,
@@ -181,9 +182,12 @@ def _async_workers(cfg: TrainConfig, cores: int, notes: list[str]) -> tuple[int,
     """Worker processes and whether the collecting process steps a share, for ``--backend async``."""
     n, workers, per = cfg.num_envs, cfg.num_workers, cfg.envs_per_worker
     if per:
-        if n % per or n // per < 2:
-            raise ValueError(f"--envs-per-worker={per} must divide --num-envs={n} into at least 2 processes "
-                             "(the collecting process and a worker); use --backend sync for one process")
+        if n % per:
+            raise ValueError(f"--envs-per-worker={per} does not divide --num-envs={n}: every process gets the same "
+                             "number of envs; choose a divisor of --num-envs")
+        if n // per < 2:
+            raise ValueError(f"--envs-per-worker={per} puts all {n} envs in one process; async needs at least 2 "
+                             "(the collecting process and a worker): lower it, or use --backend sync")
         if workers and workers != n // per - 1:
             raise ValueError(f"--num-workers={workers} disagrees with --envs-per-worker={per}: {n} envs in "
                              f"{n // per} processes means --num-workers={n // per - 1}; give only one of them")

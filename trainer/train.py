@@ -30,7 +30,7 @@ from trainer import __version__
 from trainer.batching import plan_minibatches
 from trainer.config import TrainConfig, parse_args, resumed_config
 from trainer.flat_params import flat_parameters
-from trainer.interrupts import Interrupted, StopSignals
+from trainer.interrupts import STOP_SIGNALS, Interrupted, StopSignals
 from trainer.layout import Machine, learner_device, run_layout
 from trainer.model import ActorCritic
 from trainer.ppo import NonFiniteLossError, advantages_and_returns, ppo_update, vtrace_targets
@@ -255,21 +255,25 @@ RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "evaluation.json", "
 
 
 def _claim_new_run_dir(run_dir: Path, overwrite: bool) -> list[str]:
-    """Refuse a directory that holds another run unless ``overwrite``; then delete that run's files."""
-    held = [name for name in RUN_FILES[:2] if (run_dir / name).exists()
-            and (name != "checkpoints" or checkpoints.checkpoint_files(run_dir))]
-    if not held:
-        return []
-    if not overwrite:
-        raise ValueError(f"run directory {run_dir} already holds a run ({', '.join(held)}); resume it with "
-                         f"--resume {run_dir}, choose another --run-dir, or pass --overwrite to delete that run")
-    for name in RUN_FILES:
+    """Refuse a directory that holds another run's checkpoints unless ``overwrite``; clear that run's files.
+
+    A directory without checkpoints holds nothing to resume (a run stopped before its first
+    save): it is free, and what that run left is cleared so that it does not mix with this one.
+    """
+    if checkpoints.checkpoint_files(run_dir) and not overwrite:
+        raise ValueError(f"run directory {run_dir} already holds a run (checkpoints); resume it with --resume "
+                         f"{run_dir}, choose another --run-dir, or pass --overwrite to delete that run")
+    left = [name for name in RUN_FILES if (run_dir / name).exists()]
+    for name in left:
         target = run_dir / name
         if target.is_dir():
             shutil.rmtree(target)
         else:
-            target.unlink(missing_ok=True)
-    return [f"--overwrite: deleted the previous run's files in {run_dir}"]
+            target.unlink()
+    if not left:
+        return []
+    return [f"--overwrite: deleted the previous run's files in {run_dir}" if overwrite else
+            f"{run_dir}: cleared {', '.join(left)} of an earlier run that wrote no checkpoint"]
 
 
 def _resume_state(resume: str, given: dict[str, Any]) -> tuple[TrainConfig, Path, dict[str, Any], list[str]]:
@@ -318,6 +322,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         plan = plan_minibatches(batch_envs, cfg.num_steps, cfg.batch_size or None)
         for w in plan.warnings:
             print(f"warning: {w}", file=sys.stderr)
+        run = _new_run(cfg)  # a model the env cannot have fails here, before anything is written
         run_dir = Path(cfg.run_dir or f"runs/{cfg.env}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         lock = stack.enter_context(checkpoints.RunDirLock(run_dir))
         if resume:
@@ -334,7 +339,6 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         cfg.run_dir = str(run_dir)
         (run_dir / "config.json").write_text(json.dumps({"config": cfg.to_dict(), "layout": layout.to_dict()},
                                                         indent=2))
-        run = _new_run(cfg)
         writer = _tensorboard(run_dir) if cfg.tensorboard else None
         if writer:
             stack.callback(writer.close)
@@ -350,20 +354,23 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
             if not exact:
                 notes.append("these envs offer no get_state(): their episodes restart from derived seeds, "
                              "so the resumed run is not identical to an uninterrupted one")
+        if run.iteration >= stop:
+            notes.append(f"the run is already at iteration {run.iteration} of {iterations}: nothing to do "
+                         "(pass a larger --total-steps to train longer)")
         for note in notes:
             print(note, file=sys.stderr)
-        return _loop(run, collector, plan, iterations, stop, run_dir, signals, writer, progress)
+        return _loop(run, collector, plan, iterations, stop, run_dir, signals, writer, progress, source)
 
 
 def _loop(run: Run, collector: RolloutCollector, plan, iterations: int, stop: int, run_dir: Path,
-          signals: StopSignals, writer, progress: bool) -> dict:
+          signals: StopSignals, writer, progress: bool, resumed_from: Path | None) -> dict:
     """Iterate until ``stop``; snapshot after each completed iteration; on any exit, save the newest one."""
     cfg = run.cfg
-    summary: dict = {"run_dir": str(run_dir), "iterations": 0, "interrupted": False}
+    summary: dict = {"run_dir": str(run_dir), "iterations": run.iteration, "env_steps": run.env_steps}
     with signals.critical():
         snapshot = run.snapshot(collector)
     saved_at = run.iteration if run.iteration else None  # resumed: that state is on disk already
-    last_saved = None
+    last_saved = resumed_from
 
     def save() -> Path:
         nonlocal saved_at, last_saved
@@ -390,21 +397,21 @@ def _loop(run: Run, collector: RolloutCollector, plan, iterations: int, stop: in
                             writer.add_scalar(k, v, row["env_steps"])
                 bar.update(1)
                 bar.set_postfix(sps=f"{row['sps']:,.0f}", ret=f"{np.mean(run.recent):.2f}" if run.recent else "-")
-                summary.update(last=row, env_steps=row["env_steps"])
+                summary.update(last=row)
                 if run.iteration % cfg.checkpoint_every == 0 or run.iteration == stop:
                     save()
     except BaseException as e:
         signals.stop()  # a signal from here on waits: the snapshot is saved first
         bar.close()
         done = snapshot["iteration"]
-        if done and saved_at != done:
+        if done and saved_at != done and not isinstance(e, checkpoints.CheckpointError):  # (that save just failed)
             try:
                 save()
             except checkpoints.CheckpointError as failed:
                 print(f"could not save the last completed iteration: {failed}", file=sys.stderr)
         where = (f"the newest checkpoint {last_saved} holds iteration {saved_at}" if last_saved
-                 else f"no checkpoint of this session (resumed at iteration {saved_at})" if saved_at
-                 else "no iteration was completed, nothing to save")
+                 else "no iteration was completed, nothing to save" if not done
+                 else f"iteration {done} completed but no checkpoint could be written")
         if isinstance(e, KeyboardInterrupt):
             signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
             raise TrainingStopped(signum, run_dir, saved_at or 0, last_saved) from None
@@ -417,7 +424,8 @@ def _loop(run: Run, collector: RolloutCollector, plan, iterations: int, stop: in
     if cfg.ray_async:
         print(f"policy lag (versions behind: batches): {dict(sorted(run.lags.items()))}; dropped {run.dropped} "
               f"batches older than --max-lag {cfg.max_lag}", file=sys.stderr)
-    summary.update(iterations=run.iteration, checkpoint=str(last_saved) if last_saved else None,
+    summary.update(iterations=run.iteration, env_steps=run.env_steps,
+                   checkpoint=str(last_saved) if last_saved else None,
                    lags=dict(run.lags), dropped=run.dropped,
                    recent_return=float(np.mean(run.recent)) if run.recent else None,
                    finished=run.iteration >= iterations)
@@ -433,31 +441,44 @@ def _tensorboard(run_dir: Path):
 
 
 def _command(*args: str) -> str:
-    """A shell command with this interpreter, so that it runs as printed (the packages may live in a venv)."""
+    """A shell command with this interpreter and absolute paths, so that it runs as printed from any
+    directory (the packages may live in a venv that is not on the PATH)."""
     return " ".join(shlex.quote(a) for a in (sys.executable, *args))
+
+
+def _ignore_late_signals() -> None:
+    """After the run finished, a stop signal (a scheduler's early warning) has nothing left to stop."""
+    def note(signum, frame):
+        print(f"{signal.Signals(signum).name} after the run finished: nothing to stop", file=sys.stderr)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, note)
 
 
 def main(argv: list[str] | None = None) -> None:
     cli = parse_args(argv)
     try:
         summary = train(cli.config, resume=cli.resume, given=cli.given, overwrite=cli.overwrite)
+        _ignore_late_signals()
     except TrainingStopped as e:
         print(f"\n{e} after iteration {e.iteration}" +
               (f"; checkpoint: {e.checkpoint}" if e.checkpoint else "; no checkpoint (no iteration completed)"),
               file=sys.stderr)
-        if e.iteration:
-            print(f"resume:        {_command('-m', 'trainer.train', '--resume', str(e.run_dir))}", file=sys.stderr)
+        run_dir = str(e.run_dir.resolve())
+        if e.checkpoint:
+            print(f"resume:        {_command('-m', 'trainer.train', '--resume', run_dir)}", file=sys.stderr)
+        else:
+            print("start again:   the same command (the run directory holds no checkpoint)", file=sys.stderr)
         raise SystemExit(e.exit_status) from None
-    except KeyboardInterrupt as e:  # before the first iteration or after the last one: nothing to save
+    except KeyboardInterrupt as e:  # before the run started: nothing to save
         print(f"\n{e or 'interrupted'}", file=sys.stderr)
         raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
     except (ValueError, TypeError, NonFiniteLossError) as e:
         raise SystemExit(f"error: {e}") from None
-    run_dir = summary["run_dir"]
-    print(f"run directory: {run_dir} ({summary['iterations']} iterations, {summary.get('env_steps', 0):,} env steps)")
+    run_dir = str(Path(summary["run_dir"]).resolve())
+    print(f"run directory: {run_dir} ({summary['iterations']} iterations, {summary['env_steps']:,} env steps)")
     print(f"metrics:       {run_dir}/metrics.jsonl")
     if summary["checkpoint"]:
-        print(f"checkpoint:    {summary['checkpoint']}")
+        print(f"checkpoint:    {Path(summary['checkpoint']).resolve()}")
         print(f"evaluate:      {_command('-m', 'trainer.evaluate', '--checkpoint', run_dir)}")
         if not summary["finished"]:
             print(f"resume:        {_command('-m', 'trainer.train', '--resume', run_dir)}")
