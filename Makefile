@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= dev,ray
+EXTRAS ?= dev,ray,export
 
 .PHONY: setup train resume evaluate need-run test lint clean
 

@@ -35,10 +35,21 @@ def load_policy(path: str | Path) -> tuple[ActorCritic, TrainConfig, Path]:
     source, state, problems = checkpoints.latest_loadable(path)
     for p in problems:
         print(f"skipped {p}", file=sys.stderr)
+    model, cfg = policy_from_state(state, source)
+    return model, cfg, source
+
+
+def policy_from_state(state: dict[str, Any], source: Path) -> tuple[ActorCritic, TrainConfig]:
+    """The frozen CPU policy and training config of a loaded checkpoint ``state`` (read from ``source``)."""
     cfg = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.__dataclass_fields__})
+    try:
+        gym.spec(cfg.env)
+    except gym.error.Error:
+        raise ValueError(f"{source} was trained on {cfg.env}, which is not registered in this process; register it "
+                         "(gym.register) in the process that loads the policy") from None
     model = make_model(cfg)
     model.load_state_dict(state["model"])
-    return model.eval(), cfg, source
+    return model.eval(), cfg
 
 
 def policy_actions(model: ActorCritic, deterministic: bool):
@@ -94,15 +105,14 @@ def plot(results: dict[str, dict[str, Any]], run_dir: Path, out: Path) -> Path |
     return out
 
 
-def check_writable(directory: Path) -> None:
+def check_writable(directory: Path, what: str = "the evaluation outputs") -> None:
     """Raise ``ValueError`` naming ``directory`` when files cannot be created in it."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".evaluate-", suffix=".tmp"):
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".check-", suffix=".tmp"):
             pass
     except OSError as e:
-        raise ValueError(f"cannot write the evaluation outputs to {directory}: {e.strerror or e}; "
-                         "pass --out DIR") from None
+        raise ValueError(f"cannot write {what} to {directory}: {e.strerror or e}; pass --out DIR") from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -95,7 +95,7 @@ class StackedMLP(nn.Module):
         self.biases = nn.ParameterList(torch.zeros(len(outputs), 1, w.shape[-1]) for w in layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.expand(len(self.weights[0]), *x.shape)  # the same input for every MLP, without a copy
+        h = x.expand(self.weights[0].shape[0], *x.shape)  # the same input for every MLP, without a copy
         last = len(self.weights) - 1
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
             h = torch.baddbmm(b, h, w)
@@ -191,7 +191,8 @@ class ActorCritic(nn.Module):
         logit, so that it has probability 0 and ``p * log p`` stays 0 rather than NaN.
         """
         if not self._ragged:
-            return torch.log_softmax(out.view(len(out), len(self.nvec), -1), -1)
+            # out.shape[0], not len(out): a traced export then keeps the batch size dynamic
+            return torch.log_softmax(out.view(out.shape[0], len(self.nvec), -1), -1)
         return torch.log_softmax(out[:, self._gather].masked_fill(self._pad, torch.finfo(out.dtype).min), -1)
 
     def _shape_action(self, action: torch.Tensor) -> torch.Tensor:
@@ -222,6 +223,11 @@ class ActorCritic(nn.Module):
         if self.kind == "box":
             return out
         return self._shape_action(self._grouped_log_probs(out).argmax(-1))
+
+    @torch.no_grad()
+    def action_probs(self, obs: torch.Tensor) -> torch.Tensor:
+        """Probabilities ``[B, heads, max n]`` of the categorical heads (padding has probability 0)."""
+        return self._grouped_log_probs(self._heads(obs)[0]).exp()
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(log_prob, entropy, value)`` of given actions, each ``[B]``, differentiable."""
