@@ -6,7 +6,7 @@ import importlib
 import pytest
 
 MODULES = ["envs.vr_edge", "envs.vector", "envs.baselines", "collectors.collector", "collectors.resources",
-           "trainer.model", "trainer.flat_params", "trainer.layout"]
+           "trainer.model", "trainer.flat_params", "trainer.layout", "trainer.export"]
 
 
 @pytest.mark.parametrize("name", MODULES)

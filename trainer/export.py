@@ -102,7 +102,8 @@ def export_file(policy: ExportedPolicy, fmt: str, path: Path, obs_dim: int) -> N
         with _quiet("torch.onnx"):
             torch.onnx.export(policy, (example,), str(path), dynamo=True, opset_version=OPSET,
                               input_names=["obs"], output_names=list(OUTPUTS),
-                              dynamic_shapes={"obs": {0: torch.export.Dim("batch")}}, verbose=False)
+                              dynamic_shapes={"obs": {0: torch.export.Dim("batch")}}, verbose=False,
+                              external_data=False)  # one self-contained file
 
 
 @contextlib.contextmanager
@@ -124,7 +125,9 @@ def run_exported(path: Path, obs: np.ndarray) -> tuple[np.ndarray, ...]:
 
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         return tuple(session.run(list(OUTPUTS), {"obs": obs}))
-    module = torch.jit.load(str(path))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.load` is deprecated")  # see export_file
+        module = torch.jit.load(str(path))
     with torch.no_grad():
         return tuple(t.numpy() for t in module(torch.from_numpy(obs)))
 
@@ -308,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"--atol={args.atol} is invalid: must be > 0")
         export(args.checkpoint, formats, args.out or None, args.seed, args.atol)
     except (ValueError, checkpoints.CheckpointError) as e:
-        raise SystemExit(f"error: {e}") from None
+        raise SystemExit("error: " + "; ".join(line.strip() for line in str(e).splitlines())) from None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,191 @@
+"""trainer.export: exported files match the trained model in a process that cannot import this package."""
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import checkpoints
+from trainer import export as export_cli
+from trainer import train as train_module
+from trainer.config import parse_args
+from trainer.evaluate import load_policy
+from trainer.model import RunningNorm
+
+pytest.importorskip("onnxruntime", reason="needs the export extra")
+
+TINY = ["--num-envs", "4", "--num-steps", "16", "--total-steps", "128", "--device", "cpu", "--seed", "3"]
+REPO = Path(__file__).resolve().parents[1]
+
+# Run first in every fresh process: this package stays out of reach even though the venv has it installed
+# (editable install: a meta-path finder), as on a machine that only has torch / onnxruntime
+NO_PACKAGE = """
+import sys
+sys.meta_path = [f for f in sys.meta_path if "parallel_rollouts" not in getattr(f, "__module__", "")]
+sys.path_hooks = [h for h in sys.path_hooks if "parallel_rollouts" not in getattr(h, "__module__", "")]
+sys.path_importer_cache.clear()
+for name in ("trainer", "envs", "checkpoints", "collectors"):
+    try:
+        __import__(name)
+    except ImportError:
+        pass
+    else:
+        raise SystemExit(f"{name} is importable")
+"""
+
+RELOAD = NO_PACKAGE + """
+import json
+import numpy as np
+import onnxruntime
+import torch
+
+export, data = sys.argv[1], np.load(sys.argv[2])
+obs, results = data["obs"], {}
+with torch.no_grad():
+    scripted = [t.numpy() for t in torch.jit.load(f"{export}/policy.pt")(torch.from_numpy(obs))]
+session = onnxruntime.InferenceSession(f"{export}/policy.onnx", providers=["CPUExecutionProvider"])
+for name, (action, probs, value) in {"torchscript": scripted, "onnx": session.run(None, {"obs": obs})}.items():
+    results[name] = {"actions_equal": bool(np.array_equal(action, data["action"])),
+                     "prob_diff": float(np.abs(probs - data["probs"]).max()),
+                     "value_diff": float(np.abs(value - data["value"]).max())}
+print(json.dumps(results))
+"""
+
+
+def fresh_python(code: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def train_tiny(run_dir: Path, env: str, arch: str) -> Path:
+    cli = parse_args(["--env", env, "--policy-arch", arch, "--run-dir", str(run_dir), *TINY])
+    train_module.train(cli.config, progress=False)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def cartpole(tmp_path_factory):
+    return train_tiny(tmp_path_factory.mktemp("cartpole") / "run", "CartPole-v1", "flat")
+
+
+@pytest.mark.parametrize("env,arch", [
+    ("CartPole-v1", "flat"),
+    ("VREdge-v0", "per_head"),
+    pytest.param("VREdge-v0", "flat", marks=pytest.mark.slow),
+])
+def test_exports_match_the_trained_model_in_a_process_without_this_package(tmp_path, cartpole, env, arch):
+    run_dir = cartpole if env == "CartPole-v1" else train_tiny(tmp_path / "run", env, arch)
+    export_cli.main(["--checkpoint", str(run_dir), "--format", "both"])
+    out = run_dir / "export"
+    card = json.loads((out / "policy.json").read_text())
+    model, cfg, source = load_policy(run_dir)
+    assert cfg.policy_arch == arch and bool(model.per_head) == (arch == "per_head")
+    obs = export_cli.verification_observations(model, env, seed=11)  # not the seed the command verified on
+    action, probs, value = export_cli.reference_outputs(model, obs)
+    np.savez(tmp_path / "expected.npz", obs=obs, action=action, probs=probs, value=value)
+    done = fresh_python(RELOAD, str(out), str(tmp_path / "expected.npz"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for name, r in json.loads(done.stdout).items():
+        assert r["actions_equal"], name
+        assert r["prob_diff"] <= export_cli.ATOL and r["value_diff"] <= 1e-4, (name, r)
+    state = checkpoints.load(source)
+    assert card["checkpoint"]["iteration"] == state["iteration"]
+    assert card["checkpoint"]["env_steps"] == state["env_steps"]
+    assert card["env"]["id"] == env and card["training"]["policy_arch"] == arch
+    for fmt, entry in card["files"].items():
+        assert entry["sha256"] == export_cli._sha256(out / entry["file"]), fmt
+        assert entry["verification"]["actions_identical"] == entry["verification"]["observations"]
+    assert card["files"]["onnx"]["opset"] == export_cli.OPSET
+    assert sorted(p.name for p in out.iterdir()) == ["policy.json", "policy.onnx", "policy.pt"]  # one file each
+    if env == "VREdge-v0":
+        assert card["env"]["config"]["num_users"] == 8 and card["env"]["action_space"]["nvec"] == [6] * 8
+
+
+def _no_norm(model):
+    broken = copy.deepcopy(model)
+    broken.norm = nn.Identity()
+    return broken
+
+
+def test_an_export_without_the_normaliser_fails_the_check(tmp_path, cartpole):
+    model, cfg, _ = load_policy(cartpole)
+    assert isinstance(model.norm, RunningNorm)
+    path = tmp_path / "policy.pt"
+    export_cli.export_file(export_cli.ExportedPolicy(_no_norm(model)), "torchscript", path, obs_dim=4)
+    obs = export_cli.verification_observations(model, cfg.env, seed=0)
+    with pytest.raises(export_cli.ExportError, match="disagrees with the trained model"):
+        export_cli.verify(model, path, obs)
+
+
+def test_a_failed_check_writes_nothing(tmp_path, cartpole, monkeypatch, capsys):
+    class WithoutNormaliser(export_cli.ExportedPolicy):
+        def __init__(self, model):
+            super().__init__(_no_norm(model))
+
+    monkeypatch.setattr(export_cli, "ExportedPolicy", WithoutNormaliser)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=r"^error: policy\.pt disagrees"):
+        export_cli.main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(out)])
+    assert list(out.iterdir()) == []
+    assert "greedy actions identical on" in capsys.readouterr().out  # the numbers are printed
+
+
+def test_the_readme_example_runs_without_this_package(tmp_path, cartpole):
+    section = (REPO / "README.md").read_text().split("## Ship a trained policy", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    vr = train_tiny(tmp_path / "run", "VREdge-v0", "per_head")
+    export_cli.main(["--checkpoint", str(vr), "--format", "onnx"])
+    example_dir = re.search(r'"(runs/[^"]+/export)"', code).group(1)
+    done = fresh_python(NO_PACKAGE + code.replace(example_dir, str(vr / "export")), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"bitrate per user \(Mb/s\): \[(\d+\.\d, ){7}\d+\.\d\]", done.stdout), done.stdout
+
+
+# ---------------------------------------------------------------------------- bad input: one-line errors
+
+def one_line_error(argv) -> str:
+    with pytest.raises(SystemExit) as info:
+        export_cli.main(argv)
+    message = str(info.value)
+    assert message.startswith("error: ") and "\n" not in message, message
+    return message
+
+
+def test_a_checkpoint_of_another_format_version(tmp_path):
+    path = tmp_path / "ckpt_00000001.pt"
+    torch.save({"format_version": 2, "state": {}}, path)
+    assert "format version 2 is not supported" in one_line_error(["--checkpoint", str(path)])
+
+
+def test_a_run_without_checkpoints(tmp_path):
+    (tmp_path / "run").mkdir()
+    assert "no checkpoints found" in one_line_error(["--checkpoint", str(tmp_path / "run")])
+
+
+def test_an_env_not_registered_in_this_process(tmp_path, cartpole):
+    source, state, _ = checkpoints.latest_loadable(cartpole)
+    state["config"]["env"] = "Unregistered-v0"
+    path = checkpoints.save(tmp_path / "ckpt_00000001.pt", state)
+    assert "Unregistered-v0, which is not registered" in one_line_error(["--checkpoint", str(path)])
+
+
+def test_an_unwritable_output_directory_is_refused_before_exporting(tmp_path, cartpole):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    message = one_line_error(["--checkpoint", str(cartpole), "--out", str(blocker / "export")])
+    assert "cannot write the exported policy" in message
+
+
+def test_onnx_without_the_export_extra(cartpole, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
+    message = one_line_error(["--checkpoint", str(cartpole), "--format", "onnx"])
+    assert "onnxruntime" in message and "pip install -e '.[export]'" in message
