@@ -6,6 +6,7 @@ import hashlib
 import io
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,11 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> d
 
 def _torch_load(path: Path, f: io.BytesIO, map_location) -> Any:
     try:
-        return torch.load(f, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # a TorchScript file is reported as an error below, not as a warning
+            warnings.filterwarnings("ignore", message=".*looks like a TorchScript archive")
+            return torch.load(f, map_location=map_location, weights_only=True)
     except Exception as e:
+        if "TorchScript" in str(e):
+            raise CheckpointError(f"{path}: an exported TorchScript policy, not a training checkpoint") from None
         raise CheckpointError(f"{path}: cannot be read as a checkpoint (truncated or corrupted?): "
                               f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None

@@ -189,3 +189,29 @@ def test_onnx_without_the_export_extra(cartpole, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
     message = one_line_error(["--checkpoint", str(cartpole), "--format", "onnx"])
     assert "onnxruntime" in message and "pip install -e '.[export]'" in message
+
+
+def test_a_checkpoint_whose_network_does_not_fit_its_env(tmp_path, cartpole):
+    source, state, _ = checkpoints.latest_loadable(cartpole)
+    state["config"]["env"] = "Acrobot-v1"  # 6 observations, 3 actions: CartPole's network does not fit
+    path = checkpoints.save(tmp_path / "ckpt_00000001.pt", state)
+    assert "its network does not fit Acrobot-v1" in one_line_error(["--checkpoint", str(path)])
+
+
+@pytest.mark.parametrize("flag", [["--atol", "inf"], ["--atol", "-1"], ["--seed", "-5"]])
+def test_bad_numbers_are_refused(cartpole, flag):
+    assert f"{flag[0]}=" in one_line_error(["--checkpoint", str(cartpole), *flag])
+
+
+def test_an_exported_file_passed_as_a_checkpoint_is_named(tmp_path, cartpole):
+    export_cli.main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(tmp_path)])
+    message = one_line_error(["--checkpoint", str(tmp_path / "policy.pt")])
+    assert "an exported TorchScript policy, not a training checkpoint" in message and "weights_only" not in message
+
+
+def test_stage_folders_of_a_killed_export_are_swept(tmp_path, cartpole):
+    stale = tmp_path / ".export-killed"
+    stale.mkdir()
+    (stale / "policy.pt").write_bytes(b"half")
+    export_cli.main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(tmp_path)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy.json", "policy.pt"]

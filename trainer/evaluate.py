@@ -48,7 +48,11 @@ def policy_from_state(state: dict[str, Any], source: Path) -> tuple[ActorCritic,
         raise ValueError(f"{source} was trained on {cfg.env}, which is not registered in this process; register it "
                          "(gym.register) in the process that loads the policy") from None
     model = make_model(cfg)
-    model.load_state_dict(state["model"])
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        raise ValueError(f"{source}: its network does not fit {cfg.env} as this process builds it (different "
+                         "spaces or env parameters?): " + str(e).strip().splitlines()[-1].strip()) from None
     return model.eval(), cfg
 
 
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         played[name] = run_episodes(envs.make_baseline(name, vr_config), env_fn, args.episodes, args.seed)
     results = {name: summarize(records) for name, records in played.items()}
     paired = {name: paired_difference(played[label], played[name]) for name in names}
-    payload = {"checkpoint": str(source), "env": cfg.env, "episodes": args.episodes, "seed": args.seed,
+    payload = {"checkpoint": str(source.resolve()), "env": cfg.env, "episodes": args.episodes, "seed": args.seed,
                "policy": results[label], "baselines": {n: results[n] for n in names},
                "paired_reward_per_step": paired}
     print(f"{cfg.env}: {args.episodes} episodes on held-out seeds (seed {args.seed}), checkpoint {source}")

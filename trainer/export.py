@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -246,6 +247,8 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     run_dir = checkpoints.run_dir_of(source)
     out = Path(out) if out else run_dir / "export"
     check_writable(out, "the exported policy")
+    for stale in out.glob(".export-*"):  # stage folders of an export that was killed
+        shutil.rmtree(stale, ignore_errors=True)
     env_card = _env_card(cfg.env)
     obs_dim = env_card["observation_space"]["shape"][0]
     obs = verification_observations(model, cfg.env, seed)
@@ -307,11 +310,15 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     formats = list(FILES) if args.format == "both" else [args.format]
     try:
-        if not args.atol > 0:
-            raise ValueError(f"--atol={args.atol} is invalid: must be > 0")
+        if not (args.atol > 0 and math.isfinite(args.atol)):
+            raise ValueError(f"--atol={args.atol} is invalid: must be a finite number > 0")
+        if args.seed < 0:
+            raise ValueError(f"--seed={args.seed} is invalid: must be >= 0")
         export(args.checkpoint, formats, args.out or None, args.seed, args.atol)
     except (ValueError, checkpoints.CheckpointError) as e:
-        raise SystemExit("error: " + "; ".join(line.strip() for line in str(e).splitlines())) from None
+        raise SystemExit("error: " + " ".join(line.strip() for line in str(e).splitlines())) from None
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted: nothing was written (the previous export, if any, is unchanged)") from None
 
 
 if __name__ == "__main__":
