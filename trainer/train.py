@@ -73,7 +73,6 @@ class ReturnScaler:
             ret = ret * self.gamma + rewards[t]
             rets[t] = ret
             ret = torch.where(done[t], torch.zeros_like(ret), ret)
-        self.ret = self.ret.clone()
         self.ret[rows] = ret
         mean, var, count = self.moments
         n = rets.numel()
@@ -366,7 +365,6 @@ def _loop(run: Run, collector: RolloutCollector, plan, iterations: int, stop: in
           signals: StopSignals, writer, progress: bool, resumed_from: Path | None) -> dict:
     """Iterate until ``stop``; snapshot after each completed iteration; on any exit, save the newest one."""
     cfg = run.cfg
-    summary: dict = {"run_dir": str(run_dir), "iterations": run.iteration, "env_steps": run.env_steps}
     with signals.critical():
         snapshot = run.snapshot(collector)
     saved_at = run.iteration if run.iteration else None  # resumed: that state is on disk already
@@ -397,7 +395,6 @@ def _loop(run: Run, collector: RolloutCollector, plan, iterations: int, stop: in
                             writer.add_scalar(k, v, row["env_steps"])
                 bar.update(1)
                 bar.set_postfix(sps=f"{row['sps']:,.0f}", ret=f"{np.mean(run.recent):.2f}" if run.recent else "-")
-                summary.update(last=row)
                 if run.iteration % cfg.checkpoint_every == 0 or run.iteration == stop:
                     save()
     except BaseException as e:
@@ -424,12 +421,10 @@ def _loop(run: Run, collector: RolloutCollector, plan, iterations: int, stop: in
     if cfg.ray_async:
         print(f"policy lag (versions behind: batches): {dict(sorted(run.lags.items()))}; dropped {run.dropped} "
               f"batches older than --max-lag {cfg.max_lag}", file=sys.stderr)
-    summary.update(iterations=run.iteration, env_steps=run.env_steps,
-                   checkpoint=str(last_saved) if last_saved else None,
-                   lags=dict(run.lags), dropped=run.dropped,
-                   recent_return=float(np.mean(run.recent)) if run.recent else None,
-                   finished=run.iteration >= iterations)
-    return summary
+    return {"run_dir": str(run_dir), "iterations": run.iteration, "env_steps": run.env_steps,
+            "checkpoint": str(last_saved) if last_saved else None, "lags": dict(run.lags), "dropped": run.dropped,
+            "recent_return": float(np.mean(run.recent)) if run.recent else None,
+            "finished": run.iteration >= iterations}
 
 
 def _tensorboard(run_dir: Path):
