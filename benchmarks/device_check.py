@@ -38,8 +38,10 @@ from collectors import RolloutCollector
 from trainer import train as train_module
 from trainer.batching import plan_minibatches
 from trainer.config import TrainConfig
+from trainer.learner import minibatch_generator
 from trainer.model import ActorCritic
-from trainer.ppo import advantages_and_returns, ppo_update
+from trainer.ppo import LearnerSamples, PPOSettings, advantages_and_returns, ppo_update
+from trainer.run import Run
 
 
 @dataclass(frozen=True)
@@ -95,25 +97,24 @@ def training_rate(cfg: TrainConfig, iterations: int) -> tuple[float, dict]:
 def update_rate(device: str, num_envs: int, num_steps: int, epochs: int = 4) -> float:
     """Samples/s of one PPO update (``epochs`` passes) on a real VR-edge rollout of ``num_envs x num_steps``."""
     cfg = TrainConfig(num_envs=num_envs, num_steps=num_steps, device=device)
-    run = train_module._new_run(cfg)  # the trainer's own learner: model, fused Adam, minibatch generator
+    run = Run.new(cfg)  # the trainer's own learner: model, fused Adam, minibatch generator
     fn = functools.partial(envs.VREdgeVectorEnv, num_envs)
     with RolloutCollector([fn], run.acting, backend="sync", horizon=num_steps, seed=0, device=device) as c:
-        batch, last = c.collect(), c.last_observations
+        rollout = c.collect()
     plan = plan_minibatches(num_envs, num_steps)
-    adv, ret = advantages_and_returns(run.model, batch, last, cfg.gamma, cfg.gae_lambda)
+    adv, ret = advantages_and_returns(run.model, rollout.batch, rollout.next_observations, cfg.gamma, cfg.gae_lambda)
+    samples = LearnerSamples.from_rollout(rollout.batch, adv, ret)
+    settings = replace(PPOSettings.from_config(cfg, plan.minibatch_size), epochs=epochs, target_kl=None)
 
     def update() -> None:
-        ppo_update(run.model, run.optimizer, batch, adv, ret, epochs=epochs, minibatch_size=plan.minibatch_size,
-                   clip_coef=cfg.clip_coef, clip_value=cfg.clip_value, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
-                   max_grad_norm=cfg.max_grad_norm, norm_adv=cfg.norm_adv, target_kl=None,
-                   generator=train_module.minibatch_generator(cfg.seed, 1, run.device))
+        ppo_update(run.model, run.optimizer, samples, settings, minibatch_generator(cfg.seed, 1, run.device))
         if device == "cuda":
             torch.cuda.synchronize()
 
     update()  # warm-up: kernels, allocator
     start = time.perf_counter()
     update()
-    return epochs * batch.numel() / (time.perf_counter() - start)
+    return epochs * rollout.numel() / (time.perf_counter() - start)
 
 
 def resume_matches(device: str, num_envs: int, n: int, num_steps: int, root: Path) -> bool:

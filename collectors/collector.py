@@ -1,22 +1,22 @@
-"""The one interface for collecting experience: :class:`RolloutCollector`."""
+"""Collecting experience in this process and its workers: :class:`RolloutCollector` (serial, sync, async)."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
-from collectors.backends import BACKENDS
+from collectors.base import Collector, Policy, check_env_fns, check_seeds
 from collectors.resources import torch_threads
+from collectors.rollout import Rollout
 from collectors.seeding import env_seeds
 from collectors.storage import RolloutStorage, torch_dtype
 
-Policy = Callable[[torch.Tensor], Any]
+LOCAL_BACKENDS = ("serial", "sync", "async")
 
 
 def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bool):
@@ -30,8 +30,9 @@ def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bo
     return AsyncBackend(env_fns, num_workers=num_workers, main_share=main_share)
 
 
-class RolloutCollector:
-    """Collects fixed-shape ``[horizon, num_envs]`` rollouts from Gymnasium envs.
+class RolloutCollector(Collector):
+    """Collects fixed-shape ``[horizon, num_envs]`` rollouts from Gymnasium envs, in this process
+    (``serial``, ``sync``) or in spawned worker processes (``async``).
 
     Example:
         >>> import functools, gymnasium as gym, torch
@@ -39,17 +40,16 @@ class RolloutCollector:
         >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 4
         >>> policy = lambda obs: torch.zeros(len(obs), dtype=torch.int64)
         >>> with RolloutCollector(env_fns, policy, backend="sync", horizon=16, seed=0) as collector:
-        ...     batch = collector.collect()
-        >>> batch.batch_size, batch["observations"].shape
-        (torch.Size([16, 4]), torch.Size([16, 4, 4]))
+        ...     rollout = collector.collect()
+        >>> rollout.batch.batch_size, rollout.batch["observations"].shape, rollout.next_observations.shape
+        (torch.Size([16, 4]), torch.Size([16, 4, 4]), torch.Size([4, 4]))
 
-    ``collect()`` returns a ``TensorDict`` on ``device`` with ``observations``,
-    ``actions``, ``rewards``, ``terminated``, ``truncated``, ``final_observations``,
-    ``final_observation_mask`` (``[T, N, ...]``) and, when the policy returns them,
-    ``log_probs`` and ``values`` (``[T, N]``). ``last_observations`` (``[N, ...]``)
-    holds the observations that follow the rollout. Consecutive calls continue the
-    same episodes. ``episodes`` lists the episodes finished during the last
-    rollout (``return``, ``length``, ``env``, plus the env's ``episode_metrics``).
+    ``collect()`` returns a :class:`~collectors.rollout.Rollout`: the ``[T, N]`` batch
+    (``observations``, ``actions``, ``rewards``, ``terminated``, ``truncated``,
+    ``final_observations``, ``final_observation_mask`` and, when the policy returns them,
+    ``log_probs`` and ``values``), the ``[N, ...]`` observations that follow it, the
+    episodes finished during it and the policy version that collected it. Consecutive
+    calls continue the same episodes. Weights come in through ``update_policy``.
 
     Args:
         env_fns: zero-argument callables, each building a ``gymnasium.Env`` or a
@@ -57,74 +57,36 @@ class RolloutCollector:
         policy: ``policy(obs[N, *obs]) -> actions[N, *act]``, or a mapping with
             ``"action"`` and optionally ``"log_prob"`` and ``"value"`` (``[N]``).
             It is called once per step, in this process, under ``torch.inference_mode()``.
-        backend: ``"serial"``, ``"sync"`` or ``"async"``.
+        backend: ``"serial"``, ``"sync"`` or ``"async"`` (``"ray"``: :class:`collectors.RayCollector`,
+            or :func:`collectors.make_collector`, which picks the class).
         horizon: steps per rollout (``T``).
         seed: run seed; env ``i`` is reset with the i-th ``SeedSequence(seed).spawn`` seed.
             A sequence gives each env its seed explicitly (one per env).
-        device: where ``collect()`` puts the batch (one transfer per rollout).
+        device: where ``collect()`` puts the rollout (one transfer per rollout).
         num_workers: async only; worker processes (default: one busy process per usable core,
             the collecting process included when ``main_share``; see ``collectors.resources``).
-            Ray: actors (default: as many equal slices of the factories as the cluster's CPUs hold).
         main_share: async only; whether the collecting process steps a share of the envs.
-        envs_per_worker, ray_address, cpus_per_worker, worker_options: ray only; env
-            factories per actor, cluster address (default: reuse a running Ray or start a
-            local one), CPUs per actor, and ``.options(...)`` per actor (e.g. resources).
-        sync: ray only; ``False`` collects IMPALA-style: ``collect()`` returns the first
-            worker's ``[T, K]`` rollout that is ready, collected with weights of version
-            ``batch_version`` (compare with ``policy_version``).
         num_threads: torch intra-op threads of this process while ``collect()`` runs (restored
             afterwards, so a learner in this process keeps its own count); ``None``: unchanged.
             Workers always use one thread each.
-
-    With ``backend="ray"`` the policy runs on the actors (it must be picklable, e.g. an
-    ``nn.Module``); its weights are sent once per rollout.
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
                  horizon: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
-                 num_workers: int | None = None, main_share: bool = True, envs_per_worker: int | None = None,
-                 ray_address: str | None = None, cpus_per_worker: float = 1.0,
-                 worker_options: Sequence[dict] | dict | None = None, sync: bool = True,
-                 num_threads: int | None = None) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        if isinstance(env_fns, (gym.Env, gym.vector.VectorEnv)) or callable(env_fns):
-            raise TypeError("env_fns must be a list of zero-argument env factories, not a single env or factory")
-        env_fns = list(env_fns)
-        if not env_fns:
-            raise ValueError("env_fns is empty: pass at least one zero-argument env factory")
-        for i, fn in enumerate(env_fns):
-            if not callable(fn):
-                raise TypeError(f"env_fns[{i}] is {type(fn).__name__}, not callable; pass factories "
-                                "(e.g. functools.partial(gymnasium.make, 'CartPole-v1')), not env instances")
-        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
-            raise ValueError(f"horizon={horizon!r} is invalid: must be an integer >= 1")
-        if not callable(policy):
-            raise TypeError(f"policy must be callable (obs -> actions), got {type(policy).__name__}")
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device='cuda' but CUDA is not available; use device='cpu'")
-        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
-                                        or num_threads < 1):
-            raise ValueError(f"num_threads={num_threads!r} is invalid: an integer >= 1, or None to leave it")
-        self.horizon = horizon
-        self.num_threads = num_threads
-        explicit = None if isinstance(seed, (int, np.integer)) else [int(s) for s in seed]
+                 num_workers: int | None = None, main_share: bool = True, num_threads: int | None = None) -> None:
+        if backend == "ray":
+            raise ValueError("backend='ray' has its own collector: collectors.make_collector(env_fns, policy, "
+                             "backend='ray', ...) or collectors.RayCollector(env_fns, policy, ...)")
+        if backend not in LOCAL_BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join((*LOCAL_BACKENDS, 'ray'))}")
+        env_fns = check_env_fns(env_fns)
+        super().__init__(policy, horizon, device, num_threads)
+        explicit = check_seeds(seed)
         if explicit is None:
             env_seeds(seed, 0)  # validates the seed before any worker starts
-        self.policy = policy
         self.backend_name = backend
-        self.sync = sync
-        self.policy_version = 0  # bumped by every collect(); ray batches carry the version they were collected with
-        self.batch_version = 0
-        self.batch_envs = slice(0, 0)  # which envs the last batch covers (IMPALA mode: one worker's slice)
-        if backend == "ray":
-            from collectors.backends.ray_ import AsyncRollouts, RayBackend
-            self.backend = RayBackend(env_fns, policy, horizon, seed if explicit is None else 0, num_workers,
-                                      envs_per_worker, ray_address, cpus_per_worker, worker_options)
-            self._async = None if sync else AsyncRollouts(self.backend)
-        else:
-            self.backend = _make_backend(backend, env_fns, num_workers, main_share)
+        self.backend = _make_backend(backend, env_fns, num_workers, main_share)
+        self._closed = False
         try:
             self.num_envs = self.backend.num_envs
             self.observation_space = self.backend.observation_space
@@ -134,17 +96,13 @@ class RolloutCollector:
                                  "or one seed per env")
             self.seeds = explicit if explicit is not None else env_seeds(seed, self.num_envs)
             self._obs = np.zeros((self.num_envs, *self.observation_space.shape), dtype=self.observation_space.dtype)
-            if backend != "ray":  # ray actors reset their own envs
-                self.backend.reset(self.seeds, self._obs)
+            self.backend.reset(self.seeds, self._obs)
         except BaseException:
             self.backend.close()
             raise
         self.storage: RolloutStorage | None = None
-        self.last_observations: torch.Tensor | None = None
-        self.episodes: list[dict[str, float]] = []
         self._episode_return = np.zeros(self.num_envs, dtype=np.float64)
         self._episode_length = np.zeros(self.num_envs, dtype=np.int64)
-        self._closed = False
 
     # ------------------------------------------------------------------ policy
     def _call_policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -185,19 +143,19 @@ class RolloutCollector:
                               tuple(action.shape[1:]), action.dtype, tuple(extras), self.device)
 
     # ------------------------------------------------------------------ collect
-    def collect(self) -> TensorDictBase:
-        """Run the policy for ``horizon`` steps in every env; return the ``[T, N]`` batch on ``device``."""
-        if self._closed:
-            raise RuntimeError("collect() on a closed RolloutCollector")
-        self.policy_version += 1
+    def collect(self) -> Rollout:
+        """Run the policy for ``horizon`` steps in every env; return the rollout on ``device``."""
+        self._check_open()
         try:
             with torch_threads(self.num_threads):
-                return self._collect_ray() if self.backend_name == "ray" else self._collect()
+                rollout = self._collect()
         except BaseException:
             self.close()  # a failed rollout leaves no workers behind
             raise
+        self._last = rollout
+        return rollout
 
-    def _collect(self) -> TensorDictBase:
+    def _collect(self) -> Rollout:
         s, first = self.storage, None
         if s is None:  # the first step's output fixes the storage layout (actions dtype, extras)
             obs0 = torch.from_numpy(self._obs)
@@ -207,7 +165,7 @@ class RolloutCollector:
             s.obs[0].copy_(obs0)
         else:
             s.start_rollout()
-        self.episodes = []
+        episodes: list[dict[str, Any]] = []
         with torch.inference_mode():  # cheaper per op than no_grad; outputs are copied into storage
             for t in range(self.horizon):
                 action, extras = first if t == 0 and first is not None else self._call_policy(s.obs_steps[t])
@@ -221,43 +179,11 @@ class RolloutCollector:
                     s.extras[name][t].copy_(v)
                 views = s.views[t]
                 infos = self.backend.step(s.action_steps_np[t], views)
-                self._record_episodes(views, infos)
-        batch, self.last_observations = s.to_device()
-        self.batch_version = self.policy_version  # collected in this process with the current policy
-        self.batch_envs = slice(0, self.num_envs)
-        return batch
+                self._record_episodes(views, infos, episodes)
+        batch, next_obs = s.to_device()
+        return Rollout(batch, next_obs, episodes, self.policy_version, slice(0, self.num_envs))
 
-    def _collect_ray(self) -> TensorDictBase:
-        if self._async is not None:
-            worker, r = self._async.next_ready(self.policy_version)
-            with warnings.catch_warnings():  # object-store arrays are read-only; consolidate() copies them
-                warnings.simplefilter("ignore", UserWarning)
-                host = TensorDict({"rollout": TensorDict({k: torch.from_numpy(v) for k, v in r["batch"].items()},
-                                                         batch_size=r["batch"]["rewards"].shape),
-                                   "last_observations": torch.from_numpy(r["last_observations"])}, batch_size=[])
-                host = host.consolidate()  # one buffer: one transfer
-            moved = host if self.device.type == "cpu" else host.to(self.device, non_blocking=True)
-            self.episodes, self.batch_version = r["episodes"], r["version"]
-            self.batch_envs = self.backend.slices[worker]
-            self.last_observations = moved["last_observations"]
-            return moved["rollout"]
-        results = self.backend.rollout_all(self.policy_version)
-        if self.storage is None:
-            first = results[0]["batch"]
-            extras = tuple(k for k in ("log_probs", "values") if k in first)
-            self.storage = RolloutStorage(self.horizon, self.num_envs, self.observation_space.shape,
-                                          torch_dtype(first["observations"].dtype),
-                                          first["actions"].shape[2:], torch_dtype(first["actions"].dtype),
-                                          extras, self.device)
-        self.storage.wait_for_transfer()
-        for r, envs in zip(results, self.backend.slices):
-            self.storage.fill_envs(envs, r["batch"], r["last_observations"])
-        self.episodes = sorted((e for r in results for e in r["episodes"]), key=lambda e: e["env"])
-        self.batch_version, self.batch_envs = self.policy_version, slice(0, self.num_envs)
-        batch, self.last_observations = self.storage.to_device()
-        return batch
-
-    def _record_episodes(self, views, infos) -> None:
+    def _record_episodes(self, views, infos, episodes: list[dict[str, Any]]) -> None:
         self._episode_return += views.rewards
         self._episode_length += 1
         done = views.final_mask
@@ -265,8 +191,8 @@ class RolloutCollector:
             return
         metrics = dict(infos)
         for i in np.flatnonzero(done):
-            self.episodes.append({"env": int(i), "return": float(self._episode_return[i]),
-                                  "length": int(self._episode_length[i]), **metrics.get(int(i), {})})
+            episodes.append({"env": int(i), "return": float(self._episode_return[i]),
+                             "length": int(self._episode_length[i]), **metrics.get(int(i), {})})
         self._episode_return[done] = 0.0
         self._episode_length[done] = 0
 
@@ -277,12 +203,8 @@ class RolloutCollector:
         ``get_state()`` (``None`` where the env has none; a ``VectorEnv``'s state is split per env).
 
         Per env, not per worker, so a state restores into any grouping of the same envs
-        (another ``num_workers``). With Ray, each actor's state comes back with its rollout,
-        so this costs no extra round trip; in IMPALA mode it is the state after the rollouts
-        received so far (rollouts still in flight are not part of it).
+        (another ``num_workers``, or a Ray collector).
         """
-        if self.backend_name == "ray":
-            return merge_states(self.backend.env_states())
         obs = self.storage.last_obs.numpy() if self.storage is not None else self._obs
         return {"observations": obs.copy(), "episode_return": self._episode_return.copy(),
                 "episode_length": self._episode_length.copy(), "env_states": self.backend.get_env_states()}
@@ -301,8 +223,6 @@ class RolloutCollector:
         env_states = list(state["env_states"])
         if len(env_states) != self.num_envs:
             raise ValueError(f"collector state has {len(env_states)} env states for {self.num_envs} envs")
-        if self.backend_name == "ray":
-            return self.backend.set_env_states([split_state(state, sl) for sl in self.backend.slices], reseed)
         exact = all(s is not None for s in env_states)
         if exact:
             self.backend.set_env_states(env_states)
@@ -319,38 +239,8 @@ class RolloutCollector:
             self._obs[:] = obs
         return exact
 
-    # ------------------------------------------------------------------ policy sync
-    def update_policy(self, policy_or_state_dict: Policy | Mapping[str, torch.Tensor]) -> None:
-        """Swap the acting policy, or load a ``state_dict`` into it (between rollouts)."""
-        if isinstance(policy_or_state_dict, Mapping):
-            if not isinstance(self.policy, torch.nn.Module):
-                raise TypeError("update_policy got a state_dict, but the policy is not a torch.nn.Module; "
-                                "pass a new policy callable instead")
-            self.policy.load_state_dict(policy_or_state_dict)
-        elif callable(policy_or_state_dict):
-            self.policy = policy_or_state_dict
-            if self.backend_name == "ray":  # actors keep their copy; the new weights go out with the next rollout
-                self.backend.policy = policy_or_state_dict
-        else:
-            raise TypeError(f"update_policy expects a policy callable or a state_dict, "
-                            f"got {type(policy_or_state_dict).__name__}")
-
-    # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        """Close the envs and stop any worker processes (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self.backend.close()
-
-    def __enter__(self) -> RolloutCollector:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_closed", True) is False:
-            self.close()
+    def _close(self) -> None:
+        self.backend.close()
 
 
 def merge_states(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -19,7 +19,10 @@ class EnvError(RuntimeError):
 
     def __init__(self, env_index: int, where: str, detail: str) -> None:
         super().__init__(f"env {env_index} raised in {where}:\n{detail}")
-        self.env_index = env_index
+        self.env_index, self.where, self.detail = env_index, where, detail
+
+    def __reduce__(self):  # rebuilt whole on the other side of a pipe (a collecting process's error)
+        return EnvError, (self.env_index, self.where, self.detail)
 
 
 @dataclass

@@ -35,7 +35,7 @@ class RolloutStorage:
         }
         rollout.update({k: torch.zeros((t, n), dtype=torch.float32) for k in extras})
         host = TensorDict({"rollout": TensorDict(rollout, batch_size=[t, n]),
-                           "last_observations": torch.zeros((n, *obs_shape), dtype=obs_dtype)}, batch_size=[])
+                           "next_observations": torch.zeros((n, *obs_shape), dtype=obs_dtype)}, batch_size=[])
         self.device = torch.device(device)
         self.host = host.consolidate(pin_memory=self.device.type == "cuda")
         self.horizon = horizon
@@ -44,7 +44,7 @@ class RolloutStorage:
         self.final_obs = r["final_observations"]
         self.actions = r["actions"]
         self.extras = {k: r[k] for k in extras}
-        self.last_obs = self.host["last_observations"]
+        self.last_obs = self.host["next_observations"]
         self._np = {k: v.numpy() for k, v in r.items()}
         self._last_obs_np = self.last_obs.numpy()
         self._transfer_done: torch.cuda.Event | None = None
@@ -92,4 +92,4 @@ class RolloutStorage:
             if self.device.type == "cuda":
                 self._transfer_done = torch.cuda.Event()
                 self._transfer_done.record()
-        return moved["rollout"], moved["last_observations"]
+        return moved["rollout"], moved["next_observations"]

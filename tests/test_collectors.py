@@ -16,7 +16,8 @@ def collect_all(env_fns, policy_factory, backend, rollouts=3, horizon=50, seed=7
     with RolloutCollector(env_fns, policy_factory(), backend=backend, horizon=horizon, seed=seed, **kw) as c:
         out = []
         for _ in range(rollouts):
-            out.append((c.collect(), c.last_observations.clone(), list(c.episodes)))
+            rollout = c.collect()
+            out.append((rollout.batch, rollout.next_observations.clone(), list(rollout.episodes)))
         return out
 
 
@@ -90,10 +91,10 @@ def test_final_observation_is_the_true_last_observation():
 def test_consecutive_rollouts_continue_episodes():
     with RolloutCollector([f.vr_edge] * 2, f.RandomPolicy([6, 6, 6]), backend="sync", horizon=10, seed=1) as c:
         first = c.collect()
-        last = c.last_observations.clone()
-        second = c.collect()
+        last = first.next_observations.clone()
+        second = c.collect().batch
     assert torch.equal(second["observations"][0], last)
-    assert not torch.equal(first["observations"][0], second["observations"][0])
+    assert not torch.equal(first.batch["observations"][0], second["observations"][0])
 
 
 def test_seeds_come_from_seed_sequence_and_neighbouring_runs_share_none():
@@ -104,8 +105,8 @@ def test_seeds_come_from_seed_sequence_and_neighbouring_runs_share_none():
 
 def test_episode_returns_are_sums_of_rewards():
     with RolloutCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", horizon=100, seed=0) as c:
-        batch = c.collect()
-        episodes = c.episodes
+        rollout = c.collect()
+        batch, episodes = rollout.batch, rollout.episodes
     # first episode of env 0 starts at t=0 in the first rollout
     end = int(torch.nonzero(batch["final_observation_mask"][:, 0])[0])
     first = next(e for e in episodes if e["env"] == 0)
@@ -113,18 +114,51 @@ def test_episode_returns_are_sums_of_rewards():
     assert first["return"] == pytest.approx(float(batch["rewards"][: end + 1, 0].sum()))
 
 
-def test_update_policy_with_module_state_dict_and_callable():
-    net = torch.nn.Linear(4, 2)
-    policy = lambda obs: {"action": net(obs).argmax(-1)}  # noqa: E731
-    with RolloutCollector([f.cartpole], policy, backend="sync", horizon=4, seed=0) as c:
-        c.update_policy(lambda obs: torch.ones(len(obs), dtype=torch.int64))
-        assert (c.collect()["actions"] == 1).all()
+class ArgmaxPolicy(torch.nn.Module):
+    """A deterministic module policy whose actions follow its weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 2)
+
+    def forward(self, obs):
+        return self.net(obs).argmax(-1)
+
+
+def test_update_policy_loads_a_state_dict_swaps_a_callable_and_counts_versions():
+    acting, learner = ArgmaxPolicy(), ArgmaxPolicy()
+    with torch.no_grad():
+        learner.net.bias.copy_(torch.tensor([0.0, 1e6]))  # the learner's weights always pick action 1
+        acting.net.bias.copy_(torch.tensor([1e6, 0.0]))  # the acting copy's always pick action 0
+    with RolloutCollector([f.cartpole], acting, backend="sync", horizon=4, seed=0) as c:
+        first = c.collect()
+        assert (first.batch["actions"] == 0).all() and first.policy_version == 0
+        c.update_policy(learner.state_dict())
+        second = c.collect()
+        assert (second.batch["actions"] == 1).all() and second.policy_version == c.policy_version == 1
+        assert c.policy is acting  # weights were copied in, the module kept
+        c.update_policy(lambda obs: torch.zeros(len(obs), dtype=torch.int64))
+        assert (c.collect().batch["actions"] == 0).all() and c.policy_version == 2
         with pytest.raises(TypeError, match="not a torch.nn.Module"):
-            c.update_policy(net.state_dict())
-    module = torch.nn.Sequential()
-    with RolloutCollector([f.cartpole], lambda o: torch.zeros(len(o), dtype=torch.int64), horizon=2) as c:
-        c.policy = module
-        c.update_policy(module.state_dict())
+            c.update_policy(learner.state_dict())
+        with pytest.raises(TypeError, match="policy callable or a state_dict"):
+            c.update_policy(3)
+        assert c.policy_version == 2  # refused updates count nothing
+
+
+def test_deprecated_rollout_side_channels_still_work_and_warn():
+    with RolloutCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", horizon=30, seed=0) as c:
+        rollout = c.collect()
+        with pytest.warns(DeprecationWarning, match="rollout.next_observations"):
+            assert torch.equal(c.last_observations, rollout.next_observations)
+        with pytest.warns(DeprecationWarning, match="rollout.episodes"):
+            assert c.episodes == rollout.episodes
+        with pytest.warns(DeprecationWarning, match="rollout.policy_version"):
+            assert c.batch_version == rollout.policy_version
+        with pytest.warns(DeprecationWarning, match=r"rollout.batch\[key\]"):
+            assert torch.equal(rollout["rewards"], rollout.batch["rewards"])
+        with pytest.warns(DeprecationWarning, match="rollout.batch.batch_size"):
+            assert rollout.batch_size == torch.Size([30, 2])
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [
@@ -206,7 +240,7 @@ def test_keyboard_interrupt_during_collect_closes_workers():
 def test_continuous_actions_and_log_prob_free_policy():
     policy = lambda o: torch.zeros((len(o), 1))  # noqa: E731
     with RolloutCollector([f.pendulum] * 2, policy, backend="sync", horizon=5) as c:
-        batch = c.collect()
+        batch = c.collect().batch
     assert batch["actions"].shape == (5, 2, 1) and "log_probs" not in batch.keys()
 
 
@@ -270,8 +304,33 @@ def test_missing_ray_says_how_to_install(monkeypatch):
         ray_.require_ray()
 
 
-def test_local_batches_carry_the_current_policy_version():
-    with RolloutCollector([f.cartpole], f.RandomPolicy(2), backend="sync", horizon=4) as c:
-        for expected in (1, 2, 3, 4, 5, 6):
-            c.collect()
-            assert c.policy_version == c.batch_version == expected
+def test_local_rollouts_carry_the_current_policy_version_and_cover_all_envs():
+    with RolloutCollector([f.cartpole] * 3, f.RandomPolicy(2), backend="sync", horizon=4) as c:
+        for expected in (0, 1, 2, 3):
+            rollout = c.collect()
+            assert rollout.policy_version == c.policy_version == expected and rollout.envs == slice(0, 3)
+            c.update_policy(f.RandomPolicy(2))
+
+
+def test_make_collector_picks_the_class_and_refuses_options_a_backend_lacks():
+    from collectors import make_collector
+    with make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="serial", horizon=3) as c:
+        assert isinstance(c, RolloutCollector) and c.collect().batch.batch_size == torch.Size([3, 2])
+    for option in ({"first_ready": True}, {"ray_address": "auto"}, {"envs_per_worker": 2}):
+        with pytest.raises(ValueError, match=f"does not support {next(iter(option))}.*use backend='ray'"):
+            make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", **option)
+    with pytest.raises(ValueError, match="unknown backend 'threads'"):
+        make_collector([f.cartpole], f.RandomPolicy(2), backend="threads")
+    with pytest.raises(ValueError, match="has its own collector"):
+        RolloutCollector([f.cartpole], f.RandomPolicy(2), backend="ray")
+
+
+def test_the_local_collector_does_not_import_ray_plumbing():
+    """RolloutCollector knows nothing of Ray: importing the package pulls in no Ray module."""
+    import subprocess
+    import sys
+    code = ("import sys, collectors, trainer.train; "
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'collectors.ray', "
+            "'collectors.backends.ray_'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from collectors import RolloutCollector
+from collectors import make_collector
 from tests import factories as f
 from trainer.model import ActorCritic
 
@@ -36,8 +36,8 @@ def vr_spaces():
 
 
 def batches(backend, policy_fn, rollouts=2, **kw):
-    with RolloutCollector([f.vr_edge] * 4, policy_fn(), backend=backend, horizon=30, seed=3, **kw) as c:
-        return [c.collect() for _ in range(rollouts)]
+    with make_collector([f.vr_edge] * 4, policy_fn(), backend=backend, horizon=30, seed=3, **kw) as c:
+        return [c.collect().batch for _ in range(rollouts)]
 
 
 def test_sync_ray_matches_serial_for_a_deterministic_policy(cluster):
@@ -63,40 +63,50 @@ def test_stochastic_ray_runs_are_reproducible(cluster):
 
 def test_worker_pinned_to_the_second_node(cluster):
     _, second = cluster
-    with RolloutCollector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, horizon=5,
+    with make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, horizon=5,
                           cpus_per_worker=0.25, worker_options=[{}, {"resources": {"second_node": 0.5}}]) as c:
         c.collect()
         assert ray.get(c.backend.actors[1].node_id.remote()) == second.node_id
 
 
 def test_killed_actor_is_replaced_and_the_rollout_retried(cluster, caplog):
-    with RolloutCollector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, horizon=10,
+    with make_collector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, horizon=10,
                           cpus_per_worker=0.25) as c:
         c.collect()
         ray.kill(c.backend.actors[1])
         with caplog.at_level("WARNING", logger="collectors.ray"):
-            batch = c.collect()
+            batch = c.collect().batch
         assert batch.batch_size == torch.Size([10, 4])
         assert c.backend.restarts == 1 and "died" in c.backend.events[0]
         assert "replaced" in caplog.text
-        assert c.collect().batch_size == torch.Size([10, 4])  # and it keeps going
+        assert c.collect().batch.batch_size == torch.Size([10, 4])  # and it keeps going
 
 
-def test_async_mode_returns_worker_slices_with_policy_versions(cluster):
-    with RolloutCollector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, horizon=8,
-                          cpus_per_worker=0.25, sync=False) as c:
+def test_first_ready_returns_worker_slices_with_the_versions_that_collected_them(cluster):
+    """Whatever order the actors finish in, a rollout returned after an update was launched before it:
+    its lag is at least 1, and it names the version of the weights it was collected with."""
+    acting, learner = ActorCritic(*vr_spaces(), seed=0), ActorCritic(*vr_spaces(), seed=1)
+    with make_collector([f.vr_edge] * 4, acting, backend="ray", num_workers=2, horizon=8,
+                        cpus_per_worker=0.25, first_ready=True) as c:
         lags = []
         for _ in range(6):
-            batch = c.collect()
-            assert batch.batch_size == torch.Size([8, 2]) and "log_probs" in batch.keys()
-            assert c.last_observations.shape[0] == 2
-            lags.append(c.policy_version - c.batch_version)
-        assert all(lag >= 0 for lag in lags) and max(lags) >= 1  # stale batches do occur
+            rollout = c.collect()
+            assert rollout.batch.batch_size == torch.Size([8, 2]) and "log_probs" in rollout.batch.keys()
+            assert rollout.next_observations.shape[0] == 2 and rollout.envs in (slice(0, 2), slice(2, 4))
+            assert all(rollout.envs.start <= e["env"] < rollout.envs.stop for e in rollout.episodes)
+            lags.append(c.policy_version - rollout.policy_version)
+            c.update_policy(learner.state_dict())
+        assert lags[0] == 0 and all(lag >= 1 for lag in lags[1:])
+
+
+def test_first_ready_is_refused_by_local_backends():
+    with pytest.raises(ValueError, match="does not support first_ready"):
+        make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="async", first_ready=True)
 
 
 def test_bad_worker_layout_is_rejected(cluster):
     with pytest.raises(ValueError, match="must equal the number of env factories"):
-        RolloutCollector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", num_workers=3,
+        make_collector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", num_workers=3,
                          envs_per_worker=2)
 
 
@@ -129,9 +139,9 @@ def test_training_on_ray_sync_and_async_then_resume(cluster, tmp_path, mode):
 
 def test_default_actor_count_fits_the_cluster_cpus(cluster):
     # one actor per factory at 2 CPUs each would need 16 CPUs of the cluster's 4 and wait forever
-    with RolloutCollector([f.vr_edge] * 8, ActorCritic(*vr_spaces()), backend="ray", horizon=5,
+    with make_collector([f.vr_edge] * 8, ActorCritic(*vr_spaces()), backend="ray", horizon=5,
                           cpus_per_worker=2) as c:
-        assert len(c.backend.actors) == 2 and c.collect().batch_size == torch.Size([5, 8])
+        assert len(c.backend.actors) == 2 and c.collect().batch.batch_size == torch.Size([5, 8])
 
 
 @pytest.mark.parametrize("kw, words", [
@@ -142,7 +152,7 @@ def test_default_actor_count_fits_the_cluster_cpus(cluster):
 def test_a_request_the_cluster_cannot_meet_fails_at_once(cluster, kw, words):
     start = time.monotonic()
     with pytest.raises(ValueError, match=words):
-        RolloutCollector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", **kw)
+        make_collector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", **kw)
     assert time.monotonic() - start < 5
 
 
@@ -156,7 +166,7 @@ def test_resources_held_by_others_fail_after_the_placement_timeout(cluster, monk
     try:
         start = time.monotonic()
         with pytest.raises(ValueError, match=r"could not be placed within 2 s: they need 2 CPU \(free 0\)"):
-            RolloutCollector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="ray", num_workers=2)
+            make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="ray", num_workers=2)
         assert time.monotonic() - start < 10
     finally:
         remove_placement_group(hold)

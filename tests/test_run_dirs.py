@@ -15,6 +15,7 @@ from checkpoints import CheckpointError, RunDirLock, RunDirLockedError
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_module
 from trainer.config import parse_args
+from trainer.run import resume_state
 
 VR = ["--env", "VREdge-v0", "--num-envs", "4", "--num-steps", "16", "--total-steps", str(4 * 16 * 4),
       "--checkpoint-every", "1", "--seed", "5", "--device", "cpu"]
@@ -44,7 +45,7 @@ def test_a_flag_counts_as_given_whatever_its_value():
 def test_resume_applies_a_typed_default_value(two_iterations):
     """--total-steps equal to the default still changes a run that was started with another value."""
     cli = parse_args(["--resume", str(two_iterations), "--total-steps", "3000000"])
-    cfg, _, _, _ = train_module._resume_state(cli.resume, cli.given)
+    cfg, _, _, _ = resume_state(cli.resume, cli.given)
     assert cfg.total_steps == 3_000_000
 
 

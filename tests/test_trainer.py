@@ -232,7 +232,7 @@ def test_per_head_actor_shares_one_network_across_heads():
 
 
 def test_policy_arch_auto_uses_the_env_layout_where_declared():
-    from trainer.train import make_model
+    from trainer.run import make_model
     assert make_model(parse_config(["--env", "VREdge-v0"])).per_head == (7, 5)
     assert make_model(parse_config(["--env", "VREdge-v0", "--policy-arch", "flat"])).per_head is None
     assert make_model(parse_config(["--env", "CartPole-v1"])).per_head is None

@@ -14,6 +14,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from collectors import BACKENDS
+
 
 @dataclass
 class TrainConfig:
@@ -102,7 +104,7 @@ class TrainConfig:
             value = getattr(self, f.name)
             need(not isinstance(value, float) or math.isfinite(value), f.name, "must be a finite number")
         need(self.seed >= 0, "seed", "must be >= 0")
-        need(self.backend in ("serial", "sync", "async", "ray"), "backend", "choose serial, sync, async or ray")
+        need(self.backend in BACKENDS, "backend", f"choose {', '.join(BACKENDS)}")
         need(not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray")
         need(self.max_lag >= 0, "max_lag", "must be >= 0")
         need(self.policy_arch in ("auto", "flat", "per_head"), "policy_arch", "choose auto, flat or per_head")

@@ -24,7 +24,7 @@ import envs
 from trainer.config import TrainConfig
 from trainer.evaluation import paired_difference, run_episodes, summarize
 from trainer.model import ActorCritic
-from trainer.train import make_model
+from trainer.run import make_model
 
 COLUMNS = (("mean_return", "return"), ("reward_per_step", "reward/step"), ("quality", "quality"),
            ("stall_s", "stall s/step"), ("switches", "switches/step"))

@@ -90,14 +90,14 @@ class RunLayout:
         return [functools.partial(gym.make, self.env)] * len(self.factory_envs)
 
     def collector_kwargs(self) -> dict[str, Any]:
-        """The ``RolloutCollector`` arguments this layout fixes (besides env factories, policy, horizon, seed)."""
+        """The ``make_collector`` options this layout fixes (besides env factories, policy, horizon, seed)."""
         kw: dict[str, Any] = {"num_threads": self.collect_threads}
         if self.backend == "async":
             kw.update(num_workers=self.workers, main_share=self.main_share)
         elif self.backend == "ray":
             kw.update(num_workers=self.workers, envs_per_worker=self.factories_per_worker,
                       ray_address=self.ray_address or None, cpus_per_worker=self.cpus_per_worker,
-                      sync=not self.ray_async)
+                      first_ready=self.ray_async)
         return kw
 
     def describe(self) -> str:

@@ -8,6 +8,8 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from trainer.moments import merged_moments
+
 
 class RunningNorm(nn.Module):
     """Running mean / variance of observations (parallel-variance merge), stored as buffers.
@@ -24,7 +26,7 @@ class RunningNorm(nn.Module):
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
         self.register_buffer("_shift", torch.zeros(shape), persistent=False)
         self.register_buffer("_scale", torch.ones(shape), persistent=False)
-        self.register_load_state_dict_post_hook(lambda module, _: module._derive())
+        self.register_load_state_dict_post_hook(_derive_after_load)
         self.clip = clip
         self._derive()
 
@@ -35,16 +37,20 @@ class RunningNorm(nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
-        x = x.reshape(-1, *self.mean.shape).to(torch.float64)
-        b_mean, b_var, b_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        delta, total = b_mean - self.mean, self.count + b_count
-        self.mean += delta * b_count / total
-        self.var.copy_((self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total) / total)
-        self.count.copy_(total)
+        """Add observations ``[..., *shape]`` to the statistics."""
+        mean, var, count = merged_moments(self.mean, self.var, self.count,
+                                          x.reshape(-1, *self.mean.shape).to(torch.float64))
+        self.mean.copy_(mean)
+        self.var.copy_(var)
+        self.count.copy_(count)
         self._derive()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ((x - self._shift) * self._scale).clamp(-self.clip, self.clip)
+
+
+def _derive_after_load(module: RunningNorm, incompatible_keys) -> None:
+    module._derive()  # a module-level function, not a lambda: the model stays picklable
 
 
 def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:

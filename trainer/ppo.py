@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -66,67 +68,115 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor
 STAT_NAMES = ("policy_loss", "value_loss", "entropy", "loss", "approx_kl", "clip_fraction")
 
 
-def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: TensorDictBase,
-               advantages: torch.Tensor, returns: torch.Tensor, *, epochs: int, minibatch_size: int,
-               clip_coef: float, clip_value: bool, ent_coef: float, vf_coef: float, max_grad_norm: float,
-               norm_adv: bool, target_kl: float | None, generator: torch.Generator) -> dict[str, float]:
-    """Clipped-surrogate PPO over ``epochs`` random permutations of the flattened batch.
+@dataclass(frozen=True)
+class PPOSettings:
+    """The PPO update's hyperparameters (``TrainConfig`` fields of the same names; ``target_kl=None``: no
+    early stop)."""
+
+    epochs: int
+    minibatch_size: int
+    clip_coef: float
+    clip_value: bool
+    ent_coef: float
+    vf_coef: float
+    max_grad_norm: float
+    norm_adv: bool
+    target_kl: float | None
+
+    @classmethod
+    def from_config(cls, cfg: Any, minibatch_size: int) -> PPOSettings:
+        """From a ``TrainConfig`` and the planned minibatch size (``trainer.batching.plan_minibatches``)."""
+        return cls(epochs=cfg.epochs, minibatch_size=minibatch_size, clip_coef=cfg.clip_coef,
+                   clip_value=cfg.clip_value, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
+                   max_grad_norm=cfg.max_grad_norm, norm_adv=cfg.norm_adv, target_kl=cfg.target_kl or None)
+
+
+class LearnerSamples(NamedTuple):
+    """One flat ``[B]`` batch of what the PPO loss reads, by name (a rollout flattened, or a minibatch of it)."""
+
+    observations: torch.Tensor
+    actions: torch.Tensor
+    old_log_probs: torch.Tensor
+    old_values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+    @classmethod
+    def from_rollout(cls, batch: TensorDictBase, advantages: torch.Tensor, returns: torch.Tensor) -> LearnerSamples:
+        """A ``[T, N]`` batch and its targets, flattened to ``T x N`` samples (views, no copy)."""
+        return cls(batch["observations"].flatten(0, 1), batch["actions"].flatten(0, 1), batch["log_probs"].flatten(),
+                   batch["values"].flatten(), advantages.flatten(), returns.flatten())
+
+    def index(self, rows: torch.Tensor | slice) -> LearnerSamples:
+        """The samples at ``rows`` (a permutation gathers copies; a slice gives views)."""
+        return LearnerSamples(*(x[rows] for x in self))
+
+
+def ppo_loss(model: ActorCritic, mb: LearnerSamples, s: PPOSettings) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """``(loss, log_ratio [B], parts)`` of one minibatch: clipped surrogate, (clipped) value loss, entropy bonus."""
+    logp, entropy, value = model.evaluate(mb.observations, mb.actions)
+    log_ratio = logp - mb.old_log_probs
+    ratio = log_ratio.exp()
+    adv = mb.advantages
+    if s.norm_adv:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    policy_loss = -torch.min(adv * ratio, adv * ratio.clamp(1 - s.clip_coef, 1 + s.clip_coef)).mean()
+    if s.clip_value:
+        v_clipped = mb.old_values + (value - mb.old_values).clamp(-s.clip_coef, s.clip_coef)
+        value_loss = 0.5 * torch.max((value - mb.returns) ** 2, (v_clipped - mb.returns) ** 2).mean()
+    else:
+        value_loss = 0.5 * F.mse_loss(value, mb.returns)
+    entropy_mean = entropy.mean()
+    loss = policy_loss - s.ent_coef * entropy_mean + s.vf_coef * value_loss
+    return loss, log_ratio, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy_mean}
+
+
+def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, samples: LearnerSamples, settings: PPOSettings,
+               generator: torch.Generator) -> dict[str, float]:
+    """Clipped-surrogate PPO over ``settings.epochs`` random permutations of ``samples``.
 
     Each epoch shuffles every per-sample tensor once on the device; its minibatches are
-    then contiguous slices (views, no copy). Each minibatch stores its log-ratios, and the
-    approximate KL and clip fraction are computed from them once per epoch. Diagnostics
-    stay on the device until the end (plus one KL read per epoch when ``target_kl`` is set).
+    then contiguous slices (views, no copy). A remainder smaller than a minibatch waits for
+    the next epoch's shuffle. Each minibatch stores its log-ratios, and the approximate KL
+    (k3 estimator) and clip fraction are computed from them once per epoch; with
+    ``target_kl``, the epochs stop after the first whose KL exceeds it. Diagnostics stay on
+    the device until the end (plus one KL read per epoch when ``target_kl`` is set).
     """
-    flat = (batch["observations"].flatten(0, 1), batch["actions"].flatten(0, 1), batch["log_probs"].flatten(),
-            batch["values"].flatten(), advantages.flatten(), returns.flatten())
-    total, device = flat[0].shape[0], flat[0].device
-    used = total - total % minibatch_size  # a remainder smaller than a minibatch waits for the next epoch
+    s, mbs = settings, settings.minibatch_size
+    total, device = samples.observations.shape[0], samples.observations.device
+    used = total - total % mbs
     params = [p for group in optimizer.param_groups for p in group["params"]]
     losses = torch.zeros(4, device=device)  # policy, value, entropy, total: summed over minibatches
     log_ratios = torch.empty(used, device=device)
     kl_sum, clip_sum = torch.zeros((), device=device), torch.zeros((), device=device)
     updates = epochs_run = 0
-    for _ in range(epochs):
-        perm = torch.randperm(total, device=device, generator=generator)
-        shuffled = [x[perm] for x in flat]
-        for start in range(0, used, minibatch_size):
-            obs, act, old_logp, old_values, adv, ret = (x[start:start + minibatch_size] for x in shuffled)
-            logp, entropy, value = model.evaluate(obs, act)
-            log_ratio = logp - old_logp
-            ratio = log_ratio.exp()
-            if norm_adv:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            policy_loss = -torch.min(adv * ratio, adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
-            if clip_value:
-                v_clipped = old_values + (value - old_values).clamp(-clip_coef, clip_coef)
-                value_loss = 0.5 * torch.max((value - ret) ** 2, (v_clipped - ret) ** 2).mean()
-            else:
-                value_loss = 0.5 * F.mse_loss(value, ret)
-            entropy_mean = entropy.mean()
-            loss = policy_loss - ent_coef * entropy_mean + vf_coef * value_loss
+    for _ in range(s.epochs):
+        shuffled = samples.index(torch.randperm(total, device=device, generator=generator))
+        for start in range(0, used, mbs):
+            loss, log_ratio, parts = ppo_loss(model, shuffled.index(slice(start, start + mbs)), s)
             for p in params:  # zeroed in place (flat_parameters' gradient views stay attached), without
                 if p.grad is not None:  # optimizer.zero_grad()'s per-call profiler bookkeeping
                     p.grad.zero_()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
+            torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm, foreach=True)
             optimizer.step()
             with torch.no_grad():
-                log_ratios[start:start + minibatch_size] = log_ratio
-                losses += torch.stack([policy_loss, value_loss, entropy_mean, loss])
+                log_ratios[start:start + mbs] = log_ratio
+                losses += torch.stack([parts["policy_loss"], parts["value_loss"], parts["entropy"], loss])
             updates += 1
         epochs_run += 1
         with torch.no_grad():
             ratio_m1 = log_ratios.exp() - 1
             epoch_kl = (ratio_m1 - log_ratios).mean()  # low-variance KL estimator, k3
             kl_sum += epoch_kl
-            clip_sum += (ratio_m1.abs() > clip_coef).float().mean()
-        if target_kl is not None and epoch_kl.item() > target_kl:
+            clip_sum += (ratio_m1.abs() > s.clip_coef).float().mean()
+        if s.target_kl is not None and epoch_kl.item() > s.target_kl:
             break
     out = dict(zip(STAT_NAMES, [*(losses / max(updates, 1)).tolist(), (kl_sum / epochs_run).item(),
                                 (clip_sum / epochs_run).item()]))
     if not all(math.isfinite(v) for v in out.values()):
         raise NonFiniteLossError(f"non-finite loss ({out})")
     with torch.no_grad():
-        out["explained_variance"] = explained_variance(flat[3], flat[5]).item()
+        out["explained_variance"] = explained_variance(samples.old_values, samples.returns).item()
     out["epochs"] = epochs_run
     return out

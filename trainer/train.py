@@ -5,287 +5,26 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
-import os
-import random
 import shlex
-import shutil
 import signal
 import sys
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import gymnasium as gym
 import numpy as np
-import torch
 from tqdm import tqdm
 
 import checkpoints
-import envs  # noqa: F401 - registers VREdge-v0
-from collectors import RolloutCollector
+from collectors import Collector, make_collector
 from collectors.resources import torch_threads
-from trainer import __version__
 from trainer.batching import plan_minibatches
-from trainer.config import TrainConfig, parse_args, resumed_config
-from trainer.flat_params import flat_parameters
+from trainer.config import TrainConfig, parse_args
 from trainer.interrupts import STOP_SIGNALS, Interrupted, StopSignals
-from trainer.layout import Machine, learner_device, run_layout
-from trainer.model import ActorCritic
-from trainer.ppo import NonFiniteLossError, advantages_and_returns, ppo_update, vtrace_targets
-
-QOE_KEYS = ("quality", "stall_s", "switches")
-
-
-def make_model(cfg: TrainConfig) -> ActorCritic:
-    """The actor-critic for ``cfg.env``: per-head actor where the env declares a layout and ``--policy-arch`` allows."""
-    env = gym.make(cfg.env)
-    try:
-        layout = getattr(env.unwrapped, "head_observation_layout", None)
-        if cfg.policy_arch == "per_head" and layout is None:
-            raise ValueError(f"--policy-arch per_head: {cfg.env} declares no head_observation_layout; use flat")
-        per_head = layout if cfg.policy_arch in ("auto", "per_head") else None
-        return ActorCritic(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.shared_trunk,
-                           cfg.normalize_obs, seed=cfg.seed, per_head=per_head)
-    finally:
-        env.close()
-
-
-def resolve_device(name: str) -> torch.device:
-    return torch.device(learner_device(name, torch.cuda.device_count()))
-
-
-class ReturnScaler:
-    """Divides rewards by the running std of the discounted return (per env), as in many PPO codes."""
-
-    def __init__(self, num_envs: int, gamma: float, device: torch.device) -> None:
-        self.gamma = gamma
-        self.ret = torch.zeros(num_envs, dtype=torch.float64, device=device)
-        self.moments = torch.tensor([0.0, 1.0, 1e-4], dtype=torch.float64, device=device)  # mean, var, count
-
-    def scale(self, rewards: torch.Tensor, done: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
-        """The factor for a ``[T, n]`` batch of the envs ``rows`` (default: all; IMPALA batches hold one slice)."""
-        rows = rows if rows is not None else slice(None)
-        ret = self.ret[rows]
-        rets = torch.empty_like(rewards, dtype=torch.float64)
-        for t in range(rewards.shape[0]):
-            ret = ret * self.gamma + rewards[t]
-            rets[t] = ret
-            ret = torch.where(done[t], torch.zeros_like(ret), ret)
-        self.ret[rows] = ret
-        mean, var, count = self.moments
-        n = rets.numel()
-        delta, total = rets.mean() - mean, count + n
-        var = (var * count + rets.var(unbiased=False) * n + delta**2 * count * n / total) / total
-        self.moments = torch.stack([mean + delta * n / total, var, total])
-        return (1.0 / torch.sqrt(var + 1e-8)).float()
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"ret": self.ret.cpu(), "moments": self.moments.cpu()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.ret = state["ret"].to(self.ret.device)
-        self.moments = state["moments"].to(self.moments.device)
-
-
-@dataclass
-class Run:
-    """Everything a training run carries from one iteration to the next (and into a checkpoint)."""
-
-    cfg: TrainConfig
-    device: torch.device
-    model: ActorCritic
-    acting: ActorCritic
-    optimizer: torch.optim.Optimizer
-    scaler: ReturnScaler | None
-    iteration: int = 0
-    env_steps: int = 0
-    dropped: int = 0
-    lags: dict = field(default_factory=dict)  # policy lag -> number of batches (0 when collection is synchronous)
-    recent: deque = field(default_factory=lambda: deque(maxlen=100))
-
-    def snapshot(self, collector: RolloutCollector) -> dict[str, Any]:
-        """A copy of the whole state, on the CPU, with nothing tied to a device: what a checkpoint holds."""
-        return _copied({
-            "version": __version__,
-            "config": self.cfg.to_dict(),
-            "iteration": self.iteration,
-            "env_steps": self.env_steps,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "reward_scaler": self.scaler.state_dict() if self.scaler else None,
-            "recent_returns": list(self.recent),
-            "rng": {
-                "python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                "acting": self.acting.generator.get_state(),
-            },
-            "collector": collector.get_state(),
-        })
-
-    def restore(self, state: dict[str, Any], collector: RolloutCollector) -> bool:
-        """Load a checkpoint's state; returns whether the envs were restored exactly."""
-        self.iteration, self.env_steps = state["iteration"], state["env_steps"]
-        self.model.load_state_dict(state["model"])
-        self.acting.load_state_dict({k: v.cpu() for k, v in self.model.state_dict().items()})
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scaler is not None and state["reward_scaler"] is not None:
-            self.scaler.load_state_dict(state["reward_scaler"])
-        self.recent.extend(state["recent_returns"])
-        rng = state["rng"]
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        if torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():  # else: another machine
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        self.acting.generator.set_state(rng["acting"])
-        return collector.set_state(state["collector"], reseed=self.iteration)
-
-
-def _copied(x: Any) -> Any:
-    """Deep copy of a state: tensors to fresh CPU tensors, arrays copied, containers rebuilt."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().to("cpu", copy=True)
-    if isinstance(x, np.ndarray):
-        return x.copy()
-    if isinstance(x, dict):
-        return {k: _copied(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_copied(v) for v in x)
-    return x
-
-
-def minibatch_generator(seed: int, iteration: int, device: torch.device) -> torch.Generator:
-    """The minibatch shuffles of one iteration: derived from (seed, iteration), so no device-specific
-    generator state needs to be stored, and a run resumes on another device."""
-    return torch.Generator(device=device).manual_seed(int(np.random.SeedSequence([seed, 2, iteration])
-                                                          .generate_state(1)[0]))
-
-
-def _new_run(cfg: TrainConfig) -> Run:
-    device = resolve_device(cfg.device)
-    torch.manual_seed(cfg.seed)
-    model = make_model(cfg).to(device)
-    acting = make_model(cfg)  # the collector's CPU copy, synced once per rollout
-    acting.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
-    # one flat tensor and a fused kernel: Adam is a single op per minibatch, not ~10 per parameter
-    optimizer = torch.optim.Adam([flat_parameters(model)], lr=cfg.lr, eps=1e-5, fused=True)
-    return Run(cfg, device, model, acting, optimizer,
-               ReturnScaler(cfg.num_envs, cfg.gamma, device) if cfg.scale_rewards else None)
-
-
-def _iteration(run: Run, collector: RolloutCollector, plan, iterations: int, start: tuple[int, float]) -> dict | None:
-    """Collect one rollout and update PPO on it; returns the metrics row (``None`` for a dropped batch).
-
-    Only ``run`` and the collector change; whatever interrupts this leaves the previous
-    iteration's snapshot as the state to save.
-    """
-    cfg, model = run.cfg, run.model
-    it = run.iteration + 1
-    if cfg.anneal_lr:
-        run.optimizer.param_groups[0]["lr"] = cfg.lr * (1 - (it - 1) / iterations)
-    batch = collector.collect()
-    lag = collector.policy_version - collector.batch_version
-    run.lags[lag] = run.lags.get(lag, 0) + 1
-    if cfg.ray_async and lag > cfg.max_lag:  # too stale to correct well: skip it, the next one is fresher
-        run.dropped += 1
-        return None
-    episodes = collector.episodes
-    run.recent.extend(e["return"] for e in episodes)
-    if cfg.normalize_obs:
-        model.norm.update(batch["observations"])
-    scale = (run.scaler.scale(batch["rewards"], batch["final_observation_mask"], collector.batch_envs)
-             if run.scaler else 1.0)
-    if cfg.ray_async:
-        adv, ret = vtrace_targets(model, batch, collector.last_observations, cfg.gamma, cfg.rho_bar, cfg.c_bar, scale)
-    else:
-        adv, ret = advantages_and_returns(model, batch, collector.last_observations, cfg.gamma, cfg.gae_lambda,
-                                          scale)
-    try:
-        stats = ppo_update(model, run.optimizer, batch, adv, ret, epochs=cfg.epochs,
-                           minibatch_size=plan.minibatch_size, clip_coef=cfg.clip_coef, clip_value=cfg.clip_value,
-                           ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef, max_grad_norm=cfg.max_grad_norm,
-                           norm_adv=cfg.norm_adv, target_kl=cfg.target_kl or None,
-                           generator=minibatch_generator(cfg.seed, it, run.device))
-    except NonFiniteLossError as e:
-        raise NonFiniteLossError(f"iteration {it}: {e}; training stopped (try a lower --lr)") from None
-    run.acting.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
-    run.iteration = it
-    run.env_steps += batch.numel()
-    steps = run.env_steps
-    row = {"iteration": it, "env_steps": steps, "sps": (steps - start[0]) / (time.perf_counter() - start[1]),
-           "lr": run.optimizer.param_groups[0]["lr"], **stats,
-           "episodes": len(episodes),
-           "episode_return": float(np.mean([e["return"] for e in episodes])) if episodes else None,
-           "episode_length": float(np.mean([e["length"] for e in episodes])) if episodes else None,
-           "reward_per_step": float(batch["rewards"].mean()), "policy_lag": lag}
-    for k in QOE_KEYS:
-        vals = [e[k] for e in episodes if k in e]
-        if vals:
-            row[k] = float(np.mean(vals))
-    return row
-
-
-def keep_metrics_until(path: Path, iteration: int) -> int:
-    """Drop rows of iterations after ``iteration`` (lost in a crash, to be run again); returns how many.
-
-    Rewritten atomically, so a crash here leaves the old file.
-    """
-    if not path.is_file():
-        return 0
-    lines = path.read_text().splitlines()
-    kept = [line for line in lines if _row_iteration(line) <= iteration]
-    if len(kept) < len(lines):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, path)
-    return len(lines) - len(kept)
-
-
-def _row_iteration(line: str) -> float:
-    try:
-        return json.loads(line)["iteration"]
-    except (ValueError, KeyError, TypeError):  # a line torn by a crash, or a blank one
-        return float("inf")
-
-
-RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "evaluation.json", "evaluation.png", "tb")
-
-
-def _claim_new_run_dir(run_dir: Path, overwrite: bool) -> list[str]:
-    """Refuse a directory that holds another run's checkpoints unless ``overwrite``; clear that run's files.
-
-    A directory without checkpoints holds nothing to resume (a run stopped before its first
-    save): it is free, and what that run left is cleared so that it does not mix with this one.
-    """
-    if checkpoints.checkpoint_files(run_dir) and not overwrite:
-        raise ValueError(f"run directory {run_dir} already holds a run (checkpoints); resume it with --resume "
-                         f"{run_dir}, choose another --run-dir, or pass --overwrite to delete that run")
-    left = [name for name in RUN_FILES if (run_dir / name).exists()]
-    for name in left:
-        target = run_dir / name
-        if target.is_dir():
-            shutil.rmtree(target)
-        else:
-            target.unlink()
-    if not left:
-        return []
-    return [f"--overwrite: deleted the previous run's files in {run_dir}" if overwrite else
-            f"{run_dir}: cleared {', '.join(left)} of an earlier run that wrote no checkpoint"]
-
-
-def _resume_state(resume: str, given: dict[str, Any]) -> tuple[TrainConfig, Path, dict[str, Any], list[str]]:
-    """Load the checkpoint to resume from; returns the resumed config, its file, state and notes."""
-    source, saved, problems = checkpoints.latest_loadable(resume)
-    notes = [f"skipped {p}" for p in problems]
-    run_dir = checkpoints.run_dir_of(resume)
-    if "run_dir" in given and Path(given["run_dir"]).resolve() != run_dir.resolve():
-        raise ValueError(f"--resume writes into the run directory it resumes ({run_dir}); to continue a copy, "
-                         f"copy the directory and resume the copy (drop --run-dir)")
-    cfg = resumed_config({**saved["config"], "run_dir": str(run_dir)}, {**given, "run_dir": str(run_dir)},
-                         str(source))
-    return cfg, source, saved, notes
+from trainer.layout import Machine, run_layout
+from trainer.learner import learn
+from trainer.metrics import keep_metrics_until, metrics_row
+from trainer.ppo import NonFiniteLossError, PPOSettings
+from trainer.run import Run, claim_new_run_dir, resume_state
 
 
 class TrainingStopped(Interrupted):
@@ -313,7 +52,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         signals = stack.enter_context(StopSignals())
         saved, source, notes = None, None, []
         if resume:  # read before the lock is taken: files are replaced atomically, and a typo creates nothing
-            cfg, source, saved, notes = _resume_state(resume, given or {})
+            cfg, source, saved, notes = resume_state(resume, given or {})
         # the run layout: computed once here; nothing below recomputes it
         layout = run_layout(cfg, machine or Machine.detect(cfg.backend, cfg.ray_address))  # checks the env id
         print(layout.describe(), *(f"warning: {w}" for w in layout.warnings), sep="\n", file=sys.stderr)
@@ -321,7 +60,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         plan = plan_minibatches(batch_envs, cfg.num_steps, cfg.batch_size or None)
         for w in plan.warnings:
             print(f"warning: {w}", file=sys.stderr)
-        run = _new_run(cfg)  # a model the env cannot have fails here, before anything is written
+        run = Run.new(cfg)  # a model the env cannot have fails here, before anything is written
         run_dir = Path(cfg.run_dir or f"runs/{cfg.env}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         lock = stack.enter_context(checkpoints.RunDirLock(run_dir))
         if resume:
@@ -332,7 +71,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
                 notes.append(f"metrics.jsonl: dropped {dropped} rows of iterations after {saved['iteration']} "
                              "(they are run again)")
         else:
-            notes += _claim_new_run_dir(run_dir, overwrite)
+            notes += claim_new_run_dir(run_dir, overwrite)
         if lock.stale:
             notes.append(lock.stale)
         cfg.run_dir = str(run_dir)
@@ -343,9 +82,9 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
             stack.callback(writer.close)
         iterations = max(1, cfg.total_steps // (batch_envs * cfg.num_steps))
         stop = min(iterations, max_iterations or iterations)
-        collector = stack.enter_context(RolloutCollector(factories, run.acting, backend=cfg.backend,
-                                                         horizon=cfg.num_steps, seed=cfg.seed, device=run.device,
-                                                         **layout.collector_kwargs()))
+        collector = stack.enter_context(make_collector(factories, run.acting, backend=cfg.backend,
+                                                       horizon=cfg.num_steps, seed=cfg.seed, device=run.device,
+                                                       **layout.collector_kwargs()))
         stack.enter_context(torch_threads(layout.learn_threads))  # the collector uses its own count while collecting
         if saved is not None:
             exact = run.restore(saved, collector)
@@ -358,10 +97,31 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
                          "(pass a larger --total-steps to train longer)")
         for note in notes:
             print(note, file=sys.stderr)
-        return _loop(run, collector, plan, iterations, stop, run_dir, signals, writer, progress, source)
+        settings = PPOSettings.from_config(cfg, plan.minibatch_size)
+        return _loop(run, collector, settings, iterations, stop, run_dir, signals, writer, progress, source)
 
 
-def _loop(run: Run, collector: RolloutCollector, plan, iterations: int, stop: int, run_dir: Path,
+def _iteration(run: Run, collector: Collector, settings: PPOSettings, iterations: int,
+               start: tuple[int, float]) -> dict | None:
+    """Collect one rollout, learn from it, send the new weights out; returns the metrics row (``None``
+    for a rollout too stale to learn from). Only ``run`` and the collector change."""
+    cfg, it = run.cfg, run.iteration + 1
+    rollout = collector.collect()
+    lag = collector.policy_version - rollout.policy_version
+    run.lags[lag] = run.lags.get(lag, 0) + 1
+    if cfg.ray_async and lag > cfg.max_lag:  # too stale to correct well: the next one is fresher
+        run.dropped += 1
+        return None
+    run.recent.extend(e["return"] for e in rollout.episodes)
+    lr = cfg.lr * (1 - (it - 1) / iterations) if cfg.anneal_lr else cfg.lr
+    stats = learn(run, rollout, settings, it, lr)
+    collector.update_policy(run.model.state_dict())
+    run.iteration, run.env_steps = it, run.env_steps + rollout.numel()
+    sps = (run.env_steps - start[0]) / (time.perf_counter() - start[1])
+    return metrics_row(it, run.env_steps, sps, lr, stats, rollout, lag)
+
+
+def _loop(run: Run, collector: Collector, settings: PPOSettings, iterations: int, stop: int, run_dir: Path,
           signals: StopSignals, writer, progress: bool, resumed_from: Path | None) -> dict:
     """Iterate until ``stop``; snapshot after each completed iteration; on any exit, save the newest one."""
     cfg = run.cfg
@@ -382,7 +142,7 @@ def _loop(run: Run, collector: RolloutCollector, plan, iterations: int, stop: in
     try:
         with (run_dir / "metrics.jsonl").open("a") as log:
             while run.iteration < stop:
-                row = _iteration(run, collector, plan, iterations, start)
+                row = _iteration(run, collector, settings, iterations, start)
                 if row is None:  # a batch too stale to learn from
                     continue
                 with signals.critical():  # the iteration is complete once its snapshot and its row exist

@@ -4,5 +4,3 @@ A backend has ``num_envs``, ``observation_space``, ``action_space`` and
 ``reset(seeds, obs_out)``, ``step(actions, out) -> episode infos``,
 ``get_env_states()``, ``set_env_states(states)``, ``close()``.
 """
-
-BACKENDS = ("serial", "sync", "async", "ray")

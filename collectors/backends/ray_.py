@@ -1,8 +1,9 @@
 """Rollouts on Ray actors: each actor hosts envs and a CPU copy of the policy, and returns whole ``[T, K]`` slices.
 
 Unlike the other backends, the policy runs on the workers: across a cluster, one round
-trip per step would cost more than the step. Weights go out once per rollout through the
-object store (one ``ray.put`` of NumPy arrays).
+trip per step would cost more than the step. New weights go out with the next rollout
+through the object store (one ``ray.put`` of NumPy arrays). :class:`collectors.RayCollector`
+drives these actors.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from collectors.collector import RolloutCollector
 from collectors.env_group import EnvGroup, check_same_spaces
 from collectors.resources import largest_divisor_at_most, usable_cores
 from collectors.seeding import env_seeds
@@ -102,7 +104,6 @@ class RolloutWorker:
 
     def __init__(self, env_fns: list, policy: Any, horizon: int, seeds: list[int], first_index: int,
                  policy_seed: int) -> None:
-        from collectors.collector import RolloutCollector
         torch.set_num_threads(1)
         if isinstance(getattr(policy, "generator", None), torch.Generator):
             policy.generator.manual_seed(policy_seed)  # sampling streams derived from the run seed
@@ -110,12 +111,13 @@ class RolloutWorker:
         self.first_index = first_index
 
     def rollout(self, weights: dict[str, np.ndarray] | None, version: int) -> dict[str, Any]:
+        """One ``[T, K]`` rollout as NumPy arrays; ``weights`` (``None``: unchanged) are those of ``version``."""
         if weights is not None:
             self.collector.policy.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()})
-        batch = self.collector.collect()
-        episodes = [{**e, "env": e["env"] + self.first_index} for e in self.collector.episodes]
-        return {"batch": {k: v.numpy() for k, v in batch.items()},
-                "last_observations": self.collector.last_observations.numpy(),
+        rollout = self.collector.collect()
+        episodes = [{**e, "env": e["env"] + self.first_index} for e in rollout.episodes]
+        return {"batch": {k: v.numpy() for k, v in rollout.batch.items()},
+                "next_observations": rollout.next_observations.numpy(),
                 "episodes": episodes, "version": version,
                 "state": self.collector.get_state()}  # travels with the rollout: no extra round trip to save it
 
@@ -133,7 +135,7 @@ class RolloutWorker:
 class RayBackend:
     """``num_workers`` Ray actors with ``envs_per_worker`` env factories each."""
 
-    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Any, horizon: int, seed: int,
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Any, horizon: int, seed: int | list[int],
                  num_workers: int | None, envs_per_worker: int | None, ray_address: str | None,
                  cpus_per_worker: float = 1.0, worker_options: Sequence[dict] | dict | None = None) -> None:
         ray = connect(ray_address)
@@ -149,7 +151,9 @@ class RayBackend:
             raise ValueError(f"num_workers={num_workers!r} x envs_per_worker={envs_per_worker!r} must equal the "
                              f"number of env factories ({n}); e.g. num_workers={n}, envs_per_worker=1")
         self.ray = ray
-        self.horizon, self.policy, self.seed = horizon, policy, seed
+        self.horizon, self.policy = horizon, policy
+        self.explicit_seeds = None if isinstance(seed, int) else list(seed)
+        self.seed = seed if self.explicit_seeds is None else self.explicit_seeds[0]  # derives restart seeds
         self.cpus_per_worker = cpus_per_worker
         opts = worker_options if isinstance(worker_options, (list, tuple)) else [worker_options or {}] * num_workers
         if len(opts) != num_workers:
@@ -180,9 +184,13 @@ class RayBackend:
         self.num_envs = sum(sizes)
         starts = np.cumsum([0, *sizes])
         self.slices = [slice(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
-        self.seeds = env_seeds(self.seed, self.num_envs)
+        if self.explicit_seeds is not None and len(self.explicit_seeds) != self.num_envs:
+            raise ValueError(f"seed has {len(self.explicit_seeds)} entries for {self.num_envs} envs; pass one "
+                             "integer or one seed per env")
+        self.seeds = self.explicit_seeds or env_seeds(self.seed, self.num_envs)
         self.actor_cls = self.ray.remote(RolloutWorker)
         self.actors = [self._spawn(w, self.seeds[self.slices[w]]) for w in range(len(self.groups))]
+        self.versions: list[int | None] = [0] * len(self.actors)  # the policy version each actor holds
         self.states: list[dict[str, Any] | None] = [None] * len(self.actors)
 
     def _reserve(self, bundles: list[dict[str, float]], total: dict[str, float]):
@@ -228,17 +236,20 @@ class RayBackend:
         except Exception:
             pass
         self.actors[w] = self._spawn(w, env_seeds(derived, self.slices[w].stop - self.slices[w].start))
-        self.states[w] = None
+        self.states[w], self.versions[w] = None, None
 
     def launch(self, w: int, weights_ref: Any, version: int):
-        return self.actors[w].rollout.remote(weights_ref, version)
+        """Start worker ``w``'s next rollout; the weights travel only to a worker that lacks ``version``."""
+        send = weights_ref if self.versions[w] != version else None
+        self.versions[w] = version
+        return self.actors[w].rollout.remote(send, version)
 
     def put_weights(self) -> Any:
         return self.ray.put(policy_weights(self.policy))
 
-    def rollout_all(self, version: int) -> list[dict[str, Any]]:
-        """One synchronous rollout of every worker with the current weights; dead workers are replaced and retried."""
-        weights_ref = self.put_weights()
+    def rollout_all(self, weights_ref: Any, version: int) -> list[dict[str, Any]]:
+        """One synchronous rollout of every worker with the weights of ``version`` (``weights_ref``);
+        dead workers are replaced and retried."""
         refs = [self.launch(w, weights_ref, version) for w in range(len(self.actors))]
         results: list[dict[str, Any]] = [None] * len(refs)  # type: ignore[list-item]
         for w, ref in enumerate(refs):
@@ -292,10 +303,10 @@ class AsyncRollouts:
         self.backend = backend
         self.in_flight: dict[int, Any] = {}
 
-    def next_ready(self, version: int) -> tuple[int, dict[str, Any]]:
-        """Return ``(worker, result)`` of the first finished rollout; relaunch that worker with the current weights."""
+    def next_ready(self, weights_ref: Any, version: int) -> tuple[int, dict[str, Any]]:
+        """Return ``(worker, result)`` of the first finished rollout; relaunch that worker with the weights
+        of ``version`` (``weights_ref``)."""
         b, ray = self.backend, self.backend.ray
-        weights_ref = b.put_weights()
         for w in range(len(b.actors)):
             if w not in self.in_flight:
                 self.in_flight[w] = b.launch(w, weights_ref, version)

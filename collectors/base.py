@@ -1,0 +1,146 @@
+"""What every collector shares: argument checks, the one entry point for weights, lifecycle."""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from collectors.rollout import Rollout
+
+Policy = Callable[[torch.Tensor], Any]
+
+
+def check_env_fns(env_fns: Any) -> list[Callable[[], Any]]:
+    """The factories as a list, or a clear error for a single env, an empty list or a non-callable."""
+    if isinstance(env_fns, (gym.Env, gym.vector.VectorEnv)) or callable(env_fns):
+        raise TypeError("env_fns must be a list of zero-argument env factories, not a single env or factory")
+    env_fns = list(env_fns)
+    if not env_fns:
+        raise ValueError("env_fns is empty: pass at least one zero-argument env factory")
+    for i, fn in enumerate(env_fns):
+        if not callable(fn):
+            raise TypeError(f"env_fns[{i}] is {type(fn).__name__}, not callable; pass factories "
+                            "(e.g. functools.partial(gymnasium.make, 'CartPole-v1')), not env instances")
+    return env_fns
+
+
+def _check_positive_int(name: str, value: Any, allow_none: bool = False) -> None:
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is invalid: must be an integer >= 1"
+                         + (", or None to leave it" if allow_none else ""))
+
+
+class Collector(ABC):
+    """The interface of every collector: ``collect() -> Rollout``, ``update_policy``, state, ``close``.
+
+    Pick a class with :func:`collectors.make_collector`. ``policy_version`` counts the
+    ``update_policy`` calls; each :class:`~collectors.rollout.Rollout` says which version
+    collected it.
+    """
+
+    num_envs: int
+    observation_space: gym.Space
+    action_space: gym.Space
+
+    def __init__(self, policy: Policy, horizon: int, device: str | torch.device, num_threads: int | None) -> None:
+        _check_positive_int("horizon", horizon)
+        _check_positive_int("num_threads", num_threads, allow_none=True)
+        if not callable(policy):
+            raise TypeError(f"policy must be callable (obs -> actions), got {type(policy).__name__}")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but CUDA is not available; use device='cpu'")
+        self.policy = policy
+        self.horizon = horizon
+        self.num_threads = num_threads
+        self.policy_version = 0
+        self._last: Rollout | None = None  # only for the deprecated attributes below
+        self._closed = True  # until a subclass has something to close
+
+    @abstractmethod
+    def collect(self) -> Rollout:
+        """Run the policy for ``horizon`` steps; return the rollout on ``device``."""
+
+    @abstractmethod
+    def get_state(self) -> dict[str, Any]:
+        """What the next ``collect()`` continues from, one entry per env (see ``set_state``)."""
+
+    @abstractmethod
+    def set_state(self, state: dict[str, Any], reseed: int | None = None) -> bool:
+        """Continue from :meth:`get_state`; ``True`` when every env was restored exactly."""
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Close the envs and stop the workers."""
+
+    # ------------------------------------------------------------------ weights: the one way in
+    def update_policy(self, policy_or_state_dict: Policy | Mapping[str, torch.Tensor]) -> None:
+        """Swap the acting policy, or load a ``state_dict`` into it (between rollouts); bumps ``policy_version``.
+
+        A ``state_dict`` may live on any device: it is copied into the collector's policy.
+        """
+        if isinstance(policy_or_state_dict, Mapping):
+            if not isinstance(self.policy, torch.nn.Module):
+                raise TypeError("update_policy got a state_dict, but the policy is not a torch.nn.Module; "
+                                "pass a new policy callable instead")
+            self.policy.load_state_dict(policy_or_state_dict)
+        elif callable(policy_or_state_dict):
+            self.policy = policy_or_state_dict
+        else:
+            raise TypeError(f"update_policy expects a policy callable or a state_dict, "
+                            f"got {type(policy_or_state_dict).__name__}")
+        self.policy_version += 1
+
+    # ------------------------------------------------------------------ deprecated side channels
+    @property
+    def last_observations(self) -> torch.Tensor | None:
+        _deprecated("last_observations", "next_observations")
+        return self._last.next_observations if self._last else None
+
+    @property
+    def episodes(self) -> list[dict[str, Any]]:
+        _deprecated("episodes", "episodes")
+        return self._last.episodes if self._last else []
+
+    @property
+    def batch_version(self) -> int:
+        _deprecated("batch_version", "policy_version")
+        return self._last.policy_version if self._last else 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"collect() on a closed {type(self).__name__}")
+
+    def close(self) -> None:
+        """Close the envs and stop any worker processes (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_closed", True) is False:
+            self.close()
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"collector.{old} is deprecated and will be removed in the next release: read "
+                  f"rollout.{new} of the Rollout that collect() returns", DeprecationWarning, stacklevel=3)
+
+
+def check_seeds(seed: int | Sequence[int]) -> list[int] | None:
+    """An explicit per-env seed list, or ``None`` for one run seed."""
+    return None if isinstance(seed, int) or hasattr(seed, "__index__") else [int(s) for s in seed]

@@ -1,0 +1,45 @@
+"""Pick the collector class for a backend: :func:`make_collector`."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from collectors.base import Collector, Policy
+from collectors.collector import LOCAL_BACKENDS, RolloutCollector
+
+BACKENDS = (*LOCAL_BACKENDS, "ray")
+
+
+def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
+                   **options: Any) -> Collector:
+    """A :class:`~collectors.RolloutCollector` (``serial``, ``sync``, ``async``) or a
+    :class:`~collectors.RayCollector` (``ray``), built with ``options``.
+
+    Example:
+        >>> import functools, gymnasium as gym, torch
+        >>> from collectors import make_collector
+        >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 2
+        >>> with make_collector(env_fns, lambda obs: torch.zeros(len(obs), dtype=torch.int64),
+        ...                     backend="serial", horizon=8) as c:
+        ...     print(c.collect().batch["rewards"].shape)
+        torch.Size([8, 2])
+
+    An option the chosen class does not have (``first_ready`` or ``ray_address`` without
+    Ray, ``main_share`` with it) is refused with the options that backend takes.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "ray":
+        from collectors.ray import RayCollector  # imports Ray's plumbing only where it is used
+        cls, kwargs = RayCollector, options
+    else:
+        cls, kwargs = RolloutCollector, {"backend": backend, **options}
+    known = set(inspect.signature(cls.__init__).parameters) - {"self", "env_fns", "policy", "backend"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"backend={backend!r} does not support {', '.join(unknown)}"
+                         + (" (Ray only: use backend='ray')" if backend != "ray" else "")
+                         + f"; its options: {', '.join(sorted(known))}")
+    return cls(env_fns, policy, **kwargs)

@@ -1,0 +1,53 @@
+"""The run's metrics: one JSON row per completed iteration in ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from collectors import Rollout
+
+QOE_KEYS = ("quality", "stall_s", "switches")  # per-episode metrics VR-edge reports (envs/README.md)
+
+
+def metrics_row(iteration: int, env_steps: int, sps: float, lr: float, stats: dict[str, float], rollout: Rollout,
+                lag: int) -> dict[str, Any]:
+    """The row of one iteration: counters, the update's statistics, and what the rollout's episodes scored."""
+    episodes = rollout.episodes
+    row = {"iteration": iteration, "env_steps": env_steps, "sps": sps, "lr": lr, **stats,
+           "episodes": len(episodes),
+           "episode_return": float(np.mean([e["return"] for e in episodes])) if episodes else None,
+           "episode_length": float(np.mean([e["length"] for e in episodes])) if episodes else None,
+           "reward_per_step": float(rollout.batch["rewards"].mean()), "policy_lag": lag}
+    for k in QOE_KEYS:
+        vals = [e[k] for e in episodes if k in e]
+        if vals:
+            row[k] = float(np.mean(vals))
+    return row
+
+
+def keep_metrics_until(path: Path, iteration: int) -> int:
+    """Drop rows of iterations after ``iteration`` (lost in a crash, to be run again); returns how many.
+
+    Rewritten atomically, so a crash here leaves the old file.
+    """
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines()
+    kept = [line for line in lines if _row_iteration(line) <= iteration]
+    if len(kept) < len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return len(lines) - len(kept)
+
+
+def _row_iteration(line: str) -> float:
+    try:
+        return json.loads(line)["iteration"]
+    except (ValueError, KeyError, TypeError):  # a line torn by a crash, or a blank one
+        return float("inf")
