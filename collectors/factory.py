@@ -13,9 +13,10 @@ BACKENDS = (*LOCAL_BACKENDS, "ray")
 
 
 def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
-                   **options: Any) -> Collector:
+                   background: bool = False, **options: Any) -> Collector:
     """A :class:`~collectors.RolloutCollector` (``serial``, ``sync``, ``async``) or a
-    :class:`~collectors.RayCollector` (``ray``), built with ``options``.
+    :class:`~collectors.RayCollector` (``ray``), built with ``options``; ``background=True``
+    runs a local one in a process of its own (:class:`~collectors.background.BackgroundCollector`).
 
     Example:
         >>> import functools, gymnasium as gym, torch
@@ -32,6 +33,9 @@ def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "ray":
+        if background:
+            raise ValueError("background=True is for the serial, sync and async backends: Ray actors already "
+                             "collect apart from this process (first_ready=True keeps them collecting)")
         from collectors.ray import RayCollector  # imports Ray's plumbing only where it is used
         cls, kwargs = RayCollector, options
     else:
@@ -42,4 +46,7 @@ def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend
         raise ValueError(f"backend={backend!r} does not support {', '.join(unknown)}"
                          + (" (Ray only: use backend='ray')" if backend != "ray" else "")
                          + f"; its options: {', '.join(sorted(known))}")
+    if background:
+        from collectors.background import BackgroundCollector
+        return BackgroundCollector(env_fns, policy, **kwargs)
     return cls(env_fns, policy, **kwargs)

@@ -52,6 +52,8 @@ class TrainConfig:
     envs_per_worker: int = 0
     cpus_per_worker: float = 1.0
     ray_async: bool = False
+    overlap: bool = False
+    overlap_targets: str = "gae"
     max_lag: int = 4
     rho_bar: float = 1.0
     c_bar: float = 1.0
@@ -87,6 +89,10 @@ class TrainConfig:
         "envs_per_worker": "async/ray: envs per process or actor (0: from the run layout)",
         "cpus_per_worker": "ray backend: CPUs reserved per actor (fractions allowed)",
         "ray_async": "ray backend: IMPALA-style collection with V-trace correction",
+        "overlap": "collect the next rollout in a separate process while learning on this one (a fixed policy lag "
+                   "of one update; serial, sync and async backends)",
+        "overlap_targets": "overlap: gae (stored values and behaviour log-probs) or vtrace (V-trace corrects the "
+                           "one-update lag)",
         "max_lag": "ray_async: drop batches collected more than this many policy versions ago",
         "rho_bar": "V-trace importance-weight clip for the targets and advantages",
         "c_bar": "V-trace trace-cutting clip",
@@ -107,6 +113,9 @@ class TrainConfig:
         need(self.backend in BACKENDS, "backend", f"choose {', '.join(BACKENDS)}")
         need(not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray")
         need(self.max_lag >= 0, "max_lag", "must be >= 0")
+        need(not self.overlap or self.backend != "ray", "overlap",
+             "is for serial, sync and async; Ray actors collect while the learner learns with --ray-async true")
+        need(self.overlap_targets in ("gae", "vtrace"), "overlap_targets", "choose gae or vtrace")
         need(self.policy_arch in ("auto", "flat", "per_head"), "policy_arch", "choose auto, flat or per_head")
         need(self.rho_bar > 0 and self.c_bar > 0, "rho_bar", "rho_bar and c_bar must be > 0")
         need(self.cpus_per_worker > 0, "cpus_per_worker", "must be > 0")

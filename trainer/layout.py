@@ -76,7 +76,8 @@ class RunLayout:
     cpus_per_worker: float  # ray: CPUs reserved per actor
     ray_address: str
     ray_async: bool
-    collect_threads: int  # torch threads of this process while it collects
+    overlap: bool  # a separate collecting process keeps collecting while this one learns
+    collect_threads: int  # torch threads of the collecting process while it collects
     learn_threads: int  # ... and while it learns
     worker_threads: int  # torch threads of each worker process or actor
     batch_envs: int  # envs in one learner batch (ray_async: one actor's slice)
@@ -92,6 +93,8 @@ class RunLayout:
     def collector_kwargs(self) -> dict[str, Any]:
         """The ``make_collector`` options this layout fixes (besides env factories, policy, horizon, seed)."""
         kw: dict[str, Any] = {"num_threads": self.collect_threads}
+        if self.overlap:
+            kw["background"] = True
         if self.backend == "async":
             kw.update(num_workers=self.workers, main_share=self.main_share)
         elif self.backend == "ray":
@@ -109,16 +112,19 @@ class RunLayout:
         sizes = sorted(set(self.factory_envs))
         per = "-".join(str(s) for s in (sizes[0], sizes[-1]) if s) if len(sizes) > 1 else str(sizes[0])
         kind = f"{len(self.factory_envs)} x {'VREdgeVectorEnv(' + per + ')' if self.vectorized else 'gym.make'}"
+        here = "the collecting process" if self.overlap else "this process"
         if self.backend == "async":
-            procs = _count(self.workers, "worker process", "es") + (" + this process" if self.main_share else "")
+            procs = _count(self.workers, "worker process", "es") + (f" + {here}" if self.main_share else "")
         elif self.backend == "ray":
             procs = f"{_count(self.workers, 'Ray actor')} x {self.cpus_per_worker:g} CPU, " \
                     f"{_count(self.factories_per_worker, 'factory')} each"
         else:
-            procs = "this process"
+            procs = here
+        if self.overlap:
+            procs += ", collecting the next rollout while this process learns (--overlap)"
         return (f"layout: {self.env}, {self.num_envs} envs as {kind}; {self.backend}: {procs}; {where}; "
                 f"learner on {self.device}\n"
-                f"threads: {self.worker_threads} per worker, this process {self.collect_threads} collecting / "
+                f"threads: {self.worker_threads} per worker, {here} {self.collect_threads} collecting, this process "
                 f"{self.learn_threads} learning (override: --num-workers, --envs-per-worker, --threads)")
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,22 +154,28 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
     n, cores, notes = cfg.num_envs, machine.cores, []
     vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
     workers, main_share, per_worker, cpus = 0, False, 0, 0.0
+    # --overlap: the collecting process (and its workers) keep collecting while this one learns,
+    # so collection gets the cores but one, and learning the cores collection leaves
+    collect_cores = max(1, cores - 1) if cfg.overlap else cores
     if cfg.backend in ("serial", "sync"):
         if cfg.num_workers or cfg.envs_per_worker:
             notes.append(f"--num-workers and --envs-per-worker are ignored by --backend {cfg.backend}")
         sizes = [n] if vectorized else [1] * n
-        busy_here = 0  # collecting: only this process works
-        learn_busy = 0
+        busy_here = 0  # collecting: only the collecting process works
+        learn_busy = 1 if cfg.overlap else 0
     elif cfg.backend == "async":
-        workers, main_share = _async_workers(cfg, cores, notes)
+        workers, main_share = _async_workers(cfg, collect_cores, notes)
         sizes = [len(a) for a in np.array_split(np.arange(n), workers + main_share)] if vectorized else [1] * n
-        busy_here, learn_busy = workers, 0  # workers step while this process collects; idle while it learns
+        busy_here = workers  # workers step while the collecting process collects; idle while this one learns
+        learn_busy = workers + 1 if cfg.overlap else 0
     else:
         workers, cpus, busy_here = _ray_workers(cfg, machine)
         sizes = [n // workers] * workers if vectorized else [1] * n
         per_worker = len(sizes) // workers
         learn_busy = busy_here if cfg.ray_async else 0  # IMPALA-style actors keep collecting while we learn
-    collect_threads, learn_threads = max(1, cores - busy_here), max(1, cores - learn_busy)
+    collect_threads, learn_threads = max(1, collect_cores - busy_here), max(1, cores - learn_busy)
+    if cfg.overlap:  # collecting and learning run at once: the learner takes the threads
+        collect_threads = 1
     if cfg.threads:
         collect_threads = learn_threads = cfg.threads
         if cfg.threads + max(busy_here, learn_busy) > cores:
@@ -173,7 +185,8 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
     return RunLayout(env=cfg.env, backend=cfg.backend, num_envs=n, device=learner_device(cfg.device, machine.gpus),
                      factory_envs=tuple(sizes), vectorized=vectorized, workers=workers, main_share=main_share,
                      factories_per_worker=per_worker, cpus_per_worker=cpus, ray_address=cfg.ray_address,
-                     ray_async=cfg.ray_async, collect_threads=collect_threads, learn_threads=learn_threads,
+                     ray_async=cfg.ray_async, overlap=cfg.overlap, collect_threads=collect_threads,
+                     learn_threads=learn_threads,
                      worker_threads=1, batch_envs=n // workers if cfg.ray_async else n, machine=machine,
                      warnings=tuple(notes))
 

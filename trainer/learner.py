@@ -38,7 +38,7 @@ def learn(run: Run, rollout: Rollout, settings: PPOSettings, iteration: int, lr:
         model.norm.update(batch["observations"])
     scale = (run.scaler.scale(batch["rewards"], batch["final_observation_mask"], rollout.envs)
              if run.scaler else 1.0)
-    if cfg.ray_async:  # collected by older weights: V-trace corrects the targets for the lag
+    if cfg.ray_async or (cfg.overlap and cfg.overlap_targets == "vtrace"):  # collected by older weights
         adv, ret = vtrace_targets(model, batch, rollout.next_observations, cfg.gamma, cfg.rho_bar, cfg.c_bar, scale)
     else:
         adv, ret = advantages_and_returns(model, batch, rollout.next_observations, cfg.gamma, cfg.gae_lambda,

@@ -15,12 +15,12 @@ import torch
 
 import checkpoints
 import envs  # noqa: F401 - registers VREdge-v0
-from collectors import Collector
 from trainer import __version__
 from trainer.config import TrainConfig, resumed_config
 from trainer.flat_params import flat_parameters
 from trainer.layout import learner_device
 from trainer.model import ActorCritic
+from trainer.pipeline import Pipeline
 from trainer.reward_scaling import ReturnScaler
 
 
@@ -76,7 +76,7 @@ class Run:
         return cls(cfg, device, model, acting, optimizer,
                    ReturnScaler(cfg.num_envs, cfg.gamma, device) if cfg.scale_rewards else None)
 
-    def snapshot(self, collector: Collector) -> dict[str, Any]:
+    def snapshot(self, pipeline: Pipeline) -> dict[str, Any]:
         """A copy of the whole state, on the CPU, with nothing tied to a device: what a checkpoint holds."""
         return _copied({
             "version": __version__,
@@ -92,14 +92,13 @@ class Run:
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
                 "acting": self.acting.generator.get_state(),
             },
-            "collector": collector.get_state(),
+            **pipeline.state(),  # "collector" (and, with --overlap, "acting_model")
         })
 
-    def restore(self, state: dict[str, Any], collector: Collector) -> bool:
+    def restore(self, state: dict[str, Any], pipeline: Pipeline) -> bool:
         """Load a checkpoint's state; returns whether the envs were restored exactly."""
         self.iteration, self.env_steps = state["iteration"], state["env_steps"]
         self.model.load_state_dict(state["model"])
-        collector.update_policy(self.model.state_dict())
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and state["reward_scaler"] is not None:
             self.scaler.load_state_dict(state["reward_scaler"])
@@ -111,7 +110,7 @@ class Run:
         if torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():  # else: another machine
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.acting.generator.set_state(rng["acting"])
-        return collector.set_state(state["collector"], reseed=self.iteration)
+        return pipeline.restore(state, self.model.state_dict(), reseed=self.iteration)
 
 
 def _copied(x: Any) -> Any:

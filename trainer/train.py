@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 import checkpoints
-from collectors import Collector, make_collector
+from collectors import make_collector
 from collectors.resources import torch_threads
 from trainer.batching import plan_minibatches
 from trainer.config import TrainConfig, parse_args
@@ -23,6 +23,7 @@ from trainer.interrupts import STOP_SIGNALS, Interrupted, StopSignals
 from trainer.layout import Machine, run_layout
 from trainer.learner import learn
 from trainer.metrics import keep_metrics_until, metrics_row
+from trainer.pipeline import Pipeline, make_pipeline
 from trainer.ppo import NonFiniteLossError, PPOSettings
 from trainer.run import Run, claim_new_run_dir, resume_state
 
@@ -85,9 +86,10 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         collector = stack.enter_context(make_collector(factories, run.acting, backend=cfg.backend,
                                                        horizon=cfg.num_steps, seed=cfg.seed, device=run.device,
                                                        **layout.collector_kwargs()))
+        pipeline = make_pipeline(collector, run.acting.state_dict(), cfg.overlap)
         stack.enter_context(torch_threads(layout.learn_threads))  # the collector uses its own count while collecting
         if saved is not None:
-            exact = run.restore(saved, collector)
+            exact = run.restore(saved, pipeline)
             notes.append(f"resumed from {source} at iteration {run.iteration}")
             if not exact:
                 notes.append("these envs offer no get_state(): their episodes restart from derived seeds, "
@@ -98,16 +100,16 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         for note in notes:
             print(note, file=sys.stderr)
         settings = PPOSettings.from_config(cfg, plan.minibatch_size)
-        return _loop(run, collector, settings, iterations, stop, run_dir, signals, writer, progress, source)
+        return _loop(run, pipeline, settings, iterations, stop, run_dir, signals, writer, progress, source)
 
 
-def _iteration(run: Run, collector: Collector, settings: PPOSettings, iterations: int,
+def _iteration(run: Run, pipeline: Pipeline, settings: PPOSettings, iterations: int,
                start: tuple[int, float]) -> dict | None:
-    """Collect one rollout, learn from it, send the new weights out; returns the metrics row (``None``
-    for a rollout too stale to learn from). Only ``run`` and the collector change."""
+    """Take the next rollout, learn from it, hand the new weights over; returns the metrics row (``None``
+    for a rollout too stale to learn from). Only ``run`` and the pipeline change."""
     cfg, it = run.cfg, run.iteration + 1
-    rollout = collector.collect()
-    lag = collector.policy_version - rollout.policy_version
+    rollout = pipeline.next_rollout()
+    lag = pipeline.collector.policy_version - rollout.policy_version
     run.lags[lag] = run.lags.get(lag, 0) + 1
     if cfg.ray_async and lag > cfg.max_lag:  # too stale to correct well: the next one is fresher
         run.dropped += 1
@@ -115,18 +117,18 @@ def _iteration(run: Run, collector: Collector, settings: PPOSettings, iterations
     run.recent.extend(e["return"] for e in rollout.episodes)
     lr = cfg.lr * (1 - (it - 1) / iterations) if cfg.anneal_lr else cfg.lr
     stats = learn(run, rollout, settings, it, lr)
-    collector.update_policy(run.model.state_dict())
+    pipeline.learned(run.model.state_dict())
     run.iteration, run.env_steps = it, run.env_steps + rollout.numel()
     sps = (run.env_steps - start[0]) / (time.perf_counter() - start[1])
     return metrics_row(it, run.env_steps, sps, lr, stats, rollout, lag)
 
 
-def _loop(run: Run, collector: Collector, settings: PPOSettings, iterations: int, stop: int, run_dir: Path,
+def _loop(run: Run, pipeline: Pipeline, settings: PPOSettings, iterations: int, stop: int, run_dir: Path,
           signals: StopSignals, writer, progress: bool, resumed_from: Path | None) -> dict:
     """Iterate until ``stop``; snapshot after each completed iteration; on any exit, save the newest one."""
     cfg = run.cfg
     with signals.critical():
-        snapshot = run.snapshot(collector)
+        snapshot = run.snapshot(pipeline)
     saved_at = run.iteration if run.iteration else None  # resumed: that state is on disk already
     last_saved = resumed_from
 
@@ -142,11 +144,11 @@ def _loop(run: Run, collector: Collector, settings: PPOSettings, iterations: int
     try:
         with (run_dir / "metrics.jsonl").open("a") as log:
             while run.iteration < stop:
-                row = _iteration(run, collector, settings, iterations, start)
+                row = _iteration(run, pipeline, settings, iterations, start)
                 if row is None:  # a batch too stale to learn from
                     continue
                 with signals.critical():  # the iteration is complete once its snapshot and its row exist
-                    snapshot = run.snapshot(collector)
+                    snapshot = run.snapshot(pipeline)
                     log.write(json.dumps(row) + "\n")
                     log.flush()
                 if writer:

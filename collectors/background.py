@@ -1,0 +1,263 @@
+"""A collector in its own process: the next rollout is collected while this process learns."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import traceback
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.connection import wait
+from typing import Any
+
+import torch
+import torch.multiprocessing as tmp
+from tensordict import TensorDict
+
+from collectors.backends.async_ import WorkerDiedError, check_picklable
+from collectors.base import Collector, Policy, check_env_fns
+from collectors.rollout import Rollout
+
+_START_TIMEOUT_S = 120.0  # building the envs (and an async backend's workers) in the new process
+_CALL_TIMEOUT_S = 60.0  # a state query or a weight update
+_CLOSE_TIMEOUT_S = 5.0
+
+
+class BackgroundCollector(Collector):
+    """A :class:`~collectors.RolloutCollector` that runs in a spawned process of its own.
+
+    ``start()`` begins the next rollout and returns at once; ``wait()`` returns it. In
+    between, this process is free: the trainer's ``--overlap`` learns on one rollout while
+    the next is collected, without the two fighting over one interpreter. ``collect()`` is
+    ``start()`` then ``wait()``. Rollouts, states and episodes are exactly those of the same
+    ``RolloutCollector`` in this process.
+
+    Example:
+        >>> import functools, gymnasium as gym, torch
+        >>> from collectors.background import BackgroundCollector
+        >>> from tests.factories import RandomPolicy
+        >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 2
+        >>> with BackgroundCollector(env_fns, RandomPolicy(2), horizon=8) as c:  # doctest: +SKIP
+        ...     c.start()        # collecting ...
+        ...     rollout = c.wait()
+        >>> rollout.batch.batch_size  # doctest: +SKIP
+        torch.Size([8, 2])
+
+    Args:
+        env_fns, policy, backend, horizon, seed, device, num_threads: as for ``RolloutCollector``
+            (the factories and the policy must be picklable; the policy's copy in the collecting
+            process gets its weights through ``update_policy``).
+        options: further ``RolloutCollector`` options (``num_workers``, ``main_share``, ...).
+
+    Every wait is bounded: the process's death is noticed at once (``WorkerDiedError``),
+    and an error inside it (an env raising) is raised here with its traceback.
+    """
+
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
+                 horizon: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
+                 num_threads: int | None = None, **options: Any) -> None:
+        env_fns = check_env_fns(env_fns)
+        super().__init__(policy, horizon, device, num_threads)
+        check_picklable(env_fns)
+        try:  # plain pickle (a copy), not torch's shared-memory reductions: the policy is the process's own
+            policy_bytes = pickle.dumps(policy)
+        except Exception as e:
+            raise TypeError(f"the policy ({type(policy).__name__}) cannot be pickled for the collecting process "
+                            f"({type(e).__name__}: {e}); use an nn.Module or a top-level function") from None
+        ctx = tmp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        kwargs = dict(backend=backend, horizon=horizon, seed=seed, num_threads=num_threads, **options)
+        self._process = ctx.Process(target=_serve, args=(child, env_fns, policy_bytes, kwargs), daemon=False,
+                                    name="rollout-collector")
+        self._process.start()
+        child.close()
+        self._finalizer = weakref.finalize(self, _stop, self._process, self._conn)
+        self._closed = False
+        self._pending: int | None = None  # the policy version of the rollout in flight
+        self._shared: TensorDict | None = None  # the collecting process's rollout buffer, in shared memory
+        self._host: TensorDict | None = None  # pinned staging copy for CUDA: one transfer per rollout
+        self._transfer_done: torch.cuda.Event | None = None
+        try:
+            self.num_envs, self.observation_space, self.action_space = self._reply("start", _START_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ protocol
+    def _reply(self, what: str, timeout_s: float | None) -> Any:
+        """The collecting process's answer; raises its error, or ``WorkerDiedError`` if it died."""
+        ready = wait([self._conn, self._process.sentinel], timeout=timeout_s)
+        if self._conn in ready:
+            try:
+                kind, payload = self._conn.recv()
+            except (EOFError, OSError):
+                kind, payload = "died", None
+        elif ready:
+            kind, payload = "died", None
+        else:
+            raise TimeoutError(f"the collecting process did not answer ({what}) within {timeout_s:g} s")
+        if kind == "ok":
+            return payload
+        if kind == "error":
+            raise payload
+        self._process.join(timeout=_CLOSE_TIMEOUT_S)
+        raise WorkerDiedError(f"the collecting process died during {what} (exit code {self._process.exitcode})")
+
+    def _call(self, command: str, arg: Any = None, timeout_s: float | None = _CALL_TIMEOUT_S) -> Any:
+        self._check_open()
+        if self._pending is not None:
+            raise RuntimeError(f"{command}: a rollout is in flight; wait() for it first")
+        try:
+            self._conn.send((command, arg))
+            return self._reply(command, timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ collect
+    def start(self) -> None:
+        """Begin the next rollout with the current weights; returns at once."""
+        self._check_open()
+        if self._pending is not None:
+            raise RuntimeError("start(): a rollout is already in flight; wait() for it first")
+        self._conn.send(("collect", None))
+        self._pending = self.policy_version
+
+    def wait(self) -> Rollout:
+        """The rollout begun by ``start()``, on ``device``."""
+        if self._pending is None:
+            raise RuntimeError("wait() without start()")
+        version, self._pending = self._pending, None
+        try:
+            shared, episodes = self._reply("collect", None)  # a rollout takes as long as the envs take
+        except BaseException:
+            self.close()  # a failed rollout leaves no process behind
+            raise
+        if shared is not None:  # the first rollout: the buffer all later ones arrive in
+            self._shared = shared
+        moved = self._deliver(self._shared)
+        rollout = Rollout(moved["rollout"], moved["next_observations"], episodes, version, slice(0, self.num_envs))
+        self._last = rollout
+        return rollout
+
+    def collect(self) -> Rollout:
+        self.start()
+        return self.wait()
+
+    def _deliver(self, shared: TensorDict) -> TensorDict:
+        """A copy of the shared buffer on ``device`` (the collecting process overwrites it next rollout)."""
+        if self.device.type == "cpu":
+            return shared.clone()
+        if self._host is None:
+            self._host = shared.consolidate(pin_memory=self.device.type == "cuda")
+        else:
+            if self._transfer_done is not None:
+                self._transfer_done.synchronize()  # the previous copy has read the staging buffer
+            self._host.update_(shared)
+        moved = self._host.to(self.device, non_blocking=True)
+        if self.device.type == "cuda":
+            self._transfer_done = torch.cuda.Event()
+            self._transfer_done.record()
+        return moved
+
+    # ------------------------------------------------------------------ weights and state
+    def update_policy(self, policy_or_state_dict: Policy | Mapping[str, torch.Tensor]) -> None:
+        """As ``RolloutCollector.update_policy``; the weights (or the new callable) go to the collecting process."""
+        if self._pending is not None:
+            raise RuntimeError("update_policy: a rollout is in flight; wait() for it first")
+        super().update_policy(policy_or_state_dict)
+        if isinstance(policy_or_state_dict, Mapping):
+            payload: Any = {k: v.detach().cpu() for k, v in policy_or_state_dict.items()}
+        else:
+            payload = policy_or_state_dict
+        self._call("policy", payload)
+
+    def get_state(self) -> dict[str, Any]:
+        """As ``RolloutCollector.get_state`` (not while a rollout is in flight)."""
+        return self._call("get_state")
+
+    def set_state(self, state: dict[str, Any], reseed: int | None = None) -> bool:
+        """As ``RolloutCollector.set_state``."""
+        return self._call("set_state", (state, reseed))
+
+    def _close(self) -> None:
+        self._pending = None
+        self._finalizer()
+
+
+def _stop(process, conn) -> None:
+    """Ask the collecting process to close its envs, then terminate and kill it if it must; never raises."""
+    try:
+        conn.send(("close", None))
+    except Exception:
+        pass
+    process.join(timeout=_CLOSE_TIMEOUT_S)
+    if process.is_alive():
+        process.terminate()
+        process.join(timeout=_CLOSE_TIMEOUT_S)
+    if process.is_alive():
+        process.kill()
+        process.join()
+    conn.close()
+
+
+def _serve(conn, env_fns: list, policy_bytes: bytes, kwargs: dict[str, Any]) -> None:
+    """The collecting process: a ``RolloutCollector`` serving collect, policy and state commands."""
+    from collectors.collector import RolloutCollector
+
+    # stop signals reach the whole process group; the trainer handles them and then closes us
+    for name in ("SIGINT", "SIGTERM", "SIGUSR1"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    try:
+        collector = RolloutCollector(env_fns, pickle.loads(policy_bytes), **kwargs)
+    except Exception as e:
+        conn.send(("error", _portable(e)))
+        return
+    shared: TensorDict | None = None
+    with collector:
+        conn.send(("ok", (collector.num_envs, collector.observation_space, collector.action_space)))
+        while True:
+            try:
+                command, arg = conn.recv()
+            except (EOFError, OSError):  # the trainer is gone
+                return
+            if command == "close":
+                return
+            try:
+                if command == "collect":
+                    rollout = collector.collect()
+                    fresh = shared is None
+                    if fresh:
+                        shared = TensorDict({"rollout": rollout.batch, "next_observations": rollout.next_observations},
+                                            batch_size=[]).clone().share_memory_()
+                    else:
+                        shared["rollout"].update_(rollout.batch)
+                        shared["next_observations"].copy_(rollout.next_observations)
+                    reply: Any = (shared if fresh else None, rollout.episodes)
+                elif command == "policy":
+                    collector.update_policy(arg)
+                    reply = None
+                elif command == "get_state":
+                    reply = collector.get_state()
+                elif command == "set_state":
+                    reply = collector.set_state(*arg)
+                else:
+                    raise ValueError(f"unknown command {command!r}")
+                conn.send(("ok", reply))
+            except Exception as e:
+                conn.send(("error", _portable(e)))
+                if command == "collect":  # the collector closed itself: nothing more to serve
+                    return
+
+
+def _portable(error: Exception) -> Exception:
+    """The error itself if it survives pickling, else a ``RuntimeError`` carrying its type, text and traceback."""
+    text = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+    try:
+        copy = pickle.loads(pickle.dumps(error))
+        if str(copy) == str(error):
+            return error
+    except Exception:
+        pass
+    return RuntimeError(f"in the collecting process: {text}")

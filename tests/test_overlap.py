@@ -1,0 +1,224 @@
+"""--overlap: the next rollout is collected in a separate process while the learner learns on this one.
+
+Promises under test: a fixed lag of exactly one update; runs as deterministic as alternating
+ones; exact resume whatever stops them (signals in any phase, an env error or a dead
+collecting process during the rollout in flight), with no process left behind.
+"""
+
+import multiprocessing as mp
+import signal
+
+import psutil
+import pytest
+import torch
+
+from collectors import EnvError, RolloutCollector, WorkerDiedError, make_collector
+from collectors.background import BackgroundCollector
+from tests import factories as f
+from tests.test_durability import ITERATIONS, VR, assert_same_run, final_state, metrics, run
+from trainer.config import TrainConfig
+from trainer.layout import Machine, run_layout
+from trainer.model import ActorCritic
+
+OVERLAP = ["--overlap", "true"]
+
+
+def vr_policy(seed=0):
+    env = f.vr_edge()
+    return ActorCritic(env.observation_space, env.action_space, seed=seed)
+
+
+# ---------------------------------------------------------------------------- the collecting process
+
+@pytest.mark.parametrize("backend, kw", [("sync", {}), ("async", {"num_workers": 1})])
+def test_background_rollouts_equal_those_collected_here(backend, kw):
+    env_fns = [f.vr_edge, f.vr_edge, f.vr_edge_batch]
+    with RolloutCollector(env_fns, vr_policy(), backend=backend, horizon=25, seed=4, **kw) as here:
+        expected = [here.collect() for _ in range(3)]
+        state = here.get_state()
+    with BackgroundCollector(env_fns, vr_policy(), backend=backend, horizon=25, seed=4, **kw) as there:
+        got = []
+        for _ in range(3):
+            there.start()
+            got.append(there.wait())
+        assert there.get_state()["observations"].tolist() == state["observations"].tolist()
+    assert any(r.episodes for r in expected)
+    for a, b in zip(expected, got):
+        assert a.batch.keys() == b.batch.keys()
+        for k in a.batch.keys():
+            assert torch.equal(a.batch[k], b.batch[k]), k
+        assert torch.equal(a.next_observations, b.next_observations) and a.episodes == b.episodes
+
+
+def test_weights_reach_the_collecting_process_and_versions_count():
+    acting, learner = vr_policy(0), vr_policy(1)
+    with RolloutCollector([f.vr_edge] * 2, vr_policy(0), horizon=10, seed=1) as here, \
+            make_collector([f.vr_edge] * 2, acting, background=True, horizon=10, seed=1) as there:
+        for c in (here, there):
+            c.collect()
+            c.update_policy(learner.state_dict())
+        a, b = here.collect(), there.collect()
+        assert b.policy_version == there.policy_version == 1
+        assert torch.equal(a.batch["actions"], b.batch["actions"])  # collected with the learner's weights
+        assert torch.equal(a.batch["log_probs"], b.batch["log_probs"])
+
+
+def test_misuse_is_refused_with_what_to_do():
+    with BackgroundCollector([f.cartpole] * 2, f.RandomPolicy(2), horizon=5) as c:
+        with pytest.raises(RuntimeError, match="wait\\(\\) without start\\(\\)"):
+            c.wait()
+        c.start()
+        with pytest.raises(RuntimeError, match="already in flight"):
+            c.start()
+        with pytest.raises(RuntimeError, match="in flight; wait\\(\\) for it first"):
+            c.update_policy(f.RandomPolicy(2))
+        assert c.policy_version == 0
+        c.wait()
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        BackgroundCollector([f.cartpole], lambda obs: obs, horizon=5)
+    with pytest.raises(ValueError, match="background=True is for the serial, sync and async"):
+        make_collector([f.cartpole], f.RandomPolicy(2), backend="ray", background=True)
+
+
+def test_an_env_error_in_the_collecting_process_is_raised_here_and_nothing_is_left():
+    c = BackgroundCollector([f.cartpole, f.exploding], f.RandomPolicy(2), horizon=50)
+    c.start()
+    with pytest.raises(EnvError, match="env 1 raised") as info:
+        c.wait()
+    assert info.value.env_index == 1 and "simulator exploded" in str(info.value)
+    assert not mp.active_children()
+
+
+def test_a_dead_collecting_process_is_noticed_at_once():
+    c = BackgroundCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="async", num_workers=1, horizon=50)
+    grandchildren = psutil.Process(c._process.pid).children(recursive=True)
+    c._process.kill()
+    c.start()
+    with pytest.raises(WorkerDiedError, match="collecting process died"):
+        c.wait()
+    _, alive = psutil.wait_procs(grandchildren, timeout=10)  # its async worker sees the pipe close and exits
+    assert not alive and not mp.active_children()
+
+
+def test_closing_with_a_rollout_in_flight_stops_everything():
+    c = BackgroundCollector([f.vr_edge] * 2, vr_policy(), backend="async", num_workers=1, horizon=2000)
+    processes = [psutil.Process(c._process.pid), *psutil.Process(c._process.pid).children(recursive=True)]
+    c.start()
+    c.close()
+    _, alive = psutil.wait_procs(processes, timeout=15)
+    assert not alive
+
+
+# ---------------------------------------------------------------------------- the trainer
+
+@pytest.fixture(scope="module", params=["sync", "async"])
+def straight_overlap(request, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp(f"overlap_{request.param}")
+    extra = ["--backend", request.param] + (["--num-workers", "1"] if request.param == "async" else [])
+    run(VR + OVERLAP + extra + ["--run-dir", str(run_dir)])
+    return extra, run_dir
+
+
+def test_overlapped_runs_lag_one_update_and_are_deterministic(straight_overlap, tmp_path):
+    extra, straight = straight_overlap
+    rows = metrics(straight)
+    assert [r["policy_lag"] for r in rows] == [0] + [1] * (ITERATIONS - 1)
+    run(VR + OVERLAP + extra + ["--run-dir", str(tmp_path)])
+    assert_same_run(straight, tmp_path)
+    alternating = tmp_path.parent / "alternating"
+    run(VR + extra + ["--run-dir", str(alternating)])
+    assert metrics(alternating)[0] == rows[0]  # the first iteration has nothing to overlap with
+    assert metrics(alternating)[1:] != rows[1:]  # later ones learn from rollouts one update old
+
+
+def test_overlapped_resume_is_exact_and_keeps_the_rollout_in_flight(straight_overlap, tmp_path):
+    extra, straight = straight_overlap
+    run(VR + OVERLAP + extra + ["--run-dir", str(tmp_path)], max_iterations=3)
+    saved = final_state(tmp_path)
+    assert saved["acting_model"] is not None  # the weights the rollout in flight is collected with
+    assert not torch.equal(saved["acting_model"]["critic_head.weight"], saved["model"]["critic_head.weight"])
+    run(["--resume", str(tmp_path)])
+    assert_same_run(straight, tmp_path)
+
+
+PHASES = {  # phase: (owner, function, call on which the signal arrives, iterations completed)
+    "waiting_for_the_rollout_in_flight": (BackgroundCollector, "wait", 5, 4),
+    "update": (torch.nn.utils, "clip_grad_norm_", 4 * 4 + 2, 4),
+}
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_an_overlapped_iteration_keeps_the_last_completed_one(
+        straight_overlap, tmp_path, monkeypatch, phase, signum):
+    import os
+
+    from trainer import train as train_module
+    extra, straight = straight_overlap
+    owner, name, target, completed = PHASES[phase]
+    real, calls = getattr(owner, name), []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == target:
+            os.kill(os.getpid(), signum)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(owner, name, wrapped)
+    with pytest.raises(train_module.TrainingStopped) as stopped:
+        run(VR + OVERLAP + extra + ["--run-dir", str(tmp_path)])
+    monkeypatch.undo()
+    assert stopped.value.exit_status == 128 + signum
+    assert final_state(tmp_path)["iteration"] == len(metrics(tmp_path)) == completed
+    assert not mp.active_children()
+    run(["--resume", str(tmp_path)])
+    assert_same_run(straight, tmp_path)
+
+
+def test_an_error_in_the_rollout_in_flight_keeps_the_iteration_before(straight_overlap, tmp_path, monkeypatch):
+    extra, straight = straight_overlap
+    real, calls = BackgroundCollector.wait, []
+
+    def failing(self):
+        calls.append(1)
+        if len(calls) == 4:  # the rollout iteration 4 would learn from
+            self.close()
+            raise EnvError(2, "step()", "simulated env bug")
+        return real(self)
+    monkeypatch.setattr(BackgroundCollector, "wait", failing)
+    with pytest.raises(EnvError, match="simulated env bug"):
+        run(VR + OVERLAP + extra + ["--run-dir", str(tmp_path), "--checkpoint-every", "10"])
+    monkeypatch.undo()
+    assert final_state(tmp_path)["iteration"] == 3 == len(metrics(tmp_path))
+    assert not mp.active_children()
+    run(["--resume", str(tmp_path)])
+    assert_same_run(straight, tmp_path)
+
+
+def test_an_overlapped_checkpoint_resumes_only_overlapped(tmp_path):
+    run(VR + OVERLAP + ["--run-dir", str(tmp_path)], max_iterations=2)
+    with pytest.raises(ValueError, match="--overlap=False \\(run has True\\)"):
+        run(["--resume", str(tmp_path), "--overlap", "false"])
+
+
+@pytest.mark.parametrize("flags, match", [
+    (dict(backend="ray", overlap=True), "overlap"),
+    (dict(overlap_targets="retrace"), "choose gae or vtrace"),
+])
+def test_bad_overlap_settings_are_refused(flags, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**flags).validate()
+
+
+@pytest.mark.parametrize("backend, cores, expected", [
+    # (workers, collecting-process threads, learner threads)
+    ("sync", 2, (0, 1, 1)),
+    ("sync", 16, (0, 1, 15)),
+    ("async", 16, (14, 1, 1)),  # 14 workers + the collecting process collect while the learner learns
+    ("async", 64, (62, 1, 1)),
+    ("async", 2, (1, 1, 1)),
+])
+def test_overlap_layout_gives_the_learner_what_collection_leaves(backend, cores, expected):
+    layout = run_layout(TrainConfig(backend=backend, overlap=True, num_envs=64), Machine(cores))
+    assert (layout.workers, layout.collect_threads, layout.learn_threads) == expected
+    assert layout.collector_kwargs()["background"] is True
+    assert "while this process learns" in layout.describe()
