@@ -1,11 +1,15 @@
-"""Learning bar on CartPole-v1: this trainer vs Stable-Baselines3 PPO, same hyperparameters, same run.
+"""CartPole-v1 PPO as whole processes: this trainer (alternating and ``--overlap``) vs Stable-Baselines3.
 
-    python -m benchmarks.cartpole_vs_sb3 --seeds 1 2 3 4 5 --sb3-seeds 1
+    python -m benchmarks.cartpole_vs_sb3 --seeds 1 2 3 4 5
 
-8 envs x 128 steps, 4 epochs, minibatches of 64, 200k steps, linear LR annealing from
-3e-4, gamma 0.99, lambda 0.95, clip 0.2, entropy 0.01, value 0.5, grad-norm 0.5,
-64-64 tanh MLPs, no observation normalisation, on the CPU. Each trained policy is
-evaluated greedily on 20 held-out episodes. Stable-Baselines3 runs only when installed.
+CleanRL's configuration: 8 envs x 128 steps, 4 epochs of 4 minibatches of 256, 200k steps,
+linear LR annealing from 2.5e-4, gamma 0.99, lambda 0.95, clip 0.2, entropy 0.01, value
+0.5, grad-norm 0.5, advantage normalisation, 64-64 tanh MLPs, no observation
+normalisation, on the CPU (no value clipping: Stable-Baselines3 has no equivalent). Each
+run is a fresh process timed from outside, imports and start-up included: that is what a
+user waits for. Runs are interleaved by seed so that slow phases of a shared machine hit
+every trainer alike. Each trained policy is evaluated greedily on 20 held-out episodes.
+Stable-Baselines3 runs only when installed (``pip install stable-baselines3``).
 """
 
 from __future__ import annotations
@@ -13,41 +17,29 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
-import multiprocessing
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 
 from benchmarks.machine import print_machine
-from trainer.config import parse_config
 from trainer.evaluate import load_policy, policy_actions
 from trainer.evaluation import run_episodes, summarize
-from trainer.train import train
 
-STEPS, ENVS, HORIZON, EPOCHS, MINIBATCH, LR = 200_000, 8, 128, 4, 64, 3e-4
-
-
-def ours(seed: int, episodes: int) -> tuple[float, float]:
-    """(wall-clock SPS of the whole run, mean greedy evaluation return)."""
-    with tempfile.TemporaryDirectory() as run_dir:
-        cfg = parse_config(["--env", "CartPole-v1", "--num-envs", str(ENVS), "--num-steps", str(HORIZON),
-                            "--epochs", str(EPOCHS), "--batch-size", str(MINIBATCH), "--total-steps", str(STEPS),
-                            "--lr", str(LR), "--gamma", "0.99", "--gae-lambda", "0.95", "--ent-coef", "0.01",
-                            "--clip-coef", "0.2", "--vf-coef", "0.5", "--max-grad-norm", "0.5",
-                            "--normalize-obs", "false", "--device", "cpu", "--seed", str(seed),
-                            "--run-dir", run_dir])
-        start = time.perf_counter()
-        summary = train(cfg, progress=False)
-        sps = summary["env_steps"] / (time.perf_counter() - start)
-        model, _, _ = load_policy(summary["checkpoint"])
-    act = policy_actions(model, deterministic=True)
-    return sps, summarize(run_episodes(act, functools.partial(gym.make, "CartPole-v1"), episodes, seed))["mean_return"]
+STEPS, ENVS, HORIZON, EPOCHS, MINIBATCH, LR = 200_000, 8, 128, 4, 256, 2.5e-4
+OURS = ["--env", "CartPole-v1", "--num-envs", str(ENVS), "--num-steps", str(HORIZON), "--epochs", str(EPOCHS),
+        "--batch-size", str(MINIBATCH), "--total-steps", str(STEPS), "--lr", str(LR), "--gamma", "0.99",
+        "--gae-lambda", "0.95", "--ent-coef", "0.01", "--clip-coef", "0.2", "--vf-coef", "0.5",
+        "--max-grad-norm", "0.5", "--normalize-obs", "false", "--device", "cpu"]
+VARIANTS = {"alternating": [], "overlap": ["--overlap", "true"]}
 
 
-def sb3(seed: int, episodes: int) -> tuple[float, float]:
+def _sb3_main(seed: int, out: str) -> None:
+    """What the Stable-Baselines3 process runs: train with the same hyperparameters, save."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
     venv = make_vec_env("CartPole-v1", n_envs=ENVS, seed=seed)
@@ -55,45 +47,74 @@ def sb3(seed: int, episodes: int) -> tuple[float, float]:
                 learning_rate=lambda frac: LR * frac, gamma=0.99, gae_lambda=0.95, clip_range=0.2, ent_coef=0.01,
                 vf_coef=0.5, max_grad_norm=0.5, policy_kwargs={"net_arch": [64, 64]}, seed=seed, device="cpu",
                 verbose=0)
-    start = time.perf_counter()
     model.learn(STEPS)
-    sps = STEPS / (time.perf_counter() - start)
+    model.save(out)
+
+
+def timed(argv: list[str]) -> float:
+    """Wall-clock seconds of one fresh process."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, *argv], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def ours(variant: str, seed: int, episodes: int, root: Path) -> tuple[float, float]:
+    """(env steps per second of the whole process, mean greedy evaluation return)."""
+    run_dir = root / f"{variant}-{seed}"
+    seconds = timed(["-m", "trainer.train", *OURS, *VARIANTS[variant], "--seed", str(seed), "--run-dir", str(run_dir)])
+    model, _, _ = load_policy(run_dir)
+    act = policy_actions(model, deterministic=True)
+    return STEPS / seconds, summarize(run_episodes(act, functools.partial(gym.make, "CartPole-v1"), episodes,
+                                                   seed))["mean_return"]
+
+
+def sb3(seed: int, episodes: int, root: Path) -> tuple[float, float]:
+    out = root / f"sb3-{seed}.zip"
+    seconds = timed(["-m", "benchmarks.cartpole_vs_sb3", "--sb3-process", str(seed), str(out)])
+    from stable_baselines3 import PPO
+    model = PPO.load(out, device="cpu")
     act = lambda obs: model.predict(obs, deterministic=True)[0]  # noqa: E731
-    return sps, summarize(run_episodes(act, functools.partial(gym.make, "CartPole-v1"), episodes, seed))["mean_return"]
+    return STEPS / seconds, summarize(run_episodes(act, functools.partial(gym.make, "CartPole-v1"), episodes,
+                                                   seed))["mean_return"]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    p.add_argument("--sb3-seeds", type=int, nargs="*", default=[1], help="seeds for SB3 (its SPS is the yardstick)")
     p.add_argument("--episodes", type=int, default=20)
+    p.add_argument("--variants", nargs="+", default=[*VARIANTS, "sb3"], choices=[*VARIANTS, "sb3"])
+    p.add_argument("--sb3-process", nargs=2, metavar=("SEED", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.sb3_process:
+        _sb3_main(int(args.sb3_process[0]), args.sb3_process[1])
+        return
     print_machine()
-    if importlib.util.find_spec("stable_baselines3") is None:
+    variants = list(args.variants)
+    if "sb3" in variants and importlib.util.find_spec("stable_baselines3") is None:
         print("stable-baselines3 is not installed: pip install stable-baselines3 to compare")
-        args.sb3_seeds = []
-    # interleaved (ours, SB3, ours, SB3, ...) so that slow phases of a shared machine hit both alike
-    jobs = [("parallel-rollouts", ours, s) for s in args.seeds]
-    for i, seed in enumerate(args.sb3_seeds):
-        jobs.insert(2 * i + 1, ("stable-baselines3", sb3, seed))
-    rows = []
-    # each run in a fresh interpreter: neither trainer pays for the other's imports (SB3 loads
-    # ~1,000 more modules, and every garbage collection then has more objects to walk)
-    with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
-        for name, run, seed in jobs:
-            rows.append((name, seed, *pool.apply(run, (seed, args.episodes))))
-            print(f"{name} seed {seed}: {rows[-1][2]:,.0f} SPS, eval return {rows[-1][3]:.1f}", flush=True)
-    print("\n| trainer | seed | SPS | greedy eval return |\n|---|---|---|---|")
-    for name, seed, sps, ret in rows:
-        print(f"| {name} | {seed} | {sps:,.0f} | {ret:.1f} |")
-    ours_rows = [r for r in rows if r[0] == "parallel-rollouts"]
-    passed = sum(r[3] >= 475 for r in ours_rows)
-    print(f"\nparallel-rollouts: {passed}/{len(ours_rows)} seeds with eval return >= 475")
-    sb3_rows = [r for r in rows if r[0] == "stable-baselines3"]
-    if sb3_rows:
-        ratio = statistics.median(r[2] for r in ours_rows) / statistics.median(r[2] for r in sb3_rows)
-        print(f"SPS ratio (median ours / median SB3): {ratio:.2f}x")
-    print(f"eval returns: {np.round([r[3] for r in ours_rows], 1).tolist()}")
+        variants.remove("sb3")
+    rows: dict[str, list[tuple[int, float, float]]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            for v in variants:
+                sps, ret = sb3(seed, args.episodes, Path(tmp)) if v == "sb3" else \
+                    ours(v, seed, args.episodes, Path(tmp))
+                rows[v].append((seed, sps, ret))
+                print(f"{v} seed {seed}: {sps:,.0f} steps/s (whole process), eval return {ret:.1f}", flush=True)
+    print("\n| trainer | seed | steps/s, whole process | greedy eval return |\n|---|---|---|---|")
+    for v, rs in rows.items():
+        for seed, sps, ret in rs:
+            print(f"| {v} | {seed} | {sps:,.0f} | {ret:.1f} |")
+    med = {v: statistics.median(r[1] for r in rs) for v, rs in rows.items()}
+    print()
+    for v, rs in rows.items():
+        spread = f"{min(r[1] for r in rs):,.0f}-{max(r[1] for r in rs):,.0f}"
+        print(f"{v}: median {med[v]:,.0f} steps/s ({spread}); {sum(r[2] >= 475 for r in rs)}/{len(rs)} seeds "
+              f"with eval return >= 475")
+    for a, b in (("overlap", "alternating"), ("overlap", "sb3"), ("alternating", "sb3")):
+        if a in med and b in med:
+            paired = [x[1] / y[1] for x, y in zip(rows[a], rows[b])]
+            print(f"{a} / {b}: {med[a] / med[b]:.2f}x (per seed {min(paired):.2f}-{max(paired):.2f}x)")
 
 
 if __name__ == "__main__":
