@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import numpy as np

@@ -8,15 +8,34 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 Act = Callable[[np.ndarray], np.ndarray]
 _EVAL_STREAM = 0x5EED_E7A1  # spawn key that separates evaluation seeds from training seeds
+_VALIDATION_STREAM = 0x5EED_7A11  # and validation seeds (model selection during training) from both
 
 
 def evaluation_seeds(seed: int, episodes: int) -> list[int]:
     """One env seed per evaluation episode, from a ``SeedSequence`` branch that training never uses."""
-    children = np.random.SeedSequence(seed, spawn_key=(_EVAL_STREAM,)).spawn(episodes)
+    return _branch_seeds(seed, episodes, _EVAL_STREAM)
+
+
+def validation_seeds(seed: int, episodes: int) -> list[int]:
+    """One env seed per validation episode: a branch that neither training nor :func:`evaluation_seeds` uses."""
+    return _branch_seeds(seed, episodes, _VALIDATION_STREAM)
+
+
+def _branch_seeds(seed: int, episodes: int, stream: int) -> list[int]:
+    children = np.random.SeedSequence(seed, spawn_key=(stream,)).spawn(episodes)
     return [int(c.generate_state(1)[0]) for c in children]
+
+
+def policy_actions(model: torch.nn.Module, deterministic: bool) -> Act:
+    """``act(obs [B, *obs]) -> actions`` (NumPy) of a trainer ``ActorCritic``: greedy, or sampled."""
+    def act(obs: np.ndarray) -> np.ndarray:
+        obs_t = torch.from_numpy(obs)
+        return (model.act_deterministic(obs_t) if deterministic else model.act(obs_t)["action"]).numpy()
+    return act
 
 
 def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: int,

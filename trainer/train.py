@@ -34,6 +34,7 @@ from trainer.interrupts import STOP_SIGNALS, Interrupted, StopSignals
 from trainer.layout import Machine, learner_device, run_layout
 from trainer.model import ActorCritic
 from trainer.ppo import NonFiniteLossError, advantages_and_returns, ppo_update, vtrace_targets
+from trainer.validation import Validator
 
 QOE_KEYS = ("quality", "stall_s", "switches")
 
@@ -377,6 +378,7 @@ def _loop(run: Run, collector: RolloutCollector, plan, iterations: int, stop: in
             saved_at = snapshot["iteration"]
         return last_saved
 
+    validator = Validator(cfg, run_dir, run.iteration)  # --eval-every: validation episodes, the best checkpoint
     bar = tqdm(total=stop, initial=run.iteration, disable=not progress, unit="it", dynamic_ncols=True)
     start = (run.env_steps, time.perf_counter())
     try:
@@ -385,6 +387,7 @@ def _loop(run: Run, collector: RolloutCollector, plan, iterations: int, stop: in
                 row = _iteration(run, collector, plan, iterations, start)
                 if row is None:  # a batch too stale to learn from
                     continue
+                row.update(validator.evaluate(run.iteration, run.acting))
                 with signals.critical():  # the iteration is complete once its snapshot and its row exist
                     snapshot = run.snapshot(collector)
                     log.write(json.dumps(row) + "\n")
@@ -395,8 +398,8 @@ def _loop(run: Run, collector: RolloutCollector, plan, iterations: int, stop: in
                             writer.add_scalar(k, v, row["env_steps"])
                 bar.update(1)
                 bar.set_postfix(sps=f"{row['sps']:,.0f}", ret=f"{np.mean(run.recent):.2f}" if run.recent else "-")
-                if run.iteration % cfg.checkpoint_every == 0 or run.iteration == stop:
-                    save()
+                if run.iteration % cfg.checkpoint_every == 0 or run.iteration == stop or validator.improved:
+                    validator.saved(save())
     except BaseException as e:
         signals.stop()  # a signal from here on waits: the snapshot is saved first
         bar.close()
