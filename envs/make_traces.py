@@ -57,7 +57,7 @@ def mahimahi_text(rates: np.ndarray) -> str:
 
 def write_traces(out: str | Path, files: int = 4, seconds: int = 120, mean_mbps: float = 4.0,
                  seed: int = 0) -> list[Path]:
-    """Write ``files`` traces (alternating Pensieve ``*.log`` and Mahimahi ``*.mahi``) to ``out``; returns their paths."""
+    """Write ``files`` traces (alternately Pensieve ``*.log`` and Mahimahi ``*.mahi``) to ``out``; their paths."""
     if files < 1 or seconds < 2 or mean_mbps <= 0:
         raise ValueError(f"files={files}, seconds={seconds}, mean_mbps={mean_mbps}: need files >= 1, seconds >= 2 "
                          "and mean_mbps > 0")

@@ -81,14 +81,14 @@ def best_baseline(results: dict[str, dict[str, Any]], names: list[str]) -> str |
     return max(names, key=lambda n: results[n]["reward_per_step"]) if names else None
 
 
-def checkpoint_label(given: str | Path, source: Path) -> str:
+def checkpoint_label(given: str | Path, source: Path, pick: str) -> str:
     """Which checkpoint ``source`` is for the path the user gave: the run's best or latest, or that file."""
     if Path(given).is_file():
         return "the checkpoint file"
     best = checkpoints.best_checkpoint(given)
-    if best is not None and best.resolve() == source.resolve():
+    if pick == "best" and best is not None and best.resolve() == source.resolve():
         return "the best checkpoint (validation)"
-    return "the latest checkpoint"
+    return "the latest checkpoint" + (" (the run has no best checkpoint)" if pick == "best" else "")
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {e}") from None
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
     label = f"policy ({'greedy' if args.deterministic else 'stochastic'})"
-    which = checkpoint_label(args.checkpoint, source)
+    which = checkpoint_label(args.checkpoint, source, args.pick)
     print(f"loaded {which}: {source}", file=sys.stderr)
     played = {label: run_episodes(policy_actions(model, args.deterministic), env_fn, args.episodes, args.seed)}
     for name in names:
