@@ -21,7 +21,7 @@ from trainer.evaluation import run_episodes, summarize
 
 GRIDS = {
     "robust_mpc": {"share": [1.0, 1.15, 1.3, 1.5]},
-    "bola": {"low_s": [0.5, 1.0, 1.5], "high_s": [2.0, 2.5, 3.0, 3.5]},
+    "bola": {"low_s": [0.5, 1.0, 1.5], "high_s": [2.5, 3.0, 3.5, 4.0]},
     "fair_share": {"safety": [1.0, 1.15, 1.3, 1.5], "low_buffer_s": [0.5, 1.0]},
 }
 
