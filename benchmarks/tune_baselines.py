@@ -20,7 +20,7 @@ from collectors.seeding import env_seeds
 from trainer.evaluation import run_episodes, summarize
 
 GRIDS = {
-    "robust_mpc": {"share": [1.0, 1.15, 1.3, 1.5]},
+    "robust_mpc": {"share": [0.7, 0.85, 1.0, 1.15, 1.3]},
     "bola": {"low_s": [0.5, 1.0, 1.5], "high_s": [2.5, 3.0, 3.5, 4.0]},
     "fair_share": {"safety": [1.0, 1.15, 1.3, 1.5], "low_buffer_s": [0.5, 1.0]},
 }

@@ -61,9 +61,15 @@ def test_training_with_eval_every_logs_validation_and_evaluate_loads_the_best(tm
     info = checkpoints.best_info(run)
     assert info["iteration"] == best_row["iteration"] and info["val_reward_per_step"] == best_row["val_reward_per_step"]
     assert checkpoints.best_checkpoint(run).is_file()  # kept although --keep-checkpoints 1
-    evaluate(["--checkpoint", str(run), "--episodes", "2", "--baselines", "fair_share", "--reference", "none"])
-    err = capsys.readouterr().err
+    evaluate(["--checkpoint", str(run), "--episodes", "2", "--baselines", "fair_share,bola"])
+    out, err = capsys.readouterr()
     assert f"loaded the best checkpoint (validation): {checkpoints.best_checkpoint(run)}" in err
+    payload = json.loads((run / "evaluation.json").read_text())
+    assert payload["checkpoint_kind"] == "the best checkpoint (validation)"
+    reference, best = payload["reference"]["clairvoyant"], payload["best_baseline"]
+    assert best in ("fair_share", "bola") and "qoe_lin" in reference and 0 < reference["fairness"] <= 1
+    gap = reference["reward_per_step"] - payload["baselines"][best]["reward_per_step"]
+    assert payload["gap_closed"]["gap"] == pytest.approx(gap) and "gap closed" in out and "clairvoyant" in out
     evaluate(["--checkpoint", str(run), "--episodes", "2", "--baselines", "none", "--reference", "none",
               "--pick", "latest"])
     assert "loaded the latest checkpoint" in capsys.readouterr().err
