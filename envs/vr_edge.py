@@ -86,8 +86,10 @@ class VREdgeConfig:
         need(isinstance(self.capacity_trace, str), "capacity_trace", "a path (str) to a trace file or directory")
         need(self.trace_split in TRACE_SPLITS, "trace_split", " or ".join(TRACE_SPLITS))
         need(self.trace_scale >= 0, "trace_scale", ">= 0 (0: scale each trace to mean nominal capacity)")
-        need(not (self.trace_split != "all" or self.trace_scale) or bool(self.capacity_trace), "trace_split",
-             "'all' with trace_scale 0 unless capacity_trace is given (they only apply to a trace)")
+        need(self.trace_split == "all" or bool(self.capacity_trace), "trace_split",
+             "'all' unless capacity_trace is given (the split applies to trace files)")
+        need(not self.trace_scale or bool(self.capacity_trace), "trace_scale",
+             "0 unless capacity_trace is given (the scale applies to a trace)")
         ladder_arr = np.asarray(ladder, dtype=np.float64)
         object.__setattr__(self, "bitrates_mbps", ladder)
         object.__setattr__(self, "_ladder", ladder_arr)

@@ -48,7 +48,9 @@ class Validator:
         self.env_fn = functools.partial(gym.make, cfg.env)
         self.baseline, self.baseline_records = None, None
         if cfg.env == "VREdge-v0":
-            config = self.env_fn().unwrapped.config
+            env = self.env_fn()
+            config = env.unwrapped.config
+            env.close()
             played = {name: self._play(envs.make_baseline(name, config)) for name in envs.BASELINES}
             self.baseline = max(played, key=lambda n: summarize(played[n])["reward_per_step"])
             self.baseline_records = played[self.baseline]
