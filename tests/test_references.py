@@ -44,7 +44,7 @@ def test_robust_mpc_policy_plays_mpc_on_each_users_share_of_the_robust_capacity(
     channel = 0.25 + 0.75 / (1 + np.exp(-state["channel_logit"]))
     rate = 1.3 * (4 / (1 / 3 + 1 / 6 + 1 / 6 + 1 / 12) / 1.625) * channel / 3  # share 1.3 of the equal airtime
     expected = mpc_levels(env.config, state["buffer"], state["level"], rate, horizon=5)
-    np.testing.assert_array_equal(envs.make_baseline("robust_mpc", env.config)(obs), expected)
+    np.testing.assert_array_equal(envs.make_baseline("robust_mpc", env.config, share=1.3)(obs), expected)
 
 
 def test_bola_parameters_and_decisions_hand_computed():
