@@ -1,4 +1,4 @@
-"""Persistence: atomic checksummed checkpoint files, safe loading, retention, a ``latest`` pointer, run-dir locks.
+"""Persistence: atomic checksummed checkpoints, safe loading, retention, `latest` and `best` pointers, run-dir locks.
 
 Knows nothing of what it stores: any nest of dicts, lists, tuples, tensors, NumPy
 arrays and plain Python values.
@@ -7,13 +7,17 @@ arrays and plain Python values.
 from checkpoints.run_dir import (
     RunDirLock,
     RunDirLockedError,
+    best_checkpoint,
+    best_info,
     checkpoint_files,
     latest_loadable,
     run_dir_of,
     save_in_run_dir,
     set_aside_newer,
+    set_best,
 )
 from checkpoints.store import FORMAT_VERSION, CheckpointError, load, save
 
-__all__ = ["FORMAT_VERSION", "CheckpointError", "RunDirLock", "RunDirLockedError", "checkpoint_files",
-           "latest_loadable", "load", "run_dir_of", "save", "save_in_run_dir", "set_aside_newer"]
+__all__ = ["FORMAT_VERSION", "CheckpointError", "RunDirLock", "RunDirLockedError", "best_checkpoint", "best_info",
+           "checkpoint_files", "latest_loadable", "load", "run_dir_of", "save", "save_in_run_dir", "set_aside_newer",
+           "set_best"]

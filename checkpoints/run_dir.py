@@ -16,20 +16,53 @@ from checkpoints.store import CheckpointError, load, save
 
 _NAME = re.compile(r"ckpt_(\d+)\.pt$")
 LATEST = "latest"
+BEST = "best"
 LOCK = "lock"
 
 
-def _write_pointer(directory: Path, name: str) -> None:
-    tmp = directory / f".{LATEST}.tmp"
+def _write_pointer(directory: Path, text: str, pointer: str = LATEST) -> None:
+    tmp = directory / f".{pointer}.tmp"
     try:
         with open(tmp, "w") as f:
-            f.write(name + "\n")
+            f.write(text + "\n")
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, directory / LATEST)
+        os.replace(tmp, directory / pointer)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"cannot write {directory / LATEST}: {e.strerror or e}") from None
+        raise CheckpointError(f"cannot write {directory / pointer}: {e.strerror or e}") from None
+
+
+def set_best(run_dir: str | os.PathLike, checkpoint: Path, info: dict[str, Any]) -> None:
+    """Point ``best`` (next to ``latest``) at ``checkpoint``, with ``info`` (JSON-serialisable: what made it best).
+
+    Retention never deletes the file ``best`` names.
+    """
+    directory = Path(run_dir) / "checkpoints"
+    _write_pointer(directory, json.dumps({"file": Path(checkpoint).name, **info}), BEST)
+
+
+def best_info(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """What the ``best`` pointer holds (``file`` and the info given to :func:`set_best`), or ``None`` when
+    the run has no best checkpoint (no pointer, an unreadable one, or its file is gone)."""
+    path = Path(run_dir)
+    directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    try:
+        info = json.loads((directory / BEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or not isinstance(info.get("file"), str) or not (directory / info["file"]).is_file():
+        return None
+    return info
+
+
+def best_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The file the ``best`` pointer of a run directory names, or ``None`` (see :func:`best_info`)."""
+    info = best_info(run_dir)
+    if info is None:
+        return None
+    path = Path(run_dir)
+    return (path / "checkpoints" if (path / "checkpoints").is_dir() else path) / info["file"]
 
 
 def save_in_run_dir(run_dir: str | os.PathLike, state: dict[str, Any], iteration: int, keep: int) -> Path:
@@ -43,8 +76,10 @@ def save_in_run_dir(run_dir: str | os.PathLike, state: dict[str, Any], iteration
     directory = Path(run_dir) / "checkpoints"
     path = save(directory / f"ckpt_{iteration:08d}.pt", state)
     _write_pointer(directory, path.name)
+    best = best_checkpoint(run_dir)
     for old in checkpoint_files(run_dir)[keep:]:
-        old.unlink(missing_ok=True)
+        if old != best:
+            old.unlink(missing_ok=True)
     return path
 
 
@@ -69,17 +104,21 @@ def run_dir_of(checkpoint: str | os.PathLike) -> Path:
 
 
 def set_aside_newer(run_dir: str | os.PathLike, iteration: int) -> list[Path]:
-    """Rename checkpoints newer than ``iteration`` to ``*.pt.orphaned``; returns the new names.
+    """Rename checkpoints newer than ``iteration`` to ``*.pt.orphaned`` (and drop a ``best`` pointer to one);
+    returns the new names.
 
     Resuming from an older checkpoint (or past a corrupted newer one) starts a new future:
     the newer files would otherwise win retention and the ``latest`` order over it.
     """
     moved = []
+    best = best_checkpoint(run_dir)
     for f in checkpoint_files(run_dir):
         if checkpoint_iteration(f) > iteration:
             target = f.with_name(f.name + ".orphaned")
             os.replace(f, target)
             moved.append(target)
+    if best is not None and checkpoint_iteration(best) > iteration:  # a best from the abandoned future
+        (best.parent / BEST).unlink(missing_ok=True)
     return moved
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from envs.vr_edge import VREdgeConfig, decode_observation
 
 Baseline = Callable[[np.ndarray], np.ndarray]
+_TIE = 1e-9  # QoE differences below this are rounding: such plans tie
 
 
 def _highest_level_below(cfg: VREdgeConfig, rate_mbps: np.ndarray) -> np.ndarray:
@@ -71,12 +72,117 @@ def fair_share_policy(cfg: VREdgeConfig, safety: float = 1.3, low_buffer_s: floa
     return act
 
 
+def robust_capacity(cap_history: np.ndarray) -> np.ndarray:
+    """robustMPC's throughput prediction ``[B]`` from capacity samples ``[B, n]`` (oldest first).
+
+    The harmonic mean of the samples, divided by ``1 +`` the largest relative error the same
+    predictor made on the window's own samples: sample ``j >= 1`` predicted by the harmonic mean
+    of the samples before it, error ``|prediction - sample| / sample``.
+    """
+    h = np.asarray(cap_history, dtype=np.float64)
+    inv_cumsum = np.cumsum(1.0 / h, axis=1)
+    harmonic = np.arange(1, h.shape[1] + 1) / inv_cumsum  # [B, n]: harmonic mean of samples 0..j
+    errors = np.abs(harmonic[:, :-1] - h[:, 1:]) / h[:, 1:]
+    worst = errors.max(axis=1) if h.shape[1] > 1 else np.zeros(len(h))
+    return harmonic[:, -1] / (1.0 + worst)
+
+
+def mpc_levels(cfg: VREdgeConfig, buffer: np.ndarray, last_level: np.ndarray, rate_mbps: np.ndarray,
+               horizon: int) -> np.ndarray:
+    """First level of the best plan ``[...]`` for each user, given their buffers, last levels and a
+    predicted download rate held for ``horizon`` segments.
+
+    Every plan of ``horizon`` levels is scored with the env's QoE (quality, stall, quality
+    change) on the env's buffer model; the plans are grown one segment at a time, so a
+    prefix's buffer is computed once for all its continuations.
+    """
+    shape, levels = np.shape(buffer), cfg.num_levels
+    buf = np.reshape(buffer, (-1, 1)).astype(np.float64)  # [N, prefixes]
+    prev = np.reshape(last_level, (-1, 1))
+    value = np.zeros(buf.shape)
+    download = cfg._ladder * cfg.segment_s / np.reshape(rate_mbps, (-1, 1, 1))  # [N, 1, L]
+    q = cfg._quality
+    for h in range(horizon):
+        stall = np.maximum(download - buf[..., None], 0.0)  # [N, prefixes, L]
+        gain = cfg.quality_weight * q - cfg.switch_weight * np.abs(q - q[prev][..., None])
+        value = (value[..., None] + gain - cfg.stall_weight * stall).reshape(len(buf), -1)
+        if h + 1 < horizon:
+            buf = np.minimum(np.maximum(buf[..., None] - download, 0.0) + cfg.segment_s,
+                             cfg.max_buffer_s).reshape(len(buf), -1)
+            prev = np.broadcast_to(np.arange(levels), stall.shape).reshape(len(buf), -1)
+    # plans are numbered first level first; ties (equal QoE up to rounding) go to the lowest plan
+    best = np.argmax(value >= value.max(axis=1, keepdims=True) - _TIE, axis=1)
+    first = best // levels ** (horizon - 1)
+    return first.reshape(shape)
+
+
+def robust_mpc_policy(cfg: VREdgeConfig, share: float = 0.85, horizon: int = 5) -> Baseline:
+    """robustMPC (Yin et al., SIGCOMM 2015), one controller per user over a shared cell.
+
+    The cell's capacity is predicted robustly (:func:`robust_capacity` over the capacity
+    history the observation holds); each user expects ``share`` times its equal airtime share
+    of it, ``share * C_pred * channel_u / U`` Mbit/s, for the next ``horizon`` segments and
+    plays the first level of the plan that maximises the env's QoE (:func:`mpc_levels`).
+    ``share`` (tuned on training seeds) scales that expectation.
+    """
+    def act(obs: np.ndarray) -> np.ndarray:
+        f = decode_observation(cfg, obs)
+        rate = share * robust_capacity(f["cap_history"])[:, None] * f["channel"] / cfg.num_users
+        return mpc_levels(cfg, f["buffer"], f["last_level"], rate, horizon)
+    return act
+
+
+def bola_parameters(cfg: VREdgeConfig, low_s: float, high_s: float) -> tuple[float, float]:
+    """BOLA's ``(V, gamma_p)`` from the ladder and two buffer levels: the lowest level is left above
+    ``low_s`` seconds of buffer and the top level reached at ``high_s``.
+
+    With utilities ``v_m = ln(S_m / S_0)`` and segment sizes ``S_m``, BOLA prefers level ``b``
+    over ``a < b`` once the buffer exceeds ``V * (gamma_p + c_ab)``, where
+    ``c_ab = (v_a S_b - v_b S_a) / (S_b - S_a)``; pinning the first and the last of these
+    thresholds to ``low_s`` and ``high_s`` gives ``V`` and ``gamma_p``.
+    """
+    if cfg.num_levels < 2:
+        raise ValueError("BOLA needs a ladder of at least 2 bitrates")
+    if not 0 <= low_s < high_s:
+        raise ValueError(f"BOLA buffer levels low_s={low_s} and high_s={high_s} are invalid: need 0 <= low_s < high_s")
+    size = cfg._ladder * cfg.segment_s
+    utility = np.log(size / size[0])
+
+    def c(a: int, b: int) -> float:
+        return float((utility[a] * size[b] - utility[b] * size[a]) / (size[b] - size[a]))
+
+    first, last = c(0, 1), c(cfg.num_levels - 2, cfg.num_levels - 1)
+    v = (high_s - low_s) / (last - first)
+    return v, low_s / v - first
+
+
+def bola_policy(cfg: VREdgeConfig, low_s: float = 1.0, high_s: float = 3.5) -> Baseline:
+    """BOLA-BASIC (Spiteri et al., INFOCOM 2016), one controller per user.
+
+    Each user picks the level maximising ``(V (v_m + gamma_p) - Q) / S_m`` for its own buffer
+    ``Q`` (seconds), with ``V`` and ``gamma_p`` from :func:`bola_parameters`. Buffer-based, it
+    needs no throughput estimate: the cell's sharing reaches each user only through its
+    buffer. ``low_s`` and ``high_s`` were tuned on training seeds.
+    """
+    v, gamma = bola_parameters(cfg, low_s, high_s)
+    size = cfg._ladder * cfg.segment_s
+    utility = np.log(size / size[0])
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        buffer = decode_observation(cfg, obs)["buffer"]
+        score = (v * (utility + gamma) - buffer[..., None]) / size  # [B, U, L]
+        return np.argmax(score, axis=-1)
+    return act
+
+
 BASELINES: dict[str, Callable[..., Baseline]] = {
     "random": random_policy,
     "lowest": lowest_policy,
     "throughput": throughput_policy,
     "buffer": buffer_policy,
     "fair_share": fair_share_policy,
+    "robust_mpc": robust_mpc_policy,
+    "bola": bola_policy,
 }
 
 

@@ -17,11 +17,13 @@ import gymnasium as gym
 import numpy as np
 
 from envs import rng
+from envs.traces import TRACE_SPLITS, TraceSet, load_traces
 
 REGIMES = ("good", "fair", "poor")
 USER_FEATURES = ("buffer", "last_level", "throughput", "download_time", "stall", "cum_stall", "channel")
 _OBS_HIGH = 10.0
 _THROUGHPUT_EWMA = 0.5
+QOE_LIN_REBUFFER_PENALTY = 4.3  # QoE_lin (Pensieve and successors): Mbps - 4.3 x rebuffer s - |change| Mbps
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,13 @@ class VREdgeConfig:
     max_steps: int = 300
     history: int = 4
     step_cost_us: float = 0.0
+    capacity_trace: str = ""
+    trace_split: str = "all"
+    trace_scale: float = 0.0
     _ladder: np.ndarray = field(init=False, repr=False, compare=False)
     _quality: np.ndarray = field(init=False, repr=False, compare=False)
     _regime_mult: np.ndarray = field(init=False, repr=False, compare=False)
+    _traces: TraceSet | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, allowed: str) -> None:
@@ -77,6 +83,13 @@ class VREdgeConfig:
             need(getattr(self, name) >= 0, name, ">= 0 (weights and costs cannot be negative)")
         need(_is_int(self.max_steps) and self.max_steps >= 1, "max_steps", "an integer >= 1")
         need(_is_int(self.history) and self.history >= 1, "history", "an integer >= 1")
+        need(isinstance(self.capacity_trace, str), "capacity_trace", "a path (str) to a trace file or directory")
+        need(self.trace_split in TRACE_SPLITS, "trace_split", " or ".join(TRACE_SPLITS))
+        need(self.trace_scale >= 0, "trace_scale", ">= 0 (0: scale each trace to mean nominal capacity)")
+        need(self.trace_split == "all" or bool(self.capacity_trace), "trace_split",
+             "'all' unless capacity_trace is given (the split applies to trace files)")
+        need(not self.trace_scale or bool(self.capacity_trace), "trace_scale",
+             "0 unless capacity_trace is given (the scale applies to a trace)")
         ladder_arr = np.asarray(ladder, dtype=np.float64)
         object.__setattr__(self, "bitrates_mbps", ladder)
         object.__setattr__(self, "_ladder", ladder_arr)
@@ -85,6 +98,9 @@ class VREdgeConfig:
         span = math.log(ladder[-1] / ladder[0]) if len(ladder) > 1 else 1.0
         object.__setattr__(self, "_quality", np.log(ladder_arr / ladder[0]) / span if len(ladder) > 1
                            else np.ones(1))
+        traces = (load_traces(self.capacity_trace, self.segment_s, self.trace_split,
+                              self.trace_scale or None, self.nominal_capacity_mbps) if self.capacity_trace else None)
+        object.__setattr__(self, "_traces", traces)
 
     @property
     def num_levels(self) -> int:
@@ -150,6 +166,11 @@ def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> 
     fade = np.zeros(b, dtype=bool)
     logit = cfg.channel_std * rng.normals(u[:, 5:5 + n_users], u[:, 5 + n_users:])
     cap = _capacity(cfg, regime, noise, fade)
+    trace_keys = {}
+    if cfg._traces is not None:  # draws 1 and 4 are free at reset: the trace file and its start window
+        trace, pos = cfg._traces.start(u[:, 1], u[:, 4])
+        cap = cfg._traces.capacity(trace, pos)
+        trace_keys = {"trace": trace, "trace_pos": pos}
     return {
         "key": keys.copy(),
         "counter": counters + np.uint64(1),
@@ -168,6 +189,7 @@ def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> 
         "ep_quality": np.zeros(b),
         "ep_stall": np.zeros(b),
         "ep_switches": np.zeros(b),
+        **trace_keys,
     }
 
 
@@ -207,19 +229,18 @@ def decode_observation(cfg: VREdgeConfig, obs: np.ndarray) -> dict[str, np.ndarr
 
 
 def processor_sharing_times(work: np.ndarray) -> np.ndarray:
-    """Finish times ``[B, U]`` when users share the cell's airtime equally while active.
+    """Finish times ``[..., U]`` when users share the cell's airtime equally while active.
 
-    ``work[b, u]`` is the time user ``u`` would need with the whole cell. A user who
+    ``work[..., u]`` is the time user ``u`` would need with the whole cell. A user who
     finishes frees their share for the others (work-conserving, max-min fair).
     The k-th finisher (ascending work) ends at ``sum(work[<k]) + (U - k) * work[k]``.
     """
-    order = np.argsort(work, axis=1, kind="stable")
-    rows = np.arange(work.shape[0])[:, None]
-    w = work[rows, order]
-    n = work.shape[1]
-    finish_sorted = np.cumsum(w, axis=1) + (n - 1 - np.arange(n)) * w  # cumsum includes w itself
+    order = np.argsort(work, axis=-1, kind="stable")
+    w = np.take_along_axis(work, order, axis=-1)
+    n = work.shape[-1]
+    finish_sorted = np.cumsum(w, axis=-1) + (n - 1 - np.arange(n)) * w  # cumsum includes w itself
     finish = np.empty_like(work)
-    finish[rows, order] = finish_sorted
+    np.put_along_axis(finish, order, finish_sorted, axis=-1)
     return finish
 
 
@@ -239,25 +260,22 @@ def step_state(cfg: VREdgeConfig, s: dict[str, np.ndarray], actions: np.ndarray)
         u[:, 2], u[:, 3])
     fade = np.where(s["fade"], u[:, 4] >= cfg.fade_end_prob, u[:, 4] < cfg.fade_prob)
     capacity = _capacity(cfg, regime, noise, fade)
+    trace_keys = {}
+    if cfg._traces is not None:  # a recorded trace replaces the synthetic capacity; the draws stay the same
+        trace_keys = {"trace": s["trace"], "trace_pos": cfg._traces.next_position(s["trace"], s["trace_pos"])}
+        capacity = cfg._traces.capacity(s["trace"], trace_keys["trace_pos"])
     logit = cfg.channel_corr * s["channel_logit"] + math.sqrt(1 - cfg.channel_corr**2) * cfg.channel_std * (
         rng.normals(u[:, 5:5 + n_users], u[:, 5 + n_users:]))
     channel = _channel_quality(logit)
 
-    # downloads: each user fetches one segment at its chosen bitrate
-    bitrate = cfg._ladder[actions]
-    work = bitrate * cfg.segment_s / (capacity[:, None] * channel)
-    dl_time = processor_sharing_times(work)
-    stall = np.maximum(dl_time - s["buffer"], 0.0)
-    buffer = np.maximum(s["buffer"] - dl_time, 0.0) + cfg.segment_s
-    buffer = np.minimum(buffer, cfg.max_buffer_s)  # a full buffer waits before the next request
-    throughput = _THROUGHPUT_EWMA * s["throughput"] + (1 - _THROUGHPUT_EWMA) * bitrate / dl_time
-
-    quality = cfg._quality[actions]
-    quality_change = np.abs(quality - cfg._quality[s["level"]])
+    r = download_round(cfg, s["buffer"], s["level"], capacity, channel, actions)
+    dl_time, stall, quality = r["download_time"], r["stall_s"], r["quality"]
+    throughput = _THROUGHPUT_EWMA * s["throughput"] + (1 - _THROUGHPUT_EWMA) * r["bitrate_mbps"] / dl_time
     switched = (actions != s["level"]).astype(np.float64)
     inv_users = 1.0 / n_users
-    reward = (cfg.quality_weight * quality - cfg.stall_weight * stall - cfg.switch_weight * quality_change).sum(
-        axis=1) * inv_users
+    reward = r["user_reward"].sum(axis=1) * inv_users
+    prev_bitrate = cfg._ladder[s["level"]]
+    qoe_lin = r["bitrate_mbps"] - QOE_LIN_REBUFFER_PENALTY * stall - np.abs(r["bitrate_mbps"] - prev_bitrate)
 
     cum_stall = s["cum_stall"] + stall
     t = s["t"] + 1
@@ -271,7 +289,7 @@ def step_state(cfg: VREdgeConfig, s: dict[str, np.ndarray], actions: np.ndarray)
         "noise": noise,
         "fade": fade,
         "channel_logit": logit,
-        "buffer": buffer,
+        "buffer": r["buffer"],
         "level": actions.astype(np.int64),
         "throughput": throughput,
         "download_time": dl_time,
@@ -281,9 +299,33 @@ def step_state(cfg: VREdgeConfig, s: dict[str, np.ndarray], actions: np.ndarray)
         "ep_quality": s["ep_quality"] + quality.sum(axis=1) * inv_users,
         "ep_stall": s["ep_stall"] + stall.sum(axis=1) * inv_users,
         "ep_switches": s["ep_switches"] + switched.sum(axis=1) * inv_users,
+        **trace_keys,
     }
-    parts = {"quality": quality, "stall_s": stall, "switches": switched, "capacity_mbps": capacity}
+    parts = {"quality": quality, "stall_s": stall, "switches": switched, "capacity_mbps": capacity,
+             "bitrate_mbps": r["bitrate_mbps"], "qoe_lin": qoe_lin}
     return new, reward, terminated, truncated, parts
+
+
+def download_round(cfg: VREdgeConfig, buffer: np.ndarray, level: np.ndarray, capacity: np.ndarray,
+                   channel: np.ndarray, actions: np.ndarray) -> dict[str, np.ndarray]:
+    """One segment round for every user, given the round's cell ``capacity`` and ``channel`` qualities.
+
+    Shapes: ``buffer``, ``level`` (previous levels), ``channel`` and ``actions`` are ``[..., U]``,
+    ``capacity`` is ``[...]``; any leading axes (a planner adds candidate plans). Returns
+    ``[..., U]`` arrays ``bitrate_mbps``, ``download_time``, ``stall_s``, ``buffer`` (after the
+    round), ``quality`` and ``user_reward`` (each user's term of the reward).
+    """
+    bitrate = cfg._ladder[actions]
+    work = bitrate * cfg.segment_s / (capacity[..., None] * channel)
+    dl_time = processor_sharing_times(work)
+    stall = np.maximum(dl_time - buffer, 0.0)
+    new_buffer = np.maximum(buffer - dl_time, 0.0) + cfg.segment_s
+    new_buffer = np.minimum(new_buffer, cfg.max_buffer_s)  # a full buffer waits before the next request
+    quality = cfg._quality[actions]
+    quality_change = np.abs(quality - cfg._quality[level])
+    user_reward = cfg.quality_weight * quality - cfg.stall_weight * stall - cfg.switch_weight * quality_change
+    return {"bitrate_mbps": bitrate, "download_time": dl_time, "stall_s": stall, "buffer": new_buffer,
+            "quality": quality, "user_reward": user_reward}
 
 
 def episode_metrics(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -334,7 +376,7 @@ class SyntheticVREdgeEnv(gym.Env):
         ((33,), MultiDiscrete([6 6 6 6]))
         >>> obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
         >>> sorted(info)
-        ['capacity_mbps', 'quality', 'stall_s', 'switches']
+        ['bitrate_mbps', 'capacity_mbps', 'qoe_lin', 'quality', 'stall_s', 'switches']
 
     Shapes: observation ``[7 * num_users + history + 1]`` float32 (see ``USER_FEATURES``),
     action ``[num_users]`` int levels, ``info`` components ``[num_users]``. When an

@@ -5,7 +5,8 @@ import importlib
 
 import pytest
 
-MODULES = ["envs.vr_edge", "envs.vector", "envs.baselines", "collectors.collector", "collectors.resources",
+MODULES = ["envs.vr_edge", "envs.vector", "envs.baselines", "envs.planner", "envs.traces", "trainer.validation",
+           "collectors.collector", "collectors.resources",
            "trainer.model", "trainer.flat_params", "trainer.layout", "trainer.export"]
 
 

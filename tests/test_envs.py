@@ -170,7 +170,7 @@ def test_baselines_produce_valid_batched_actions(name):
 def test_tuned_baselines_beat_the_trivial_ones():
     venv = envs.VREdgeVectorEnv(64, seed=0)
     scores = {}
-    for name in envs.BASELINES:
+    for name in [n for n in envs.BASELINES if n != "robust_mpc"]:  # (robust_mpc: in the slow planner test)
         obs, _ = venv.reset(seed=123)
         policy = envs.make_baseline(name, venv.config)
         total = 0.0
@@ -178,7 +178,7 @@ def test_tuned_baselines_beat_the_trivial_ones():
             obs, r, *_ = venv.step(policy(obs))
             total += r.mean()
         scores[name] = total / 300
-    for smart in ("throughput", "buffer", "fair_share"):
+    for smart in ("throughput", "buffer", "fair_share", "bola"):
         assert scores[smart] > max(scores["lowest"], scores["random"]) + 0.3, scores
 
 

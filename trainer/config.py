@@ -58,6 +58,8 @@ class TrainConfig:
     rho_bar: float = 1.0
     c_bar: float = 1.0
     checkpoint_every: int = 10
+    eval_every: int = 0
+    eval_episodes: int = 16
     keep_checkpoints: int = 3
     config: str = ""
 
@@ -98,6 +100,10 @@ class TrainConfig:
         "c_bar": "V-trace trace-cutting clip",
         "checkpoint_every": "save a checkpoint every this many iterations (and at the end)",
         "keep_checkpoints": "how many checkpoint files to keep in <run-dir>/checkpoints",
+        "eval_every": "every this many iterations, play the greedy policy on held-out validation episodes, log it "
+                      "(VR-edge: paired against the best baseline) and point <run-dir>/checkpoints/best at the best "
+                      "(0: off)",
+        "eval_episodes": "validation episodes for --eval-every (seeds disjoint from training and trainer.evaluate)",
         "config": "TOML file with any of these keys (flags override it)",
     }
 
@@ -120,7 +126,9 @@ class TrainConfig:
         need(self.rho_bar > 0 and self.c_bar > 0, "rho_bar", "rho_bar and c_bar must be > 0")
         need(self.cpus_per_worker > 0, "cpus_per_worker", "must be > 0")
         need(self.envs_per_worker >= 0, "envs_per_worker", "must be >= 0 (0: split evenly)")
-        for name in ("num_envs", "num_steps", "total_steps", "epochs", "checkpoint_every", "keep_checkpoints"):
+        need(self.eval_every >= 0, "eval_every", "must be >= 0 (0: off)")
+        for name in ("num_envs", "num_steps", "total_steps", "epochs", "checkpoint_every", "keep_checkpoints",
+                     "eval_episodes"):
             need(getattr(self, name) >= 1, name, "must be >= 1")
         need(self.lr > 0, "lr", "must be > 0")
         need(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
@@ -172,7 +180,7 @@ def _bool(text: str) -> bool:
 
 # keys a resumed run may change; every other key must match the checkpoint's config
 RESUMABLE_CHANGES = {"total_steps", "device", "num_workers", "threads", "tensorboard", "checkpoint_every",
-                     "keep_checkpoints", "config", "ray_address", "cpus_per_worker"}
+                     "keep_checkpoints", "config", "ray_address", "cpus_per_worker", "eval_every", "eval_episodes"}
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 

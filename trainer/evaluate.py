@@ -1,7 +1,11 @@
 """Evaluate a trained policy against the heuristic baselines on held-out seeds.
 
-    python -m trainer.evaluate --checkpoint RUN_DIR_OR_FILE [--episodes 50] [--seed S]
-                               [--deterministic | --stochastic] [--baselines all] [--json]
+    python -m trainer.evaluate --checkpoint RUN_DIR_OR_FILE [--episodes 50] [--seed S] [--pick best|latest]
+                               [--deterministic | --stochastic] [--baselines all] [--reference clairvoyant]
+                               [--capacity-trace PATH] [--json]
+
+A run directory's checkpoint is its ``best`` (highest validation score, from --eval-every)
+when it has one, else its newest loadable one; the command says which it loaded.
 """
 
 from __future__ import annotations
@@ -16,22 +20,27 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
-import torch
 
 import checkpoints
 import envs
+from envs.planner import ClairvoyantPlanner
 from trainer.config import TrainConfig
-from trainer.evaluation import paired_difference, run_episodes, summarize
+from trainer.evaluation import gap_closed, paired_difference, policy_actions, run_episodes, summarize
 from trainer.model import ActorCritic
 from trainer.run import make_model
 
 COLUMNS = (("mean_return", "return"), ("reward_per_step", "reward/step"), ("quality", "quality"),
-           ("stall_s", "stall s/step"), ("switches", "switches/step"))
+           ("stall_s", "stall s/step"), ("switches", "switches/step"), ("qoe_lin", "QoE_lin/user"),
+           ("fairness", "Jain fairness"))
+REFERENCE = "clairvoyant"
 
 
-def load_policy(path: str | Path) -> tuple[ActorCritic, TrainConfig, Path]:
-    """The policy of a checkpoint (or of a run directory's newest loadable checkpoint), on the CPU, frozen."""
+def load_policy(path: str | Path, pick: str = "latest") -> tuple[ActorCritic, TrainConfig, Path]:
+    """The policy of a checkpoint file, or of a run directory's ``pick`` (``best``: the ``best`` pointer
+    when there is one, else the newest loadable checkpoint; ``latest``: the newest loadable), on the CPU, frozen."""
+    best = checkpoints.best_checkpoint(path) if pick == "best" and Path(path).is_dir() else None
+    if best is not None:
+        path = best
     source, state, problems = checkpoints.latest_loadable(path)
     for p in problems:
         print(f"skipped {p}", file=sys.stderr)
@@ -56,13 +65,6 @@ def policy_from_state(state: dict[str, Any], source: Path) -> tuple[ActorCritic,
     return model.eval(), cfg
 
 
-def policy_actions(model: ActorCritic, deterministic: bool):
-    def act(obs: np.ndarray) -> np.ndarray:
-        obs_t = torch.from_numpy(obs)
-        return (model.act_deterministic(obs_t) if deterministic else model.act(obs_t)["action"]).numpy()
-    return act
-
-
 def baseline_names(spec: str, env_id: str) -> list[str]:
     if spec in ("", "none"):
         return []
@@ -72,6 +74,21 @@ def baseline_names(spec: str, env_id: str) -> list[str]:
         raise ValueError(f"unknown baseline(s) {', '.join(unknown)}; expected 'all', 'none' or names from "
                          f"{', '.join(envs.BASELINES)}")
     return names if env_id == "VREdge-v0" else []
+
+
+def best_baseline(results: dict[str, dict[str, Any]], names: list[str]) -> str | None:
+    """The baseline with the highest mean reward per step (``None`` without baselines)."""
+    return max(names, key=lambda n: results[n]["reward_per_step"]) if names else None
+
+
+def checkpoint_label(given: str | Path, source: Path, pick: str) -> str:
+    """Which checkpoint ``source`` is for the path the user gave: the run's best or latest, or that file."""
+    if Path(given).is_file():
+        return "the checkpoint file"
+    best = checkpoints.best_checkpoint(given)
+    if pick == "best" and best is not None and best.resolve() == source.resolve():
+        return "the best checkpoint (validation)"
+    return "the latest checkpoint" + (" (the run has no best checkpoint)" if pick == "best" else "")
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:
@@ -130,6 +147,15 @@ def main(argv: list[str] | None = None) -> None:
                       help="greedy actions (default)")
     mode.add_argument("--stochastic", dest="deterministic", action="store_false", help="sample actions")
     p.add_argument("--baselines", default="all", help="'all', 'none' or comma-separated names (VR-edge only)")
+    p.add_argument("--reference", choices=(REFERENCE, "none"), default=REFERENCE,
+                   help="VR-edge: also play the clairvoyant planner (envs.planner; sees the true future) as the "
+                        "ceiling, and report the fraction of the gap from the best baseline that the policy closes")
+    p.add_argument("--capacity-trace", default="", metavar="PATH",
+                   help="VR-edge: replay recorded bandwidth traces (a file or directory, Pensieve or Mahimahi "
+                        "format) as the cell's capacity; a directory's held-out test files are used")
+    p.add_argument("--pick", choices=("best", "latest"), default="best",
+                   help="from a run directory: its best checkpoint (validation, --eval-every) when it has one, "
+                        "or the newest")
     p.add_argument("--env", default="", help="fail unless the checkpoint was trained on this env id")
     p.add_argument("--json", action="store_true", help="also print the results as JSON to stdout")
     p.add_argument("--out", default="", help="where evaluation.json/.png go (default: the run directory)")
@@ -137,32 +163,54 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.episodes < 1:
             raise ValueError(f"--episodes={args.episodes} is invalid: must be >= 1")
-        model, cfg, source = load_policy(args.checkpoint)
+        model, cfg, source = load_policy(args.checkpoint, args.pick)
         if args.env and args.env != cfg.env:
             raise ValueError(f"{source} was trained on {cfg.env}, not {args.env}")
         names = baseline_names(args.baselines, cfg.env)
+        vr_edge = cfg.env == "VREdge-v0"
+        if args.capacity_trace and not vr_edge:
+            raise ValueError(f"--capacity-trace applies to VREdge-v0, not {cfg.env}")
+        env_kwargs = ({"capacity_trace": args.capacity_trace,
+                       "trace_split": "test" if Path(args.capacity_trace).is_dir() else "all"}
+                      if args.capacity_trace else {})
+        vr_config = envs.VREdgeConfig(**env_kwargs) if vr_edge else None  # a bad trace fails here, at once
         run_dir = checkpoints.run_dir_of(source)
         out_dir = Path(args.out) if args.out else run_dir
         check_writable(out_dir)  # before minutes of episodes, not after
     except (ValueError, checkpoints.CheckpointError) as e:
         raise SystemExit(f"error: {e}") from None
-    env_fn = functools.partial(gym.make, cfg.env)
+    env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
     label = f"policy ({'greedy' if args.deterministic else 'stochastic'})"
+    which = checkpoint_label(args.checkpoint, source, args.pick)
+    print(f"loaded {which}: {source}", file=sys.stderr)
     played = {label: run_episodes(policy_actions(model, args.deterministic), env_fn, args.episodes, args.seed)}
-    vr_config = envs.VREdgeConfig()
     for name in names:
         played[name] = run_episodes(envs.make_baseline(name, vr_config), env_fn, args.episodes, args.seed)
+    reference = vr_edge and args.reference == REFERENCE
+    if reference:
+        played[REFERENCE] = run_episodes(ClairvoyantPlanner(vr_config), env_fn, args.episodes, args.seed,
+                                         num_envs=64, with_envs=True)
     results = {name: summarize(records) for name, records in played.items()}
-    paired = {name: paired_difference(played[label], played[name]) for name in names}
-    payload = {"checkpoint": str(source.resolve()), "env": cfg.env, "episodes": args.episodes, "seed": args.seed,
+    compared = names + ([REFERENCE] if reference else [])
+    paired = {name: paired_difference(played[label], played[name]) for name in compared}
+    best = best_baseline(results, names)
+    gap = gap_closed(played[label], played[best], played[REFERENCE]) if reference and best else None
+    payload = {"checkpoint": str(source.resolve()), "checkpoint_kind": which, "env": cfg.env,
+               "env_kwargs": env_kwargs, "episodes": args.episodes, "seed": args.seed,
                "policy": results[label], "baselines": {n: results[n] for n in names},
-               "paired_reward_per_step": paired}
-    print(f"{cfg.env}: {args.episodes} episodes on held-out seeds (seed {args.seed}), checkpoint {source}")
+               "reference": {REFERENCE: results[REFERENCE]} if reference else {},
+               "paired_reward_per_step": paired, "best_baseline": best,
+               "gap_closed": gap}
+    trace = f", capacity traces {args.capacity_trace}" if args.capacity_trace else ""
+    print(f"{cfg.env}: {args.episodes} episodes on held-out seeds (seed {args.seed}{trace}), {which} {source}")
     print(format_table(results))
     if paired:
         print("\npolicy minus baseline, reward/step, paired over the same episodes (mean ± 95% CI, policy better in):")
         for name, d in paired.items():
             print(f"  vs {name:<14}{d['mean']:+.3f} ± {d['ci95']:.3f}   {d['wins']}/{d['episodes']} episodes")
+    if gap:
+        print(f"\ngap closed: the policy closes {gap['fraction']:.2f} ± {gap['ci95']:.2f} (95% CI) of the gap between "
+              f"the best baseline ({best}) and the clairvoyant reference ({gap['gap']:+.3f} reward/step)")
     (out_dir / "evaluation.json").write_text(json.dumps(payload, indent=2))
     png = plot(results, run_dir, out_dir / "evaluation.png")
     print(f"\nwrote {out_dir / 'evaluation.json'}" + (f" and {png}" if png else " (pip install matplotlib for a plot)"))

@@ -26,6 +26,7 @@ from trainer.metrics import keep_metrics_until, metrics_row
 from trainer.pipeline import Pipeline, make_pipeline
 from trainer.ppo import NonFiniteLossError, PPOSettings
 from trainer.run import Run, claim_new_run_dir, resume_state
+from trainer.validation import Validator
 
 
 class TrainingStopped(Interrupted):
@@ -139,6 +140,7 @@ def _loop(run: Run, pipeline: Pipeline, settings: PPOSettings, iterations: int, 
             saved_at = snapshot["iteration"]
         return last_saved
 
+    validator = Validator(cfg, run_dir, run.iteration)  # --eval-every: validation episodes, the best checkpoint
     bar = tqdm(total=stop, initial=run.iteration, disable=not progress, unit="it", dynamic_ncols=True)
     start = (run.env_steps, time.perf_counter())
     try:
@@ -147,6 +149,7 @@ def _loop(run: Run, pipeline: Pipeline, settings: PPOSettings, iterations: int, 
                 row = _iteration(run, pipeline, settings, iterations, start)
                 if row is None:  # a batch too stale to learn from
                     continue
+                row.update(validator.evaluate(run.iteration, run.model))
                 with signals.critical():  # the iteration is complete once its snapshot and its row exist
                     snapshot = run.snapshot(pipeline)
                     log.write(json.dumps(row) + "\n")
@@ -157,8 +160,8 @@ def _loop(run: Run, pipeline: Pipeline, settings: PPOSettings, iterations: int, 
                             writer.add_scalar(k, v, row["env_steps"])
                 bar.update(1)
                 bar.set_postfix(sps=f"{row['sps']:,.0f}", ret=f"{np.mean(run.recent):.2f}" if run.recent else "-")
-                if run.iteration % cfg.checkpoint_every == 0 or run.iteration == stop:
-                    save()
+                if run.iteration % cfg.checkpoint_every == 0 or run.iteration == stop or validator.improved:
+                    validator.saved(save())
     except BaseException as e:
         signals.stop()  # a signal from here on waits: the snapshot is saved first
         bar.close()

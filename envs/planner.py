@@ -1,0 +1,126 @@
+"""A clairvoyant reference for VR-edge: model-predictive control over the true future of an episode.
+
+Not a deployable policy: it reads the env's state (``get_state``), and since the env's
+randomness is counter-based and the cell and the users' channels do not depend on the
+actions, it rolls the true capacities and channel qualities of the next ``lookahead``
+rounds out exactly. It then searches the joint bitrates of all users over those rounds,
+under the cell's real sharing (processor sharing) and buffers, for the highest sum of
+rewards, by coordinate ascent over users: ``sweeps`` passes over the users, each trying,
+with the other users' plans fixed, every change of one user's plan that switches it to one
+level from some round on, or changes one round alone, and keeping the best (keeping the
+plan is a candidate, so a pass never lowers the plan's value). The search starts from every
+user at its equal airtime share of each round's true capacity. It plays the plan's first
+round and plans again (receding horizon).
+
+A plan that makes a user abandon (cumulative stall over ``abandon_stall_s``) forfeits the
+rest of the episode; the search charges it ``quality_weight`` per remaining round, the
+most that round could have earned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from envs.vr_edge import VREdgeConfig, _channel_quality, download_round, step_state
+
+_START_FACTORS = np.array([0.7, 1.0, 1.3, 1.6, 2.0])
+
+
+class ClairvoyantPlanner:
+    """Receding-horizon planner that sees the true future capacities and channels (a ceiling, not a policy).
+
+    Example:
+        >>> import envs
+        >>> from envs.planner import ClairvoyantPlanner
+        >>> env = envs.SyntheticVREdgeEnv(num_users=3, seed=0, max_steps=20)
+        >>> obs, _ = env.reset()
+        >>> planner = ClairvoyantPlanner(env.config, lookahead=3, sweeps=1)
+        >>> planner(obs[None], [env]).shape   # one row per env, one level per user
+        (1, 3)
+
+    Shapes: :meth:`plan` maps a batched env state (``[B]`` leading axis, as
+    ``VREdgeVectorEnv.get_state()`` returns) to levels ``[B, U]``; calling it with
+    observations ``[B, obs_dim]`` and the ``B`` envs they came from does the same for
+    single envs (``trainer.evaluation.run_episodes(..., with_envs=True)``).
+    """
+
+    def __init__(self, config: VREdgeConfig, lookahead: int = 5, sweeps: int = 2) -> None:
+        for name, value in (("lookahead", lookahead), ("sweeps", sweeps)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ClairvoyantPlanner {name}={value!r} is invalid: must be an integer >= 1")
+        self.config, self.lookahead, self.sweeps = config, lookahead, sweeps
+
+    def __call__(self, obs: np.ndarray, envs: Sequence[gym.Env]) -> np.ndarray:
+        states = [env.unwrapped.get_state() for env in envs]
+        return self.plan({k: np.concatenate([s[k] for s in states]) for k in states[0]})
+
+    def plan(self, state: dict[str, np.ndarray]) -> np.ndarray:
+        """Levels ``[B, U]`` for the next round of ``B`` envs in ``state``."""
+        cfg, horizon = self.config, self.lookahead
+        capacity, channel = self.future(state)
+        b, n_users = state["buffer"].shape
+        # rounds past the episode's end earn nothing; abandoning forfeits the rest of the episode
+        remaining = cfg.max_steps - state["t"]
+        live = (np.arange(horizon)[None, :] < remaining[:, None]).astype(np.float64)  # [B, H]
+        # start: the best of "every user at the level that `factor` times its equal airtime share carries",
+        # round by round or held at the horizon's worst round
+        share = capacity[:, None, :, None] * channel[:, None] / n_users * _START_FACTORS[:, None, None]
+        starts = np.concatenate([share, np.repeat(share.min(axis=2, keepdims=True), horizon, axis=2)], axis=1)
+        starts = np.maximum(np.searchsorted(cfg._ladder, starts, side="right") - 1, 0)  # [B, S, H, U]
+        plan = starts[np.arange(b), np.argmax(self.value(state, capacity, channel, live, remaining, starts), axis=1)]
+        moves = self._moves(cfg.num_levels, horizon)  # [K, H] new level, -1: keep
+        rows = np.arange(b)
+        for _ in range(self.sweeps):
+            for u in range(n_users):
+                candidates = np.repeat(plan[:, None], len(moves), axis=1)  # [B, K, H, U]
+                candidates[..., u] = np.where(moves >= 0, moves, candidates[..., u])
+                value = self.value(state, capacity, channel, live, remaining, candidates)
+                plan = candidates[rows, np.argmax(value, axis=1)]  # keeping the plan is a candidate
+        return plan[:, 0]
+
+    @staticmethod
+    def _moves(levels: int, horizon: int) -> np.ndarray:
+        """Changes tried for one user's row of the plan, ``[K, H]`` (-1 keeps the entry): first nothing, then
+        every level from round ``h`` on (one switch), then every level in round ``h`` alone."""
+        moves = [np.full(horizon, -1)]
+        for h in range(horizon):
+            for level in range(levels):
+                suffix, single = np.full(horizon, -1), np.full(horizon, -1)
+                suffix[h:], single[h] = level, level
+                moves += [suffix, single] if h + 1 < horizon else [suffix]
+        return np.stack(moves)
+
+    def future(self, state: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """True capacities ``[B, H]`` (Mbit/s) and channel qualities ``[B, H, U]`` of the next ``H`` rounds."""
+        sim = {k: v.copy() for k, v in state.items()}
+        idle = np.zeros_like(state["level"])
+        capacity, channel = [], []
+        for _ in range(self.lookahead):  # actions do not change the cell or the channels: any will do
+            sim, _, _, _, parts = step_state(self.config, sim, idle)
+            capacity.append(parts["capacity_mbps"])
+            channel.append(_channel_quality(sim["channel_logit"]))
+        return np.stack(capacity, axis=1), np.stack(channel, axis=1)
+
+    def value(self, state: dict[str, np.ndarray], capacity: np.ndarray, channel: np.ndarray, live: np.ndarray,
+              remaining: np.ndarray, plans: np.ndarray) -> np.ndarray:
+        """Sum of rewards ``[B, K]`` of ``K`` candidate plans ``[B, K, H, U]`` over the true future."""
+        cfg = self.config
+        k = plans.shape[1]
+        buffer = np.repeat(state["buffer"][:, None], k, axis=1)
+        level = np.repeat(state["level"][:, None], k, axis=1)
+        cum_stall = np.repeat(state["cum_stall"][:, None], k, axis=1)
+        alive = np.ones(plans.shape[:2])
+        total = np.zeros(plans.shape[:2])
+        for h in range(plans.shape[2]):
+            r = download_round(cfg, buffer, level, capacity[:, None, h], channel[:, None, h], plans[:, :, h])
+            weight = alive * live[:, h, None]
+            total += weight * r["user_reward"].mean(axis=-1)
+            cum_stall = cum_stall + r["stall_s"]
+            abandoned = np.any(cum_stall > cfg.abandon_stall_s, axis=-1) & (weight > 0)
+            total -= abandoned * cfg.quality_weight * np.maximum(remaining - h - 1, 0)[:, None]
+            alive = alive * ~abandoned
+            buffer, level = r["buffer"], plans[:, :, h]
+        return total

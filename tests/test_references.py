@@ -1,0 +1,135 @@
+"""The literature's baselines (robustMPC, BOLA), the clairvoyant planner and the reporting metrics."""
+
+import functools
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import envs
+from envs.baselines import bola_parameters, mpc_levels, robust_capacity
+from envs.planner import ClairvoyantPlanner
+from envs.vr_edge import observe
+from trainer.evaluation import gap_closed, jain_index, run_episodes
+
+SMALL = dict(bitrates_mbps=(1.0, 2.0, 4.0), max_buffer_s=4.0, segment_s=1.0)  # quality 0, 0.5, 1
+
+
+def test_robust_capacity_hand_computed():
+    # harmonic mean 4 / (1/100 + 1/200 + 1/200 + 1/400) = 177.78; errors of the window's own predictions:
+    # 100 -> 200: 0.5; hm(100, 200) = 133.3 -> 200: 0.333; hm(100, 200, 200) = 150 -> 400: 0.625
+    got = robust_capacity(np.array([[100.0, 200.0, 200.0, 400.0], [50.0, 50.0, 50.0, 50.0]]))
+    np.testing.assert_allclose(got, [(4 / 0.0225) / 1.625, 50.0])
+
+
+def test_mpc_hand_computed_lookahead_changes_the_decision():
+    cfg = envs.VREdgeConfig(num_users=1, switch_weight=0.5, **SMALL)
+    # buffer 2.5 s, last level 1, 2 Mbit/s: download times 0.5, 1, 2 s.
+    # one segment: level 2 earns 1 - 0.5 * 0.5 = 0.75 > level 1's 0.5.
+    assert mpc_levels(cfg, np.array([2.5]), np.array([1]), np.array([2.0]), horizon=1).tolist() == [2]
+    # two segments: (2, 2) stalls 0.5 s in the second: 0.75 + 1 - 4 * 0.5 = -0.25; (2, 1): 0.75 + 0.25 = 1.0;
+    # (1, 2): 0.5 + 0.75 = 1.25 (the buffer is still 2.5 s); (1, 1): 1.0 -> level 1 first
+    assert mpc_levels(cfg, np.array([2.5]), np.array([1]), np.array([2.0]), horizon=2).tolist() == [1]
+
+
+def test_robust_mpc_policy_plays_mpc_on_each_users_share_of_the_robust_capacity():
+    env = envs.SyntheticVREdgeEnv(num_users=3, seed=0, **SMALL)
+    env.reset()
+    state = env.get_state()
+    state["cap_history"][:] = [[3.0, 6.0, 6.0, 12.0]]
+    state["buffer"][:] = [[0.5, 2.5, 4.0]]
+    state["level"][:] = [[0, 1, 2]]
+    obs = observe(env.config, state)
+    channel = 0.25 + 0.75 / (1 + np.exp(-state["channel_logit"]))
+    rate = 1.3 * (4 / (1 / 3 + 1 / 6 + 1 / 6 + 1 / 12) / 1.625) * channel / 3  # share 1.3 of the equal airtime
+    expected = mpc_levels(env.config, state["buffer"], state["level"], rate, horizon=5)
+    np.testing.assert_array_equal(envs.make_baseline("robust_mpc", env.config, share=1.3)(obs), expected)
+
+
+def test_bola_parameters_and_decisions_hand_computed():
+    cfg = envs.VREdgeConfig(num_users=3, **SMALL)
+    # utilities 0, ln2, 2 ln2; c_01 = -ln2, c_12 = 0; thresholds V (gamma + c) pinned at 1 s and 3 s
+    v, gamma = bola_parameters(cfg, low_s=1.0, high_s=3.0)
+    assert v == pytest.approx(2 / math.log(2)) and gamma == pytest.approx(1.5 * math.log(2))
+    env = envs.SyntheticVREdgeEnv(num_users=3, seed=0, **SMALL)
+    env.reset()
+    state = env.get_state()
+    state["buffer"][:] = [[0.5, 2.0, 3.5]]  # at 2 s the scores are 1, 1.5, 1.25: level 1
+    got = envs.make_baseline("bola", cfg, low_s=1.0, high_s=3.0)(observe(cfg, state))
+    assert got.tolist() == [[0, 1, 2]]
+    with pytest.raises(ValueError, match="low_s"):
+        bola_parameters(cfg, low_s=3.0, high_s=1.0)
+
+
+def test_planner_sees_the_future_the_env_then_produces():
+    env = envs.SyntheticVREdgeEnv(num_users=3, seed=4)
+    env.reset()
+    planner = ClairvoyantPlanner(env.config, lookahead=6)
+    capacity, channel = planner.future(env.get_state())
+    gen = np.random.default_rng(0)
+    for h in range(6):  # whatever the actions
+        _, _, _, _, info = env.step(gen.integers(0, 6, size=3))
+        assert info["capacity_mbps"] == capacity[0, h]
+        np.testing.assert_array_equal(0.25 + 0.75 / (1 + np.exp(-env.get_state()["channel_logit"][0])), channel[0, h])
+
+
+@pytest.mark.slow
+def test_planner_is_never_worse_than_any_baseline_on_a_set_of_seeds():
+    kwargs = dict(num_users=4, max_steps=60)
+    env_fn = functools.partial(gym.make, "VREdge-v0", **kwargs)
+    cfg = envs.VREdgeConfig(**kwargs)
+    seeds = list(range(100, 108))
+    planned = run_episodes(ClairvoyantPlanner(cfg), env_fn, len(seeds), 0, seeds=seeds, with_envs=True)
+    again = run_episodes(ClairvoyantPlanner(cfg), env_fn, len(seeds), 0, seeds=seeds, with_envs=True, num_envs=3)
+    assert planned == again  # deterministic, whatever the batching
+    for name in envs.BASELINES:
+        played = run_episodes(envs.make_baseline(name, cfg), env_fn, len(seeds), 0, seeds=seeds)
+        for p, b in zip(planned, played):
+            assert p["reward_per_step"] >= b["reward_per_step"], (name, p, b)
+
+
+def test_qoe_lin_in_info_is_the_literature_formula():
+    env = envs.SyntheticVREdgeEnv(num_users=3, seed=1, max_steps=40)
+    env.reset()
+    prev = np.full(3, env.config.bitrates_mbps[0])
+    gen = np.random.default_rng(1)
+    for _ in range(40):
+        a = gen.integers(0, 6, size=3)
+        *_, info = env.step(a)
+        bitrate = np.array(env.config.bitrates_mbps)[a]
+        np.testing.assert_allclose(info["bitrate_mbps"], bitrate)
+        np.testing.assert_allclose(info["qoe_lin"], bitrate - 4.3 * info["stall_s"] - np.abs(bitrate - prev))
+        prev = bitrate
+
+
+def test_episode_records_hold_mean_qoe_lin_and_fairness():
+    env_fn = functools.partial(gym.make, "VREdge-v0", num_users=2, max_steps=5)
+    steps = []
+    env = env_fn()
+    env.reset(seed=7)
+    for _ in range(5):
+        steps.append(env.step(np.array([0, 5]))[-1])
+    record = run_episodes(lambda obs: np.tile([0, 5], (len(obs), 1)), env_fn, 1, 0, seeds=[7])[0]
+    assert record["qoe_lin"] == pytest.approx(np.mean([s["qoe_lin"] for s in steps]))
+    quality = np.mean([s["quality"] for s in steps], axis=0)  # user 0 at quality 0, user 1 at 1
+    assert record["fairness"] == pytest.approx(jain_index(quality)) and record["fairness"] == pytest.approx(0.5)
+
+
+def test_jain_index_hand_computed():
+    assert jain_index(np.array([1.0, 1.0, 1.0, 1.0])) == 1.0
+    assert jain_index(np.array([1.0, 0.0, 0.0, 0.0])) == 0.25
+    assert jain_index(np.array([1.0, 2.0])) == pytest.approx(9 / 10)
+    assert jain_index(np.zeros(3)) == 1.0
+
+
+def test_gap_closed_hand_computed():
+    rec = lambda values: [{"reward_per_step": v} for v in values]  # noqa: E731
+    base, ref = rec([0.4, 0.6]), rec([0.6, 0.8])
+    half = gap_closed(rec([0.5, 0.7]), base, ref)
+    assert half["fraction"] == pytest.approx(0.5) and half["ci95"] == pytest.approx(0.0) and half["gap"] == 0.2
+    # gains 0.1 and 0.3 over a gap of 0.2: fraction 1; residuals -0.1, 0.1 (std 0.1414): 1.96 * 0.1414 / (1.414 * 0.2)
+    full = gap_closed(rec([0.5, 0.9]), base, ref)
+    assert full["fraction"] == pytest.approx(1.0) and full["ci95"] == pytest.approx(0.98)
+    with pytest.raises(ValueError, match="same episodes"):
+        gap_closed(rec([0.5]), base, ref)

@@ -1,0 +1,153 @@
+"""Real-trace replay in VR-edge: parsing both formats, bad files, the split by file, single vs batched envs."""
+
+import re
+
+import numpy as np
+import pytest
+
+import envs
+from envs.make_traces import write_traces
+from envs.traces import load_traces
+
+
+def windows(path, **kw):
+    return load_traces(str(path), segment_s=1.0, split="all", scale=1.0, nominal_mbps=1e-9, **kw).rates
+
+
+def test_pensieve_hand_computed(tmp_path):
+    path = tmp_path / "p.log"
+    # 2 Mbit/s for 0.5 s, 4 for 1 s, 0 for 0.5 s: windows [0, 1) = 1 + 2 = 3 Mbit, [1, 2) = 2 + 0 = 2 Mbit
+    path.write_text("0 2\n0.5 4\n\n1.5 0\n2 8\n")
+    np.testing.assert_allclose(windows(path), [3.0, 2.0])
+
+
+def test_mahimahi_hand_computed(tmp_path):
+    path = tmp_path / "m.mahi"
+    # (0, 1000] ms: 4 opportunities of 1500 bytes = 0.048 Mbit; (1000, 2000]: 2 = 0.024 Mbit
+    path.write_text("1\n500\n1000\n1000\n1500\n2000\n")
+    np.testing.assert_allclose(windows(path), [0.048, 0.024])
+
+
+@pytest.mark.parametrize("text, where, words", [
+    ("", "", "empty"),
+    ("\n  \n", "", "empty"),
+    ("0 1\n2 3\n1 4\n", ":3", "not after the previous"),
+    ("0 1\n1 -2\n2 3\n", ":2", "negative throughput"),
+    ("0 1\n1 x\n", ":2", "not a number"),
+    ("0 1\n1 2 3\n", ":2", "3 fields"),
+    ("0 1 2\n", ":1", "3 fields"),
+    ("0 1\n0.5 1\n", "", "less than one segment"),
+    ("0 0\n5 0\n", "", "delivers nothing"),
+    ("5\n12\n10\n2000\n", ":3", "before the previous"),
+    ("5\n-3\n", ":2", "non-negative integer"),
+    ("5\n7.5\n", ":2", "non-negative integer"),
+])
+def test_bad_files_are_one_line_errors_naming_file_and_line(tmp_path, text, where, words):
+    path = tmp_path / "bad.txt"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(str(path) + where) + ".*" + words):
+        windows(path)
+    with pytest.raises(ValueError, match=re.escape(str(path))):  # also through the env's constructor
+        envs.SyntheticVREdgeEnv(capacity_trace=str(path))
+
+
+def test_bad_paths_and_arguments(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        envs.VREdgeConfig(capacity_trace=str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="holds no trace files"):
+        envs.VREdgeConfig(capacity_trace=str(tmp_path))
+    (tmp_path / "a.log").write_text("0 1\n3 1\n")
+    with pytest.raises(ValueError, match="at least 2 files"):
+        envs.VREdgeConfig(capacity_trace=str(tmp_path / "a.log"), trace_split="train")
+    with pytest.raises(ValueError, match="trace_split"):
+        envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split="validation")
+    with pytest.raises(ValueError, match="capacity_trace"):
+        envs.VREdgeConfig(trace_split="test")
+
+
+def test_train_test_split_is_by_file_disjoint_and_stable(tmp_path):
+    write_traces(tmp_path, files=10, seconds=4)
+    train = envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split="train")._traces.files
+    test = envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split="test")._traces.files
+    every = envs.VREdgeConfig(capacity_trace=str(tmp_path))._traces.files
+    assert len(test) == 2 and not set(train) & set(test) and sorted(train + test) == sorted(every)
+    write_traces(tmp_path / "more", files=1, seconds=4, seed=5)  # a sub-directory is not a trace
+    assert envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split="test")._traces.files == test
+
+
+def test_generator_is_deterministic_and_writes_both_formats(tmp_path):
+    a = write_traces(tmp_path / "a", files=2, seconds=5, seed=3)
+    b = write_traces(tmp_path / "b", files=2, seconds=5, seed=3)
+    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+    assert {p.suffix for p in a} == {".log", ".mahi"}
+    for p in a:
+        rates = windows(p)
+        assert len(rates) == 5 and np.all(rates > 0)
+
+
+def test_an_episode_replays_its_file_from_a_seeded_offset(tmp_path):
+    path = tmp_path / "t.log"
+    values = [10.0, 20.0, 30.0, 40.0, 50.0]
+    path.write_text("".join(f"{t} {v}\n" for t, v in enumerate(values)) + "5 0\n")
+    starts = set()
+    for seed in range(8):
+        env = envs.SyntheticVREdgeEnv(num_users=2, seed=seed, capacity_trace=str(path), trace_scale=2.0)
+        env.reset()
+        start = int(env.get_state()["trace_pos"][0])
+        starts.add(start)
+        for t in range(12):  # wraps around the 5 windows
+            *_, info = env.step(np.zeros(2, dtype=np.int64))
+            assert info["capacity_mbps"] == 2.0 * values[(start + 1 + t) % 5]
+    assert len(starts) > 1
+
+
+def test_default_scale_maps_each_file_to_the_nominal_capacity(tmp_path):
+    write_traces(tmp_path, files=2, seconds=10)
+    traces = envs.VREdgeConfig(num_users=4, capacity_trace=str(tmp_path))._traces
+    for offset, length in zip(traces.offsets, traces.lengths):
+        assert traces.rates[offset:offset + length].mean() == pytest.approx(400.0)
+
+
+def test_single_and_batched_envs_agree_exactly_with_traces(tmp_path):
+    write_traces(tmp_path, files=4, seconds=30)
+    n, seeds = 5, [21, 22, 23, 24, 25]
+    kwargs = dict(num_users=3, max_steps=40, capacity_trace=str(tmp_path), trace_split="train")
+    venv = envs.VREdgeVectorEnv(n, **kwargs)
+    singles = [envs.SyntheticVREdgeEnv(**kwargs) for _ in range(n)]
+    vobs, _ = venv.reset(seed=seeds)
+    sobs = np.stack([e.reset(seed=s)[0] for e, s in zip(singles, seeds)])
+    np.testing.assert_array_equal(vobs, sobs)
+    gen = np.random.default_rng(0)
+    ended = 0
+    for _ in range(200):
+        actions = gen.integers(0, 6, size=(n, 3))
+        vobs, vrew, vterm, vtrunc, vinfo = venv.step(actions)
+        for i, env in enumerate(singles):
+            obs, rew, term, trunc, info = env.step(actions[i])
+            got = (rew, term, trunc, info["capacity_mbps"])
+            assert got == (vrew[i], vterm[i], vtrunc[i], vinfo["capacity_mbps"][i])
+            if term or trunc:
+                ended += 1
+                obs, _ = env.reset()
+            np.testing.assert_array_equal(vobs[i], obs)
+    assert ended >= n
+
+
+def test_state_round_trip_with_traces(tmp_path):
+    write_traces(tmp_path, files=2, seconds=20)
+    env = envs.SyntheticVREdgeEnv(num_users=2, seed=1, capacity_trace=str(tmp_path))
+    env.reset()
+    for _ in range(7):
+        env.step(np.ones(2, dtype=np.int64))
+    state = env.get_state()
+    assert {"trace", "trace_pos"} <= set(state)
+    first = [env.step(np.full(2, 3))[:2] for _ in range(30)]
+    other = envs.SyntheticVREdgeEnv(num_users=2, seed=9, capacity_trace=str(tmp_path))
+    other.reset()
+    other.set_state(state)
+    second = [other.step(np.full(2, 3))[:2] for _ in range(30)]
+    for (o1, r1), (o2, r2) in zip(first, second):
+        np.testing.assert_array_equal(o1, o2)
+        assert r1 == r2
+    with pytest.raises(ValueError, match="expected keys"):  # a synthetic env's state lacks the trace position
+        envs.SyntheticVREdgeEnv(num_users=2, seed=0).set_state(state)

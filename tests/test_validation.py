@@ -1,0 +1,76 @@
+"""--eval-every: validation episodes disjoint from training and test seeds, the best checkpoint and its pointer."""
+
+import json
+
+import pytest
+import torch
+
+import checkpoints
+from collectors.seeding import env_seeds
+from trainer.config import parse_config, resumed_config
+from trainer.evaluation import evaluation_seeds, validation_seeds
+
+
+def test_validation_seeds_are_disjoint_from_training_and_test_seeds():
+    for seed in range(5):
+        val = set(validation_seeds(seed, 64))
+        assert len(val) == 64
+        assert not val & set(evaluation_seeds(0, 200)) and not val & set(evaluation_seeds(seed, 200))
+        assert not val & set(env_seeds(seed, 256))
+    assert validation_seeds(3, 8) == validation_seeds(3, 8) and validation_seeds(3, 8) != validation_seeds(4, 8)
+
+
+def test_eval_flags_are_checked_and_may_change_on_resume():
+    assert parse_config(["--eval-every", "5"]).eval_every == 5
+    with pytest.raises(SystemExit):
+        parse_config(["--eval-every", "-1"])
+    with pytest.raises(SystemExit):
+        parse_config(["--eval-episodes", "0"])
+    saved = parse_config([]).to_dict()
+    assert resumed_config(saved, {"eval_every": 3, "eval_episodes": 4}, "ckpt").eval_every == 3
+
+
+def test_retention_keeps_the_best_checkpoint_and_a_resume_past_it_drops_the_pointer(tmp_path):
+    state = {"x": torch.zeros(1)}
+    first = checkpoints.save_in_run_dir(tmp_path, state, 1, keep=1)
+    checkpoints.set_best(tmp_path, first, {"iteration": 1, "val_reward_per_step": 0.5})
+    for it in (2, 3, 4):
+        checkpoints.save_in_run_dir(tmp_path, state, it, keep=1)
+    assert first.is_file() and checkpoints.best_checkpoint(tmp_path) == first
+    assert [p.name for p in checkpoints.checkpoint_files(tmp_path)] == ["ckpt_00000004.pt", "ckpt_00000001.pt"]
+    assert checkpoints.best_info(tmp_path)["val_reward_per_step"] == 0.5
+    checkpoints.set_best(tmp_path, checkpoints.checkpoint_files(tmp_path)[0], {"iteration": 4})
+    checkpoints.set_aside_newer(tmp_path, 1)  # resuming from iteration 1 abandons iteration 4, best included
+    assert checkpoints.best_checkpoint(tmp_path) is None
+
+
+@pytest.mark.slow
+def test_training_with_eval_every_logs_validation_and_evaluate_loads_the_best(tmp_path, capsys):
+    from trainer.evaluate import main as evaluate
+    from trainer.train import train
+    run = tmp_path / "run"
+    cfg = parse_config(["--num-envs", "4", "--num-steps", "16", "--total-steps", "256", "--eval-every", "2",
+                        "--eval-episodes", "2", "--keep-checkpoints", "1", "--checkpoint-every", "100",
+                        "--run-dir", str(run), "--device", "cpu"])
+    train(cfg, progress=False)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    validated = [r for r in rows if "val_reward_per_step" in r]
+    assert [r["iteration"] for r in validated] == [2, 4]
+    assert all(r["val_baseline"] in ("fair_share", "robust_mpc", "buffer", "throughput", "bola") for r in validated)
+    best_row = max(validated, key=lambda r: r["val_reward_per_step"])
+    info = checkpoints.best_info(run)
+    assert info["iteration"] == best_row["iteration"] and info["val_reward_per_step"] == best_row["val_reward_per_step"]
+    assert checkpoints.best_checkpoint(run).is_file()  # kept although --keep-checkpoints 1
+    evaluate(["--checkpoint", str(run), "--episodes", "2", "--baselines", "fair_share,bola"])
+    out, err = capsys.readouterr()
+    assert f"loaded the best checkpoint (validation): {checkpoints.best_checkpoint(run)}" in err
+    payload = json.loads((run / "evaluation.json").read_text())
+    assert payload["checkpoint_kind"] == "the best checkpoint (validation)"
+    reference, best = payload["reference"]["clairvoyant"], payload["best_baseline"]
+    assert best in ("fair_share", "bola") and "qoe_lin" in reference and 0 < reference["fairness"] <= 1
+    gap = reference["reward_per_step"] - payload["baselines"][best]["reward_per_step"]
+    assert payload["gap_closed"]["gap"] == pytest.approx(gap) and "gap closed" in out and "clairvoyant" in out
+    evaluate(["--checkpoint", str(run), "--episodes", "2", "--baselines", "none", "--reference", "none",
+              "--pick", "latest"])
+    assert "loaded the latest checkpoint" in capsys.readouterr().err
+    assert json.loads((run / "evaluation.json").read_text())["checkpoint_kind"] == "the latest checkpoint"

@@ -1,0 +1,91 @@
+"""Evaluation during training (`--eval-every K`): greedy play on held-out validation episodes, the best checkpoint.
+
+Every ``K`` iterations the greedy policy plays ``--eval-episodes`` validation episodes, whose
+seeds come from a ``SeedSequence`` branch that neither training nor ``trainer.evaluate``'s
+test episodes use. The metrics row gets its reward per step and, for VR-edge, the paired
+difference against the best heuristic baseline on the same episodes (chosen once, when the
+run starts). A new highest validation reward per step saves a checkpoint at once and points
+the run's ``best`` pointer at it (next to ``latest``; retention keeps it).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import checkpoints
+import envs
+from trainer.config import TrainConfig
+from trainer.evaluation import paired_difference, policy_actions, run_episodes, summarize, validation_seeds
+from trainer.run import make_model
+
+
+class Validator:
+    """Runs the validation episodes when due and keeps the run's ``best`` pointer.
+
+    Example:
+        >>> from trainer.config import TrainConfig
+        >>> v = Validator(TrainConfig(env="CartPole-v1", eval_every=0), "/tmp/run", iteration=0)
+        >>> v.evaluate(1, model=None), v.improved   # eval_every 0: never due
+        ({}, False)
+
+    After :meth:`evaluate` returns a row (``val_reward_per_step`` ``[scalar]`` and, against a
+    baseline, ``val_baseline``, ``val_vs_baseline``, ``val_vs_baseline_ci95``, ``val_best``),
+    ``improved`` says whether it is the best so far; pass the checkpoint saved for that
+    iteration to :meth:`saved`.
+    """
+
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path, iteration: int) -> None:
+        self.every, self.run_dir, self.improved = cfg.eval_every, Path(run_dir), False
+        self._row: dict[str, Any] = {}
+        if not self.every:
+            return
+        self.seeds = validation_seeds(cfg.seed, cfg.eval_episodes)
+        self.policy = make_model(cfg).eval()  # a CPU copy: the learner's model may live on a GPU
+        self.env_fn = functools.partial(gym.make, cfg.env)
+        self.baseline, self.baseline_records = None, None
+        if cfg.env == "VREdge-v0":
+            env = self.env_fn()
+            config = env.unwrapped.config
+            env.close()
+            played = {name: self._play(envs.make_baseline(name, config)) for name in envs.BASELINES}
+            self.baseline = max(played, key=lambda n: summarize(played[n])["reward_per_step"])
+            self.baseline_records = played[self.baseline]
+        best = checkpoints.best_info(self.run_dir)
+        # a best from this run's past (not from iterations a resume set aside) is the score to beat
+        self.best_score = (best["val_reward_per_step"] if best and best.get("iteration", np.inf) <= iteration
+                           else -np.inf)
+
+    def _play(self, act) -> list[dict[str, float]]:
+        return run_episodes(act, self.env_fn, len(self.seeds), 0, seeds=self.seeds)
+
+    def evaluate(self, iteration: int, model: torch.nn.Module | None) -> dict[str, Any]:
+        """Play the validation episodes with ``model``'s weights (greedy, on the CPU) when ``iteration`` is due;
+        the metrics to log."""
+        self.improved = False
+        if not self.every or iteration % self.every:
+            return {}
+        self.policy.load_state_dict(model.state_dict())
+        records = self._play(policy_actions(self.policy, deterministic=True))
+        score = summarize(records)["reward_per_step"]
+        row: dict[str, Any] = {"val_reward_per_step": score}
+        if self.baseline_records is not None:
+            d = paired_difference(records, self.baseline_records)
+            row.update(val_baseline=self.baseline, val_vs_baseline=d["mean"], val_vs_baseline_ci95=d["ci95"])
+        self.improved = score > self.best_score
+        if self.improved:
+            self.best_score = score
+        row["val_best"] = self.improved
+        self._row = {"iteration": iteration, **row}
+        return row
+
+    def saved(self, checkpoint: Path) -> None:
+        """The checkpoint written after this iteration: becomes ``best`` if the iteration improved."""
+        if self.improved:
+            checkpoints.set_best(self.run_dir, checkpoint, self._row)
+            self.improved = False
