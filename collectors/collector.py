@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -12,14 +13,17 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from collectors.backends import BACKENDS
+from collectors.env_group import EpisodeInfo
 from collectors.resources import torch_threads
-from collectors.seeding import env_seeds
+from collectors.seeding import env_seeds, noise_keys
 from collectors.storage import RolloutStorage, torch_dtype
 
 Policy = Callable[[torch.Tensor], Any]
 
 
-def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bool):
+def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bool, num_splits: int):
+    if num_splits != 1 and backend != "async":
+        raise ValueError(f"num_splits={num_splits!r} needs backend='async' (got {backend!r}); leave it at 1")
     if backend == "serial":
         from collectors.backends.serial import SerialBackend
         return SerialBackend(env_fns)
@@ -27,7 +31,18 @@ def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bo
         from collectors.backends.sync import SyncBackend
         return SyncBackend(env_fns)
     from collectors.backends.async_ import AsyncBackend
-    return AsyncBackend(env_fns, num_workers=num_workers, main_share=main_share)
+    return AsyncBackend(env_fns, num_workers=num_workers, main_share=main_share, num_splits=num_splits)
+
+
+def takes_noise_keys(policy: Policy) -> bool:
+    """Whether ``policy`` declares the keyword parameters ``noise_keys`` and ``steps`` (``forward``'s, for a module)."""
+    fn = policy.forward if isinstance(policy, torch.nn.Module) else policy
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: called with observations only
+        return False
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return all(name in params and params[name].kind in named for name in ("noise_keys", "steps"))
 
 
 class RolloutCollector:
@@ -75,6 +90,20 @@ class RolloutCollector:
         num_threads: torch intra-op threads of this process while ``collect()`` runs (restored
             afterwards, so a learner in this process keeps its own count); ``None``: unchanged.
             Workers always use one thread each.
+        num_splits: async only; ``k`` env groups stepped double-buffered (Sample Factory's
+            ``worker_num_splits``): while the workers step one group, this process runs the policy
+            on the next. ``1``: lockstep (all envs, then the policy on all). Every process needs a
+            factory in every group (``num_splits x processes <= len(env_fns)``). Pays off when env
+            steps are expensive (see README, Backends); use a keyed policy (below) so that the batch
+            equals lockstep's.
+
+    Keyed sampling: a policy that declares keyword parameters ``noise_keys`` and ``steps`` (e.g.
+    ``trainer.model.ActorCritic``) is called as ``policy(obs[n], noise_keys=[n], steps=[n])`` for
+    rows ``n`` of the envs: ``noise_keys`` (``int64``) identifies each env's noise stream (from its
+    env seed, see ``collectors.seeding.noise_keys``) and ``steps`` (``int64``) counts the steps the
+    env has taken in this collector (part of :meth:`get_state`). Drawing noise from these alone
+    makes the batch independent of how envs are grouped into policy calls; other policies are
+    called as ``policy(obs)``.
 
     With ``backend="ray"`` the policy runs on the actors (it must be picklable, e.g. an
     ``nn.Module``); its weights are sent once per rollout.
@@ -85,7 +114,7 @@ class RolloutCollector:
                  num_workers: int | None = None, main_share: bool = True, envs_per_worker: int | None = None,
                  ray_address: str | None = None, cpus_per_worker: float = 1.0,
                  worker_options: Sequence[dict] | dict | None = None, sync: bool = True,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, num_splits: int = 1) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if isinstance(env_fns, (gym.Env, gym.vector.VectorEnv)) or callable(env_fns):
@@ -113,6 +142,7 @@ class RolloutCollector:
         if explicit is None:
             env_seeds(seed, 0)  # validates the seed before any worker starts
         self.policy = policy
+        self._keyed = takes_noise_keys(policy)
         self.backend_name = backend
         self.sync = sync
         self.policy_version = 0  # bumped by every collect(); ray batches carry the version they were collected with
@@ -124,7 +154,7 @@ class RolloutCollector:
                                       envs_per_worker, ray_address, cpus_per_worker, worker_options)
             self._async = None if sync else AsyncRollouts(self.backend)
         else:
-            self.backend = _make_backend(backend, env_fns, num_workers, main_share)
+            self.backend = _make_backend(backend, env_fns, num_workers, main_share, num_splits)
         try:
             self.num_envs = self.backend.num_envs
             self.observation_space = self.backend.observation_space
@@ -133,6 +163,8 @@ class RolloutCollector:
                 raise ValueError(f"seed has {len(explicit)} entries for {self.num_envs} envs; pass one integer "
                                  "or one seed per env")
             self.seeds = explicit if explicit is not None else env_seeds(seed, self.num_envs)
+            self._noise_keys = torch.tensor(noise_keys(self.seeds), dtype=torch.int64)
+            self._steps = torch.zeros(self.num_envs, dtype=torch.int64)  # steps each env has taken here
             self._obs = np.zeros((self.num_envs, *self.observation_space.shape), dtype=self.observation_space.dtype)
             if backend != "ray":  # ray actors reset their own envs
                 self.backend.reset(self.seeds, self._obs)
@@ -147,9 +179,13 @@ class RolloutCollector:
         self._closed = False
 
     # ------------------------------------------------------------------ policy
-    def _call_policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _call_policy(self, obs: torch.Tensor, rows: slice, t: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The policy on ``obs`` = envs ``rows`` at step ``t`` of the rollout: ``(actions, extras)``."""
         with torch.inference_mode():  # also when called outside collect()'s loop
-            out = self.policy(obs)
+            if self._keyed:
+                out = self.policy(obs, noise_keys=self._noise_keys[rows], steps=self._steps[rows] + t)
+            else:
+                out = self.policy(obs)
         if isinstance(out, (Mapping, TensorDictBase)):
             if "action" not in out.keys():
                 raise ValueError(f"policy returned a mapping without 'action' (keys: {list(out.keys())})")
@@ -162,8 +198,9 @@ class RolloutCollector:
             out = torch.as_tensor(np.asarray(out))
         return out, extras
 
-    def _check_policy_output(self, action: torch.Tensor, extras: dict[str, torch.Tensor]) -> None:
-        n, space = self.num_envs, self.action_space
+    def _check_policy_output(self, action: torch.Tensor, extras: dict[str, torch.Tensor],
+                             n: int | None = None) -> None:
+        n, space = self.num_envs if n is None else n, self.action_space
         want = (n, *space.shape)
         if tuple(action.shape) != want:
             raise ValueError(f"policy returned actions of shape {tuple(action.shape)}; expected {want} "
@@ -199,9 +236,10 @@ class RolloutCollector:
 
     def _collect(self) -> TensorDictBase:
         s, first = self.storage, None
+        everything = slice(0, self.num_envs)
         if s is None:  # the first step's output fixes the storage layout (actions dtype, extras)
             obs0 = torch.from_numpy(self._obs)
-            first = self._call_policy(obs0)
+            first = self._call_policy(obs0, everything, 0)
             self._check_policy_output(*first)
             s = self.storage = self._allocate(*first)
             s.obs[0].copy_(obs0)
@@ -209,23 +247,62 @@ class RolloutCollector:
             s.start_rollout()
         self.episodes = []
         with torch.inference_mode():  # cheaper per op than no_grad; outputs are copied into storage
-            for t in range(self.horizon):
-                action, extras = first if t == 0 and first is not None else self._call_policy(s.obs_steps[t])
-                if action.shape != s.actions.shape[1:] or action.dtype != s.actions.dtype \
-                        or extras.keys() != s.extras.keys():
-                    self._check_policy_output(action, extras)
-                    raise TypeError(f"policy output changed between steps: got {action.dtype} actions with "
-                                    f"{sorted(extras)}, first step gave {s.actions.dtype} with {sorted(s.extras)}")
-                s.action_steps[t].copy_(action)
-                for name, v in extras.items():
-                    s.extras[name][t].copy_(v)
-                views = s.views[t]
-                infos = self.backend.step(s.action_steps_np[t], views)
-                self._record_episodes(views, infos)
+            if self.backend_name == "async":
+                self._async_steps(s, first)
+            else:
+                for t in range(self.horizon):
+                    self._act(s, t, everything, first)
+                    views = s.views[t]
+                    infos = self.backend.step(s.action_steps_np[t], views)
+                    self._record_episodes(views, infos)
+        self._steps += self.horizon
         batch, self.last_observations = s.to_device()
         self.batch_version = self.policy_version  # collected in this process with the current policy
         self.batch_envs = slice(0, self.num_envs)
         return batch
+
+    def _act(self, s: RolloutStorage, t: int, rows: slice, first) -> None:
+        """Run the policy on envs ``rows`` at step ``t`` (``first``: the rollout's first output, if already run);
+        write actions and extras into the storage."""
+        if t == 0 and first is not None:
+            action, extras = first[0][rows], {k: v[rows] for k, v in first[1].items()}
+        else:
+            action, extras = self._call_policy(s.obs_steps[t][rows], rows, t)
+        n = rows.stop - rows.start
+        if action.shape[1:] != s.actions.shape[2:] or len(action) != n or action.dtype != s.actions.dtype \
+                or extras.keys() != s.extras.keys():
+            self._check_policy_output(action, extras, n)
+            raise TypeError(f"policy output changed between steps: got {action.dtype} actions with "
+                            f"{sorted(extras)}, first step gave {s.actions.dtype} with {sorted(s.extras)}")
+        s.action_steps[t][rows].copy_(action)
+        for name, v in extras.items():
+            s.extras[name][t][rows].copy_(v)
+
+    def _async_steps(self, s: RolloutStorage, first) -> None:
+        """One rollout on the async backend, its env groups pipelined (double-buffered with two groups).
+
+        While the workers step group ``g``, this process runs the policy on group ``g + 1`` and
+        steps its own part of it; group ``g``'s results are awaited only when the policy needs
+        its next observations. The policy is called in a fixed order (group by group, step by
+        step), so the batch does not depend on timing. With one group this is lockstep.
+        Episodes of step ``t`` are recorded once every group has finished it, in env order.
+        """
+        backend, groups = self.backend, self.backend.groups
+        last = len(groups) - 1
+        finishing: list[EpisodeInfo] = []  # episode infos of step t - 1
+        started: list[EpisodeInfo] = []  # ... and of step t
+        for t in range(self.horizon):
+            for g, rows in enumerate(groups):
+                if t:  # group g must have finished step t - 1 before the policy reads its observations
+                    finishing += backend.finish_group(g, s.views[t - 1])
+                    if g == last:
+                        self._record_episodes(s.views[t - 1], finishing)
+                self._act(s, t, rows, first)
+                started += backend.start_group(g, s.action_steps_np[t], s.views[t])
+            finishing, started = started, []
+        for g in range(len(groups)):
+            finishing += backend.finish_group(g, s.views[-1])
+        self._record_episodes(s.views[-1], finishing)
 
     def _collect_ray(self) -> TensorDictBase:
         if self._async is not None:
@@ -273,8 +350,9 @@ class RolloutCollector:
     # ------------------------------------------------------------------ state for exact resume
     def get_state(self) -> dict[str, Any]:
         """What the next ``collect()`` continues from, one entry per env: current observations
-        (``[N, *obs]``), running episode returns and lengths (``[N]``), and each env's
-        ``get_state()`` (``None`` where the env has none; a ``VectorEnv``'s state is split per env).
+        (``[N, *obs]``), running episode returns and lengths and the keyed-sampling step counters
+        (``steps``; ``[N]``), and each env's ``get_state()`` (``None`` where the env has none; a
+        ``VectorEnv``'s state is split per env).
 
         Per env, not per worker, so a state restores into any grouping of the same envs
         (another ``num_workers``). With Ray, each actor's state comes back with its rollout,
@@ -285,10 +363,14 @@ class RolloutCollector:
             return merge_states(self.backend.env_states())
         obs = self.storage.last_obs.numpy() if self.storage is not None else self._obs
         return {"observations": obs.copy(), "episode_return": self._episode_return.copy(),
-                "episode_length": self._episode_length.copy(), "env_states": self.backend.get_env_states()}
+                "episode_length": self._episode_length.copy(), "steps": self._steps.numpy().copy(),
+                "env_states": self.backend.get_env_states()}
 
     def set_state(self, state: dict[str, Any], reseed: int | None = None) -> bool:
         """Continue from :meth:`get_state`. Returns ``True`` when every env was restored exactly.
+
+        The step counters of keyed sampling continue from the state's ``steps`` (a state without
+        them, e.g. from Ray actors, starts them at 0).
 
         Where some env offers no ``get_state()``, all envs restart their episodes instead,
         seeded from ``SeedSequence([seed, reseed])`` (pass e.g. the iteration), and ``False``
@@ -303,6 +385,10 @@ class RolloutCollector:
             raise ValueError(f"collector state has {len(env_states)} env states for {self.num_envs} envs")
         if self.backend_name == "ray":
             return self.backend.set_env_states([split_state(state, sl) for sl in self.backend.slices], reseed)
+        steps = np.asarray(state.get("steps", np.zeros(self.num_envs, dtype=np.int64)))
+        if steps.shape != (self.num_envs,):
+            raise ValueError(f"collector state has step counters of shape {steps.shape} for {self.num_envs} envs")
+        self._steps.copy_(torch.from_numpy(steps.astype(np.int64)))
         exact = all(s is not None for s in env_states)
         if exact:
             self.backend.set_env_states(env_states)
@@ -329,6 +415,7 @@ class RolloutCollector:
             self.policy.load_state_dict(policy_or_state_dict)
         elif callable(policy_or_state_dict):
             self.policy = policy_or_state_dict
+            self._keyed = takes_noise_keys(policy_or_state_dict)
             if self.backend_name == "ray":  # actors keep their copy; the new weights go out with the next rollout
                 self.backend.policy = policy_or_state_dict
         else:
