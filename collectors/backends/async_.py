@@ -213,6 +213,8 @@ class AsyncBackend:
             self.groups.append(slice(start, offset))
         self.num_envs = offset
         self._local_rows = rows[0] if self.local else []
+        for group, r in zip(self.local, self._local_rows):  # rollout indices, for episode records and errors
+            group.first_index = r.start
         self._worker_rows = rows[1:] if self.local else rows
         # workers' rows of each group are contiguous: they follow the collecting process's part
         self._group_worker_rows = [slice(self._local_rows[g].stop if self.local else grp.start, grp.stop)
