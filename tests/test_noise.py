@@ -11,11 +11,10 @@ CHI2_999 = {3: 16.27, 5: 20.52}
 
 
 def splitmix_reference(x: np.ndarray) -> np.ndarray:
-    """The SplitMix64 finalizer on NumPy uint64 (which wraps by definition)."""
+    """The SplitMix64 finalizer, less its last xorshift, on NumPy uint64 (which wraps by definition)."""
     with np.errstate(over="ignore"):
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+        return (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
 
 
 def test_torch_int64_hash_equals_the_unsigned_reference():
@@ -23,8 +22,8 @@ def test_torch_int64_hash_equals_the_unsigned_reference():
     steps = torch.tensor([0, 7, 3, 2**40, 1])
     bits = noise.hash_bits(keys, steps, (5, 3)).numpy().view(np.uint64)
     with np.errstate(over="ignore"):
-        x = (keys.numpy().astype(np.uint64)[:, None] + steps.numpy().astype(np.uint64)[:, None] * np.uint64(noise._G1)
-             + np.arange(3, dtype=np.uint64) * np.uint64(noise._G2))
+        k, s = keys.numpy().astype(np.uint64)[:, None], steps.numpy().astype(np.uint64)[:, None]
+        x = k + s * np.uint64(noise._G1 % 2**64) + np.arange(3, dtype=np.uint64) * np.uint64(noise._G2 % 2**64)
     np.testing.assert_array_equal(bits, splitmix_reference(x))
 
 
@@ -97,3 +96,17 @@ def test_actor_critic_keyed_box_actions():
     z = (out["action"] - ac.act_deterministic(obs)) / ac.log_std.exp()
     torch.testing.assert_close(z, noise.normal(keys, steps, (4000, 1)), atol=1e-5, rtol=0)
     assert torch.equal(ac.act(obs, keys, steps)["action"], out["action"])
+
+
+def test_uniforms_stay_inside_the_open_interval_at_the_extreme_bits():
+    bits = torch.tensor([-(2**63), -1, 0, 2**63 - 1])  # top bits 100..0, 111..1, 000..0, 011..1
+    u = noise._open_unit(bits)
+    assert u.tolist() == [2.0 ** -24, 0.5 - 2.0 ** -24, 0.5 + 2.0 ** -24, 1 - 2.0 ** -24]
+    assert torch.isfinite(-torch.log(-torch.log(u))).all()
+
+
+def test_noise_made_in_inference_mode_is_usable_outside_it():
+    keys, steps = torch.arange(3), torch.zeros(3, dtype=torch.int64)
+    with torch.inference_mode():
+        inside = noise.gumbel(keys, steps, (3, 17))
+    assert torch.equal(noise.gumbel(keys, steps, (3, 17)), inside)
