@@ -237,10 +237,13 @@ class RolloutCollector:
     def _collect(self) -> TensorDictBase:
         s, first = self.storage, None
         everything = slice(0, self.num_envs)
-        if s is None:  # the first step's output fixes the storage layout (actions dtype, extras)
+        if s is None:  # the first call's output fixes the storage layout (actions dtype, extras)
             obs0 = torch.from_numpy(self._obs)
-            first = self._call_policy(obs0, everything, 0)
-            self._check_policy_output(*first)
+            # the policy sees the same rows as in every later rollout (async: the first group), so that
+            # its outputs round the same way after a resume as in a run that went straight through
+            rows = self.backend.groups[0] if self.backend_name == "async" else everything
+            first = self._call_policy(obs0[rows], rows, 0)
+            self._check_policy_output(*first, n=rows.stop - rows.start)
             s = self.storage = self._allocate(*first)
             s.obs[0].copy_(obs0)
         else:
@@ -262,10 +265,12 @@ class RolloutCollector:
         return batch
 
     def _act(self, s: RolloutStorage, t: int, rows: slice, first) -> None:
-        """Run the policy on envs ``rows`` at step ``t`` (``first``: the rollout's first output, if already run);
-        write actions and extras into the storage."""
-        if t == 0 and first is not None:
-            action, extras = first[0][rows], {k: v[rows] for k, v in first[1].items()}
+        """Run the policy on envs ``rows`` at step ``t`` and write actions and extras into the storage.
+
+        ``first``: the output for the first rows (starting at env 0) at step 0, where already computed.
+        """
+        if t == 0 and first is not None and rows.start == 0:
+            action, extras = first
         else:
             action, extras = self._call_policy(s.obs_steps[t][rows], rows, t)
         n = rows.stop - rows.start

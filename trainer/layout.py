@@ -72,6 +72,7 @@ class RunLayout:
     vectorized: bool  # factories build one natively batched env each
     workers: int  # async worker processes or Ray actors (0: everything in this process)
     main_share: bool  # async: the collecting process steps a share of the envs too
+    num_splits: int  # async: env groups stepped double-buffered (1: lockstep)
     factories_per_worker: int  # ray: env factories per actor
     cpus_per_worker: float  # ray: CPUs reserved per actor
     ray_address: str
@@ -93,7 +94,7 @@ class RunLayout:
         """The ``RolloutCollector`` arguments this layout fixes (besides env factories, policy, horizon, seed)."""
         kw: dict[str, Any] = {"num_threads": self.collect_threads}
         if self.backend == "async":
-            kw.update(num_workers=self.workers, main_share=self.main_share)
+            kw.update(num_workers=self.workers, main_share=self.main_share, num_splits=self.num_splits)
         elif self.backend == "ray":
             kw.update(num_workers=self.workers, envs_per_worker=self.factories_per_worker,
                       ray_address=self.ray_address or None, cpus_per_worker=self.cpus_per_worker,
@@ -111,6 +112,8 @@ class RunLayout:
         kind = f"{len(self.factory_envs)} x {'VREdgeVectorEnv(' + per + ')' if self.vectorized else 'gym.make'}"
         if self.backend == "async":
             procs = _count(self.workers, "worker process", "es") + (" + this process" if self.main_share else "")
+            if self.num_splits > 1:
+                procs += f", {self.num_splits} env groups double-buffered"
         elif self.backend == "ray":
             procs = f"{_count(self.workers, 'Ray actor')} x {self.cpus_per_worker:g} CPU, " \
                     f"{_count(self.factories_per_worker, 'factory')} each"
@@ -156,7 +159,12 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
         learn_busy = 0
     elif cfg.backend == "async":
         workers, main_share = _async_workers(cfg, cores, notes)
-        sizes = [len(a) for a in np.array_split(np.arange(n), workers + main_share)] if vectorized else [1] * n
+        parts = (workers + main_share) * cfg.num_splits  # a factory per process and group
+        if parts > n:
+            raise ValueError(f"--num-splits={cfg.num_splits} needs a factory per process and group: {parts} with "
+                             f"{workers + main_share} processes, but --num-envs={n}; lower --num-splits or "
+                             "--num-workers")
+        sizes = [len(a) for a in np.array_split(np.arange(n), parts)] if vectorized else [1] * n
         busy_here, learn_busy = workers, 0  # workers step while this process collects; idle while it learns
     else:
         workers, cpus, busy_here = _ray_workers(cfg, machine)
@@ -172,6 +180,7 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
                          "they will share them (slower)")
     return RunLayout(env=cfg.env, backend=cfg.backend, num_envs=n, device=learner_device(cfg.device, machine.gpus),
                      factory_envs=tuple(sizes), vectorized=vectorized, workers=workers, main_share=main_share,
+                     num_splits=cfg.num_splits,
                      factories_per_worker=per_worker, cpus_per_worker=cpus, ray_address=cfg.ray_address,
                      ray_async=cfg.ray_async, collect_threads=collect_threads, learn_threads=learn_threads,
                      worker_threads=1, batch_envs=n // workers if cfg.ray_async else n, machine=machine,
@@ -197,6 +206,8 @@ def _async_workers(cfg: TrainConfig, cores: int, notes: list[str]) -> tuple[int,
             raise ValueError(f"--num-workers={workers} is more than --num-envs={n}: every worker process needs "
                              "at least one env; lower --num-workers")
         main_share = workers < min(n, cores)  # a core and an env left for the collecting process
+    elif cfg.num_splits > 1:  # double-buffered: workers on every core; this process only runs the policy
+        return max(1, min(cores, n // cfg.num_splits)), False
     else:
         return async_workers(cores, n)
     busy = workers + main_share
