@@ -31,14 +31,21 @@ def contenders(num_envs: int, horizon: int, step_cost_us: float, cores: int) -> 
     policy = ActorCritic(probe.observation_space, probe.action_space)
     fns = [env_fn] * num_envs
     workers, main_share = async_workers(cores, num_envs)
-    layout = dict(num_workers=workers, main_share=main_share)
-    return {
+    # double-buffered needs a factory per process and group: at most num_envs // 2 processes
+    processes = max(1, min(cores, num_envs // 2))
+    out = {
         "sync": collector_contender(fns, policy, "sync", horizon),
-        "async, lockstep (num_splits=1)": collector_contender(fns, policy, "async", horizon, num_splits=1, **layout),
-        "async, double-buffered (num_splits=2)": collector_contender(fns, policy, "async", horizon, num_splits=2,
-                                                                     **layout),
-        "gymnasium AsyncVectorEnv(shm)": gymnasium_contender(fns, policy, horizon, "AsyncVectorEnv"),
+        "async, lockstep (default)": collector_contender(fns, policy, "async", horizon, num_splits=1,
+                                                         num_workers=workers, main_share=main_share),
+        # the trainer's --num-splits 2 layout: a worker per core, the collecting process only runs the policy
+        "async, double-buffered": collector_contender(fns, policy, "async", horizon, num_splits=2,
+                                                      num_workers=processes, main_share=False),
     }
+    if processes > 1:  # the lockstep layout, double-buffered: this process steps a share too
+        out["async, double-buffered, main share"] = collector_contender(fns, policy, "async", horizon, num_splits=2,
+                                                                        num_workers=processes - 1, main_share=True)
+    out["gymnasium AsyncVectorEnv(shm)"] = gymnasium_contender(fns, policy, horizon, "AsyncVectorEnv")
+    return out
 
 
 def report(rates: dict[str, list[float]], cores: int) -> None:
