@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -11,15 +12,18 @@ import torch
 from tensordict import TensorDictBase
 
 from collectors.base import Collector, Policy, check_env_fns, check_seeds
+from collectors.env_group import EpisodeInfo
 from collectors.resources import torch_threads
 from collectors.rollout import Rollout
-from collectors.seeding import env_seeds
+from collectors.seeding import env_seeds, noise_keys
 from collectors.storage import RolloutStorage, torch_dtype
 
 LOCAL_BACKENDS = ("serial", "sync", "async")
 
 
-def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bool):
+def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bool, num_splits: int):
+    if num_splits != 1 and backend != "async":
+        raise ValueError(f"num_splits={num_splits!r} needs backend='async' (got {backend!r}); leave it at 1")
     if backend == "serial":
         from collectors.backends.serial import SerialBackend
         return SerialBackend(env_fns)
@@ -27,7 +31,18 @@ def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bo
         from collectors.backends.sync import SyncBackend
         return SyncBackend(env_fns)
     from collectors.backends.async_ import AsyncBackend
-    return AsyncBackend(env_fns, num_workers=num_workers, main_share=main_share)
+    return AsyncBackend(env_fns, num_workers=num_workers, main_share=main_share, num_splits=num_splits)
+
+
+def takes_noise_keys(policy: Policy) -> bool:
+    """Whether ``policy`` declares the keyword parameters ``noise_keys`` and ``steps`` (``forward``'s, for a module)."""
+    fn = policy.forward if isinstance(policy, torch.nn.Module) else policy
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: called with observations only
+        return False
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return all(name in params and params[name].kind in named for name in ("noise_keys", "steps"))
 
 
 class RolloutCollector(Collector):
@@ -69,11 +84,26 @@ class RolloutCollector(Collector):
         num_threads: torch intra-op threads of this process while ``collect()`` runs (restored
             afterwards, so a learner in this process keeps its own count); ``None``: unchanged.
             Workers always use one thread each.
+        num_splits: async only; ``k`` env groups stepped double-buffered (Sample Factory's
+            ``worker_num_splits``): while the workers step one group, this process runs the policy
+            on the next. ``1``: lockstep (all envs, then the policy on all). Every process needs a
+            factory in every group (``num_splits x processes <= len(env_fns)``). Pays off when env
+            steps are expensive (see README, Backends); use a keyed policy (below) so that the batch
+            equals lockstep's.
+
+    Keyed sampling: a policy that declares keyword parameters ``noise_keys`` and ``steps`` (e.g.
+    ``trainer.model.ActorCritic``) is called as ``policy(obs[n], noise_keys=[n], steps=[n])`` for
+    rows ``n`` of the envs: ``noise_keys`` (``int64``) identifies each env's noise stream (from its
+    env seed, see ``collectors.seeding.noise_keys``) and ``steps`` (``int64``) counts the steps the
+    env has taken in this collector (part of :meth:`get_state`). Drawing noise from these alone
+    makes the batch independent of how envs are grouped into policy calls; other policies are
+    called as ``policy(obs)``.
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
                  horizon: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
-                 num_workers: int | None = None, main_share: bool = True, num_threads: int | None = None) -> None:
+                 num_workers: int | None = None, main_share: bool = True, num_threads: int | None = None,
+                 num_splits: int = 1) -> None:
         if backend == "ray":
             raise ValueError("backend='ray' has its own collector: collectors.make_collector(env_fns, policy, "
                              "backend='ray', ...) or collectors.RayCollector(env_fns, policy, ...)")
@@ -85,7 +115,8 @@ class RolloutCollector(Collector):
         if explicit is None:
             env_seeds(seed, 0)  # validates the seed before any worker starts
         self.backend_name = backend
-        self.backend = _make_backend(backend, env_fns, num_workers, main_share)
+        self._keyed = takes_noise_keys(policy)
+        self.backend = _make_backend(backend, env_fns, num_workers, main_share, num_splits)
         self._closed = False
         try:
             self.num_envs = self.backend.num_envs
@@ -95,6 +126,8 @@ class RolloutCollector(Collector):
                 raise ValueError(f"seed has {len(explicit)} entries for {self.num_envs} envs; pass one integer "
                                  "or one seed per env")
             self.seeds = explicit if explicit is not None else env_seeds(seed, self.num_envs)
+            self._noise_keys = torch.tensor(noise_keys(self.seeds), dtype=torch.int64)
+            self._steps = torch.zeros(self.num_envs, dtype=torch.int64)  # steps each env has taken here
             self._obs = np.zeros((self.num_envs, *self.observation_space.shape), dtype=self.observation_space.dtype)
             self.backend.reset(self.seeds, self._obs)
         except BaseException:
@@ -105,9 +138,13 @@ class RolloutCollector(Collector):
         self._episode_length = np.zeros(self.num_envs, dtype=np.int64)
 
     # ------------------------------------------------------------------ policy
-    def _call_policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _call_policy(self, obs: torch.Tensor, rows: slice, t: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The policy on ``obs`` = envs ``rows`` at step ``t`` of the rollout: ``(actions, extras)``."""
         with torch.inference_mode():  # also when called outside collect()'s loop
-            out = self.policy(obs)
+            if self._keyed:
+                out = self.policy(obs, noise_keys=self._noise_keys[rows], steps=self._steps[rows] + t)
+            else:
+                out = self.policy(obs)
         if isinstance(out, (Mapping, TensorDictBase)):
             if "action" not in out.keys():
                 raise ValueError(f"policy returned a mapping without 'action' (keys: {list(out.keys())})")
@@ -120,8 +157,9 @@ class RolloutCollector(Collector):
             out = torch.as_tensor(np.asarray(out))
         return out, extras
 
-    def _check_policy_output(self, action: torch.Tensor, extras: dict[str, torch.Tensor]) -> None:
-        n, space = self.num_envs, self.action_space
+    def _check_policy_output(self, action: torch.Tensor, extras: dict[str, torch.Tensor],
+                             n: int | None = None) -> None:
+        n, space = self.num_envs if n is None else n, self.action_space
         want = (n, *space.shape)
         if tuple(action.shape) != want:
             raise ValueError(f"policy returned actions of shape {tuple(action.shape)}; expected {want} "
@@ -157,31 +195,76 @@ class RolloutCollector(Collector):
 
     def _collect(self) -> Rollout:
         s, first = self.storage, None
-        if s is None:  # the first step's output fixes the storage layout (actions dtype, extras)
+        everything = slice(0, self.num_envs)
+        if s is None:  # the first call's output fixes the storage layout (actions dtype, extras)
             obs0 = torch.from_numpy(self._obs)
-            first = self._call_policy(obs0)
-            self._check_policy_output(*first)
+            # the policy sees the same rows as in every later rollout (async: the first group), so that
+            # its outputs round the same way after a resume as in a run that went straight through
+            rows = self.backend.groups[0] if self.backend_name == "async" else everything
+            first = self._call_policy(obs0[rows], rows, 0)
+            self._check_policy_output(*first, n=rows.stop - rows.start)
             s = self.storage = self._allocate(*first)
             s.obs[0].copy_(obs0)
         else:
             s.start_rollout()
         episodes: list[dict[str, Any]] = []
         with torch.inference_mode():  # cheaper per op than no_grad; outputs are copied into storage
-            for t in range(self.horizon):
-                action, extras = first if t == 0 and first is not None else self._call_policy(s.obs_steps[t])
-                if action.shape != s.actions.shape[1:] or action.dtype != s.actions.dtype \
-                        or extras.keys() != s.extras.keys():
-                    self._check_policy_output(action, extras)
-                    raise TypeError(f"policy output changed between steps: got {action.dtype} actions with "
-                                    f"{sorted(extras)}, first step gave {s.actions.dtype} with {sorted(s.extras)}")
-                s.action_steps[t].copy_(action)
-                for name, v in extras.items():
-                    s.extras[name][t].copy_(v)
-                views = s.views[t]
-                infos = self.backend.step(s.action_steps_np[t], views)
-                self._record_episodes(views, infos, episodes)
+            if self.backend_name == "async":
+                self._async_steps(s, first, episodes)
+            else:
+                for t in range(self.horizon):
+                    self._act(s, t, everything, first)
+                    views = s.views[t]
+                    infos = self.backend.step(s.action_steps_np[t], views)
+                    self._record_episodes(views, infos, episodes)
+        self._steps += self.horizon
         batch, next_obs = s.to_device()
-        return Rollout(batch, next_obs, episodes, self.policy_version, slice(0, self.num_envs))
+        return Rollout(batch, next_obs, episodes, self.policy_version, everything)
+
+    def _act(self, s: RolloutStorage, t: int, rows: slice, first) -> None:
+        """Run the policy on envs ``rows`` at step ``t`` and write actions and extras into the storage.
+
+        ``first``: the output for the first rows (starting at env 0) at step 0, where already computed.
+        """
+        if t == 0 and first is not None and rows.start == 0:
+            action, extras = first
+        else:
+            action, extras = self._call_policy(s.obs_steps[t][rows], rows, t)
+        n = rows.stop - rows.start
+        if action.shape[1:] != s.actions.shape[2:] or len(action) != n or action.dtype != s.actions.dtype \
+                or extras.keys() != s.extras.keys():
+            self._check_policy_output(action, extras, n)
+            raise TypeError(f"policy output changed between steps: got {action.dtype} actions with "
+                            f"{sorted(extras)}, first step gave {s.actions.dtype} with {sorted(s.extras)}")
+        s.action_steps[t][rows].copy_(action)
+        for name, v in extras.items():
+            s.extras[name][t][rows].copy_(v)
+
+    def _async_steps(self, s: RolloutStorage, first, episodes: list[dict[str, Any]]) -> None:
+        """One rollout on the async backend, its env groups pipelined (double-buffered with two groups).
+
+        While the workers step group ``g``, this process runs the policy on group ``g + 1`` and
+        steps its own part of it; group ``g``'s results are awaited only when the policy needs
+        its next observations. The policy is called in a fixed order (group by group, step by
+        step), so the batch does not depend on timing. With one group this is lockstep.
+        Episodes of step ``t`` are recorded once every group has finished it, in env order.
+        """
+        backend, groups = self.backend, self.backend.groups
+        last = len(groups) - 1
+        finishing: list[EpisodeInfo] = []  # episode infos of step t - 1
+        started: list[EpisodeInfo] = []  # ... and of step t
+        for t in range(self.horizon):
+            for g, rows in enumerate(groups):
+                if t:  # group g must have finished step t - 1 before the policy reads its observations
+                    finishing += backend.finish_group(g, s.views[t - 1])
+                    if g == last:
+                        self._record_episodes(s.views[t - 1], finishing, episodes)
+                self._act(s, t, rows, first)
+                started += backend.start_group(g, s.action_steps_np[t], s.views[t])
+            finishing, started = started, []
+        for g in range(len(groups)):
+            finishing += backend.finish_group(g, s.views[-1])
+        self._record_episodes(s.views[-1], finishing, episodes)
 
     def _record_episodes(self, views, infos, episodes: list[dict[str, Any]]) -> None:
         self._episode_return += views.rewards
@@ -199,18 +282,23 @@ class RolloutCollector(Collector):
     # ------------------------------------------------------------------ state for exact resume
     def get_state(self) -> dict[str, Any]:
         """What the next ``collect()`` continues from, one entry per env: current observations
-        (``[N, *obs]``), running episode returns and lengths (``[N]``), and each env's
-        ``get_state()`` (``None`` where the env has none; a ``VectorEnv``'s state is split per env).
+        (``[N, *obs]``), running episode returns and lengths and the keyed-sampling step counters
+        (``steps``; ``[N]``), and each env's ``get_state()`` (``None`` where the env has none; a
+        ``VectorEnv``'s state is split per env).
 
         Per env, not per worker, so a state restores into any grouping of the same envs
         (another ``num_workers``, or a Ray collector).
         """
         obs = self.storage.last_obs.numpy() if self.storage is not None else self._obs
         return {"observations": obs.copy(), "episode_return": self._episode_return.copy(),
-                "episode_length": self._episode_length.copy(), "env_states": self.backend.get_env_states()}
+                "episode_length": self._episode_length.copy(), "steps": self._steps.numpy().copy(),
+                "env_states": self.backend.get_env_states()}
 
     def set_state(self, state: dict[str, Any], reseed: int | None = None) -> bool:
         """Continue from :meth:`get_state`. Returns ``True`` when every env was restored exactly.
+
+        The step counters of keyed sampling continue from the state's ``steps`` (a state without
+        them, e.g. from an older checkpoint, starts them at 0).
 
         Where some env offers no ``get_state()``, all envs restart their episodes instead,
         seeded from ``SeedSequence([seed, reseed])`` (pass e.g. the iteration), and ``False``
@@ -223,6 +311,10 @@ class RolloutCollector(Collector):
         env_states = list(state["env_states"])
         if len(env_states) != self.num_envs:
             raise ValueError(f"collector state has {len(env_states)} env states for {self.num_envs} envs")
+        steps = np.asarray(state.get("steps", np.zeros(self.num_envs, dtype=np.int64)))
+        if steps.shape != (self.num_envs,):
+            raise ValueError(f"collector state has step counters of shape {steps.shape} for {self.num_envs} envs")
+        self._steps.copy_(torch.from_numpy(steps.astype(np.int64)))
         exact = all(s is not None for s in env_states)
         if exact:
             self.backend.set_env_states(env_states)
@@ -239,6 +331,10 @@ class RolloutCollector(Collector):
             self._obs[:] = obs
         return exact
 
+    def update_policy(self, policy_or_state_dict: Policy | Mapping[str, torch.Tensor]) -> None:
+        super().update_policy(policy_or_state_dict)
+        self._keyed = takes_noise_keys(self.policy)  # a new callable may or may not take keys
+
     def _close(self) -> None:
         self.backend.close()
 
@@ -248,6 +344,7 @@ def merge_states(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"observations": np.concatenate([p["observations"] for p in parts]),
             "episode_return": np.concatenate([p["episode_return"] for p in parts]),
             "episode_length": np.concatenate([p["episode_length"] for p in parts]),
+            **({"steps": np.concatenate([p["steps"] for p in parts])} if all("steps" in p for p in parts) else {}),
             "env_states": [s for p in parts for s in p["env_states"]]}
 
 
@@ -256,4 +353,5 @@ def split_state(state: dict[str, Any], envs: slice) -> dict[str, Any]:
     return {"observations": np.asarray(state["observations"])[envs],
             "episode_return": np.asarray(state["episode_return"])[envs],
             "episode_length": np.asarray(state["episode_length"])[envs],
+            **({"steps": np.asarray(state["steps"])[envs]} if "steps" in state else {}),
             "env_states": list(state["env_states"])[envs]}

@@ -108,3 +108,25 @@ def greedy_policy(obs_space, act_space, seed: int = 0):
             return {"action": action, "log_prob": log_prob, "value": value}
 
     return Greedy(obs_space, act_space, normalize_obs=False, seed=seed)
+
+
+class TimedEnv(FaultyCartPole):
+    """CartPole whose steps take ``step_s`` seconds of sleep; each step appends ``pid start end`` to ``log``."""
+
+    def __init__(self, log: str, step_s: float) -> None:
+        super().__init__()
+        self.log, self.step_s = log, step_s
+
+    def step(self, action):
+        import time
+        start = time.monotonic()
+        time.sleep(self.step_s)
+        with open(self.log, "a") as fh:
+            fh.write(f"{os.getpid()} {start} {time.monotonic()}\n")
+        return self.inner.step(action)
+
+
+def keyed_policy(obs_space, act_space, seed: int = 0):
+    """The trainer's actor-critic, which samples with keyed noise when the collector passes keys."""
+    from trainer.model import ActorCritic
+    return ActorCritic(obs_space, act_space, seed=seed)

@@ -2,7 +2,9 @@
 
 import re
 
-from benchmarks import device_check, scaling
+import pytest
+
+from benchmarks import device_check, double_buffer, scaling
 
 
 def test_device_check_quick_runs_every_part(capsys):
@@ -22,6 +24,18 @@ def test_scaling_quick_reports_rates_and_efficiency(capsys):
     rows = re.findall(r"^\s+(\d+)\s+([\d,]+)\s+([\d.]+)x\s+([\d.]+)$", out, re.M)
     assert [int(w) for w, *_ in rows] == [1, 2, 1, 2]  # two workloads, 1 and 2 workers
     assert all(float(e) > 0 for *_, e in rows)
+
+
+@pytest.mark.slow  # five collectors, four of them with spawned workers
+def test_double_buffer_quick_reports_every_contender_with_efficiency(capsys):
+    double_buffer.main(["--quick"])
+    out = capsys.readouterr().out
+    rows = re.findall(r"^(sync|async, [\w ,()-]+?|gymnasium AsyncVectorEnv\(shm\))\s+([\d,]+)\s+\[.*?\]\s+([\d.]+) \[",
+                      out, re.M)
+    names = [name for name, *_ in rows]
+    assert names[:3] == ["sync", "async, lockstep (default)", "async, double-buffered"]
+    assert names[-1] == "gymnasium AsyncVectorEnv(shm)"
+    assert all(int(rate.replace(",", "")) > 0 and float(eff) > 0 for _, rate, eff in rows)
 
 
 def test_worker_counts_reach_the_cores():

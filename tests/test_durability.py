@@ -135,6 +135,17 @@ def test_resume_with_another_number_of_workers_is_exact(tmp_path):
     assert_same_run(tmp_path / "straight", tmp_path / "split")
 
 
+@pytest.mark.slow
+def test_resume_of_a_double_buffered_run_is_exact(tmp_path):
+    """The keyed-sampling step counters are part of the checkpoint: VR-edge in 2 groups over 2 workers resumes
+    over 1 worker (one vector env per process and group, so the groups' envs stay the same)."""
+    argv = VR + ["--backend", "async", "--num-splits", "2", "--num-workers", "1", "--run-dir"]
+    run(argv + [str(tmp_path / "straight")])
+    run(argv + [str(tmp_path / "split")], max_iterations=3)
+    run(["--resume", str(tmp_path / "split")])
+    assert_same_run(tmp_path / "straight", tmp_path / "split")
+
+
 def test_an_env_error_keeps_the_last_completed_iteration(tmp_path, monkeypatch):
     real, calls = EnvGroup.step, []
 

@@ -71,6 +71,20 @@ def test_the_16_core_async_vr_edge_bug_is_gone():
     assert (layout.collect_threads, layout.learn_threads) == (1, 16)
 
 
+def test_double_buffered_layout_puts_workers_on_every_core_and_groups_in_every_process():
+    cartpole = run_layout(TrainConfig(env="CartPole-v1", backend="async", num_envs=8, num_splits=2), Machine(cores=2))
+    assert (cartpole.workers, cartpole.main_share, cartpole.factory_envs) == (2, False, (1,) * 8)
+    assert cartpole.collector_kwargs()["num_splits"] == 2 and "double-buffered" in cartpole.describe()
+    vr = run_layout(TrainConfig(backend="async", num_envs=64, num_splits=2), Machine(cores=16))
+    assert (vr.workers, vr.main_share, vr.factory_envs) == (16, False, (2,) * 32)  # a vector env per process and group
+    lockstep = run_layout(TrainConfig(backend="async", num_envs=64), Machine(cores=16))
+    assert lockstep.collector_kwargs()["num_splits"] == 1
+    with pytest.raises(ValueError, match="--num-splits=2 needs a factory per process and group"):
+        run_layout(TrainConfig(backend="async", num_envs=8, num_workers=7, num_splits=2), Machine(cores=16))
+    with pytest.raises(ValueError, match="num.splits.*needs --backend async"):
+        TrainConfig(backend="sync", num_splits=2).validate()
+
+
 def test_slurm_share_of_a_big_node_uses_only_its_cores(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(4)))
     assert usable_cores() <= 4

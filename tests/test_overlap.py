@@ -123,9 +123,9 @@ def test_overlapped_runs_lag_one_update_and_are_deterministic(straight_overlap, 
     extra, straight = straight_overlap
     rows = metrics(straight)
     assert [r["policy_lag"] for r in rows] == [0] + [1] * (ITERATIONS - 1)
-    run(VR + OVERLAP + extra + ["--run-dir", str(tmp_path)])
-    assert_same_run(straight, tmp_path)
-    alternating = tmp_path.parent / "alternating"
+    run(VR + OVERLAP + extra + ["--run-dir", str(tmp_path / "again")])
+    assert_same_run(straight, tmp_path / "again")
+    alternating = tmp_path / "alternating"
     run(VR + extra + ["--run-dir", str(alternating)])
     assert metrics(alternating)[0] == rows[0]  # the first iteration has nothing to overlap with
     assert metrics(alternating)[1:] != rows[1:]  # later ones learn from rollouts one update old

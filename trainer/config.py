@@ -28,6 +28,7 @@ class TrainConfig:
     device: str = "auto"
     run_dir: str = ""
     num_workers: int = 0
+    num_splits: int = 1
     threads: int = 0
     lr: float = 1e-3
     anneal_lr: bool = True
@@ -72,6 +73,8 @@ class TrainConfig:
         "run_dir": "run directory of a new run (default runs/<env>-s<seed>-<time>)",
         "num_workers": "async worker processes or ray actors (0: from the run layout: one busy process per core, "
                        "or the actors the Ray cluster's CPUs hold)",
+        "num_splits": "async: env groups stepped double-buffered (2: the workers step one half of the envs while "
+                      "the policy acts on the other; 1: lockstep); pays off for envs with costly steps",
         "threads": "torch threads of this process (0: from the run layout: the cores the workers leave free while "
                    "collecting, all cores while learning)",
         "lr": "Adam learning rate",
@@ -138,6 +141,8 @@ class TrainConfig:
         need(self.batch_size >= 0, "batch_size", "must be >= 0 (0 lets the planner choose)")
         need(self.target_kl >= 0, "target_kl", "must be >= 0 (0 disables it)")
         need(self.num_workers >= 0, "num_workers", "must be >= 0 (0: backend default)")
+        need(self.num_splits >= 1, "num_splits", "must be >= 1 (1: lockstep)")
+        need(self.num_splits == 1 or self.backend == "async", "num_splits", "needs --backend async")
         need(self.threads >= 0, "threads", "must be >= 0 (0: from the run layout)")
         need(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device",
              "use auto, cpu or cuda")

@@ -72,6 +72,7 @@ class RunLayout:
     vectorized: bool  # factories build one natively batched env each
     workers: int  # async worker processes or Ray actors (0: everything in this process)
     main_share: bool  # async: the collecting process steps a share of the envs too
+    num_splits: int  # async: env groups stepped double-buffered (1: lockstep)
     factories_per_worker: int  # ray: env factories per actor
     cpus_per_worker: float  # ray: CPUs reserved per actor
     ray_address: str
@@ -96,7 +97,7 @@ class RunLayout:
         if self.overlap:
             kw["background"] = True
         if self.backend == "async":
-            kw.update(num_workers=self.workers, main_share=self.main_share)
+            kw.update(num_workers=self.workers, main_share=self.main_share, num_splits=self.num_splits)
         elif self.backend == "ray":
             kw.update(num_workers=self.workers, envs_per_worker=self.factories_per_worker,
                       ray_address=self.ray_address or None, cpus_per_worker=self.cpus_per_worker,
@@ -115,6 +116,8 @@ class RunLayout:
         here = "the collecting process" if self.overlap else "this process"
         if self.backend == "async":
             procs = _count(self.workers, "worker process", "es") + (f" + {here}" if self.main_share else "")
+            if self.num_splits > 1:
+                procs += f", {self.num_splits} env groups double-buffered"
         elif self.backend == "ray":
             procs = f"{_count(self.workers, 'Ray actor')} x {self.cpus_per_worker:g} CPU, " \
                     f"{_count(self.factories_per_worker, 'factory')} each"
@@ -165,7 +168,12 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
         learn_busy = 1 if cfg.overlap else 0
     elif cfg.backend == "async":
         workers, main_share = _async_workers(cfg, collect_cores, notes)
-        sizes = [len(a) for a in np.array_split(np.arange(n), workers + main_share)] if vectorized else [1] * n
+        parts = (workers + main_share) * cfg.num_splits  # a factory per process and group
+        if parts > n:
+            raise ValueError(f"--num-splits={cfg.num_splits} needs a factory per process and group: {parts} with "
+                             f"{workers + main_share} processes, but --num-envs={n}; lower --num-splits or "
+                             "--num-workers")
+        sizes = [len(a) for a in np.array_split(np.arange(n), parts)] if vectorized else [1] * n
         busy_here = workers  # workers step while the collecting process collects; idle while this one learns
         learn_busy = workers + 1 if cfg.overlap else 0
     else:
@@ -184,6 +192,7 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
                          "they will share them (slower)")
     return RunLayout(env=cfg.env, backend=cfg.backend, num_envs=n, device=learner_device(cfg.device, machine.gpus),
                      factory_envs=tuple(sizes), vectorized=vectorized, workers=workers, main_share=main_share,
+                     num_splits=cfg.num_splits,
                      factories_per_worker=per_worker, cpus_per_worker=cpus, ray_address=cfg.ray_address,
                      ray_async=cfg.ray_async, overlap=cfg.overlap, collect_threads=collect_threads,
                      learn_threads=learn_threads,
@@ -210,6 +219,8 @@ def _async_workers(cfg: TrainConfig, cores: int, notes: list[str]) -> tuple[int,
             raise ValueError(f"--num-workers={workers} is more than --num-envs={n}: every worker process needs "
                              "at least one env; lower --num-workers")
         main_share = workers < min(n, cores)  # a core and an env left for the collecting process
+    elif cfg.num_splits > 1:  # double-buffered: workers on every core; this process only runs the policy
+        return max(1, min(cores, n // cfg.num_splits)), False
     else:
         return async_workers(cores, n)
     busy = workers + main_share

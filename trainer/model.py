@@ -8,6 +8,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from trainer import noise
 from trainer.moments import merged_moments
 
 
@@ -205,22 +206,38 @@ class ActorCritic(nn.Module):
         return action if self.kind == "multi" else action[:, 0]
 
     @torch.no_grad()
-    def act(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Sample actions for ``[N, obs]``: ``action``, ``log_prob`` and ``value`` (``[N]``)."""
+    def act(self, obs: torch.Tensor, noise_keys: torch.Tensor | None = None,
+            steps: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Sample actions for ``[N, obs]``: ``action``, ``log_prob`` and ``value`` (``[N]``).
+
+        With ``noise_keys`` and ``steps`` (``int64 [N]``, what ``RolloutCollector`` passes), the
+        noise of row ``i`` is a function of ``(noise_keys[i], steps[i])`` only (``trainer.noise``),
+        so a row's action does not depend on the other rows; without them, the module's own
+        ``generator`` is used (evaluation, callers without keys).
+        """
+        if (noise_keys is None) != (steps is None):
+            raise ValueError("act() takes noise_keys and steps together, or neither")
         out, value = self._heads(obs)
         if self.kind == "box":
-            std = self.log_std.exp()
-            action = out + std * torch.randn(out.shape, generator=self.generator, device=out.device)
+            if noise_keys is None:
+                eps = torch.randn(out.shape, generator=self.generator, device=out.device)
+            else:
+                eps = noise.normal(noise_keys, steps, tuple(out.shape))
+            action = out + self.log_std.exp() * eps
             return {"action": action, "log_prob": _normal_log_prob(action, out, self.log_std), "value": value}
         logp = self._grouped_log_probs(out)
         # Gumbel-max: argmax(log p + Gumbel noise) is a sample of p, in a few cheap ops for every head at once
-        gumbel = torch.rand(logp.shape, generator=self.generator, device=logp.device).log_().neg_().log_().neg_()
+        if noise_keys is None:
+            gumbel = torch.rand(logp.shape, generator=self.generator, device=logp.device).log_().neg_().log_().neg_()
+        else:
+            gumbel = noise.gumbel(noise_keys, steps, tuple(logp.shape))
         action = (logp + gumbel).argmax(-1)
         log_prob = logp.gather(-1, action[..., None]).sum((-1, -2))
         return {"action": self._shape_action(action), "log_prob": log_prob, "value": value}
 
-    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.act(obs)
+    def forward(self, obs: torch.Tensor, noise_keys: torch.Tensor | None = None,
+                steps: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        return self.act(obs, noise_keys, steps)
 
     @torch.no_grad()
     def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:

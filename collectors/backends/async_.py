@@ -3,6 +3,14 @@
 The collecting process also steps a share of the envs itself (``main_share=True``):
 while the workers step theirs it would otherwise sit idle, and on a machine with
 few cores an extra busy process only evicts caches (see ``docs/benchmarks.md``).
+
+Double buffering (``num_splits=k > 1``, Sample Factory's ``worker_num_splits``): the env
+factories are split into ``k`` contiguous groups, and each group is spread over every
+process (the collecting process first), so a process hosts one contiguous sub-range of
+each group. The collector then pipelines the groups: while the workers step group ``g``,
+the collecting process runs the policy on group ``g + 1`` and steps its own part of it
+(:meth:`AsyncBackend.start_group` / :meth:`AsyncBackend.finish_group`). Groups are
+contiguous in the rollout's env order, so the policy reads and writes plain slices.
 """
 
 from __future__ import annotations
@@ -49,44 +57,67 @@ def _split(n: int, parts: int) -> list[range]:
     return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _worker_main(env_fns: list, first_factory: int, conn) -> None:
-    """Worker loop: build the envs, receive shared buffers, then serve step/reset/state commands."""
+def _layout(num_factories: int, num_splits: int, parts: int) -> list[list[range]]:
+    """Factory ranges ``[process][group]``: ``num_splits`` contiguous groups, each split over ``parts`` processes."""
+    layout: list[list[range]] = [[] for _ in range(parts)]
+    for group in _split(num_factories, num_splits):
+        for p, r in enumerate(_split(len(group), parts)):
+            layout[p].append(range(group.start + r.start, group.start + r.stop))
+    return layout
+
+
+def _describe(ranges: list[range]) -> str:
+    return ", ".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else str(r.start) for r in ranges)
+
+
+def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
+    """Worker loop: build one env group per split, receive shared buffers, then serve commands."""
     # Ctrl-C, a scheduler's SIGTERM or an early-warning SIGUSR1 reach the whole process group; they are the
     # collecting process's to handle: it takes the envs' state before it shuts the workers down
     for name in ("SIGINT", "SIGTERM", "SIGUSR1"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
     torch.set_num_threads(1)
+    groups: list[EnvGroup] = []
     try:
-        group = EnvGroup(env_fns, first_factory=first_factory)
+        for fns, first in zip(env_fns, first_factories):
+            groups.append(EnvGroup(fns, first_factory=first))
     except Exception as e:
+        for group in groups:
+            group.close()
         conn.send(("error", type(e).__name__, str(e)))
         return
-    conn.send(("ready", group.spaces))
-    _, first_index, shared = conn.recv()
-    group.first_index = first_index
-    rows = slice(first_index, first_index + group.num_envs)
-    views = StepViews(*(shared[f][rows].numpy() for f in _FIELDS))
-    actions = shared["actions"][rows].numpy()
+    conn.send(("ready", [group.spaces for group in groups]))
+    _, first_indices, shared = conn.recv()
+    views, actions = [], []
+    for group, first in zip(groups, first_indices):
+        group.first_index = first
+        rows = slice(first, first + group.num_envs)
+        views.append(StepViews(*(shared[f][rows].numpy() for f in _FIELDS)))
+        actions.append(shared["actions"][rows].numpy())
     while True:
         try:
             cmd, arg = conn.recv()
         except (EOFError, OSError):  # the collecting process is gone (killed): nothing left to serve
-            group.close()
+            for group in groups:
+                group.close()
             return
         try:
-            if cmd == "step":
-                conn.send(("ok", group.step(actions, views)))
-            elif cmd == "reset":
-                group.reset(arg, views.next_obs)
+            if cmd == "step":  # arg: the split to step
+                conn.send(("ok", groups[arg].step(actions[arg], views[arg])))
+            elif cmd == "reset":  # arg: seeds per split
+                for group, seeds, v in zip(groups, arg, views):
+                    group.reset(seeds, v.next_obs)
                 conn.send(("ok", None))
             elif cmd == "get_states":
-                conn.send(("ok", group.get_states()))
-            elif cmd == "set_states":
-                group.set_states(arg)
+                conn.send(("ok", [group.get_states() for group in groups]))
+            elif cmd == "set_states":  # arg: states per split
+                for group, states in zip(groups, arg):
+                    group.set_states(states)
                 conn.send(("ok", None))
             elif cmd == "close":
-                group.close()
+                for group in groups:
+                    group.close()
                 conn.send(("ok", None))
                 return
         except EnvError as e:
@@ -116,10 +147,15 @@ def _shutdown(procs: list, conns: list) -> None:
 
 
 class AsyncBackend:
-    """Envs split over ``num_workers`` spawned processes, plus a share in this process."""
+    """Envs split over ``num_workers`` spawned processes, plus a share in this process.
+
+    ``groups`` lists the ``num_splits`` env groups as contiguous slices of the rollout's
+    env indices; every process hosts a non-empty part of every group. ``step`` steps all
+    groups in lockstep; a collector pipelines them with ``start_group`` / ``finish_group``.
+    """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], num_workers: int | None = None,
-                 main_share: bool = True) -> None:
+                 main_share: bool = True, num_splits: int = 1) -> None:
         if num_workers is None:  # one busy process per usable core (a sharing collecting process is one of them)
             cores = usable_cores()
             num_workers = async_workers(cores, len(env_fns))[0] if main_share else min(cores, len(env_fns))
@@ -130,37 +166,59 @@ class AsyncBackend:
             raise ValueError(f"num_workers={num_workers!r} is out of range: with {len(env_fns)} env factories "
                              f"and main_share={main_share} it must be an integer in [1, {max(hi, 1)}] "
                              "(each process needs at least one factory)")
+        check_num_splits(num_splits, len(env_fns), parts)
         check_picklable(env_fns)
-        ranges = _split(len(env_fns), parts)
-        self._factory_ranges: list[range] = []
+        layout = _layout(len(env_fns), num_splits, parts)
+        self.num_splits = num_splits
+        self._factory_ranges: list[list[range]] = []
         self.procs: list = []
         self.conns: list = []
-        self.local: EnvGroup | None = None
+        self.local: list[EnvGroup] = []
+        self._in_flight: list[int] = []  # groups sent to the workers and not yet finished, oldest first
         self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns)
         try:
-            self._start(env_fns, ranges[1:] if main_share else ranges, ranges[0] if main_share else None)
+            self._start(env_fns, layout[1:] if main_share else layout, layout[0] if main_share else None)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, env_fns, worker_ranges: list[range], local_range: range | None) -> None:
+    def _start(self, env_fns, worker_ranges: list[list[range]], local_ranges: list[range] | None) -> None:
         ctx = tmp.get_context("spawn")
-        for r in worker_ranges:
+        for ranges in worker_ranges:
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=([env_fns[i] for i in r], r.start, child), daemon=True)
+            p = ctx.Process(target=_worker_main, args=([[env_fns[i] for i in r] for r in ranges],
+                                                      [r.start for r in ranges], child), daemon=True)
             p.start()
             child.close()
             self.procs.append(p)
             self.conns.append(parent)
-        if local_range is not None:  # built while the workers build theirs
-            self.local = EnvGroup([env_fns[i] for i in local_range], first_factory=local_range.start)
         self._factory_ranges = worker_ranges
+        if local_ranges is not None:  # built while the workers build theirs
+            for r in local_ranges:
+                self.local.append(EnvGroup([env_fns[i] for i in r], first_factory=r.start))
         replies = self._wait_all(phase="start")
-        spaces = ([*self.local.spaces] if self.local else []) + [s for reply in replies for s in reply]
-        check_same_spaces(spaces)
-        self.observation_space, self.action_space, _ = spaces[0]
-        sizes = ([self.local.num_envs] if self.local else []) + [sum(s[2] for s in reply) for reply in replies]
-        self.num_envs = sum(sizes)
+        # spaces[process][split]: a list of (obs space, action space, envs) per factory
+        spaces = ([[g.spaces for g in self.local]] if self.local else []) + replies
+        check_same_spaces([s for proc in spaces for split in proc for s in split])
+        self.observation_space, self.action_space, _ = spaces[0][0][0]
+        sizes = [[sum(s[2] for s in split) for split in proc] for proc in spaces]
+        # rollout rows follow factory order: group by group, and within a group process by process
+        rows, offset = [[None] * self.num_splits for _ in sizes], 0
+        self.groups: list[slice] = []
+        for g in range(self.num_splits):
+            start = offset
+            for p, proc in enumerate(sizes):
+                rows[p][g] = slice(offset, offset + proc[g])
+                offset += proc[g]
+            self.groups.append(slice(start, offset))
+        self.num_envs = offset
+        self._local_rows = rows[0] if self.local else []
+        for group, r in zip(self.local, self._local_rows):  # rollout indices, for episode records and errors
+            group.first_index = r.start
+        self._worker_rows = rows[1:] if self.local else rows
+        # workers' rows of each group are contiguous: they follow the collecting process's part
+        self._group_worker_rows = [slice(self._local_rows[g].stop if self.local else grp.start, grp.stop)
+                                   for g, grp in enumerate(self.groups)]
         n, obs, act = self.num_envs, self.observation_space, self.action_space
         obs_dtype, act_dtype = torch_dtype(obs.dtype), torch_dtype(act.dtype)
         self.shared = {
@@ -173,13 +231,8 @@ class AsyncBackend:
             "final_mask": torch.zeros(n, dtype=torch.bool).share_memory_(),
         }
         self._np = {k: v.numpy() for k, v in self.shared.items()}
-        offset = self.local.num_envs if self.local else 0
-        self._local_rows = slice(0, offset)
-        self._worker_rows = []
-        for conn, size in zip(self.conns, sizes[1:] if self.local else sizes):
-            conn.send(("buffers", offset, self.shared))
-            self._worker_rows.append(slice(offset, offset + size))
-            offset += size
+        for conn, worker_rows in zip(self.conns, self._worker_rows):
+            conn.send(("buffers", [r.start for r in worker_rows], self.shared))
 
     def _wait_all(self, phase: str) -> list[Any]:
         """Wait for one reply per worker, in worker order; raise on errors or dead workers.
@@ -204,8 +257,8 @@ class AsyncBackend:
                     self.procs[w].join(timeout=1.0)
                     error = error or WorkerDiedError(
                         f"async worker {w} (pid {self.procs[w].pid}, hosting factories "
-                        f"{self._factory_ranges[w].start}-{self._factory_ranges[w].stop - 1}) died during "
-                        f"{phase} with exit code {self.procs[w].exitcode}")
+                        f"{_describe(self._factory_ranges[w])}) died during {phase} with exit code "
+                        f"{self.procs[w].exitcode}")
                     continue
                 if msg[0] in ("ok", "ready"):
                     replies[w] = msg[1]
@@ -233,24 +286,45 @@ class AsyncBackend:
 
     def reset(self, seeds: Sequence[int], obs_out: np.ndarray) -> None:
         def run():
+            seeds_ = list(seeds)
             for conn, rows in zip(self.conns, self._worker_rows):
-                conn.send(("reset", list(seeds[rows])))
-            if self.local is not None:
-                self.local.reset(seeds[self._local_rows], obs_out[self._local_rows])
+                conn.send(("reset", [seeds_[r] for r in rows]))
+            for group, rows in zip(self.local, self._local_rows):
+                group.reset(seeds_[rows], obs_out[rows])
             self._wait_all(phase="reset")
             for rows in self._worker_rows:
-                obs_out[rows] = self._np["next_obs"][rows]
+                for r in rows:
+                    obs_out[r] = self._np["next_obs"][r]
         self._guarded(run)
 
-    def step(self, actions: np.ndarray, out: StepViews) -> list[EpisodeInfo]:
+    def start_group(self, g: int, actions: np.ndarray, out: StepViews) -> list[EpisodeInfo]:
+        """Send group ``g``'s actions (rows of ``actions[N]``) to the workers, then step this process's part
+        of the group into ``out`` (``[N]`` views of one step); returns the episodes that part finished.
+
+        The workers' results reach ``out`` in :meth:`finish_group`, which must be called once per
+        ``start_group``, in the same order.
+        """
         def run():
-            self._np["actions"][self._local_rows.stop:] = actions[self._local_rows.stop:]
+            rows = self._group_worker_rows[g]
+            self._np["actions"][rows] = actions[rows]
             for conn in self.conns:
-                conn.send(("step", None))
-            episodes = self.local.step(actions[self._local_rows], out.slice(self._local_rows)) if self.local else []
-            for reply in self._wait_all(phase="step"):
-                episodes.extend(reply)
-            rows = slice(self._local_rows.stop, self.num_envs)
+                conn.send(("step", g))
+            self._in_flight.append(g)
+            if not self.local:
+                return []
+            local = self._local_rows[g]
+            return self.local[g].step(actions[local], out.slice(local))
+        return self._guarded(run)
+
+    def finish_group(self, g: int, out: StepViews) -> list[EpisodeInfo]:
+        """Wait for the workers' part of group ``g`` (the oldest started); copy it into ``out``; return its episodes."""
+        def run():
+            if not self._in_flight or self._in_flight[0] != g:
+                raise RuntimeError(f"async backend: finish_group({g}) but the oldest group in flight is "
+                                   f"{self._in_flight[0] if self._in_flight else None}")
+            episodes = [e for reply in self._wait_all(phase="step") for e in reply]
+            self._in_flight.pop(0)
+            rows = self._group_worker_rows[g]
             for f in _FIELDS[:-2]:
                 getattr(out, f)[rows] = self._np[f][rows]
             mask = self._np["final_mask"][rows]
@@ -261,20 +335,44 @@ class AsyncBackend:
             return episodes
         return self._guarded(run)
 
+    def step(self, actions: np.ndarray, out: StepViews) -> list[EpisodeInfo]:
+        """Step every env once, all groups in lockstep."""
+        episodes = [e for g in range(self.num_splits) for e in self.start_group(g, actions, out)]
+        for g in range(self.num_splits):
+            episodes.extend(self.finish_group(g, out))
+        return episodes
+
     def get_env_states(self) -> list[Any]:
-        local = self.local.get_states() if self.local else []
-        return local + [s for reply in self._guarded(self._command, "get_states") for s in reply]
+        states: list[Any] = [None] * self.num_envs
+        for group, rows in zip(self.local, self._local_rows):
+            states[rows] = group.get_states()
+        for reply, worker_rows in zip(self._guarded(self._command, "get_states"), self._worker_rows):
+            for part, rows in zip(reply, worker_rows):
+                states[rows] = part
+        return states
 
     def set_env_states(self, states: Sequence[Any]) -> None:
         """``states`` has one entry per env (not per factory), so any split over workers can restore it."""
         if len(states) != self.num_envs:
             raise ValueError(f"got {len(states)} env states for {self.num_envs} envs")
-        if self.local:
-            self.local.set_states(states[self._local_rows])
-        self._guarded(self._command, "set_states", [list(states[rows]) for rows in self._worker_rows])
+        states = list(states)
+        for group, rows in zip(self.local, self._local_rows):
+            group.set_states(states[rows])
+        self._guarded(self._command, "set_states", [[states[r] for r in rows] for rows in self._worker_rows])
 
     def close(self) -> None:
-        if self.local is not None:
-            self.local.close()
-            self.local = None
+        for group in self.local:
+            group.close()
+        self.local = []
+        self._in_flight.clear()
         self._finalizer()
+
+
+def check_num_splits(num_splits: int, num_factories: int, processes: int) -> None:
+    """Every process needs a factory in every group: ``num_splits * processes <= num_factories``."""
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits={num_splits!r} is invalid: an integer >= 1 (1: lockstep, 2: double-buffered)")
+    if num_splits * processes > num_factories:
+        raise ValueError(f"num_splits={num_splits} with {processes} processes needs at least {num_splits * processes} "
+                         f"env factories (one per process and group), got {num_factories}: lower num_splits or "
+                         "num_workers")
