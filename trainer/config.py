@@ -54,7 +54,7 @@ class TrainConfig:
     cpus_per_worker: float = 1.0
     ray_async: bool = False
     overlap: bool = False
-    overlap_targets: str = "gae"
+    overlap_targets: str = "vtrace"
     max_lag: int = 4
     rho_bar: float = 1.0
     c_bar: float = 1.0
@@ -96,8 +96,8 @@ class TrainConfig:
         "ray_async": "ray backend: IMPALA-style collection with V-trace correction",
         "overlap": "collect the next rollout in a separate process while learning on this one (a fixed policy lag "
                    "of one update; serial, sync and async backends)",
-        "overlap_targets": "overlap: gae (stored values and behaviour log-probs) or vtrace (V-trace corrects the "
-                           "one-update lag)",
+        "overlap_targets": "overlap: vtrace (V-trace corrects the targets for the one-update lag) or gae (stored "
+                           "values, PPO ratio against the behaviour log-probs)",
         "max_lag": "ray_async: drop batches collected more than this many policy versions ago",
         "rho_bar": "V-trace importance-weight clip for the targets and advantages",
         "c_bar": "V-trace trace-cutting clip",
