@@ -61,3 +61,10 @@ def test_revisions_compares_two_checkouts_side_by_side(capsys):
     assert re.search(r"head / base: \d+\.\d{3}", out)
     listed = subprocess.run(["git", "worktree", "list"], cwd=root, capture_output=True, text=True).stdout
     assert "/base" not in listed  # the temporary worktree is removed
+
+
+def test_iteration_breakdown_times_both_phases_for_both_thread_counts(capsys):
+    from benchmarks import iteration_breakdown
+    out = iteration_breakdown.main(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "16"], iterations=2)
+    assert set(out) == {1, 2} and all(c > 0 and lr > 0 for c, lr in out.values())
+    assert "best possible --overlap gain" in capsys.readouterr().out
