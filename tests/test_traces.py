@@ -151,3 +151,32 @@ def test_state_round_trip_with_traces(tmp_path):
         assert r1 == r2
     with pytest.raises(ValueError, match="expected keys"):  # a synthetic env's state lacks the trace position
         envs.SyntheticVREdgeEnv(num_users=2, seed=0).set_state(state)
+
+
+def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_path, capsys):
+    """--env-kwargs reaches every env the run builds; evaluate switches a trace directory to its test files."""
+    import json
+
+    from trainer import evaluate as evaluate_cli
+    from trainer import train as train_module
+    from trainer.config import parse_args
+    traces = tmp_path / "traces"
+    write_traces(traces, files=6, seconds=60, mean_mbps=4.0, seed=1)
+    run_dir = tmp_path / "run"
+    cli = parse_args(["--env-kwargs", f"capacity_trace={traces},trace_split=train,num_users=3", "--num-envs", "4",
+                      "--num-steps", "16", "--total-steps", "128", "--run-dir", str(run_dir), "--device", "cpu"])
+    train_module.train(cli.config, progress=False)
+    layout = json.loads((run_dir / "config.json").read_text())["layout"]
+    assert layout["env_kwargs"] == {"capacity_trace": str(traces), "trace_split": "train", "num_users": 3}
+    evaluate_cli.main(["--checkpoint", str(run_dir), "--episodes", "2", "--baselines", "fair_share",
+                       "--reference", "none"])
+    payload = json.loads((run_dir / "evaluation.json").read_text())
+    assert payload["env_kwargs"] == {"capacity_trace": str(traces), "trace_split": "test", "num_users": 3}
+
+
+@pytest.mark.parametrize("text, words", [("num_users", "is not key=value"), ("a=1,a=2", "a is given twice"),
+                                         ("9x=1", "is not key=value")])
+def test_bad_env_kwargs_are_one_line_errors(text, words):
+    from trainer.config import TrainConfig
+    with pytest.raises(ValueError, match=words):
+        TrainConfig(env_kwargs=text).validate()

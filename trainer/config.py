@@ -20,6 +20,7 @@ from collectors import BACKENDS
 @dataclass
 class TrainConfig:
     env: str = "VREdge-v0"
+    env_kwargs: str = ""
     backend: str = "sync"
     num_envs: int = 64
     num_steps: int = 128
@@ -66,6 +67,8 @@ class TrainConfig:
 
     HELP = {
         "env": "any registered Gymnasium env id (VREdge-v0 uses the natively batched env)",
+        "env_kwargs": "env constructor arguments, key=value,key=value (numbers, true/false or text), e.g. "
+                      "num_users=6 or capacity_trace=traces/,trace_split=train for VR-edge",
         "backend": "rollout backend: serial, sync, async or ray",
         "num_envs": "parallel envs", "num_steps": "steps per env per rollout",
         "total_steps": "env steps to train for", "seed": "run seed (envs, init, sampling)",
@@ -119,6 +122,10 @@ class TrainConfig:
             value = getattr(self, f.name)
             need(not isinstance(value, float) or math.isfinite(value), f.name, "must be a finite number")
         need(self.seed >= 0, "seed", "must be >= 0")
+        try:
+            self.env_options  # noqa: B018 - parses
+        except ValueError as e:
+            need(False, "env_kwargs", str(e))
         need(self.backend in BACKENDS, "backend", f"choose {', '.join(BACKENDS)}")
         need(not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray")
         need(self.max_lag >= 0, "max_lag", "must be >= 0")
@@ -151,6 +158,11 @@ class TrainConfig:
         except ValueError:
             sizes = ()
         need(len(sizes) > 0 and all(s > 0 for s in sizes), "hidden", "comma-separated positive sizes, e.g. 64,64")
+
+    @property
+    def env_options(self) -> dict[str, Any]:
+        """``env_kwargs`` as keyword arguments: ``"a=1,b=x"`` -> ``{"a": 1, "b": "x"}``."""
+        return parse_env_kwargs(self.env_kwargs)
 
     @property
     def hidden_sizes(self) -> tuple[int, ...]:
@@ -282,3 +294,33 @@ def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) ->
     cfg = TrainConfig(**{**{k: v for k, v in saved.items() if k in known}, **given})
     cfg.validate()
     return cfg
+
+
+def parse_env_kwargs(text: str) -> dict[str, Any]:
+    """``key=value`` pairs separated by commas; values are ints, floats, ``true``/``false`` or text.
+
+    >>> parse_env_kwargs("num_users=6,trace_split=train,noise_std=0.1,shared=true")
+    {'num_users': 6, 'trace_split': 'train', 'noise_std': 0.1, 'shared': True}
+    """
+    out: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key.isidentifier():
+            raise ValueError(f"{item!r} is not key=value (write e.g. num_users=6,trace_split=train)")
+        if key in out:
+            raise ValueError(f"{key} is given twice")
+        out[key] = _scalar(value)
+    return out
+
+
+def _scalar(text: str) -> Any:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+

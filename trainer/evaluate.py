@@ -136,6 +136,21 @@ def check_writable(directory: Path, what: str = "the evaluation outputs") -> Non
         raise ValueError(f"cannot write {what} to {directory}: {e.strerror or e}; pass --out DIR") from None
 
 
+def held_out_env_kwargs(trained: dict[str, Any], capacity_trace: str) -> dict[str, Any]:
+    """The env arguments to evaluate with: the run's own (``--env-kwargs``), with ``--capacity-trace``
+    replacing its traces; a directory of traces is evaluated on its held-out (``test``) files.
+
+    >>> held_out_env_kwargs({"num_users": 6, "capacity_trace": "t/", "trace_split": "train"}, "")
+    {'num_users': 6, 'capacity_trace': 't/', 'trace_split': 'test'}
+    """
+    kwargs = dict(trained)
+    if capacity_trace:
+        kwargs["capacity_trace"] = capacity_trace
+    if "capacity_trace" in kwargs:
+        kwargs["trace_split"] = "test" if Path(kwargs["capacity_trace"]).is_dir() else "all"
+    return kwargs
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,9 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         vr_edge = cfg.env == "VREdge-v0"
         if args.capacity_trace and not vr_edge:
             raise ValueError(f"--capacity-trace applies to VREdge-v0, not {cfg.env}")
-        env_kwargs = ({"capacity_trace": args.capacity_trace,
-                       "trace_split": "test" if Path(args.capacity_trace).is_dir() else "all"}
-                      if args.capacity_trace else {})
+        env_kwargs = held_out_env_kwargs(cfg.env_options, args.capacity_trace)
         vr_config = envs.VREdgeConfig(**env_kwargs) if vr_edge else None  # a bad trace fails here, at once
         run_dir = checkpoints.run_dir_of(source)
         out_dir = Path(args.out) if args.out else run_dir

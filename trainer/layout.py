@@ -65,6 +65,7 @@ class RunLayout:
     """
 
     env: str
+    env_kwargs: dict[str, Any]  # --env-kwargs
     backend: str
     num_envs: int
     device: str
@@ -88,8 +89,8 @@ class RunLayout:
     def env_factories(self) -> list[Callable[[], Any]]:
         """Picklable zero-argument factories, one per entry of ``factory_envs``."""
         if self.vectorized:
-            return [functools.partial(VECTOR_ENVS[self.env], n) for n in self.factory_envs]
-        return [functools.partial(gym.make, self.env)] * len(self.factory_envs)
+            return [functools.partial(VECTOR_ENVS[self.env], n, **self.env_kwargs) for n in self.factory_envs]
+        return [functools.partial(gym.make, self.env, **self.env_kwargs)] * len(self.factory_envs)
 
     def collector_kwargs(self) -> dict[str, Any]:
         """The ``make_collector`` options this layout fixes (besides env factories, policy, horizon, seed)."""
@@ -190,7 +191,8 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
             busy = max(busy_here, learn_busy)
             notes.append(f"--threads={cfg.threads} with {_count(busy, 'busy worker')} exceeds the {cores} cores: "
                          "they will share them (slower)")
-    return RunLayout(env=cfg.env, backend=cfg.backend, num_envs=n, device=learner_device(cfg.device, machine.gpus),
+    return RunLayout(env=cfg.env, env_kwargs=cfg.env_options, backend=cfg.backend, num_envs=n,
+                     device=learner_device(cfg.device, machine.gpus),
                      factory_envs=tuple(sizes), vectorized=vectorized, workers=workers, main_share=main_share,
                      num_splits=cfg.num_splits,
                      factories_per_worker=per_worker, cpus_per_worker=cpus, ray_address=cfg.ray_address,

@@ -26,7 +26,7 @@ from trainer.reward_scaling import ReturnScaler
 
 def make_model(cfg: TrainConfig) -> ActorCritic:
     """The actor-critic for ``cfg.env``: per-head actor where the env declares a layout and ``--policy-arch`` allows."""
-    env = gym.make(cfg.env)
+    env = gym.make(cfg.env, **cfg.env_options)
     try:
         layout = getattr(env.unwrapped, "head_observation_layout", None)
         if cfg.policy_arch == "per_head" and layout is None:

@@ -47,7 +47,7 @@ class Validator:
             return
         self.seeds = validation_seeds(cfg.seed, cfg.eval_episodes)
         self.policy = make_model(cfg).eval()  # a CPU copy: the learner's model may live on a GPU
-        self.env_fn = functools.partial(gym.make, cfg.env)
+        self.env_fn = functools.partial(gym.make, cfg.env, **cfg.env_options)
         self.baseline, self.baseline_records = None, None
         if cfg.env == "VREdge-v0":
             env = self.env_fn()
