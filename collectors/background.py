@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pickle
-import signal
 import traceback
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -14,7 +13,7 @@ import torch
 import torch.multiprocessing as tmp
 from tensordict import TensorDict
 
-from collectors.backends.async_ import WorkerDiedError, check_picklable
+from collectors.backends.async_ import WorkerDiedError, check_picklable, ignore_stop_signals, stop_signals_blocked
 from collectors.base import Collector, Policy, check_env_fns
 from collectors.rollout import Rollout
 
@@ -58,7 +57,7 @@ class BackgroundCollector(Collector):
                  num_threads: int | None = None, **options: Any) -> None:
         env_fns = check_env_fns(env_fns)
         super().__init__(policy, horizon, device, num_threads)
-        check_picklable(env_fns)
+        check_picklable(env_fns, "the collecting process (background=True)")
         try:  # plain pickle (a copy), not torch's shared-memory reductions: the policy is the process's own
             policy_bytes = pickle.dumps(policy)
         except Exception as e:
@@ -69,16 +68,20 @@ class BackgroundCollector(Collector):
         kwargs = dict(backend=backend, horizon=horizon, seed=seed, num_threads=num_threads, **options)
         self._process = ctx.Process(target=_serve, args=(child, env_fns, policy_bytes, kwargs), daemon=False,
                                     name="rollout-collector")
-        self._process.start()
-        child.close()
-        self._finalizer = weakref.finalize(self, _stop, self._process, self._conn)
-        self._closed = False
         self._pending: int | None = None  # the policy version of the rollout in flight
         self._shared: TensorDict | None = None  # the collecting process's rollout buffer, in shared memory
         self._host: TensorDict | None = None  # pinned staging copy for CUDA: one transfer per rollout
         self._transfer_done: torch.cuda.Event | None = None
+        self._started = {"ready": False}  # read by _stop: a process still starting gets time to finish
         try:
+            # a stop signal is raised after this block, once the process is on record to be stopped
+            with stop_signals_blocked():
+                self._process.start()
+                child.close()
+                self._finalizer = weakref.finalize(self, _stop, self._process, self._conn, self._started)
+                self._closed = False
             self.num_envs, self.observation_space, self.action_space = self._reply("start", _START_TIMEOUT_S)
+            self._started["ready"] = True
         except BaseException:
             self.close()
             raise
@@ -185,38 +188,44 @@ class BackgroundCollector(Collector):
         self._finalizer()
 
 
-def _stop(process, conn) -> None:
-    """Ask the collecting process to close its envs, then terminate and kill it if it must; never raises."""
+def _stop(process, conn, started: dict[str, bool]) -> None:
+    """Ask the collecting process to close its envs, then kill it if it must; never raises.
+
+    One still starting (building envs, spawning its workers) is given the start-up timeout to
+    finish: killed half-way through spawning a worker, it would leave that worker reading
+    truncated start-up data. It sees the pipe closed as soon as it is up, and exits cleanly.
+    """
     try:
         conn.send(("close", None))
     except Exception:
         pass
-    process.join(timeout=_CLOSE_TIMEOUT_S)
+    conn.close()
+    process.join(timeout=_CLOSE_TIMEOUT_S if started["ready"] else _START_TIMEOUT_S)
     if process.is_alive():
         process.terminate()
         process.join(timeout=_CLOSE_TIMEOUT_S)
     if process.is_alive():
         process.kill()
         process.join()
-    conn.close()
 
 
 def _serve(conn, env_fns: list, policy_bytes: bytes, kwargs: dict[str, Any]) -> None:
-    """The collecting process: a ``RolloutCollector`` serving collect, policy and state commands."""
+    """The collecting process: a ``RolloutCollector`` serving collect, policy and state commands.
+
+    Ends quietly when the trainer is gone (its pipe closed): nobody is left to read an error.
+    """
     from collectors.collector import RolloutCollector
 
-    # stop signals reach the whole process group; the trainer handles them and then closes us
-    for name in ("SIGINT", "SIGTERM", "SIGUSR1"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    ignore_stop_signals()  # stop signals reach the whole process group; the trainer handles them, then closes us
     try:
         collector = RolloutCollector(env_fns, pickle.loads(policy_bytes), **kwargs)
     except Exception as e:
-        conn.send(("error", _portable(e)))
+        _send(conn, ("error", _portable(e)))
         return
     shared: TensorDict | None = None
     with collector:
-        conn.send(("ok", (collector.num_envs, collector.observation_space, collector.action_space)))
+        if not _send(conn, ("ok", (collector.num_envs, collector.observation_space, collector.action_space))):
+            return
         while True:
             try:
                 command, arg = conn.recv()
@@ -244,11 +253,22 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, kwargs: dict[str, Any]) -> 
                     reply = collector.set_state(*arg)
                 else:
                     raise ValueError(f"unknown command {command!r}")
-                conn.send(("ok", reply))
             except Exception as e:
-                conn.send(("error", _portable(e)))
+                _send(conn, ("error", _portable(e)))
                 if command == "collect":  # the collector closed itself: nothing more to serve
                     return
+                continue
+            if not _send(conn, ("ok", reply)):
+                return
+
+
+def _send(conn, message: tuple) -> bool:
+    """Send to the trainer; ``False`` when it is gone."""
+    try:
+        conn.send(message)
+        return True
+    except OSError:
+        return False
 
 
 def _portable(error: Exception) -> Exception:

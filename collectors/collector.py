@@ -110,6 +110,9 @@ class RolloutCollector(Collector):
         if backend not in LOCAL_BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join((*LOCAL_BACKENDS, 'ray'))}")
         env_fns = check_env_fns(env_fns)
+        if backend != "async" and (num_workers is not None or main_share is not True):
+            raise ValueError(f"num_workers and main_share are options of backend='async', not {backend!r}; "
+                             "leave them out")
         super().__init__(policy, horizon, device, num_threads)
         explicit = check_seeds(seed)
         if explicit is None:

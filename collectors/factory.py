@@ -10,6 +10,7 @@ from collectors.base import Collector, Policy
 from collectors.collector import LOCAL_BACKENDS, RolloutCollector
 
 BACKENDS = (*LOCAL_BACKENDS, "ray")
+RAY_OPTIONS = frozenset({"envs_per_worker", "ray_address", "cpus_per_worker", "worker_options", "first_ready"})
 
 
 def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
@@ -44,7 +45,8 @@ def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"backend={backend!r} does not support {', '.join(unknown)}"
-                         + (" (Ray only: use backend='ray')" if backend != "ray" else "")
+                         + (" (Ray only: use backend='ray')" if backend != "ray" and set(unknown) <= RAY_OPTIONS
+                            else "")
                          + f"; its options: {', '.join(sorted(known))}")
     if background:
         from collectors.background import BackgroundCollector

@@ -127,8 +127,11 @@ def test_overlapped_runs_lag_one_update_and_are_deterministic(straight_overlap, 
     assert_same_run(straight, tmp_path / "again")
     alternating = tmp_path / "alternating"
     run(VR + extra + ["--run-dir", str(alternating)])
-    assert metrics(alternating)[0] == rows[0]  # the first iteration has nothing to overlap with
-    assert metrics(alternating)[1:] != rows[1:]  # later ones learn from rollouts one update old
+    collected = ("reward_per_step", "episodes", "episode_return", "quality", "stall_s", "switches")
+    alt = metrics(alternating)
+    first = [{k: r[0].get(k) for k in collected} for r in (alt, rows)]
+    assert first[0] == first[1]  # the first rollout is the same: nothing to overlap with yet
+    assert [r["reward_per_step"] for r in alt[1:]] != [r["reward_per_step"] for r in rows[1:]]  # one update old
 
 
 def test_overlapped_resume_is_exact_and_keeps_the_rollout_in_flight(straight_overlap, tmp_path):
@@ -222,3 +225,34 @@ def test_overlap_layout_gives_the_learner_what_collection_leaves(backend, cores,
     assert (layout.workers, layout.collect_threads, layout.learn_threads) == expected
     assert layout.collector_kwargs()["background"] is True
     assert "while this process learns" in layout.describe()
+
+
+@pytest.mark.parametrize("delay", [1.5, *(pytest.param(d, marks=pytest.mark.slow) for d in (2.5, 3.5))])
+def test_a_stop_signal_while_the_processes_start_leaves_nothing_behind(tmp_path, delay):
+    """SIGTERM while the collecting process and its workers are still starting: exit 143, no orphans."""
+    import time
+
+    from tests.test_durability import cli
+    proc = cli(VR + OVERLAP + ["--backend", "async", "--num-workers", "1", "--run-dir", str(tmp_path / "run")],
+               tmp_path)
+    time.sleep(delay)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert proc.returncode in (0, 128 + signal.SIGTERM, -signal.SIGTERM), err  # (-: before its handlers exist)
+    assert not alive, f"left behind: {alive}"
+    trainer_lines = [line for line in err.splitlines() if line.startswith("stopped by")]
+    assert proc.returncode != 128 + signal.SIGTERM or trainer_lines, err  # the trainer says what happened
+    # known, left open: a worker killed mid-way through its own start-up may still print the
+    # "pickle data was truncated" traceback of multiprocessing's spawn (see the issue 12 note)
+
+
+def test_a_signal_after_the_run_finished_stops_nothing():
+    import os
+
+    from trainer.interrupts import StopSignals
+    with StopSignals() as signals:
+        signals.finish()
+        os.kill(os.getpid(), signal.SIGTERM)  # would raise Interrupted before finish()
+        assert signals.finished

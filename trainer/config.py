@@ -130,7 +130,8 @@ class TrainConfig:
         need(not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray")
         need(self.max_lag >= 0, "max_lag", "must be >= 0")
         need(not self.overlap or self.backend != "ray", "overlap",
-             "is for serial, sync and async; Ray actors collect while the learner learns with --ray-async true")
+             "works with --backend serial, sync or async; with Ray, --ray-async true keeps the actors collecting "
+             "while the learner learns")
         need(self.overlap_targets in ("gae", "vtrace"), "overlap_targets", "choose gae or vtrace")
         need(self.policy_arch in ("auto", "flat", "per_head"), "policy_arch", "choose auto, flat or per_head")
         need(self.rho_bar > 0 and self.c_bar > 0, "rho_bar", "rho_bar and c_bar must be > 0")

@@ -40,6 +40,7 @@ class StopSignals:
         self._depth = 0
         self._pending: int | None = None
         self.stopping = False
+        self.finished = False
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
@@ -54,6 +55,9 @@ class StopSignals:
         self._previous.clear()
 
     def _handle(self, signum: int, frame) -> None:
+        if self.finished:
+            print(f"\n{signal.Signals(signum).name} after the run finished: nothing to stop", file=sys.stderr)
+            return
         if self.stopping:
             print(f"\n{signal.Signals(signum).name} again: already stopping, the checkpoint is being written",
                   file=sys.stderr)
@@ -79,3 +83,7 @@ class StopSignals:
     def stop(self) -> None:
         """Mark a stop under way (an error is being handled): further signals wait for the save."""
         self.stopping = True
+
+    def finish(self) -> None:
+        """The work is done and saved: from here on a signal (a scheduler's early warning) stops nothing."""
+        self.finished = True

@@ -101,7 +101,9 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         for note in notes:
             print(note, file=sys.stderr)
         settings = PPOSettings.from_config(cfg, plan.minibatch_size)
-        return _loop(run, pipeline, settings, iterations, stop, run_dir, signals, writer, progress, source)
+        summary = _loop(run, pipeline, settings, iterations, stop, run_dir, signals, writer, progress, source)
+        signals.finish()  # closing the collector (a rollout may be in flight) must not turn into a stop
+        return summary
 
 
 def _iteration(run: Run, pipeline: Pipeline, settings: PPOSettings, iterations: int,
@@ -229,8 +231,9 @@ def main(argv: list[str] | None = None) -> None:
         else:
             print("start again:   the same command (the run directory holds no checkpoint)", file=sys.stderr)
         raise SystemExit(e.exit_status) from None
-    except KeyboardInterrupt as e:  # before the run started: nothing to save
-        print(f"\n{e or 'interrupted'}", file=sys.stderr)
+    except KeyboardInterrupt as e:  # before the first iteration: nothing to save
+        print(f"\n{e or 'interrupted'} before the first iteration: nothing to save; to start over, run the same "
+              "command again", file=sys.stderr)
         raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
     except (ValueError, TypeError, NonFiniteLossError) as e:
         raise SystemExit(f"error: {e}") from None

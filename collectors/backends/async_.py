@@ -15,11 +15,12 @@ contiguous in the rollout's env order, so the policy reads and writes plain slic
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import signal
 import traceback
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -39,14 +40,14 @@ class WorkerDiedError(RuntimeError):
     """A worker process exited while the collector was waiting for it."""
 
 
-def check_picklable(env_fns: Sequence[Callable[[], Any]]) -> None:
-    """Reject factories that cannot reach a spawned worker, before any worker starts."""
+def check_picklable(env_fns: Sequence[Callable[[], Any]], where: str = "the async backend's spawned workers") -> None:
+    """Reject factories that cannot reach a spawned process (``where``), before any process starts."""
     for i, fn in enumerate(env_fns):
         try:
             pickle.dumps(fn)
         except Exception as e:
             raise TypeError(
-                f"env factory {i} ({fn!r}) cannot be pickled for the async backend's spawned workers "
+                f"env factory {i} ({fn!r}) cannot be pickled for {where} "
                 f"({type(e).__name__}: {e}). Use a top-level function, or functools.partial of one "
                 "(lambdas and nested functions cannot be pickled).") from None
 
@@ -70,13 +71,36 @@ def _describe(ranges: list[range]) -> str:
     return ", ".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else str(r.start) for r in ranges)
 
 
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """Hold stop signals back while starting a process: the parent is not cut off mid-way through
+    sending it its start-up data, and the child inherits the blocked mask until it ignores them
+    (see :func:`ignore_stop_signals`), so a Ctrl-C during its imports prints no traceback."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: nothing to hold back
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a signal held back is delivered here
+
+
+def ignore_stop_signals() -> None:
+    """In a worker: Ctrl-C, a scheduler's SIGTERM or an early-warning SIGUSR1 reach the whole process
+    group; they are the parent's to handle (it takes the envs' state, then shuts the workers down)."""
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # what arrived while blocked is now discarded
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
 def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
     """Worker loop: build one env group per split, receive shared buffers, then serve commands."""
-    # Ctrl-C, a scheduler's SIGTERM or an early-warning SIGUSR1 reach the whole process group; they are the
-    # collecting process's to handle: it takes the envs' state before it shuts the workers down
-    for name in ("SIGINT", "SIGTERM", "SIGUSR1"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    ignore_stop_signals()
     torch.set_num_threads(1)
     groups: list[EnvGroup] = []
     try:
@@ -188,10 +212,11 @@ class AsyncBackend:
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker_main, args=([[env_fns[i] for i in r] for r in ranges],
                                                       [r.start for r in ranges], child), daemon=True)
-            p.start()
-            child.close()
-            self.procs.append(p)
-            self.conns.append(parent)
+            with stop_signals_blocked():  # a stop signal is raised once the worker is on record, to be shut down
+                p.start()
+                child.close()
+                self.procs.append(p)
+                self.conns.append(parent)
         self._factory_ranges = worker_ranges
         if local_ranges is not None:  # built while the workers build theirs
             for r in local_ranges:
