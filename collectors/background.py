@@ -13,7 +13,13 @@ import torch
 import torch.multiprocessing as tmp
 from tensordict import TensorDict
 
-from collectors.backends.async_ import WorkerDiedError, check_picklable, ignore_stop_signals, stop_signals_blocked
+from collectors.backends.async_ import (
+    WorkerDiedError,
+    check_picklable,
+    ignore_stop_signals,
+    stop_processes,
+    stop_signals_blocked,
+)
 from collectors.base import Collector, Policy, check_env_fns
 from collectors.rollout import Rollout
 
@@ -143,7 +149,7 @@ class BackgroundCollector(Collector):
         self._last = rollout
         return rollout
 
-    def collect(self) -> Rollout:
+    def _collect(self) -> Rollout:  # collect() is start() then wait()
         self.start()
         return self.wait()
 
@@ -200,13 +206,7 @@ def _stop(process, conn, started: dict[str, bool]) -> None:
     except Exception:
         pass
     conn.close()
-    process.join(timeout=_CLOSE_TIMEOUT_S if started["ready"] else _START_TIMEOUT_S)
-    if process.is_alive():
-        process.terminate()
-        process.join(timeout=_CLOSE_TIMEOUT_S)
-    if process.is_alive():
-        process.kill()
-        process.join()
+    stop_processes([process], patience=_CLOSE_TIMEOUT_S if started["ready"] else _START_TIMEOUT_S)
 
 
 def _serve(conn, env_fns: list, policy_bytes: bytes, kwargs: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from collectors.resources import torch_threads
 from collectors.rollout import Rollout
 
 Policy = Callable[[torch.Tensor], Any]
@@ -64,9 +65,24 @@ class Collector(ABC):
         self._last: Rollout | None = None  # only for the deprecated attributes below
         self._closed = True  # until a subclass has something to close
 
-    @abstractmethod
     def collect(self) -> Rollout:
-        """Run the policy for ``horizon`` steps; return the rollout on ``device``."""
+        """Run the policy for ``horizon`` steps; return the rollout on ``device``.
+
+        A failed rollout closes the collector: no worker process or actor is left behind.
+        """
+        self._check_open()
+        try:
+            with torch_threads(self.num_threads):
+                rollout = self._collect()
+        except BaseException:
+            self.close()
+            raise
+        self._last = rollout
+        return rollout
+
+    @abstractmethod
+    def _collect(self) -> Rollout:
+        """One rollout (``collect()`` wraps it with the thread count and the clean-up on failure)."""
 
     @abstractmethod
     def get_state(self) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from tensordict import TensorDictBase
 
 from collectors.base import Collector, Policy, check_env_fns, check_seeds
 from collectors.env_group import EpisodeInfo
-from collectors.resources import torch_threads
 from collectors.rollout import Rollout
 from collectors.seeding import env_seeds, noise_keys
 from collectors.storage import RolloutStorage, torch_dtype
@@ -110,9 +109,6 @@ class RolloutCollector(Collector):
         if backend not in LOCAL_BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join((*LOCAL_BACKENDS, 'ray'))}")
         env_fns = check_env_fns(env_fns)
-        if backend != "async" and (num_workers is not None or main_share is not True):
-            raise ValueError(f"num_workers and main_share are options of backend='async', not {backend!r}; "
-                             "leave them out")
         super().__init__(policy, horizon, device, num_threads)
         explicit = check_seeds(seed)
         if explicit is None:
@@ -184,18 +180,6 @@ class RolloutCollector(Collector):
                               tuple(action.shape[1:]), action.dtype, tuple(extras), self.device)
 
     # ------------------------------------------------------------------ collect
-    def collect(self) -> Rollout:
-        """Run the policy for ``horizon`` steps in every env; return the rollout on ``device``."""
-        self._check_open()
-        try:
-            with torch_threads(self.num_threads):
-                rollout = self._collect()
-        except BaseException:
-            self.close()  # a failed rollout leaves no workers behind
-            raise
-        self._last = rollout
-        return rollout
-
     def _collect(self) -> Rollout:
         s, first = self.storage, None
         everything = slice(0, self.num_envs)

@@ -12,7 +12,6 @@ from tensordict import TensorDict
 from collectors.backends.ray_ import AsyncRollouts, RayBackend
 from collectors.base import Collector, Policy, check_env_fns, check_seeds
 from collectors.collector import merge_states, split_state
-from collectors.resources import torch_threads
 from collectors.rollout import Rollout
 from collectors.seeding import env_seeds
 from collectors.storage import RolloutStorage, torch_dtype
@@ -81,17 +80,9 @@ class RayCollector(Collector):
             self._weights = (self.policy_version, self.backend.put_weights())
         return self._weights[1]
 
-    def collect(self) -> Rollout:
+    def _collect(self) -> Rollout:
         """All actors' rollouts as one ``[T, N]`` batch (``first_ready``: the first actor's ``[T, K]``)."""
-        self._check_open()
-        try:
-            with torch_threads(self.num_threads):
-                rollout = self._first_ready() if self._in_flight is not None else self._all()
-        except BaseException:
-            self.close()  # a failed rollout leaves no actors behind
-            raise
-        self._last = rollout
-        return rollout
+        return self._first_ready() if self._in_flight is not None else self._all()
 
     def _all(self) -> Rollout:
         results = self.backend.rollout_all(self._weights_ref(), self.policy_version)

@@ -157,8 +157,15 @@ def _shutdown(procs: list, conns: list) -> None:
             conn.send(("close", None))
         except Exception:
             pass
+    stop_processes(procs, patience=_CLOSE_TIMEOUT_S)
+    for conn in conns:
+        conn.close()
+
+
+def stop_processes(procs: list, patience: float) -> None:
+    """Give processes asked to stop ``patience`` seconds, then terminate, then kill what is left."""
     for p in procs:
-        p.join(timeout=_CLOSE_TIMEOUT_S)
+        p.join(timeout=patience)
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -166,8 +173,6 @@ def _shutdown(procs: list, conns: list) -> None:
         if p.is_alive():
             p.kill()
             p.join()
-    for conn in conns:
-        conn.close()
 
 
 class AsyncBackend:
