@@ -14,8 +14,8 @@ class Alternating:
     """Collect, learn, send the weights, collect again: every rollout is collected with the newest
     weights (policy lag 0; IMPALA-style Ray collection has its own lag)."""
 
-    def __init__(self, collector: Collector, weights: Mapping[str, torch.Tensor]) -> None:
-        self.collector = collector  # its policy holds ``weights`` already
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
 
     def next_rollout(self) -> Rollout:
         return self.collector.collect()
@@ -106,5 +106,6 @@ Pipeline = Alternating | Overlapped
 
 
 def make_pipeline(collector: Collector, weights: Mapping[str, torch.Tensor], overlap: bool) -> Pipeline:
-    """``Overlapped`` for ``--overlap`` (the collector must collect in the background), else ``Alternating``."""
-    return Overlapped(collector, weights) if overlap else Alternating(collector, weights)
+    """``Overlapped`` for ``--overlap`` (the collector must collect in the background; ``weights`` are those its
+    policy holds), else ``Alternating``."""
+    return Overlapped(collector, weights) if overlap else Alternating(collector)
