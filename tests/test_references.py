@@ -11,7 +11,7 @@ import envs
 from envs.baselines import bola_parameters, mpc_levels, robust_capacity
 from envs.planner import ClairvoyantPlanner
 from envs.vr_edge import observe
-from trainer.evaluation import gap_closed, jain_index, run_episodes
+from trainer.evaluation import gap_closed, jain_index, run_episodes, summarize, t_quantile_975
 
 SMALL = dict(bitrates_mbps=(1.0, 2.0, 4.0), max_buffer_s=4.0, segment_s=1.0)  # quality 0, 0.5, 1
 
@@ -128,8 +128,20 @@ def test_gap_closed_hand_computed():
     base, ref = rec([0.4, 0.6]), rec([0.6, 0.8])
     half = gap_closed(rec([0.5, 0.7]), base, ref)
     assert half["fraction"] == pytest.approx(0.5) and half["ci95"] == pytest.approx(0.0) and half["gap"] == 0.2
-    # gains 0.1 and 0.3 over a gap of 0.2: fraction 1; residuals -0.1, 0.1 (std 0.1414): 1.96 * 0.1414 / (1.414 * 0.2)
+    # gains 0.1 and 0.3 over a gap of 0.2: fraction 1; residuals -0.1, 0.1 (std 0.1414):
+    # t(1) 12.706 * 0.1414 / (1.414 * 0.2)
     full = gap_closed(rec([0.5, 0.9]), base, ref)
-    assert full["fraction"] == pytest.approx(1.0) and full["ci95"] == pytest.approx(0.98)
+    assert full["fraction"] == pytest.approx(1.0) and full["ci95"] == pytest.approx(12.7062 * 0.5, rel=1e-4)
     with pytest.raises(ValueError, match="same episodes"):
         gap_closed(rec([0.5]), base, ref)
+
+
+@pytest.mark.parametrize("df, expected", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (15, 2.1314), (49, 2.0096),
+                                          (10_000, 1.9602)])
+def test_t_quantile_matches_tables(df, expected):
+    assert t_quantile_975(df) == pytest.approx(expected, abs=1e-4)
+
+
+def test_summary_ci_uses_t_for_few_episodes():
+    s = summarize([{"reward_per_step": x} for x in (1.0, 2.0, 3.0)])  # std 1, 3 episodes: t(2) 4.3027 / sqrt 3
+    assert s["reward_per_step_ci95"] == pytest.approx(4.3027 / math.sqrt(3), rel=1e-4)

@@ -299,6 +299,6 @@ def test_paired_difference_by_hand():
     b = [{"reward_per_step": x} for x in (0.5, 2.5, 2.0, 3.0)]
     d = paired_difference(a, b)  # differences 0.5, -0.5, 1.0, 1.0: mean 0.5, sample std sqrt(0.5)
     assert d["mean"] == pytest.approx(0.5) and d["wins"] == 3 and d["episodes"] == 4
-    assert d["ci95"] == pytest.approx(1.96 * math.sqrt(0.5) / 2)
+    assert d["ci95"] == pytest.approx(3.1824 * math.sqrt(0.5) / 2, rel=1e-4)  # t quantile, 3 degrees of freedom
     with pytest.raises(ValueError, match="same episodes"):
         paired_difference(a, b[:3])

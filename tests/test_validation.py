@@ -1,14 +1,17 @@
 """--eval-every: validation episodes disjoint from training and test seeds, the best checkpoint and its pointer."""
 
+import functools
 import json
 
+import gymnasium as gym
 import pytest
 import torch
 
 import checkpoints
+import envs
 from collectors.seeding import env_seeds
 from trainer.config import parse_config, resumed_config
-from trainer.evaluation import evaluation_seeds, validation_seeds
+from trainer.evaluation import evaluation_seeds, run_episodes, summarize, validation_seeds
 
 
 def test_validation_seeds_are_disjoint_from_training_and_test_seeds():
@@ -68,6 +71,12 @@ def test_training_with_eval_every_logs_validation_and_evaluate_loads_the_best(tm
     assert payload["checkpoint_kind"] == "the best checkpoint (validation)"
     reference, best = payload["reference"]["clairvoyant"], payload["best_baseline"]
     assert best in ("fair_share", "bola") and "qoe_lin" in reference and 0 < reference["fairness"] <= 1
+    # the best baseline is picked on 16 validation episodes, not on the test episodes it is compared on
+    seeds, vr_fn = validation_seeds(1, 16), functools.partial(gym.make, "VREdge-v0")
+    picked = {n: summarize(run_episodes(envs.make_baseline(n, envs.VREdgeConfig()), vr_fn, 16, 0, seeds=seeds))
+              for n in ("fair_share", "bola")}
+    assert best == max(picked, key=lambda n: picked[n]["reward_per_step"])
+    assert payload["best_baseline_picked_on"] == "16 validation episodes"
     gap = reference["reward_per_step"] - payload["baselines"][best]["reward_per_step"]
     assert payload["gap_closed"]["gap"] == pytest.approx(gap) and "gap closed" in out and "clairvoyant" in out
     evaluate(["--checkpoint", str(run), "--episodes", "2", "--baselines", "none", "--reference", "none",

@@ -21,6 +21,7 @@ import torch
 import checkpoints
 import envs
 from trainer.config import TrainConfig
+from trainer.evaluate import best_baseline
 from trainer.evaluation import paired_difference, policy_actions, run_episodes, summarize, validation_seeds
 from trainer.run import make_model
 
@@ -53,8 +54,7 @@ class Validator:
             env = self.env_fn()
             config = env.unwrapped.config
             env.close()
-            played = {name: self._play(envs.make_baseline(name, config)) for name in envs.BASELINES}
-            self.baseline = max(played, key=lambda n: summarize(played[n])["reward_per_step"])
+            self.baseline, played = best_baseline(list(envs.BASELINES), config, self.env_fn, self.seeds)
             self.baseline_records = played[self.baseline]
         best = checkpoints.best_info(self.run_dir)
         # a best from this run's past (not from iterations a resume set aside) is the score to beat
