@@ -55,6 +55,7 @@ class VREdgeConfig:
     capacity_trace: str = ""
     trace_split: str = "all"
     trace_scale: float = 0.0
+    reveal_hidden_state: bool = False
     _ladder: np.ndarray = field(init=False, repr=False, compare=False)
     _quality: np.ndarray = field(init=False, repr=False, compare=False)
     _regime_mult: np.ndarray = field(init=False, repr=False, compare=False)
@@ -85,6 +86,9 @@ class VREdgeConfig:
         need(_is_int(self.history) and self.history >= 1, "history", "an integer >= 1")
         need(isinstance(self.capacity_trace, str), "capacity_trace", "a path (str) to a trace file or directory")
         need(self.trace_split in TRACE_SPLITS, "trace_split", " or ".join(TRACE_SPLITS))
+        need(isinstance(self.reveal_hidden_state, (bool, np.bool_)), "reveal_hidden_state", "true or false")
+        need(not (self.reveal_hidden_state and self.capacity_trace), "reveal_hidden_state",
+             "false with capacity_trace (a recorded trace has no regime or fade to reveal)")
         need(self.trace_scale >= 0, "trace_scale", ">= 0 (0: scale each trace to mean nominal capacity)")
         need(self.trace_split == "all" or bool(self.capacity_trace), "trace_split",
              "'all' unless capacity_trace is given (the split applies to trace files)")
@@ -108,7 +112,13 @@ class VREdgeConfig:
 
     @property
     def obs_dim(self) -> int:
-        return len(USER_FEATURES) * self.num_users + self.history + 1
+        return len(USER_FEATURES) * self.num_users + self.num_cell_features
+
+    @property
+    def num_cell_features(self) -> int:
+        """Features of the cell: the capacity history, the episode's progress, and with
+        ``reveal_hidden_state`` the regime (one-hot) and the fade flag."""
+        return self.history + 1 + (len(REGIMES) + 1 if self.reveal_hidden_state else 0)
 
     @property
     def block_size(self) -> int:
@@ -136,7 +146,7 @@ def head_observation_layout(cfg: VREdgeConfig) -> tuple[int, int]:
 
     Learners may use it to share one network across the users' action heads.
     """
-    return len(USER_FEATURES), cfg.history + 1
+    return len(USER_FEATURES), cfg.num_cell_features
 
 
 def action_space(cfg: VREdgeConfig) -> gym.spaces.MultiDiscrete:
@@ -205,8 +215,12 @@ def observe(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> np.ndarray:
     users[:, :, 4] = s["stall"] / cfg.segment_s
     users[:, :, 5] = s["cum_stall"] / cfg.abandon_stall_s
     users[:, :, 6] = _channel_quality(s["channel_logit"])
-    obs[:, n_user_feat:-1] = s["cap_history"] / cfg.nominal_capacity_mbps
-    obs[:, -1] = s["t"] / cfg.max_steps
+    progress = n_user_feat + cfg.history
+    obs[:, n_user_feat:progress] = s["cap_history"] / cfg.nominal_capacity_mbps
+    obs[:, progress] = s["t"] / cfg.max_steps
+    if cfg.reveal_hidden_state:  # a diagnostic: what a policy could gain from knowing the hidden cell state
+        obs[:, progress + 1:progress + 1 + len(REGIMES)] = np.arange(len(REGIMES)) == s["regime"][:, None]
+        obs[:, -1] = s["fade"]
     return np.minimum(obs, _OBS_HIGH, out=obs)  # every feature is >= 0 by construction
 
 

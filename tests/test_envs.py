@@ -220,3 +220,23 @@ def test_out_of_range_actions_are_rejected():
         envs.VREdgeVectorEnv(0)
     with pytest.raises(ValueError, match="unknown baseline"):
         envs.make_baseline("oracle", venv.config)
+
+
+def test_reveal_hidden_state_appends_regime_and_fade_and_keeps_the_rest():
+    plain = envs.VREdgeVectorEnv(8, seed=3)
+    told = envs.VREdgeVectorEnv(8, seed=3, reveal_hidden_state=True)
+    assert told.single_observation_space.shape[0] == plain.single_observation_space.shape[0] + 4
+    assert told.head_observation_layout == (7, plain.head_observation_layout[1] + 4)
+    obs_p, _ = plain.reset()
+    obs_t, _ = told.reset()
+    actions = np.ones((8, plain.config.num_users), dtype=np.int64)
+    for _ in range(40):
+        state = told.get_state()
+        n = obs_p.shape[1]
+        np.testing.assert_array_equal(obs_t[:, :n], obs_p)  # same dynamics, same features first
+        np.testing.assert_array_equal(obs_t[:, n:n + 3], np.eye(3)[state["regime"]])
+        np.testing.assert_array_equal(obs_t[:, -1], state["fade"])
+        obs_p, *_ = plain.step(actions)
+        obs_t, *_ = told.step(actions)
+    with pytest.raises(ValueError, match="reveal_hidden_state"):
+        envs.VREdgeConfig(reveal_hidden_state=True, capacity_trace="traces/")
