@@ -31,6 +31,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from collectors import Collector
+from collectors.backends.ray_ import RolloutWorker
 from collectors.seeding import env_seeds, noise_keys
 from trainer import __version__
 from trainer.config import TrainConfig
@@ -76,7 +77,7 @@ class ApexRun:
     """Everything an Ape-X run carries from one iteration to the next (and into a checkpoint).
 
     ``model`` (online) and ``target`` learn on ``device``; ``policy`` is the actors' epsilon-greedy CPU
-    copy, whose weights are ``acting_steps`` learner steps old.
+    copy (on Ray: each actor's), whose weights are the learner's after ``version_steps[version]`` learner steps.
     """
 
     cfg: TrainConfig
@@ -91,8 +92,8 @@ class ApexRun:
     env_steps: int = 0
     learner_steps: int = 0
     sampled: int = 0  # transitions sampled by the learner
-    acting_steps: int = 0  # learner steps of the weights the actors act with
-    pulled_at: int = 0  # rollouts collected when the actors last got weights
+    version_steps: dict = field(default_factory=lambda: {0: 0})  # policy version -> its learner steps (the lag)
+    pulled_at: int = 0  # env steps when the actors last got weights
     credit: float = 0.0  # learner updates owed to the replay ratio, not yet taken
     dropped: int = 0
     lags: dict = field(default_factory=dict)  # unused by Ape-X (its lag is in learner steps: metrics.jsonl)
@@ -153,10 +154,14 @@ class ApexRun:
         cfg, it = self.cfg, self.iteration + 1
         t0 = time.perf_counter()
         rollout = collector.collect()
-        transitions = self.builder.add(rollout)
-        self.replay.add(transitions, initial_priorities(self.policy.q, transitions))
+        if "priorities" in rollout.batch.keys():  # Ray actors (ApexWorker) built the transitions and priorities
+            transitions, prios = rollout.batch.exclude("priorities"), rollout.batch["priorities"]
+        else:
+            transitions = self.builder.add(rollout)
+            prios = initial_priorities(self.policy.q, transitions)
+        self.replay.add(transitions, prios)
         collected = time.perf_counter() - t0
-        lag = self.learner_steps - self.acting_steps
+        lag = self.learner_steps - self.version_steps[rollout.policy_version]
         stats: list[dict[str, float]] = []
         t1 = time.perf_counter()
         if self.replay.size >= cfg.learning_starts:
@@ -165,14 +170,18 @@ class ApexRun:
                 stats.append(self.learner_step())
                 self.credit -= 1.0
         learned = time.perf_counter() - t1
-        self.iteration, self.env_steps = it, self.env_steps + rollout.numel()
-        if (it - self.pulled_at) * cfg.num_steps >= cfg.weights_every:
+        envs = rollout.envs.stop - rollout.envs.start
+        self.iteration, self.env_steps = it, self.env_steps + cfg.num_steps * envs
+        if self.env_steps - self.pulled_at >= cfg.weights_every * cfg.num_envs:
             collector.update_policy(self.model.state_dict())  # the one way in for weights
-            self.acting_steps, self.pulled_at = self.learner_steps, it
+            self.pulled_at = self.env_steps
+            self.version_steps[collector.policy_version] = self.learner_steps
+            for old in [v for v in self.version_steps if v < collector.policy_version - 64]:  # long out of flight
+                del self.version_steps[old]
         self.recent.extend(e["return"] for e in rollout.episodes)
         means = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]} if stats else {}
         sps = (self.env_steps - start[0]) / (time.perf_counter() - start[1])
-        return metrics_row(it, self.env_steps, sps, cfg.lr, {
+        return metrics_row(it, self.env_steps, sps, cfg.lr, {  # policy_lag: in learner steps
             **means, "learner_steps": self.learner_steps, "updates": len(stats), "replay_size": self.replay.size,
             "beta": self.beta(), "inserted_per_s": len(transitions) / max(collected, 1e-9),
             "updates_per_s": len(stats) / learned if stats else None,
@@ -186,7 +195,8 @@ class ApexRun:
             "version": __version__, "algo": "apex", "config": self.cfg.to_dict(),
             "iteration": self.iteration, "env_steps": self.env_steps,
             "counters": {"learner_steps": self.learner_steps, "sampled": self.sampled,
-                         "acting_steps": self.acting_steps, "pulled_at": self.pulled_at, "credit": self.credit},
+                         "acting_steps": self.version_steps[collector.policy_version], "pulled_at": self.pulled_at,
+                         "credit": self.credit},
             "model": self.model.state_dict(), "target_model": self.target.state_dict(),
             "acting_model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
             "nstep": self.builder.state_dict(), "recent_returns": list(self.recent),
@@ -202,7 +212,7 @@ class ApexRun:
         also makes the resumed run differ: ``state["replay"] is None``)."""
         self.iteration, self.env_steps = state["iteration"], state["env_steps"]
         c = state["counters"]
-        self.learner_steps, self.sampled, self.acting_steps = c["learner_steps"], c["sampled"], c["acting_steps"]
+        self.learner_steps, self.sampled = c["learner_steps"], c["sampled"]
         self.pulled_at, self.credit = c["pulled_at"], c["credit"]
         self.model.load_state_dict(state["model"])
         self.target.load_state_dict(state["target_model"])
@@ -219,4 +229,29 @@ class ApexRun:
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.replay.generator.set_state(rng["replay"])
         collector.update_policy(state["acting_model"])  # the stale copy the actors had, not the learner's
+        self.version_steps = {collector.policy_version: c["acting_steps"]}
         return collector.set_state(state["collector"], reseed=self.iteration)
+
+
+class ApexWorker(RolloutWorker):
+    """A Ray actor of the Ape-X tier: acts epsilon-greedily on its envs with its own copy of the network,
+    builds the n-step transitions and computes their initial priorities itself, and returns those
+    (``batch``: the transitions plus ``priorities``, ``[B]``) instead of the rollout.
+
+    Used through ``RayCollector(..., worker_cls=ApexWorker, worker_kwargs={"n_step": n, "gamma": g})``;
+    dead actors are replaced and their envs reseeded by the ``ray`` backend, as for any worker.
+    """
+
+    def __init__(self, env_fns: list, policy: EpsilonGreedy, horizon: int, seeds: list[int], first_index: int,
+                 policy_seed: int, n_step: int, gamma: float) -> None:
+        super().__init__(env_fns, policy, horizon, seeds, first_index, policy_seed)
+        # the envs of a replaced actor are reseeded, so their noise keys are new: they keep their slots' epsilons
+        keys = policy.keys.clone()
+        keys[first_index:first_index + len(seeds)] = torch.tensor(noise_keys(seeds), dtype=torch.int64)
+        self.collector.policy.keys = keys
+        self.builder = NStepBuilder(n_step, gamma)
+
+    def batch(self, rollout) -> dict[str, np.ndarray]:
+        transitions = self.builder.add(rollout)
+        transitions["priorities"] = initial_priorities(self.collector.policy.q, transitions)
+        return {k: v.numpy() for k, v in transitions.items()}

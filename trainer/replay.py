@@ -123,6 +123,8 @@ class PrioritizedReplay:
     def add(self, transitions: TensorDictBase, priorities: torch.Tensor) -> None:
         """Append ``transitions`` (``[B]``) with their priorities (``[B]``, e.g. absolute TD errors)."""
         b = transitions.batch_size[0]
+        if b == 0:
+            return
         if b > self.capacity:  # only the newest capacity of them would survive
             transitions, priorities = transitions[b - self.capacity:], priorities[b - self.capacity:]
             self.added += b - self.capacity

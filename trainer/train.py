@@ -20,7 +20,7 @@ from tqdm import tqdm
 import checkpoints
 from collectors import make_collector
 from collectors.resources import torch_threads
-from trainer.apex import ApexRun
+from trainer.apex import ApexRun, ApexWorker
 from trainer.batching import plan_minibatches
 from trainer.config import TrainConfig, parse_args
 from trainer.interrupts import STOP_SIGNALS, Interrupted, StopSignals
@@ -93,12 +93,14 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
             stack.callback(writer.close)
         iterations = max(1, cfg.total_steps // (batch_envs * cfg.num_steps))
         stop = min(iterations, max_iterations or iterations)
-        acting = run.policy if isinstance(run, ApexRun) else run.acting
-        collector = stack.enter_context(make_collector(factories, acting, backend=cfg.backend,
-                                                       horizon=cfg.num_steps, seed=cfg.seed, device="cpu"
-                                                       if isinstance(run, ApexRun) else run.device,
-                                                       **layout.collector_kwargs()))
-        if isinstance(run, ApexRun):  # transitions go to the replay, on the CPU: the learner samples from there
+        options = layout.collector_kwargs()
+        if isinstance(run, ApexRun) and cfg.backend == "ray":  # Ray actors build transitions and priorities
+            options.update(worker_cls=ApexWorker, worker_kwargs={"n_step": cfg.n_step, "gamma": cfg.gamma})
+        collector = stack.enter_context(make_collector(
+            factories, run.policy if isinstance(run, ApexRun) else run.acting, backend=cfg.backend,
+            horizon=cfg.num_steps, seed=cfg.seed, device="cpu" if isinstance(run, ApexRun) else run.device,
+            **options))  # Ape-X: the transitions go to the replay, on the CPU; the learner samples from there
+        if isinstance(run, ApexRun):
             step, snapshot = functools.partial(run.iterate, collector), functools.partial(run.snapshot, collector)
             restore = functools.partial(run.restore, collector=collector)
             if saved is not None and saved["replay"] is None:
