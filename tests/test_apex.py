@@ -293,3 +293,55 @@ def test_cartpole_learns(tmp_path):
     from trainer.evaluation import policy_actions, run_episodes
     records = run_episodes(policy_actions(model, True), lambda: gym.make("CartPole-v1"), 10, seed=0)
     assert summary["finished"] and np.mean([r["return"] for r in records]) > 150
+
+
+# ---------------------------------------------------------------------------------------------- Ray
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=80 * 2**20)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+RAY_CARTPOLE = ["--algo", "apex", "--env", "CartPole-v1", "--backend", "ray", "--num-envs", "4", "--num-workers",
+                "2", "--cpus-per-worker", "0.5", "--num-steps", "8", "--learning-starts", "32",
+                "--apex-batch-size", "16", "--replay-ratio", "2", "--weights-every", "16", "--hidden", "16",
+                "--threads", "1", "--seed", "2"]
+
+
+@pytest.mark.ray
+def test_ray_actor_killed_mid_run_is_replaced_and_learning_goes_on(local_ray, caplog):
+    import functools
+
+    from collectors import make_collector
+    from trainer.apex import ApexRun, ApexWorker
+    cfg = parse_args(RAY_CARTPOLE).config
+    run_ = ApexRun.new(cfg, torch.device("cpu"))
+    with make_collector([functools.partial(gym.make, "CartPole-v1")] * 4, run_.policy, backend="ray", horizon=8,
+                        seed=cfg.seed, num_workers=2, envs_per_worker=2, cpus_per_worker=0.5, first_ready=True,
+                        worker_cls=ApexWorker, worker_kwargs={"n_step": 3, "gamma": cfg.gamma}) as collector:
+        start = (0, 0.0)
+        rows = [run_.iterate(collector, start) for _ in range(8)]
+        assert run_.learner_steps > 0 and all(r["policy_lag"] >= 0 for r in rows)
+        before = run_.replay.added
+        local_ray.kill(collector.backend.actors[1])
+        with caplog.at_level("WARNING", logger="collectors.ray"):
+            rows += [run_.iterate(collector, start) for _ in range(8)]
+        assert collector.backend.restarts == 1 and "replaced" in caplog.text
+        assert run_.replay.added > before + 6 * 2 * (8 - 2)  # both actors keep delivering transitions
+        assert collector.policy_version >= 2  # and weights kept going out
+
+
+@pytest.mark.ray
+def test_ray_apex_run_trains_checkpoints_and_resumes(local_ray, tmp_path):
+    argv = RAY_CARTPOLE + ["--total-steps", str(4 * 8 * 12), "--checkpoint-every", "4", "--run-dir", str(tmp_path)]
+    first = run(argv, max_iterations=8)  # an iteration is one actor's slice: 2 envs x 8 steps
+    assert first["iterations"] == 8 and first["env_steps"] == 8 * 2 * 8
+    second = run(["--resume", str(tmp_path)])
+    assert second["finished"] and second["iterations"] == 24
+    state = checkpoints.latest_loadable(tmp_path)[1]
+    assert state["counters"]["learner_steps"] > 0 and "target_model" in state
