@@ -318,7 +318,8 @@ def test_ray_actor_killed_mid_run_is_replaced_and_learning_goes_on(local_ray, ca
     import functools
 
     from collectors import make_collector
-    from trainer.apex import ApexRun, ApexWorker
+    from trainer.apex import ApexRun
+    from trainer.apex_ray import ApexWorker
     cfg = parse_args(RAY_CARTPOLE).config
     run_ = ApexRun.new(cfg, torch.device("cpu"))
     with make_collector([functools.partial(gym.make, "CartPole-v1")] * 4, run_.policy, backend="ray", horizon=8,

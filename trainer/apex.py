@@ -13,8 +13,9 @@ One iteration (``python -m trainer.train --algo apex``):
 4. every ``--weights-every`` steps per env, the actors get the learner's weights (``update_policy``).
 
 The actors are the run's collector: ``sync``/``async`` in local mode (``async``: envs in worker processes,
-the acting network in this process), ``ray`` for Ray actors (each acting with its CPU copy of the
-network, replaced and reseeded when it dies, as the ``ray`` backend does).
+the acting network in this process), ``ray`` for Ray actors (``trainer.apex_ray.ApexWorker``: each acts with
+its CPU copy of the network, builds its transitions and their priorities, and is replaced and reseeded when it
+dies, as the ``ray`` backend does).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from collectors import Collector
-from collectors.backends.ray_ import RolloutWorker
 from collectors.seeding import env_seeds, noise_keys
 from trainer import __version__
 from trainer.config import TrainConfig
@@ -232,26 +232,3 @@ class ApexRun:
         self.version_steps = {collector.policy_version: c["acting_steps"]}
         return collector.set_state(state["collector"], reseed=self.iteration)
 
-
-class ApexWorker(RolloutWorker):
-    """A Ray actor of the Ape-X tier: acts epsilon-greedily on its envs with its own copy of the network,
-    builds the n-step transitions and computes their initial priorities itself, and returns those
-    (``batch``: the transitions plus ``priorities``, ``[B]``) instead of the rollout.
-
-    Used through ``RayCollector(..., worker_cls=ApexWorker, worker_kwargs={"n_step": n, "gamma": g})``;
-    dead actors are replaced and their envs reseeded by the ``ray`` backend, as for any worker.
-    """
-
-    def __init__(self, env_fns: list, policy: EpsilonGreedy, horizon: int, seeds: list[int], first_index: int,
-                 policy_seed: int, n_step: int, gamma: float) -> None:
-        super().__init__(env_fns, policy, horizon, seeds, first_index, policy_seed)
-        # the envs of a replaced actor are reseeded, so their noise keys are new: they keep their slots' epsilons
-        keys = policy.keys.clone()
-        keys[first_index:first_index + len(seeds)] = torch.tensor(noise_keys(seeds), dtype=torch.int64)
-        self.collector.policy.keys = keys
-        self.builder = NStepBuilder(n_step, gamma)
-
-    def batch(self, rollout) -> dict[str, np.ndarray]:
-        transitions = self.builder.add(rollout)
-        transitions["priorities"] = initial_priorities(self.collector.policy.q, transitions)
-        return {k: v.numpy() for k, v in transitions.items()}

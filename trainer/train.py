@@ -20,7 +20,7 @@ from tqdm import tqdm
 import checkpoints
 from collectors import make_collector
 from collectors.resources import torch_threads
-from trainer.apex import ApexRun, ApexWorker
+from trainer.apex import ApexRun
 from trainer.batching import plan_minibatches
 from trainer.config import TrainConfig, parse_args
 from trainer.interrupts import STOP_SIGNALS, Interrupted, StopSignals
@@ -95,6 +95,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         stop = min(iterations, max_iterations or iterations)
         options = layout.collector_kwargs()
         if isinstance(run, ApexRun) and cfg.backend == "ray":  # Ray actors build transitions and priorities
+            from trainer.apex_ray import ApexWorker
             options.update(worker_cls=ApexWorker, worker_kwargs={"n_step": cfg.n_step, "gamma": cfg.gamma})
         collector = stack.enter_context(make_collector(
             factories, run.policy if isinstance(run, ApexRun) else run.acting, backend=cfg.backend,
