@@ -346,3 +346,10 @@ def test_ray_apex_run_trains_checkpoints_and_resumes(local_ray, tmp_path):
     assert second["finished"] and second["iterations"] == 24
     state = checkpoints.latest_loadable(tmp_path)[1]
     assert state["counters"]["learner_steps"] > 0 and "target_model" in state
+
+
+def test_export_refuses_a_q_network_clearly(tmp_path):
+    from trainer import export
+    run(SMALL_VR + ["--run-dir", str(tmp_path)], max_iterations=1)
+    with pytest.raises(SystemExit, match="Ape-X Q-network"):
+        export.main(["--checkpoint", str(tmp_path), "--format", "torchscript"])
