@@ -279,6 +279,18 @@ def test_bad_apex_config_is_a_clear_error(argv, words, capsys):
     assert words in capsys.readouterr().err
 
 
+def test_beta_anneals_to_one_over_the_run():
+    from trainer.apex import ApexRun
+    cfg = parse_args(["--algo", "apex", "--env", "CartPole-v1", "--total-steps", "1000", "--replay-beta", "0.4",
+                      "--replay-capacity", "5000"]).config
+    apex = ApexRun.new(cfg, torch.device("cpu"))
+    betas = []
+    for steps in (0, 500, 1000, 5000):
+        apex.env_steps = steps
+        betas.append(apex.beta())
+    assert betas == pytest.approx([0.4, 0.7, 1.0, 1.0])
+
+
 def test_apex_refuses_a_continuous_action_space(tmp_path):
     with pytest.raises(TypeError, match="Discrete or a 1-D MultiDiscrete"):
         run(["--algo", "apex", "--env", "Pendulum-v1", "--run-dir", str(tmp_path)])

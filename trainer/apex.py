@@ -49,6 +49,8 @@ def make_q_network(cfg: TrainConfig) -> QNetwork:
     env = gym.make(cfg.env, **cfg.env_options)
     try:
         layout = getattr(env.unwrapped, "head_observation_layout", None)
+        if cfg.policy_arch == "per_head" and layout is None:
+            raise ValueError(f"--policy-arch per_head: {cfg.env} declares no head_observation_layout; use flat")
         per_head = layout if cfg.policy_arch in ("auto", "per_head") else None
         torch.manual_seed(cfg.seed)
         return QNetwork(env.observation_space, env.action_space, cfg.hidden_sizes, per_head=per_head)
