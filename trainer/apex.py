@@ -103,6 +103,9 @@ class ApexRun:
 
     @classmethod
     def new(cls, cfg: TrainConfig, device: torch.device) -> ApexRun:
+        """A fresh run: online, target and acting networks from ``cfg.seed``, an empty replay, Adam.
+
+        Raises ``TypeError`` for an action space DQN cannot take (before anything is written)."""
         model = make_q_network(cfg).to(device)
         target, acting = make_q_network(cfg).to(device), make_q_network(cfg)
         target.load_state_dict(model.state_dict())
@@ -115,7 +118,8 @@ class ApexRun:
         seed = int(np.random.SeedSequence([cfg.seed, 3]).generate_state(1)[0])  # the replay's own sampling stream
         replay = PrioritizedReplay(cfg.replay_capacity, transition_example(model, obs_space), cfg.replay_alpha,
                                    seed=seed)
-        # one flat parameter and a fused kernel, as for PPO: Adam and the clip are one op each per learner step
+        # one flat parameter and a fused kernel, as for PPO: Adam and the clip are one op each per learner step;
+        # eps 1.5e-4 as in Rainbow and Ape-X: Adam's 1e-8 lets tiny second moments blow up noisy TD gradients
         optimizer = torch.optim.Adam([flat_parameters(model)], lr=cfg.lr, eps=1.5e-4, fused=True)
         return cls(cfg, device, model, target, policy, optimizer, replay, NStepBuilder(cfg.n_step, cfg.gamma))
 
