@@ -298,13 +298,15 @@ def test_apex_refuses_a_continuous_action_space(tmp_path):
 
 @pytest.mark.slow
 def test_cartpole_learns(tmp_path):
+    # the settings of benchmarks.apex cartpole (on sync: deterministic), about 2 minutes on 2 cores
     summary = run(["--algo", "apex", "--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "16",
-                   "--total-steps", "150000", "--gamma", "0.99", "--lr", "5e-4", "--max-grad-norm", "10",
-                   "--learning-starts", "1000", "--threads", "1", "--seed", "1", "--run-dir", str(tmp_path)])
+                   "--total-steps", "400000", "--gamma", "0.99", "--lr", "5e-4", "--max-grad-norm", "10",
+                   "--learning-starts", "1000", "--threads", "1", "--seed", "1", "--checkpoint-every", "1000",
+                   "--run-dir", str(tmp_path)])
     model, _, _ = evaluate_cli.load_policy(tmp_path, "latest")
     from trainer.evaluation import policy_actions, run_episodes
     records = run_episodes(policy_actions(model, True), lambda: gym.make("CartPole-v1"), 10, seed=0)
-    assert summary["finished"] and np.mean([r["return"] for r in records]) > 150
+    assert summary["finished"] and np.mean([r["return"] for r in records]) >= 475
 
 
 # ---------------------------------------------------------------------------------------------- Ray
