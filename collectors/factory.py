@@ -10,7 +10,8 @@ from collectors.base import Collector, Policy
 from collectors.collector import LOCAL_BACKENDS, RolloutCollector
 
 BACKENDS = (*LOCAL_BACKENDS, "ray")
-RAY_OPTIONS = frozenset({"envs_per_worker", "ray_address", "cpus_per_worker", "worker_options", "first_ready"})
+RAY_OPTIONS = frozenset({"envs_per_worker", "ray_address", "cpus_per_worker", "worker_options", "first_ready",
+                         "worker_cls", "worker_kwargs"})
 
 
 def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from collectors.backends.ray_ import AsyncRollouts, RayBackend
+from collectors.backends.ray_ import AsyncRollouts, RayBackend, RolloutWorker
 from collectors.base import Collector, Policy, check_env_fns, check_seeds
 from collectors.collector import merge_states, split_state
 from collectors.rollout import Rollout
@@ -48,20 +48,25 @@ class RayCollector(Collector):
             ``collect()`` returns the first that is ready, a ``[T, K]`` slice (``rollout.envs``)
             collected with weights ``policy_version - rollout.policy_version`` updates old.
             Faster, but a learner must correct for the lag (the trainer uses V-trace).
+        worker_cls: the actors' class, a subclass of ``collectors.backends.ray_.RolloutWorker`` whose
+            ``rollout`` may return another flat batch (the Ape-X tier's actors return n-step transitions
+            with their priorities); ``worker_kwargs`` go to its constructor.
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, horizon: int = 128,
                  seed: int | Sequence[int] = 0, device: str | torch.device = "cpu", num_workers: int | None = None,
                  envs_per_worker: int | None = None, ray_address: str | None = None, cpus_per_worker: float = 1.0,
                  worker_options: Sequence[dict] | dict | None = None, first_ready: bool = False,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, worker_cls: type | None = None,
+                 worker_kwargs: dict[str, Any] | None = None) -> None:
         env_fns = check_env_fns(env_fns)
         super().__init__(policy, horizon, device, num_threads)
         explicit = check_seeds(seed)
         if explicit is None:
             env_seeds(seed, 0)  # validates the seed before any actor starts
         self.backend = RayBackend(env_fns, policy, horizon, seed if explicit is None else explicit, num_workers,
-                                  envs_per_worker, ray_address, cpus_per_worker, worker_options)
+                                  envs_per_worker, ray_address, cpus_per_worker, worker_options,
+                                  worker_cls or RolloutWorker, worker_kwargs)
         self._closed = False
         self.num_envs = self.backend.num_envs
         self.observation_space = self.backend.observation_space

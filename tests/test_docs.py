@@ -7,7 +7,8 @@ import pytest
 
 MODULES = ["envs.vr_edge", "envs.vector", "envs.baselines", "envs.planner", "envs.traces", "trainer.validation",
            "collectors.collector", "collectors.resources",
-           "trainer.model", "trainer.flat_params", "trainer.layout", "trainer.export"]
+           "trainer.model", "trainer.flat_params", "trainer.layout", "trainer.export", "trainer.replay",
+           "trainer.nstep", "trainer.dqn"]
 
 
 @pytest.mark.parametrize("name", MODULES)

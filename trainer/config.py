@@ -19,6 +19,7 @@ from collectors import BACKENDS
 
 @dataclass
 class TrainConfig:
+    algo: str = "ppo"
     env: str = "VREdge-v0"
     env_kwargs: str = ""
     backend: str = "sync"
@@ -63,9 +64,23 @@ class TrainConfig:
     eval_every: int = 0
     eval_episodes: int = 16
     keep_checkpoints: int = 3
+    replay_capacity: int = 100_000
+    replay_alpha: float = 0.6
+    replay_beta: float = 0.4
+    replay_ratio: float = 8.0
+    apex_batch_size: int = 128
+    n_step: int = 3
+    target_update: int = 500
+    weights_every: int = 400
+    learning_starts: int = 2_000
+    eps_base: float = 0.4
+    eps_alpha: float = 7.0
+    save_replay: bool = False
     config: str = ""
 
     HELP = {
+        "algo": "ppo (actor-critic, on-policy) or apex (Ape-X: epsilon-greedy actors, prioritized replay, "
+                "double DQN; Discrete and MultiDiscrete actions)",
         "env": "any registered Gymnasium env id (VREdge-v0 uses the natively batched env)",
         "env_kwargs": "env constructor arguments, key=value,key=value (numbers, true/false or text), e.g. "
                       "num_users=6 or capacity_trace=traces/,trace_split=train for VR-edge",
@@ -110,6 +125,21 @@ class TrainConfig:
                       "(VR-edge: paired against the best baseline) and point <run-dir>/checkpoints/best at the best "
                       "(0: off)",
         "eval_episodes": "validation episodes for --eval-every (seeds disjoint from training and trainer.evaluate)",
+        "replay_capacity": "apex: transitions the replay holds (FIFO); its memory is printed at start",
+        "replay_alpha": "apex: priority exponent (0: uniform sampling)",
+        "replay_beta": "apex: importance-sampling exponent at the start, annealed linearly to 1 over total_steps",
+        "replay_ratio": "apex: transitions the learner samples per transition entering the replay",
+        "apex_batch_size": "apex: learner minibatch size",
+        "n_step": "apex: steps of the n-step return",
+        "target_update": "apex: copy the online network into the target network every this many learner steps",
+        "weights_every": "apex: the actors pull the learner's weights every this many steps per env (rounded up "
+                         "to whole rollouts of num_steps)",
+        "learning_starts": "apex: transitions in the replay before the learner starts",
+        "eps_base": "apex: exploration rate of env i is eps_base^(1 + eps_alpha * i / (num_envs - 1))",
+        "eps_alpha": "apex: see eps_base",
+        "save_replay": "apex: also save the replay's contents in every checkpoint, for an exact resume; it can be "
+                       "gigabytes (replay_capacity x the bytes per transition printed at start); without it a "
+                       "resumed run refills the replay",
         "config": "TOML file with any of these keys (flags override it)",
     }
 
@@ -122,6 +152,9 @@ class TrainConfig:
             value = getattr(self, f.name)
             need(not isinstance(value, float) or math.isfinite(value), f.name, "must be a finite number")
         need(self.seed >= 0, "seed", "must be >= 0")
+        need(self.algo in ("ppo", "apex"), "algo", "choose ppo or apex")
+        if self.algo == "apex":
+            self._validate_apex(need)
         try:
             self.env_options  # noqa: B018 - parses
         except ValueError as e:
@@ -159,6 +192,21 @@ class TrainConfig:
         except ValueError:
             sizes = ()
         need(len(sizes) > 0 and all(s > 0 for s in sizes), "hidden", "comma-separated positive sizes, e.g. 64,64")
+
+    def _validate_apex(self, need) -> None:
+        need(not self.overlap, "overlap", "is for --algo ppo; Ape-X's actors already act with stale weights")
+        need(not self.ray_async, "ray_async", "is for --algo ppo; --algo apex --backend ray collects from the "
+             "actors as they finish by itself")
+        for name in ("replay_capacity", "apex_batch_size", "n_step", "target_update", "weights_every",
+                     "learning_starts"):
+            need(getattr(self, name) >= 1, name, "must be >= 1")
+        need(self.learning_starts <= self.replay_capacity, "learning_starts",
+             f"must be <= --replay-capacity ({self.replay_capacity}), or learning never starts")
+        need(self.replay_alpha >= 0, "replay_alpha", "must be >= 0 (0: uniform sampling)")
+        need(0 <= self.replay_beta <= 1, "replay_beta", "must be in [0, 1]")
+        need(self.replay_ratio > 0, "replay_ratio", "must be > 0")
+        need(0 < self.eps_base <= 1, "eps_base", "must be in (0, 1]")
+        need(self.eps_alpha >= 0, "eps_alpha", "must be >= 0")
 
     @property
     def env_options(self) -> dict[str, Any]:
@@ -198,7 +246,8 @@ def _bool(text: str) -> bool:
 
 # keys a resumed run may change; every other key must match the checkpoint's config
 RESUMABLE_CHANGES = {"total_steps", "device", "num_workers", "threads", "tensorboard", "checkpoint_every",
-                     "keep_checkpoints", "config", "ray_address", "cpus_per_worker", "eval_every", "eval_episodes"}
+                     "keep_checkpoints", "config", "ray_address", "cpus_per_worker", "eval_every", "eval_episodes",
+                     "save_replay"}
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -209,7 +258,7 @@ def _field_type(f: dataclasses.Field) -> type:
 def build_parser() -> argparse.ArgumentParser:
     """Every config field as a flag. Defaults are left out of the namespace (``SUPPRESS``), so
     that what it holds is exactly what the user typed, whatever the value."""
-    p = _Parser(prog="python -m trainer.train", description="Train a PPO policy.")
+    p = _Parser(prog="python -m trainer.train", description="Train a policy: PPO (default) or Ape-X (--algo apex).")
     for f in fields(TrainConfig):
         kind = _field_type(f)
         p.add_argument(f"--{f.name.replace('_', '-')}", type=_bool if kind is bool else kind,

@@ -243,6 +243,9 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     for p in problems:
         print(f"skipped {p}", file=sys.stderr)
     model, cfg = policy_from_state(state, source)
+    if cfg.algo != "ppo":
+        raise ValueError(f"{source} is an Ape-X Q-network (--algo {cfg.algo}); trainer.export ships PPO policies "
+                         "(probabilities and values); evaluate it with trainer.evaluate")
     policy = ExportedPolicy(model)  # before any file is written: a Box policy fails here
     run_dir = checkpoints.run_dir_of(source)
     out = Path(out) if out else run_dir / "export"

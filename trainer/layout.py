@@ -77,7 +77,7 @@ class RunLayout:
     factories_per_worker: int  # ray: env factories per actor
     cpus_per_worker: float  # ray: CPUs reserved per actor
     ray_address: str
-    ray_async: bool
+    ray_async: bool  # actors collect while the learner learns (--ray-async, or --algo apex on Ray)
     overlap: bool  # a separate collecting process keeps collecting while this one learns
     collect_threads: int  # torch threads of the collecting process while it collects
     learn_threads: int  # ... and while it learns
@@ -156,6 +156,8 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
         raise ValueError(f"unknown env id {cfg.env!r}: register it with gymnasium first (e.g. CartPole-v1, "
                          "VREdge-v0)")
     n, cores, notes = cfg.num_envs, machine.cores, []
+    # Ape-X's Ray actors always keep collecting and pushing while the learner learns, as IMPALA's do
+    asynchronous = cfg.ray_async or (cfg.algo == "apex" and cfg.backend == "ray")
     vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
     workers, main_share, per_worker, cpus = 0, False, 0, 0.0
     # --overlap: the collecting process (and its workers) keep collecting while this one learns,
@@ -178,10 +180,10 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
         busy_here = workers  # workers step while the collecting process collects; idle while this one learns
         learn_busy = workers + 1 if cfg.overlap else 0
     else:
-        workers, cpus, busy_here = _ray_workers(cfg, machine)
+        workers, cpus, busy_here = _ray_workers(cfg, machine, asynchronous)
         sizes = [n // workers] * workers if vectorized else [1] * n
         per_worker = len(sizes) // workers
-        learn_busy = busy_here if cfg.ray_async else 0  # IMPALA-style actors keep collecting while we learn
+        learn_busy = busy_here if asynchronous else 0  # IMPALA-style actors keep collecting while we learn
     collect_threads, learn_threads = max(1, collect_cores - busy_here), max(1, cores - learn_busy)
     if cfg.overlap:  # collecting and learning run at once: the learner takes the threads
         collect_threads = 1
@@ -196,9 +198,9 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
                      factory_envs=tuple(sizes), vectorized=vectorized, workers=workers, main_share=main_share,
                      num_splits=cfg.num_splits,
                      factories_per_worker=per_worker, cpus_per_worker=cpus, ray_address=cfg.ray_address,
-                     ray_async=cfg.ray_async, overlap=cfg.overlap, collect_threads=collect_threads,
+                     ray_async=asynchronous, overlap=cfg.overlap, collect_threads=collect_threads,
                      learn_threads=learn_threads,
-                     worker_threads=1, batch_envs=n // workers if cfg.ray_async else n, machine=machine,
+                     worker_threads=1, batch_envs=n // workers if asynchronous else n, machine=machine,
                      warnings=tuple(notes))
 
 
@@ -232,7 +234,7 @@ def _async_workers(cfg: TrainConfig, cores: int, notes: list[str]) -> tuple[int,
     return workers, main_share
 
 
-def _ray_workers(cfg: TrainConfig, machine: Machine) -> tuple[int, float, int]:
+def _ray_workers(cfg: TrainConfig, machine: Machine, asynchronous: bool) -> tuple[int, float, int]:
     """Ray actors, CPUs per actor, and how many of this machine's cores the actors keep busy."""
     n, cpus, total = cfg.num_envs, cfg.cpus_per_worker, machine.ray_cpus
     if total is None:
@@ -249,7 +251,7 @@ def _ray_workers(cfg: TrainConfig, machine: Machine) -> tuple[int, float, int]:
                          "actor)")
     if not workers:
         # a learner sharing a node with IMPALA-style actors learns while they collect: keep a CPU for it
-        spare = 1.0 if cfg.ray_async and machine.ray_cpus_here > 0 else 0.0
+        spare = 1.0 if asynchronous and machine.ray_cpus_here > 0 else 0.0
         fit = math.floor((total - spare) / cpus + 1e-9) or math.floor(total / cpus + 1e-9)
         if fit < 1:
             raise ValueError(f"--cpus-per-worker={cpus:g} is more than the Ray cluster's {total:g} CPUs; lower "

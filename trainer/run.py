@@ -17,6 +17,7 @@ import checkpoints
 import envs  # noqa: F401 - registers VREdge-v0
 from trainer import __version__
 from trainer.config import TrainConfig, resumed_config
+from trainer.dqn import QNetwork
 from trainer.flat_params import flat_parameters
 from trainer.layout import learner_device
 from trainer.model import ActorCritic
@@ -24,8 +25,12 @@ from trainer.pipeline import Pipeline
 from trainer.reward_scaling import ReturnScaler
 
 
-def make_model(cfg: TrainConfig) -> ActorCritic:
-    """The actor-critic for ``cfg.env``: per-head actor where the env declares a layout and ``--policy-arch`` allows."""
+def make_model(cfg: TrainConfig) -> ActorCritic | QNetwork:
+    """The actor-critic for ``cfg.env`` (per-head actor where the env declares a layout and ``--policy-arch``
+    allows), or for ``--algo apex`` the Q-network (``trainer.apex.make_q_network``)."""
+    if cfg.algo == "apex":
+        from trainer.apex import make_q_network  # the Ape-X tier imports this module
+        return make_q_network(cfg)
     env = gym.make(cfg.env, **cfg.env_options)
     try:
         layout = getattr(env.unwrapped, "head_observation_layout", None)
@@ -78,7 +83,7 @@ class Run:
 
     def snapshot(self, pipeline: Pipeline) -> dict[str, Any]:
         """A copy of the whole state, on the CPU, with nothing tied to a device: what a checkpoint holds."""
-        return _copied({
+        return copied({
             "version": __version__,
             "config": self.cfg.to_dict(),
             "iteration": self.iteration,
@@ -113,16 +118,16 @@ class Run:
         return pipeline.restore(state, self.model.state_dict(), reseed=self.iteration)
 
 
-def _copied(x: Any) -> Any:
+def copied(x: Any) -> Any:
     """Deep copy of a state: tensors to fresh CPU tensors, arrays copied, containers rebuilt."""
     if isinstance(x, torch.Tensor):
         return x.detach().to("cpu", copy=True)
     if isinstance(x, np.ndarray):
         return x.copy()
     if isinstance(x, dict):
-        return {k: _copied(v) for k, v in x.items()}
+        return {k: copied(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return type(x)(_copied(v) for v in x)
+        return type(x)(copied(v) for v in x)
     return x
 
 

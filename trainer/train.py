@@ -1,14 +1,17 @@
-"""Train a PPO policy: ``python -m trainer.train`` (VR-edge with defaults; ``--help`` for every flag)."""
+"""Train a policy: ``python -m trainer.train`` (PPO on VR-edge with defaults; ``--algo apex`` for Ape-X;
+``--help`` for every flag)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import multiprocessing
 import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +20,7 @@ from tqdm import tqdm
 import checkpoints
 from collectors import make_collector
 from collectors.resources import torch_threads
+from trainer.apex import ApexRun
 from trainer.batching import plan_minibatches
 from trainer.config import TrainConfig, parse_args
 from trainer.interrupts import STOP_SIGNALS, Interrupted, StopSignals
@@ -25,7 +29,7 @@ from trainer.learner import learn
 from trainer.metrics import keep_metrics_until, metrics_row
 from trainer.pipeline import Pipeline, make_pipeline
 from trainer.ppo import NonFiniteLossError, PPOSettings
-from trainer.run import Run, claim_new_run_dir, resume_state
+from trainer.run import Run, claim_new_run_dir, resolve_device, resume_state
 from trainer.validation import Validator
 
 
@@ -39,7 +43,8 @@ class TrainingStopped(Interrupted):
 
 def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict | None = None,
           max_iterations: int | None = None, overwrite: bool = False, machine: Machine | None = None) -> dict:
-    """Run PPO as configured (or continue the run at ``resume``); returns a summary.
+    """Run PPO (or Ape-X, ``cfg.algo == "apex"``: ``trainer.apex``) as configured (or continue the run at
+    ``resume``); returns a summary.
 
     ``max_iterations`` stops early after that many iterations in total (the LR schedule
     still follows ``total_steps``), leaving a checkpoint to resume from. ``machine``
@@ -59,10 +64,14 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         layout = run_layout(cfg, machine or Machine.detect(cfg.backend, cfg.ray_address))  # checks the env id
         print(layout.describe(), *(f"warning: {w}" for w in layout.warnings), sep="\n", file=sys.stderr)
         factories, batch_envs = layout.env_factories(), layout.batch_envs  # ray_async: one actor's slice
-        plan = plan_minibatches(batch_envs, cfg.num_steps, cfg.batch_size or None)
-        for w in plan.warnings:
-            print(f"warning: {w}", file=sys.stderr)
-        run = Run.new(cfg)  # a model the env cannot have fails here, before anything is written
+        if cfg.algo == "apex":
+            run = ApexRun.new(cfg, resolve_device(cfg.device))  # an action space DQN cannot take fails here
+            print(run.replay.describe(), file=sys.stderr)
+        else:
+            plan = plan_minibatches(batch_envs, cfg.num_steps, cfg.batch_size or None)
+            for w in plan.warnings:
+                print(f"warning: {w}", file=sys.stderr)
+            run = Run.new(cfg)  # a model the env cannot have fails here, before anything is written
         run_dir = Path(cfg.run_dir or f"runs/{cfg.env}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         lock = stack.enter_context(checkpoints.RunDirLock(run_dir))
         if resume:
@@ -84,24 +93,39 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
             stack.callback(writer.close)
         iterations = max(1, cfg.total_steps // (batch_envs * cfg.num_steps))
         stop = min(iterations, max_iterations or iterations)
-        collector = stack.enter_context(make_collector(factories, run.acting, backend=cfg.backend,
-                                                       horizon=cfg.num_steps, seed=cfg.seed, device=run.device,
-                                                       **layout.collector_kwargs()))
-        pipeline = make_pipeline(collector, run.acting.state_dict(), cfg.overlap)
+        options = layout.collector_kwargs()
+        if isinstance(run, ApexRun) and cfg.backend == "ray":  # Ray actors build transitions and priorities
+            from trainer.apex_ray import ApexWorker
+            options.update(worker_cls=ApexWorker, worker_kwargs={"n_step": cfg.n_step, "gamma": cfg.gamma})
+        collector = stack.enter_context(make_collector(
+            factories, run.policy if isinstance(run, ApexRun) else run.acting, backend=cfg.backend,
+            horizon=cfg.num_steps, seed=cfg.seed, device="cpu" if isinstance(run, ApexRun) else run.device,
+            **options))  # Ape-X: the transitions go to the replay, on the CPU; the learner samples from there
+        if isinstance(run, ApexRun):
+            step, snapshot = functools.partial(run.iterate, collector), functools.partial(run.snapshot, collector)
+            restore = functools.partial(run.restore, collector=collector)
+            if saved is not None and saved["replay"] is None:
+                notes.append("the checkpoint holds no replay (--save-replay false): it refills from new experience, "
+                             "so the resumed run is not identical to an uninterrupted one")
+        else:
+            pipeline = make_pipeline(collector, run.acting.state_dict(), cfg.overlap)
+            settings = PPOSettings.from_config(cfg, plan.minibatch_size)
+            step = functools.partial(_iteration, run, pipeline, settings, iterations)
+            snapshot = functools.partial(run.snapshot, pipeline)
+            restore = functools.partial(run.restore, pipeline=pipeline)
         stack.enter_context(torch_threads(layout.learn_threads))  # the collector uses its own count while collecting
         if saved is not None:
-            exact = run.restore(saved, pipeline)
+            exact = restore(saved)
             notes.append(f"resumed from {source} at iteration {run.iteration}")
             if not exact:
-                notes.append("these envs offer no get_state(): their episodes restart from derived seeds, "
-                             "so the resumed run is not identical to an uninterrupted one")
+                notes.append("these envs offer no get_state(): their episodes restart from derived seeds, so the "
+                             "resumed run is not identical to an uninterrupted one")
         if run.iteration >= stop:
             notes.append(f"the run is already at iteration {run.iteration} of {iterations}: nothing to do "
                          "(pass a larger --total-steps to train longer)")
         for note in notes:
             print(note, file=sys.stderr)
-        settings = PPOSettings.from_config(cfg, plan.minibatch_size)
-        summary = _loop(run, pipeline, settings, iterations, stop, run_dir, signals, writer, progress, source)
+        summary = _loop(run, step, snapshot, iterations, stop, run_dir, signals, writer, progress, source)
         signals.finish()  # closing the collector (a rollout may be in flight) must not turn into a stop
         return summary
 
@@ -126,12 +150,14 @@ def _iteration(run: Run, pipeline: Pipeline, settings: PPOSettings, iterations: 
     return metrics_row(it, run.env_steps, sps, lr, stats, rollout, lag)
 
 
-def _loop(run: Run, pipeline: Pipeline, settings: PPOSettings, iterations: int, stop: int, run_dir: Path,
-          signals: StopSignals, writer, progress: bool, resumed_from: Path | None) -> dict:
-    """Iterate until ``stop``; snapshot after each completed iteration; on any exit, save the newest one."""
+def _loop(run: Run | ApexRun, step: Callable[[tuple[int, float]], dict | None], take_snapshot: Callable[[], dict],
+          iterations: int, stop: int, run_dir: Path, signals: StopSignals, writer, progress: bool,
+          resumed_from: Path | None) -> dict:
+    """Iterate (``step``) until ``stop``; snapshot (``take_snapshot``) after each completed iteration; on any
+    exit, save the newest one."""
     cfg = run.cfg
     with signals.critical():
-        snapshot = run.snapshot(pipeline)
+        snapshot = take_snapshot()
     saved_at = run.iteration if run.iteration else None  # resumed: that state is on disk already
     last_saved = resumed_from
 
@@ -148,12 +174,12 @@ def _loop(run: Run, pipeline: Pipeline, settings: PPOSettings, iterations: int, 
     try:
         with (run_dir / "metrics.jsonl").open("a") as log:
             while run.iteration < stop:
-                row = _iteration(run, pipeline, settings, iterations, start)
+                row = step(start)
                 if row is None:  # a batch too stale to learn from
                     continue
                 row.update(validator.evaluate(run.iteration, run.model))
                 with signals.critical():  # the iteration is complete once its snapshot and its row exist
-                    snapshot = run.snapshot(pipeline)
+                    snapshot = take_snapshot()
                     log.write(json.dumps(row) + "\n")
                     log.flush()
                 if writer:

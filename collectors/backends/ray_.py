@@ -100,7 +100,11 @@ def _count_envs(env_fns: list) -> tuple[int, Any]:
 
 
 class RolloutWorker:
-    """A Ray actor's body: a local ``sync`` :class:`RolloutCollector` over this worker's envs."""
+    """A Ray actor's body: a local ``sync`` :class:`RolloutCollector` over this worker's envs.
+
+    A subclass may return more, or something else, from :meth:`rollout` (``RayCollector(worker_cls=...)``);
+    ``worker_kwargs`` reach its constructor.
+    """
 
     def __init__(self, env_fns: list, policy: Any, horizon: int, seeds: list[int], first_index: int,
                  policy_seed: int) -> None:
@@ -116,10 +120,14 @@ class RolloutWorker:
             self.collector.policy.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()})
         rollout = self.collector.collect()
         episodes = [{**e, "env": e["env"] + self.first_index} for e in rollout.episodes]
-        return {"batch": {k: v.numpy() for k, v in rollout.batch.items()},
+        return {"batch": self.batch(rollout),
                 "next_observations": rollout.next_observations.numpy(),
                 "episodes": episodes, "version": version,
                 "state": self.collector.get_state()}  # travels with the rollout: no extra round trip to save it
+
+    def batch(self, rollout: Any) -> dict[str, np.ndarray]:
+        """What goes back to the learner from a rollout: its ``[T, K]`` batch, as NumPy arrays."""
+        return {k: v.numpy() for k, v in rollout.batch.items()}
 
     def get_state(self) -> dict[str, Any]:
         return self.collector.get_state()
@@ -137,7 +145,8 @@ class RayBackend:
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Any, horizon: int, seed: int | list[int],
                  num_workers: int | None, envs_per_worker: int | None, ray_address: str | None,
-                 cpus_per_worker: float = 1.0, worker_options: Sequence[dict] | dict | None = None) -> None:
+                 cpus_per_worker: float = 1.0, worker_options: Sequence[dict] | dict | None = None,
+                 worker_cls: type = RolloutWorker, worker_kwargs: dict[str, Any] | None = None) -> None:
         ray = connect(ray_address)
         n = len(env_fns)
         total = ray.cluster_resources()
@@ -155,6 +164,7 @@ class RayBackend:
         self.explicit_seeds = None if isinstance(seed, int) else list(seed)
         self.seed = seed if self.explicit_seeds is None else self.explicit_seeds[0]  # derives restart seeds
         self.cpus_per_worker = cpus_per_worker
+        self.worker_cls, self.worker_kwargs = worker_cls, dict(worker_kwargs or {})
         opts = worker_options if isinstance(worker_options, (list, tuple)) else [worker_options or {}] * num_workers
         if len(opts) != num_workers:
             raise ValueError(f"worker_options has {len(opts)} entries for {num_workers} workers")
@@ -188,7 +198,7 @@ class RayBackend:
             raise ValueError(f"seed has {len(self.explicit_seeds)} entries for {self.num_envs} envs; pass one "
                              "integer or one seed per env")
         self.seeds = self.explicit_seeds or env_seeds(self.seed, self.num_envs)
-        self.actor_cls = self.ray.remote(RolloutWorker)
+        self.actor_cls = self.ray.remote(self.worker_cls)
         self.actors = [self._spawn(w, self.seeds[self.slices[w]]) for w in range(len(self.groups))]
         self.versions: list[int | None] = [0] * len(self.actors)  # the policy version each actor holds
         self.states: list[dict[str, Any] | None] = [None] * len(self.actors)
@@ -221,7 +231,8 @@ class RayBackend:
         policy_seed = int(np.random.SeedSequence([self.seed, w, self.restarts]).generate_state(1)[0])
         return self.actor_cls.options(num_cpus=self.cpus_per_worker, scheduling_strategy=self._in_bundle(w),
                                       **self.options[w]).remote(
-            self.groups[w], self.policy, self.horizon, list(seeds), self.slices[w].start, policy_seed)
+            self.groups[w], self.policy, self.horizon, list(seeds), self.slices[w].start, policy_seed,
+            **self.worker_kwargs)
 
     def _replace(self, w: int, error: Exception) -> None:
         """Replace a dead actor; its envs restart from seeds derived from the run seed and the restart count."""

@@ -1,0 +1,369 @@
+"""The Ape-X tier: replay (sum tree, priorities, eviction, weights), n-step targets, double DQN, the epsilon
+schedule, the acting policy, training, resume and evaluation."""
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+import checkpoints
+from trainer import evaluate as evaluate_cli
+from trainer import train as train_module
+from trainer.config import parse_args
+from trainer.dqn import EpsilonGreedy, QNetwork, apex_epsilons, double_dqn_targets, dqn_loss, priorities
+from trainer.nstep import STEP_KEYS, NStepBuilder, nstep_transitions
+from trainer.replay import PrioritizedReplay, SumTree
+
+# upper 0.1% quantiles of the chi-square distribution (df: value), so a correct sampler fails 1 run in 1000;
+# the seeds are fixed, so a run that passes always passes
+CHI2_999 = {4: 18.467, 5: 20.515}
+
+
+def chi_square(counts: np.ndarray, probs: np.ndarray) -> float:
+    expected = counts.sum() * probs
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+# ---------------------------------------------------------------------------------------------- replay
+def test_sum_tree_samples_in_proportion_to_priorities():
+    tree = SumTree(6)  # 8 leaves: two padding slots that must never come out
+    p = np.array([1.0, 2.0, 3.0, 4.0, 0.0, 10.0])
+    tree.update(np.arange(6), p)
+    rng = np.random.default_rng(0)
+    slots = tree.find(rng.uniform(0, tree.total, 40_000))
+    counts = np.bincount(slots, minlength=6)
+    assert counts[4] == 0  # priority 0: never sampled
+    keep = p > 0
+    assert chi_square(counts[keep], p[keep] / p.sum()) < CHI2_999[4]
+    # and the test can fail: the same counts against uniform probabilities are far outside
+    assert chi_square(counts[keep], np.full(5, 0.2)) > 100 * CHI2_999[4]
+
+
+def test_sum_tree_updates_keep_every_partial_sum():
+    tree = SumTree(5)
+    tree.update(np.array([0, 1, 2, 3, 4]), np.array([1.0, 1.0, 1.0, 1.0, 1.0]))
+    tree.update(np.array([2, 2, 4]), np.array([7.0, 3.0, 0.5]))  # a repeated slot: the last write wins
+    assert tree.total == pytest.approx(1 + 1 + 3 + 1 + 0.5)
+    leaves = tree.leaves
+    for node in range(1, leaves):  # every inner node is the sum of its children
+        assert tree.tree[node] == pytest.approx(tree.tree[2 * node] + tree.tree[2 * node + 1])
+    assert tree.find(np.array([2.5, 4.99, 5.2, 6.2])).tolist() == [2, 2, 3, 4]  # prefix sums 1, 2, 5, 6, 6.5
+
+
+def example() -> TensorDict:
+    return TensorDict({"observations": torch.zeros(2), "actions": torch.zeros((), dtype=torch.int64)}, [])
+
+
+def items(values) -> TensorDict:
+    v = torch.as_tensor(values, dtype=torch.float32)
+    return TensorDict({"observations": v[:, None].expand(len(v), 2).clone(),
+                       "actions": v.long()}, [len(v)])
+
+
+def test_replay_samples_stratified_in_proportion_to_priority_to_the_alpha():
+    replay = PrioritizedReplay(8, example(), alpha=0.5, seed=0)
+    p = torch.tensor([1.0, 4.0, 9.0, 16.0, 25.0, 36.0])
+    replay.add(items(range(6)), p)
+    counts = np.zeros(6)
+    for _ in range(400):
+        batch, slots, ids, _ = replay.sample(64, beta=0.4)
+        assert torch.equal(batch["actions"], torch.as_tensor(slots))  # the transitions of the sampled slots
+        counts += np.bincount(slots, minlength=6)
+    expected = (p.numpy() + 1e-6) ** 0.5
+    assert chi_square(counts, expected / expected.sum()) < CHI2_999[5]
+
+
+def test_importance_weights_by_hand():
+    replay = PrioritizedReplay(4, example(), alpha=1.0, eps=0.0, seed=1)
+    replay.add(items(range(4)), torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    _, slots, _, weights = replay.sample(32, beta=0.5)
+    probs = np.array([0.1, 0.2, 0.3, 0.4])[slots]
+    raw = (4 * probs) ** -0.5
+    assert np.allclose(weights.numpy(), raw / raw.max(), rtol=1e-6)
+    assert set(slots.tolist()) == {0, 1, 2, 3} and weights.max() == 1.0
+
+
+def test_fifo_eviction_and_stale_priority_updates_are_ignored():
+    replay = PrioritizedReplay(4, example(), alpha=1.0, eps=0.0, seed=0)
+    replay.add(items([0, 1, 2]), torch.ones(3))
+    _, slots, ids, _ = replay.sample(8, beta=1.0)
+    replay.add(items([3, 4, 5]), torch.full((3,), 2.0))  # overwrites the two oldest (0 and 1)
+    assert replay.size == 4 and sorted(replay.storage["actions"].tolist()) == [2, 3, 4, 5]
+    set_ = replay.update_priorities(slots, ids, torch.full((len(slots),), 100.0))
+    survivors = slots == 2  # the only sampled slot that still holds what was sampled
+    assert set_ == int(survivors.sum()) > 0
+    assert replay.tree.priorities(np.array([0, 1, 3])).tolist() == [2.0, 2.0, 2.0]  # new ones keep theirs
+    assert replay.tree.priorities(np.array([2]))[0] == 100.0
+    assert replay.tree.total == pytest.approx(106.0)
+
+
+def test_replay_states_its_memory_and_round_trips_through_a_state_dict():
+    replay = PrioritizedReplay(10, example(), seed=3)
+    assert replay.bytes_per_transition >= 2 * 4 + 8  # observations and action at least
+    assert "10 transitions" in replay.describe()
+    replay.add(items(range(7)), torch.rand(7))
+    copy = PrioritizedReplay(10, example(), seed=99)
+    copy.load_state_dict(replay.state_dict())
+    a, b = replay.sample(5, 0.4), copy.sample(5, 0.4)
+    assert np.array_equal(a[1], b[1]) and torch.equal(a[3], b[3]) and copy.added == 7
+
+
+# ---------------------------------------------------------------------------------------------- n-step
+def window(rewards, terminated=(), truncated=()):
+    t = len(rewards)
+    w = {"observations": torch.arange(t, dtype=torch.float32).reshape(t, 1, 1),
+         "actions": torch.zeros(t, 1, dtype=torch.int64),
+         "rewards": torch.tensor(rewards, dtype=torch.float32).reshape(t, 1),
+         "terminated": torch.zeros(t, 1, dtype=torch.bool), "truncated": torch.zeros(t, 1, dtype=torch.bool),
+         "final_observations": torch.zeros(t, 1, 1)}
+    for i in terminated:
+        w["terminated"][i] = True
+        w["final_observations"][i] = -100 - i
+    for i in truncated:
+        w["truncated"][i] = True
+        w["final_observations"][i] = -100 - i
+    return w
+
+
+def test_nstep_targets_by_hand_with_truncation_and_termination():
+    # one env, 7 steps, n = 3, gamma = 0.5: truncated at step 1 (final obs -101), terminated at step 4
+    g = 0.5
+    w = window([1, 2, 4, 8, 16, 32, 64], truncated=[1], terminated=[4])
+    t = nstep_transitions(w, torch.full((1, 1), 7.0), n=3, gamma=g)
+    assert t.batch_size == torch.Size([5])
+    assert t["rewards"].tolist() == [1 + g * 2, 2, 4 + g * 8 + g**2 * 16, 8 + g * 16, 16]
+    assert t["next_observations"].flatten().tolist() == [-101, -101, -104, -104, -104]
+    assert t["done"].tolist() == [False, False, True, True, True]
+    assert t["discounts"].tolist() == [g**2, g, 0, 0, 0]
+    # after the termination, a new episode: full n-step returns again
+    t2 = nstep_transitions(window([1, 2, 4, 8, 16, 32, 64], terminated=[1]), torch.full((1, 1), 7.0), n=3, gamma=g)
+    assert t2["rewards"][2].item() == 4 + g * 8 + g**2 * 16 and t2["discounts"][2].item() == g**3
+    assert t2["next_observations"][2].item() == 5.0 and not t2["done"][2]
+
+
+class _Rollout:
+    def __init__(self, batch, next_observations):
+        self.batch, self.next_observations = batch, next_observations
+
+
+def test_nstep_builder_loses_nothing_between_rollouts():
+    w = window([float(i) for i in range(10)], truncated=[5], terminated=[8])
+    whole = nstep_transitions(w, torch.full((1, 1), 10.0), n=3, gamma=0.9)
+    builder = NStepBuilder(3, 0.9)
+    first = builder.add(_Rollout({k: w[k][:4] for k in STEP_KEYS}, w["observations"][4]))
+    second = builder.add(_Rollout({k: w[k][4:] for k in STEP_KEYS}, torch.full((1, 1), 10.0)))
+    assert (len(first), len(second)) == (2, 6)
+    joined = torch.cat([first["rewards"], second["rewards"]])
+    assert torch.equal(joined, whole["rewards"])
+    assert torch.equal(torch.cat([first["next_observations"], second["next_observations"]]),
+                       whole["next_observations"])
+
+
+# ---------------------------------------------------------------------------------------------- DQN
+def test_double_dqn_targets_pick_with_online_and_evaluate_with_target():
+    # two heads, three actions; the online net prefers actions (2, 0), the target values them at 4 and 6
+    online = lambda obs: torch.tensor([[[0.0, 1.0, 9.0], [5.0, 1.0, 0.0]]]).expand(len(obs), 2, 3)  # noqa: E731
+    target = lambda obs: torch.tensor([[[100.0, 100.0, 4.0], [6.0, 100.0, 100.0]]]).expand(len(obs), 2, 3)  # noqa: E731
+    batch = TensorDict({"next_observations": torch.zeros(2, 1), "rewards": torch.tensor([1.0, 1.0]),
+                        "discounts": torch.tensor([0.25, 0.25]), "done": torch.tensor([False, True])}, [2])
+    y = double_dqn_targets(online, target, batch)
+    assert y.tolist() == [1 + 0.25 * (4 + 6) / 2, 1.0]  # the mean over heads; no bootstrap when done
+    loss, td = dqn_loss(torch.tensor([[1.0, 2.0], [1.0, 1.0]]), y, torch.tensor([1.0, 0.5]))
+    assert td.tolist() == [[1.25, 0.25], [0.0, 0.0]]  # targets 2.25 and 1
+    assert loss.item() == pytest.approx(((1.25 - 0.5) + 0.5 * 0.25**2) / 2 / 2)  # Huber, head mean, batch mean
+    assert priorities(td).tolist() == [0.75, 0.0]
+
+
+def test_epsilon_schedule_is_apex():
+    eps = apex_epsilons(8)
+    assert torch.allclose(eps, torch.tensor([0.4 ** (1 + i) for i in range(8)]))  # 7 i / 7 = i
+    assert apex_epsilons(1).tolist() == pytest.approx([0.4])
+    assert apex_epsilons(5, base=0.5, alpha=4)[2].item() == pytest.approx(0.5**3)
+
+
+def test_epsilon_greedy_explores_at_each_envs_rate_whatever_the_grouping():
+    q = QNetwork(gym.spaces.Box(-1, 1, (3,)), gym.spaces.MultiDiscrete([4, 4]), hidden=(8,))
+    keys = torch.tensor([5, 6, 7])
+    policy = EpsilonGreedy(q, keys, torch.tensor([0.0, 1.0, 0.5]))
+    obs = torch.randn(3, 3, generator=torch.Generator().manual_seed(0))
+    greedy = q.act_deterministic(obs)
+    actions = []
+    for step in range(400):
+        steps = torch.full((3,), step)
+        a = policy(obs, noise_keys=keys, steps=steps)["action"]
+        split = torch.cat([policy(obs[:1], noise_keys=keys[:1], steps=steps[:1])["action"],
+                           policy(obs[1:], noise_keys=keys[1:], steps=steps[1:])["action"]])
+        assert torch.equal(a, split)
+        actions.append(a)
+    actions = torch.stack(actions)  # [400, 3 envs, 2 heads]
+    assert (actions[:, 0] == greedy[0]).all()  # epsilon 0: always greedy
+    assert set(actions[:, 1, 0].tolist()) == {0, 1, 2, 3}  # epsilon 1: uniform over the actions
+    differs = (actions[:, 2] != greedy[2]).any(-1).float().mean().item()
+    assert 0.3 < differs < 0.55  # epsilon 0.5: random half the time, and random picks greedy 1/16 of those
+
+
+def test_branching_network_shares_its_advantage_across_heads():
+    q = QNetwork(gym.spaces.Box(0, 1, (2 * 3 + 1,)), gym.spaces.MultiDiscrete([5, 5]), hidden=(16, 16),
+                 per_head=(3, 1))
+    obs = torch.rand(4, 7)
+    swapped = torch.cat([obs[:, 3:6], obs[:, 0:3], obs[:, 6:]], -1)  # the two users trade places
+    out, out_swapped = q(obs), q(swapped)
+    assert out.shape == (4, 2, 5)
+    # the trunk sees the users in another order, so only the shapes and the dueling identity are fixed
+    value = out.mean(-1)  # mean_a Q = V for every head
+    assert torch.allclose(value[:, 0], value[:, 1], atol=1e-6) and out_swapped.shape == out.shape
+    with pytest.raises(TypeError, match="--algo ppo"):
+        QNetwork(gym.spaces.Box(0, 1, (3,)), gym.spaces.Box(0, 1, (2,)))
+
+
+# ---------------------------------------------------------------------------------------------- training
+def run(argv, **kw):
+    cli = parse_args(argv)
+    return train_module.train(cli.config, progress=False, resume=cli.resume, given=cli.given,
+                              overwrite=cli.overwrite, **kw)
+
+
+SMALL_VR = ["--algo", "apex", "--env", "VREdge-v0", "--env-kwargs", "num_users=2,max_steps=20", "--num-envs", "4",
+            "--num-steps", "8", "--total-steps", str(4 * 8 * 8), "--learning-starts", "40", "--apex-batch-size", "16",
+            "--replay-capacity", "200", "--replay-ratio", "2", "--target-update", "3", "--weights-every", "16",
+            "--checkpoint-every", "1", "--seed", "4", "--threads", "1", "--save-replay", "true", "--hidden", "16"]
+
+
+def test_stop_and_resume_of_a_learner_run_is_exact_with_the_replay_saved(tmp_path):
+    straight = run(SMALL_VR + ["--run-dir", str(tmp_path / "straight")])
+    first = run(SMALL_VR + ["--run-dir", str(tmp_path / "split")], max_iterations=3)
+    assert first["iterations"] == 3
+    second = run(["--resume", str(tmp_path / "split")])
+    assert straight["iterations"] == second["iterations"] == 8
+    a = checkpoints.latest_loadable(tmp_path / "straight")[1]
+    b = checkpoints.latest_loadable(tmp_path / "split")[1]
+    assert a["counters"] == b["counters"] and a["counters"]["learner_steps"] > 10
+    for part in ("model", "target_model", "acting_model"):
+        for k in a[part]:
+            assert torch.equal(a[part][k], b[part][k]), (part, k)
+    assert torch.equal(a["replay"]["leaves"] if isinstance(a["replay"]["leaves"], torch.Tensor)
+                       else torch.from_numpy(a["replay"]["leaves"]), torch.as_tensor(b["replay"]["leaves"]))
+    rows = [json.loads(line) for line in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == list(range(1, 9))
+    assert all("policy_lag" in r for r in rows) and rows[-1]["learner_steps"] == a["counters"]["learner_steps"]
+
+
+def test_resume_without_the_replay_says_it_refills(tmp_path, capsys):
+    argv = [a for a in SMALL_VR if a not in ("--save-replay", "true")] + ["--run-dir", str(tmp_path)]
+    run(argv, max_iterations=2)
+    assert checkpoints.latest_loadable(tmp_path)[1]["replay"] is None
+    assert run(["--resume", str(tmp_path)])["iterations"] == 8
+    assert "holds no replay" in capsys.readouterr().err
+
+
+def test_evaluate_plays_the_greedy_q_policy_against_the_baselines(tmp_path, capsys):
+    run(SMALL_VR + ["--run-dir", str(tmp_path)], max_iterations=2)
+    evaluate_cli.main(["--checkpoint", str(tmp_path), "--episodes", "3", "--baselines", "throughput,fair_share",
+                       "--reference", "none", "--json"])
+    payload = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert payload["policy"]["episodes"] == 3
+    assert set(payload["paired_reward_per_step"]) == {"throughput", "fair_share"}
+
+
+@pytest.mark.parametrize("argv, words", [(["--algo", "dqn"], "--algo"),
+                                         (["--algo", "apex", "--overlap", "true"], "--overlap"),
+                                         (["--algo", "apex", "--learning-starts", "10", "--replay-capacity", "5"],
+                                          "--learning-starts"),
+                                         (["--algo", "apex", "--replay-beta", "2"], "--replay-beta")])
+def test_bad_apex_config_is_a_clear_error(argv, words, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert words in capsys.readouterr().err
+
+
+def test_beta_anneals_to_one_over_the_run():
+    from trainer.apex import ApexRun
+    cfg = parse_args(["--algo", "apex", "--env", "CartPole-v1", "--total-steps", "1000", "--replay-beta", "0.4",
+                      "--replay-capacity", "5000"]).config
+    apex = ApexRun.new(cfg, torch.device("cpu"))
+    betas = []
+    for steps in (0, 500, 1000, 5000):
+        apex.env_steps = steps
+        betas.append(apex.beta())
+    assert betas == pytest.approx([0.4, 0.7, 1.0, 1.0])
+
+
+def test_apex_refuses_a_continuous_action_space(tmp_path):
+    with pytest.raises(TypeError, match="Discrete or a 1-D MultiDiscrete"):
+        run(["--algo", "apex", "--env", "Pendulum-v1", "--run-dir", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_cartpole_learns(tmp_path):
+    # the settings of benchmarks.apex cartpole (on sync: deterministic), about 2 minutes on 2 cores
+    summary = run(["--algo", "apex", "--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "16",
+                   "--total-steps", "400000", "--gamma", "0.99", "--lr", "5e-4", "--max-grad-norm", "10",
+                   "--learning-starts", "1000", "--threads", "1", "--seed", "1", "--checkpoint-every", "1000",
+                   "--run-dir", str(tmp_path)])
+    model, _, _ = evaluate_cli.load_policy(tmp_path, "latest")
+    from trainer.evaluation import policy_actions, run_episodes
+    records = run_episodes(policy_actions(model, True), lambda: gym.make("CartPole-v1"), 10, seed=0)
+    assert summary["finished"] and np.mean([r["return"] for r in records]) >= 475
+
+
+# ---------------------------------------------------------------------------------------------- Ray
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=80 * 2**20)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+RAY_CARTPOLE = ["--algo", "apex", "--env", "CartPole-v1", "--backend", "ray", "--num-envs", "4", "--num-workers",
+                "2", "--cpus-per-worker", "0.5", "--num-steps", "8", "--learning-starts", "32",
+                "--apex-batch-size", "16", "--replay-ratio", "2", "--weights-every", "16", "--hidden", "16",
+                "--threads", "1", "--seed", "2"]
+
+
+@pytest.mark.ray
+def test_ray_actor_killed_mid_run_is_replaced_and_learning_goes_on(local_ray, caplog):
+    import functools
+
+    from collectors import make_collector
+    from trainer.apex import ApexRun
+    from trainer.apex_ray import ApexWorker
+    cfg = parse_args(RAY_CARTPOLE).config
+    run_ = ApexRun.new(cfg, torch.device("cpu"))
+    with make_collector([functools.partial(gym.make, "CartPole-v1")] * 4, run_.policy, backend="ray", horizon=8,
+                        seed=cfg.seed, num_workers=2, envs_per_worker=2, cpus_per_worker=0.5, first_ready=True,
+                        worker_cls=ApexWorker, worker_kwargs={"n_step": 3, "gamma": cfg.gamma}) as collector:
+        start = (0, 0.0)
+        rows = [run_.iterate(collector, start) for _ in range(8)]
+        assert run_.learner_steps > 0 and all(r["policy_lag"] >= 0 for r in rows)
+        before = run_.replay.added
+        local_ray.kill(collector.backend.actors[1])
+        with caplog.at_level("WARNING", logger="collectors.ray"):
+            rows += [run_.iterate(collector, start) for _ in range(8)]
+        assert collector.backend.restarts == 1 and "replaced" in caplog.text
+        assert run_.replay.added > before + 6 * 2 * (8 - 2)  # both actors keep delivering transitions
+        assert collector.policy_version >= 2  # and weights kept going out
+
+
+@pytest.mark.ray
+def test_ray_apex_run_trains_checkpoints_and_resumes(local_ray, tmp_path):
+    argv = RAY_CARTPOLE + ["--total-steps", str(4 * 8 * 12), "--checkpoint-every", "4", "--run-dir", str(tmp_path)]
+    first = run(argv, max_iterations=8)  # an iteration is one actor's slice: 2 envs x 8 steps
+    assert first["iterations"] == 8 and first["env_steps"] == 8 * 2 * 8
+    second = run(["--resume", str(tmp_path)])
+    assert second["finished"] and second["iterations"] == 24
+    state = checkpoints.latest_loadable(tmp_path)[1]
+    assert state["counters"]["learner_steps"] > 0 and "target_model" in state
+
+
+def test_export_refuses_a_q_network_clearly(tmp_path):
+    from trainer import export
+    run(SMALL_VR + ["--run-dir", str(tmp_path)], max_iterations=1)
+    with pytest.raises(SystemExit, match="Ape-X Q-network"):
+        export.main(["--checkpoint", str(tmp_path), "--format", "torchscript"])

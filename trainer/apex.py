@@ -1,0 +1,240 @@
+"""The Ape-X tier (Horgan et al., ICLR 2018): epsilon-greedy actors feed a prioritized replay; one learner
+trains a double-DQN on prioritized minibatches and sends weights to the actors now and then.
+
+One iteration (``python -m trainer.train --algo apex``):
+
+1. the actors collect a ``[T, N]`` rollout with their (stale) copy of the Q-network, env ``i`` acting with
+   Ape-X's ``epsilon_i`` (``trainer.dqn.apex_epsilons`` over all envs);
+2. they turn it into n-step transitions (``trainer.nstep``) and compute initial priorities with that
+   copy, and the transitions enter the replay (``trainer.replay``);
+3. the learner takes ``replay_ratio x new transitions / batch_size`` prioritized minibatches (once the replay
+   holds ``--learning-starts``), updates their priorities, and syncs the target network every
+   ``--target-update`` learner steps;
+4. every ``--weights-every`` steps per env, the actors get the learner's weights (``update_policy``).
+
+The actors are the run's collector: ``sync``/``async`` in local mode (``async``: envs in worker processes,
+the acting network in this process), ``ray`` for Ray actors (``trainer.apex_ray.ApexWorker``: each acts with
+its CPU copy of the network, builds its transitions and their priorities, and is replaced and reseeded when it
+dies, as the ``ray`` backend does).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from collectors import Collector
+from collectors.seeding import env_seeds, noise_keys
+from trainer import __version__
+from trainer.config import TrainConfig
+from trainer.dqn import EpsilonGreedy, QNetwork, apex_epsilons, double_dqn_targets, dqn_loss, priorities, q_taken
+from trainer.flat_params import flat_parameters
+from trainer.metrics import metrics_row
+from trainer.nstep import NStepBuilder
+from trainer.ppo import NonFiniteLossError
+from trainer.replay import PrioritizedReplay
+from trainer.run import copied
+
+
+def make_q_network(cfg: TrainConfig) -> QNetwork:
+    """The Q-network for ``cfg.env``: branching with the env's per-head layout where it declares one."""
+    env = gym.make(cfg.env, **cfg.env_options)
+    try:
+        layout = getattr(env.unwrapped, "head_observation_layout", None)
+        if cfg.policy_arch == "per_head" and layout is None:
+            raise ValueError(f"--policy-arch per_head: {cfg.env} declares no head_observation_layout; use flat")
+        per_head = layout if cfg.policy_arch in ("auto", "per_head") else None
+        torch.manual_seed(cfg.seed)
+        return QNetwork(env.observation_space, env.action_space, cfg.hidden_sizes, per_head=per_head)
+    finally:
+        env.close()
+
+
+def transition_example(q: QNetwork, obs_space: gym.Space) -> TensorDict:
+    """One transition as the replay stores it (``batch_size=[]``)."""
+    obs = torch.zeros(obs_space.shape, dtype=torch.float32)
+    action = torch.zeros((q.heads,) if q.multi else (), dtype=torch.int64)
+    return TensorDict({"observations": obs, "actions": action, "rewards": torch.zeros(()),
+                       "next_observations": obs.clone(), "done": torch.zeros((), dtype=torch.bool),
+                       "discounts": torch.zeros(())}, batch_size=[])
+
+
+@torch.no_grad()
+def initial_priorities(q: QNetwork, transitions: TensorDictBase) -> torch.Tensor:
+    """Priorities ``[B]`` of new transitions from the actor's own copy of the network (as online and target)."""
+    targets = double_dqn_targets(q, q, transitions)
+    return priorities(targets.unsqueeze(-1) - q_taken(q, transitions["observations"], transitions["actions"]))
+
+
+@dataclass
+class ApexRun:
+    """Everything an Ape-X run carries from one iteration to the next (and into a checkpoint).
+
+    ``model`` (online) and ``target`` learn on ``device``; ``policy`` is the actors' epsilon-greedy CPU
+    copy (on Ray: each actor's), whose weights are the learner's after ``version_steps[version]`` learner steps.
+    """
+
+    cfg: TrainConfig
+    device: torch.device
+    model: QNetwork
+    target: QNetwork
+    policy: EpsilonGreedy
+    optimizer: torch.optim.Optimizer
+    replay: PrioritizedReplay
+    builder: NStepBuilder
+    iteration: int = 0
+    env_steps: int = 0
+    learner_steps: int = 0
+    sampled: int = 0  # transitions sampled by the learner
+    version_steps: dict = field(default_factory=lambda: {0: 0})  # policy version -> its learner steps (the lag)
+    pulled_at: int = 0  # env steps when the actors last got weights
+    credit: float = 0.0  # learner updates owed to the replay ratio, not yet taken
+    dropped: int = 0
+    lags: dict = field(default_factory=dict)  # unused by Ape-X (its lag is in learner steps: metrics.jsonl)
+    recent: deque = field(default_factory=lambda: deque(maxlen=100))
+
+    @classmethod
+    def new(cls, cfg: TrainConfig, device: torch.device) -> ApexRun:
+        """A fresh run: online, target and acting networks from ``cfg.seed``, an empty replay, Adam.
+
+        Raises ``TypeError`` for an action space DQN cannot take (before anything is written)."""
+        model = make_q_network(cfg).to(device)
+        target, acting = make_q_network(cfg).to(device), make_q_network(cfg)
+        target.load_state_dict(model.state_dict())
+        acting.load_state_dict(model.state_dict())
+        keys = torch.tensor(noise_keys(env_seeds(cfg.seed, cfg.num_envs)), dtype=torch.int64)
+        policy = EpsilonGreedy(acting, keys, apex_epsilons(cfg.num_envs, cfg.eps_base, cfg.eps_alpha))
+        env = gym.make(cfg.env, **cfg.env_options)
+        obs_space = env.observation_space
+        env.close()
+        seed = int(np.random.SeedSequence([cfg.seed, 3]).generate_state(1)[0])  # the replay's own sampling stream
+        replay = PrioritizedReplay(cfg.replay_capacity, transition_example(model, obs_space), cfg.replay_alpha,
+                                   seed=seed)
+        # one flat parameter and a fused kernel, as for PPO: Adam and the clip are one op each per learner step;
+        # eps 1.5e-4 as in Rainbow and Ape-X: Adam's 1e-8 lets tiny second moments blow up noisy TD gradients
+        optimizer = torch.optim.Adam([flat_parameters(model)], lr=cfg.lr, eps=1.5e-4, fused=True)
+        return cls(cfg, device, model, target, policy, optimizer, replay, NStepBuilder(cfg.n_step, cfg.gamma))
+
+    # ------------------------------------------------------------------ learning
+    def beta(self) -> float:
+        """The importance-sampling exponent: annealed linearly from ``--replay-beta`` to 1 over the run."""
+        frac = min(1.0, self.env_steps / self.cfg.total_steps)
+        return self.cfg.replay_beta + (1.0 - self.cfg.replay_beta) * frac
+
+    def learner_step(self) -> dict[str, float]:
+        """One prioritized minibatch: double-DQN update, new priorities, the target network when due."""
+        cfg = self.cfg
+        batch, slots, ids, weights = self.replay.sample(cfg.apex_batch_size, self.beta())
+        batch.set("weights", weights)
+        if self.device.type != "cpu":  # one host-to-device transfer per sampled batch
+            batch = batch.consolidate().to(self.device, non_blocking=True)
+        targets = double_dqn_targets(self.model, self.target, batch)
+        q = q_taken(self.model, batch["observations"], batch["actions"])
+        loss, td = dqn_loss(q, targets, batch["weights"])
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(f"learner step {self.learner_steps + 1}: loss is {loss.item()}; training stopped "
+                                     "(try a lower --lr)")
+        self.optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], cfg.max_grad_norm)
+        self.optimizer.step()
+        self.replay.update_priorities(slots, ids, priorities(td).cpu())
+        self.learner_steps += 1
+        self.sampled += len(slots)
+        if self.learner_steps % cfg.target_update == 0:
+            self.target.load_state_dict(self.model.state_dict())
+        return {"loss": loss.item(), "q_mean": q.mean().item(), "td_abs": td.abs().mean().item(),
+                "grad_norm": grad_norm.item()}
+
+    def iterate(self, collector: Collector, start: tuple[int, float]) -> dict[str, Any]:
+        """Collect one rollout into the replay, learn what the replay ratio owes, send weights when due;
+        returns the metrics row."""
+        cfg, it = self.cfg, self.iteration + 1
+        t0 = time.perf_counter()
+        rollout = collector.collect()
+        if "priorities" in rollout.batch.keys():  # Ray actors (ApexWorker) built the transitions and priorities
+            transitions, prios = rollout.batch.exclude("priorities"), rollout.batch["priorities"]
+        else:
+            transitions = self.builder.add(rollout)
+            prios = initial_priorities(self.policy.q, transitions)
+        self.replay.add(transitions, prios)
+        collected = time.perf_counter() - t0
+        lag = self.learner_steps - self.version_steps[rollout.policy_version]
+        stats: list[dict[str, float]] = []
+        t1 = time.perf_counter()
+        if self.replay.size >= cfg.learning_starts:
+            self.credit += len(transitions) * cfg.replay_ratio / cfg.apex_batch_size
+            while self.credit >= 1.0:
+                stats.append(self.learner_step())
+                self.credit -= 1.0
+        learned = time.perf_counter() - t1
+        envs = rollout.envs.stop - rollout.envs.start
+        self.iteration, self.env_steps = it, self.env_steps + cfg.num_steps * envs
+        if self.env_steps - self.pulled_at >= cfg.weights_every * cfg.num_envs:
+            collector.update_policy(self.model.state_dict())  # the one way in for weights
+            self.pulled_at = self.env_steps
+            self.version_steps[collector.policy_version] = self.learner_steps
+            for old in [v for v in self.version_steps if v < collector.policy_version - 64]:  # long out of flight
+                del self.version_steps[old]
+        self.recent.extend(e["return"] for e in rollout.episodes)
+        means = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]} if stats else {}
+        sps = (self.env_steps - start[0]) / (time.perf_counter() - start[1])
+        return metrics_row(it, self.env_steps, sps, cfg.lr, {  # policy_lag: in learner steps
+            **means, "learner_steps": self.learner_steps, "updates": len(stats), "replay_size": self.replay.size,
+            "beta": self.beta(), "inserted_per_s": len(transitions) / max(collected, 1e-9),
+            "updates_per_s": len(stats) / learned if stats else None,
+            "sampled_per_s": len(stats) * cfg.apex_batch_size / learned if stats else None,
+        }, rollout, lag)
+
+    # ------------------------------------------------------------------ checkpoints
+    def snapshot(self, collector: Collector) -> dict[str, Any]:
+        """The whole state, on the CPU (the replay's storage only with ``--save-replay``)."""
+        return copied({
+            "version": __version__, "algo": "apex", "config": self.cfg.to_dict(),
+            "iteration": self.iteration, "env_steps": self.env_steps,
+            "counters": {"learner_steps": self.learner_steps, "sampled": self.sampled,
+                         "acting_steps": self.version_steps[collector.policy_version], "pulled_at": self.pulled_at,
+                         "credit": self.credit},
+            "model": self.model.state_dict(), "target_model": self.target.state_dict(),
+            "acting_model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "nstep": self.builder.state_dict(), "recent_returns": list(self.recent),
+            "replay": self.replay.state_dict() if self.cfg.save_replay else None,
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                    "replay": self.replay.generator_state()},
+            "collector": collector.get_state(),
+        })
+
+    def restore(self, state: dict[str, Any], collector: Collector) -> bool:
+        """Load a checkpoint; returns whether the envs were restored exactly (a checkpoint without the replay
+        also makes the resumed run differ: ``state["replay"] is None``)."""
+        self.iteration, self.env_steps = state["iteration"], state["env_steps"]
+        c = state["counters"]
+        self.learner_steps, self.sampled = c["learner_steps"], c["sampled"]
+        self.pulled_at, self.credit = c["pulled_at"], c["credit"]
+        self.model.load_state_dict(state["model"])
+        self.target.load_state_dict(state["target_model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.builder.load_state_dict(state["nstep"])
+        self.recent.extend(state["recent_returns"])
+        if state["replay"] is not None:
+            self.replay.load_state_dict(state["replay"])
+        rng = state["rng"]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        if torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.replay.generator.set_state(rng["replay"])
+        collector.update_policy(state["acting_model"])  # the stale copy the actors had, not the learner's
+        self.version_steps = {collector.policy_version: c["acting_steps"]}
+        return collector.set_state(state["collector"], reseed=self.iteration)
+
