@@ -266,6 +266,8 @@ def test_evaluate_plays_the_greedy_q_policy_against_the_baselines(tmp_path, caps
     payload = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert payload["policy"]["episodes"] == 3
     assert set(payload["paired_reward_per_step"]) == {"throughput", "fair_share"}
+    with pytest.raises(SystemExit, match="--stochastic"):  # a Q policy has no sampling: refused, not mislabelled
+        evaluate_cli.main(["--checkpoint", str(tmp_path), "--episodes", "3", "--stochastic"])
 
 
 @pytest.mark.parametrize("argv, words", [(["--algo", "dqn"], "--algo"),
@@ -367,3 +369,18 @@ def test_export_refuses_a_q_network_clearly(tmp_path):
     run(SMALL_VR + ["--run-dir", str(tmp_path)], max_iterations=1)
     with pytest.raises(SystemExit, match="Ape-X Q-network"):
         export.main(["--checkpoint", str(tmp_path), "--format", "torchscript"])
+
+
+def test_n_step_longer_than_a_rollout_waits_for_enough_steps(tmp_path):
+    # n = 20 > num_steps = 8: the first two rollouts complete no transition, the third completes 5 per env
+    run(SMALL_VR + ["--n-step", "20", "--run-dir", str(tmp_path / "r")], max_iterations=3)
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["replay_size"] for r in rows] == [0, 0, (3 * 8 - 20 + 1) * 4]
+
+
+def test_flags_of_the_other_algorithm_are_refused(capsys):
+    for argv, flag in ((["--algo", "apex", "--epochs", "3"], "--epochs"), (["--n-step", "5"], "--n-step"),
+                       (["--algo", "apex", "--batch-size", "64"], "--apex-batch-size")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert flag in capsys.readouterr().err

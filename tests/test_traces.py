@@ -175,7 +175,8 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
 
 
 @pytest.mark.parametrize("text, words", [("num_users", "is not key=value"), ("a=1,a=2", "a is given twice"),
-                                         ("9x=1", "is not key=value")])
+                                         ("9x=1", "is not key=value"),
+                                         ("reveal_hiden_state=true", "VR-edge has no argument reveal_hiden_state")])
 def test_bad_env_kwargs_are_one_line_errors(text, words):
     from trainer.config import TrainConfig
     with pytest.raises(ValueError, match=words):

@@ -60,9 +60,9 @@ def test_training_with_eval_every_logs_validation_and_evaluate_loads_the_best(tm
     validated = [r for r in rows if "val_reward_per_step" in r]
     assert [r["iteration"] for r in validated] == [2, 4]
     assert all(r["val_baseline"] in ("fair_share", "robust_mpc", "buffer", "throughput", "bola") for r in validated)
-    best_row = max(validated, key=lambda r: r["val_reward_per_step"])
+    best_row = max(validated, key=lambda r: r["val_return"])
     info = checkpoints.best_info(run)
-    assert info["iteration"] == best_row["iteration"] and info["val_reward_per_step"] == best_row["val_reward_per_step"]
+    assert info["iteration"] == best_row["iteration"] and info["val_return"] == best_row["val_return"]
     assert checkpoints.best_checkpoint(run).is_file()  # kept although --keep-checkpoints 1
     evaluate(["--checkpoint", str(run), "--episodes", "2", "--baselines", "fair_share,bola"])
     out, err = capsys.readouterr()
@@ -83,3 +83,20 @@ def test_training_with_eval_every_logs_validation_and_evaluate_loads_the_best(tm
               "--pick", "latest"])
     assert "loaded the latest checkpoint" in capsys.readouterr().err
     assert json.loads((run / "evaluation.json").read_text())["checkpoint_kind"] == "the latest checkpoint"
+
+
+def test_validation_ranks_by_return_so_constant_reward_envs_still_pick_the_best(tmp_path):
+    from trainer.run import make_model
+    from trainer.validation import Validator
+    cfg = parse_config(["--env", "CartPole-v1", "--eval-every", "1", "--eval-episodes", "2"])
+    v = Validator(cfg, tmp_path, iteration=0)
+    model = make_model(cfg)
+    episodes = iter([[{"return": 10.0, "length": 10, "reward_per_step": 1.0}] * 2,
+                     [{"return": 200.0, "length": 200, "reward_per_step": 1.0}] * 2,
+                     [{"return": 50.0, "length": 50, "reward_per_step": 1.0}] * 2])
+    v._play = lambda act: next(episodes)  # CartPole: reward per step is 1 whatever the policy does
+    improved = []
+    for it in (1, 2, 3):
+        row = v.evaluate(it, model)
+        improved.append(v.improved)
+    assert improved == [True, True, False] and row["val_return"] == 50.0 and row["val_reward_per_step"] == 1.0

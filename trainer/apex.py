@@ -163,8 +163,8 @@ class ApexRun:
         if "priorities" in rollout.batch.keys():  # Ray actors (ApexWorker) built the transitions and priorities
             transitions, prios = rollout.batch.exclude("priorities"), rollout.batch["priorities"]
         else:
-            transitions = self.builder.add(rollout)
-            prios = initial_priorities(self.policy.q, transitions)
+            transitions = self.builder.add(rollout)  # none yet while fewer than n steps arrived (n > num_steps)
+            prios = initial_priorities(self.policy.q, transitions) if len(transitions) else torch.zeros(0)
         self.replay.add(transitions, prios)
         collected = time.perf_counter() - t0
         lag = self.learner_steps - self.version_steps[rollout.policy_version]

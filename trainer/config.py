@@ -96,29 +96,31 @@ class TrainConfig:
         "threads": "torch threads of this process (0: from the run layout: the cores the workers leave free while "
                    "collecting, all cores while learning)",
         "lr": "Adam learning rate",
-        "anneal_lr": "linear LR annealing to 0 over total_steps", "gamma": "discount",
-        "gae_lambda": "GAE lambda", "epochs": "PPO epochs per rollout",
-        "batch_size": "minibatch size (0: planner picks from num_envs x num_steps)",
-        "clip_coef": "PPO clip range", "clip_value": "clip the value loss too",
-        "ent_coef": "entropy bonus", "vf_coef": "value loss weight", "max_grad_norm": "global grad-norm clip",
-        "norm_adv": "normalise advantages per minibatch", "target_kl": "early-stop epochs above this KL (0: off)",
-        "normalize_obs": "running observation normalisation", "scale_rewards": "divide rewards by running return std",
+        "anneal_lr": "ppo: linear LR annealing to 0 over total_steps", "gamma": "discount",
+        "gae_lambda": "ppo: GAE lambda", "epochs": "ppo: PPO epochs per rollout",
+        "batch_size": "ppo: minibatch size (0: planner picks from num_envs x num_steps)",
+        "clip_coef": "ppo: PPO clip range", "clip_value": "ppo: clip the value loss too",
+        "ent_coef": "ppo: entropy bonus", "vf_coef": "ppo: value loss weight", "max_grad_norm": "global grad-norm clip",
+        "norm_adv": "ppo: normalise advantages per minibatch",
+        "target_kl": "ppo: early-stop epochs above this KL (0: off)",
+        "normalize_obs": "ppo: running observation normalisation",
+        "scale_rewards": "ppo: divide rewards by running return std",
         "hidden": "hidden layer sizes, comma separated",
         "policy_arch": "actor: flat MLP, per_head (one MLP shared by all action heads; needs an env that declares "
                        "head_observation_layout, like VR-edge), or auto (per_head where declared)",
-        "shared_trunk": "one trunk for actor and critic",
+        "shared_trunk": "ppo: one trunk for actor and critic",
         "tensorboard": "also log to TensorBoard (needs the tensorboard extra)",
         "ray_address": "ray backend: cluster address (empty: reuse a running Ray or start a local one)",
         "envs_per_worker": "async/ray: envs per process or actor (0: from the run layout)",
         "cpus_per_worker": "ray backend: CPUs reserved per actor (fractions allowed)",
-        "ray_async": "ray backend: IMPALA-style collection with V-trace correction",
-        "overlap": "collect the next rollout in a separate process while learning on this one (a fixed policy lag "
+        "ray_async": "ppo: ray backend: IMPALA-style collection with V-trace correction",
+        "overlap": "ppo: collect the next rollout in a separate process while learning on this one (a fixed policy lag "
                    "of one update; serial, sync and async backends)",
-        "overlap_targets": "overlap: vtrace (V-trace corrects the targets for the one-update lag) or gae (stored "
+        "overlap_targets": "ppo: overlap: vtrace (V-trace corrects the targets for the one-update lag) or gae (stored "
                            "values, PPO ratio against the behaviour log-probs)",
-        "max_lag": "ray_async: drop batches collected more than this many policy versions ago",
-        "rho_bar": "V-trace importance-weight clip for the targets and advantages",
-        "c_bar": "V-trace trace-cutting clip",
+        "max_lag": "ppo: ray_async: drop batches collected more than this many policy versions ago",
+        "rho_bar": "ppo: V-trace importance-weight clip for the targets and advantages",
+        "c_bar": "ppo: V-trace trace-cutting clip",
         "checkpoint_every": "save a checkpoint every this many iterations (and at the end)",
         "keep_checkpoints": "how many checkpoint files to keep in <run-dir>/checkpoints",
         "eval_every": "every this many iterations, play the greedy policy on held-out validation episodes, log it "
@@ -156,9 +158,15 @@ class TrainConfig:
         if self.algo == "apex":
             self._validate_apex(need)
         try:
-            self.env_options  # noqa: B018 - parses
+            options = self.env_options
         except ValueError as e:
             need(False, "env_kwargs", str(e))
+        if self.env == "VREdge-v0":  # a typo would otherwise surface as a TypeError from deep inside gym.make
+            from envs import VREdgeConfig
+            known = VREdgeConfig().to_dict()
+            unknown = sorted(set(options) - set(known))
+            need(not unknown, "env_kwargs", f"VR-edge has no argument {', '.join(unknown)}; its arguments are "
+                 f"{', '.join(known)}")
         need(self.backend in BACKENDS, "backend", f"choose {', '.join(BACKENDS)}")
         need(not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray")
         need(self.max_lag >= 0, "max_lag", "must be >= 0")
@@ -197,9 +205,9 @@ class TrainConfig:
         need(not self.overlap, "overlap", "is for --algo ppo; Ape-X's actors already act with stale weights")
         need(not self.ray_async, "ray_async", "is for --algo ppo; --algo apex --backend ray collects from the "
              "actors as they finish by itself")
-        for name in ("replay_capacity", "apex_batch_size", "n_step", "target_update", "weights_every",
-                     "learning_starts"):
+        for name in ("replay_capacity", "apex_batch_size", "n_step", "target_update", "weights_every"):
             need(getattr(self, name) >= 1, name, "must be >= 1")
+        need(self.learning_starts >= 0, "learning_starts", "must be >= 0 (0: learn from the first transitions)")
         need(self.learning_starts <= self.replay_capacity, "learning_starts",
              f"must be <= --replay-capacity ({self.replay_capacity}), or learning never starts")
         need(self.replay_alpha >= 0, "replay_alpha", "must be >= 0 (0: uniform sampling)")
@@ -317,6 +325,7 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
         given = {**from_file, **args}
         cfg = TrainConfig(**{**{f.name: f.default for f in fields(TrainConfig)}, **given})
         cfg.validate()
+        check_algo_flags(cfg, given)
     except ConfigError as e:
         if e.key in from_file and e.key not in args:
             parser.error(f"{args['config']}: {e.key} = {e.value!r} is invalid: {e.rule}")
@@ -326,6 +335,18 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
     if resume and overwrite:
         parser.error("--overwrite starts a new run; it cannot be combined with --resume")
     return CommandLine(cfg, given, resume, overwrite)
+
+
+def check_algo_flags(cfg: TrainConfig, given: dict[str, Any]) -> None:
+    """Refuse settings the chosen ``--algo`` would ignore (their help starts with the other algorithm's name):
+    a user who sets ``--epochs`` for Ape-X, or ``--n-step`` for PPO, would otherwise believe it took effect."""
+    other = "apex" if cfg.algo == "ppo" else "ppo"
+    ignored = sorted(k for k in given if TrainConfig.HELP.get(k, "").startswith(other + ":"))
+    if ignored:
+        flags = ", ".join("--" + k.replace("_", "-") for k in ignored)
+        hint = " (the Ape-X learner's minibatch is --apex-batch-size)" if "batch_size" in ignored else ""
+        raise ValueError(f"{flags}: for --algo {other} only, and this run is --algo {cfg.algo}, which would ignore "
+                         f"{'it' if len(ignored) == 1 else 'them'}{hint}; drop {'it' if len(ignored) == 1 else 'them'}")
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:

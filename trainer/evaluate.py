@@ -4,7 +4,7 @@
                                [--deterministic | --stochastic] [--baselines all] [--reference clairvoyant]
                                [--capacity-trace PATH] [--json]
 
-A run directory's checkpoint is its ``best`` (highest validation score, from --eval-every)
+A run directory's checkpoint is its ``best`` (highest validation return, from --eval-every)
 when it has one, else its newest loadable one; the command says which it loaded.
 """
 
@@ -188,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.episodes < 1:
             raise ValueError(f"--episodes={args.episodes} is invalid: must be >= 1")
         model, cfg, source = load_policy(args.checkpoint, args.pick)
+        if not args.deterministic and cfg.algo == "apex":
+            raise ValueError(f"--stochastic: {source} holds an Ape-X Q-network, whose policy is greedy (its "
+                             "exploration was the actors' epsilon); drop --stochastic")
         if args.env and args.env != cfg.env:
             raise ValueError(f"{source} was trained on {cfg.env}, not {args.env}")
         names = baseline_names(args.baselines, cfg.env)

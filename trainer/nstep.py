@@ -96,7 +96,7 @@ class NStepBuilder:
         steps = {k: rollout.batch[k] for k in STEP_KEYS}
         if self.kept is not None:
             steps = {k: torch.cat([self.kept[k].to(v.device), v]) for k, v in steps.items()}
-        self.kept = {k: v[v.shape[0] - (self.n - 1):].clone() for k, v in steps.items()}
+        self.kept = {k: v[max(0, v.shape[0] - (self.n - 1)):].clone() for k, v in steps.items()}
         if steps["rewards"].shape[0] < self.n:
             return _empty(steps)
         return nstep_transitions(steps, rollout.next_observations, self.n, self.gamma)

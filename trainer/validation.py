@@ -4,7 +4,8 @@ Every ``K`` iterations the greedy policy plays ``--eval-episodes`` validation ep
 seeds come from a ``SeedSequence`` branch that neither training nor ``trainer.evaluate``'s
 test episodes use. The metrics row gets its reward per step and, for VR-edge, the paired
 difference against the best heuristic baseline on the same episodes (chosen once, when the
-run starts). A new highest validation reward per step saves a checkpoint at once and points
+run starts). A new highest validation mean return (not reward per step, which is constant in envs
+like CartPole) saves a checkpoint at once and points
 the run's ``best`` pointer at it (next to ``latest``; retention keeps it).
 """
 
@@ -35,7 +36,7 @@ class Validator:
         >>> v.evaluate(1, model=None), v.improved   # eval_every 0: never due
         ({}, False)
 
-    After :meth:`evaluate` returns a row (``val_reward_per_step`` ``[scalar]`` and, against a
+    After :meth:`evaluate` returns a row (``val_return`` and ``val_reward_per_step``, scalars, and, against a
     baseline, ``val_baseline``, ``val_vs_baseline``, ``val_vs_baseline_ci95``, ``val_best``),
     ``improved`` says whether it is the best so far; pass the checkpoint saved for that
     iteration to :meth:`saved`.
@@ -58,7 +59,7 @@ class Validator:
             self.baseline_records = played[self.baseline]
         best = checkpoints.best_info(self.run_dir)
         # a best from this run's past (not from iterations a resume set aside) is the score to beat
-        self.best_score = (best["val_reward_per_step"] if best and best.get("iteration", np.inf) <= iteration
+        self.best_score = (best.get("val_return", -np.inf) if best and best.get("iteration", np.inf) <= iteration
                            else -np.inf)
 
     def _play(self, act) -> list[dict[str, float]]:
@@ -72,8 +73,9 @@ class Validator:
             return {}
         self.policy.load_state_dict(model.state_dict())
         records = self._play(policy_actions(self.policy, deterministic=True))
-        score = summarize(records)["reward_per_step"]
-        row: dict[str, Any] = {"val_reward_per_step": score}
+        summary = summarize(records)
+        score = summary["mean_return"]
+        row: dict[str, Any] = {"val_return": score, "val_reward_per_step": summary["reward_per_step"]}
         if self.baseline_records is not None:
             d = paired_difference(records, self.baseline_records)
             row.update(val_baseline=self.baseline, val_vs_baseline=d["mean"], val_vs_baseline_ci95=d["ci95"])
