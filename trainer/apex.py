@@ -41,21 +41,14 @@ from trainer.metrics import metrics_row
 from trainer.nstep import NStepBuilder
 from trainer.ppo import NonFiniteLossError
 from trainer.replay import PrioritizedReplay
-from trainer.run import copied
+from trainer.run import copied, model_spaces
 
 
 def make_q_network(cfg: TrainConfig) -> QNetwork:
     """The Q-network for ``cfg.env``: branching with the env's per-head layout where it declares one."""
-    env = gym.make(cfg.env, **cfg.env_options)
-    try:
-        layout = getattr(env.unwrapped, "head_observation_layout", None)
-        if cfg.policy_arch == "per_head" and layout is None:
-            raise ValueError(f"--policy-arch per_head: {cfg.env} declares no head_observation_layout; use flat")
-        per_head = layout if cfg.policy_arch in ("auto", "per_head") else None
-        torch.manual_seed(cfg.seed)
-        return QNetwork(env.observation_space, env.action_space, cfg.hidden_sizes, per_head=per_head)
-    finally:
-        env.close()
+    obs_space, act_space, per_head = model_spaces(cfg)
+    torch.manual_seed(cfg.seed)
+    return QNetwork(obs_space, act_space, cfg.hidden_sizes, per_head=per_head)
 
 
 def transition_example(q: QNetwork, obs_space: gym.Space) -> TensorDict:

@@ -31,14 +31,21 @@ def make_model(cfg: TrainConfig) -> ActorCritic | QNetwork:
     if cfg.algo == "apex":
         from trainer.apex import make_q_network  # the Ape-X tier imports this module
         return make_q_network(cfg)
+    obs_space, act_space, per_head = model_spaces(cfg)
+    return ActorCritic(obs_space, act_space, cfg.hidden_sizes, cfg.shared_trunk, cfg.normalize_obs, seed=cfg.seed,
+                       per_head=per_head)
+
+
+def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int] | None]:
+    """``(observation space, action space, per-head layout or None)`` of ``cfg.env`` as ``--policy-arch`` asks:
+    the per-head layout where the env declares one (``auto``, ``per_head``), none for ``flat``."""
     env = gym.make(cfg.env, **cfg.env_options)
     try:
         layout = getattr(env.unwrapped, "head_observation_layout", None)
         if cfg.policy_arch == "per_head" and layout is None:
             raise ValueError(f"--policy-arch per_head: {cfg.env} declares no head_observation_layout; use flat")
         per_head = layout if cfg.policy_arch in ("auto", "per_head") else None
-        return ActorCritic(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.shared_trunk,
-                           cfg.normalize_obs, seed=cfg.seed, per_head=per_head)
+        return env.observation_space, env.action_space, per_head
     finally:
         env.close()
 
