@@ -20,13 +20,14 @@ dies, as the ``ray`` backend does).
 
 from __future__ import annotations
 
+import copy
+import math
 import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -51,9 +52,9 @@ def make_q_network(cfg: TrainConfig) -> QNetwork:
     return QNetwork(obs_space, act_space, cfg.hidden_sizes, per_head=per_head)
 
 
-def transition_example(q: QNetwork, obs_space: gym.Space) -> TensorDict:
+def transition_example(q: QNetwork) -> TensorDict:
     """One transition as the replay stores it (``batch_size=[]``)."""
-    obs = torch.zeros(obs_space.shape, dtype=torch.float32)
+    obs = torch.zeros(q.obs_dim, dtype=torch.float32)
     action = torch.zeros((q.heads,) if q.multi else (), dtype=torch.int64)
     return TensorDict({"observations": obs, "actions": action, "rewards": torch.zeros(()),
                        "next_observations": obs.clone(), "done": torch.zeros((), dtype=torch.bool),
@@ -90,8 +91,6 @@ class ApexRun:
     version_steps: dict = field(default_factory=lambda: {0: 0})  # policy version -> its learner steps (the lag)
     pulled_at: int = 0  # env steps when the actors last got weights
     credit: float = 0.0  # learner updates owed to the replay ratio, not yet taken
-    dropped: int = 0
-    lags: dict = field(default_factory=dict)  # unused by Ape-X (its lag is in learner steps: metrics.jsonl)
     recent: deque = field(default_factory=lambda: deque(maxlen=100))
 
     @classmethod
@@ -99,18 +98,12 @@ class ApexRun:
         """A fresh run: online, target and acting networks from ``cfg.seed``, an empty replay, Adam.
 
         Raises ``TypeError`` for an action space DQN cannot take (before anything is written)."""
-        model = make_q_network(cfg).to(device)
-        target, acting = make_q_network(cfg).to(device), make_q_network(cfg)
-        target.load_state_dict(model.state_dict())
-        acting.load_state_dict(model.state_dict())
+        acting = make_q_network(cfg)  # the actors' copy stays on the CPU
+        model, target = copy.deepcopy(acting).to(device), copy.deepcopy(acting).to(device)
         keys = torch.tensor(noise_keys(env_seeds(cfg.seed, cfg.num_envs)), dtype=torch.int64)
         policy = EpsilonGreedy(acting, keys, apex_epsilons(cfg.num_envs, cfg.eps_base, cfg.eps_alpha))
-        env = gym.make(cfg.env, **cfg.env_options)
-        obs_space = env.observation_space
-        env.close()
         seed = int(np.random.SeedSequence([cfg.seed, 3]).generate_state(1)[0])  # the replay's own sampling stream
-        replay = PrioritizedReplay(cfg.replay_capacity, transition_example(model, obs_space), cfg.replay_alpha,
-                                   seed=seed)
+        replay = PrioritizedReplay(cfg.replay_capacity, transition_example(acting), cfg.replay_alpha, seed=seed)
         # one flat parameter and a fused kernel, as for PPO: Adam and the clip are one op each per learner step;
         # eps 1.5e-4 as in Rainbow and Ape-X: Adam's 1e-8 lets tiny second moments blow up noisy TD gradients
         optimizer = torch.optim.Adam([flat_parameters(model)], lr=cfg.lr, eps=1.5e-4, fused=True)
@@ -132,20 +125,22 @@ class ApexRun:
         targets = double_dqn_targets(self.model, self.target, batch)
         q = q_taken(self.model, batch["observations"], batch["actions"])
         loss, td = dqn_loss(q, targets, batch["weights"])
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(f"learner step {self.learner_steps + 1}: loss is {loss.item()}; training stopped "
-                                     "(try a lower --lr)")
         self.optimizer.zero_grad(set_to_none=False)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], cfg.max_grad_norm)
+        # the step's numbers in one device-to-host copy (one sync on a GPU), checked before the weights change
+        loss_, q_mean, td_abs, grad_norm_ = torch.stack([loss.detach(), q.detach().mean(), td.abs().mean(),
+                                                         grad_norm]).tolist()
+        if not math.isfinite(loss_):
+            raise NonFiniteLossError(f"learner step {self.learner_steps + 1}: loss is {loss_}; training stopped "
+                                     "(try a lower --lr)")
         self.optimizer.step()
         self.replay.update_priorities(slots, ids, priorities(td).cpu())
         self.learner_steps += 1
         self.sampled += len(slots)
         if self.learner_steps % cfg.target_update == 0:
             self.target.load_state_dict(self.model.state_dict())
-        return {"loss": loss.item(), "q_mean": q.mean().item(), "td_abs": td.abs().mean().item(),
-                "grad_norm": grad_norm.item()}
+        return {"loss": loss_, "q_mean": q_mean, "td_abs": td_abs, "grad_norm": grad_norm_}
 
     def iterate(self, collector: Collector, start: tuple[int, float]) -> dict[str, Any]:
         """Collect one rollout into the replay, learn what the replay ratio owes, send weights when due;

@@ -55,7 +55,7 @@ class QNetwork(nn.Module):
         else:
             raise TypeError(f"--algo apex needs a Discrete or a 1-D MultiDiscrete action space with equal heads, "
                             f"got {act_space}; use --algo ppo")
-        n_obs = obs_space.shape[0]
+        self.obs_dim = n_obs = obs_space.shape[0]
         if per_head is not None and (not self.multi or self.heads * per_head[0] + per_head[1] != n_obs):
             raise ValueError(f"per-head layout {per_head} does not fit {self.heads} heads and {n_obs} observations")
         self.per_head = per_head
@@ -163,10 +163,22 @@ class EpsilonGreedy(nn.Module):
         if keys.shape != epsilons.shape:
             raise ValueError(f"{len(keys)} env keys for {len(epsilons)} epsilons")
         self.q = q
-        self.keys, self.epsilons = keys.to(torch.int64), epsilons.float()
+        self.keys, self.epsilons = keys, epsilons.float()
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """Each env's noise key, ``[N]`` (env ``i`` explores with ``epsilons[i]``)."""
+        return self._keys
+
+    @keys.setter
+    def keys(self, keys: torch.Tensor) -> None:
+        # sorted once here, so that each step finds its rows' envs by binary search, not an [n, N] comparison
+        self._keys = keys.to(torch.int64)
+        self._order = self._keys.argsort(stable=True)
+        self._sorted = self._keys[self._order]
 
     def forward(self, obs: torch.Tensor, noise_keys: torch.Tensor, steps: torch.Tensor) -> dict[str, torch.Tensor]:
-        env = (noise_keys[:, None] == self.keys[None, :]).float().argmax(1)  # which env each row is
+        env = self._order[torch.searchsorted(self._sorted, noise_keys)]  # which env each row is
         greedy = self.q(obs).argmax(-1)  # [n, K]
         # per row: one uniform for "explore?", then one per head for the random action
         u = noise.uniform(noise_keys, steps, (len(obs), 1 + self.q.heads))

@@ -215,7 +215,8 @@ def _loop(run: Run | ApexRun, step: Callable[[tuple[int, float]], dict | None], 
         print(f"policy lag (versions behind: batches): {dict(sorted(run.lags.items()))}; dropped {run.dropped} "
               f"batches older than --max-lag {cfg.max_lag}", file=sys.stderr)
     return {"run_dir": str(run_dir), "iterations": run.iteration, "env_steps": run.env_steps,
-            "checkpoint": str(last_saved) if last_saved else None, "lags": dict(run.lags), "dropped": run.dropped,
+            "checkpoint": str(last_saved) if last_saved else None,
+            **({"lags": dict(run.lags), "dropped": run.dropped} if isinstance(run, Run) else {}),  # PPO's lag
             "recent_return": float(np.mean(run.recent)) if run.recent else None,
             "finished": run.iteration >= iterations}
 
