@@ -60,7 +60,7 @@ def test_training_with_eval_every_logs_validation_and_evaluate_loads_the_best(tm
     validated = [r for r in rows if "val_reward_per_step" in r]
     assert [r["iteration"] for r in validated] == [2, 4]
     assert all(r["val_baseline"] in ("fair_share", "robust_mpc", "buffer", "throughput", "bola") for r in validated)
-    best_row = max(validated, key=lambda r: r["val_return"])
+    best_row = max(reversed(validated), key=lambda r: r["val_return"])  # the last of equals
     info = checkpoints.best_info(run)
     assert info["iteration"] == best_row["iteration"] and info["val_return"] == best_row["val_return"]
     assert checkpoints.best_checkpoint(run).is_file()  # kept although --keep-checkpoints 1
@@ -93,10 +93,12 @@ def test_validation_ranks_by_return_so_constant_reward_envs_still_pick_the_best(
     model = make_model(cfg)
     episodes = iter([[{"return": 10.0, "length": 10, "reward_per_step": 1.0}] * 2,
                      [{"return": 200.0, "length": 200, "reward_per_step": 1.0}] * 2,
-                     [{"return": 50.0, "length": 50, "reward_per_step": 1.0}] * 2])
+                     [{"return": 50.0, "length": 50, "reward_per_step": 1.0}] * 2,
+                     [{"return": 200.0, "length": 200, "reward_per_step": 1.0}] * 2])
     v._play = lambda act: next(episodes)  # CartPole: reward per step is 1 whatever the policy does
     improved = []
-    for it in (1, 2, 3):
+    for it in (1, 2, 3, 4):
         row = v.evaluate(it, model)
         improved.append(v.improved)
-    assert improved == [True, True, False] and row["val_return"] == 50.0 and row["val_reward_per_step"] == 1.0
+    # a tie with the best (iteration 4) moves the pointer to the later, longer-trained checkpoint
+    assert improved == [True, True, False, True] and row["val_return"] == 200.0 and row["val_reward_per_step"] == 1.0

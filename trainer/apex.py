@@ -115,6 +115,12 @@ class ApexRun:
         frac = min(1.0, self.env_steps / self.cfg.total_steps)
         return self.cfg.replay_beta + (1.0 - self.cfg.replay_beta) * frac
 
+    def learning_rate(self) -> float:
+        """``--lr``, annealed linearly to 0 over the run with ``--anneal-lr``: DQN's greedy policy keeps
+        oscillating at a constant rate after it first solves a task, and a shrinking step lets the final network
+        settle (docs/benchmarks.md, "Ape-X": CartPole seeds with and without)."""
+        return self.cfg.lr * (1 - self.env_steps / self.cfg.total_steps) if self.cfg.anneal_lr else self.cfg.lr
+
     def learner_step(self) -> dict[str, float]:
         """One prioritized minibatch: double-DQN update, new priorities, the target network when due."""
         cfg = self.cfg
@@ -156,6 +162,9 @@ class ApexRun:
         self.replay.add(transitions, prios)
         collected = time.perf_counter() - t0
         lag = self.learner_steps - self.version_steps[rollout.policy_version]
+        lr = self.learning_rate()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         stats: list[dict[str, float]] = []
         t1 = time.perf_counter()
         if self.replay.size >= cfg.learning_starts:
@@ -175,7 +184,7 @@ class ApexRun:
         self.recent.extend(e["return"] for e in rollout.episodes)
         means = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]} if stats else {}
         sps = (self.env_steps - start[0]) / (time.perf_counter() - start[1])
-        return metrics_row(it, self.env_steps, sps, cfg.lr, {  # policy_lag: in learner steps
+        return metrics_row(it, self.env_steps, sps, lr, {  # policy_lag: in learner steps
             **means, "learner_steps": self.learner_steps, "updates": len(stats), "replay_size": self.replay.size,
             "beta": self.beta(), "inserted_per_s": len(transitions) / max(collected, 1e-9),
             "updates_per_s": len(stats) / learned if stats else None,

@@ -96,7 +96,7 @@ class TrainConfig:
         "threads": "torch threads of this process (0: from the run layout: the cores the workers leave free while "
                    "collecting, all cores while learning)",
         "lr": "Adam learning rate",
-        "anneal_lr": "ppo: linear LR annealing to 0 over total_steps", "gamma": "discount",
+        "anneal_lr": "linear LR annealing to 0 over total_steps", "gamma": "discount",
         "gae_lambda": "ppo: GAE lambda", "epochs": "ppo: PPO epochs per rollout",
         "batch_size": "ppo: minibatch size (0: planner picks from num_envs x num_steps)",
         "clip_coef": "ppo: PPO clip range", "clip_value": "ppo: clip the value loss too",
