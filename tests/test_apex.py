@@ -300,15 +300,17 @@ def test_apex_refuses_a_continuous_action_space(tmp_path):
 
 @pytest.mark.slow
 def test_cartpole_learns(tmp_path):
-    # the settings of benchmarks.apex cartpole (on sync: deterministic), about 2 minutes on 2 cores
-    summary = run(["--algo", "apex", "--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "16",
-                   "--total-steps", "400000", "--gamma", "0.99", "--lr", "5e-4", "--max-grad-norm", "10",
-                   "--learning-starts", "1000", "--threads", "1", "--seed", "1", "--checkpoint-every", "1000",
-                   "--run-dir", str(tmp_path)])
-    model, _, _ = evaluate_cli.load_policy(tmp_path, "latest")
-    from trainer.evaluation import policy_actions, run_episodes
-    records = run_episodes(policy_actions(model, True), lambda: gym.make("CartPole-v1"), 10, seed=0)
-    assert summary["finished"] and np.mean([r["return"] for r in records]) >= 475
+    # The README's command (on sync: deterministic on one machine), with --eval-every. The property is the best
+    # validated checkpoint's greedy return on held-out episodes, not the final network's: which network a seed ends
+    # on depends on the CPU's float rounding, and DQN's greedy return can still dip late in a run. Measured with
+    # margin over seeds 1-10, 1 and 2 threads and deterministic algorithms (docs/benchmarks.md, "Ape-X").
+    from benchmarks.apex import CARTPOLE, CARTPOLE_VALIDATION, greedy_return
+    summary = run(CARTPOLE + CARTPOLE_VALIDATION + ["--backend", "sync", "--threads", "1", "--seed", "1",
+                                                    "--checkpoint-every", "1000", "--run-dir", str(tmp_path)])
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    validated = [row["val_return"] for row in rows if "val_return" in row]
+    assert summary["finished"] and len(validated) == 25
+    assert greedy_return(tmp_path, "best", episodes=10) >= 475
 
 
 # ---------------------------------------------------------------------------------------------- Ray

@@ -122,6 +122,7 @@ def test_short_training_run_improves_cartpole(tmp_path):
     first = [r["episode_return"] for r in rows[:3] if r["episode_return"] is not None]
     last = [r["episode_return"] for r in rows[-3:] if r["episode_return"] is not None]
     assert summary["iterations"] == 40
+    # last/first was 5.8-17.8 over seeds 1-10 with 1 and 2 threads (AMD EPYC, issue 23): a margin, not one CPU's luck
     assert sum(last) / len(last) > 3 * sum(first) / len(first)
     assert all(math.isfinite(r["explained_variance"]) for r in rows)
 
