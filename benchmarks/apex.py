@@ -1,7 +1,7 @@
 """The Ape-X tier's measured targets (docs/benchmarks.md, "Ape-X").
 
     python -m benchmarks.apex cartpole --seeds 1 2 3 4 5      # greedy return over seeds, local mode (async)
-    python -m benchmarks.apex cartpole --backend sync --threads 2 --deterministic-algorithms   # perturbed floats
+    python -m benchmarks.apex cartpole --backend sync --threads 2 --deterministic-algorithms   # other settings
     python -m benchmarks.apex ingestion --actors 1 2 4         # replay ingestion and learner updates on a local Ray
     python -m benchmarks.apex vr-edge --seconds 300            # Ape-X vs PPO at equal wall clock, and the baselines
 
@@ -79,7 +79,8 @@ def greedy_return(run_dir: Path, pick: str, episodes: int) -> float:
 
 def cartpole(seeds: list[int], episodes: int, backend: str, threads: int, deterministic: bool) -> None:
     extra = ["--backend", backend, "--threads", str(threads), "--checkpoint-every", "1000", "--device", "cpu"]
-    print(f"{' '.join(CARTPOLE + extra)}{' (deterministic algorithms)' if deterministic else ''}; greedy return over "
+    print(f"{' '.join(CARTPOLE + CARTPOLE_VALIDATION + extra)}{' (deterministic algorithms)' if deterministic else ''}"
+          f"; greedy return over "
           f"{episodes} held-out episodes of the final network and of the best --eval-every checkpoint")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     c.add_argument("--episodes", type=int, default=20)
     c.add_argument("--backend", default="async", choices=("sync", "async"))
-    c.add_argument("--threads", type=int, default=1, help="torch threads of the trainer (another float path)")
+    c.add_argument("--threads", type=int, default=1, help="torch threads of the trainer (0: from the run layout)")
     c.add_argument("--deterministic-algorithms", action="store_true",
                    help="train with torch.use_deterministic_algorithms(True)")
     i = sub.add_parser("ingestion")

@@ -251,6 +251,14 @@ def test_stop_and_resume_of_a_learner_run_is_exact_with_the_replay_saved(tmp_pat
     assert all("policy_lag" in r for r in rows) and rows[-1]["learner_steps"] == a["counters"]["learner_steps"]
 
 
+def test_learning_rate_anneals_and_a_resume_may_switch_it_off(tmp_path):
+    run(SMALL_VR + ["--lr", "0.002", "--run-dir", str(tmp_path)], max_iterations=4)
+    run(["--resume", str(tmp_path), "--anneal-lr", "false"])  # e.g. a run saved before Ape-X annealed
+    lrs = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # 8 iterations of 4 envs x 8 steps: iteration i learns at 0.002 * (1 - (i - 1) / 8)
+    assert lrs == pytest.approx([0.002 * (1 - i / 8) for i in range(4)] + [0.002] * 4)
+
+
 def test_resume_without_the_replay_says_it_refills(tmp_path, capsys):
     argv = [a for a in SMALL_VR if a not in ("--save-replay", "true")] + ["--run-dir", str(tmp_path)]
     run(argv, max_iterations=2)

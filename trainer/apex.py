@@ -119,7 +119,7 @@ class ApexRun:
         """``--lr``, annealed linearly to 0 over the run with ``--anneal-lr``: DQN's greedy policy keeps
         oscillating at a constant rate after it first solves a task, and a shrinking step lets the final network
         settle (docs/benchmarks.md, "Ape-X": CartPole seeds with and without)."""
-        return self.cfg.lr * (1 - self.env_steps / self.cfg.total_steps) if self.cfg.anneal_lr else self.cfg.lr
+        return self.cfg.lr * max(0.0, 1 - self.env_steps / self.cfg.total_steps) if self.cfg.anneal_lr else self.cfg.lr
 
     def learner_step(self) -> dict[str, float]:
         """One prioritized minibatch: double-DQN update, new priorities, the target network when due."""

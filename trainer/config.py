@@ -253,7 +253,7 @@ def _bool(text: str) -> bool:
 
 
 # keys a resumed run may change; every other key must match the checkpoint's config
-RESUMABLE_CHANGES = {"total_steps", "device", "num_workers", "threads", "tensorboard", "checkpoint_every",
+RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "num_workers", "threads", "tensorboard", "checkpoint_every",
                      "keep_checkpoints", "config", "ray_address", "cpus_per_worker", "eval_every", "eval_episodes",
                      "save_replay"}
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
