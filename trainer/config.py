@@ -73,8 +73,7 @@ class TrainConfig:
     save_replay: bool = False
     config: str = ""
 
-    HELP = {
-        "algo": "the algorithm (trainer.registry)",
+    HELP = {  # (algo's help lists the registered algorithms: trainer.flags)
         "env": "any registered Gymnasium env id (VREdge-v0 uses the natively batched env)",
         "env_kwargs": "env constructor arguments, key=value,key=value (numbers, true/false or text), e.g. "
                       "num_users=6 or capacity_trace=traces/,trace_split=train for VR-edge",

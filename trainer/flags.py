@@ -54,8 +54,8 @@ def _help(name: str) -> str:
     if name == "algo":
         *others, last = (f"{n} ({cls.description})" for n, cls in ALGORITHMS.items())
         return f"{', '.join(others)} or {last}" if others else last
-    owner = option_owner(name)
-    return f"{owner}: {TrainConfig.HELP[name]}" if owner else TrainConfig.HELP[name]
+    owner, text = option_owner(name), TrainConfig.HELP.get(name, "")
+    return f"{owner}: {text}" if owner else text
 
 
 def build_parser() -> argparse.ArgumentParser:
