@@ -28,8 +28,8 @@ import gymnasium as gym
 import envs
 from benchmarks.machine import print_machine
 from collectors.resources import usable_cores
-from trainer.evaluate import load_policy
 from trainer.evaluation import paired_difference, policy_actions, run_episodes, summarize
+from trainer.evaluation.policies import load_policy
 
 # the README's Ape-X CartPole command (tests/test_apex.py trains with it too); n = 5 and lr 1e-3 annealed: with the
 # target network copied every 500 learner steps, values spread only n steps per copy, and n = 3 left some seeds

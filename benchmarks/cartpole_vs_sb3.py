@@ -27,8 +27,8 @@ from pathlib import Path
 import gymnasium as gym
 
 from benchmarks.machine import print_machine
-from trainer.evaluate import load_policy, policy_actions
-from trainer.evaluation import run_episodes, summarize
+from trainer.evaluation import policy_actions, run_episodes, summarize
+from trainer.evaluation.policies import load_policy
 
 STEPS, ENVS, HORIZON, EPOCHS, MINIBATCH, LR = 200_000, 8, 128, 4, 256, 2.5e-4
 OURS = ["--env", "CartPole-v1", "--num-envs", str(ENVS), "--num-steps", str(HORIZON), "--epochs", str(EPOCHS),

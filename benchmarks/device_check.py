@@ -36,12 +36,12 @@ import envs
 from benchmarks.machine import print_machine
 from collectors import RolloutCollector
 from trainer import train as train_module
-from trainer.batching import plan_minibatches
 from trainer.config import TrainConfig
-from trainer.learner import minibatch_generator
-from trainer.model import ActorCritic
-from trainer.ppo import LearnerSamples, PPOSettings, advantages_and_returns, ppo_update
-from trainer.run import Run
+from trainer.ppo.algorithm import PPO
+from trainer.ppo.model import ActorCritic
+from trainer.ppo.targets import advantages_and_returns
+from trainer.ppo.update import LearnerSamples, minibatch_generator, ppo_update
+from trainer.run_layout import Machine, run_layout
 
 
 @dataclass(frozen=True)
@@ -97,14 +97,13 @@ def training_rate(cfg: TrainConfig, iterations: int) -> tuple[float, dict]:
 def update_rate(device: str, num_envs: int, num_steps: int, epochs: int = 4) -> float:
     """Samples/s of one PPO update (``epochs`` passes) on a real VR-edge rollout of ``num_envs x num_steps``."""
     cfg = TrainConfig(num_envs=num_envs, num_steps=num_steps, device=device)
-    run = Run.new(cfg)  # the trainer's own learner: model, fused Adam, minibatch generator
+    run = PPO.new(cfg, run_layout(cfg, Machine.detect()))  # the trainer's own learner: model, fused Adam, plan
     fn = functools.partial(envs.VREdgeVectorEnv, num_envs)
     with RolloutCollector([fn], run.acting, backend="sync", horizon=num_steps, seed=0, device=device) as c:
         rollout = c.collect()
-    plan = plan_minibatches(num_envs, num_steps)
     adv, ret = advantages_and_returns(run.model, rollout.batch, rollout.next_observations, cfg.gamma, cfg.gae_lambda)
     samples = LearnerSamples.from_rollout(rollout.batch, adv, ret)
-    settings = replace(PPOSettings.from_config(cfg, plan.minibatch_size), epochs=epochs, target_kl=None)
+    settings = replace(run.settings, epochs=epochs, target_kl=None)
 
     def update() -> None:
         ppo_update(run.model, run.optimizer, samples, settings, minibatch_generator(cfg.seed, 1, run.device))

@@ -21,7 +21,7 @@ import torch
 from benchmarks.machine import print_machine, summary
 from benchmarks.run_rollout_benchmark import collector_contender, gymnasium_contender, make_env, measure
 from collectors.resources import async_workers, usable_cores
-from trainer.model import ActorCritic
+from trainer.ppo.model import ActorCritic
 
 
 def contenders(num_envs: int, horizon: int, step_cost_us: float, cores: int) -> dict:

@@ -22,7 +22,7 @@ import torch
 import envs
 from benchmarks.machine import print_machine, summary, timed
 from collectors import RolloutCollector
-from trainer.model import ActorCritic
+from trainer.ppo.model import ActorCritic
 
 
 def make_env(env_id: str, step_cost_us: float) -> gym.Env:

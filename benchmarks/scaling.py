@@ -23,7 +23,7 @@ import torch
 from benchmarks.machine import print_machine
 from benchmarks.run_rollout_benchmark import collector_contender, make_env, make_vector, measure
 from collectors.resources import usable_cores
-from trainer.model import ActorCritic
+from trainer.ppo.model import ActorCritic
 
 
 def worker_counts(cores: int) -> list[int]:

@@ -18,6 +18,6 @@ __all__ = ["BACKENDS", "Collector", "EnvError", "Rollout", "RolloutCollector", "
 
 def __getattr__(name: str):
     if name == "RayCollector":  # imported on first use: most runs never need Ray's plumbing
-        from collectors.ray import RayCollector
+        from collectors.ray_collector import RayCollector
         return RayCollector
     raise AttributeError(f"module 'collectors' has no attribute {name!r}")

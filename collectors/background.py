@@ -13,15 +13,10 @@ import torch
 import torch.multiprocessing as tmp
 from tensordict import TensorDict
 
-from collectors.backends.async_ import (
-    WorkerDiedError,
-    check_picklable,
-    ignore_stop_signals,
-    stop_processes,
-    stop_signals_blocked,
-)
+from collectors.backends.async_ import WorkerDiedError, check_picklable, stop_processes
 from collectors.base import Collector, Policy, check_env_fns
 from collectors.rollout import Rollout
+from collectors.stop_signals import ignore_stop_signals, stop_signals_blocked
 
 _START_TIMEOUT_S = 120.0  # building the envs (and an async backend's workers) in the new process
 _CALL_TIMEOUT_S = 60.0  # a state query or a weight update
@@ -145,9 +140,7 @@ class BackgroundCollector(Collector):
         if shared is not None:  # the first rollout: the buffer all later ones arrive in
             self._shared = shared
         moved = self._deliver(self._shared)
-        rollout = Rollout(moved["rollout"], moved["next_observations"], episodes, version, slice(0, self.num_envs))
-        self._last = rollout
-        return rollout
+        return Rollout(moved["rollout"], moved["next_observations"], episodes, version, slice(0, self.num_envs))
 
     def _collect(self) -> Rollout:  # collect() is start() then wait()
         self.start()

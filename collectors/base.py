@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -62,7 +61,6 @@ class Collector(ABC):
         self.horizon = horizon
         self.num_threads = num_threads
         self.policy_version = 0
-        self._last: Rollout | None = None  # only for the deprecated attributes below
         self._closed = True  # until a subclass has something to close
 
     def collect(self) -> Rollout:
@@ -73,12 +71,10 @@ class Collector(ABC):
         self._check_open()
         try:
             with torch_threads(self.num_threads):
-                rollout = self._collect()
+                return self._collect()
         except BaseException:
             self.close()
             raise
-        self._last = rollout
-        return rollout
 
     @abstractmethod
     def _collect(self) -> Rollout:
@@ -114,22 +110,6 @@ class Collector(ABC):
                             f"got {type(policy_or_state_dict).__name__}")
         self.policy_version += 1
 
-    # ------------------------------------------------------------------ deprecated side channels
-    @property
-    def last_observations(self) -> torch.Tensor | None:
-        _deprecated("last_observations", "next_observations")
-        return self._last.next_observations if self._last else None
-
-    @property
-    def episodes(self) -> list[dict[str, Any]]:
-        _deprecated("episodes", "episodes")
-        return self._last.episodes if self._last else []
-
-    @property
-    def batch_version(self) -> int:
-        _deprecated("batch_version", "policy_version")
-        return self._last.policy_version if self._last else 0
-
     # ------------------------------------------------------------------ lifecycle
     def _check_open(self) -> None:
         if self._closed:
@@ -150,11 +130,6 @@ class Collector(ABC):
     def __del__(self) -> None:
         if getattr(self, "_closed", True) is False:
             self.close()
-
-
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"collector.{old} is deprecated and will be removed in the next release: read "
-                  f"rollout.{new} of the Rollout that collect() returns", DeprecationWarning, stacklevel=3)
 
 
 def check_seeds(seed: int | Sequence[int]) -> list[int] | None:

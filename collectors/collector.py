@@ -91,7 +91,7 @@ class RolloutCollector(Collector):
             equals lockstep's.
 
     Keyed sampling: a policy that declares keyword parameters ``noise_keys`` and ``steps`` (e.g.
-    ``trainer.model.ActorCritic``) is called as ``policy(obs[n], noise_keys=[n], steps=[n])`` for
+    ``trainer.ppo.model.ActorCritic``) is called as ``policy(obs[n], noise_keys=[n], steps=[n])`` for
     rows ``n`` of the envs: ``noise_keys`` (``int64``) identifies each env's noise stream (from its
     env seed, see ``collectors.seeding.noise_keys``) and ``steps`` (``int64``) counts the steps the
     env has taken in this collector (part of :meth:`get_state`). Drawing noise from these alone

@@ -38,7 +38,7 @@ def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend
         if background:
             raise ValueError("background=True is for the serial, sync and async backends: Ray actors already "
                              "collect apart from this process (first_ready=True keeps them collecting)")
-        from collectors.ray import RayCollector  # imports Ray's plumbing only where it is used
+        from collectors.ray_collector import RayCollector  # imports Ray's plumbing only where it is used
         cls, kwargs = RayCollector, options
     else:
         cls, kwargs = RolloutCollector, {"backend": backend, **options}

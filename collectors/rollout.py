@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,20 +46,3 @@ class Rollout:
     def numel(self) -> int:
         """Transitions in the rollout (``T x N``)."""
         return self.batch.numel()
-
-    # ``collect()`` used to return the TensorDict itself; reading it through the Rollout keeps
-    # such code working for one release
-    def __getitem__(self, key: Any) -> Any:
-        _deprecated("rollout[key]", "rollout.batch[key]")
-        return self.batch[key]
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in Rollout.__dataclass_fields__:  # copy/pickle probes; unset fields
-            raise AttributeError(name)
-        _deprecated(f"rollout.{name}", f"rollout.batch.{name}")
-        return getattr(self.batch, name)
-
-
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"collect() returns a Rollout: {old} reads its TensorDict, which is deprecated and will stop "
-                  f"working in the next release; use {new}", DeprecationWarning, stacklevel=3)

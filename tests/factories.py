@@ -99,7 +99,7 @@ if "NaNReward-v0" not in gym.registry:
 
 def greedy_policy(obs_space, act_space, seed: int = 0):
     """A picklable deterministic policy (argmax of a random-init actor-critic) with log-probs and values."""
-    from trainer.model import ActorCritic
+    from trainer.ppo.model import ActorCritic
 
     class Greedy(ActorCritic):
         def forward(self, obs):
@@ -128,5 +128,5 @@ class TimedEnv(FaultyCartPole):
 
 def keyed_policy(obs_space, act_space, seed: int = 0):
     """The trainer's actor-critic, which samples with keyed noise when the collector passes keys."""
-    from trainer.model import ActorCritic
+    from trainer.ppo.model import ActorCritic
     return ActorCritic(obs_space, act_space, seed=seed)

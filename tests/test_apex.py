@@ -12,10 +12,12 @@ from tensordict import TensorDict
 import checkpoints
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_module
-from trainer.config import parse_args
-from trainer.dqn import EpsilonGreedy, QNetwork, apex_epsilons, double_dqn_targets, dqn_loss, priorities
-from trainer.nstep import STEP_KEYS, NStepBuilder, nstep_transitions
-from trainer.replay import PrioritizedReplay, SumTree
+from trainer.apex.dqn import double_dqn_targets, dqn_loss, priorities
+from trainer.apex.exploration import EpsilonGreedy, apex_epsilons
+from trainer.apex.nstep import STEP_KEYS, NStepBuilder, nstep_transitions
+from trainer.apex.q_network import QNetwork
+from trainer.apex.replay import PrioritizedReplay, SumTree
+from trainer.flags import parse_args
 
 # upper 0.1% quantiles of the chi-square distribution (df: value), so a correct sampler fails 1 run in 1000;
 # the seeds are fixed, so a run that passes always passes
@@ -290,10 +292,11 @@ def test_bad_apex_config_is_a_clear_error(argv, words, capsys):
 
 
 def test_beta_anneals_to_one_over_the_run():
-    from trainer.apex import ApexRun
+    from trainer.apex.algorithm import ApeX
+    from trainer.run_layout import Machine, run_layout
     cfg = parse_args(["--algo", "apex", "--env", "CartPole-v1", "--total-steps", "1000", "--replay-beta", "0.4",
                       "--replay-capacity", "5000"]).config
-    apex = ApexRun.new(cfg, torch.device("cpu"))
+    apex = ApeX.new(cfg, run_layout(cfg, Machine(cores=1)))
     betas = []
     for steps in (0, 500, 1000, 5000):
         apex.env_steps = steps
@@ -344,20 +347,22 @@ def test_ray_actor_killed_mid_run_is_replaced_and_learning_goes_on(local_ray, ca
     import functools
 
     from collectors import make_collector
-    from trainer.apex import ApexRun
-    from trainer.apex_ray import ApexWorker
+    from trainer.apex.algorithm import ApeX
+    from trainer.apex.ray_worker import ApexWorker
+    from trainer.run_layout import Machine, run_layout
     cfg = parse_args(RAY_CARTPOLE).config
-    run_ = ApexRun.new(cfg, torch.device("cpu"))
-    with make_collector([functools.partial(gym.make, "CartPole-v1")] * 4, run_.policy, backend="ray", horizon=8,
+    run_ = ApeX.new(cfg, run_layout(cfg, Machine(cores=2, ray_cpus=2.0, ray_cpus_here=2.0)))
+    with make_collector([functools.partial(gym.make, "CartPole-v1")] * 4, run_.acting, backend="ray", horizon=8,
                         seed=cfg.seed, num_workers=2, envs_per_worker=2, cpus_per_worker=0.5, first_ready=True,
                         worker_cls=ApexWorker, worker_kwargs={"n_step": 3, "gamma": cfg.gamma}) as collector:
+        run_.attach(collector)
         start = (0, 0.0)
-        rows = [run_.iterate(collector, start) for _ in range(8)]
+        rows = [run_.iterate(start) for _ in range(8)]
         assert run_.learner_steps > 0 and all(r["policy_lag"] >= 0 for r in rows)
         before = run_.replay.added
         local_ray.kill(collector.backend.actors[1])
         with caplog.at_level("WARNING", logger="collectors.ray"):
-            rows += [run_.iterate(collector, start) for _ in range(8)]
+            rows += [run_.iterate(start) for _ in range(8)]
         assert collector.backend.restarts == 1 and "replaced" in caplog.text
         assert run_.replay.added > before + 6 * 2 * (8 - 2)  # both actors keep delivering transitions
         assert collector.policy_version >= 2  # and weights kept going out

@@ -146,21 +146,6 @@ def test_update_policy_loads_a_state_dict_swaps_a_callable_and_counts_versions()
         assert c.policy_version == 2  # refused updates count nothing
 
 
-def test_deprecated_rollout_side_channels_still_work_and_warn():
-    with RolloutCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", horizon=30, seed=0) as c:
-        rollout = c.collect()
-        with pytest.warns(DeprecationWarning, match="rollout.next_observations"):
-            assert torch.equal(c.last_observations, rollout.next_observations)
-        with pytest.warns(DeprecationWarning, match="rollout.episodes"):
-            assert c.episodes == rollout.episodes
-        with pytest.warns(DeprecationWarning, match="rollout.policy_version"):
-            assert c.batch_version == rollout.policy_version
-        with pytest.warns(DeprecationWarning, match=r"rollout.batch\[key\]"):
-            assert torch.equal(rollout["rewards"], rollout.batch["rewards"])
-        with pytest.warns(DeprecationWarning, match="rollout.batch.batch_size"):
-            assert rollout.batch_size == torch.Size([30, 2])
-
-
 @pytest.mark.parametrize("kwargs, exc, match", [
     (dict(env_fns=[]), ValueError, "empty"),
     (dict(horizon=0), ValueError, "horizon"),

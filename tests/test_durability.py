@@ -21,8 +21,8 @@ import torch
 import checkpoints
 from collectors.env_group import EnvGroup
 from trainer import train as train_module
-from trainer.config import parse_args
-from trainer.run import Run
+from trainer.flags import parse_args
+from trainer.ppo.algorithm import PPO
 
 ITERATIONS = 8
 VR = ["--env", "VREdge-v0", "--num-envs", "4", "--num-steps", "16", "--total-steps", str(4 * 16 * ITERATIONS),
@@ -98,7 +98,7 @@ PHASES = {  # phase: (owner, function, call, iterations completed when the signa
     "collection": (EnvGroup, "step", 16 * 4 + 6, 4),
     "update": (torch.nn.utils, "clip_grad_norm_", 4 * 4 + 2, 4),
     "checkpoint_write": (os, "fsync", 5, 6),
-    "snapshot": (Run, "snapshot", 5, 4),
+    "snapshot": (PPO, "snapshot", 5, 4),
 }
 
 

@@ -14,11 +14,12 @@ import torch
 from torch import nn
 
 import checkpoints
-from trainer import export as export_cli
 from trainer import train as train_module
-from trainer.config import parse_args
-from trainer.evaluate import load_policy
-from trainer.model import RunningNorm
+from trainer.evaluation.policies import load_policy
+from trainer.export import main as export_main
+from trainer.flags import parse_args
+from trainer.ppo import export as export_cli
+from trainer.ppo.model import RunningNorm
 
 pytest.importorskip("onnxruntime", reason="needs the export extra")
 
@@ -84,7 +85,7 @@ def cartpole(tmp_path_factory):
 ])
 def test_exports_match_the_trained_model_in_a_process_without_this_package(tmp_path, cartpole, env, arch):
     run_dir = cartpole if env == "CartPole-v1" else train_tiny(tmp_path / "run", env, arch)
-    export_cli.main(["--checkpoint", str(run_dir), "--format", "both"])
+    export_main(["--checkpoint", str(run_dir), "--format", "both"])
     out = run_dir / "export"
     card = json.loads((out / "policy.json").read_text())
     model, cfg, source = load_policy(run_dir)
@@ -134,7 +135,7 @@ def test_a_failed_check_writes_nothing(tmp_path, cartpole, monkeypatch, capsys):
     monkeypatch.setattr(export_cli, "ExportedPolicy", WithoutNormaliser)
     out = tmp_path / "out"
     with pytest.raises(SystemExit, match=r"^error: policy\.pt disagrees"):
-        export_cli.main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(out)])
+        export_main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(out)])
     assert list(out.iterdir()) == []
     assert "greedy actions identical on" in capsys.readouterr().out  # the numbers are printed
 
@@ -143,7 +144,7 @@ def test_the_readme_example_runs_without_this_package(tmp_path, cartpole):
     section = (REPO / "README.md").read_text().split("## Ship a trained policy", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     vr = train_tiny(tmp_path / "run", "VREdge-v0", "per_head")
-    export_cli.main(["--checkpoint", str(vr), "--format", "onnx"])
+    export_main(["--checkpoint", str(vr), "--format", "onnx"])
     example_dir = re.search(r'"(runs/[^"]+/export)"', code).group(1)
     done = fresh_python(NO_PACKAGE + code.replace(example_dir, str(vr / "export")), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -154,7 +155,7 @@ def test_the_readme_example_runs_without_this_package(tmp_path, cartpole):
 
 def one_line_error(argv) -> str:
     with pytest.raises(SystemExit) as info:
-        export_cli.main(argv)
+        export_main(argv)
     message = str(info.value)
     assert message.startswith("error: ") and "\n" not in message, message
     return message
@@ -204,7 +205,7 @@ def test_bad_numbers_are_refused(cartpole, flag):
 
 
 def test_an_exported_file_passed_as_a_checkpoint_is_named(tmp_path, cartpole):
-    export_cli.main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(tmp_path)])
+    export_main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(tmp_path)])
     message = one_line_error(["--checkpoint", str(tmp_path / "policy.pt")])
     assert "an exported TorchScript policy, not a training checkpoint" in message and "weights_only" not in message
 
@@ -213,5 +214,5 @@ def test_stage_folders_of_a_killed_export_are_swept(tmp_path, cartpole):
     stale = tmp_path / ".export-killed"
     stale.mkdir()
     (stale / "policy.pt").write_bytes(b"half")
-    export_cli.main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(tmp_path)])
+    export_main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(tmp_path)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["policy.json", "policy.pt"]

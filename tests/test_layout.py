@@ -10,7 +10,7 @@ from collectors import RolloutCollector
 from collectors.resources import cgroup_cpu_limit, usable_cores
 from tests import factories as f
 from trainer.config import TrainConfig
-from trainer.layout import Machine, run_layout
+from trainer.run_layout import Machine, run_layout
 from trainer.train import train
 
 CORES = [1, 2, 4, 16, 64, 128]

@@ -8,11 +8,11 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from trainer.model import ActorCritic, RunningNorm
-from trainer.moments import merged_moments
-from trainer.ppo import LearnerSamples, PPOSettings, advantages_and_returns, ppo_loss, ppo_update, vtrace_targets
-from trainer.reward_scaling import ReturnScaler
-from trainer.vtrace import vtrace
+from trainer.common.moments import merged_moments
+from trainer.ppo.model import ActorCritic, RunningNorm
+from trainer.ppo.reward_scaling import ReturnScaler
+from trainer.ppo.targets import advantages_and_returns, vtrace, vtrace_targets
+from trainer.ppo.update import LearnerSamples, PPOSettings, ppo_loss, ppo_update
 
 
 def settings(**kw) -> PPOSettings:
@@ -118,7 +118,7 @@ def test_a_remainder_smaller_than_a_minibatch_is_left_for_the_next_epoch(monkeyp
 
 
 def test_ppo_update_refuses_a_non_finite_loss_and_names_it():
-    from trainer.ppo import NonFiniteLossError
+    from trainer.algorithm import NonFiniteLossError
     model, optimizer, obs, out = cartpole_learner()
     bad = learner_samples(obs, out)._replace(returns=torch.full((16,), float("nan")))
     with pytest.raises(NonFiniteLossError, match="non-finite loss"):

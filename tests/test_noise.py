@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import noise
-from trainer.model import ActorCritic
+from trainer.common import noise
+from trainer.ppo.model import ActorCritic
 
 # 0.999 quantiles of the chi-square distribution (no scipy in the test environment)
 CHI2_999 = {3: 16.27, 5: 20.52}

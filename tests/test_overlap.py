@@ -17,8 +17,8 @@ from collectors.background import BackgroundCollector
 from tests import factories as f
 from tests.test_durability import ITERATIONS, VR, assert_same_run, final_state, metrics, run
 from trainer.config import TrainConfig
-from trainer.layout import Machine, run_layout
-from trainer.model import ActorCritic
+from trainer.ppo.model import ActorCritic
+from trainer.run_layout import Machine, run_layout
 
 OVERLAP = ["--overlap", "true"]
 

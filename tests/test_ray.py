@@ -9,7 +9,7 @@ import torch
 
 from collectors import make_collector
 from tests import factories as f
-from trainer.model import ActorCritic
+from trainer.ppo.model import ActorCritic
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -116,7 +116,7 @@ def test_training_on_ray_sync_and_async_then_resume(cluster, tmp_path, mode):
     import json
 
     import checkpoints
-    from trainer.config import parse_args
+    from trainer.flags import parse_args
     from trainer.train import train
     cli = parse_args(["--backend", "ray", "--num-workers", "2", "--cpus-per-worker", "0.25",
                       "--num-envs", "4", "--num-steps", "16", "--total-steps", "512", "--checkpoint-every", "2",
@@ -173,7 +173,7 @@ def test_resources_held_by_others_fail_after_the_placement_timeout(cluster, monk
 
 
 def test_machine_reads_the_ray_cluster_cpus(cluster):
-    from trainer.layout import Machine
+    from trainer.run_layout import Machine
     m = Machine.detect("ray")
     assert (m.ray_cpus, m.ray_cpus_here) == (4.0, 2.0)
 

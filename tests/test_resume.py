@@ -6,7 +6,7 @@ import torch
 import checkpoints
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_module
-from trainer.config import parse_args
+from trainer.flags import parse_args
 
 
 def run(argv, **kw):
@@ -98,7 +98,7 @@ def test_evaluate_bad_input_is_a_one_line_error(tmp_path, vr_run, argv, words):
 
 def test_nan_loss_stops_with_the_iteration_and_keeps_good_checkpoints(tmp_path):
     import tests.factories  # noqa: F401 - registers NaNReward-v0
-    from trainer.ppo import NonFiniteLossError
+    from trainer.algorithm import NonFiniteLossError
     argv = ["--env", "NaNReward-v0", "--num-envs", "2", "--num-steps", "64", "--total-steps", "1024",
             "--checkpoint-every", "1", "--run-dir", str(tmp_path)]
     with pytest.raises(NonFiniteLossError, match=r"iteration 3: non-finite loss.*ckpt_00000002\.pt"):

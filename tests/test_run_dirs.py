@@ -14,8 +14,8 @@ import checkpoints
 from checkpoints import CheckpointError, RunDirLock, RunDirLockedError
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_module
-from trainer.config import parse_args
-from trainer.run import resume_state
+from trainer.flags import parse_args
+from trainer.run_files import resume_state
 
 VR = ["--env", "VREdge-v0", "--num-envs", "4", "--num-steps", "16", "--total-steps", str(4 * 16 * 4),
       "--checkpoint-every", "1", "--seed", "5", "--device", "cpu"]

@@ -159,7 +159,7 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
 
     from trainer import evaluate as evaluate_cli
     from trainer import train as train_module
-    from trainer.config import parse_args
+    from trainer.flags import parse_args
     traces = tmp_path / "traces"
     write_traces(traces, files=6, seconds=60, mean_mbps=4.0, seed=1)
     run_dir = tmp_path / "run"

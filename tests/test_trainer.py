@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from trainer.batching import main as batching_main
-from trainer.batching import plan_minibatches
-from trainer.config import parse_config
-from trainer.gae import compute_gae, next_values
+from trainer.flags import parse_args
+from trainer.ppo.batching import plan_minibatches
+from trainer.ppo.targets import compute_gae, next_values
 
 
 def test_gae_hand_computed_with_truncation_and_termination():
@@ -76,24 +76,24 @@ def test_planner_command(capsys):
                                          (["--backend", "gpu"], "--backend"), (["--hidden", "a,b"], "--hidden")])
 def test_bad_config_is_a_clear_error(argv, words, capsys):
     with pytest.raises(SystemExit):
-        parse_config(argv)
+        parse_args(argv)
     assert words in capsys.readouterr().err
 
 
 def test_toml_config_and_flags_override(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('env = "CartPole-v1"\nnum_envs = 4\nlr = 0.001\n')
-    cfg = parse_config(["--config", str(path), "--num-envs", "8"])
+    cfg = parse_args(["--config", str(path), "--num-envs", "8"]).config
     assert (cfg.env, cfg.num_envs, cfg.lr) == ("CartPole-v1", 8, 0.001)
 
 
 def test_unknown_env_and_unsupported_action_space(tmp_path):
     import gymnasium as gym
 
-    from trainer.model import ActorCritic
+    from trainer.ppo.model import ActorCritic
     from trainer.train import train
     with pytest.raises(ValueError, match="unknown env id"):
-        train(parse_config(["--env", "NoSuchEnv-v9", "--run-dir", str(tmp_path)]), progress=False)
+        train(parse_args(["--env", "NoSuchEnv-v9", "--run-dir", str(tmp_path)]).config, progress=False)
     with pytest.raises(TypeError, match="unsupported action space"):
         ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Tuple([gym.spaces.Discrete(2)]))
 
@@ -101,7 +101,7 @@ def test_unknown_env_and_unsupported_action_space(tmp_path):
 def test_log_probs_of_act_match_evaluate():
     import gymnasium as gym
 
-    from trainer.model import ActorCritic
+    from trainer.ppo.model import ActorCritic
     for space in (gym.spaces.Discrete(3), gym.spaces.MultiDiscrete([4, 2]), gym.spaces.Box(-1, 1, (2,))):
         ac = ActorCritic(gym.spaces.Box(-1, 1, (5,)), space, seed=0)
         obs = torch.randn(7, 5)
@@ -114,9 +114,9 @@ def test_log_probs_of_act_match_evaluate():
 @pytest.mark.slow
 def test_short_training_run_improves_cartpole(tmp_path):
     from trainer.train import train
-    cfg = parse_config(["--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "128", "--total-steps", "40960",
-                        "--lr", "3e-4", "--gamma", "0.99", "--ent-coef", "0.01",
-                        "--seed", "3", "--run-dir", str(tmp_path)])
+    cfg = parse_args(["--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "128", "--total-steps", "40960",
+                      "--lr", "3e-4", "--gamma", "0.99", "--ent-coef", "0.01",
+                      "--seed", "3", "--run-dir", str(tmp_path)]).config
     summary = train(cfg, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     first = [r["episode_return"] for r in rows[:3] if r["episode_return"] is not None]
@@ -131,7 +131,7 @@ def test_grouped_heads_match_torch_distributions_for_ragged_multidiscrete():
     import gymnasium as gym
     from torch.distributions import Categorical
 
-    from trainer.model import ActorCritic
+    from trainer.ppo.model import ActorCritic
     ac = ActorCritic(gym.spaces.Box(-1, 1, (5,)), gym.spaces.MultiDiscrete([4, 2, 3]), normalize_obs=False, seed=0)
     torch.nn.init.normal_(ac.nets.weights[-1].data[0])  # the actor's output layer: far from uniform
     obs = torch.randn(500, 5)
@@ -171,7 +171,7 @@ def test_run_episodes_plays_exactly_the_requested_episodes_on_held_out_seeds():
 
 
 def test_vtrace_hand_computed():
-    from trainer.vtrace import vtrace
+    from trainer.ppo.targets import vtrace
     # two steps, one env, rho = [2, 0.5] (clipped to [1, 0.5]), gamma 0.9, no episode end, bootstrap 3
     behaviour = torch.log(torch.tensor([[0.25], [0.5]]))
     target = torch.log(torch.tensor([[0.5], [0.25]]))
@@ -188,7 +188,7 @@ def test_vtrace_hand_computed():
 
 
 def test_vtrace_on_policy_equals_n_step_return_and_gae_lambda_one():
-    from trainer.vtrace import vtrace
+    from trainer.ppo.targets import vtrace
     torch.manual_seed(1)
     t, n, gamma = 7, 4, 0.9
     rewards, values = torch.rand(t, n), torch.rand(t, n)
@@ -214,7 +214,7 @@ def test_vtrace_on_policy_equals_n_step_return_and_gae_lambda_one():
 
 def test_per_head_actor_shares_one_network_across_heads():
     import envs
-    from trainer.model import ActorCritic
+    from trainer.ppo.model import ActorCritic
     env = envs.SyntheticVREdgeEnv(num_users=3)
     ac = ActorCritic(env.observation_space, env.action_space, per_head=env.head_observation_layout,
                      normalize_obs=False, seed=0)
@@ -233,17 +233,17 @@ def test_per_head_actor_shares_one_network_across_heads():
 
 
 def test_policy_arch_auto_uses_the_env_layout_where_declared():
-    from trainer.run import make_model
-    assert make_model(parse_config(["--env", "VREdge-v0"])).per_head == (7, 5)
-    assert make_model(parse_config(["--env", "VREdge-v0", "--policy-arch", "flat"])).per_head is None
-    assert make_model(parse_config(["--env", "CartPole-v1"])).per_head is None
+    from trainer.evaluation.policies import make_model
+    assert make_model(parse_args(["--env", "VREdge-v0"]).config).per_head == (7, 5)
+    assert make_model(parse_args(["--env", "VREdge-v0", "--policy-arch", "flat"]).config).per_head is None
+    assert make_model(parse_args(["--env", "CartPole-v1"]).config).per_head is None
     with pytest.raises(ValueError, match="declares no head_observation_layout"):
-        make_model(parse_config(["--env", "CartPole-v1", "--policy-arch", "per_head"]))
+        make_model(parse_args(["--env", "CartPole-v1", "--policy-arch", "per_head"]).config)
 
 
 def test_flat_parameters_give_the_same_gradients_and_updates_reach_the_module():
-    from trainer.flat_params import flat_parameters
-    from trainer.model import ActorCritic
+    from trainer.common.flat_params import flat_parameters
+    from trainer.ppo.model import ActorCritic
     space = gym.spaces.Box(-1, 1, (4,))
     ref = ActorCritic(space, gym.spaces.Discrete(3), normalize_obs=False, seed=0)
     ac = ActorCritic(space, gym.spaces.Discrete(3), normalize_obs=False, seed=0)
@@ -264,7 +264,7 @@ def test_flat_parameters_give_the_same_gradients_and_updates_reach_the_module():
 
 
 def test_sampled_actions_follow_the_policy_probabilities():
-    from trainer.model import ActorCritic
+    from trainer.ppo.model import ActorCritic
     ac = ActorCritic(gym.spaces.Box(-1, 1, (2,)), gym.spaces.MultiDiscrete([3, 2]), normalize_obs=False, seed=0)
     torch.nn.init.normal_(ac.nets.weights[-1].data[0], std=0.5)
     obs = torch.randn(1, 2).expand(40_000, 2)
@@ -276,7 +276,7 @@ def test_sampled_actions_follow_the_policy_probabilities():
 
 
 def test_stacked_mlps_are_independent_mlps():
-    from trainer.model import StackedMLP
+    from trainer.ppo.model import StackedMLP
     nets = StackedMLP(5, (8, 6), outputs=((3, 0.01), (1, 1.0)))
     x = torch.randn(7, 5)
     out = nets(x)

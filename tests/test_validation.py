@@ -10,8 +10,8 @@ import torch
 import checkpoints
 import envs
 from collectors.seeding import env_seeds
-from trainer.config import parse_config, resumed_config
 from trainer.evaluation import evaluation_seeds, run_episodes, summarize, validation_seeds
+from trainer.flags import parse_args, resumed_config
 
 
 def test_validation_seeds_are_disjoint_from_training_and_test_seeds():
@@ -24,12 +24,12 @@ def test_validation_seeds_are_disjoint_from_training_and_test_seeds():
 
 
 def test_eval_flags_are_checked_and_may_change_on_resume():
-    assert parse_config(["--eval-every", "5"]).eval_every == 5
+    assert parse_args(["--eval-every", "5"]).config.eval_every == 5
     with pytest.raises(SystemExit):
-        parse_config(["--eval-every", "-1"])
+        parse_args(["--eval-every", "-1"])
     with pytest.raises(SystemExit):
-        parse_config(["--eval-episodes", "0"])
-    saved = parse_config([]).to_dict()
+        parse_args(["--eval-episodes", "0"])
+    saved = parse_args([]).config.to_dict()
     assert resumed_config(saved, {"eval_every": 3, "eval_episodes": 4}, "ckpt").eval_every == 3
 
 
@@ -52,9 +52,9 @@ def test_training_with_eval_every_logs_validation_and_evaluate_loads_the_best(tm
     from trainer.evaluate import main as evaluate
     from trainer.train import train
     run = tmp_path / "run"
-    cfg = parse_config(["--num-envs", "4", "--num-steps", "16", "--total-steps", "256", "--eval-every", "2",
-                        "--eval-episodes", "2", "--keep-checkpoints", "1", "--checkpoint-every", "100",
-                        "--run-dir", str(run), "--device", "cpu"])
+    cfg = parse_args(["--num-envs", "4", "--num-steps", "16", "--total-steps", "256", "--eval-every", "2",
+                      "--eval-episodes", "2", "--keep-checkpoints", "1", "--checkpoint-every", "100",
+                      "--run-dir", str(run), "--device", "cpu"]).config
     train(cfg, progress=False)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     validated = [r for r in rows if "val_reward_per_step" in r]
@@ -86,9 +86,9 @@ def test_training_with_eval_every_logs_validation_and_evaluate_loads_the_best(tm
 
 
 def test_validation_ranks_by_return_so_constant_reward_envs_still_pick_the_best(tmp_path):
-    from trainer.run import make_model
-    from trainer.validation import Validator
-    cfg = parse_config(["--env", "CartPole-v1", "--eval-every", "1", "--eval-episodes", "2"])
+    from trainer.evaluation.policies import make_model
+    from trainer.evaluation.validation import Validator
+    cfg = parse_args(["--env", "CartPole-v1", "--eval-every", "1", "--eval-episodes", "2"]).config
     v = Validator(cfg, tmp_path, iteration=0)
     model = make_model(cfg)
     episodes = iter([[{"return": 10.0, "length": 10, "reward_per_step": 1.0}] * 2,

@@ -1,4 +1,19 @@
-"""Learning: PPO on rollouts from ``collectors`` (config, actor-critic, GAE, update, planner, CLIs)."""
+"""Learning: algorithms that learn from the rollouts of ``collectors``, the durable loop that runs them, and the
+command lines.
+
+- ``python -m trainer.train``, ``trainer.evaluate``, ``trainer.export``, ``trainer.batching``: the command lines
+  (thin: they parse flags and call the library; no library module imports them);
+- :mod:`trainer.train`: the loop, the same for every algorithm; :mod:`trainer.algorithm`: what it asks of an
+  algorithm; :mod:`trainer.registry`: ``--algo`` name -> algorithm;
+- :mod:`trainer.ppo`, :mod:`trainer.apex`: one package per algorithm;
+- :mod:`trainer.evaluation`: episodes on held-out seeds, their statistics, a checkpoint's policy, validation
+  during training;
+- :mod:`trainer.common`: what the algorithms share (model spaces, devices, RNG capture, CPU copies, flat
+  parameters, moments, keyed noise);
+- :mod:`trainer.config` (the settings), :mod:`trainer.flags` (as flags and TOML), :mod:`trainer.run_layout`
+  (the run's shape on the machine), :mod:`trainer.run_files` (claiming and resuming a run directory),
+  :mod:`trainer.metrics`, :mod:`trainer.interrupts` (stop signals at safe points).
+"""
 
 from importlib.metadata import PackageNotFoundError, version
 

@@ -1,4 +1,4 @@
-"""Minibatch planner: the minibatch count follows from ``n_envs x n_steps``.
+"""Print PPO's minibatch plan for a rollout size.
 
     python -m trainer.batching --n-envs 64 --n-steps 2048 --batch-size 4096
 """
@@ -6,75 +6,8 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
 
-MIN_MINIBATCHES = 32  # target range of minibatches per epoch, where the rollout is large enough
-MAX_MINIBATCHES = 256
-MIN_MINIBATCH_SIZE = 64  # below this, per-minibatch advantage normalisation is mostly noise
-
-
-@dataclass(frozen=True)
-class MinibatchPlan:
-    total: int
-    minibatch_size: int
-    num_minibatches: int
-    warnings: list[str] = field(default_factory=list)
-
-    def describe(self) -> str:
-        lines = [f"{self.total} transitions per rollout -> {self.num_minibatches} minibatches of "
-                 f"{self.minibatch_size}"]
-        return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
-
-
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
-
-
-def _recommended(total: int) -> int:
-    """Largest minibatch count in [32, 256] that divides ``total`` with minibatches >= 64;
-    for small rollouts, the count that keeps minibatches at least 64 transitions."""
-    counts = [k for k in _divisors(total) if total // k >= MIN_MINIBATCH_SIZE]
-    in_range = [k for k in counts if MIN_MINIBATCHES <= k <= MAX_MINIBATCHES]
-    if in_range:
-        return min(in_range)  # the coarsest in range: fewer, larger minibatches are cheaper on a GPU
-    below = [k for k in counts if k < MIN_MINIBATCHES]
-    return max(below) if below else 1
-
-
-def plan_minibatches(n_envs: int, n_steps: int, batch_size: int | None = None) -> MinibatchPlan:
-    """Plan minibatches for a rollout of ``n_envs * n_steps`` transitions.
-
-    ``batch_size`` (minibatch size) is optional; without it the planner picks one.
-    Impossible values raise ``ValueError``; workable but poor ones produce warnings
-    that name better values.
-    """
-    for name, v in (("n_envs", n_envs), ("n_steps", n_steps)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} is invalid: must be an integer >= 1")
-    total = n_envs * n_steps
-    best = _recommended(total)
-    if batch_size is None:
-        return MinibatchPlan(total, total // best, best)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} is invalid: must be an integer >= 1")
-    if batch_size > total:
-        raise ValueError(f"batch_size={batch_size} is larger than the rollout ({n_envs} envs x {n_steps} steps = "
-                         f"{total} transitions); use at most {total}, e.g. {total // best}")
-    suggestion = f"use --batch-size {total // best} ({best} minibatches)"
-    warnings = []
-    if total % batch_size:
-        warnings.append(f"batch_size={batch_size} does not divide {total}; the last "
-                        f"{total % batch_size} transitions of each epoch would be dropped. {suggestion}")
-    count = total // batch_size
-    if batch_size < MIN_MINIBATCH_SIZE:
-        warnings.append(f"minibatches of {batch_size} are too small for advantage normalisation; {suggestion}")
-    elif count > MAX_MINIBATCHES:
-        warnings.append(f"{count} minibatches per epoch make the update too aggressive; {suggestion}")
-    elif count < MIN_MINIBATCHES and best >= MIN_MINIBATCHES:
-        warnings.append(f"{count} minibatches per epoch are too coarse (target {MIN_MINIBATCHES}-"
-                        f"{MAX_MINIBATCHES}); {suggestion}")
-    return MinibatchPlan(total, batch_size, count, warnings)
+from trainer.ppo.batching import plan_minibatches
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,18 +1,13 @@
-"""Training configuration: one dataclass, validated, exposed as CLI flags and TOML keys."""
+"""Training configuration: one flat record of every setting (its default, what it means, which values are valid),
+stored in every checkpoint. ``trainer.flags`` exposes it as command-line flags and TOML keys; which algorithm
+reads which field is each algorithm's own declaration (``Algorithm.options``)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
 
 from collectors import BACKENDS
 
@@ -78,9 +73,7 @@ class TrainConfig:
     save_replay: bool = False
     config: str = ""
 
-    HELP = {
-        "algo": "ppo (actor-critic, on-policy) or apex (Ape-X: epsilon-greedy actors, prioritized replay, "
-                "double DQN; Discrete and MultiDiscrete actions)",
+    HELP = {  # (algo's help lists the registered algorithms: trainer.flags)
         "env": "any registered Gymnasium env id (VREdge-v0 uses the natively batched env)",
         "env_kwargs": "env constructor arguments, key=value,key=value (numbers, true/false or text), e.g. "
                       "num_users=6 or capacity_trace=traces/,trace_split=train for VR-edge",
@@ -97,49 +90,49 @@ class TrainConfig:
                    "collecting, all cores while learning)",
         "lr": "Adam learning rate",
         "anneal_lr": "linear LR annealing to 0 over total_steps", "gamma": "discount",
-        "gae_lambda": "ppo: GAE lambda", "epochs": "ppo: PPO epochs per rollout",
-        "batch_size": "ppo: minibatch size (0: planner picks from num_envs x num_steps)",
-        "clip_coef": "ppo: PPO clip range", "clip_value": "ppo: clip the value loss too",
-        "ent_coef": "ppo: entropy bonus", "vf_coef": "ppo: value loss weight", "max_grad_norm": "global grad-norm clip",
-        "norm_adv": "ppo: normalise advantages per minibatch",
-        "target_kl": "ppo: early-stop epochs above this KL (0: off)",
-        "normalize_obs": "ppo: running observation normalisation",
-        "scale_rewards": "ppo: divide rewards by running return std",
+        "gae_lambda": "GAE lambda", "epochs": "PPO epochs per rollout",
+        "batch_size": "minibatch size (0: planner picks from num_envs x num_steps)",
+        "clip_coef": "PPO clip range", "clip_value": "clip the value loss too",
+        "ent_coef": "entropy bonus", "vf_coef": "value loss weight", "max_grad_norm": "global grad-norm clip",
+        "norm_adv": "normalise advantages per minibatch",
+        "target_kl": "early-stop epochs above this KL (0: off)",
+        "normalize_obs": "running observation normalisation",
+        "scale_rewards": "divide rewards by running return std",
         "hidden": "hidden layer sizes, comma separated",
         "policy_arch": "actor: flat MLP, per_head (one MLP shared by all action heads; needs an env that declares "
                        "head_observation_layout, like VR-edge), or auto (per_head where declared)",
-        "shared_trunk": "ppo: one trunk for actor and critic",
+        "shared_trunk": "one trunk for actor and critic",
         "tensorboard": "also log to TensorBoard (needs the tensorboard extra)",
         "ray_address": "ray backend: cluster address (empty: reuse a running Ray or start a local one)",
         "envs_per_worker": "async/ray: envs per process or actor (0: from the run layout)",
         "cpus_per_worker": "ray backend: CPUs reserved per actor (fractions allowed)",
-        "ray_async": "ppo: ray backend: IMPALA-style collection with V-trace correction",
-        "overlap": "ppo: collect the next rollout in a separate process while learning on this one (a fixed policy lag "
+        "ray_async": "ray backend: IMPALA-style collection with V-trace correction",
+        "overlap": "collect the next rollout in a separate process while learning on this one (a fixed policy lag "
                    "of one update; serial, sync and async backends)",
-        "overlap_targets": "ppo: overlap: vtrace (V-trace corrects the targets for the one-update lag) or gae (stored "
+        "overlap_targets": "overlap: vtrace (V-trace corrects the targets for the one-update lag) or gae (stored "
                            "values, PPO ratio against the behaviour log-probs)",
-        "max_lag": "ppo: ray_async: drop batches collected more than this many policy versions ago",
-        "rho_bar": "ppo: V-trace importance-weight clip for the targets and advantages",
-        "c_bar": "ppo: V-trace trace-cutting clip",
+        "max_lag": "ray_async: drop batches collected more than this many policy versions ago",
+        "rho_bar": "V-trace importance-weight clip for the targets and advantages",
+        "c_bar": "V-trace trace-cutting clip",
         "checkpoint_every": "save a checkpoint every this many iterations (and at the end)",
         "keep_checkpoints": "how many checkpoint files to keep in <run-dir>/checkpoints",
         "eval_every": "every this many iterations, play the greedy policy on held-out validation episodes, log it "
                       "(VR-edge: paired against the best baseline) and point <run-dir>/checkpoints/best at the best "
                       "(0: off)",
         "eval_episodes": "validation episodes for --eval-every (seeds disjoint from training and trainer.evaluate)",
-        "replay_capacity": "apex: transitions the replay holds (FIFO); its memory is printed at start",
-        "replay_alpha": "apex: priority exponent (0: uniform sampling)",
-        "replay_beta": "apex: importance-sampling exponent at the start, annealed linearly to 1 over total_steps",
-        "replay_ratio": "apex: transitions the learner samples per transition entering the replay",
-        "apex_batch_size": "apex: learner minibatch size",
-        "n_step": "apex: steps of the n-step return",
-        "target_update": "apex: copy the online network into the target network every this many learner steps",
-        "weights_every": "apex: the actors pull the learner's weights every this many steps per env (rounded up "
+        "replay_capacity": "transitions the replay holds (FIFO); its memory is printed at start",
+        "replay_alpha": "priority exponent (0: uniform sampling)",
+        "replay_beta": "importance-sampling exponent at the start, annealed linearly to 1 over total_steps",
+        "replay_ratio": "transitions the learner samples per transition entering the replay",
+        "apex_batch_size": "learner minibatch size",
+        "n_step": "steps of the n-step return",
+        "target_update": "copy the online network into the target network every this many learner steps",
+        "weights_every": "the actors pull the learner's weights every this many steps per env (rounded up "
                          "to whole rollouts of num_steps)",
-        "learning_starts": "apex: transitions in the replay before the learner starts",
-        "eps_base": "apex: exploration rate of env i is eps_base^(1 + eps_alpha * i / (num_envs - 1))",
-        "eps_alpha": "apex: see eps_base",
-        "save_replay": "apex: also save the replay's contents in every checkpoint, for an exact resume; it can be "
+        "learning_starts": "transitions in the replay before the learner starts",
+        "eps_base": "exploration rate of env i is eps_base^(1 + eps_alpha * i / (num_envs - 1))",
+        "eps_alpha": "see eps_base",
+        "save_replay": "also save the replay's contents in every checkpoint, for an exact resume; it can be "
                        "gigabytes (replay_capacity x the bytes per transition printed at start); without it a "
                        "resumed run refills the replay",
         "config": "TOML file with any of these keys (flags override it)",
@@ -154,9 +147,6 @@ class TrainConfig:
             value = getattr(self, f.name)
             need(not isinstance(value, float) or math.isfinite(value), f.name, "must be a finite number")
         need(self.seed >= 0, "seed", "must be >= 0")
-        need(self.algo in ("ppo", "apex"), "algo", "choose ppo or apex")
-        if self.algo == "apex":
-            self._validate_apex(need)
         try:
             options = self.env_options
         except ValueError as e:
@@ -200,11 +190,6 @@ class TrainConfig:
         except ValueError:
             sizes = ()
         need(len(sizes) > 0 and all(s > 0 for s in sizes), "hidden", "comma-separated positive sizes, e.g. 64,64")
-
-    def _validate_apex(self, need) -> None:
-        need(not self.overlap, "overlap", "is for --algo ppo; Ape-X's actors already act with stale weights")
-        need(not self.ray_async, "ray_async", "is for --algo ppo; --algo apex --backend ray collects from the "
-             "actors as they finish by itself")
         for name in ("replay_capacity", "apex_batch_size", "n_step", "target_update", "weights_every"):
             need(getattr(self, name) >= 1, name, "must be >= 1")
         need(self.learning_starts >= 0, "learning_starts", "must be >= 0 (0: learn from the first transitions)")
@@ -235,136 +220,6 @@ class ConfigError(ValueError):
     def __init__(self, key: str, value: Any, rule: str) -> None:
         super().__init__(f"--{key.replace('_', '-')}={value!r} is invalid: {rule}")
         self.key, self.value, self.rule = key, value, rule
-
-
-class _Parser(argparse.ArgumentParser):
-    """Errors as one line that says what to change, without the 40-line usage block."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-
-
-# keys a resumed run may change; every other key must match the checkpoint's config
-RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "num_workers", "threads", "tensorboard", "checkpoint_every",
-                     "keep_checkpoints", "config", "ray_address", "cpus_per_worker", "eval_every", "eval_episodes",
-                     "save_replay"}
-_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-def _field_type(f: dataclasses.Field) -> type:
-    return {"bool": bool, "int": int, "float": float, "str": str}.get(str(f.type), f.type)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """Every config field as a flag. Defaults are left out of the namespace (``SUPPRESS``), so
-    that what it holds is exactly what the user typed, whatever the value."""
-    p = _Parser(prog="python -m trainer.train", description="Train a policy: PPO (default) or Ape-X (--algo apex).")
-    for f in fields(TrainConfig):
-        kind = _field_type(f)
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=_bool if kind is bool else kind,
-                       default=argparse.SUPPRESS, help=f"{TrainConfig.HELP.get(f.name, '')} (default: {f.default!r})")
-    p.add_argument("--resume", default="", metavar="RUN_DIR_OR_CHECKPOINT",
-                   help="continue a run from its newest loadable checkpoint (or from this checkpoint file); "
-                        "writes into that run directory")
-    p.add_argument("--overwrite", action="store_true",
-                   help="start a new run in a --run-dir that holds another run, deleting its checkpoints and metrics")
-    return p
-
-
-def _toml_values(path: Path) -> dict[str, Any]:
-    """The TOML file's settings, each checked against its field's type (one-line errors naming the key)."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ValueError(f"cannot read config file {path}: {e}") from None
-    types = {f.name: _field_type(f) for f in fields(TrainConfig) if f.name != "config"}
-    unknown = set(data) - set(types)
-    if unknown:
-        raise ValueError(f"unknown keys in {path}: {', '.join(sorted(unknown))} (keys are the flag names with "
-                         "underscores, see --help)")
-    values = {}
-    for key, value in data.items():
-        kind = types[key]
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            ok, value = True, float(value)
-        if not ok:
-            example = {bool: "true", int: "4", float: "0.5", str: '"64,64"' if key == "hidden" else '"..."'}[kind]
-            raise ValueError(f"{path}: {key} = {value!r} is {type(value).__name__}, expected {_KINDS[kind]} "
-                             f"(e.g. {key} = {example})")
-        values[key] = value
-    return values
-
-
-@dataclass(frozen=True)
-class CommandLine:
-    """A parsed ``trainer.train`` command line: the config, what the user gave, and the run-directory options."""
-
-    config: TrainConfig
-    given: dict[str, Any]  # keys from flags or the TOML file, whatever their value (flags win over the file)
-    resume: str
-    overwrite: bool
-
-
-def parse_args(argv: list[str] | None = None) -> CommandLine:
-    """Parse flags over TOML file over defaults; validated. Bad input exits with a one-line error."""
-    parser = build_parser()
-    args = vars(parser.parse_args(argv))
-    resume, overwrite = args.pop("resume"), args.pop("overwrite")
-    from_file: dict[str, Any] = {}
-    try:
-        from_file = _toml_values(Path(args["config"])) if args.get("config") else {}
-        given = {**from_file, **args}
-        cfg = TrainConfig(**{**{f.name: f.default for f in fields(TrainConfig)}, **given})
-        cfg.validate()
-        check_algo_flags(cfg, given)
-    except ConfigError as e:
-        if e.key in from_file and e.key not in args:
-            parser.error(f"{args['config']}: {e.key} = {e.value!r} is invalid: {e.rule}")
-        parser.error(str(e))
-    except ValueError as e:
-        parser.error(str(e))
-    if resume and overwrite:
-        parser.error("--overwrite starts a new run; it cannot be combined with --resume")
-    return CommandLine(cfg, given, resume, overwrite)
-
-
-def check_algo_flags(cfg: TrainConfig, given: dict[str, Any]) -> None:
-    """Refuse settings the chosen ``--algo`` would ignore (their help starts with the other algorithm's name):
-    a user who sets ``--epochs`` for Ape-X, or ``--n-step`` for PPO, would otherwise believe it took effect."""
-    other = "apex" if cfg.algo == "ppo" else "ppo"
-    ignored = sorted(k for k in given if TrainConfig.HELP.get(k, "").startswith(other + ":"))
-    if ignored:
-        flags = ", ".join("--" + k.replace("_", "-") for k in ignored)
-        hint = " (the Ape-X learner's minibatch is --apex-batch-size)" if "batch_size" in ignored else ""
-        raise ValueError(f"{flags}: for --algo {other} only, and this run is --algo {cfg.algo}, which would ignore "
-                         f"{'it' if len(ignored) == 1 else 'them'}{hint}; drop {'it' if len(ignored) == 1 else 'them'}")
-
-
-def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    """The validated config of a command line (no resume)."""
-    return parse_args(argv).config
-
-
-def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) -> TrainConfig:
-    """The checkpoint's config with the given flags applied; flags that would change the run are an error."""
-    clash = {k: (saved.get(k), v) for k, v in given.items() if k not in RESUMABLE_CHANGES and saved.get(k) != v}
-    if clash:
-        detail = ", ".join(f"--{k.replace('_', '-')}={new!r} (run has {old!r})" for k, (old, new) in clash.items())
-        raise ValueError(f"{source}: the flags do not match the run being resumed: {detail}. Drop them, or start "
-                         f"a new run; only {', '.join(sorted(RESUMABLE_CHANGES - {'config'}))} may change")
-    known = {f.name for f in fields(TrainConfig)}
-    cfg = TrainConfig(**{**{k: v for k, v in saved.items() if k in known}, **given})
-    cfg.validate()
-    return cfg
 
 
 def parse_env_kwargs(text: str) -> dict[str, Any]:

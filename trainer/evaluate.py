@@ -15,149 +15,29 @@ import functools
 import json
 import multiprocessing
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import gymnasium as gym
 
 import checkpoints
 import envs
 from envs.planner import ClairvoyantPlanner
-from trainer.config import TrainConfig
-from trainer.evaluation import gap_closed, paired_difference, policy_actions, run_episodes, summarize, validation_seeds
-from trainer.model import ActorCritic
-from trainer.run import make_model
+from trainer.evaluation import (
+    gap_closed,
+    held_out_env_kwargs,
+    paired_difference,
+    policy_actions,
+    run_episodes,
+    summarize,
+    validation_seeds,
+)
+from trainer.evaluation.baselines import baseline_names, best_baseline
+from trainer.evaluation.policies import checkpoint_label, load_policy
+from trainer.evaluation.report import check_writable, format_table, plot
+from trainer.registry import algorithm_class
 
-COLUMNS = (("mean_return", "return"), ("reward_per_step", "reward/step"), ("quality", "quality"),
-           ("stall_s", "stall s/step"), ("switches", "switches/step"), ("qoe_lin", "QoE_lin/user"),
-           ("fairness", "Jain fairness"))
 REFERENCE = "clairvoyant"
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
-
-
-def load_policy(path: str | Path, pick: str = "latest") -> tuple[ActorCritic, TrainConfig, Path]:
-    """The policy of a checkpoint file, or of a run directory's ``pick`` (``best``: the ``best`` pointer
-    when there is one, else the newest loadable checkpoint; ``latest``: the newest loadable), on the CPU, frozen."""
-    best = checkpoints.best_checkpoint(path) if pick == "best" and Path(path).is_dir() else None
-    if best is not None:
-        path = best
-    source, state, problems = checkpoints.latest_loadable(path)
-    for p in problems:
-        print(f"skipped {p}", file=sys.stderr)
-    model, cfg = policy_from_state(state, source)
-    return model, cfg, source
-
-
-def policy_from_state(state: dict[str, Any], source: Path) -> tuple[ActorCritic, TrainConfig]:
-    """The frozen CPU policy and training config of a loaded checkpoint ``state`` (read from ``source``)."""
-    cfg = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.__dataclass_fields__})
-    try:
-        gym.spec(cfg.env)
-    except gym.error.Error:
-        raise ValueError(f"{source} was trained on {cfg.env}, which is not registered in this process; register it "
-                         "(gym.register) in the process that loads the policy") from None
-    model = make_model(cfg)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        raise ValueError(f"{source}: its network does not fit {cfg.env} as this process builds it (different "
-                         "spaces or env parameters?): " + str(e).strip().splitlines()[-1].strip()) from None
-    return model.eval(), cfg
-
-
-def baseline_names(spec: str, env_id: str) -> list[str]:
-    if spec in ("", "none"):
-        return []
-    names = list(envs.BASELINES) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in envs.BASELINES]
-    if unknown:
-        raise ValueError(f"unknown baseline(s) {', '.join(unknown)}; expected 'all', 'none' or names from "
-                         f"{', '.join(envs.BASELINES)}")
-    return names if env_id == "VREdge-v0" else []
-
-
-def best_baseline(names: list[str], config: envs.VREdgeConfig, env_fn, seeds: list[int]
-                  ) -> tuple[str | None, dict[str, list[dict[str, float]]]]:
-    """The baseline with the highest reward per step on the episodes of ``seeds``, and every baseline's records.
-
-    Pick it on other episodes than those it is then compared on: the best of several baselines
-    on the test episodes is, by selection, lucky on them, which would shrink the policy's lead.
-    """
-    played = {name: run_episodes(envs.make_baseline(name, config), env_fn, len(seeds), 0, seeds=seeds)
-              for name in names}
-    best = max(names, key=lambda n: summarize(played[n])["reward_per_step"]) if names else None
-    return best, played
-
-
-def checkpoint_label(given: str | Path, source: Path, pick: str) -> str:
-    """Which checkpoint ``source`` is for the path the user gave: the run's best or latest, or that file."""
-    if Path(given).is_file():
-        return "the checkpoint file"
-    best = checkpoints.best_checkpoint(given)
-    if pick == "best" and best is not None and best.resolve() == source.resolve():
-        return "the best checkpoint (validation)"
-    return "the latest checkpoint" + (" (the run has no best checkpoint)" if pick == "best" else "")
-
-
-def format_table(results: dict[str, dict[str, Any]]) -> str:
-    present = [(k, title) for k, title in COLUMNS if any(k in r for r in results.values())]
-    head = f"{'policy':<22}" + "".join(f"{title:>22}" for _, title in present)
-    lines = [head, "-" * len(head)]
-    for name, r in results.items():
-        cells = "".join(f"{r[k]:>12.3f} ± {r[k + '_ci95']:<7.3f}" if k in r else f"{'-':>22}" for k, _ in present)
-        lines.append(f"{name:<22}{cells}")
-    return "\n".join(lines)
-
-
-def plot(results: dict[str, dict[str, Any]], run_dir: Path, out: Path) -> Path | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
-    names = list(results)
-    ax1.bar(names, [results[n]["reward_per_step"] for n in names],
-            yerr=[results[n]["reward_per_step_ci95"] for n in names], capsize=4)
-    ax1.set_ylabel("mean reward per step (95% CI)")
-    ax1.tick_params(axis="x", rotation=30)
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file():
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        ax2.plot([r["env_steps"] for r in rows], [r["reward_per_step"] for r in rows])
-        ax2.set_xlabel("env steps")
-        ax2.set_ylabel("training reward per step")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
-
-
-def check_writable(directory: Path, what: str = "the evaluation outputs") -> None:
-    """Raise ``ValueError`` naming ``directory`` when files cannot be created in it."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".check-", suffix=".tmp"):
-            pass
-    except OSError as e:
-        raise ValueError(f"cannot write {what} to {directory}: {e.strerror or e}; pass --out DIR") from None
-
-
-def held_out_env_kwargs(trained: dict[str, Any], capacity_trace: str) -> dict[str, Any]:
-    """The env arguments to evaluate with: the run's own (``--env-kwargs``), with ``--capacity-trace``
-    replacing its traces; a directory of traces is evaluated on its held-out (``test``) files.
-
-    >>> held_out_env_kwargs({"num_users": 6, "capacity_trace": "t/", "trace_split": "train"}, "")
-    {'num_users': 6, 'capacity_trace': 't/', 'trace_split': 'test'}
-    """
-    kwargs = dict(trained)
-    if capacity_trace:
-        kwargs["capacity_trace"] = capacity_trace
-    if "capacity_trace" in kwargs:
-        kwargs["trace_split"] = "test" if Path(kwargs["capacity_trace"]).is_dir() else "all"
-    return kwargs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -188,9 +68,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.episodes < 1:
             raise ValueError(f"--episodes={args.episodes} is invalid: must be >= 1")
         model, cfg, source = load_policy(args.checkpoint, args.pick)
-        if not args.deterministic and cfg.algo == "apex":
-            raise ValueError(f"--stochastic: {source} holds an Ape-X Q-network, whose policy is greedy (its "
-                             "exploration was the actors' epsilon); drop --stochastic")
+        algorithm = algorithm_class(cfg.algo)
+        if not args.deterministic and not algorithm.stochastic:
+            raise ValueError(f"--stochastic: {source} holds {algorithm.model_name}, whose policy is greedy (it "
+                             "explored only while collecting); drop --stochastic")
         if args.env and args.env != cfg.env:
             raise ValueError(f"{source} was trained on {cfg.env}, not {args.env}")
         names = baseline_names(args.baselines, cfg.env)

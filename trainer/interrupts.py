@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, n))
+from collectors.stop_signals import STOP_SIGNALS
 
 
 class Interrupted(KeyboardInterrupt):
@@ -56,7 +56,7 @@ class StopSignals:
 
     def _handle(self, signum: int, frame) -> None:
         if self.finished:
-            print(f"\n{signal.Signals(signum).name} after the run finished: nothing to stop", file=sys.stderr)
+            _after_the_run(signum, frame)
             return
         if self.stopping:
             print(f"\n{signal.Signals(signum).name} again: already stopping, the checkpoint is being written",
@@ -87,3 +87,14 @@ class StopSignals:
     def finish(self) -> None:
         """The work is done and saved: from here on a signal (a scheduler's early warning) stops nothing."""
         self.finished = True
+
+
+def _after_the_run(signum: int, frame) -> None:
+    """After the run finished, a stop signal (a scheduler's early warning) has nothing left to stop."""
+    print(f"\n{signal.Signals(signum).name} after the run finished: nothing to stop", file=sys.stderr)
+
+
+def ignore_late_signals() -> None:
+    """From here on (the run finished and its handlers are gone), note a stop signal instead of stopping."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _after_the_run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,11 @@ def metrics_row(iteration: int, env_steps: int, sps: float, lr: float, stats: di
         if vals:
             row[k] = float(np.mean(vals))
     return row
+
+
+def steps_per_second(start: tuple[int, float], env_steps: int) -> float:
+    """Env steps per second since ``start``, ``(env steps, time.perf_counter())`` when the loop began."""
+    return (env_steps - start[0]) / (time.perf_counter() - start[1])
 
 
 def keep_metrics_until(path: Path, iteration: int) -> int:

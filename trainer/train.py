@@ -1,17 +1,20 @@
 """Train a policy: ``python -m trainer.train`` (PPO on VR-edge with defaults; ``--algo apex`` for Ape-X;
-``--help`` for every flag)."""
+``--help`` for every flag).
+
+:func:`train` is the durable loop, the same for every algorithm (``trainer.algorithm``): the run directory and
+its lock, the run layout, the collector, one snapshot per completed iteration, the checkpoint written whatever
+ends the run. Which algorithm runs is ``trainer.registry``'s business alone.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import multiprocessing
 import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,17 +23,15 @@ from tqdm import tqdm
 import checkpoints
 from collectors import make_collector
 from collectors.resources import torch_threads
-from trainer.apex import ApexRun
-from trainer.batching import plan_minibatches
-from trainer.config import TrainConfig, parse_args
-from trainer.interrupts import STOP_SIGNALS, Interrupted, StopSignals
-from trainer.layout import Machine, run_layout
-from trainer.learner import learn
-from trainer.metrics import keep_metrics_until, metrics_row
-from trainer.pipeline import Pipeline, make_pipeline
-from trainer.ppo import NonFiniteLossError, PPOSettings
-from trainer.run import Run, claim_new_run_dir, resolve_device, resume_state
-from trainer.validation import Validator
+from trainer.algorithm import Algorithm, NonFiniteLossError
+from trainer.config import TrainConfig
+from trainer.evaluation.validation import Validator
+from trainer.flags import parse_args
+from trainer.interrupts import Interrupted, StopSignals, ignore_late_signals
+from trainer.metrics import keep_metrics_until
+from trainer.registry import algorithm_class
+from trainer.run_files import claim_new_run_dir, resume_state
+from trainer.run_layout import Machine, run_layout
 
 
 class TrainingStopped(Interrupted):
@@ -43,8 +44,8 @@ class TrainingStopped(Interrupted):
 
 def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict | None = None,
           max_iterations: int | None = None, overwrite: bool = False, machine: Machine | None = None) -> dict:
-    """Run PPO (or Ape-X, ``cfg.algo == "apex"``: ``trainer.apex``) as configured (or continue the run at
-    ``resume``); returns a summary.
+    """Run ``cfg.algo`` (``trainer.registry``) as configured (or continue the run at ``resume``); returns a
+    summary.
 
     ``max_iterations`` stops early after that many iterations in total (the LR schedule
     still follows ``total_steps``), leaving a checkpoint to resume from. ``machine``
@@ -63,15 +64,9 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         # the run layout: computed once here; nothing below recomputes it
         layout = run_layout(cfg, machine or Machine.detect(cfg.backend, cfg.ray_address))  # checks the env id
         print(layout.describe(), *(f"warning: {w}" for w in layout.warnings), sep="\n", file=sys.stderr)
-        factories, batch_envs = layout.env_factories(), layout.batch_envs  # ray_async: one actor's slice
-        if cfg.algo == "apex":
-            run = ApexRun.new(cfg, resolve_device(cfg.device))  # an action space DQN cannot take fails here
-            print(run.replay.describe(), file=sys.stderr)
-        else:
-            plan = plan_minibatches(batch_envs, cfg.num_steps, cfg.batch_size or None)
-            for w in plan.warnings:
-                print(f"warning: {w}", file=sys.stderr)
-            run = Run.new(cfg)  # a model the env cannot have fails here, before anything is written
+        algorithm = algorithm_class(cfg.algo).new(cfg, layout)  # what the env cannot take fails before any write
+        for line in algorithm.start_notes():
+            print(line, file=sys.stderr)
         run_dir = Path(cfg.run_dir or f"runs/{cfg.env}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         lock = stack.enter_context(checkpoints.RunDirLock(run_dir))
         if resume:
@@ -91,74 +86,33 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         writer = _tensorboard(run_dir) if cfg.tensorboard else None
         if writer:
             stack.callback(writer.close)
-        iterations = max(1, cfg.total_steps // (batch_envs * cfg.num_steps))
+        iterations = layout.iterations(cfg)
         stop = min(iterations, max_iterations or iterations)
-        options = layout.collector_kwargs()
-        if isinstance(run, ApexRun) and cfg.backend == "ray":  # Ray actors build transitions and priorities
-            from trainer.apex_ray import ApexWorker
-            options.update(worker_cls=ApexWorker, worker_kwargs={"n_step": cfg.n_step, "gamma": cfg.gamma})
         collector = stack.enter_context(make_collector(
-            factories, run.policy if isinstance(run, ApexRun) else run.acting, backend=cfg.backend,
-            horizon=cfg.num_steps, seed=cfg.seed, device="cpu" if isinstance(run, ApexRun) else run.device,
-            **options))  # Ape-X: the transitions go to the replay, on the CPU; the learner samples from there
-        if isinstance(run, ApexRun):
-            step, snapshot = functools.partial(run.iterate, collector), functools.partial(run.snapshot, collector)
-            restore = functools.partial(run.restore, collector=collector)
-            if saved is not None and saved["replay"] is None:
-                notes.append("the checkpoint holds no replay (--save-replay false): it refills from new experience, "
-                             "so the resumed run is not identical to an uninterrupted one")
-        else:
-            pipeline = make_pipeline(collector, run.acting.state_dict(), cfg.overlap)
-            settings = PPOSettings.from_config(cfg, plan.minibatch_size)
-            step = functools.partial(_iteration, run, pipeline, settings, iterations)
-            snapshot = functools.partial(run.snapshot, pipeline)
-            restore = functools.partial(run.restore, pipeline=pipeline)
+            layout.env_factories(), algorithm.acting, backend=cfg.backend, horizon=cfg.num_steps, seed=cfg.seed,
+            **layout.collector_kwargs(), **algorithm.collector_options()))  # ray_async: one actor's slice
+        algorithm.attach(collector)
         stack.enter_context(torch_threads(layout.learn_threads))  # the collector uses its own count while collecting
         if saved is not None:
-            exact = restore(saved)
-            notes.append(f"resumed from {source} at iteration {run.iteration}")
-            if not exact:
-                notes.append("these envs offer no get_state(): their episodes restart from derived seeds, so the "
-                             "resumed run is not identical to an uninterrupted one")
-        if run.iteration >= stop:
-            notes.append(f"the run is already at iteration {run.iteration} of {iterations}: nothing to do "
+            differs = algorithm.restore(saved)
+            notes += [f"resumed from {source} at iteration {algorithm.iteration}", *differs]
+        if algorithm.iteration >= stop:
+            notes.append(f"the run is already at iteration {algorithm.iteration} of {iterations}: nothing to do "
                          "(pass a larger --total-steps to train longer)")
         for note in notes:
             print(note, file=sys.stderr)
-        summary = _loop(run, step, snapshot, iterations, stop, run_dir, signals, writer, progress, source)
+        summary = _loop(algorithm, iterations, stop, run_dir, signals, writer, progress, source)
         signals.finish()  # closing the collector (a rollout may be in flight) must not turn into a stop
         return summary
 
 
-def _iteration(run: Run, pipeline: Pipeline, settings: PPOSettings, iterations: int,
-               start: tuple[int, float]) -> dict | None:
-    """Take the next rollout, learn from it, hand the new weights over; returns the metrics row (``None``
-    for a rollout too stale to learn from). Only ``run`` and the pipeline change."""
-    cfg, it = run.cfg, run.iteration + 1
-    rollout = pipeline.next_rollout()
-    lag = pipeline.collector.policy_version - rollout.policy_version
-    run.lags[lag] = run.lags.get(lag, 0) + 1
-    if cfg.ray_async and lag > cfg.max_lag:  # too stale to correct well: the next one is fresher
-        run.dropped += 1
-        return None
-    run.recent.extend(e["return"] for e in rollout.episodes)
-    lr = cfg.lr * (1 - (it - 1) / iterations) if cfg.anneal_lr else cfg.lr
-    stats = learn(run, rollout, settings, it, lr)
-    pipeline.learned(run.model.state_dict())
-    run.iteration, run.env_steps = it, run.env_steps + rollout.numel()
-    sps = (run.env_steps - start[0]) / (time.perf_counter() - start[1])
-    return metrics_row(it, run.env_steps, sps, lr, stats, rollout, lag)
-
-
-def _loop(run: Run | ApexRun, step: Callable[[tuple[int, float]], dict | None], take_snapshot: Callable[[], dict],
-          iterations: int, stop: int, run_dir: Path, signals: StopSignals, writer, progress: bool,
-          resumed_from: Path | None) -> dict:
-    """Iterate (``step``) until ``stop``; snapshot (``take_snapshot``) after each completed iteration; on any
-    exit, save the newest one."""
-    cfg = run.cfg
+def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signals: StopSignals, writer,
+          progress: bool, resumed_from: Path | None) -> dict:
+    """Iterate until ``stop``; snapshot after each completed iteration; on any exit, save the newest snapshot."""
+    cfg = algorithm.cfg
     with signals.critical():
-        snapshot = take_snapshot()
-    saved_at = run.iteration if run.iteration else None  # resumed: that state is on disk already
+        snapshot = algorithm.snapshot()
+    saved_at = algorithm.iteration if algorithm.iteration else None  # resumed: that state is on disk already
     last_saved = resumed_from
 
     def save() -> Path:
@@ -168,18 +122,18 @@ def _loop(run: Run | ApexRun, step: Callable[[tuple[int, float]], dict | None], 
             saved_at = snapshot["iteration"]
         return last_saved
 
-    validator = Validator(cfg, run_dir, run.iteration)  # --eval-every: validation episodes, the best checkpoint
-    bar = tqdm(total=stop, initial=run.iteration, disable=not progress, unit="it", dynamic_ncols=True)
-    start = (run.env_steps, time.perf_counter())
+    validator = Validator(cfg, run_dir, algorithm.iteration)  # --eval-every: validation episodes, the best checkpoint
+    bar = tqdm(total=stop, initial=algorithm.iteration, disable=not progress, unit="it", dynamic_ncols=True)
+    start = (algorithm.env_steps, time.perf_counter())
     try:
         with (run_dir / "metrics.jsonl").open("a") as log:
-            while run.iteration < stop:
-                row = step(start)
-                if row is None:  # a batch too stale to learn from
+            while algorithm.iteration < stop:
+                row = algorithm.iterate(start)
+                if row is None:  # a rollout it chose not to learn from (PPO: too stale)
                     continue
-                row.update(validator.evaluate(run.iteration, run.model))
+                row.update(validator.evaluate(algorithm.iteration, algorithm.model))
                 with signals.critical():  # the iteration is complete once its snapshot and its row exist
-                    snapshot = take_snapshot()
+                    snapshot = algorithm.snapshot()
                     log.write(json.dumps(row) + "\n")
                     log.flush()
                 if writer:
@@ -187,8 +141,9 @@ def _loop(run: Run | ApexRun, step: Callable[[tuple[int, float]], dict | None], 
                         if isinstance(v, (int, float)):
                             writer.add_scalar(k, v, row["env_steps"])
                 bar.update(1)
-                bar.set_postfix(sps=f"{row['sps']:,.0f}", ret=f"{np.mean(run.recent):.2f}" if run.recent else "-")
-                if run.iteration % cfg.checkpoint_every == 0 or run.iteration == stop or validator.improved:
+                recent = algorithm.recent
+                bar.set_postfix(sps=f"{row['sps']:,.0f}", ret=f"{np.mean(recent):.2f}" if recent else "-")
+                if algorithm.iteration % cfg.checkpoint_every == 0 or algorithm.iteration == stop or validator.improved:
                     validator.saved(save())
     except BaseException as e:
         signals.stop()  # a signal from here on waits: the snapshot is saved first
@@ -211,14 +166,12 @@ def _loop(run: Run | ApexRun, step: Callable[[tuple[int, float]], dict | None], 
         raise
     finally:
         bar.close()
-    if cfg.ray_async:
-        print(f"policy lag (versions behind: batches): {dict(sorted(run.lags.items()))}; dropped {run.dropped} "
-              f"batches older than --max-lag {cfg.max_lag}", file=sys.stderr)
-    return {"run_dir": str(run_dir), "iterations": run.iteration, "env_steps": run.env_steps,
-            "checkpoint": str(last_saved) if last_saved else None,
-            **({"lags": dict(run.lags), "dropped": run.dropped} if isinstance(run, Run) else {}),  # PPO's lag
-            "recent_return": float(np.mean(run.recent)) if run.recent else None,
-            "finished": run.iteration >= iterations}
+    for note in algorithm.end_notes():
+        print(note, file=sys.stderr)
+    return {"run_dir": str(run_dir), "iterations": algorithm.iteration, "env_steps": algorithm.env_steps,
+            "checkpoint": str(last_saved) if last_saved else None, **algorithm.summary(),
+            "recent_return": float(np.mean(algorithm.recent)) if algorithm.recent else None,
+            "finished": algorithm.iteration >= iterations}
 
 
 def _tensorboard(run_dir: Path):
@@ -235,19 +188,11 @@ def _command(*args: str) -> str:
     return " ".join(shlex.quote(a) for a in (sys.executable, *args))
 
 
-def _ignore_late_signals() -> None:
-    """After the run finished, a stop signal (a scheduler's early warning) has nothing left to stop."""
-    def note(signum, frame):
-        print(f"{signal.Signals(signum).name} after the run finished: nothing to stop", file=sys.stderr)
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, note)
-
-
 def main(argv: list[str] | None = None) -> None:
     cli = parse_args(argv)
     try:
         summary = train(cli.config, resume=cli.resume, given=cli.given, overwrite=cli.overwrite)
-        _ignore_late_signals()
+        ignore_late_signals()
     except TrainingStopped as e:
         print(f"\n{e} after iteration {e.iteration}" +
               (f"; checkpoint: {e.checkpoint}" if e.checkpoint else "; no checkpoint (no iteration completed)"),

@@ -15,12 +15,10 @@ contiguous in the rollout's env order, so the policy reads and writes plain slic
 
 from __future__ import annotations
 
-import contextlib
 import pickle
-import signal
 import traceback
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -30,6 +28,7 @@ import torch.multiprocessing as tmp
 
 from collectors.env_group import EnvError, EnvGroup, EpisodeInfo, StepViews, check_same_spaces
 from collectors.resources import async_workers, usable_cores
+from collectors.stop_signals import ignore_stop_signals, stop_signals_blocked
 from collectors.storage import torch_dtype
 
 _FIELDS = ("next_obs", "rewards", "terminated", "truncated", "final_obs", "final_mask")  # final_* last
@@ -58,44 +57,17 @@ def _split(n: int, parts: int) -> list[range]:
     return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _layout(num_factories: int, num_splits: int, parts: int) -> list[list[range]]:
+def _split_factories(num_factories: int, num_splits: int, parts: int) -> list[list[range]]:
     """Factory ranges ``[process][group]``: ``num_splits`` contiguous groups, each split over ``parts`` processes."""
-    layout: list[list[range]] = [[] for _ in range(parts)]
+    ranges: list[list[range]] = [[] for _ in range(parts)]
     for group in _split(num_factories, num_splits):
         for p, r in enumerate(_split(len(group), parts)):
-            layout[p].append(range(group.start + r.start, group.start + r.stop))
-    return layout
+            ranges[p].append(range(group.start + r.start, group.start + r.stop))
+    return ranges
 
 
 def _describe(ranges: list[range]) -> str:
     return ", ".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else str(r.start) for r in ranges)
-
-
-_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
-
-
-@contextlib.contextmanager
-def stop_signals_blocked() -> Iterator[None]:
-    """Hold stop signals back while starting a process: the parent is not cut off mid-way through
-    sending it its start-up data, and the child inherits the blocked mask until it ignores them
-    (see :func:`ignore_stop_signals`), so a Ctrl-C during its imports prints no traceback."""
-    if not hasattr(signal, "pthread_sigmask"):  # Windows: nothing to hold back
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a signal held back is delivered here
-
-
-def ignore_stop_signals() -> None:
-    """In a worker: Ctrl-C, a scheduler's SIGTERM or an early-warning SIGUSR1 reach the whole process
-    group; they are the parent's to handle (it takes the envs' state, then shuts the workers down)."""
-    for signum in _STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):  # what arrived while blocked is now discarded
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
@@ -197,7 +169,7 @@ class AsyncBackend:
                              "(each process needs at least one factory)")
         check_num_splits(num_splits, len(env_fns), parts)
         check_picklable(env_fns)
-        layout = _layout(len(env_fns), num_splits, parts)
+        ranges = _split_factories(len(env_fns), num_splits, parts)
         self.num_splits = num_splits
         self._factory_ranges: list[list[range]] = []
         self.procs: list = []
@@ -206,7 +178,7 @@ class AsyncBackend:
         self._in_flight: list[int] = []  # groups sent to the workers and not yet finished, oldest first
         self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns)
         try:
-            self._start(env_fns, layout[1:] if main_share else layout, layout[0] if main_share else None)
+            self._start(env_fns, ranges[1:] if main_share else ranges, ranges[0] if main_share else None)
         except BaseException:
             self.close()
             raise

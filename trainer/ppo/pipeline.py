@@ -1,4 +1,4 @@
-"""Where each iteration's rollout comes from: collected after the last update, or during it (``--overlap``)."""
+"""Where each PPO iteration's rollout comes from: collected after the last update, or during it (``--overlap``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from collectors import Collector, Rollout
+from trainer.common.state import cpu_copy
 
 
 class Alternating:
@@ -45,10 +46,20 @@ class Overlapped:
     (same envs, same weights, same numbers) and carries on. An error in the rollout in flight
     surfaces in the iteration that would learn from it, so iteration ``k`` stays complete.
 
-    Example (the trainer's loop, reduced):
-        >>> pipeline = Overlapped(collector)  # doctest: +SKIP
-        >>> rollout = pipeline.next_rollout()  # the next one is being collected from here on
-        >>> pipeline.learned(learn(rollout))   # sent out once the rollout in flight is in
+    Example (the trainer's loop, reduced: the policy's own weights stand in for an update's):
+        >>> import functools, gymnasium as gym
+        >>> from collectors import make_collector
+        >>> from trainer.ppo.model import ActorCritic
+        >>> env = gym.make("CartPole-v1")
+        >>> policy = ActorCritic(env.observation_space, env.action_space)
+        >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 2
+        >>> with make_collector(env_fns, policy, horizon=8, background=True) as collector:
+        ...     pipeline = Overlapped(collector, policy.state_dict())
+        ...     first = pipeline.next_rollout()  # the next one is being collected from here on
+        ...     pipeline.learned(policy.state_dict())  # sent out once the rollout in flight is in
+        ...     second = pipeline.next_rollout()  # collected during the "update": with the old weights
+        >>> first.policy_version, second.policy_version, collector.policy_version
+        (0, 0, 1)
     """
 
     def __init__(self, collector: Collector, weights: Mapping[str, torch.Tensor]) -> None:
@@ -57,7 +68,7 @@ class Overlapped:
         self.collector = collector
         self.in_flight = False
         self.in_flight_from: dict[str, Any] | None = None  # collector state from before the rollout in flight
-        self.acting = _cpu_copy(weights)  # the weights collecting it (at first: the collector's policy's)
+        self.acting = cpu_copy(weights)  # the weights collecting it (at first: the collector's policy's)
         self.pending: dict[str, torch.Tensor] | None = None  # newer weights, sent once it is in
 
     def next_rollout(self) -> Rollout:
@@ -74,7 +85,7 @@ class Overlapped:
 
     def learned(self, weights: Mapping[str, torch.Tensor]) -> None:
         """The model after an update; the rollout after the one in flight acts with it."""
-        self.pending = _cpu_copy(weights)
+        self.pending = cpu_copy(weights)
 
     def _send(self, weights: dict[str, torch.Tensor]) -> None:
         self.acting = weights
@@ -91,15 +102,11 @@ class Overlapped:
         collected again with its own weights, then ``weights`` go out (a checkpoint of an alternating
         run has no rollout in flight: ``weights`` collect the next one)."""
         acting = saved.get("acting_model")
-        self._send(_cpu_copy(acting if acting is not None else weights))
-        self.pending = _cpu_copy(weights) if acting is not None else None
+        self._send(cpu_copy(acting if acting is not None else weights))
+        self.pending = cpu_copy(weights) if acting is not None else None
         exact = self.collector.set_state(saved["collector"], reseed=reseed)
         self.in_flight_from = saved["collector"] if exact else self.collector.get_state()
         return exact
-
-
-def _cpu_copy(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
 
 
 Pipeline = Alternating | Overlapped

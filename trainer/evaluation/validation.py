@@ -1,4 +1,4 @@
-"""Evaluation during training (`--eval-every K`): greedy play on held-out validation episodes, the best checkpoint.
+"""Validation during training (``--eval-every K``): greedy play on held-out validation episodes, the best checkpoint.
 
 Every ``K`` iterations the greedy policy plays ``--eval-episodes`` validation episodes, whose
 seeds come from a ``SeedSequence`` branch that neither training nor ``trainer.evaluate``'s
@@ -22,9 +22,10 @@ import torch
 import checkpoints
 import envs
 from trainer.config import TrainConfig
-from trainer.evaluate import best_baseline
-from trainer.evaluation import paired_difference, policy_actions, run_episodes, summarize, validation_seeds
-from trainer.run import make_model
+from trainer.evaluation.baselines import best_baseline
+from trainer.evaluation.episodes import policy_actions, run_episodes, validation_seeds
+from trainer.evaluation.policies import make_model
+from trainer.evaluation.statistics import paired_difference, summarize
 
 
 class Validator:

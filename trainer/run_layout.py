@@ -24,7 +24,9 @@ import torch
 
 import envs
 from collectors.resources import async_workers, largest_divisor_at_most, usable_cores
+from trainer.common.devices import learner_device
 from trainer.config import TrainConfig
+from trainer.registry import algorithm_class
 
 VECTOR_ENVS = {"VREdge-v0": envs.VREdgeVectorEnv}  # natively batched: one vector env per process or actor
 
@@ -77,7 +79,7 @@ class RunLayout:
     factories_per_worker: int  # ray: env factories per actor
     cpus_per_worker: float  # ray: CPUs reserved per actor
     ray_address: str
-    ray_async: bool  # actors collect while the learner learns (--ray-async, or --algo apex on Ray)
+    ray_async: bool  # Ray actors collect while the learner learns (the algorithm's keeps_collecting)
     overlap: bool  # a separate collecting process keeps collecting while this one learns
     collect_threads: int  # torch threads of the collecting process while it collects
     learn_threads: int  # ... and while it learns
@@ -131,6 +133,10 @@ class RunLayout:
                 f"threads: {self.worker_threads} per worker, {here} {self.collect_threads} collecting, this process "
                 f"{self.learn_threads} learning (override: --num-workers, --envs-per-worker, --threads)")
 
+    def iterations(self, cfg: TrainConfig) -> int:
+        """Iterations of the whole run: ``cfg.total_steps`` in learner batches of ``batch_envs x num_steps``."""
+        return max(1, cfg.total_steps // (self.batch_envs * cfg.num_steps))
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -141,23 +147,14 @@ def _count(n: int, noun: str, suffix: str = "s") -> str:
     return f"{n} {noun}{suffix if n != 1 else ''}"
 
 
-def learner_device(name: str, gpus: int) -> str:
-    """``auto`` -> ``cuda`` where there is a GPU, else ``cpu``; an explicit CUDA device needs a GPU."""
-    if name == "auto":
-        return "cuda" if gpus else "cpu"
-    if name.startswith("cuda") and not gpus:
-        raise ValueError("--device cuda requested but CUDA is not available; use --device cpu or auto")
-    return name
-
-
 def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
     """Decide the layout of ``cfg`` on ``machine``; an impossible request is a ``ValueError`` naming the flag."""
     if cfg.env not in gym.registry:
         raise ValueError(f"unknown env id {cfg.env!r}: register it with gymnasium first (e.g. CartPole-v1, "
                          "VREdge-v0)")
     n, cores, notes = cfg.num_envs, machine.cores, []
-    # Ape-X's Ray actors always keep collecting and pushing while the learner learns, as IMPALA's do
-    asynchronous = cfg.ray_async or (cfg.algo == "apex" and cfg.backend == "ray")
+    # the algorithm decides whether its Ray actors keep collecting while it learns (IMPALA's and Ape-X's do)
+    asynchronous = cfg.backend == "ray" and algorithm_class(cfg.algo).keeps_collecting(cfg)
     vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
     workers, main_share, per_worker, cpus = 0, False, 0, 0.0
     # --overlap: the collecting process (and its workers) keep collecting while this one learns,

@@ -1,10 +1,10 @@
-"""Reward scaling by the running standard deviation of the discounted return (``--scale-rewards``)."""
+"""PPO's reward scaling by the running standard deviation of the discounted return (``--scale-rewards``)."""
 
 from __future__ import annotations
 
 import torch
 
-from trainer.moments import merged_moments
+from trainer.common.moments import merged_moments
 
 
 class ReturnScaler:

@@ -23,7 +23,7 @@ class RayCollector(Collector):
     Example (starts a local Ray instance; pass ``ray_address`` to join a cluster):
         >>> import functools, gymnasium as gym
         >>> from collectors import RayCollector
-        >>> from trainer.model import ActorCritic
+        >>> from trainer.ppo.model import ActorCritic
         >>> env = gym.make("CartPole-v1")
         >>> policy = ActorCritic(env.observation_space, env.action_space)
         >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 4

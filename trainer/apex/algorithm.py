@@ -4,16 +4,16 @@ trains a double-DQN on prioritized minibatches and sends weights to the actors n
 One iteration (``python -m trainer.train --algo apex``):
 
 1. the actors collect a ``[T, N]`` rollout with their (stale) copy of the Q-network, env ``i`` acting with
-   Ape-X's ``epsilon_i`` (``trainer.dqn.apex_epsilons`` over all envs);
-2. they turn it into n-step transitions (``trainer.nstep``) and compute initial priorities with that
-   copy, and the transitions enter the replay (``trainer.replay``);
+   Ape-X's ``epsilon_i`` (``trainer.apex.exploration.apex_epsilons`` over all envs);
+2. they turn it into n-step transitions (``trainer.apex.nstep``) and compute initial priorities with that
+   copy (``trainer.apex.dqn``), and the transitions enter the replay (``trainer.apex.replay``);
 3. the learner takes ``replay_ratio x new transitions / batch_size`` prioritized minibatches (once the replay
    holds ``--learning-starts``), updates their priorities, and syncs the target network every
    ``--target-update`` learner steps;
 4. every ``--weights-every`` steps per env, the actors get the learner's weights (``update_policy``).
 
 The actors are the run's collector: ``sync``/``async`` in local mode (``async``: envs in worker processes,
-the acting network in this process), ``ray`` for Ray actors (``trainer.apex_ray.ApexWorker``: each acts with
+the acting network in this process), ``ray`` for Ray actors (``trainer.apex.ray_worker.ApexWorker``: each acts with
 its CPU copy of the network, builds its transitions and their priorities, and is replaced and reseeded when it
 dies, as the ``ray`` backend does).
 """
@@ -22,34 +22,33 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
 
-from collectors import Collector
 from collectors.seeding import env_seeds, noise_keys
 from trainer import __version__
-from trainer.config import TrainConfig
-from trainer.dqn import EpsilonGreedy, QNetwork, apex_epsilons, double_dqn_targets, dqn_loss, priorities, q_taken
-from trainer.flat_params import flat_parameters
-from trainer.metrics import metrics_row
-from trainer.nstep import NStepBuilder
-from trainer.ppo import NonFiniteLossError
-from trainer.replay import PrioritizedReplay
-from trainer.run import copied, model_spaces
+from trainer.algorithm import ENVS_NOT_RESTORED, Algorithm, NonFiniteLossError
+from trainer.apex.dqn import double_dqn_targets, dqn_loss, initial_priorities, priorities, q_taken
+from trainer.apex.exploration import EpsilonGreedy, apex_epsilons
+from trainer.apex.nstep import NStepBuilder
+from trainer.apex.q_network import QNetwork
+from trainer.apex.replay import PrioritizedReplay
+from trainer.common.devices import resolve_device
+from trainer.common.flat_params import flat_parameters
+from trainer.common.spaces import model_spaces
+from trainer.common.state import capture_rng, cpu_copy, restore_rng
+from trainer.config import ConfigError, TrainConfig
+from trainer.metrics import metrics_row, steps_per_second
 
-
-def make_q_network(cfg: TrainConfig) -> QNetwork:
-    """The Q-network for ``cfg.env``: branching with the env's per-head layout where it declares one."""
-    obs_space, act_space, per_head = model_spaces(cfg)
-    torch.manual_seed(cfg.seed)
-    return QNetwork(obs_space, act_space, cfg.hidden_sizes, per_head=per_head)
+if TYPE_CHECKING:
+    from collectors import Collector
+    from trainer.run_layout import RunLayout
 
 
 def transition_example(q: QNetwork) -> TensorDict:
@@ -61,26 +60,41 @@ def transition_example(q: QNetwork) -> TensorDict:
                        "discounts": torch.zeros(())}, batch_size=[])
 
 
-@torch.no_grad()
-def initial_priorities(q: QNetwork, transitions: TensorDictBase) -> torch.Tensor:
-    """Priorities ``[B]`` of new transitions from the actor's own copy of the network (as online and target)."""
-    targets = double_dqn_targets(q, q, transitions)
-    return priorities(targets.unsqueeze(-1) - q_taken(q, transitions["observations"], transitions["actions"]))
-
-
 @dataclass
-class ApexRun:
+class ApeX(Algorithm):
     """Everything an Ape-X run carries from one iteration to the next (and into a checkpoint).
 
-    ``model`` (online) and ``target`` learn on ``device``; ``policy`` is the actors' epsilon-greedy CPU
+    ``model`` (online) and ``target`` learn on ``device``; ``acting`` is the actors' epsilon-greedy CPU
     copy (on Ray: each actor's), whose weights are the learner's after ``version_steps[version]`` learner steps.
+
+    Example (three iterations on CartPole: the replay fills, then the learner starts):
+        >>> from collectors import make_collector
+        >>> from trainer.run_layout import Machine, run_layout
+        >>> cfg = TrainConfig(algo="apex", env="CartPole-v1", num_envs=2, num_steps=16, learning_starts=64,
+        ...                   apex_batch_size=16, device="cpu")
+        >>> layout = run_layout(cfg, Machine(cores=1))
+        >>> apex = ApeX.new(cfg, layout)
+        >>> with make_collector(layout.env_factories(), apex.acting, horizon=cfg.num_steps, seed=cfg.seed,
+        ...                     **apex.collector_options()) as collector:
+        ...     apex.attach(collector)
+        ...     rows = [apex.iterate(start=(0, 0.0)) for _ in range(3)]
+        >>> [r["replay_size"] for r in rows], [r["updates"] for r in rows]  # 3-step transitions; ratio 8
+        ([28, 60, 92], [0, 0, 16])
     """
+
+    description: ClassVar[str] = ("Ape-X: epsilon-greedy actors, prioritized replay, double DQN; Discrete and "
+                                  "MultiDiscrete actions")
+    options: ClassVar[frozenset[str]] = frozenset({
+        "replay_capacity", "replay_alpha", "replay_beta", "replay_ratio", "apex_batch_size", "n_step",
+        "target_update", "weights_every", "learning_starts", "eps_base", "eps_alpha", "save_replay"})
+    model_name: ClassVar[str] = "an Ape-X Q-network"
+    stochastic: ClassVar[bool] = False  # greedy: its exploration is the actors' epsilon
 
     cfg: TrainConfig
     device: torch.device
     model: QNetwork
     target: QNetwork
-    policy: EpsilonGreedy
+    acting: EpsilonGreedy
     optimizer: torch.optim.Optimizer
     replay: PrioritizedReplay
     builder: NStepBuilder
@@ -92,13 +106,36 @@ class ApexRun:
     pulled_at: int = 0  # env steps when the actors last got weights
     credit: float = 0.0  # learner updates owed to the replay ratio, not yet taken
     recent: deque = field(default_factory=lambda: deque(maxlen=100))
+    collector: Collector | None = None
 
     @classmethod
-    def new(cls, cfg: TrainConfig, device: torch.device) -> ApexRun:
+    def check_config(cls, cfg: TrainConfig) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ConfigError(name, getattr(cfg, name), rule)
+        need(not cfg.overlap, "overlap", "is for --algo ppo; Ape-X's actors already act with stale weights")
+        need(not cfg.ray_async, "ray_async", "is for --algo ppo; --algo apex --backend ray collects from the "
+             "actors as they finish by itself")
+        need(not cfg.batch_size, "batch_size", "is for --algo ppo; the Ape-X learner's minibatch is --apex-batch-size")
+
+    @classmethod
+    def keeps_collecting(cls, cfg: TrainConfig) -> bool:
+        return True  # Ape-X's Ray actors always keep collecting and pushing while the learner learns
+
+    @classmethod
+    def make_model(cls, cfg: TrainConfig) -> QNetwork:
+        """The Q-network for ``cfg.env``: branching with the env's per-head split where it declares one."""
+        obs_space, act_space, per_head = model_spaces(cfg)
+        torch.manual_seed(cfg.seed)
+        return QNetwork(obs_space, act_space, cfg.hidden_sizes, per_head=per_head)
+
+    @classmethod
+    def new(cls, cfg: TrainConfig, layout: RunLayout) -> ApeX:
         """A fresh run: online, target and acting networks from ``cfg.seed``, an empty replay, Adam.
 
         Raises ``TypeError`` for an action space DQN cannot take (before anything is written)."""
-        acting = make_q_network(cfg)  # the actors' copy stays on the CPU
+        device = resolve_device(cfg.device)
+        acting = cls.make_model(cfg)  # the actors' copy stays on the CPU
         model, target = copy.deepcopy(acting).to(device), copy.deepcopy(acting).to(device)
         keys = torch.tensor(noise_keys(env_seeds(cfg.seed, cfg.num_envs)), dtype=torch.int64)
         policy = EpsilonGreedy(acting, keys, apex_epsilons(cfg.num_envs, cfg.eps_base, cfg.eps_alpha))
@@ -108,6 +145,20 @@ class ApexRun:
         # eps 1.5e-4 as in Rainbow and Ape-X: Adam's 1e-8 lets tiny second moments blow up noisy TD gradients
         optimizer = torch.optim.Adam([flat_parameters(model)], lr=cfg.lr, eps=1.5e-4, fused=True)
         return cls(cfg, device, model, target, policy, optimizer, replay, NStepBuilder(cfg.n_step, cfg.gamma))
+
+    def start_notes(self) -> list[str]:
+        return [self.replay.describe()]
+
+    def collector_options(self) -> dict[str, Any]:
+        # the transitions go to the replay, on the CPU: the learner samples from there
+        options: dict[str, Any] = {"device": "cpu"}
+        if self.cfg.backend == "ray":  # the actors build transitions and priorities themselves
+            from trainer.apex.ray_worker import ApexWorker  # only here: nothing else loads Ray's plumbing
+            options.update(worker_cls=ApexWorker, worker_kwargs={"n_step": self.cfg.n_step, "gamma": self.cfg.gamma})
+        return options
+
+    def attach(self, collector: Collector) -> None:
+        self.collector = collector
 
     # ------------------------------------------------------------------ learning
     def beta(self) -> float:
@@ -148,17 +199,17 @@ class ApexRun:
             self.target.load_state_dict(self.model.state_dict())
         return {"loss": loss_, "q_mean": q_mean, "td_abs": td_abs, "grad_norm": grad_norm_}
 
-    def iterate(self, collector: Collector, start: tuple[int, float]) -> dict[str, Any]:
+    def iterate(self, start: tuple[int, float]) -> dict[str, Any]:
         """Collect one rollout into the replay, learn what the replay ratio owes, send weights when due;
         returns the metrics row."""
-        cfg, it = self.cfg, self.iteration + 1
+        cfg, it, collector = self.cfg, self.iteration + 1, self.collector
         t0 = time.perf_counter()
         rollout = collector.collect()
         if "priorities" in rollout.batch.keys():  # Ray actors (ApexWorker) built the transitions and priorities
             transitions, prios = rollout.batch.exclude("priorities"), rollout.batch["priorities"]
         else:
             transitions = self.builder.add(rollout)  # none yet while fewer than n steps arrived (n > num_steps)
-            prios = initial_priorities(self.policy.q, transitions) if len(transitions) else torch.zeros(0)
+            prios = initial_priorities(self.acting.q, transitions) if len(transitions) else torch.zeros(0)
         self.replay.add(transitions, prios)
         collected = time.perf_counter() - t0
         lag = self.learner_steps - self.version_steps[rollout.policy_version]
@@ -183,7 +234,7 @@ class ApexRun:
                 del self.version_steps[old]
         self.recent.extend(e["return"] for e in rollout.episodes)
         means = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]} if stats else {}
-        sps = (self.env_steps - start[0]) / (time.perf_counter() - start[1])
+        sps = steps_per_second(start, self.env_steps)
         return metrics_row(it, self.env_steps, sps, lr, {  # policy_lag: in learner steps
             **means, "learner_steps": self.learner_steps, "updates": len(stats), "replay_size": self.replay.size,
             "beta": self.beta(), "inserted_per_s": len(transitions) / max(collected, 1e-9),
@@ -192,27 +243,27 @@ class ApexRun:
         }, rollout, lag)
 
     # ------------------------------------------------------------------ checkpoints
-    def snapshot(self, collector: Collector) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, Any]:
         """The whole state, on the CPU (the replay's storage only with ``--save-replay``)."""
-        return copied({
-            "version": __version__, "algo": "apex", "config": self.cfg.to_dict(),
+        collector = self.collector
+        return cpu_copy({
+            "version": __version__, "algo": self.cfg.algo, "config": self.cfg.to_dict(),
             "iteration": self.iteration, "env_steps": self.env_steps,
             "counters": {"learner_steps": self.learner_steps, "sampled": self.sampled,
                          "acting_steps": self.version_steps[collector.policy_version], "pulled_at": self.pulled_at,
                          "credit": self.credit},
             "model": self.model.state_dict(), "target_model": self.target.state_dict(),
-            "acting_model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "acting_model": self.acting.state_dict(), "optimizer": self.optimizer.state_dict(),
             "nstep": self.builder.state_dict(), "recent_returns": list(self.recent),
             "replay": self.replay.state_dict() if self.cfg.save_replay else None,
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                    "replay": self.replay.generator_state()},
+            "rng": {**capture_rng(), "replay": self.replay.generator_state()},
             "collector": collector.get_state(),
         })
 
-    def restore(self, state: dict[str, Any], collector: Collector) -> bool:
-        """Load a checkpoint; returns whether the envs were restored exactly (a checkpoint without the replay
-        also makes the resumed run differ: ``state["replay"] is None``)."""
+    def restore(self, state: dict[str, Any]) -> list[str]:
+        """Load a checkpoint; notes when the envs could not be restored exactly, or the checkpoint holds no
+        replay (``--save-replay false``)."""
+        collector = self.collector
         self.iteration, self.env_steps = state["iteration"], state["env_steps"]
         c = state["counters"]
         self.learner_steps, self.sampled = c["learner_steps"], c["sampled"]
@@ -224,14 +275,13 @@ class ApexRun:
         self.recent.extend(state["recent_returns"])
         if state["replay"] is not None:
             self.replay.load_state_dict(state["replay"])
-        rng = state["rng"]
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        if torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        self.replay.generator.set_state(rng["replay"])
+        restore_rng(state["rng"])
+        self.replay.generator.set_state(state["rng"]["replay"])
         collector.update_policy(state["acting_model"])  # the stale copy the actors had, not the learner's
         self.version_steps = {collector.policy_version: c["acting_steps"]}
-        return collector.set_state(state["collector"], reseed=self.iteration)
+        notes = [] if state["replay"] is not None else [
+            "the checkpoint holds no replay (--save-replay false): it refills from new experience, so the resumed "
+            "run is not identical to an uninterrupted one"]
+        exact = collector.set_state(state["collector"], reseed=self.iteration)
+        return notes + ([] if exact else [ENVS_NOT_RESTORED])
 

@@ -1,4 +1,5 @@
-"""The PPO update on one ``[T, N]`` rollout that is already on the learner's device."""
+"""The PPO update on one ``[T, N]`` rollout that is already on the learner's device: the clipped-surrogate loss
+and the epochs of minibatches over it."""
 
 from __future__ import annotations
 
@@ -6,58 +7,20 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDictBase
 
-from trainer.gae import compute_gae, next_values
-from trainer.model import ActorCritic
-from trainer.vtrace import vtrace
+from trainer.algorithm import NonFiniteLossError
+from trainer.ppo.model import ActorCritic
 
 
-class NonFiniteLossError(RuntimeError):
-    """A loss became NaN or inf; the model keeps its last good weights."""
-
-
-def _bootstrap(model: ActorCritic, batch: TensorDictBase, values: torch.Tensor, last_obs: torch.Tensor):
-    """Next-step values ``[T, N]``; truncated steps bootstrap from the value of their final observation."""
-    trunc = batch["truncated"]
-    final_values = torch.zeros_like(values)
-    if trunc.any():  # one host sync per rollout, not per minibatch
-        final_values[trunc] = model.value(batch["final_observations"][trunc])
-    return next_values(values, model.value(last_obs), final_values, batch["terminated"], trunc)
-
-
-def advantages_and_returns(model: ActorCritic, batch: TensorDictBase, last_obs: torch.Tensor, gamma: float,
-                           lam: float, reward_scale: torch.Tensor | float = 1.0):
-    """GAE on the device with the values the behaviour policy recorded."""
-    with torch.no_grad():
-        values = batch["values"]
-        nxt = _bootstrap(model, batch, values, last_obs)
-        done = batch["terminated"] | batch["truncated"]
-        return compute_gae(batch["rewards"] * reward_scale, values, nxt, done, gamma, lam)
-
-
-def vtrace_targets(model: ActorCritic, batch: TensorDictBase, last_obs: torch.Tensor, gamma: float,
-                   rho_bar: float, c_bar: float, reward_scale: torch.Tensor | float = 1.0):
-    """V-trace for a batch collected by an older policy version (IMPALA-style collection).
-
-    Re-evaluates log-probs and values under the current model, and rewrites the batch's
-    ``log_probs`` / ``values`` with them: the PPO ratio then starts at 1 for the current
-    policy, while V-trace has already corrected the targets for the behaviour policy.
-    Returns ``(advantages, returns)``.
-    """
-    with torch.no_grad():
-        t, n = batch.batch_size
-        logp, _, values = model.evaluate(batch["observations"].flatten(0, 1), batch["actions"].flatten(0, 1))
-        logp, values = logp.reshape(t, n), values.reshape(t, n)
-        nxt = _bootstrap(model, batch, values, last_obs)
-        done = batch["terminated"] | batch["truncated"]
-        vs, adv = vtrace(batch["log_probs"], logp, batch["rewards"] * reward_scale, values, nxt, done, gamma,
-                         rho_bar, c_bar)
-        batch["log_probs"].copy_(logp)  # the batch is a locked (consolidated) TensorDict: write in place
-        batch["values"].copy_(values)
-        return adv, vs
+def minibatch_generator(seed: int, iteration: int, device: torch.device) -> torch.Generator:
+    """The minibatch shuffles of one iteration: derived from (seed, iteration), so no device-specific
+    generator state needs to be stored, and a run resumes on another device."""
+    return torch.Generator(device=device).manual_seed(int(np.random.SeedSequence([seed, 2, iteration])
+                                                          .generate_state(1)[0]))
 
 
 def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -85,7 +48,7 @@ class PPOSettings:
 
     @classmethod
     def from_config(cls, cfg: Any, minibatch_size: int) -> PPOSettings:
-        """From a ``TrainConfig`` and the planned minibatch size (``trainer.batching.plan_minibatches``)."""
+        """From a ``TrainConfig`` and the planned minibatch size (``trainer.ppo.batching.plan_minibatches``)."""
         return cls(epochs=cfg.epochs, minibatch_size=minibatch_size, clip_coef=cfg.clip_coef,
                    clip_value=cfg.clip_value, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
                    max_grad_norm=cfg.max_grad_norm, norm_adv=cfg.norm_adv, target_kl=cfg.target_kl or None)

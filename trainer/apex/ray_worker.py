@@ -1,4 +1,7 @@
-"""The Ape-X tier's Ray actors (imported only for ``--algo apex --backend ray``: nothing else loads Ray's plumbing)."""
+"""The Ape-X tier's Ray actors (imported only for ``--algo apex --backend ray``: nothing else loads Ray's plumbing).
+
+An actor imports what it acts with and nothing of the learner's side: no replay, no checkpoints, no run directory.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +10,9 @@ import torch
 
 from collectors.backends.ray_ import RolloutWorker
 from collectors.seeding import noise_keys
-from trainer.apex import initial_priorities
-from trainer.dqn import EpsilonGreedy
-from trainer.nstep import NStepBuilder
+from trainer.apex.dqn import initial_priorities
+from trainer.apex.exploration import EpsilonGreedy
+from trainer.apex.nstep import NStepBuilder
 
 
 class ApexWorker(RolloutWorker):

@@ -8,8 +8,9 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from trainer import noise
-from trainer.moments import merged_moments
+from trainer.common import noise
+from trainer.common.moments import merged_moments
+from trainer.common.spaces import action_heads
 
 
 class RunningNorm(nn.Module):
@@ -61,7 +62,8 @@ def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:
     return layer
 
 
-def _mlp(n_in: int, hidden: tuple[int, ...]) -> nn.Sequential:
+def _tanh_mlp(n_in: int, hidden: tuple[int, ...]) -> nn.Sequential:
+    """``tanh`` hidden layers, orthogonally initialised with gain sqrt(2) (the PPO convention)."""
     layers, size = [], n_in
     for h in hidden:
         layers += [_layer(size, h, math.sqrt(2)), nn.Tanh()]
@@ -138,14 +140,14 @@ class ActorCritic(nn.Module):
         super().__init__()
         if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
             raise TypeError(f"ActorCritic needs a flat Box observation space, got {obs_space}")
-        if isinstance(act_space, gym.spaces.Discrete):
-            self.kind, self.nvec = "discrete", [int(act_space.n)]
-        elif isinstance(act_space, gym.spaces.MultiDiscrete) and act_space.nvec.ndim == 1:
-            self.kind, self.nvec = "multi", [int(n) for n in act_space.nvec]
-        elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
-            self.kind, self.act_dim = "box", act_space.shape[0]
-        else:
+        heads = action_heads(act_space)
+        if heads is None:
             raise TypeError(f"unsupported action space {act_space}: use Discrete, 1-D MultiDiscrete or 1-D Box")
+        self.kind = heads.kind
+        if self.kind == "box":
+            self.act_dim = heads.sizes[0]
+        else:
+            self.nvec = heads.sizes
         torch.manual_seed(seed)
         n_obs = obs_space.shape[0]
         self.per_head = _check_per_head(per_head, self, n_obs, shared_trunk)
@@ -154,9 +156,9 @@ class ActorCritic(nn.Module):
         self.nets = None if per_head or shared_trunk else StackedMLP(n_obs, hidden, outputs=((n_out, 0.01), (1, 1.0)))
         if self.nets is None:
             if per_head:  # the actor reads per-head rows, the critic the whole observation
-                self.actor_trunk, self.critic_trunk = _mlp(sum(per_head), hidden), _mlp(n_obs, hidden)
+                self.actor_trunk, self.critic_trunk = _tanh_mlp(sum(per_head), hidden), _tanh_mlp(n_obs, hidden)
             else:
-                self.actor_trunk = self.critic_trunk = _mlp(n_obs, hidden)
+                self.actor_trunk = self.critic_trunk = _tanh_mlp(n_obs, hidden)
             self.actor_head = _layer(hidden[-1], n_out, 0.01)
             self.critic_head = _layer(hidden[-1], 1, 1.0)
         if self.kind == "box":
@@ -211,7 +213,7 @@ class ActorCritic(nn.Module):
         """Sample actions for ``[N, obs]``: ``action``, ``log_prob`` and ``value`` (``[N]``).
 
         With ``noise_keys`` and ``steps`` (``int64 [N]``, what ``RolloutCollector`` passes), the
-        noise of row ``i`` is a function of ``(noise_keys[i], steps[i])`` only (``trainer.noise``),
+        noise of row ``i`` is a function of ``(noise_keys[i], steps[i])`` only (``trainer.common.noise``),
         so a row's action does not depend on the other rows; without them, the module's own
         ``generator`` is used (evaluation, callers without keys).
         """

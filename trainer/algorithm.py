@@ -1,0 +1,123 @@
+"""What the training loop asks of an algorithm. The loop (``trainer.train``) never asks which algorithm runs.
+
+An algorithm is a subclass of :class:`Algorithm`, found by its ``--algo`` name in ``trainer.registry``. A run:
+
+1. the config is checked, by :class:`~trainer.config.TrainConfig` and by the algorithm
+   (:meth:`~Algorithm.check_config`), and laid out on the machine (``trainer.run_layout``, which asks
+   :meth:`~Algorithm.keeps_collecting`);
+2. the algorithm is built (:meth:`~Algorithm.new`): networks, optimizer, its acting policy;
+3. a collector is built around its acting policy (:attr:`~Algorithm.acting`, with
+   :meth:`~Algorithm.collector_options`) and attached (:meth:`~Algorithm.attach`); when resuming, the
+   checkpoint is restored (:meth:`~Algorithm.restore`);
+4. the loop calls :meth:`~Algorithm.iterate` (a rollout in, a metrics row out) until the run is done, and
+   takes a :meth:`~Algorithm.snapshot` after each completed iteration: the snapshot is what a checkpoint holds.
+
+A snapshot is a dict of CPU tensors and plain data (``torch.load(weights_only=True)`` reads it) with at least
+``version``, ``config`` (``TrainConfig.to_dict()``), ``iteration``, ``env_steps`` and ``model`` (the state dict
+of :meth:`~Algorithm.make_model`'s network, which evaluation and validation play).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from torch import nn
+
+if TYPE_CHECKING:
+    from collectors import Collector
+    from collectors.base import Policy
+    from trainer.config import TrainConfig
+    from trainer.run_layout import RunLayout
+
+# the note a resume prints when the collector could not restore its envs (they offer no get_state())
+ENVS_NOT_RESTORED = ("these envs offer no get_state(): their episodes restart from derived seeds, so the resumed "
+                     "run is not identical to an uninterrupted one")
+
+
+class NonFiniteLossError(RuntimeError):
+    """A loss became NaN or inf; the model keeps its last good weights (the loop saves the last completed
+    iteration and re-raises it, saying where that checkpoint is)."""
+
+
+class Algorithm(ABC):
+    """A learning algorithm as the loop drives it (see the module docstring for the order of the calls).
+
+    Subclasses are registered in ``trainer.registry``; ``trainer.ppo.PPO`` and ``trainer.apex.ApeX`` are the
+    two the project ships, and ``tests/test_algorithm.py`` trains a third that acts at random.
+    """
+
+    description: ClassVar[str]  # one line for --algo's help
+    model_name: ClassVar[str]  # what its model is, for messages ("an Ape-X Q-network")
+    options: ClassVar[frozenset[str]] = frozenset()  # TrainConfig fields only this algorithm reads
+    stochastic: ClassVar[bool] = True  # whether its model samples actions (trainer.evaluate --stochastic)
+
+    # the run's state that the loop reads
+    cfg: TrainConfig
+    iteration: int  # completed iterations
+    env_steps: int
+    recent: deque  # returns of the latest finished episodes (the progress bar, the summary)
+    model: nn.Module  # the learned network: a checkpoint's "model", validated with --eval-every
+    acting: Policy  # the policy the collector runs
+
+    # ------------------------------------------------------------------ before the run exists
+    @classmethod  # noqa: B027 - not abstract: most algorithms have no rules of their own
+    def check_config(cls, cfg: TrainConfig) -> None:
+        """Raise ``ConfigError`` for settings this algorithm cannot run with (beyond ``TrainConfig.validate``)."""
+
+    @classmethod
+    def keeps_collecting(cls, cfg: TrainConfig) -> bool:
+        """Whether, on Ray, the actors keep collecting while it learns (``collect()`` then returns the first
+        actor's rollout that is ready, one actor's slice of the envs)."""
+        return False
+
+    @classmethod
+    @abstractmethod
+    def make_model(cls, cfg: TrainConfig) -> nn.Module:
+        """The network a snapshot's ``model`` holds, freshly built for ``cfg`` on the CPU."""
+
+    @classmethod
+    @abstractmethod
+    def new(cls, cfg: TrainConfig, layout: RunLayout) -> Algorithm:
+        """A fresh run of ``cfg`` laid out as ``layout``. Anything the env or the layout does not allow fails
+        here, before the run directory is touched."""
+
+    def start_notes(self) -> list[str]:
+        """Lines for the user when the run starts (after the run layout's)."""
+        return []
+
+    # ------------------------------------------------------------------ the collector
+    def collector_options(self) -> dict[str, Any]:
+        """``make_collector`` options it needs besides the layout's (``device``, a Ray worker class, ...)."""
+        return {}
+
+    @abstractmethod
+    def attach(self, collector: Collector) -> None:
+        """The collector built around :attr:`acting`; weights go to it through ``update_policy`` only."""
+
+    # ------------------------------------------------------------------ the loop
+    @abstractmethod
+    def iterate(self, start: tuple[int, float]) -> dict[str, Any] | None:
+        """One iteration: take the next rollout from the collector, learn from it, send weights when due;
+        returns the metrics row (``trainer.metrics.metrics_row``), or ``None`` for a rollout it chose not to
+        learn from (the iteration is then not complete). ``start`` is ``(env_steps, time.perf_counter())`` when
+        the loop began (for steps per second)."""
+
+    @abstractmethod
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state after the last completed iteration, copied to the CPU (see the module docstring)."""
+
+    @abstractmethod
+    def restore(self, state: dict[str, Any]) -> list[str]:
+        """Continue from a snapshot (after :meth:`attach`); returns notes on how the resumed run will differ
+        from an uninterrupted one (``[]``: it will not)."""
+
+    # ------------------------------------------------------------------ the end
+    def summary(self) -> dict[str, Any]:
+        """Entries it adds to ``trainer.train.train``'s summary."""
+        return {}
+
+    def end_notes(self) -> list[str]:
+        """Lines for the user when the run has finished."""
+        return []

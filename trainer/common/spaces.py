@@ -1,0 +1,51 @@
+"""What a model needs to know of its env: the observation and action spaces, and how actions split into heads."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import gymnasium as gym
+
+import envs  # noqa: F401 - registers VREdge-v0
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
+
+
+class ActionHeads(NamedTuple):
+    """How a policy acts in an action space: ``kind`` is ``"discrete"`` (one categorical head), ``"multi"``
+    (a 1-D ``MultiDiscrete``: one categorical head per entry) or ``"box"`` (a 1-D ``Box`` of reals);
+    ``sizes`` are the actions of each head (for ``"box"``: the action's dimension, one entry)."""
+
+    kind: str
+    sizes: list[int]
+
+
+def action_heads(space: gym.Space) -> ActionHeads | None:
+    """The heads of ``space``, or ``None`` for a space no model here acts in (each model says what it takes).
+
+    >>> action_heads(gym.spaces.MultiDiscrete([3, 3])), action_heads(gym.spaces.Tuple([]))
+    (ActionHeads(kind='multi', sizes=[3, 3]), None)
+    """
+    if isinstance(space, gym.spaces.Discrete):
+        return ActionHeads("discrete", [int(space.n)])
+    if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        return ActionHeads("multi", [int(n) for n in space.nvec])
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+        return ActionHeads("box", [int(space.shape[0])])
+    return None
+
+
+def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int] | None]:
+    """``(observation space, action space, per-head observation split or None)`` of ``cfg.env`` as
+    ``--policy-arch`` asks: the env's ``head_observation_layout`` ``(features per head, shared features)``
+    where it declares one (``auto``, ``per_head``), none for ``flat``."""
+    env = gym.make(cfg.env, **cfg.env_options)
+    try:
+        split = getattr(env.unwrapped, "head_observation_layout", None)
+        if cfg.policy_arch == "per_head" and split is None:
+            raise ValueError(f"--policy-arch per_head: {cfg.env} declares no head_observation_layout; use flat")
+        per_head = split if cfg.policy_arch in ("auto", "per_head") else None
+        return env.observation_space, env.action_space, per_head
+    finally:
+        env.close()

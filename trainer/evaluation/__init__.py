@@ -1,0 +1,25 @@
+"""Evaluation: playing a policy over whole held-out episodes, and the statistics of what it scored.
+
+The words: *evaluation* plays a trained policy on test episodes (``python -m trainer.evaluate``);
+*validation* plays it on validation episodes during training (``--eval-every``, :mod:`.validation`) to pick
+the best checkpoint. Each has its own seeds, and training never uses either.
+
+- :mod:`.episodes`: the held-out seeds and env arguments, :func:`run_episodes`, one record per episode;
+- :mod:`.statistics`: means with 95% CIs, paired differences, the gap closed, Jain's index;
+- :mod:`.policies`: a checkpoint's policy (the run's best or latest), built by its algorithm;
+- :mod:`.baselines`: the heuristic baselines a policy is compared with, and the best of them;
+- :mod:`.report`: the results table and plot;
+- :mod:`.validation`: validation during training and the ``best`` checkpoint pointer.
+"""
+
+from trainer.evaluation.episodes import (
+    evaluation_seeds,
+    held_out_env_kwargs,
+    policy_actions,
+    run_episodes,
+    validation_seeds,
+)
+from trainer.evaluation.statistics import gap_closed, jain_index, paired_difference, summarize, t_quantile_975
+
+__all__ = ["evaluation_seeds", "gap_closed", "held_out_env_kwargs", "jain_index", "paired_difference",
+           "policy_actions", "run_episodes", "summarize", "t_quantile_975", "validation_seeds"]

@@ -1,0 +1,37 @@
+"""The heuristic baselines a policy is compared with (VR-edge's), and the best of them on given episodes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gymnasium as gym
+
+import envs
+from trainer.evaluation.episodes import run_episodes
+from trainer.evaluation.statistics import summarize
+
+
+def baseline_names(spec: str, env_id: str) -> list[str]:
+    """The baselines ``--baselines`` names (``all``, ``none`` or a comma-separated list); none for envs other
+    than VR-edge, which has them."""
+    if spec in ("", "none"):
+        return []
+    names = list(envs.BASELINES) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in envs.BASELINES]
+    if unknown:
+        raise ValueError(f"unknown baseline(s) {', '.join(unknown)}; expected 'all', 'none' or names from "
+                         f"{', '.join(envs.BASELINES)}")
+    return names if env_id == "VREdge-v0" else []
+
+
+def best_baseline(names: list[str], config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], seeds: list[int]
+                  ) -> tuple[str | None, dict[str, list[dict[str, float]]]]:
+    """The baseline with the highest reward per step on the episodes of ``seeds``, and every baseline's records.
+
+    Pick it on other episodes than those it is then compared on: the best of several baselines
+    on the test episodes is, by selection, lucky on them, which would shrink the policy's lead.
+    """
+    played = {name: run_episodes(envs.make_baseline(name, config), env_fn, len(seeds), 0, seeds=seeds)
+              for name in names}
+    best = max(names, key=lambda n: summarize(played[n])["reward_per_step"]) if names else None
+    return best, played

@@ -1,0 +1,62 @@
+"""A trained policy from a checkpoint: the run's best or latest, built by the algorithm that trained it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+from torch import nn
+
+import checkpoints
+from trainer.config import TrainConfig
+from trainer.registry import ALGORITHMS, algorithm_class
+
+
+def make_model(cfg: TrainConfig) -> nn.Module:
+    """The network ``cfg``'s algorithm learns (what a checkpoint's ``model`` holds), freshly built on the CPU."""
+    return algorithm_class(cfg.algo).make_model(cfg)
+
+
+def load_policy(path: str | Path, pick: str = "latest") -> tuple[nn.Module, TrainConfig, Path]:
+    """The policy of a checkpoint file, or of a run directory's ``pick`` (``best``: the ``best`` pointer
+    when there is one, else the newest loadable checkpoint; ``latest``: the newest loadable), on the CPU, frozen."""
+    best = checkpoints.best_checkpoint(path) if pick == "best" and Path(path).is_dir() else None
+    if best is not None:
+        path = best
+    source, state, problems = checkpoints.latest_loadable(path)
+    for p in problems:
+        print(f"skipped {p}", file=sys.stderr)
+    model, cfg = policy_from_state(state, source)
+    return model, cfg, source
+
+
+def policy_from_state(state: dict[str, Any], source: Path) -> tuple[nn.Module, TrainConfig]:
+    """The frozen CPU policy and training config of a loaded checkpoint ``state`` (read from ``source``)."""
+    cfg = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.__dataclass_fields__})
+    try:
+        gym.spec(cfg.env)
+    except gym.error.Error:
+        raise ValueError(f"{source} was trained on {cfg.env}, which is not registered in this process; register it "
+                         "(gym.register) in the process that loads the policy") from None
+    if cfg.algo not in ALGORITHMS:
+        raise ValueError(f"{source} was trained with --algo {cfg.algo}, which is not registered in this process "
+                         f"(trainer.registry has {', '.join(ALGORITHMS)})")
+    model = make_model(cfg)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        raise ValueError(f"{source}: its network does not fit {cfg.env} as this process builds it (different "
+                         "spaces or env parameters?): " + str(e).strip().splitlines()[-1].strip()) from None
+    return model.eval(), cfg
+
+
+def checkpoint_label(given: str | Path, source: Path, pick: str) -> str:
+    """Which checkpoint ``source`` is for the path the user gave: the run's best or latest, or that file."""
+    if Path(given).is_file():
+        return "the checkpoint file"
+    best = checkpoints.best_checkpoint(given)
+    if pick == "best" and best is not None and best.resolve() == source.resolve():
+        return "the best checkpoint (validation)"
+    return "the latest checkpoint" + (" (the run has no best checkpoint)" if pick == "best" else "")

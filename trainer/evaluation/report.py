@@ -1,0 +1,59 @@
+"""What an evaluation writes: the results table, the plot, and the check that its output directory is writable."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (("mean_return", "return"), ("reward_per_step", "reward/step"), ("quality", "quality"),
+           ("stall_s", "stall s/step"), ("switches", "switches/step"), ("qoe_lin", "QoE_lin/user"),
+           ("fairness", "Jain fairness"))
+
+
+def format_table(results: dict[str, dict[str, Any]]) -> str:
+    """One row per policy (``summarize``'s output): mean ± 95% CI of the columns any of them has."""
+    present = [(k, title) for k, title in COLUMNS if any(k in r for r in results.values())]
+    head = f"{'policy':<22}" + "".join(f"{title:>22}" for _, title in present)
+    lines = [head, "-" * len(head)]
+    for name, r in results.items():
+        cells = "".join(f"{r[k]:>12.3f} ± {r[k + '_ci95']:<7.3f}" if k in r else f"{'-':>22}" for k, _ in present)
+        lines.append(f"{name:<22}{cells}")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict[str, Any]], run_dir: Path, out: Path) -> Path | None:
+    """Reward per step of each policy, next to the run's training curve; ``None`` without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+    names = list(results)
+    ax1.bar(names, [results[n]["reward_per_step"] for n in names],
+            yerr=[results[n]["reward_per_step_ci95"] for n in names], capsize=4)
+    ax1.set_ylabel("mean reward per step (95% CI)")
+    ax1.tick_params(axis="x", rotation=30)
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        ax2.plot([r["env_steps"] for r in rows], [r["reward_per_step"] for r in rows])
+        ax2.set_xlabel("env steps")
+        ax2.set_ylabel("training reward per step")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def check_writable(directory: Path, what: str = "the evaluation outputs") -> None:
+    """Raise ``ValueError`` naming ``directory`` when files cannot be created in it."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".check-", suffix=".tmp"):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write {what} to {directory}: {e.strerror or e}; pass --out DIR") from None

@@ -1,0 +1,13 @@
+"""PPO: an actor-critic learns on-policy from ``[T, N]`` rollouts on the learner's device.
+
+- :mod:`.algorithm`: :class:`~trainer.ppo.algorithm.PPO`, the run's state and one iteration, as the loop drives it;
+- :mod:`.model`: the actor-critic (``ActorCritic``, observation normalisation, stacked MLPs);
+- :mod:`.targets`: how each step bootstraps, GAE, V-trace;
+- :mod:`.update`: the clipped-surrogate loss and the epochs of minibatches (``ppo_update``);
+- :mod:`.batching`: the minibatch planner (``python -m trainer.batching``);
+- :mod:`.pipeline`: where each rollout comes from (collected after the update, or during it: ``--overlap``);
+- :mod:`.reward_scaling`: ``--scale-rewards``;
+- :mod:`.export`: a trained policy as a TorchScript / ONNX file (``python -m trainer.export``).
+
+The package imports nothing at import time: ``import trainer.ppo.model`` loads only what the model needs.
+"""

@@ -1,0 +1,299 @@
+"""A PPO policy as one self-contained file (TorchScript and/or ONNX), verified against the trained model; its
+command line is ``python -m trainer.export``.
+
+Writes ``policy.pt`` (TorchScript, ``torch.jit.load``) and/or ``policy.onnx`` (ONNX opset
+``OPSET``, dynamic batch axis; needs the ``export`` extra) and the card ``policy.json``. Each file
+maps raw float32 observations ``obs [B, obs_dim]`` to ``action`` (greedy), ``probs [B, heads, max
+actions]`` and ``value [B]``, with the frozen observation normaliser inside. Before anything is
+written, each file is reloaded from disk and run next to the trained model on observations from
+held-out seeds and at the bounds of the observation space; the export fails unless the greedy
+actions are identical and the probabilities agree within ``atol``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import importlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+import checkpoints
+import envs  # noqa: F401  (registers VREdge-v0)
+from trainer import __version__
+from trainer.evaluation.episodes import run_episodes
+from trainer.evaluation.policies import policy_from_state
+from trainer.evaluation.report import check_writable
+from trainer.ppo.model import ActorCritic
+from trainer.registry import algorithm_class
+
+OPSET = 18  # supported by every ONNX Runtime since 1.14 and by torch's dynamo exporter
+ATOL = 1e-5
+FILES = {"torchscript": "policy.pt", "onnx": "policy.onnx"}
+CARD = "policy.json"
+OUTPUTS = ("action", "probs", "value")
+ONNX_MODULES = ("onnx", "onnxruntime", "onnxscript")
+EDGE_BOUND = 1e3  # where an infinite bound of the observation space is cut for the edge-case observations
+MAX_OBSERVATIONS = 512
+
+
+class ExportError(ValueError):
+    """An exported policy disagrees with the trained model."""
+
+
+class ExportedPolicy(nn.Module):
+    """A categorical policy as one traceable function: raw observations in, greedy actions out.
+
+    ``forward(obs [B, obs_dim] float32) -> (action, probs, value)``: ``action`` is ``[B]``
+    (Discrete) or ``[B, heads]`` (MultiDiscrete) int64, ``probs`` is ``[B, heads, max actions]``
+    (ragged heads padded with probability 0), ``value`` is ``[B]``. It runs the model's own
+    normaliser (frozen statistics), actor and critic in one pass, so it computes what
+    ``act_deterministic``, ``action_probs`` and ``value`` compute.
+
+    Example:
+        >>> import gymnasium as gym, torch
+        >>> env = gym.make("CartPole-v1")
+        >>> model = ActorCritic(env.observation_space, env.action_space, seed=0).eval()
+        >>> action, probs, value = ExportedPolicy(model)(torch.zeros(3, 4))
+        >>> torch.equal(action, model.act_deterministic(torch.zeros(3, 4))), probs.shape, value.shape
+        (True, torch.Size([3, 1, 2]), torch.Size([3]))
+    """
+
+    def __init__(self, model: ActorCritic) -> None:
+        super().__init__()
+        if model.kind == "box":
+            raise ValueError("export supports Discrete and MultiDiscrete action spaces; this policy has a Box one")
+        self.model = model
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out, value = self.model._heads(obs)
+        logp = self.model._grouped_log_probs(out)
+        return self.model._shape_action(logp.argmax(-1)), logp.exp(), value
+
+
+def export_file(policy: ExportedPolicy, fmt: str, path: Path, obs_dim: int) -> None:
+    """Write ``policy`` to ``path`` as ``fmt`` ("torchscript" or "onnx"), for any batch size."""
+    example = torch.zeros(2, obs_dim)  # not 1: an exporter may take a batch of 1 for a constant
+    policy.eval()
+    with torch.no_grad(), warnings.catch_warnings():
+        # TorchScript is deprecated in favour of torch.export, but unlike a .pt2 file it loads in
+        # any PyTorch 2.x and in libtorch (C++), which is where a shipped policy runs
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated")
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)  # torch's own pytree use
+        warnings.simplefilter("error", torch.jit.TracerWarning)  # a trace that depends on the example batch
+        if fmt == "torchscript":
+            torch.jit.trace(policy, example).save(str(path))
+            return
+        with _quiet("torch.onnx"):
+            torch.onnx.export(policy, (example,), str(path), dynamo=True, opset_version=OPSET,
+                              input_names=["obs"], output_names=list(OUTPUTS),
+                              dynamic_shapes={"obs": {0: torch.export.Dim("batch")}}, verbose=False,
+                              external_data=False)  # one self-contained file
+
+
+@contextlib.contextmanager
+def _quiet(logger: str):
+    """Silence a library's warnings that concern nothing we export (e.g. 'torchvision is not installed')."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def run_exported(path: Path, obs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(action, probs, value)`` of an exported file, loaded from disk as a user would load it."""
+    if path.suffix == ".onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return tuple(session.run(list(OUTPUTS), {"obs": obs}))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.load` is deprecated")  # see export_file
+        module = torch.jit.load(str(path))
+    with torch.no_grad():
+        return tuple(t.numpy() for t in module(torch.from_numpy(obs)))
+
+
+@torch.no_grad()
+def reference_outputs(model: ActorCritic, obs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """What the trained model itself says: greedy actions, probabilities and values."""
+    x = torch.from_numpy(obs)
+    return model.act_deterministic(x).numpy(), model.action_probs(x).numpy(), model.value(x).numpy()
+
+
+def verification_observations(model: ActorCritic, env_id: str, seed: int, episodes: int = 4) -> np.ndarray:
+    """Observations ``[N, obs_dim]`` float32 to compare a policy on.
+
+    Those the greedy policy meets in ``episodes`` episodes on held-out seeds (the evaluation
+    branch, which training never uses), evenly thinned to ``MAX_OBSERVATIONS``, then the
+    bounds of the observation space (infinite ones cut at ``EDGE_BOUND``): low, high, zeros,
+    their midpoint, and 16 uniform draws between them.
+    """
+    seen: list[np.ndarray] = []
+
+    def greedy(obs: np.ndarray) -> np.ndarray:
+        seen.append(obs)
+        return model.act_deterministic(torch.from_numpy(obs).float()).numpy()
+
+    run_episodes(greedy, lambda: gym.make(env_id), episodes, seed)
+    probe = gym.make(env_id)
+    space = probe.observation_space
+    probe.close()
+    played = np.concatenate(seen).astype(np.float32)
+    played = played[np.linspace(0, len(played) - 1, min(len(played), MAX_OBSERVATIONS)).astype(int)]
+    low, high = (np.clip(b.astype(np.float64), -EDGE_BOUND, EDGE_BOUND) for b in (space.low, space.high))
+    uniform = np.random.default_rng(seed).uniform(low, high, size=(16, len(low)))
+    edges = np.stack([low, high, np.zeros_like(low), (low + high) / 2, *uniform]).astype(np.float32)
+    return np.concatenate([played, edges])
+
+
+def verify(model: ActorCritic, path: Path, obs: np.ndarray, atol: float = ATOL) -> dict[str, Any]:
+    """Compare an exported file with ``model`` on ``obs`` (as one batch, and one row alone).
+
+    Returns the numbers; raises :class:`ExportError` unless every greedy action is identical
+    and every probability (and value, relative to its size) agrees within ``atol``.
+    """
+    ref = reference_outputs(model, obs)
+    got = run_exported(path, obs)
+    single = run_exported(path, obs[:1])  # the batch axis is dynamic
+    got = tuple(np.concatenate([g, s]) for g, s in zip(got, single))
+    ref = tuple(np.concatenate([r, r[:1]]) for r in ref)
+    rows = (got[0] == ref[0]).reshape(len(obs) + 1, -1).all(1)
+    prob_diff = float(np.abs(got[1] - ref[1]).max())
+    value_diff = float(np.abs(got[2] - ref[2]).max())
+    value_tol = atol * max(1.0, float(np.abs(ref[2]).max()))
+    numbers = {"observations": len(obs), "actions_identical": int(rows[:-1].sum()),
+               "max_abs_prob_diff": prob_diff, "max_abs_value_diff": value_diff, "atol": atol}
+    print(f"{path.name}: {len(obs)} observations, greedy actions identical on {numbers['actions_identical']}/"
+          f"{len(obs)}, max |prob diff| {prob_diff:.2e}, max |value diff| {value_diff:.2e} (atol {atol:g})")
+    if not rows.all() or prob_diff > atol or value_diff > value_tol:
+        raise ExportError(f"{path.name} disagrees with the trained model: greedy actions identical on "
+                          f"{int(rows.sum())}/{len(rows)} rows (the last one run alone), "
+                          f"max |prob diff| {prob_diff:.2e}, max |value diff| {value_diff:.2e} (atol {atol:g})")
+    return numbers
+
+
+def _space(space: gym.Space) -> dict[str, Any]:
+    if isinstance(space, gym.spaces.Box):
+        def bound(b: np.ndarray) -> list:
+            return [float(v) if np.isfinite(v) else str(float(v)) for v in b.reshape(-1)]  # JSON has no inf
+        return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype),
+                "low": bound(space.low), "high": bound(space.high)}
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n)}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist()}
+    return {"type": type(space).__name__, "repr": str(space)}
+
+
+def _env_card(env_id: str) -> dict[str, Any]:
+    env = gym.make(env_id)
+    try:
+        config = getattr(env.unwrapped, "config", None)
+        params = ({f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
+                  if dataclasses.is_dataclass(config) else None)
+        return {"id": env_id, "observation_space": _space(env.observation_space),
+                "action_space": _space(env.action_space), "config": params}
+    finally:
+        env.close()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _need_onnx() -> None:
+    missing = []
+    for name in ONNX_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ValueError(f"--format onnx needs {', '.join(missing)} (the export extra): pip install -e '.[export]', "
+                         "or pass --format torchscript")
+
+
+def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = None, seed: int = 0,
+           atol: float = ATOL) -> dict[str, Any]:
+    """Export, verify and describe the policy of ``checkpoint`` (a file, or a run directory: its newest
+    loadable checkpoint); returns the card. Nothing lands in ``out`` unless every file passes."""
+    if "onnx" in formats:
+        _need_onnx()
+    source, state, problems = checkpoints.latest_loadable(checkpoint)
+    for p in problems:
+        print(f"skipped {p}", file=sys.stderr)
+    model, cfg = policy_from_state(state, source)
+    if not isinstance(model, ActorCritic):
+        raise ValueError(f"{source} is {algorithm_class(cfg.algo).model_name} (--algo {cfg.algo}); trainer.export "
+                         "ships PPO policies (probabilities and values); evaluate it with trainer.evaluate")
+    policy = ExportedPolicy(model)  # before any file is written: a Box policy fails here
+    run_dir = checkpoints.run_dir_of(source)
+    out = Path(out) if out else run_dir / "export"
+    check_writable(out, "the exported policy")
+    for stale in out.glob(".export-*"):  # stage folders of an export that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    env_card = _env_card(cfg.env)
+    obs_dim = env_card["observation_space"]["shape"][0]
+    obs = verification_observations(model, cfg.env, seed)
+    stage = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    try:
+        files = {}
+        for fmt in formats:
+            path = stage / FILES[fmt]
+            export_file(policy, fmt, path, obs_dim)
+            files[fmt] = {"file": FILES[fmt], "sha256": _sha256(path), "verification": verify(model, path, obs, atol),
+                          **({"opset": OPSET, "load": "onnxruntime.InferenceSession"} if fmt == "onnx"
+                             else {"load": "torch.jit.load"})}
+        card = {
+            "files": files,
+            "inputs": {"obs": f"float32 [batch, {obs_dim}]: raw observations (the normaliser is inside)"},
+            "outputs": {"action": "int64 greedy action, [batch] (Discrete) or [batch, heads] (MultiDiscrete)",
+                        "probs": "float32 [batch, heads, max actions]: action probabilities per head",
+                        "value": "float32 [batch]: the critic's value"},
+            "env": env_card,
+            "training": cfg.to_dict(),
+            "checkpoint": {"path": str(source.resolve()), "iteration": state["iteration"],
+                           "env_steps": state["env_steps"], "version": state.get("version")},
+            "evaluation": _evaluation(run_dir, source),
+            "verification": {"seed": seed, "atol": atol, "observations": len(obs),
+                             "edge_bound": EDGE_BOUND},
+            "versions": {"parallel-rollouts": __version__, "torch": torch.__version__},
+        }
+        (stage / CARD).write_text(json.dumps(card, indent=2, default=list))
+        for fmt in FILES:
+            if fmt not in formats:  # the card describes every policy file next to it
+                (out / FILES[fmt]).unlink(missing_ok=True)
+        for name in [FILES[f] for f in formats] + [CARD]:  # the card last: it exists only for verified files
+            os.replace(stage / name, out / name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    print(f"wrote {', '.join(str(out / FILES[f]) for f in formats)} and {out / CARD}")
+    return card
+
+
+def _evaluation(run_dir: Path, source: Path) -> dict[str, Any] | None:
+    """The run's ``evaluation.json``, where there is one, and whether it evaluated this checkpoint."""
+    path = run_dir / "evaluation.json"
+    if not path.is_file():
+        return None
+    payload = json.loads(path.read_text())
+    same = Path(payload.get("checkpoint", "")).resolve() == source.resolve()
+    return {"file": str(path.resolve()), "same_checkpoint": same,
+            **payload}

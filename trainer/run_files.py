@@ -1,0 +1,53 @@
+"""A run directory's files as ``trainer.train`` uses them: a new run claims a directory, a resumed run reads its
+checkpoint and config (the lock, the checkpoints and their pointers are ``checkpoints``')."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import checkpoints
+from trainer import __version__
+from trainer.config import TrainConfig
+from trainer.flags import resumed_config
+
+RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "evaluation.json", "evaluation.png", "tb")
+
+
+def claim_new_run_dir(run_dir: Path, overwrite: bool) -> list[str]:
+    """Refuse a directory that holds another run's checkpoints unless ``overwrite``; clear that run's files.
+
+    A directory without checkpoints holds nothing to resume (a run stopped before its first
+    save): it is free, and what that run left is cleared so that it does not mix with this one.
+    Returns notes for the user.
+    """
+    if checkpoints.checkpoint_files(run_dir) and not overwrite:
+        raise ValueError(f"run directory {run_dir} already holds a run (checkpoints); resume it with --resume "
+                         f"{run_dir}, choose another --run-dir, or pass --overwrite to delete that run")
+    left = [name for name in RUN_FILES if (run_dir / name).exists()]
+    for name in left:
+        target = run_dir / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
+    if not left:
+        return []
+    return [f"--overwrite: deleted the previous run's files in {run_dir}" if overwrite else
+            f"{run_dir}: cleared {', '.join(left)} of an earlier run that wrote no checkpoint"]
+
+
+def resume_state(resume: str, given: dict[str, Any]) -> tuple[TrainConfig, Path, dict[str, Any], list[str]]:
+    """Load the checkpoint to resume from; returns the resumed config, its file, state and notes."""
+    source, saved, problems = checkpoints.latest_loadable(resume)
+    notes = [f"skipped {p}" for p in problems]
+    if saved.get("version") != __version__:
+        notes.append(f"{source} was written by parallel-rollouts {saved.get('version')}; this is {__version__}")
+    run_dir = checkpoints.run_dir_of(resume)
+    if "run_dir" in given and Path(given["run_dir"]).resolve() != run_dir.resolve():
+        raise ValueError(f"--resume writes into the run directory it resumes ({run_dir}); to continue a copy, "
+                         f"copy the directory and resume the copy (drop --run-dir)")
+    cfg = resumed_config({**saved["config"], "run_dir": str(run_dir)}, {**given, "run_dir": str(run_dir)},
+                         str(source))
+    return cfg, source, saved, notes
