@@ -32,6 +32,14 @@ from benchmarks.revisions import steady_rate
 POLICIES = ("active", "passive")
 
 
+def policy_env(policy: str) -> dict[str, str]:
+    """The OpenMP environment of ``policy``: ``active``, ``passive``, or ``spin:N`` (GNU OpenMP spins N times
+    before it sleeps)."""
+    if policy.startswith("spin:"):
+        return {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": policy[5:]}  # the count overrides ACTIVE's
+    return {"OMP_WAIT_POLICY": policy.upper()}
+
+
 def busy_loops(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
@@ -39,7 +47,7 @@ def busy_loops(n: int) -> list[subprocess.Popen]:
 def train_rate(flags: list[str], run_dir: Path, policy: str, seconds: float) -> float:
     proc = subprocess.Popen([sys.executable, "-m", "trainer.train", *flags, "--total-steps", str(10**9),
                              "--run-dir", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "OMP_WAIT_POLICY": policy.upper()})
+                            env={**os.environ, **policy_env(policy)})
     try:
         proc.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
@@ -58,12 +66,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--busy", type=int, default=2, help="busy-loop processes while the loaded runs train")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=60, help="wall clock of each run")
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), help="active, passive or spin:N")
     p.add_argument("flags", nargs="*", help="trainer.train flags (after --)")
     args = p.parse_args(argv)
     flags = args.flags or ["--env", "VREdge-v0"]
     print_machine()
     print(f"trainer.train {' '.join(flags)}; {args.busy} busy loops on {os.cpu_count()} cores when loaded")
-    rates: dict[tuple[str, int], list[float]] = {(p_, b): [] for p_ in POLICIES for b in (0, args.busy)}
+    rates: dict[tuple[str, int], list[float]] = {(p_, b): [] for p_ in args.policies for b in (0, args.busy)}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for (policy, busy), out in rates.items():
@@ -76,12 +85,13 @@ def main(argv: list[str] | None = None) -> None:
                         proc.wait()
                 print(f"round {r + 1}: {policy:<8} busy {busy}: {out[-1]:,.0f} steps/s", flush=True)
     print(f"\n{'policy':<9}{'quiet steps/s':>28}{'loaded steps/s':>28}{'slowdown':>10}")
-    for policy in POLICIES:
+    for policy in args.policies:
         quiet, loaded = rates[(policy, 0)], rates[(policy, args.busy)]
         spread = [f"{statistics.median(v):,.0f} [{min(v):,.0f}-{max(v):,.0f}]" for v in (quiet, loaded)]
         print(f"{policy:<9}{spread[0]:>28}{spread[1]:>28}{statistics.median(quiet) / statistics.median(loaded):>9.1f}x")
-    active, passive = (statistics.median(rates[(p_, 0)]) for p_ in POLICIES)
-    print(f"\nquiet machine, passive / active: {passive / active:.2f}x")
+    if set(POLICIES) <= set(args.policies):
+        active, passive = (statistics.median(rates[(p_, 0)]) for p_ in POLICIES)
+        print(f"\nquiet machine, passive / active: {passive / active:.2f}x")
 
 
 if __name__ == "__main__":

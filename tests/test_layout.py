@@ -2,6 +2,9 @@
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -178,3 +181,14 @@ def test_short_async_training_on_simulated_big_machines(tmp_path, capsys, env, c
     assert layout["workers"] == num_envs - 1 and layout["machine"]["cores"] == cores
     assert layout["collect_threads"] == cores - (num_envs - 1) and layout["learn_threads"] == cores
     assert f"{num_envs - 1} worker processes + this process; {cores} cores" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given, expected", [({}, "1000"), ({"GOMP_SPINCOUNT": "5"}, "5"),
+                                             ({"OMP_WAIT_POLICY": "PASSIVE"}, None)])
+def test_openmp_spins_briefly_unless_the_user_chose(given, expected):
+    # a fresh interpreter: OpenMP reads these once, when torch loads, so the trainer must set them before that
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")} | given
+    code = ("import sys, trainer; assert 'torch' not in sys.modules; import os, trainer.train; "
+            "sys.stdout.write(repr(os.environ.get('GOMP_SPINCOUNT')))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out == repr(expected)

@@ -15,7 +15,16 @@ command lines.
   :mod:`trainer.metrics`, :mod:`trainer.interrupts` (stop signals at safe points).
 """
 
+import os
 from importlib.metadata import PackageNotFoundError, version
+
+# GNU OpenMP's idle threads spin 300,000 times before they sleep, taking the cores from every other process on
+# a shared machine: next to two busy processes on 2 cores, VR-edge training fell from ~14k to 0-3.6k steps/s.
+# A short spin keeps the quiet-machine speed and gives the cores back (docs/benchmarks.md, "A busy machine").
+# OpenMP reads it once, when torch loads it: this runs before any torch import of `python -m trainer.*` (and of
+# `benchmarks`, which imports this package first); a user's own OpenMP wait settings win.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 try:
     __version__ = version("parallel-rollouts")
