@@ -217,7 +217,13 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
 
 @pytest.mark.parametrize("text, words", [("num_users", "is not key=value"), ("a=1,a=2", "a is given twice"),
                                          ("9x=1", "is not key=value"),
-                                         ("reveal_hiden_state=true", "VR-edge has no argument reveal_hiden_state")])
+                                         ("reveal_hiden_state=true", "VR-edge has no argument reveal_hiden_state"),
+                                         ("segment_s=abc", "VR-edge argument segment_s='abc' is invalid: must be a "
+                                          "number, not str"),
+                                         ("num_users=2.5", "num_users=2.5 is invalid: must be an integer, not float"),
+                                         ("reveal_hidden_state=1", "must be true or false, not int"),
+                                         ("trace_split=3", "trace_split=3 is invalid: must be text, not int"),
+                                         ("capacity_trace=/no/such/trace", "no such file")])
 def test_bad_env_kwargs_are_one_line_errors(text, words):
     from trainer.config import TrainConfig
     with pytest.raises(ValueError, match=words):
