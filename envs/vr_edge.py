@@ -66,8 +66,10 @@ class VREdgeConfig:
             if not ok:
                 raise ValueError(f"VR-edge argument {name}={getattr(self, name)!r} is invalid: must be {allowed}")
 
-        for f in (f for f in fields(self) if f.init):  # types first: a comparison below would fail with a bare
-            value = getattr(self, f.name)                 # TypeError (segment_s='abc' from --env-kwargs)
+        # types first: a comparison below would otherwise fail with a bare TypeError (segment_s='abc' from
+        # --env-kwargs)
+        for f in (f for f in fields(self) if f.init):
+            value = getattr(self, f.name)
             if str(f.type) in _KINDS:
                 ok, kind = _KINDS[str(f.type)]
                 need(ok(value), f.name, f"{kind}, not {type(value).__name__}")

@@ -296,8 +296,8 @@ def _evaluation(run_dir: Path, source: Path) -> dict[str, Any] | None:
         return None
     try:
         payload = json.loads(path.read_text())
-    except (OSError, ValueError) as e:  # (ValueError: not JSON, or not UTF-8)
-        payload = e
+    except (OSError, ValueError):  # (ValueError: not JSON, or not UTF-8): named below, like any other bad content
+        payload = None
     if not isinstance(payload, dict) or not isinstance(payload.get("checkpoint"), str):
         raise ValueError(f"{path} is not an evaluation trainer.evaluate wrote (a JSON object with a 'checkpoint' "
                          "path); the card would describe it: run trainer.evaluate again, or move the file away")
