@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 from checkpoints.store import CheckpointError, load, save
 
@@ -18,6 +26,8 @@ _NAME = re.compile(r"ckpt_(\d+)\.pt$")
 LATEST = "latest"
 BEST = "best"
 LOCK = "lock"
+GUARD = ".lock.guard"  # never deleted: the flock on it lets one contender at a time judge and take the lock
+GUARD_WAIT_S = 10.0  # a contender holds the guard for milliseconds; longer means a process hangs while holding it
 
 
 def _write_pointer(directory: Path, text: str, pointer: str = LATEST) -> None:
@@ -165,6 +175,40 @@ def _slurm_job() -> dict[str, str]:
     return {"slurm_job": job, "slurm_restart": os.environ.get("SLURM_RESTART_COUNT", "0")} if job else {}
 
 
+@contextlib.contextmanager
+def _exclusive(guard: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``guard`` (waiting at most :data:`GUARD_WAIT_S`).
+
+    Where the file system has no ``flock`` (some network file systems, or Windows), nothing is held: taking
+    over a stale lock is then not guarded against a second contender doing the same at the same moment.
+    """
+    if fcntl is None:
+        yield
+        return
+    try:
+        fd = os.open(guard, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise RunDirLockedError(f"cannot write to run directory {guard.parent}: {e.strerror or e}") from None
+    try:
+        deadline = time.monotonic() + GUARD_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RunDirLockedError(f"could not take {guard.with_name(LOCK)}: {guard} stayed locked for "
+                                            f"{GUARD_WAIT_S:g} s (a process hangs while taking the lock?)") from None
+                time.sleep(0.005)
+            except OSError as e:
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+                break  # no flock on this file system: unguarded, as documented above
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
 def _start_time(pid: int) -> float | None:
     try:
         return psutil.Process(pid).create_time()
@@ -184,7 +228,9 @@ class RunDirLock:
 
     A lock whose process is gone (same host, pid dead or reused by a younger process, or an
     earlier run of the same requeued SLURM job on any host), or one copied along with its run
-    directory, is stale and taken over; ``stale`` then describes it. A lock held by a live process, or by
+    directory, is stale and taken over; ``stale`` then describes it. Contenders judge and take the lock one at a
+    time (an ``flock`` on ``<run_dir>/.lock.guard``, a file never deleted), and a stale lock is replaced by one
+    rename, so two contenders never both hold it. A lock held by a live process, or by
     a process on another host (whose liveness cannot be checked), raises
     :class:`RunDirLockedError`.
     """
@@ -204,23 +250,34 @@ class RunDirLock:
         except OSError as e:
             raise RunDirLockedError(f"cannot write to run directory {self.path.parent}: {e.strerror or e}") from None
         try:
-            for _ in range(2):
-                try:
-                    os.link(tmp, self.path)  # atomic, fails if a lock exists: no window for a second trainer
-                    self._held = True
-                    return self
-                except FileExistsError:
-                    holder = self._holder()
-                    if holder is None or not self._alive(holder) or self._copied(holder):
-                        self.stale = f"removed a stale lock {self.path} ({self._describe(holder)})"
-                        self.path.unlink(missing_ok=True)
-                        continue
-                    raise RunDirLockedError(
-                        f"run directory {self.path.parent} is in use by {self._describe(holder)}; stop that "
-                        f"trainer first (or, if it is gone, delete {self.path})") from None
-            raise RunDirLockedError(f"could not take {self.path}: another trainer took it at the same time")
+            with _exclusive(self.path.with_name(GUARD)):
+                self._take(tmp)
+            self._held = True
+            return self
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _take(self, tmp: Path) -> None:
+        """Make ``tmp`` the lock, or raise; run by one contender at a time (:func:`_exclusive`)."""
+        for _ in range(2):
+            try:
+                os.link(tmp, self.path)  # atomic, fails if a lock exists: no window for a second trainer
+                return
+            except FileExistsError:
+                pass
+            holder = self._holder()
+            if holder is None and not self.path.exists():
+                continue  # its live holder released it just now: the directory is free
+            if holder is not None and self._alive(holder) and not self._copied(holder):
+                raise RunDirLockedError(
+                    f"run directory {self.path.parent} is in use by {self._describe(holder)}; stop that "
+                    f"trainer first (or, if it is gone, delete {self.path})")
+            # a stale lock changes only under the guard (its holder is gone), so it is still the one judged here;
+            # replaced in one rename, never unlinked first, so no contender ever finds the directory free
+            os.replace(tmp, self.path)
+            self.stale = f"removed a stale lock {self.path} ({self._describe(holder)})"
+            return
+        raise RunDirLockedError(f"could not take {self.path}: other trainers take and release it at the same time")
 
     def _holder(self) -> dict[str, Any] | None:
         try:

@@ -15,6 +15,10 @@ by a given factor) and floored at :data:`MIN_CAPACITY_FRACTION` of the nominal c
 that download times stay finite through outages. An episode replays one file from a start
 window, both drawn from the env's seed, wrapping around at the file's end.
 
+Every number is checked before an array is sized from it: a file spans at most :data:`MAX_WINDOWS`
+windows, and a throughput is at most :data:`MAX_MBPS`. Errors name the file and line but never quote
+its content (a stored config may name any file).
+
 Example:
     >>> import tempfile, pathlib
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "trace.txt"
@@ -38,6 +42,8 @@ TRACE_SPLITS = ("all", "train", "test")
 TEST_FRACTION = 0.2  # of the files, at least one: the held-out ones
 MIN_CAPACITY_FRACTION = 0.01  # of the nominal capacity: a window without deliveries still ends
 MAHIMAHI_PACKET_BITS = 1500 * 8
+MAX_WINDOWS = 1 << 22  # per file (48.5 days of 1 s windows): a longer span is a unit mistake, not a trace
+MAX_MBPS = 1e6  # 1 Tbit/s: above any recorded link, and far from where sums of throughputs overflow
 
 
 class TraceError(ValueError):
@@ -95,7 +101,11 @@ def load_traces(path: str, segment_s: float, split: str, scale: float | None, no
         stat = f.stat()
         rates = trace_windows(str(f.resolve()), stat.st_mtime_ns, stat.st_size, segment_s)
         factor = nominal_mbps / rates.mean() if scale is None else scale
-        windows.append(np.maximum(rates * factor, MIN_CAPACITY_FRACTION * nominal_mbps))
+        scaled = np.maximum(rates * factor, MIN_CAPACITY_FRACTION * nominal_mbps)
+        if not np.all(np.isfinite(scaled)):
+            raise TraceError(f"{f}: scaling by {factor:g} makes capacities that are not finite numbers; give a "
+                             "smaller trace_scale (0: scale each file to a mean of the nominal capacity)")
+        windows.append(scaled)
     lengths = np.array([len(w) for w in windows], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     return TraceSet(tuple(str(f) for f in files), np.concatenate(windows), offsets, lengths)
@@ -117,7 +127,13 @@ def split_files(files: list[Path], split: str, path: str) -> list[Path]:
 @functools.lru_cache(maxsize=256)
 def trace_windows(path: str, mtime_ns: int, size: int, segment_s: float) -> np.ndarray:
     """Mean throughput (Mbit/s) of each whole ``segment_s`` window of one file (cached per file version)."""
-    lines = Path(path).read_text().splitlines()
+    raw = Path(path).read_bytes()
+    try:
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise TraceError(f"{path}:{line}: not a text file (byte {e.start} is not UTF-8); expected Pensieve lines "
+                         "'<time s> <Mbit/s>' or Mahimahi lines '<ms timestamp>'") from None
     data = [(i + 1, line.split()) for i, line in enumerate(lines) if line.strip()]
     if not data:
         raise TraceError(f"{path}: empty trace file (no data lines); expected Pensieve lines '<time s> <Mbit/s>' "
@@ -135,18 +151,28 @@ def trace_windows(path: str, mtime_ns: int, size: int, segment_s: float) -> np.n
     return rates
 
 
+_LAYOUT = {"Pensieve": "'<time s> <Mbit/s>'", "Mahimahi": "'<ms timestamp>'"}
+
+
 def _numbers(path: str, data: list[tuple[int, list[str]]], fields: int, what: str) -> np.ndarray:
     out = np.empty((len(data), fields))
     for row, (line, parts) in enumerate(data):
         if len(parts) != fields:
             raise TraceError(f"{path}:{line}: {len(parts)} fields; every line of a {what} trace has {fields}")
-        try:
-            out[row] = [float(p) for p in parts]
-        except ValueError:
-            raise TraceError(f"{path}:{line}: {' '.join(parts)!r} is not a number") from None
-        if not np.all(np.isfinite(out[row])):
-            raise TraceError(f"{path}:{line}: {' '.join(parts)!r} is not a finite number")
+        for col, part in enumerate(parts):
+            try:
+                out[row, col] = float(part)
+            except ValueError:
+                raise TraceError(f"{path}:{line}: field {col + 1} is not a number ({what} lines are "
+                                 f"{_LAYOUT[what]})") from None
+            if not math.isfinite(out[row, col]):
+                raise TraceError(f"{path}:{line}: field {col + 1} is not a finite number")
     return out
+
+
+def _too_long(path: str, line: int, span: str, segment_s: float, hint: str) -> TraceError:
+    return TraceError(f"{path}:{line}: the trace spans {span} by this line, more than the {MAX_WINDOWS} windows "
+                      f"of segment_s={segment_s:g} s ({MAX_WINDOWS * segment_s:g} s) a file may hold; {hint}")
 
 
 def _pensieve_windows(path: str, data: list[tuple[int, list[str]]], segment_s: float) -> np.ndarray:
@@ -155,9 +181,16 @@ def _pensieve_windows(path: str, data: list[tuple[int, list[str]]], segment_s: f
     for row in range(len(data)):
         if mbps[row] < 0:
             raise TraceError(f"{path}:{data[row][0]}: negative throughput {mbps[row]:g} Mbit/s")
+        if mbps[row] > MAX_MBPS:
+            raise TraceError(f"{path}:{data[row][0]}: throughput {mbps[row]:g} Mbit/s is above {MAX_MBPS:g} "
+                             "Mbit/s; Pensieve lines give Mbit/s (not bit/s)")
         if row and times[row] <= times[row - 1]:
             raise TraceError(f"{path}:{data[row][0]}: timestamp {times[row]:g} s is not after the previous line's "
                              f"({times[row - 1]:g} s); timestamps must increase")
+        span = float(times[row]) - float(times[0])  # a span beyond a float is inf (Python floats: no warning)
+        if span / segment_s > MAX_WINDOWS:
+            raise _too_long(path, data[row][0], f"{span:g} s", segment_s,
+                            "Pensieve times are in seconds (not milliseconds)")
     n = math.floor((times[-1] - times[0]) / segment_s + 1e-9)
     if n < 1:
         raise TraceError(f"{path}: the trace spans {times[-1] - times[0]:g} s, less than one segment "
@@ -171,11 +204,15 @@ def _mahimahi_windows(path: str, data: list[tuple[int, list[str]]], segment_s: f
     stamps = _numbers(path, data, 1, "Mahimahi")[:, 0]
     for row in range(len(data)):
         if stamps[row] < 0 or stamps[row] != int(stamps[row]):
-            raise TraceError(f"{path}:{data[row][0]}: {data[row][1][0]!r} is not a non-negative integer "
-                             "millisecond timestamp")
+            raise TraceError(f"{path}:{data[row][0]}: the timestamp is not a non-negative integer number of "
+                             "milliseconds")
         if row and stamps[row] < stamps[row - 1]:
             raise TraceError(f"{path}:{data[row][0]}: timestamp {stamps[row]:g} ms is before the previous line's "
                              f"({stamps[row - 1]:g} ms); timestamps must not decrease")
+        if stamps[row] / (1000.0 * segment_s) > MAX_WINDOWS:  # windows count from 0 ms, the trace's start
+            raise _too_long(path, data[row][0], f"{stamps[row]:g} ms", segment_s,
+                            "Mahimahi timestamps count milliseconds from the trace's start (0), not since an "
+                            "epoch: subtract the first line's timestamp from every line")
     window_ms = 1000.0 * segment_s
     n = math.floor(stamps[-1] / window_ms + 1e-9)
     if n < 1:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import gymnasium as gym
@@ -66,6 +66,16 @@ class VREdgeConfig:
             if not ok:
                 raise ValueError(f"VR-edge argument {name}={getattr(self, name)!r} is invalid: must be {allowed}")
 
+        # types first: a comparison below would otherwise fail with a bare TypeError (segment_s='abc' from
+        # --env-kwargs)
+        for f in (f for f in fields(self) if f.init):
+            value = getattr(self, f.name)
+            if str(f.type) in _KINDS:
+                ok, kind = _KINDS[str(f.type)]
+                need(ok(value), f.name, f"{kind}, not {type(value).__name__}")
+            else:  # the tuples
+                need(isinstance(value, (tuple, list)) and all(map(_is_number, value)), f.name,
+                     f"a sequence of numbers, not {type(value).__name__}")
         need(_is_int(self.num_users) and self.num_users >= 1, "num_users", "an integer >= 1")
         ladder = tuple(self.bitrates_mbps)
         need(len(ladder) >= 1, "bitrates_mbps", "a non-empty, strictly increasing sequence of positive numbers")
@@ -84,9 +94,7 @@ class VREdgeConfig:
             need(getattr(self, name) >= 0, name, ">= 0 (weights and costs cannot be negative)")
         need(_is_int(self.max_steps) and self.max_steps >= 1, "max_steps", "an integer >= 1")
         need(_is_int(self.history) and self.history >= 1, "history", "an integer >= 1")
-        need(isinstance(self.capacity_trace, str), "capacity_trace", "a path (str) to a trace file or directory")
         need(self.trace_split in TRACE_SPLITS, "trace_split", " or ".join(TRACE_SPLITS))
-        need(isinstance(self.reveal_hidden_state, (bool, np.bool_)), "reveal_hidden_state", "true or false")
         need(not (self.reveal_hidden_state and self.capacity_trace), "reveal_hidden_state",
              "false with capacity_trace (a recorded trace has no regime or fade to reveal)")
         need(self.trace_scale >= 0, "trace_scale", ">= 0 (0: scale each trace to mean nominal capacity)")
@@ -135,6 +143,23 @@ class VREdgeConfig:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (float, np.floating)) or _is_int(x)
+
+
+def _is_bool(x: Any) -> bool:
+    return isinstance(x, (bool, np.bool_))
+
+
+def _is_str(x: Any) -> bool:
+    return isinstance(x, str)
+
+
+# the scalar fields' annotations (strings: ``from __future__ import annotations``) -> (check, what it expects)
+_KINDS = {"int": (_is_int, "an integer"), "float": (_is_number, "a number"), "str": (_is_str, "text"),
+          "bool": (_is_bool, "true or false")}
 
 
 def observation_space(cfg: VREdgeConfig) -> gym.spaces.Box:

@@ -1,4 +1,4 @@
-"""Top-level env factories and policies for the collector tests (picklable for spawned workers)."""
+"""Top-level env factories, policies and process targets for the tests (picklable for spawned workers)."""
 
 from __future__ import annotations
 
@@ -130,3 +130,22 @@ def keyed_policy(obs_space, act_space, seed: int = 0):
     """The trainer's actor-critic, which samples with keyed noise when the collector passes keys."""
     from trainer.ppo.model import ActorCritic
     return ActorCritic(obs_space, act_space, seed=seed)
+
+
+def contend_for_lock(run_dir: str, trials: int, barrier, results) -> None:
+    """Each trial: once the test has written a stale lock, try to take it at the same moment as the other
+    contenders; report ``(trial, won)``; hold it until every contender has tried, then release it."""
+    from checkpoints import RunDirLock, RunDirLockedError
+
+    for trial in range(trials):
+        barrier.wait()  # the stale lock is written
+        lock = RunDirLock(run_dir)
+        try:
+            lock.acquire()
+            won = True
+        except RunDirLockedError:
+            won = False
+        results.put((trial, won))
+        barrier.wait()  # every contender has tried while the winner holds the lock
+        lock.release()
+        barrier.wait()  # released: the test writes the next stale lock

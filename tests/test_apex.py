@@ -284,6 +284,9 @@ def test_evaluate_plays_the_greedy_q_policy_against_the_baselines(tmp_path, caps
                                          (["--algo", "apex", "--overlap", "true"], "--overlap"),
                                          (["--algo", "apex", "--learning-starts", "10", "--replay-capacity", "5"],
                                           "--learning-starts"),
+                                         (["--algo", "apex", "--learning-starts", "0", "--replay-capacity", "16",
+                                           "--apex-batch-size", "128"],
+                                          "--apex-batch-size=128 is invalid: must be <= --replay-capacity (16)"),
                                          (["--algo", "apex", "--replay-beta", "2"], "--replay-beta")])
 def test_bad_apex_config_is_a_clear_error(argv, words, capsys):
     with pytest.raises(SystemExit):

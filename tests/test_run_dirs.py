@@ -218,6 +218,38 @@ def test_a_requeued_slurm_job_takes_over_the_lock_of_its_earlier_run_on_another_
         run(["--resume", str(two_iterations)])
 
 
+def test_contenders_racing_over_a_stale_lock_never_both_hold_it(tmp_path):
+    """Four processes take over the same stale lock at the same moment, 40 times: exactly one holds it each time."""
+    import multiprocessing
+
+    from tests.factories import contend_for_lock
+    contenders, trials = 4, 40
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(contenders + 1, timeout=120), ctx.Queue()
+    procs = [ctx.Process(target=contend_for_lock, args=(str(tmp_path), trials, barrier, results))
+             for _ in range(contenders)]
+    for p in procs:
+        p.start()
+    # this process's pid with another start time: a holder whose pid was reused, stale on this host
+    stale = json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "started": 0, "process_start": 1.0,
+                        "run_dir": str(tmp_path.resolve())})
+    try:
+        winners = []
+        for _ in range(trials):
+            (tmp_path / "lock").write_text(stale)
+            for _ in range(3):
+                barrier.wait()
+            winners.append(sum(results.get(timeout=60)[1] for _ in range(contenders)))
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    assert winners == [1] * trials
+    assert all(p.exitcode == 0 for p in procs)
+    assert not (tmp_path / "lock").exists()
+
+
 # ---------------------------------------------------------------------------- corrupted and unwritable files
 
 def test_a_bit_flip_anywhere_is_detected_or_harmless(tmp_path):

@@ -41,6 +41,12 @@ def test_mahimahi_hand_computed(tmp_path):
     ("5\n12\n10\n2000\n", ":3", "before the previous"),
     ("5\n-3\n", ":2", "non-negative integer"),
     ("5\n7.5\n", ":2", "non-negative integer"),
+    ("0 1\n1 x\n", ":2", "field 2 is not a number"),
+    ("0 5\n1e9 6\n", ":2", "more than the 4194304 windows"),  # would be a 7.45 GiB array
+    ("0 5\n-1e308 6\n1e308 7\n", ":2", "not after"),
+    ("-1e308 5\n1e308 6\n", ":2", "spans inf s"),
+    ("0 5\n1 1e308\n2 4\n", ":2", r"above 1e\+06 Mbit/s"),  # would overflow to NaN capacities
+    ("1600000000000\n1600000000001\n", ":1", "not since an epoch"),  # epoch milliseconds: would be 12 GiB
 ])
 def test_bad_files_are_one_line_errors_naming_file_and_line(tmp_path, text, where, words):
     path = tmp_path / "bad.txt"
@@ -49,6 +55,41 @@ def test_bad_files_are_one_line_errors_naming_file_and_line(tmp_path, text, wher
         windows(path)
     with pytest.raises(ValueError, match=re.escape(str(path))):  # also through the env's constructor
         envs.SyntheticVREdgeEnv(capacity_trace=str(path))
+
+
+def test_a_span_too_long_is_refused_before_any_array_is_sized_from_it(tmp_path):
+    import tracemalloc
+    path = tmp_path / "seconds_as_ms.log"
+    path.write_text("".join(f"{t * 1000} 5\n" for t in range(5000)))  # 5000 s written in ms: 58 days
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=re.escape(f"{path}:4196:") + ".*in seconds"):  # 4195000 s
+            windows(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20
+    fits = load_traces(str(path), segment_s=1000.0, split="all", scale=1.0, nominal_mbps=1.0)  # in 1000 s windows
+    assert len(fits.rates) == 4999
+
+
+def test_a_binary_file_is_named_with_its_line(tmp_path):
+    path = tmp_path / "image.png"
+    path.write_bytes(b"0 1\n1 2\n\x89PNG\r\n\x1a\n\x00\xff")
+    with pytest.raises(ValueError, match=re.escape(f"{path}:3: not a text file")):
+        windows(path)
+
+
+@pytest.mark.parametrize("text", ["root:x:0:0:root:/root:/bin/bash\n", "secret token\n", "1 secret\n",
+                                  "5\nsecret\n"])
+def test_errors_never_quote_the_file(tmp_path, text):
+    """A stored config may name any file (capacity_trace=/etc/passwd): what it holds stays out of the error."""
+    path = tmp_path / "private"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(f"{path}:")) as info:
+        windows(path)
+    said = str(info.value).replace(str(path), "")  # (the path itself may hold anything, e.g. pytest-of-root)
+    assert "secret" not in said and "root" not in said
 
 
 def test_bad_paths_and_arguments(tmp_path):
@@ -176,7 +217,13 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
 
 @pytest.mark.parametrize("text, words", [("num_users", "is not key=value"), ("a=1,a=2", "a is given twice"),
                                          ("9x=1", "is not key=value"),
-                                         ("reveal_hiden_state=true", "VR-edge has no argument reveal_hiden_state")])
+                                         ("reveal_hiden_state=true", "VR-edge has no argument reveal_hiden_state"),
+                                         ("segment_s=abc", "VR-edge argument segment_s='abc' is invalid: must be a "
+                                          "number, not str"),
+                                         ("num_users=2.5", "num_users=2.5 is invalid: must be an integer, not float"),
+                                         ("reveal_hidden_state=1", "must be true or false, not int"),
+                                         ("trace_split=3", "trace_split=3 is invalid: must be text, not int"),
+                                         ("capacity_trace=/no/such/trace", "no such file")])
 def test_bad_env_kwargs_are_one_line_errors(text, words):
     from trainer.config import TrainConfig
     with pytest.raises(ValueError, match=words):

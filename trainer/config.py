@@ -157,6 +157,10 @@ class TrainConfig:
             unknown = sorted(set(options) - set(known))
             need(not unknown, "env_kwargs", f"VR-edge has no argument {', '.join(unknown)}; its arguments are "
                  f"{', '.join(known)}")
+            try:  # every value too (types, ranges, traces): a one-line error now, not one from inside gym.make
+                VREdgeConfig(**options)
+            except ValueError as e:
+                need(False, "env_kwargs", str(e))
         need(self.backend in BACKENDS, "backend", f"choose {', '.join(BACKENDS)}")
         need(not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray")
         need(self.max_lag >= 0, "max_lag", "must be >= 0")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -34,6 +35,56 @@ def metrics_row(iteration: int, env_steps: int, sps: float, lr: float, stats: di
 def steps_per_second(start: tuple[int, float], env_steps: int) -> float:
     """Env steps per second since ``start``, ``(env steps, time.perf_counter())`` when the loop began."""
     return (env_steps - start[0]) / (time.perf_counter() - start[1])
+
+
+class MetricsWriteError(ValueError):
+    """A row could not be written (disk full, quota): the message names the file and why; the file ends with
+    the last complete row."""
+
+
+class MetricsLog:
+    """``metrics.jsonl`` open for appending rows, each written whole or not at all.
+
+    A row is one ``write`` of a complete line; a write that fails part-way (a full disk) is cut back to the
+    last complete row and raises :class:`MetricsWriteError`, so the file never ends in a torn row.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "metrics.jsonl"
+        >>> with MetricsLog(path) as log:
+        ...     log.append({"iteration": 1, "sps": 512.0})
+        >>> path.read_text()
+        '{"iteration": 1, "sps": 512.0}\\n'
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise MetricsWriteError(f"cannot write {path}: {e.strerror or e}") from None
+
+    def append(self, row: dict[str, Any]) -> None:
+        data = (json.dumps(row) + "\n").encode()
+        end = os.fstat(self._fd).st_size
+        try:
+            done = 0
+            while done < len(data):  # a write may take part of the line (and the next one then fails)
+                done += os.write(self._fd, data[done:])
+        except OSError as e:
+            with contextlib.suppress(OSError):  # if even this fails, resuming drops the torn row (keep_metrics_until)
+                os.ftruncate(self._fd, end)
+            raise MetricsWriteError(f"cannot write {self.path}: {e.strerror or e}; row {row.get('iteration')} is "
+                                    "not in it, and that iteration counts as not completed") from None
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def keep_metrics_until(path: Path, iteration: int) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 import checkpoints
 from trainer import __version__
 from trainer.config import TrainConfig
+from trainer.evaluation.policies import check_weights_fit
 from trainer.flags import resumed_config
 
 RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "evaluation.json", "evaluation.png", "tb")
@@ -50,4 +51,5 @@ def resume_state(resume: str, given: dict[str, Any]) -> tuple[TrainConfig, Path,
                          f"copy the directory and resume the copy (drop --run-dir)")
     cfg = resumed_config({**saved["config"], "run_dir": str(run_dir)}, {**given, "run_dir": str(run_dir)},
                          str(source))
+    check_weights_fit(cfg, saved["model"], source)  # before a network of the stored config's size is built
     return cfg, source, saved, notes

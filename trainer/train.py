@@ -28,7 +28,7 @@ from trainer.config import TrainConfig
 from trainer.evaluation.validation import Validator
 from trainer.flags import parse_args
 from trainer.interrupts import Interrupted, StopSignals, ignore_late_signals
-from trainer.metrics import keep_metrics_until
+from trainer.metrics import MetricsLog, keep_metrics_until
 from trainer.registry import algorithm_class
 from trainer.run_files import claim_new_run_dir, resume_state
 from trainer.run_layout import Machine, run_layout
@@ -126,16 +126,16 @@ def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signa
     bar = tqdm(total=stop, initial=algorithm.iteration, disable=not progress, unit="it", dynamic_ncols=True)
     start = (algorithm.env_steps, time.perf_counter())
     try:
-        with (run_dir / "metrics.jsonl").open("a") as log:
+        with MetricsLog(run_dir / "metrics.jsonl") as log:
             while algorithm.iteration < stop:
                 row = algorithm.iterate(start)
                 if row is None:  # a rollout it chose not to learn from (PPO: too stale)
                     continue
                 row.update(validator.evaluate(algorithm.iteration, algorithm.model))
                 with signals.critical():  # the iteration is complete once its snapshot and its row exist
-                    snapshot = algorithm.snapshot()
-                    log.write(json.dumps(row) + "\n")
-                    log.flush()
+                    completed = algorithm.snapshot()
+                    log.append(row)  # whole or not at all: if it fails, the previous iteration is the last completed
+                    snapshot = completed
                 if writer:
                     for k, v in row.items():
                         if isinstance(v, (int, float)):

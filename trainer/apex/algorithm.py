@@ -117,6 +117,9 @@ class ApeX(Algorithm):
         need(not cfg.ray_async, "ray_async", "is for --algo ppo; --algo apex --backend ray collects from the "
              "actors as they finish by itself")
         need(not cfg.batch_size, "batch_size", "is for --algo ppo; the Ape-X learner's minibatch is --apex-batch-size")
+        need(cfg.apex_batch_size <= cfg.replay_capacity, "apex_batch_size",
+             f"must be <= --replay-capacity ({cfg.replay_capacity}): a minibatch larger than the replay would hold "
+             "the same transitions many times over")
 
     @classmethod
     def keeps_collecting(cls, cfg: TrainConfig) -> bool:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import torch
 from torch import nn
 
 import checkpoints
@@ -17,6 +18,28 @@ from trainer.registry import ALGORITHMS, algorithm_class
 def make_model(cfg: TrainConfig) -> nn.Module:
     """The network ``cfg``'s algorithm learns (what a checkpoint's ``model`` holds), freshly built on the CPU."""
     return algorithm_class(cfg.algo).make_model(cfg)
+
+
+def check_weights_fit(cfg: TrainConfig, weights: dict[str, torch.Tensor], source: Path) -> None:
+    """Raise ``ValueError`` unless the network ``cfg`` describes has exactly the tensors of ``weights`` (a
+    checkpoint's ``model``: names and shapes).
+
+    The network is built on the ``meta`` device, which allocates no memory: a stored config that asks for
+    ``hidden="60000,60000"`` next to 64-wide weights is refused before gigabytes are asked for.
+    """
+    with torch.device("meta"):
+        wanted = {k: tuple(v.shape) for k, v in make_model(cfg).state_dict().items()}
+    held = {k: tuple(v.shape) for k, v in weights.items()}
+    if wanted == held:
+        return
+    differ = [k for k in wanted if k in held and wanted[k] != held[k]]
+    detail = (f"{differ[0]} is {list(held[differ[0]])} in the file but {list(wanted[differ[0]])} here "
+              f"({len(differ)} tensors differ)" if differ else
+              f"missing {', '.join(sorted(wanted.keys() - held.keys())) or 'nothing'}, unexpected "
+              f"{', '.join(sorted(held.keys() - wanted.keys())) or 'nothing'}")
+    raise ValueError(f"{source}: its network does not fit {cfg.env} as this process builds it from the stored "
+                     f"config (hidden={cfg.hidden!r}, policy_arch={cfg.policy_arch!r}): {detail}; different spaces "
+                     "or env parameters, or a config edited or mixed from two runs?")
 
 
 def load_policy(path: str | Path, pick: str = "latest") -> tuple[nn.Module, TrainConfig, Path]:
@@ -36,6 +59,10 @@ def policy_from_state(state: dict[str, Any], source: Path) -> tuple[nn.Module, T
     """The frozen CPU policy and training config of a loaded checkpoint ``state`` (read from ``source``)."""
     cfg = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.__dataclass_fields__})
     try:
+        cfg.validate()
+    except ValueError as e:
+        raise ValueError(f"{source}: its stored config is invalid: {e}") from None
+    try:
         gym.spec(cfg.env)
     except gym.error.Error:
         raise ValueError(f"{source} was trained on {cfg.env}, which is not registered in this process; register it "
@@ -43,12 +70,9 @@ def policy_from_state(state: dict[str, Any], source: Path) -> tuple[nn.Module, T
     if cfg.algo not in ALGORITHMS:
         raise ValueError(f"{source} was trained with --algo {cfg.algo}, which is not registered in this process "
                          f"(trainer.registry has {', '.join(ALGORITHMS)})")
+    check_weights_fit(cfg, state["model"], source)
     model = make_model(cfg)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        raise ValueError(f"{source}: its network does not fit {cfg.env} as this process builds it (different "
-                         "spaces or env parameters?): " + str(e).strip().splitlines()[-1].strip()) from None
+    model.load_state_dict(state["model"])
     return model.eval(), cfg
 
 

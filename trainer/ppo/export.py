@@ -247,6 +247,7 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     run_dir = checkpoints.run_dir_of(source)
     out = Path(out) if out else run_dir / "export"
     check_writable(out, "the exported policy")
+    evaluation = _evaluation(run_dir, source)  # a malformed file fails here, before the work
     for stale in out.glob(".export-*"):  # stage folders of an export that was killed
         shutil.rmtree(stale, ignore_errors=True)
     env_card = _env_card(cfg.env)
@@ -271,7 +272,7 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
             "training": cfg.to_dict(),
             "checkpoint": {"path": str(source.resolve()), "iteration": state["iteration"],
                            "env_steps": state["env_steps"], "version": state.get("version")},
-            "evaluation": _evaluation(run_dir, source),
+            "evaluation": evaluation,
             "verification": {"seed": seed, "atol": atol, "observations": len(obs),
                              "edge_bound": EDGE_BOUND},
             "versions": {"parallel-rollouts": __version__, "torch": torch.__version__},
@@ -293,7 +294,13 @@ def _evaluation(run_dir: Path, source: Path) -> dict[str, Any] | None:
     path = run_dir / "evaluation.json"
     if not path.is_file():
         return None
-    payload = json.loads(path.read_text())
-    same = Path(payload.get("checkpoint", "")).resolve() == source.resolve()
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):  # (ValueError: not JSON, or not UTF-8): named below, like any other bad content
+        payload = None
+    if not isinstance(payload, dict) or not isinstance(payload.get("checkpoint"), str):
+        raise ValueError(f"{path} is not an evaluation trainer.evaluate wrote (a JSON object with a 'checkpoint' "
+                         "path); the card would describe it: run trainer.evaluate again, or move the file away")
+    same = Path(payload["checkpoint"]).resolve() == source.resolve()
     return {"file": str(path.resolve()), "same_checkpoint": same,
             **payload}

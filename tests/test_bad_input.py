@@ -1,0 +1,183 @@
+"""Bad input as a user meets it, through the command lines: one line that says what was wrong, never a traceback;
+nothing is allocated from an unchecked number, and a metrics row is written whole or not at all."""
+
+import errno
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import checkpoints
+from trainer import train as train_module
+from trainer.flags import parse_args
+from trainer.metrics import MetricsLog, MetricsWriteError
+
+REPO = Path(__file__).resolve().parents[1]
+VR = ["--env", "VREdge-v0", "--num-envs", "4", "--num-steps", "16", "--total-steps", str(4 * 16 * 4),
+      "--checkpoint-every", "1", "--seed", "5", "--device", "cpu"]
+MEMORY_LIMIT = 8 << 30  # address space of the commands: a 14 GB network fails to allocate instead of swapping
+
+# the disk fills part-way through the third row of metrics.jsonl and stays full; then `python -m trainer.train`
+FULL_DISK = """
+import errno, os, runpy, sys
+real, rows = os.write, []
+def write(fd, data):
+    if fd > 2 and os.readlink(f"/proc/self/fd/{fd}").endswith("metrics.jsonl"):
+        rows.append(len(data))
+        if len(rows) == 3:
+            return real(fd, data[: len(data) // 2])
+        if len(rows) > 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return real(fd, data)
+os.write = write
+sys.argv[0] = "trainer.train"
+runpy.run_module("trainer.train", run_name="__main__", alter_sys=True)
+"""
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def command(args: list[str], status: int, cwd: Path) -> str:
+    """Run ``python ARGS`` in a fresh process; check its exit status and that it ends in one error line without
+    a traceback; return that line."""
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          preexec_fn=_limit_memory)
+    assert proc.returncode == status and "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "error: " in last, proc.stderr
+    return last
+
+
+@pytest.fixture(scope="module")
+def vr_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("vr") / "run"
+    cli = parse_args(VR + ["--run-dir", str(run_dir), "--total-steps", str(4 * 16 * 2)])
+    train_module.train(cli.config, progress=False)
+    return run_dir
+
+
+def stored(run_dir: Path, copy: Path, **config) -> Path:
+    """A copy of ``run_dir`` whose checkpoints' stored config says ``config`` (checksums stay valid)."""
+    shutil.copytree(run_dir, copy)
+    for path in checkpoints.checkpoint_files(copy):
+        state = checkpoints.load(path)
+        state["config"].update(config)
+        checkpoints.save(path, state)
+    return copy
+
+
+# ---------------------------------------------------------------------------- trainer.train, at config time
+
+# a case on the same path as the one before it, through another file or command (tests/test_traces.py covers each
+# file in-process)
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("trace, words", [
+    (b"0 5\n1e9 6\n", ":2: the trace spans 1e+09 s by this line, more than the 4194304 windows"),
+    pytest.param(b"1600000000000\n1600000000002\n", ":1: the trace spans 1.6e+12 ms", marks=SLOW),
+    pytest.param(b"0 5\n1 1e308\n", ":2: throughput 1e+308 Mbit/s is above 1e+06 Mbit/s", marks=SLOW),
+    pytest.param(b"\x89PNG\r\n\x1a\n\x00\xff", ":1: not a text file", marks=SLOW),
+])
+def test_a_bad_trace_is_refused_at_once(tmp_path, trace, words):
+    path = tmp_path / "trace.log"
+    path.write_bytes(trace)
+    line = command(["-m", "trainer.train", "--env-kwargs", f"capacity_trace={path}", "--run-dir",
+                    str(tmp_path / "run")], 2, tmp_path)
+    assert f"{path}{words}" in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--env-kwargs", "segment_s=abc"], "VR-edge argument segment_s='abc' is invalid: must be a number, not str"),
+    (["--algo", "apex", "--env", "CartPole-v1", "--learning-starts", "0", "--replay-capacity", "16",
+      "--apex-batch-size", "128"], "--apex-batch-size=128 is invalid: must be <= --replay-capacity (16)"),
+])
+def test_bad_flags_are_refused_at_once(tmp_path, argv, words):
+    assert words in command(["-m", "trainer.train", *argv, "--run-dir", str(tmp_path / "run")], 2, tmp_path)
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------- a checkpoint's stored config
+
+@pytest.mark.parametrize("args", [["trainer.evaluate", "--episodes", "1", "--checkpoint"],
+                                  pytest.param(["trainer.export", "--format", "torchscript", "--checkpoint"],
+                                               marks=SLOW),
+                                  pytest.param(["trainer.train", "--resume"], marks=SLOW)])
+def test_a_stored_network_size_that_does_not_fit_the_weights_allocates_nothing(vr_run, tmp_path, args):
+    copy = stored(vr_run, tmp_path / "run", hidden="60000,60000")  # 14.4 GB for its middle layer
+    line = command(["-m", *args, str(copy)], 1, tmp_path)
+    assert "its network does not fit VREdge-v0" in line and "hidden='60000,60000'" in line
+    assert "is [64, 12] in the file but [60000, 12] here" in line
+
+
+def test_a_stored_trace_path_is_named_but_its_file_is_not_quoted(vr_run, tmp_path):
+    private = tmp_path / "private"
+    private.write_text("root:x:0:0:secret:/root:/bin/bash\n")
+    copy = stored(vr_run, tmp_path / "run", env_kwargs=f"capacity_trace={private}")
+    line = command(["-m", "trainer.evaluate", "--episodes", "1", "--checkpoint", str(copy)], 1, tmp_path)
+    assert f"{private}:1: field 1 is not a number" in line
+    assert "secret" not in line.replace(str(tmp_path), "")
+
+
+# ---------------------------------------------------------------------------- evaluation.json, as export reads it
+
+@pytest.mark.parametrize("payload", ["[]", pytest.param('{"checkpoint": 5}', marks=SLOW),
+                                     pytest.param("{not json", marks=SLOW)])
+def test_export_names_a_malformed_evaluation_json(vr_run, tmp_path, payload):
+    copy = stored(vr_run, tmp_path / "run")
+    (copy / "evaluation.json").write_text(payload)
+    line = command(["-m", "trainer.export", "--format", "torchscript", "--checkpoint", str(copy)], 1, tmp_path)
+    assert f"{copy / 'evaluation.json'} is not an evaluation trainer.evaluate wrote" in line
+    assert not (copy / "export" / "policy.pt").exists()
+
+
+# ---------------------------------------------------------------------------- a full disk under metrics.jsonl
+
+def _full_after(rows: int, monkeypatch) -> None:
+    """``os.write`` to ``metrics.jsonl``: row ``rows + 1`` is cut half-way, and every later write fails."""
+    real, seen = os.write, []
+
+    def write(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("metrics.jsonl"):
+            seen.append(1)
+            if len(seen) == rows + 1:
+                return real(fd, data[: len(data) // 2])
+            if len(seen) > rows + 1:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data)
+    monkeypatch.setattr(os, "write", write)
+
+
+def test_a_row_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    _full_after(2, monkeypatch)
+    with MetricsLog(path) as log:
+        log.append({"iteration": 1})
+        log.append({"iteration": 2})
+        with pytest.raises(MetricsWriteError, match=f"cannot write {path}: No space left on device; row 3"):
+            log.append({"iteration": 3, "sps": 1.5})
+        with pytest.raises(MetricsWriteError, match="row 3"):  # still full: the file stays as it was
+            log.append({"iteration": 3, "sps": 1.5})
+    monkeypatch.undo()
+    assert path.read_text() == '{"iteration": 1}\n{"iteration": 2}\n'
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the metrics file through /proc")
+def test_a_full_disk_under_metrics_stops_the_run_with_one_line_and_the_last_row_saved(tmp_path):
+    run_dir = tmp_path / "run"
+    line = command(["-c", FULL_DISK, *VR, "--run-dir", str(run_dir)], 1, REPO)
+    assert line.startswith(f"error: cannot write {run_dir / 'metrics.jsonl'}: No space left on device; row 3")
+    rows = [json.loads(r)["iteration"] for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [1, 2]  # the torn third row was cut off
+    assert checkpoints.latest_loadable(run_dir)[1]["iteration"] == 2  # iteration 3 has no row: not completed
+    cli = parse_args(["--resume", str(run_dir)])
+    assert train_module.train(cli.config, progress=False, resume=cli.resume, given=cli.given)["iterations"] == 4
+    assert [json.loads(r)["iteration"] for r in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
