@@ -116,3 +116,23 @@ def test_bad_policy_output_is_a_clear_error():
 def test_no_host_to_device_copy_per_rollout_on_cuda():
     from benchmarks.device_check import count_h2d_copies
     assert count_h2d_copies(num_envs=8, horizon=32, backend="device") == 0
+
+
+def test_no_numpy_array_is_made_per_step(monkeypatch):
+    # counted around collect(): conversions once per rollout (the episodes at its end) are allowed, per step none
+    made = []
+    real_numpy, real_from_numpy, real_asarray = torch.Tensor.numpy, torch.from_numpy, np.asarray
+    monkeypatch.setattr(torch.Tensor, "numpy", lambda self, *a, **k: made.append(1) or real_numpy(self, *a, **k))
+    monkeypatch.setattr(torch, "from_numpy", lambda a: made.append(1) or real_from_numpy(a))
+    monkeypatch.setattr(np, "asarray", lambda *a, **k: made.append(1) or real_asarray(*a, **k))
+    space = envs.VREdgeVectorEnv(1, **ENV)
+    counts = []
+    for horizon in (4, 32):
+        policy = f.keyed_policy(space.single_observation_space, space.single_action_space)
+        with DeviceCollector([functools.partial(envs.VREdgeTorchEnv, N, **ENV)], policy, horizon=horizon) as c:
+            c.collect()  # the first rollout fixes the output layout
+            made.clear()
+            rollout = c.collect()
+            counts.append(len(made))
+    assert rollout.episodes  # episodes were read (by one copy at the end)
+    assert counts[0] == counts[1], counts
