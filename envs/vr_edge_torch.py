@@ -115,36 +115,32 @@ class TorchDynamics:
         lognormal = torch.exp(noise - 0.5 * cfg.noise_std**2)
         return cfg.nominal_capacity_mbps * self.regime_mult[regime] * lognormal * self.fade_factor[fade.to(torch.int64)]
 
-    def initial_state(self, keys: torch.Tensor, counters: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Fresh states for ``[B]`` envs, drawn from block ``counters`` (as :func:`envs.vr_edge.initial_state`)."""
+    def _drawn(self, keys: torch.Tensor, counters: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The leaves of fresh episode states that come from block ``counters``'s random draws."""
         cfg, n_users = self.cfg, self.cfg.num_users
         u = uniform_block(keys, counters, cfg.block_size)
-        b = keys.shape[0]
         regime = torch.clamp((u[:, 0] * 3).to(torch.int64), max=2)
         noise = cfg.noise_std * _normals(u[:, 2], u[:, 3])
-        fade = torch.zeros(b, dtype=torch.bool, device=keys.device)
-        logit = cfg.channel_std * _normals(u[:, 5:5 + n_users], u[:, 5 + n_users:])
-        cap = self._capacity(regime, noise, fade)
-        floats = {"dtype": torch.float64, "device": keys.device}
-        return {
-            "key": keys,
-            "counter": counters + 1,
-            "t": torch.zeros(b, dtype=torch.int64, device=keys.device),
-            "regime": regime,
-            "noise": noise,
-            "fade": fade,
-            "channel_logit": logit,
-            "buffer": torch.full((b, n_users), cfg.initial_buffer_s, **floats),
-            "level": torch.zeros((b, n_users), dtype=torch.int64, device=keys.device),
-            "throughput": torch.full((b, n_users), cfg.bitrates_mbps[0], **floats),
-            "download_time": torch.zeros((b, n_users), **floats),
-            "stall": torch.zeros((b, n_users), **floats),
-            "cum_stall": torch.zeros((b, n_users), **floats),
-            "cap_history": cap[:, None].repeat(1, cfg.history),
-            "ep_quality": torch.zeros(b, **floats),
-            "ep_stall": torch.zeros(b, **floats),
-            "ep_switches": torch.zeros(b, **floats),
-        }
+        cap = self._capacity(regime, noise, torch.zeros_like(regime, dtype=torch.bool))
+        return {"counter": counters + 1, "regime": regime, "noise": noise,
+                "channel_logit": cfg.channel_std * _normals(u[:, 5:5 + n_users], u[:, 5 + n_users:]),
+                "cap_history": cap[:, None].repeat(1, cfg.history)}
+
+    def _constant_leaves(self) -> dict[str, tuple[bool | int | float, torch.dtype, bool]]:
+        """The leaves every fresh episode starts with the same value: ``(value, dtype, one per user)``."""
+        cfg, f64 = self.cfg, torch.float64
+        return {"t": (0, torch.int64, False), "fade": (False, torch.bool, False),
+                "buffer": (cfg.initial_buffer_s, f64, True), "level": (0, torch.int64, True),
+                "throughput": (cfg.bitrates_mbps[0], f64, True), "download_time": (0.0, f64, True),
+                "stall": (0.0, f64, True), "cum_stall": (0.0, f64, True), "ep_quality": (0.0, f64, False),
+                "ep_stall": (0.0, f64, False), "ep_switches": (0.0, f64, False)}
+
+    def initial_state(self, keys: torch.Tensor, counters: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Fresh states for ``[B]`` envs, drawn from block ``counters`` (as :func:`envs.vr_edge.initial_state`)."""
+        b, n_users = keys.shape[0], self.cfg.num_users
+        constants = {k: torch.full((b, n_users) if per_user else (b,), value, dtype=dtype, device=keys.device)
+                     for k, (value, dtype, per_user) in self._constant_leaves().items()}
+        return {"key": keys, **constants, **self._drawn(keys, counters)}
 
     def observe(self, s: dict[str, torch.Tensor]) -> torch.Tensor:
         """``[B, obs_dim]`` float32 observations (as :func:`envs.vr_edge.observe`)."""
@@ -244,18 +240,14 @@ class TorchDynamics:
         obs = self.observe(new)
         done = terminated | truncated
         metrics = self._episode_metrics(new)
-        fresh = self.initial_state(new["key"], new["counter"])  # drawn for every env: a branch would sync
-        state = {k: torch.where(done.view(-1, *([1] * (v.dim() - 1))), fresh[k], v) for k, v in new.items()}
-        ended = done[:, None]
-        next_obs = torch.where(ended, self.observe(fresh), obs)
-        return state, next_obs, reward, terminated, truncated, torch.where(ended, obs, 0.0), metrics
-
-
-def state_to_numpy(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """A torch state as :class:`envs.VREdgeVectorEnv`'s NumPy state (``key``/``counter`` back to uint64)."""
-    out = {k: v.detach().cpu().numpy().copy() for k, v in state.items()}
-    out["key"], out["counter"] = out["key"].view(np.uint64), out["counter"].view(np.uint64)
-    return out
+        # every env draws a fresh episode and every leaf is selected: a branch on `done` would synchronise
+        fresh = {**{k: value for k, (value, _, _) in self._constant_leaves().items()},
+                 **self._drawn(new["key"], new["counter"])}
+        state = {"key": new["key"], **{k: torch.where(done.view(-1, *([1] * (v.dim() - 1))), fresh[k], v)
+                                       for k, v in new.items() if k != "key"}}
+        # observations are row by row: the reset rows of observe(state) are the fresh episodes' first
+        return (state, self.observe(state), reward, terminated, truncated, torch.where(done[:, None], obs, 0.0),
+                metrics)
 
 
 class VREdgeTorchEnv(gym.vector.VectorEnv):
