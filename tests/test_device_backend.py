@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from envs.make_traces import write_traces
 from tests.test_durability import cli_matrix_case
@@ -50,3 +51,10 @@ def test_capacity_traces_are_refused_on_the_command_line_before_any_write(tmp_pa
 
 def test_command_line_signal_then_resume_is_exact_on_the_device_backend(tmp_path):
     cli_matrix_case(tmp_path, "device", signal.SIGTERM, seed=1)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_backend_on_cuda_resumes_exactly(tmp_path):
+    from benchmarks.device_check import resume_matches
+    assert resume_matches("cuda", num_envs=8, n=1, num_steps=16, root=tmp_path, backend="device")
