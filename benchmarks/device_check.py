@@ -3,14 +3,19 @@
     python -m benchmarks.device_check            # a few minutes on one H200 with 16 cores (under 8)
     python -m benchmarks.device_check --quick    # tiny sizes; what CI runs on the CPU
 
-(a) host-to-device copies per rollout, counted with the PyTorch profiler (must be 1);
+(a) host-to-device copies per rollout, counted with the PyTorch profiler (``sync``: must be 1;
+``device``: must be 0);
 (b) end-to-end VR-edge training steps/s, CUDA vs CPU, with the default config and with
-1024 envs, for ``sync`` and for ``async`` with 1, 4, 8 and 15 workers;
+1024 envs, for ``sync``, ``device`` and ``async`` with 1, 4, 8 and 15 workers;
 (c) PPO update throughput (samples/s), CUDA vs CPU, at 64x128 and 1024x128 batches;
-(d) N iterations + resume + N iterations == 2N iterations on CUDA, deterministic algorithms on.
+(d) N iterations + resume + N iterations == 2N iterations on CUDA, deterministic algorithms on,
+for ``sync`` and ``device``;
+(e) raw VR-edge steps/s at 4,096 / 16,384 / 65,536 envs: the NumPy env (CPU) vs the torch env on
+CUDA, eager and compiled (``benchmarks.env_steps``);
+(f) end-to-end training steps/s with ``--backend device`` on CUDA at 4,096 and 65,536 envs.
 
-Without CUDA, (a) is skipped with the reason, (b) and (c) run on the CPU alone, and (d) runs
-on the CPU so that its code path stays tested. Exits 1 when (a) or (d) fails.
+Without CUDA, (a) is skipped with the reason, (b) and (c) run on the CPU alone, and (d), (e)
+and (f) run on the CPU so that their code paths stay tested. Exits 1 when (a) or (d) fails.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import functools
 import io
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -33,8 +39,9 @@ from torch.profiler import ProfilerActivity, profile
 
 import checkpoints
 import envs
+from benchmarks.env_steps import rates as raw_rates
 from benchmarks.machine import print_machine
-from collectors import RolloutCollector
+from collectors import RolloutCollector, make_collector
 from trainer import train as train_module
 from trainer.config import TrainConfig
 from trainer.ppo.algorithm import PPO
@@ -55,18 +62,23 @@ class Sizes:
     update_batches: tuple[tuple[int, int], ...] = ((64, 128), (1024, 128))  # (c): envs x steps
     resume_envs: int = 64  # (d)
     resume_iterations: int = 2  # (d): N
+    raw_envs: tuple[int, ...] = (4096, 16384, 65536)  # (e)
+    raw_steps: int = 20  # (e): steps per round, 3 rounds
+    compile: bool = True  # (e): also the compiled torch env
+    device_envs: tuple[int, ...] = (4096, 65536)  # (f)
 
 
 QUICK = Sizes(envs=(8,), num_steps=16, workers=(1, 2), iterations=2, update_batches=((8, 16),), resume_envs=4,
-              resume_iterations=1)
+              resume_iterations=1, raw_envs=(64,), raw_steps=3, compile=False, device_envs=(16,))
 
 
-def count_h2d_copies(num_envs: int = 64, horizon: int = 128) -> int:
-    """Number of host-to-device memcpy kernels during one ``collect()`` on CUDA."""
+def count_h2d_copies(num_envs: int = 64, horizon: int = 128, backend: str = "sync") -> int:
+    """Number of host-to-device memcpy kernels during one ``collect()`` on CUDA (``backend``: sync or device)."""
     probe = envs.SyntheticVREdgeEnv()
     policy = ActorCritic(probe.observation_space, probe.action_space)
-    with RolloutCollector([functools.partial(envs.VREdgeVectorEnv, num_envs)], policy, backend="sync",
-                          horizon=horizon, seed=0, device="cuda") as c:
+    env_cls = envs.VREdgeTorchEnv if backend == "device" else envs.VREdgeVectorEnv
+    with make_collector([functools.partial(env_cls, num_envs)], policy.to("cuda" if backend == "device" else "cpu"),
+                        backend=backend, horizon=horizon, seed=0, device="cuda") as c:
         c.collect()  # warm-up: allocation, pinned storage
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -116,10 +128,10 @@ def update_rate(device: str, num_envs: int, num_steps: int, epochs: int = 4) -> 
     return epochs * rollout.numel() / (time.perf_counter() - start)
 
 
-def resume_matches(device: str, num_envs: int, n: int, num_steps: int, root: Path) -> bool:
+def resume_matches(device: str, num_envs: int, n: int, num_steps: int, root: Path, backend: str = "sync") -> bool:
     """Whether N iterations + resume + N iterations give the same weights, bit for bit, as 2N in one go."""
     cfg = TrainConfig(num_envs=num_envs, num_steps=num_steps, total_steps=2 * n * num_envs * num_steps,
-                      device=device, checkpoint_every=1)
+                      device=device, checkpoint_every=1, backend=backend)
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)  # a kernel without a deterministic variant warns
     try:
@@ -148,14 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     failures = []
     print_machine()
 
-    print("\n(a) host-to-device copies per rollout (must be 1)")
-    if cuda:
-        copies = count_h2d_copies(sizes.envs[0], sizes.num_steps)
-        print(f"    {copies} {'OK' if copies == 1 else 'FAILED'}")
-        if copies != 1:
-            failures.append(f"(a) {copies} host-to-device copies per rollout")
-    else:
-        print(f"    {no_cuda}")
+    print("\n(a) host-to-device copies per rollout (sync: must be 1; device: must be 0)")
+    for backend, want in (("sync", 1), ("device", 0)):
+        if not cuda:
+            print(f"    {backend}: {no_cuda}")
+            continue
+        copies = count_h2d_copies(sizes.envs[0], sizes.num_steps, backend)
+        print(f"    {backend}: {copies} {'OK' if copies == want else 'FAILED'}")
+        if copies != want:
+            failures.append(f"(a) {copies} host-to-device copies per rollout on the {backend} backend")
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -164,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    {'envs':>5}  {'backend':<10} {'workers':>7}  " + "  ".join(f"{d:>10}" for d in devices)
               + ("  cuda/cpu" if cuda else ""))
         for n in sizes.envs:
-            for backend, workers in [("sync", 0), *(("async", w) for w in sizes.workers if w < n)]:
+            for backend, workers in [("sync", 0), ("device", 0), *(("async", w) for w in sizes.workers if w < n)]:
                 rates, layout = [], {}
                 for device in devices:
                     cfg = TrainConfig(num_envs=n, num_steps=sizes.num_steps, backend=backend, num_workers=workers,
@@ -186,10 +199,24 @@ def main(argv: list[str] | None = None) -> int:
         n = sizes.resume_iterations
         print(f"\n(d) {n} + resume + {n} == {2 * n} iterations on {device}, deterministic algorithms"
               + ("" if cuda else " (no CUDA: the CPU stands in, so the code path stays checked)"))
-        same = resume_matches(device, sizes.resume_envs, n, sizes.num_steps, root / "d")
-        print(f"    {'OK: identical weights' if same else 'FAILED: the weights differ'}")
-        if not same:
-            failures.append(f"(d) resume on {device} is not exact")
+        for backend in ("sync", "device"):
+            same = resume_matches(device, sizes.resume_envs, n, sizes.num_steps, root / f"d-{backend}", backend)
+            print(f"    {backend}: {'OK: identical weights' if same else 'FAILED: the weights differ'}")
+            if not same:
+                failures.append(f"(d) resume on {device} with the {backend} backend is not exact")
+
+        print(f"\n(e) raw VR-edge steps/s, the NumPy env on the CPU vs the torch env on {device} (median of 3 "
+              f"rounds of {sizes.raw_steps} steps)")
+        for n in sizes.raw_envs:
+            measured = raw_rates(n, sizes.raw_steps, device, sizes.compile, repeats=1 if args.quick else 3)
+            print(f"    {n:>6}: " + ", ".join(f"{name} {statistics.median(r):,.0f}" for name, r in measured.items()))
+
+        print(f"\n(f) end-to-end VR-edge training with --backend device on {device}, env steps/s (iterations "
+              f"2-{sizes.iterations}; {sizes.num_steps} steps per rollout)")
+        for n in sizes.device_envs:
+            cfg = TrainConfig(num_envs=n, num_steps=sizes.num_steps, backend="device", device=device,
+                              total_steps=10**12, run_dir=str(root / f"f-{n}"))
+            print(f"    {n:>6} envs: {training_rate(cfg, sizes.iterations)[0]:,.0f}")
 
     print("\ndevice check: " + ("OK" if not failures else "FAILED: " + "; ".join(failures)))
     return 1 if failures else 0

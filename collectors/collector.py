@@ -44,6 +44,45 @@ def takes_noise_keys(policy: Policy) -> bool:
     return all(name in params and params[name].kind in named for name in ("noise_keys", "steps"))
 
 
+def call_policy(policy: Policy, obs: torch.Tensor, keys: tuple[torch.Tensor, torch.Tensor] | None
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(actions, extras)`` of ``policy`` on ``obs``; ``keys``: ``(noise_keys, steps)`` for a keyed policy.
+
+    ``extras`` maps ``log_probs`` / ``values`` to what a mapping output gave for ``log_prob`` / ``value``.
+    """
+    with torch.inference_mode():  # also when called outside collect()'s loop
+        out = policy(obs) if keys is None else policy(obs, noise_keys=keys[0], steps=keys[1])
+    if isinstance(out, (Mapping, TensorDictBase)):
+        if "action" not in out.keys():
+            raise ValueError(f"policy returned a mapping without 'action' (keys: {list(out.keys())})")
+        extras = {name: out[key] for key, name in (("log_prob", "log_probs"), ("value", "values"))
+                  if key in out.keys() and out[key] is not None}
+        out = out["action"]
+    else:
+        extras = {}
+    if not isinstance(out, torch.Tensor):
+        out = torch.as_tensor(np.asarray(out))
+    return out, extras
+
+
+def check_policy_output(action: torch.Tensor, extras: dict[str, torch.Tensor], n: int, space: gym.Space) -> None:
+    """Raise a clear error where a policy's output for ``n`` envs does not fit the action ``space``."""
+    want = (n, *space.shape)
+    if tuple(action.shape) != want:
+        raise ValueError(f"policy returned actions of shape {tuple(action.shape)}; expected {want} "
+                         f"({n} envs x action space {space})")
+    discrete = isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
+    if discrete and (action.dtype.is_floating_point or action.dtype == torch.bool):
+        raise TypeError(f"policy returned {action.dtype} actions for the discrete space {space}; "
+                        "return an integer tensor (e.g. torch.int64)")
+    if isinstance(space, gym.spaces.Box) and not action.dtype.is_floating_point:
+        raise TypeError(f"policy returned {action.dtype} actions for the continuous space {space}; "
+                        "return a floating-point tensor")
+    for name, v in extras.items():
+        if tuple(v.shape) != (n,):
+            raise ValueError(f"policy returned {name[:-1]} of shape {tuple(v.shape)}; expected ({n},)")
+
+
 class RolloutCollector(Collector):
     """Collects fixed-shape ``[horizon, num_envs]`` rollouts from Gymnasium envs, in this process
     (``serial``, ``sync``) or in spawned worker processes (``async``).
@@ -106,8 +145,12 @@ class RolloutCollector(Collector):
         if backend == "ray":
             raise ValueError("backend='ray' has its own collector: collectors.make_collector(env_fns, policy, "
                              "backend='ray', ...) or collectors.RayCollector(env_fns, policy, ...)")
+        if backend == "device":
+            raise ValueError("backend='device' has its own collector: collectors.make_collector(env_fns, policy, "
+                             "backend='device', ...) or collectors.DeviceCollector(env_fns, policy, ...)")
         if backend not in LOCAL_BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join((*LOCAL_BACKENDS, 'ray'))}")
+            raise ValueError(f"unknown backend {backend!r}; choose one of "
+                             f"{', '.join((*LOCAL_BACKENDS, 'device', 'ray'))}")
         env_fns = check_env_fns(env_fns)
         super().__init__(policy, horizon, device, num_threads)
         explicit = check_seeds(seed)
@@ -139,40 +182,8 @@ class RolloutCollector(Collector):
     # ------------------------------------------------------------------ policy
     def _call_policy(self, obs: torch.Tensor, rows: slice, t: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The policy on ``obs`` = envs ``rows`` at step ``t`` of the rollout: ``(actions, extras)``."""
-        with torch.inference_mode():  # also when called outside collect()'s loop
-            if self._keyed:
-                out = self.policy(obs, noise_keys=self._noise_keys[rows], steps=self._steps[rows] + t)
-            else:
-                out = self.policy(obs)
-        if isinstance(out, (Mapping, TensorDictBase)):
-            if "action" not in out.keys():
-                raise ValueError(f"policy returned a mapping without 'action' (keys: {list(out.keys())})")
-            extras = {name: out[key] for key, name in (("log_prob", "log_probs"), ("value", "values"))
-                      if key in out.keys() and out[key] is not None}
-            out = out["action"]
-        else:
-            extras = {}
-        if not isinstance(out, torch.Tensor):
-            out = torch.as_tensor(np.asarray(out))
-        return out, extras
-
-    def _check_policy_output(self, action: torch.Tensor, extras: dict[str, torch.Tensor],
-                             n: int | None = None) -> None:
-        n, space = self.num_envs if n is None else n, self.action_space
-        want = (n, *space.shape)
-        if tuple(action.shape) != want:
-            raise ValueError(f"policy returned actions of shape {tuple(action.shape)}; expected {want} "
-                             f"({n} envs x action space {space})")
-        discrete = isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
-        if discrete and (action.dtype.is_floating_point or action.dtype == torch.bool):
-            raise TypeError(f"policy returned {action.dtype} actions for the discrete space {space}; "
-                            "return an integer tensor (e.g. torch.int64)")
-        if isinstance(space, gym.spaces.Box) and not action.dtype.is_floating_point:
-            raise TypeError(f"policy returned {action.dtype} actions for the continuous space {space}; "
-                            "return a floating-point tensor")
-        for name, v in extras.items():
-            if tuple(v.shape) != (n,):
-                raise ValueError(f"policy returned {name[:-1]} of shape {tuple(v.shape)}; expected ({n},)")
+        keys = (self._noise_keys[rows], self._steps[rows] + t) if self._keyed else None
+        return call_policy(self.policy, obs, keys)
 
     def _allocate(self, action: torch.Tensor, extras: dict[str, torch.Tensor]) -> RolloutStorage:
         obs_dtype = torch_dtype(self._obs.dtype)
@@ -189,7 +200,7 @@ class RolloutCollector(Collector):
             # its outputs round the same way after a resume as in a run that went straight through
             rows = self.backend.groups[0] if self.backend_name == "async" else everything
             first = self._call_policy(obs0[rows], rows, 0)
-            self._check_policy_output(*first, n=rows.stop - rows.start)
+            check_policy_output(*first, rows.stop - rows.start, self.action_space)
             s = self.storage = self._allocate(*first)
             s.obs[0].copy_(obs0)
         else:
@@ -220,7 +231,7 @@ class RolloutCollector(Collector):
         n = rows.stop - rows.start
         if action.shape[1:] != s.actions.shape[2:] or len(action) != n or action.dtype != s.actions.dtype \
                 or extras.keys() != s.extras.keys():
-            self._check_policy_output(action, extras, n)
+            check_policy_output(action, extras, n, self.action_space)
             raise TypeError(f"policy output changed between steps: got {action.dtype} actions with "
                             f"{sorted(extras)}, first step gave {s.actions.dtype} with {sorted(s.extras)}")
         s.action_steps[t][rows].copy_(action)

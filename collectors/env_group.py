@@ -204,10 +204,11 @@ def env_states(envs: Sequence[Any]) -> list[Any]:
 
 def _split_vector_state(env: gym.vector.VectorEnv, state: Any) -> list[dict[str, np.ndarray]]:
     n = env.num_envs
-    if not isinstance(state, dict) or not all(isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == n
-                                              for v in state.values()):
-        raise ValueError(f"{type(env.unwrapped).__name__}.get_state() must return a dict of NumPy arrays with a "
-                         f"leading axis of num_envs={n}, so that each env's state can be kept on its own")
+    if isinstance(state, dict):  # CPU tensors (a torch env's) as NumPy arrays, without a copy
+        state = {k: np.asarray(v) for k, v in state.items()}
+    if not isinstance(state, dict) or not all(v.ndim >= 1 and v.shape[0] == n for v in state.values()):
+        raise ValueError(f"{type(env.unwrapped).__name__}.get_state() must return a dict of arrays (or CPU "
+                         f"tensors) with a leading axis of num_envs={n}, so that each env's state is kept on its own")
     return [{k: v[j:j + 1].copy() for k, v in state.items()} for j in range(n)]
 
 

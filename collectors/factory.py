@@ -8,16 +8,18 @@ from typing import Any
 
 from collectors.base import Collector, Policy
 from collectors.collector import LOCAL_BACKENDS, RolloutCollector
+from collectors.device import DeviceCollector
 
-BACKENDS = (*LOCAL_BACKENDS, "ray")
+BACKENDS = (*LOCAL_BACKENDS, "device", "ray")
 RAY_OPTIONS = frozenset({"envs_per_worker", "ray_address", "cpus_per_worker", "worker_options", "first_ready",
                          "worker_cls", "worker_kwargs"})
 
 
 def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
                    background: bool = False, **options: Any) -> Collector:
-    """A :class:`~collectors.RolloutCollector` (``serial``, ``sync``, ``async``) or a
-    :class:`~collectors.RayCollector` (``ray``), built with ``options``; ``background=True``
+    """A :class:`~collectors.RolloutCollector` (``serial``, ``sync``, ``async``), a
+    :class:`~collectors.DeviceCollector` (``device``: an env written in torch, on the policy's device)
+    or a :class:`~collectors.RayCollector` (``ray``), built with ``options``; ``background=True``
     runs a local one in a process of its own (:class:`~collectors.background.BackgroundCollector`).
 
     Example:
@@ -40,6 +42,11 @@ def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend
                              "collect apart from this process (first_ready=True keeps them collecting)")
         from collectors.ray_collector import RayCollector  # imports Ray's plumbing only where it is used
         cls, kwargs = RayCollector, options
+    elif backend == "device":
+        if background:
+            raise ValueError("background=True (--overlap) is for the serial, sync and async backends: the device "
+                             "backend steps its env on the learner's device, between updates")
+        cls, kwargs = DeviceCollector, options
     else:
         cls, kwargs = RolloutCollector, {"backend": backend, **options}
     known = set(inspect.signature(cls.__init__).parameters) - {"self", "env_fns", "policy", "backend"}

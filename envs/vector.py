@@ -26,6 +26,17 @@ from envs.vr_edge import (
 )
 
 
+def env_seeds(seed: int | Sequence[int], num_envs: int) -> list[int]:
+    """Per-env seeds of ``reset(seed=...)``: an integer expanded through ``SeedSequence``, or one seed per env."""
+    if isinstance(seed, (int, np.integer)):
+        return [int(s) for s in np.random.SeedSequence(int(seed)).generate_state(num_envs, np.uint64)]
+    seeds = list(seed)
+    if len(seeds) != num_envs:
+        raise ValueError(f"reset(seed=...) got {len(seeds)} seeds for {num_envs} envs; "
+                         "pass one integer, or one seed per env")
+    return seeds
+
+
 class VREdgeVectorEnv(gym.vector.VectorEnv):
     """``num_envs`` independent VR-edge envs stepped at once, with same-step autoreset.
 
@@ -73,19 +84,10 @@ class VREdgeVectorEnv(gym.vector.VectorEnv):
         if seed is None:
             keys, counters = self._state["key"], self._state["counter"]
         else:
-            keys = np.array([rng.key_from_seed(s) for s in self._env_seeds(seed)], dtype=np.uint64)
+            keys = np.array([rng.key_from_seed(s) for s in env_seeds(seed, self.num_envs)], dtype=np.uint64)
             counters = np.zeros(self.num_envs, dtype=np.uint64)
         self._state = initial_state(self.config, keys, counters)
         return observe(self.config, self._state), {}
-
-    def _env_seeds(self, seed: int | Sequence[int]) -> list[int]:
-        if isinstance(seed, (int, np.integer)):
-            return [int(s) for s in np.random.SeedSequence(int(seed)).generate_state(self.num_envs, np.uint64)]
-        seeds = list(seed)
-        if len(seeds) != self.num_envs:
-            raise ValueError(f"reset(seed=...) got {len(seeds)} seeds for {self.num_envs} envs; "
-                             "pass one integer, or one seed per env")
-        return seeds
 
     def step(self, actions):
         if self._state is None:

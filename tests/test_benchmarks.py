@@ -4,18 +4,31 @@ import re
 
 import pytest
 
-from benchmarks import device_check, double_buffer, scaling
+from benchmarks import device_check, double_buffer, env_steps, scaling
 
 
 def test_device_check_quick_runs_every_part(capsys):
     assert device_check.main(["--quick"]) == 0
     out = capsys.readouterr().out
-    for part in ("(a)", "(b)", "(c)", "(d)"):
+    for part in ("(a)", "(b)", "(c)", "(d)", "(e)", "(f)"):
         assert part in out
-    assert "OK: identical weights" in out and out.rstrip().endswith("device check: OK")
-    rows = re.findall(r"^\s+8\s+(sync|async)\s+(\d+)\s+([\d,]+)", out, re.M)
-    assert [(b, int(w)) for b, w, _ in rows] == [("sync", 0), ("async", 1), ("async", 2)]
+    assert "sync: OK: identical weights" in out and "device: OK: identical weights" in out
+    assert out.rstrip().endswith("device check: OK")
+    rows = re.findall(r"^\s+8\s+(sync|device|async)\s+(\d+)\s+([\d,]+)", out, re.M)
+    assert [(b, int(w)) for b, w, _ in rows] == [("sync", 0), ("device", 0), ("async", 1), ("async", 2)]
     assert all(int(r.replace(",", "")) > 0 for _, _, r in rows)
+    raw = re.search(r"^\s+64: numpy ([\d,]+), torch eager ([\d,]+)$", out, re.M)
+    assert raw and all(int(r.replace(",", "")) > 0 for r in raw.groups())
+    assert re.search(r"^\s+16 envs: [1-9][\d,]*$", out, re.M)
+
+
+def test_env_steps_quick_reports_numpy_and_torch_side_by_side(capsys):
+    env_steps.main(["--quick"])
+    rows = re.findall(r"^\s+(\d+)\s+(numpy|torch eager)\s+([\d,]+)\s+\[.*\]\s+([\d.]+)x numpy$",
+                      capsys.readouterr().out, re.M)
+    assert [(int(n), name) for n, name, *_ in rows] == [(8, "numpy"), (8, "torch eager"), (64, "numpy"),
+                                                         (64, "torch eager")]
+    assert all(int(r.replace(",", "")) > 0 and float(x) > 0 for *_, r, x in rows)
 
 
 def test_scaling_quick_reports_rates_and_efficiency(capsys):

@@ -77,7 +77,8 @@ class TrainConfig:
         "env": "any registered Gymnasium env id (VREdge-v0 uses the natively batched env)",
         "env_kwargs": "env constructor arguments, key=value,key=value (numbers, true/false or text), e.g. "
                       "num_users=6 or capacity_trace=traces/,trace_split=train for VR-edge",
-        "backend": "rollout backend: serial, sync, async or ray",
+        "backend": "rollout backend: serial, sync, async, device (VR-edge as torch tensors on --device, next to the "
+                   "acting policy) or ray",
         "num_envs": "parallel envs", "num_steps": "steps per env per rollout",
         "total_steps": "env steps to train for", "seed": "run seed (envs, init, sampling)",
         "device": "auto (cuda when available), cpu or cuda",
@@ -167,6 +168,9 @@ class TrainConfig:
         need(not self.overlap or self.backend != "ray", "overlap",
              "works with --backend serial, sync or async; with Ray, --ray-async true keeps the actors collecting "
              "while the learner learns")
+        need(not self.overlap or self.backend != "device", "overlap",
+             "works with --backend serial, sync or async; --backend device steps its env on the learner's device, "
+             "between updates")
         need(self.overlap_targets in ("gae", "vtrace"), "overlap_targets", "choose gae or vtrace")
         need(self.policy_arch in ("auto", "flat", "per_head"), "policy_arch", "choose auto, flat or per_head")
         need(self.rho_bar > 0 and self.c_bar > 0, "rho_bar", "rho_bar and c_bar must be > 0")

@@ -29,6 +29,7 @@ from trainer.config import TrainConfig
 from trainer.registry import algorithm_class
 
 VECTOR_ENVS = {"VREdge-v0": envs.VREdgeVectorEnv}  # natively batched: one vector env per process or actor
+TORCH_ENVS = {"VREdge-v0": envs.VREdgeTorchEnv}  # written in torch: --backend device steps them on the learner's device
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class RunLayout:
 
     def env_factories(self) -> list[Callable[[], Any]]:
         """Picklable zero-argument factories, one per entry of ``factory_envs``."""
+        if self.backend == "device":
+            return [functools.partial(TORCH_ENVS[self.env], self.num_envs, **self.env_kwargs)]
         if self.vectorized:
             return [functools.partial(VECTOR_ENVS[self.env], n, **self.env_kwargs) for n in self.factory_envs]
         return [functools.partial(gym.make, self.env, **self.env_kwargs)] * len(self.factory_envs)
@@ -115,7 +118,8 @@ class RunLayout:
             where += f", Ray cluster {m.ray_cpus:g} CPUs ({m.ray_cpus_here:g} here)"
         sizes = sorted(set(self.factory_envs))
         per = "-".join(str(s) for s in (sizes[0], sizes[-1]) if s) if len(sizes) > 1 else str(sizes[0])
-        kind = f"{len(self.factory_envs)} x {'VREdgeVectorEnv(' + per + ')' if self.vectorized else 'gym.make'}"
+        batched = f"{'VREdgeTorchEnv' if self.backend == 'device' else 'VREdgeVectorEnv'}({per})"
+        kind = f"{len(self.factory_envs)} x {batched if self.vectorized else 'gym.make'}"
         here = "the collecting process" if self.overlap else "this process"
         if self.backend == "async":
             procs = _count(self.workers, "worker process", "es") + (f" + {here}" if self.main_share else "")
@@ -124,6 +128,8 @@ class RunLayout:
         elif self.backend == "ray":
             procs = f"{_count(self.workers, 'Ray actor')} x {self.cpus_per_worker:g} CPU, " \
                     f"{_count(self.factories_per_worker, 'factory')} each"
+        elif self.backend == "device":
+            procs = f"{here}, env stepped as torch tensors next to the acting policy"
         else:
             procs = here
         if self.overlap:
@@ -155,12 +161,17 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
     n, cores, notes = cfg.num_envs, machine.cores, []
     # the algorithm decides whether its Ray actors keep collecting while it learns (IMPALA's and Ape-X's do)
     asynchronous = cfg.backend == "ray" and algorithm_class(cfg.algo).keeps_collecting(cfg)
+    if cfg.backend == "device":
+        if cfg.env not in TORCH_ENVS:
+            raise ValueError(f"--backend device needs an env written in torch; {cfg.env} has none (these do: "
+                             f"{', '.join(TORCH_ENVS)}): use --backend sync or async")
+        TORCH_ENVS[cfg.env](1, **cfg.env_options)  # settings the torch env cannot run fail here, before any write
     vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
     workers, main_share, per_worker, cpus = 0, False, 0, 0.0
     # --overlap: the collecting process (and its workers) keep collecting while this one learns,
     # so collection gets the cores but one, and learning the cores collection leaves
     collect_cores = max(1, cores - 1) if cfg.overlap else cores
-    if cfg.backend in ("serial", "sync"):
+    if cfg.backend in ("serial", "sync", "device"):
         if cfg.num_workers or cfg.envs_per_worker:
             notes.append(f"--num-workers and --envs-per-worker are ignored by --backend {cfg.backend}")
         sizes = [n] if vectorized else [1] * n

@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 class PPO(Algorithm):
     """Everything a PPO run carries from one iteration to the next (and into a checkpoint).
 
-    ``model`` learns on ``device``; ``acting`` is the CPU copy the collector acts with (its
-    weights arrive through ``collector.update_policy``; its sampling generator is run state).
+    ``model`` learns on ``device``; ``acting`` is the copy the collector acts with, on the CPU (on ``device``
+    with ``--backend device``); its weights arrive through ``collector.update_policy``, and its sampling
+    generator is run state.
     ``pipeline`` (from :meth:`attach`) says where each iteration's rollout comes from.
 
     Example (one iteration on CartPole, as ``trainer.train`` runs it):
@@ -94,7 +95,8 @@ class PPO(Algorithm):
         device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         model = cls.make_model(cfg).to(device)
-        acting = cls.make_model(cfg)
+        # the collector acts on the CPU, except the device backend's, which acts next to its env on the device
+        acting = cls.make_model(cfg).to(device if layout.backend == "device" else "cpu")
         acting.load_state_dict(model.state_dict())
         # one flat tensor and a fused kernel: Adam is a single op per minibatch, not ~10 per parameter
         optimizer = torch.optim.Adam([flat_parameters(model)], lr=cfg.lr, eps=1e-5, fused=True)

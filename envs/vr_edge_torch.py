@@ -1,0 +1,347 @@
+"""VR-edge on torch tensors of any device: the dynamics of :mod:`envs.vr_edge`, ported, and the batched env.
+
+A separate port rather than one source for NumPy and torch: the NumPy dynamics write
+observations into views and index with ``put_along_axis``, and the torch ones must avoid both
+(in-place writes into views and data-dependent indexing break ``torch.compile(fullgraph=True)``
+and force host synchronisation). ``tests/test_vr_edge_torch.py`` holds the two to the same
+trajectories: identical random draws (SplitMix64 on ``int64`` with masked shifts gives the bits
+of NumPy's ``uint64``), terminations and truncations; rewards and observations equal to within
+1e-12 (torch's and NumPy's ``exp``/``log``/``cos`` may differ in the last bit).
+
+State leaves are float64 (as in NumPy) and ``int64``; ``key`` and ``counter`` hold the bit
+patterns of NumPy's ``uint64``. A step never synchronises with the host: autoreset selects
+every leaf with ``torch.where``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from envs import rng
+from envs.vector import env_seeds
+from envs.vr_edge import (
+    _OBS_HIGH,
+    _THROUGHPUT_EWMA,
+    QOE_LIN_REBUFFER_PENALTY,
+    REGIMES,
+    VREdgeConfig,
+    action_space,
+    checked_state,
+    head_observation_layout,
+    observation_space,
+)
+
+
+def _int64(c: int) -> int:
+    """The int64 with the bit pattern of the uint64 ``c`` (int64 multiplication wraps like uint64's)."""
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+_GAMMA = _int64(int(rng._GAMMA))
+_MIX1 = _int64(int(rng._MIX1))
+_MIX2 = _int64(int(rng._MIX2))
+
+
+def _shift_right(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bits: the arithmetic shift, with the smeared sign bits masked off."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def uniform_block(keys: torch.Tensor, counters: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``[B, block_size]`` float64 uniforms in (0, 1): exactly :func:`envs.rng.uniform_block`'s numbers.
+
+    ``keys`` and ``counters`` are ``int64 [B]`` holding the uint64 bit patterns.
+    """
+    index = counters[:, None] * block_size + torch.arange(1, block_size + 1, dtype=torch.int64, device=keys.device)
+    z = keys[:, None] + index * _GAMMA
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    z = z ^ _shift_right(z, 31)
+    return (_shift_right(z, 11).to(torch.float64) + 0.5) / rng._TWO_POW_53
+
+
+def _normals(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
+    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
+
+
+def check_config(cfg: VREdgeConfig) -> None:
+    """Raise ``ValueError`` for settings the torch env cannot run, naming the alternative."""
+    if cfg.capacity_trace:
+        raise ValueError("capacity_trace is not supported by the torch VR-edge env (--backend device): replay "
+                         "traces with --backend sync or async")
+    if cfg.step_cost_us:
+        raise ValueError("step_cost_us stands in for a CPU simulator's cost and the torch VR-edge env (--backend "
+                         "device) burns none: leave it at 0, or use --backend sync or async")
+
+
+class TorchDynamics:
+    """The VR-edge dynamics of one config as pure functions of torch state dicts on ``device``.
+
+    Example:
+        >>> import torch
+        >>> from envs.vr_edge import VREdgeConfig
+        >>> dyn = TorchDynamics(VREdgeConfig(num_users=2), "cpu")
+        >>> s = dyn.initial_state(torch.tensor([1, 2]), torch.zeros(2, dtype=torch.int64))
+        >>> out = dyn.step(s, torch.zeros(2, 2, dtype=torch.int64))
+        >>> s, obs, reward, terminated, truncated, final_obs, metrics = out
+        >>> obs.shape, reward.shape, final_obs.shape, sorted(metrics)
+        (torch.Size([2, 19]), torch.Size([2]), torch.Size([2, 19]), ['abandoned', 'quality', 'stall_s', 'switches'])
+
+    Shapes: state leaves ``[B, ...]`` (``B`` envs), actions ``int64 [B, num_users]``,
+    observations float32 ``[B, obs_dim]``, rewards float64 ``[B]``.
+    """
+
+    def __init__(self, cfg: VREdgeConfig, device: str | torch.device) -> None:
+        check_config(cfg)
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.ladder = torch.as_tensor(cfg._ladder, dtype=torch.float64, device=self.device)
+        self.quality = torch.as_tensor(cfg._quality, dtype=torch.float64, device=self.device)
+        self.regime_mult = torch.as_tensor(cfg._regime_mult, dtype=torch.float64, device=self.device)
+        self.fade_factor = torch.tensor([1.0, cfg.fade_depth], dtype=torch.float64, device=self.device)
+        self.regimes = torch.arange(len(REGIMES), device=self.device)
+        self.user_ranks = torch.arange(cfg.num_users - 1, -1, -1, dtype=torch.int64, device=self.device)
+
+    def _capacity(self, regime: torch.Tensor, noise: torch.Tensor, fade: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        lognormal = torch.exp(noise - 0.5 * cfg.noise_std**2)
+        return cfg.nominal_capacity_mbps * self.regime_mult[regime] * lognormal * self.fade_factor[fade.to(torch.int64)]
+
+    def _drawn(self, keys: torch.Tensor, counters: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The leaves of fresh episode states that come from block ``counters``'s random draws."""
+        cfg, n_users = self.cfg, self.cfg.num_users
+        u = uniform_block(keys, counters, cfg.block_size)
+        regime = torch.clamp((u[:, 0] * 3).to(torch.int64), max=2)
+        noise = cfg.noise_std * _normals(u[:, 2], u[:, 3])
+        cap = self._capacity(regime, noise, torch.zeros_like(regime, dtype=torch.bool))
+        return {"counter": counters + 1, "regime": regime, "noise": noise,
+                "channel_logit": cfg.channel_std * _normals(u[:, 5:5 + n_users], u[:, 5 + n_users:]),
+                "cap_history": cap[:, None].repeat(1, cfg.history)}
+
+    def _constant_leaves(self) -> dict[str, tuple[bool | int | float, torch.dtype, bool]]:
+        """The leaves every fresh episode starts with the same value: ``(value, dtype, one per user)``."""
+        cfg, f64 = self.cfg, torch.float64
+        return {"t": (0, torch.int64, False), "fade": (False, torch.bool, False),
+                "buffer": (cfg.initial_buffer_s, f64, True), "level": (0, torch.int64, True),
+                "throughput": (cfg.bitrates_mbps[0], f64, True), "download_time": (0.0, f64, True),
+                "stall": (0.0, f64, True), "cum_stall": (0.0, f64, True), "ep_quality": (0.0, f64, False),
+                "ep_stall": (0.0, f64, False), "ep_switches": (0.0, f64, False)}
+
+    def initial_state(self, keys: torch.Tensor, counters: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Fresh states for ``[B]`` envs, drawn from block ``counters`` (as :func:`envs.vr_edge.initial_state`)."""
+        b, n_users = keys.shape[0], self.cfg.num_users
+        constants = {k: torch.full((b, n_users) if per_user else (b,), value, dtype=dtype, device=keys.device)
+                     for k, (value, dtype, per_user) in self._constant_leaves().items()}
+        return {"key": keys, **constants, **self._drawn(keys, counters)}
+
+    def observe(self, s: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``[B, obs_dim]`` float32 observations (as :func:`envs.vr_edge.observe`)."""
+        cfg = self.cfg
+        b = s["t"].shape[0]
+        users = torch.stack([
+            s["buffer"] / cfg.max_buffer_s,
+            s["level"].to(torch.float64) / max(cfg.num_levels - 1, 1),
+            s["throughput"] / cfg.bitrates_mbps[-1],
+            s["download_time"] / cfg.segment_s,
+            s["stall"] / cfg.segment_s,
+            s["cum_stall"] / cfg.abandon_stall_s,
+            0.25 + 0.75 / (1.0 + torch.exp(-s["channel_logit"])),
+        ], dim=-1).reshape(b, -1)
+        progress = s["t"].to(torch.float64) / cfg.max_steps
+        parts = [users, s["cap_history"] / cfg.nominal_capacity_mbps, progress[:, None]]
+        if cfg.reveal_hidden_state:
+            parts += [(self.regimes == s["regime"][:, None]).to(torch.float64), s["fade"].to(torch.float64)[:, None]]
+        # rounded to float32 before the clip, as NumPy's assignment into a float32 array does
+        return torch.clamp(torch.cat(parts, dim=1).to(torch.float32), max=_OBS_HIGH)
+
+    def _processor_sharing_times(self, work: torch.Tensor) -> torch.Tensor:
+        order = torch.argsort(work, dim=-1, stable=True)
+        w = torch.gather(work, -1, order)
+        finish_sorted = torch.cumsum(w, dim=-1) + self.user_ranks * w
+        return torch.empty_like(work).scatter(-1, order, finish_sorted)
+
+    def _step_state(self, s: dict[str, torch.Tensor], actions: torch.Tensor):
+        cfg, n_users = self.cfg, self.cfg.num_users
+        u = uniform_block(s["key"], s["counter"], cfg.block_size)
+        leave = u[:, 0] >= cfg.regime_stay_prob
+        regime = torch.where(leave, (s["regime"] + 1 + (u[:, 1] * 2).to(torch.int64)) % 3, s["regime"])
+        noise = cfg.noise_corr * s["noise"] + math.sqrt(1 - cfg.noise_corr**2) * cfg.noise_std * _normals(
+            u[:, 2], u[:, 3])
+        fade = torch.where(s["fade"], u[:, 4] >= cfg.fade_end_prob, u[:, 4] < cfg.fade_prob)
+        capacity = self._capacity(regime, noise, fade)
+        logit = cfg.channel_corr * s["channel_logit"] + math.sqrt(1 - cfg.channel_corr**2) * cfg.channel_std * (
+            _normals(u[:, 5:5 + n_users], u[:, 5 + n_users:]))
+        channel = 0.25 + 0.75 / (1.0 + torch.exp(-logit))
+
+        bitrate = self.ladder[actions]
+        dl_time = self._processor_sharing_times(bitrate * cfg.segment_s / (capacity[:, None] * channel))
+        buffer = s["buffer"]
+        stall = torch.clamp(dl_time - buffer, min=0.0)
+        new_buffer = torch.clamp(torch.clamp(buffer - dl_time, min=0.0) + cfg.segment_s, max=cfg.max_buffer_s)
+        quality = self.quality[actions]
+        user_reward = (cfg.quality_weight * quality - cfg.stall_weight * stall
+                       - cfg.switch_weight * torch.abs(quality - self.quality[s["level"]]))
+        throughput = _THROUGHPUT_EWMA * s["throughput"] + (1 - _THROUGHPUT_EWMA) * bitrate / dl_time
+        switched = (actions != s["level"]).to(torch.float64)
+        inv_users = 1.0 / n_users
+        reward = user_reward.sum(dim=1) * inv_users
+        cum_stall = s["cum_stall"] + stall
+        t = s["t"] + 1
+        terminated = torch.any(cum_stall > cfg.abandon_stall_s, dim=1)
+        truncated = (t >= cfg.max_steps) & ~terminated
+        new = {
+            "key": s["key"],
+            "counter": s["counter"] + 1,
+            "t": t,
+            "regime": regime,
+            "noise": noise,
+            "fade": fade,
+            "channel_logit": logit,
+            "buffer": new_buffer,
+            "level": actions,
+            "throughput": throughput,
+            "download_time": dl_time,
+            "stall": stall,
+            "cum_stall": cum_stall,
+            "cap_history": torch.cat([s["cap_history"][:, 1:], capacity[:, None]], dim=1),
+            "ep_quality": s["ep_quality"] + quality.sum(dim=1) * inv_users,
+            "ep_stall": s["ep_stall"] + stall.sum(dim=1) * inv_users,
+            "ep_switches": s["ep_switches"] + switched.sum(dim=1) * inv_users,
+        }
+        prev_bitrate = self.ladder[s["level"]]
+        parts = {"quality": quality, "stall_s": stall, "switches": switched, "capacity_mbps": capacity,
+                 "bitrate_mbps": bitrate,
+                 "qoe_lin": bitrate - QOE_LIN_REBUFFER_PENALTY * stall - torch.abs(bitrate - prev_bitrate)}
+        return new, reward, terminated, truncated, parts
+
+    def _episode_metrics(self, s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        steps = torch.clamp(s["t"], min=1)
+        return {"quality": s["ep_quality"] / steps, "stall_s": s["ep_stall"] / steps,
+                "switches": s["ep_switches"] / steps,
+                "abandoned": torch.any(s["cum_stall"] > self.cfg.abandon_stall_s, dim=1).to(torch.float64)}
+
+    def step(self, s: dict[str, torch.Tensor], actions: torch.Tensor):
+        """One step of every env with same-step autoreset and no host synchronisation.
+
+        Returns ``(state, observations, rewards, terminated, truncated, final_observations,
+        episode_metrics)``: ``observations`` are the next episode's first where one ended;
+        ``final_observations`` (zero elsewhere) and ``episode_metrics`` (``[B]`` each) describe
+        the episode that ended.
+        """
+        new, reward, terminated, truncated, _ = self._step_state(s, actions)
+        obs = self.observe(new)
+        done = terminated | truncated
+        metrics = self._episode_metrics(new)
+        # every env draws a fresh episode and every leaf is selected: a branch on `done` would synchronise
+        fresh = {**{k: value for k, (value, _, _) in self._constant_leaves().items()},
+                 **self._drawn(new["key"], new["counter"])}
+        state = {"key": new["key"], **{k: torch.where(done.view(-1, *([1] * (v.dim() - 1))), fresh[k], v)
+                                       for k, v in new.items() if k != "key"}}
+        # observations are row by row: the reset rows of observe(state) are the fresh episodes' first
+        return (state, self.observe(state), reward, terminated, truncated, torch.where(done[:, None], obs, 0.0),
+                metrics)
+
+
+class VREdgeTorchEnv(gym.vector.VectorEnv):
+    """``num_envs`` VR-edge envs as torch tensors on ``device``: :class:`envs.VREdgeVectorEnv`'s semantics.
+
+    ``reset`` and ``step`` take and return torch tensors on the env's device; a step never
+    synchronises with the host (rollouts stay on a GPU). ``compile=True`` runs the step through
+    ``torch.compile(fullgraph=True)``.
+
+    Example:
+        >>> import torch, envs
+        >>> venv = envs.VREdgeTorchEnv(3, num_users=2)
+        >>> obs, info = venv.reset(seed=[1, 2, 3])
+        >>> obs.shape, obs.dtype
+        (torch.Size([3, 19]), torch.float32)
+        >>> obs, rew, term, trunc, info = venv.step(torch.zeros(3, 2, dtype=torch.int64))
+        >>> rew.shape, info["final_obs"].shape, info["_final_obs"].dtype
+        (torch.Size([3]), torch.Size([3, 19]), torch.bool)
+
+    Shapes: observations float32 ``[N, obs_dim]``, actions int64 ``[N, num_users]``, rewards
+    float64 ``[N]``, ``terminated`` / ``truncated`` bool ``[N]``; ``info["final_obs"]`` ``[N, obs_dim]``
+    (zero where no episode ended, mask ``info["_final_obs"]``) and
+    ``info["final_info"]["episode_metrics"]`` (``[N]`` tensors). ``get_state`` gives CPU tensors;
+    ``set_state`` also takes :meth:`envs.VREdgeVectorEnv.get_state`'s arrays. Keyword arguments
+    are :class:`envs.VREdgeConfig`'s, less ``capacity_trace`` and ``step_cost_us``.
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+
+    def __init__(self, num_envs: int, num_users: int = 8, seed: int | None = None, device: str | torch.device = "cpu",
+                 compile: bool = False, **config: Any) -> None:
+        if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
+            raise ValueError(f"num_envs={num_envs!r} is invalid: must be an integer >= 1")
+        self.config = VREdgeConfig(num_users=num_users, **config)
+        check_config(self.config)
+        self.num_envs = int(num_envs)
+        self._seed = seed
+        self._compile = compile
+        self.single_observation_space = observation_space(self.config)
+        self.single_action_space = action_space(self.config)
+        self.head_observation_layout = head_observation_layout(self.config)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._state: dict[str, torch.Tensor] | None = None
+        self.to(device)
+
+    def to(self, device: str | torch.device) -> VREdgeTorchEnv:
+        """Move the env (constants and state) to ``device``; returns ``self``."""
+        self.device = torch.device(device)
+        self.dynamics = TorchDynamics(self.config, self.device)
+        self._step = torch.compile(self.dynamics.step, fullgraph=True) if self._compile else self.dynamics.step
+        if self._state is not None:
+            self._state = {k: v.to(self.device) for k, v in self._state.items()}
+        return self
+
+    def reset(self, *, seed: int | Sequence[int] | None = None, options: dict | None = None):
+        if seed is None and self._state is None:
+            seed = self._seed if self._seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
+        if seed is None:
+            keys, counters = self._state["key"], self._state["counter"]
+        else:
+            bits = np.array([rng.key_from_seed(s) for s in env_seeds(seed, self.num_envs)], dtype=np.uint64)
+            keys = torch.from_numpy(bits.view(np.int64)).to(self.device)
+            counters = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+        self._state = self.dynamics.initial_state(keys, counters)
+        return self.dynamics.observe(self._state), {}
+
+    def step(self, actions: torch.Tensor):
+        if self._state is None:
+            raise RuntimeError("call reset() before step()")
+        want = (self.num_envs, self.config.num_users)
+        if not isinstance(actions, torch.Tensor) or tuple(actions.shape) != want or actions.dtype != torch.int64:
+            got = (f"{tuple(actions.shape)} {actions.dtype}" if isinstance(actions, torch.Tensor)
+                   else type(actions).__name__)
+            raise ValueError(f"VREdgeTorchEnv.step takes an int64 tensor of shape {want} (one bitrate level per "
+                             f"user), got {got}")
+        # levels are not range-checked here: that would synchronise with the device every step
+        self._state, obs, reward, terminated, truncated, final_obs, metrics = self._step(
+            self._state, actions.to(self.device))
+        done = terminated | truncated
+        infos = {"final_obs": final_obs, "_final_obs": done,
+                 "final_info": {"episode_metrics": metrics, "_episode_metrics": done}, "_final_info": done}
+        return obs, reward, terminated, truncated, infos
+
+    def get_state(self) -> dict[str, torch.Tensor]:
+        """The state of all envs as CPU tensors (``key``/``counter``: int64 holding uint64 bits)."""
+        if self._state is None:
+            raise RuntimeError("call reset() before get_state()")
+        return {k: v.detach().to("cpu", copy=True) for k, v in self._state.items()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state`'s tensors, or :meth:`envs.VREdgeVectorEnv.get_state`'s arrays, on any device."""
+        arrays = {k: v.cpu().numpy() if isinstance(v, torch.Tensor) else v for k, v in state.items()} \
+            if isinstance(state, dict) else state
+        checked = checked_state(self.config, arrays, self.num_envs)
+        self._state = {k: torch.from_numpy(v.view(np.int64) if v.dtype == np.uint64 else v).to(self.device)
+                       for k, v in checked.items()}

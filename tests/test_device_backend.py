@@ -1,0 +1,60 @@
+"""Training with ``--backend device``: the run layout, refusals, and exact resume through the command line."""
+
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from envs.make_traces import write_traces
+from tests.test_durability import cli_matrix_case
+from trainer.config import TrainConfig
+from trainer.flags import parse_args
+from trainer.run_layout import Machine, run_layout
+
+
+def test_layout_builds_one_torch_env_and_says_so():
+    layout = run_layout(TrainConfig(env="VREdge-v0", backend="device", num_envs=32, device="cpu"), Machine(cores=8))
+    (factory,) = layout.env_factories()
+    env = factory()
+    assert type(env).__name__ == "VREdgeTorchEnv" and env.num_envs == 32
+    assert layout.workers == 0 and layout.collect_threads == 8 and layout.collector_kwargs() == {"num_threads": 8}
+    assert "1 x VREdgeTorchEnv(32); device: this process, env stepped as torch tensors" in layout.describe()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--env", "CartPole-v1"], "--backend device needs an env written in torch; CartPole-v1 has none"),
+    (["--env-kwargs", "step_cost_us=5"], "step_cost_us stands in for a CPU simulator"),
+])
+def test_what_the_device_backend_cannot_run_is_a_one_line_error(argv, words):
+    with pytest.raises(ValueError, match=words) as e:
+        run_layout(parse_args(["--backend", "device", *argv]).config, Machine(cores=2))
+    assert "\n" not in str(e.value)
+
+
+def test_overlap_is_refused_naming_the_backends_it_works_with():
+    with pytest.raises(ValueError, match="overlap.*works with --backend serial, sync or async; --backend device"):
+        TrainConfig(backend="device", overlap=True).validate()
+
+
+def test_capacity_traces_are_refused_on_the_command_line_before_any_write(tmp_path):
+    write_traces(tmp_path / "traces", files=2, seconds=10)
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "trainer.train", "--backend", "device", "--device", "cpu",
+                          "--env-kwargs", f"capacity_trace={tmp_path / 'traces'}", "--run-dir", str(run_dir)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and not run_dir.exists()
+    assert "capacity_trace is not supported by the torch VR-edge env" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_command_line_signal_then_resume_is_exact_on_the_device_backend(tmp_path):
+    cli_matrix_case(tmp_path, "device", signal.SIGTERM, seed=1)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_backend_on_cuda_resumes_exactly(tmp_path):
+    from benchmarks.device_check import resume_matches
+    assert resume_matches("cuda", num_envs=8, n=1, num_steps=16, root=tmp_path, backend="device")

@@ -1,0 +1,163 @@
+"""The torch VR-edge env against the NumPy one: same draws and trajectories, no recompiles, device-free states."""
+
+import numpy as np
+import pytest
+import torch
+
+import envs
+from envs import rng
+from envs.make_traces import write_traces
+from envs.vr_edge_torch import uniform_block
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def test_uniform_block_draws_numpys_bits_for_keys_and_counters_across_the_uint64_range():
+    g = np.random.default_rng(0)
+    keys = g.integers(0, 2**64, 256, dtype=np.uint64, endpoint=False)
+    counters = np.concatenate([np.arange(128, dtype=np.uint64), g.integers(2**62, 2**64, 128, dtype=np.uint64)])
+    want = rng.uniform_block(keys, counters, 21)
+    got = uniform_block(torch.from_numpy(keys.view(np.int64)), torch.from_numpy(counters.view(np.int64)), 21)
+    assert np.array_equal(got.numpy(), want)
+
+
+def run_both(num_envs: int, steps: int, **config):
+    """Step the NumPy and the torch env side by side with the same random actions; return what differs."""
+    numpy_env, torch_env = envs.VREdgeVectorEnv(num_envs, **config), envs.VREdgeTorchEnv(num_envs, **config)
+    o_np, _ = numpy_env.reset(seed=7)
+    o_t, _ = torch_env.reset(seed=7)
+    worst = {"obs": float(np.abs(o_np - o_t.numpy()).max()), "reward": 0.0, "final_obs": 0.0}
+    ends = {"terminated": 0, "truncated": 0}
+    actions = np.random.default_rng(1).integers(0, numpy_env.config.num_levels, (steps, num_envs,
+                                                                               numpy_env.config.num_users))
+    for t, a in enumerate(actions):
+        o_np, r_np, term_np, trunc_np, info_np = numpy_env.step(a)
+        o_t, r_t, term_t, trunc_t, info_t = torch_env.step(torch.from_numpy(a))
+        assert np.array_equal(term_np, term_t.numpy()) and np.array_equal(trunc_np, trunc_t.numpy()), f"step {t}"
+        worst["obs"] = max(worst["obs"], float(np.abs(o_np - o_t.numpy()).max()))
+        worst["reward"] = max(worst["reward"], float(np.abs(r_np - r_t.numpy()).max()))
+        done = term_np | trunc_np
+        assert np.array_equal(info_t["_final_obs"].numpy(), done)
+        if done.any():
+            worst["final_obs"] = max(worst["final_obs"], float(np.abs(info_np["final_obs"] - info_t["final_obs"]
+                                                                      .numpy()).max()))
+            for k, v in info_np["final_info"]["episode_metrics"].items():
+                assert np.allclose(v[done], info_t["final_info"]["episode_metrics"][k].numpy()[done], rtol=0,
+                                   atol=1e-12), k
+        ends["terminated"] += int(term_np.sum())
+        ends["truncated"] += int(trunc_np.sum())
+    state_np, state_t = numpy_env.get_state(), torch_env.get_state()
+    for k in ("key", "counter"):  # the RNG positions: every draw was taken, and in the same order
+        assert np.array_equal(state_t[k].numpy().view(np.uint64), state_np[k])
+    return worst, ends
+
+
+def assert_equivalent(num_envs: int, steps: int, **config):
+    worst, ends = run_both(num_envs, steps, **config)
+    # rewards and observations may differ in the last bits: torch's exp/log/cos round differently from NumPy's
+    assert worst["reward"] <= 1e-12 and worst["obs"] <= 1e-12 and worst["final_obs"] <= 1e-12, worst
+    assert ends["terminated"] > 0 and ends["truncated"] > 0, ends  # both kinds of autoreset were exercised
+
+
+def test_torch_env_follows_the_numpy_env_short():
+    assert_equivalent(16, 300, max_steps=40, abandon_stall_s=3.0)
+
+
+@pytest.mark.slow
+def test_torch_env_follows_the_numpy_env_for_10000_steps_of_64_envs():
+    assert_equivalent(64, 10_000)
+
+
+def test_reveal_hidden_state_observations_match():
+    worst, _ = run_both(4, 50, num_users=3, reveal_hidden_state=True, max_steps=20)
+    assert worst["obs"] <= 1e-12
+
+
+def counting_compile(fn):
+    """``torch.compile(fn, fullgraph=True)`` with a backend that counts the graphs it is given (and runs them)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    return torch.compile(fn, fullgraph=True, backend=backend), graphs
+
+
+def test_step_compiles_to_one_graph_across_steps_and_resets():
+    env = envs.VREdgeTorchEnv(8, max_steps=3)
+    env._step, graphs = counting_compile(env.dynamics.step)
+    env.reset(seed=0)
+    done = 0
+    for _ in range(10):
+        _, _, term, trunc, _ = env.step(torch.randint(0, 6, (8, 8)))
+        done += int((term | trunc).sum())
+    assert done >= 8 * 3 and len(graphs) == 1
+
+
+@pytest.mark.slow
+def test_inductor_compiled_step_follows_the_eager_step():
+    torch._dynamo.reset()
+    compiled, eager = envs.VREdgeTorchEnv(8, max_steps=4, compile=True), envs.VREdgeTorchEnv(8, max_steps=4)
+    compiled.reset(seed=2)
+    eager.reset(seed=2)
+    for _ in range(10):
+        a = torch.randint(0, 6, (8, 8))
+        c, e = compiled.step(a), eager.step(a)
+        assert torch.equal(c[2], e[2]) and torch.equal(c[3], e[3])
+        assert torch.allclose(c[0], e[0], rtol=0, atol=1e-6) and torch.allclose(c[1], e[1], rtol=0, atol=1e-12)
+    assert torch.equal(compiled.get_state()["counter"], eager.get_state()["counter"])
+
+
+def test_state_round_trips_through_cpu_tensors_and_from_the_numpy_env():
+    env = envs.VREdgeTorchEnv(4, max_steps=10)
+    env.reset(seed=3)
+    actions = [torch.randint(0, 6, (4, 8), generator=torch.Generator().manual_seed(i)) for i in range(15)]
+    for a in actions[:5]:
+        env.step(a)
+    state = env.get_state()
+    assert all(v.device.type == "cpu" for v in state.values())
+    later = [env.step(a)[1] for a in actions[5:]]
+    restored = envs.VREdgeTorchEnv(4, max_steps=10)
+    restored.set_state(state)
+    assert all(torch.equal(r, restored.step(a)[1]) for r, a in zip(later, actions[5:]))
+    # a NumPy env's state continues on the torch env (and back): checkpoints do not depend on the backend
+    numpy_env = envs.VREdgeVectorEnv(4, max_steps=10)
+    numpy_env.set_state({k: v.numpy() for k, v in state.items()})
+    restored.set_state(numpy_env.get_state())
+    a = actions[5].numpy()
+    assert np.allclose(numpy_env.step(a)[1], restored.step(actions[5])[1].numpy(), rtol=0, atol=1e-12)
+
+
+def test_unsupported_settings_are_refused_naming_the_alternative(tmp_path):
+    write_traces(tmp_path, files=2, seconds=10)
+    for kwargs, words in (({"capacity_trace": str(tmp_path)}, "capacity_trace is not supported"),
+                          ({"step_cost_us": 5.0}, "step_cost_us stands in for a CPU simulator")):
+        with pytest.raises(ValueError, match=words) as e:
+            envs.VREdgeTorchEnv(2, **kwargs)
+        assert "--backend sync" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bad_actions_are_a_one_line_error():
+    env = envs.VREdgeTorchEnv(2)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"int64 tensor of shape \(2, 8\)"):
+        env.step(np.zeros((2, 8), dtype=np.int64))
+    with pytest.raises(ValueError, match="got \\(2, 8\\) torch.float32"):
+        env.step(torch.zeros(2, 8))
+
+
+@pytest.mark.cuda
+@CUDA
+def test_cuda_env_follows_the_cpu_env_and_its_state_resumes_on_the_cpu():
+    cpu, cuda = envs.VREdgeTorchEnv(64, max_steps=20), envs.VREdgeTorchEnv(64, max_steps=20, device="cuda")
+    cpu.reset(seed=1)
+    cuda.reset(seed=1)
+    for i in range(50):
+        a = torch.randint(0, 6, (64, 8), generator=torch.Generator().manual_seed(i))
+        c, g = cpu.step(a), cuda.step(a.cuda())
+        assert torch.equal(c[2], g[2].cpu()) and torch.allclose(c[1], g[1].cpu(), rtol=0, atol=1e-12)
+    cpu.set_state(cuda.get_state())
+    a = torch.zeros(64, 8, dtype=torch.int64)
+    assert torch.allclose(cpu.step(a)[1], cuda.step(a.cuda())[1].cpu(), rtol=0, atol=1e-12)
