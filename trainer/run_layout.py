@@ -24,9 +24,10 @@ import torch
 
 import envs
 from collectors.resources import async_workers, largest_divisor_at_most, usable_cores
+from trainer.arguments import did_you_mean
 from trainer.common.devices import learner_device
 from trainer.config import TrainConfig
-from trainer.registry import algorithm_class
+from trainer.registry import algorithm_spec
 
 VECTOR_ENVS = {"VREdge-v0": envs.VREdgeVectorEnv}  # natively batched: one vector env per process or actor
 
@@ -150,11 +151,11 @@ def _count(n: int, noun: str, suffix: str = "s") -> str:
 def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
     """Decide the layout of ``cfg`` on ``machine``; an impossible request is a ``ValueError`` naming the flag."""
     if cfg.env not in gym.registry:
-        raise ValueError(f"unknown env id {cfg.env!r}: register it with gymnasium first (e.g. CartPole-v1, "
-                         "VREdge-v0)")
+        raise ValueError(f"unknown env id {cfg.env!r}{did_you_mean(cfg.env, gym.registry)}: register it with "
+                         "gymnasium first (e.g. CartPole-v1, VREdge-v0)")
     n, cores, notes = cfg.num_envs, machine.cores, []
     # the algorithm decides whether its Ray actors keep collecting while it learns (IMPALA's and Ape-X's do)
-    asynchronous = cfg.backend == "ray" and algorithm_class(cfg.algo).keeps_collecting(cfg)
+    asynchronous = cfg.backend == "ray" and algorithm_spec(cfg.algo).keeps_collecting(cfg)
     vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
     workers, main_share, per_worker, cpus = 0, False, 0, 0.0
     # --overlap: the collecting process (and its workers) keep collecting while this one learns,
