@@ -22,7 +22,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from trainer.arguments import OneLineParser, did_you_mean
-from trainer.config import ConfigError, TrainConfig, moved_env_files
+from trainer.config import PATH_ENV_KWARGS, ConfigError, TrainConfig, moved_env_files
 from trainer.registry import ALGORITHMS, algorithm_defaults, algorithm_spec, new_run_config, option_owner
 
 # keys a resumed run may change; every other key must match the checkpoint's config
@@ -188,13 +188,16 @@ def check_config(cfg: TrainConfig, given: dict[str, Any]) -> None:
 def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) -> TrainConfig:
     """The checkpoint's config with the given flags applied; flags that would change the run are an error (a
     moved trace directory does not: ``--env-kwargs capacity_trace=NEW``)."""
-    if "env_kwargs" in given:
+    may_change = set(RESUMABLE_CHANGES)
+    if "env_kwargs" in given:  # only file paths may change (checked here): the files moved, the run is the same
         given = {**given, "env_kwargs": moved_env_files(saved.get("env_kwargs", ""), given["env_kwargs"])}
-    clash = {k: (saved.get(k), v) for k, v in given.items() if k not in RESUMABLE_CHANGES and saved.get(k) != v}
+        may_change.add("env_kwargs")
+    clash = {k: (saved.get(k), v) for k, v in given.items() if k not in may_change and saved.get(k) != v}
     if clash:
         detail = ", ".join(f"--{k.replace('_', '-')}={new!r} (run has {old!r})" for k, (old, new) in clash.items())
         raise ValueError(f"{source}: the flags do not match the run being resumed: {detail}. Drop them, or start "
-                         f"a new run; only {', '.join(sorted(RESUMABLE_CHANGES - {'config'}))} may change")
+                         f"a new run; only {', '.join(sorted(RESUMABLE_CHANGES - {'config'}))} may change (and "
+                         f"--env-kwargs {', '.join(f'{k}=NEW' for k in sorted(PATH_ENV_KWARGS))} where files moved)")
     known = {f.name for f in fields(TrainConfig)}
     cfg = TrainConfig(**{**{k: v for k, v in saved.items() if k in known}, **given})
     check_config(cfg, {})
