@@ -163,6 +163,7 @@ def test_setting_checkpoints_aside_keeps_the_pointers_true(tmp_path):
     (["-m", "trainer.train", "--algo", "apx"], "choose ppo or apex (did you mean apex?) (see --help)"),
     (["-m", "trainer.evaluate", "--checkpoint", "x", "--pick", "bset"], "(did you mean best?)"),
     (["-m", "trainer.export", "--checkpoint", "x", "--format", "onxx"], "(did you mean onnx?)"),
+    (["-m", "trainer.evaluate", "--chekpoint", "x"], "required: --checkpoint (did you mean --checkpoint?)"),
 ])
 def test_typos_get_a_did_you_mean_before_torch_loads(tmp_path, args, words):
     done = command(["-X", "importtime", *args], tmp_path)

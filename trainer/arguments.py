@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
+import sys
 from collections.abc import Iterable
 
 
@@ -35,12 +36,21 @@ class OneLineParser(argparse.ArgumentParser):
         ' (did you mean --num-envs?)'
     """
 
+    typed: list[str] = []  # the words parse_args was given (a required flag's typo leaves its name out)
+
+    def parse_args(self, args=None, namespace=None):
+        self.typed = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, namespace)
+
     def suggestion(self, message: str) -> str:
         """What to add to argparse's ``message``: the closest flag or choice, where one is close."""
+        flags = [o for action in self._actions for o in action.option_strings]
         if message.startswith("unrecognized arguments:"):
-            flags = [o for action in self._actions for o in action.option_strings]
             unknown = [w.partition("=")[0] for w in message.split(":", 1)[1].split() if w.startswith("-")]
             return did_you_mean(unknown, flags)
+        if message.startswith("the following arguments are required:"):  # --chekpoint for --checkpoint
+            typed = {w.partition("=")[0] for w in self.typed if w.startswith("--")}
+            return did_you_mean(sorted(typed - set(flags)), flags)
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if choice:
             return did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
