@@ -2,10 +2,9 @@
 
 Flags override the TOML file (``--config``), which overrides the defaults: the algorithm's for the env
 (``AlgorithmSpec.defaults``: Ape-X on CartPole runs other sizes than PPO on VR-edge), then ``TrainConfig``'s.
-A setting only another algorithm
-reads is refused (a user who sets ``--epochs`` for Ape-X, or ``--n-step`` for PPO, would otherwise believe it
-took effect); each algorithm declares its own settings (``Algorithm.options``), and their help starts with its
-name.
+A setting only another algorithm reads is refused (a user who sets ``--epochs`` for Ape-X, or ``--n-step`` for
+PPO, would otherwise believe it took effect); each algorithm declares its own settings (``AlgorithmSpec.options``),
+and their help starts with its name.
 """
 
 from __future__ import annotations
