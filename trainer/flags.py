@@ -59,7 +59,7 @@ def _default_help(name: str, default: Any) -> str:
     if per is None:
         return f"(default: {default!r})"
     parts = []
-    for algo in ALGORITHMS:
+    for algo in (a for a in ALGORITHMS if option_owner(name) in (None, a)):  # only those that read it
         mine = {env: value for (a, env), value in per.items() if a == algo}
         if len(set(map(repr, mine.values()))) == 1:
             parts.append(f"{algo} {next(iter(mine.values()))!r}")
