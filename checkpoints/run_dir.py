@@ -114,8 +114,9 @@ def run_dir_of(checkpoint: str | os.PathLike) -> Path:
 
 
 def set_aside_newer(run_dir: str | os.PathLike, iteration: int) -> list[Path]:
-    """Rename checkpoints newer than ``iteration`` to ``*.pt.orphaned`` (and drop a ``best`` pointer to one);
-    returns the new names.
+    """Rename checkpoints newer than ``iteration`` to ``*.pt.orphaned``; returns the new names. The pointers
+    stay true to the files: a ``latest`` that named a set-aside file names the newest checkpoint left (or is
+    removed when none is left), and a ``best`` that named one is dropped.
 
     Resuming from an older checkpoint (or past a corrupted newer one) starts a new future:
     the newer files would otherwise win retention and the ``latest`` order over it.
@@ -127,8 +128,18 @@ def set_aside_newer(run_dir: str | os.PathLike, iteration: int) -> list[Path]:
             target = f.with_name(f.name + ".orphaned")
             os.replace(f, target)
             moved.append(target)
+    if not moved:
+        return moved
+    directory = moved[0].parent
+    pointer = directory / LATEST
+    if pointer.is_file() and not (directory / pointer.read_text().strip()).is_file():
+        left = checkpoint_files(run_dir)
+        if left:
+            _write_pointer(directory, left[0].name)
+        else:
+            pointer.unlink()
     if best is not None and checkpoint_iteration(best) > iteration:  # a best from the abandoned future
-        (best.parent / BEST).unlink(missing_ok=True)
+        (directory / BEST).unlink(missing_ok=True)
     return moved
 
 

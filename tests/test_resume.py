@@ -67,8 +67,9 @@ def test_evaluate_command_prints_table_and_writes_json(vr_run, capsys):
     tmp_path = vr_run
     evaluate_cli.main(["--checkpoint", str(tmp_path), "--episodes", "3", "--baselines", "lowest,fair_share",
                        "--json"])
-    out = capsys.readouterr().out
-    payload = json.loads(out.strip().splitlines()[-1])
+    printed = capsys.readouterr()
+    payload = json.loads(printed.out)  # with --json, stdout holds the JSON alone
+    out = printed.err  # and the table goes to stderr
     assert set(payload["baselines"]) == {"lowest", "fair_share"}
     assert payload["policy"]["episodes"] == 3 and "quality_ci95" in payload["policy"]
     assert payload["baselines"]["lowest"]["quality"] == 0.0

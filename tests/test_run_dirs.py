@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import checkpoints
+import trainer.evaluation
 from checkpoints import CheckpointError, RunDirLock, RunDirLockedError
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_module
@@ -340,7 +341,7 @@ def test_version_2_checkpoints_are_refused_with_a_clear_message(tmp_path):
 
 
 def test_evaluate_checks_that_it_can_write_before_it_computes(two_iterations, tmp_path, monkeypatch):
-    monkeypatch.setattr(evaluate_cli, "run_episodes", lambda *a, **k: pytest.fail("computed before checking"))
+    monkeypatch.setattr(trainer.evaluation, "run_episodes", lambda *a, **k: pytest.fail("computed before checking"))
     blocked = tmp_path / "a_file"
     blocked.write_text("")
     with pytest.raises(SystemExit) as info:
@@ -386,10 +387,11 @@ def test_printed_commands_run_as_printed_from_a_fresh_shell(tmp_path):
     printed = {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in done.stdout.splitlines()
                if ":" in line}
     evaluate = shlex.split(printed["evaluate"]) + ["--episodes", "1", "--baselines", "none"]
-    longer = printed["train longer"].replace(" N", " " + str(4 * 16 * 3))
+    longer = printed["train longer"]
+    assert longer.endswith(f"--total-steps {2 * 4 * 16 * 2}")  # a value to paste: twice the run's steps
     elsewhere = tmp_path / "elsewhere"  # pasted in another directory than the one training ran in
     elsewhere.mkdir()
     assert subprocess.run(evaluate, cwd=elsewhere, env=env, capture_output=True, timeout=300).returncode == 0
     again = subprocess.run(longer, shell=True, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
-    assert checkpoints.latest_loadable(tmp_path / "run")[1]["iteration"] == 3
+    assert checkpoints.latest_loadable(tmp_path / "run")[1]["iteration"] == 4

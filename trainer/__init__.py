@@ -4,7 +4,8 @@ command lines.
 - ``python -m trainer.train``, ``trainer.evaluate``, ``trainer.export``, ``trainer.batching``: the command lines
   (thin: they parse flags and call the library; no library module imports them);
 - :mod:`trainer.train`: the loop, the same for every algorithm; :mod:`trainer.algorithm`: what it asks of an
-  algorithm; :mod:`trainer.registry`: ``--algo`` name -> algorithm;
+  algorithm (and what the command line knows of one before torch loads: its spec, its defaults per env);
+  :mod:`trainer.registry`: ``--algo`` name -> algorithm;
 - :mod:`trainer.ppo`, :mod:`trainer.apex`: one package per algorithm;
 - :mod:`trainer.evaluation`: episodes on held-out seeds, their statistics, a checkpoint's policy, validation
   during training;
@@ -12,7 +13,8 @@ command lines.
   parameters, moments, keyed noise);
 - :mod:`trainer.config` (the settings), :mod:`trainer.flags` (as flags and TOML), :mod:`trainer.run_layout`
   (the run's shape on the machine), :mod:`trainer.run_files` (claiming and resuming a run directory),
-  :mod:`trainer.metrics`, :mod:`trainer.interrupts` (stop signals at safe points).
+  :mod:`trainer.metrics`, :mod:`trainer.interrupts` (stop signals at safe points), :mod:`trainer.arguments`
+  (one-line command-line errors with "did you mean").
 """
 
 import os

@@ -19,13 +19,14 @@ of :meth:`~Algorithm.make_model`'s network, which evaluation and validation play
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections import deque
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from torch import nn
+if TYPE_CHECKING:  # torch loads only once a run starts: --help and a bad command line answer before it
+    from torch import nn
 
-if TYPE_CHECKING:
     from collectors import Collector
     from collectors.base import Policy
     from trainer.config import TrainConfig
@@ -41,17 +42,59 @@ class NonFiniteLossError(RuntimeError):
     iteration and re-raises it, saying where that checkpoint is)."""
 
 
-class Algorithm(ABC):
-    """A learning algorithm as the loop drives it (see the module docstring for the order of the calls).
+class AlgorithmSpec:
+    """What the command line knows of an algorithm before torch loads: its help, the settings only it reads, its
+    defaults (per env), its own rules for a config, and where its :class:`Algorithm` lives.
 
-    Subclasses are registered in ``trainer.registry``; ``trainer.ppo.PPO`` and ``trainer.apex.ApeX`` are the
-    two the project ships, and ``tests/test_algorithm.py`` trains a third that acts at random.
+    Example (``trainer.registry`` maps ``--algo`` names to these):
+        >>> from trainer.registry import algorithm_spec
+        >>> apex = algorithm_spec("apex")
+        >>> apex.defaults_for("CartPole-v1")["num_envs"], apex.defaults_for("VREdge-v0").get("num_envs")
+        (8, None)
+        >>> apex.algorithm().__name__  # imports trainer.apex.algorithm (and torch) only now
+        'ApeX'
     """
 
     description: ClassVar[str]  # one line for --algo's help
     model_name: ClassVar[str]  # what its model is, for messages ("an Ape-X Q-network")
     options: ClassVar[frozenset[str]] = frozenset()  # TrainConfig fields only this algorithm reads
     stochastic: ClassVar[bool] = True  # whether its model samples actions (trainer.evaluate --stochastic)
+    # the TrainConfig values it runs with where the user sets none, by env id ("*": every other env), over the
+    # fields' own defaults: what learns on VR-edge is not what learns on CartPole
+    defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+    implementation: ClassVar[str] = ""  # "module:Class" of its Algorithm (imported when a run needs it)
+
+    @classmethod
+    def defaults_for(cls, env: str) -> dict[str, Any]:
+        """Its defaults on ``env`` (see :attr:`defaults`)."""
+        return dict(cls.defaults.get(env, cls.defaults.get("*", {})))
+
+    @classmethod
+    def algorithm(cls) -> type[Algorithm]:
+        """The :class:`Algorithm` that runs it (itself when it is one)."""
+        if issubclass(cls, Algorithm):
+            return cls
+        module, _, name = cls.implementation.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    @classmethod  # not abstract: most algorithms have no rules of their own
+    def check_config(cls, cfg: TrainConfig) -> None:
+        """Raise ``ConfigError`` for settings this algorithm cannot run with (beyond ``TrainConfig.validate``)."""
+
+    @classmethod
+    def keeps_collecting(cls, cfg: TrainConfig) -> bool:
+        """Whether, on Ray, the actors keep collecting while it learns (``collect()`` then returns the first
+        actor's rollout that is ready, one actor's slice of the envs)."""
+        return False
+
+
+class Algorithm(AlgorithmSpec, ABC):
+    """A learning algorithm as the loop drives it (see the module docstring for the order of the calls); what
+    the command line needs of it before torch loads is its :class:`AlgorithmSpec`.
+
+    Registered in ``trainer.registry`` (by its spec); ``trainer.ppo.PPO`` and ``trainer.apex.ApeX`` are the
+    two the project ships, and ``tests/test_algorithm.py`` trains a third that acts at random.
+    """
 
     # the run's state that the loop reads
     cfg: TrainConfig
@@ -62,16 +105,6 @@ class Algorithm(ABC):
     acting: Policy  # the policy the collector runs
 
     # ------------------------------------------------------------------ before the run exists
-    @classmethod  # noqa: B027 - not abstract: most algorithms have no rules of their own
-    def check_config(cls, cfg: TrainConfig) -> None:
-        """Raise ``ConfigError`` for settings this algorithm cannot run with (beyond ``TrainConfig.validate``)."""
-
-    @classmethod
-    def keeps_collecting(cls, cfg: TrainConfig) -> bool:
-        """Whether, on Ray, the actors keep collecting while it learns (``collect()`` then returns the first
-        actor's rollout that is ready, one actor's slice of the envs)."""
-        return False
-
     @classmethod
     @abstractmethod
     def make_model(cls, cfg: TrainConfig) -> nn.Module:

@@ -1,23 +1,26 @@
 """Print PPO's minibatch plan for a rollout size.
 
-    python -m trainer.batching --n-envs 64 --n-steps 2048 --batch-size 4096
+    python -m trainer.batching --num-envs 64 --num-steps 2048 --batch-size 4096
+
+The flags are ``trainer.train``'s (``--n-envs`` and ``--n-steps`` are accepted too).
 """
 
 from __future__ import annotations
 
-import argparse
-
-from trainer.ppo.batching import plan_minibatches
+from trainer.arguments import OneLineParser
+from trainer.ppo.batching import plan_minibatches  # no torch: --help answers at once
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Print the PPO minibatch plan for a rollout size.")
-    p.add_argument("--n-envs", type=int, required=True)
-    p.add_argument("--n-steps", type=int, required=True)
+    p = OneLineParser(prog="python -m trainer.batching", description="Print the PPO minibatch plan for a rollout "
+                      "size (the flags are trainer.train's).")
+    p.add_argument("--num-envs", "--n-envs", dest="num_envs", type=int, required=True, help="parallel envs")
+    p.add_argument("--num-steps", "--n-steps", dest="num_steps", type=int, required=True,
+                   help="steps per env per rollout")
     p.add_argument("--batch-size", type=int, default=None, help="minibatch size (default: planner's choice)")
     args = p.parse_args(argv)
     try:
-        print(plan_minibatches(args.n_envs, args.n_steps, args.batch_size).describe())
+        print(plan_minibatches(args.num_envs, args.num_steps, args.batch_size).describe())
     except ValueError as e:
         p.error(str(e))
 

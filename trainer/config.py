@@ -7,9 +7,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
-from collectors import BACKENDS
+from trainer.arguments import did_you_mean
+
+# env arguments that name files: stored absolute (a run's printed commands work from any directory), and the
+# ones a resumed run or trainer.evaluate may point elsewhere (the files moved; the run is the same)
+PATH_ENV_KWARGS = frozenset({"capacity_trace"})
 
 
 @dataclass
@@ -162,7 +167,8 @@ class TrainConfig:
                 VREdgeConfig(**options)
             except ValueError as e:
                 need(False, "env_kwargs", str(e))
-        need(self.backend in BACKENDS, "backend", f"choose {', '.join(BACKENDS)}")
+        from collectors import BACKENDS  # here, not above: a command line is checked before torch loads
+        need(self.backend in BACKENDS, "backend", f"choose {', '.join(BACKENDS)}{did_you_mean(self.backend, BACKENDS)}")
         need(not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray")
         need(self.max_lag >= 0, "max_lag", "must be >= 0")
         need(not self.overlap or self.backend != "ray", "overlap",
@@ -221,6 +227,21 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def with_absolute_paths(self) -> TrainConfig:
+        """This config with the env arguments that name files (``PATH_ENV_KWARGS``) made absolute.
+
+        >>> TrainConfig(env_kwargs="capacity_trace=/data/traces/,trace_split=train").with_absolute_paths().env_kwargs
+        'capacity_trace=/data/traces,trace_split=train'
+        """
+        try:
+            options = self.env_options
+        except ValueError:  # validate() says what is wrong with it
+            return self
+        paths = {k: str(Path(v).resolve()) for k, v in options.items() if k in PATH_ENV_KWARGS and isinstance(v, str)}
+        if not paths:
+            return self
+        return dataclasses.replace(self, env_kwargs=format_env_kwargs({**options, **paths}))
+
 
 class ConfigError(ValueError):
     """An invalid config value; ``key`` names it (a flag on the command line, a key in a TOML file)."""
@@ -246,6 +267,31 @@ def parse_env_kwargs(text: str) -> dict[str, Any]:
             raise ValueError(f"{key} is given twice")
         out[key] = _scalar(value)
     return out
+
+
+def format_env_kwargs(options: dict[str, Any]) -> str:
+    """The ``env_kwargs`` text of keyword arguments (what :func:`parse_env_kwargs` reads back).
+
+    >>> format_env_kwargs({"num_users": 6, "shared": True})
+    'num_users=6,shared=true'
+    """
+    return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
+
+
+def moved_env_files(stored: str, given: str) -> str:
+    """The stored ``env_kwargs`` with the file arguments of ``given`` (``PATH_ENV_KWARGS``, made absolute) put
+    in: a run's trace files moved. ``ValueError`` if ``given`` sets anything else to another value.
+
+    >>> moved_env_files("num_users=6,capacity_trace=/old/traces", "capacity_trace=/new/traces")
+    'num_users=6,capacity_trace=/new/traces'
+    """
+    old, new = parse_env_kwargs(stored), parse_env_kwargs(given)
+    changed = sorted(k for k, v in new.items() if (k not in PATH_ENV_KWARGS or k not in old) and old.get(k) != v)
+    if changed:
+        raise ValueError(f"--env-kwargs: only the run's own {', '.join(sorted(PATH_ENV_KWARGS))} may point "
+                         f"elsewhere (its files moved); {', '.join(changed)} would change the run (it has "
+                         f"{stored!r}); drop {'it' if len(changed) == 1 else 'them'}")
+    return TrainConfig(env_kwargs=format_env_kwargs({**old, **new})).with_absolute_paths().env_kwargs
 
 
 def _scalar(text: str) -> Any:

@@ -11,39 +11,23 @@ when it has one, else its newest loadable one; the command says which it loaded.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import multiprocessing
 import sys
 from pathlib import Path
 
-import gymnasium as gym
-
-import checkpoints
-import envs
-from envs.planner import ClairvoyantPlanner
-from trainer.evaluation import (
-    gap_closed,
-    held_out_env_kwargs,
-    paired_difference,
-    policy_actions,
-    run_episodes,
-    summarize,
-    validation_seeds,
-)
-from trainer.evaluation.baselines import baseline_names, best_baseline
-from trainer.evaluation.policies import checkpoint_label, load_policy
-from trainer.evaluation.report import check_writable, format_table, plot
-from trainer.registry import algorithm_class
+from trainer.arguments import OneLineParser
 
 REFERENCE = "clairvoyant"
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="checkpoint file, or run directory (its newest checkpoint)")
+    p = OneLineParser(prog="python -m trainer.evaluate", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True,
+                   help="checkpoint file, or run directory: its best checkpoint when training had --eval-every "
+                        "(see --pick), else its newest loadable one")
     p.add_argument("--episodes", type=int, default=50)
     p.add_argument("--seed", type=int, default=0, help="evaluation seed (a seed branch that training never uses)")
     mode = p.add_mutually_exclusive_group()
@@ -56,19 +40,46 @@ def main(argv: list[str] | None = None) -> None:
                         "ceiling, and report the fraction of the gap from the best baseline that the policy closes")
     p.add_argument("--capacity-trace", default="", metavar="PATH",
                    help="VR-edge: replay recorded bandwidth traces (a file or directory, Pensieve or Mahimahi "
-                        "format) as the cell's capacity; a directory's held-out test files are used")
+                        "format) as the cell's capacity; a directory's held-out test files are used; replaces the "
+                        "run's own traces (e.g. a trace directory that moved)")
     p.add_argument("--pick", choices=("best", "latest"), default="best",
                    help="from a run directory: its best checkpoint (validation, --eval-every) when it has one, "
                         "or the newest")
     p.add_argument("--env", default="", help="fail unless the checkpoint was trained on this env id")
-    p.add_argument("--json", action="store_true", help="also print the results as JSON to stdout")
+    p.add_argument("--json", action="store_true",
+                   help="print the results as JSON to stdout, and nothing else (the table goes to stderr), so "
+                        "that `--json > f` and `--json | jq` work")
     p.add_argument("--out", default="", help="where evaluation.json/.png go (default: the run directory)")
     args = p.parse_args(argv)
+    # imported once the command line is checked: --help and a typo answer before torch loads
+    import functools
+
+    import gymnasium as gym
+
+    import checkpoints
+    import envs
+    from envs.planner import ClairvoyantPlanner
+    from trainer.evaluation import (
+        gap_closed,
+        held_out_env_kwargs,
+        paired_difference,
+        policy_actions,
+        run_episodes,
+        summarize,
+        validation_seeds,
+    )
+    from trainer.evaluation.baselines import baseline_names, best_baseline
+    from trainer.evaluation.policies import checkpoint_label, load_policy
+    from trainer.evaluation.report import check_writable, format_table, plot
+    from trainer.registry import algorithm_spec
+
+    out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
     try:
         if args.episodes < 1:
             raise ValueError(f"--episodes={args.episodes} is invalid: must be >= 1")
-        model, cfg, source = load_policy(args.checkpoint, args.pick)
-        algorithm = algorithm_class(cfg.algo)
+        moved = {"capacity_trace": str(Path(args.capacity_trace).resolve())} if args.capacity_trace else {}
+        model, cfg, source = load_policy(args.checkpoint, args.pick, moved)  # the run's traces may be gone
+        algorithm = algorithm_spec(cfg.algo)
         if not args.deterministic and not algorithm.stochastic:
             raise ValueError(f"--stochastic: {source} holds {algorithm.model_name}, whose policy is greedy (it "
                              "explored only while collecting); drop --stochastic")
@@ -109,19 +120,23 @@ def main(argv: list[str] | None = None) -> None:
                "best_baseline_picked_on": f"{SELECTION_EPISODES} validation episodes" if best else None,
                "gap_closed": gap}
     trace = f", capacity traces {args.capacity_trace}" if args.capacity_trace else ""
-    print(f"{cfg.env}: {args.episodes} episodes on held-out seeds (seed {args.seed}{trace}), {which} {source}")
-    print(format_table(results))
+    print(f"{cfg.env}: {args.episodes} episodes on held-out seeds (seed {args.seed}{trace}), {which} {source}",
+          file=out)
+    print(format_table(results), file=out)
     if paired:
-        print("\npolicy minus baseline, reward/step, paired over the same episodes (mean ± 95% CI, policy better in):")
+        print("\npolicy minus baseline, reward/step, paired over the same episodes (mean ± 95% CI, policy better in):",
+              file=out)
         for name, d in paired.items():
-            print(f"  vs {name:<14}{d['mean']:+.3f} ± {d['ci95']:.3f}   {d['wins']}/{d['episodes']} episodes")
+            print(f"  vs {name:<14}{d['mean']:+.3f} ± {d['ci95']:.3f}   {d['wins']}/{d['episodes']} episodes",
+                  file=out)
     if gap:
         print(f"\ngap closed: the policy closes {gap['fraction']:.2f} ± {gap['ci95']:.2f} (95% CI) of the gap between "
               f"the best baseline ({best}, picked on {SELECTION_EPISODES} validation episodes) and the clairvoyant "
-              f"reference ({gap['gap']:+.3f} reward/step)")
+              f"reference ({gap['gap']:+.3f} reward/step)", file=out)
     (out_dir / "evaluation.json").write_text(json.dumps(payload, indent=2))
     png = plot(results, run_dir, out_dir / "evaluation.png")
-    print(f"\nwrote {out_dir / 'evaluation.json'}" + (f" and {png}" if png else " (pip install matplotlib for a plot)"))
+    print(f"\nwrote {out_dir / 'evaluation.json'}" + (f" and {png}" if png else " (pip install matplotlib for a plot)"),
+          file=out)
     if args.json:
         print(json.dumps(payload))
 

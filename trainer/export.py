@@ -18,26 +18,32 @@ from __future__ import annotations
 import argparse
 import math
 
-import checkpoints
-from trainer.ppo.export import ATOL, FILES, export
+from trainer.arguments import OneLineParser
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="checkpoint file, or run directory (its newest checkpoint)")
+    p = OneLineParser(prog="python -m trainer.export", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="checkpoint file, or run directory (its newest loadable "
+                                                       "checkpoint)")
     p.add_argument("--format", default="both", choices=["torchscript", "onnx", "both"])
     p.add_argument("--out", default="", help="output directory (default: RUN/export)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out episodes the export is verified on")
-    p.add_argument("--atol", type=float, default=ATOL, help="largest allowed probability difference")
+    p.add_argument("--atol", type=float, default=None,
+                   help="largest allowed probability difference (default: trainer.ppo.export.ATOL, 1e-5)")
     args = p.parse_args(argv)
+    # imported once the command line is checked: --help and a typo answer before torch loads
+    import checkpoints
+    from trainer.ppo.export import ATOL, FILES, export
+
     formats = list(FILES) if args.format == "both" else [args.format]
+    atol = ATOL if args.atol is None else args.atol
     try:
-        if not (args.atol > 0 and math.isfinite(args.atol)):
+        if not (atol > 0 and math.isfinite(atol)):
             raise ValueError(f"--atol={args.atol} is invalid: must be a finite number > 0")
         if args.seed < 0:
             raise ValueError(f"--seed={args.seed} is invalid: must be >= 0")
-        export(args.checkpoint, formats, args.out or None, args.seed, args.atol)
+        export(args.checkpoint, formats, args.out or None, args.seed, atol)
     except (ValueError, checkpoints.CheckpointError) as e:
         raise SystemExit("error: " + " ".join(line.strip() for line in str(e).splitlines())) from None
     except KeyboardInterrupt:

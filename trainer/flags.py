@@ -1,9 +1,10 @@
 """``trainer.train``'s command line: every ``TrainConfig`` field as a flag and a TOML key, checked as a whole.
 
-Flags override the TOML file (``--config``), which overrides the defaults. A setting only another algorithm
-reads is refused (a user who sets ``--epochs`` for Ape-X, or ``--n-step`` for PPO, would otherwise believe it
-took effect); each algorithm declares its own settings (``Algorithm.options``), and their help starts with its
-name.
+Flags override the TOML file (``--config``), which overrides the defaults: the algorithm's for the env
+(``AlgorithmSpec.defaults``: Ape-X on CartPole runs other sizes than PPO on VR-edge), then ``TrainConfig``'s.
+A setting only another algorithm reads is refused (a user who sets ``--epochs`` for Ape-X, or ``--n-step`` for
+PPO, would otherwise believe it took effect); each algorithm declares its own settings (``AlgorithmSpec.options``),
+and their help starts with its name.
 """
 
 from __future__ import annotations
@@ -19,21 +20,15 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from trainer.config import ConfigError, TrainConfig
-from trainer.registry import ALGORITHMS, algorithm_class, option_owner
+from trainer.arguments import OneLineParser, did_you_mean
+from trainer.config import PATH_ENV_KWARGS, ConfigError, TrainConfig, moved_env_files
+from trainer.registry import ALGORITHMS, algorithm_defaults, algorithm_spec, new_run_config, option_owner
 
 # keys a resumed run may change; every other key must match the checkpoint's config
 RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "num_workers", "threads", "tensorboard", "checkpoint_every",
                      "keep_checkpoints", "config", "ray_address", "cpus_per_worker", "eval_every", "eval_episodes",
                      "save_replay"}
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-class _Parser(argparse.ArgumentParser):
-    """Errors as one line that says what to change, without the 40-line usage block."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _bool(text: str) -> bool:
@@ -58,15 +53,46 @@ def _help(name: str) -> str:
     return f"{owner}: {text}" if owner else text
 
 
+def _default_help(name: str, default: Any) -> str:
+    """``(default: 64)``, or the default per algorithm and env where it depends on them."""
+    per = algorithm_defaults().get(name)
+    if per is None:
+        return f"(default: {default!r})"
+    parts = []
+    for algo in (a for a in ALGORITHMS if option_owner(name) in (None, a)):  # only those that read it
+        mine = {env: value for (a, env), value in per.items() if a == algo}
+        if len(set(map(repr, mine.values()))) == 1:
+            parts.append(f"{algo} {next(iter(mine.values()))!r}")
+        else:
+            parts.append(f"{algo} " + ", ".join(f"{v!r} on {'other envs' if env == '*' else env}"
+                                                for env, v in mine.items()))
+    return f"(default: {'; '.join(parts)})"
+
+
+def defaults_used(cfg: TrainConfig, given: dict[str, Any]) -> str:
+    """The flags of the settings that depend on the algorithm and the env, as this new run uses them where the
+    user set none: ``--backend async --num-envs 8 ...`` (empty when the user set them all).
+
+    >>> defaults_used(new_run_config({"algo": "apex", "env": "CartPole-v1", "gamma": 0.9}), {"gamma": 0.9})[:60]
+    '--backend async --num-envs 8 --num-steps 16 --total-steps 40'
+    """
+    values = {name: getattr(cfg, name) for name in algorithm_defaults()
+              if name not in given and option_owner(name) in (None, cfg.algo)}
+    return " ".join(f"--{name.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}"
+                    for name, v in values.items())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every config field as a flag. Defaults are left out of the namespace (``SUPPRESS``), so
     that what it holds is exactly what the user typed, whatever the value."""
-    p = _Parser(prog="python -m trainer.train",
-                description=f"Train a policy: --algo {' or '.join(ALGORITHMS)} (default {TrainConfig.algo}).")
+    p = OneLineParser(prog="python -m trainer.train",
+                      description=f"Train a policy: --algo {' or '.join(ALGORITHMS)} (default {TrainConfig.algo}). "
+                                  "Where a default depends on the algorithm and the env, its help says so; a new "
+                                  "run prints the values it uses.")
     for f in fields(TrainConfig):
         kind = _field_type(f)
         p.add_argument(f"--{f.name.replace('_', '-')}", type=_bool if kind is bool else kind,
-                       default=argparse.SUPPRESS, help=f"{_help(f.name)} (default: {f.default!r})")
+                       default=argparse.SUPPRESS, help=f"{_help(f.name)} {_default_help(f.name, f.default)}")
     p.add_argument("--resume", default="", metavar="RUN_DIR_OR_CHECKPOINT",
                    help="continue a run from its newest loadable checkpoint (or from this checkpoint file); "
                         "writes into that run directory")
@@ -82,12 +108,18 @@ def _toml_values(path: Path) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read config file {path}: {e}") from None
     types = {f.name: _field_type(f) for f in fields(TrainConfig) if f.name != "config"}
-    unknown = set(data) - set(types)
+    keys = {key: key.replace("-", "_") for key in data}  # num-envs as the flag, or num_envs as the field
+    unknown = sorted(k for k, name in keys.items() if name not in types)
     if unknown:
-        raise ValueError(f"unknown keys in {path}: {', '.join(sorted(unknown))} (keys are the flag names with "
-                         "underscores, see --help)")
+        hints = did_you_mean(unknown, [*types, *(k.replace("_", "-") for k in types)])
+        raise ValueError(f"unknown keys in {path}: {', '.join(unknown)}{hints} (keys are the flag names, with "
+                         "hyphens or underscores)")
+    twice = sorted(name for name in types if sum(n == name for n in keys.values()) > 1)
+    if twice:
+        raise ValueError(f"{path} sets {', '.join(twice)} twice (once with hyphens, once with underscores)")
     values = {}
-    for key, value in data.items():
+    for spelled, value in data.items():
+        key = keys[spelled]
         kind = types[key]
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -124,7 +156,7 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
     try:
         from_file = _toml_values(Path(args["config"])) if args.get("config") else {}
         given = {**from_file, **args}
-        cfg = TrainConfig(**{**{f.name: f.default for f in fields(TrainConfig)}, **given})
+        cfg = new_run_config(given)  # what a resume runs is the checkpoint's config (resumed_config)
         check_config(cfg, given)
     except ConfigError as e:
         if e.key in from_file and e.key not in args:
@@ -142,7 +174,7 @@ def check_config(cfg: TrainConfig, given: dict[str, Any]) -> None:
     an unknown ``--algo`` or settings it cannot run with (``Algorithm.check_config``), or a setting in ``given``
     (what the user typed) that only another algorithm reads."""
     cfg.validate()
-    algorithm_class(cfg.algo).check_config(cfg)
+    algorithm_spec(cfg.algo).check_config(cfg)
     ignored = sorted(k for k in given if option_owner(k) not in (None, cfg.algo))
     if ignored:
         flags = ", ".join("--" + k.replace("_", "-") for k in ignored)
@@ -153,12 +185,18 @@ def check_config(cfg: TrainConfig, given: dict[str, Any]) -> None:
 
 
 def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) -> TrainConfig:
-    """The checkpoint's config with the given flags applied; flags that would change the run are an error."""
-    clash = {k: (saved.get(k), v) for k, v in given.items() if k not in RESUMABLE_CHANGES and saved.get(k) != v}
+    """The checkpoint's config with the given flags applied; flags that would change the run are an error (a
+    moved trace directory does not: ``--env-kwargs capacity_trace=NEW``)."""
+    may_change = set(RESUMABLE_CHANGES)
+    if "env_kwargs" in given:  # only file paths may change (checked here): the files moved, the run is the same
+        given = {**given, "env_kwargs": moved_env_files(saved.get("env_kwargs", ""), given["env_kwargs"])}
+        may_change.add("env_kwargs")
+    clash = {k: (saved.get(k), v) for k, v in given.items() if k not in may_change and saved.get(k) != v}
     if clash:
         detail = ", ".join(f"--{k.replace('_', '-')}={new!r} (run has {old!r})" for k, (old, new) in clash.items())
         raise ValueError(f"{source}: the flags do not match the run being resumed: {detail}. Drop them, or start "
-                         f"a new run; only {', '.join(sorted(RESUMABLE_CHANGES - {'config'}))} may change")
+                         f"a new run; only {', '.join(sorted(RESUMABLE_CHANGES - {'config'}))} may change (and "
+                         f"--env-kwargs {', '.join(f'{k}=NEW' for k in sorted(PATH_ENV_KWARGS))} where files moved)")
     known = {f.name for f in fields(TrainConfig)}
     cfg = TrainConfig(**{**{k: v for k, v in saved.items() if k in known}, **given})
     check_config(cfg, {})

@@ -24,9 +24,10 @@ import torch
 
 import envs
 from collectors.resources import async_workers, largest_divisor_at_most, usable_cores
+from trainer.arguments import did_you_mean
 from trainer.common.devices import learner_device
 from trainer.config import TrainConfig
-from trainer.registry import algorithm_class
+from trainer.registry import algorithm_spec
 
 VECTOR_ENVS = {"VREdge-v0": envs.VREdgeVectorEnv}  # natively batched: one vector env per process or actor
 TORCH_ENVS = {"VREdge-v0": envs.VREdgeTorchEnv}  # written in torch: --backend device steps them on the learner's device
@@ -156,11 +157,11 @@ def _count(n: int, noun: str, suffix: str = "s") -> str:
 def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
     """Decide the layout of ``cfg`` on ``machine``; an impossible request is a ``ValueError`` naming the flag."""
     if cfg.env not in gym.registry:
-        raise ValueError(f"unknown env id {cfg.env!r}: register it with gymnasium first (e.g. CartPole-v1, "
-                         "VREdge-v0)")
+        raise ValueError(f"unknown env id {cfg.env!r}{did_you_mean(cfg.env, gym.registry)}: register it with "
+                         "gymnasium first (e.g. CartPole-v1, VREdge-v0)")
     n, cores, notes = cfg.num_envs, machine.cores, []
     # the algorithm decides whether its Ray actors keep collecting while it learns (IMPALA's and Ape-X's do)
-    asynchronous = cfg.backend == "ray" and algorithm_class(cfg.algo).keeps_collecting(cfg)
+    asynchronous = cfg.backend == "ray" and algorithm_spec(cfg.algo).keeps_collecting(cfg)
     if cfg.backend == "device":
         if cfg.env not in TORCH_ENVS:
             raise ValueError(f"--backend device needs an env written in torch; {cfg.env} has none (these do: "

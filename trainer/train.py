@@ -8,12 +8,18 @@ ends the run. Which algorithm runs is ``trainer.registry``'s business alone.
 
 from __future__ import annotations
 
+import sys
+
+from trainer.flags import CommandLine, defaults_used, parse_args
+
+if __name__ == "__main__":  # check the command line (and answer --help) before torch loads: seconds, not ten
+    COMMAND_LINE = parse_args()
+
 import contextlib
 import json
 import multiprocessing
 import shlex
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +32,6 @@ from collectors.resources import torch_threads
 from trainer.algorithm import Algorithm, NonFiniteLossError
 from trainer.config import TrainConfig
 from trainer.evaluation.validation import Validator
-from trainer.flags import parse_args
 from trainer.interrupts import Interrupted, StopSignals, ignore_late_signals
 from trainer.metrics import MetricsLog, keep_metrics_until
 from trainer.registry import algorithm_class
@@ -68,26 +73,29 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         for line in algorithm.start_notes():
             print(line, file=sys.stderr)
         run_dir = Path(cfg.run_dir or f"runs/{cfg.env}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+        iterations = layout.iterations(cfg)
+        stop = min(iterations, max_iterations or iterations)
+        # decided before anything is touched: a resume with nothing to do changes no file of the run
+        nothing_to_do = bool(resume) and saved["iteration"] >= stop
         lock = stack.enter_context(checkpoints.RunDirLock(run_dir))
-        if resume:
+        if resume and not nothing_to_do:
             moved = checkpoints.set_aside_newer(run_dir, saved["iteration"])
             notes += [f"set aside {p.name}: newer than the checkpoint resumed from" for p in moved]
             dropped = keep_metrics_until(run_dir / "metrics.jsonl", saved["iteration"])
             if dropped:
                 notes.append(f"metrics.jsonl: dropped {dropped} rows of iterations after {saved['iteration']} "
                              "(they are run again)")
-        else:
+        elif not resume:
             notes += claim_new_run_dir(run_dir, overwrite)
         if lock.stale:
             notes.append(lock.stale)
         cfg.run_dir = str(run_dir)
-        (run_dir / "config.json").write_text(json.dumps({"config": cfg.to_dict(), "layout": layout.to_dict()},
-                                                        indent=2))
+        if not nothing_to_do:
+            (run_dir / "config.json").write_text(json.dumps({"config": cfg.to_dict(), "layout": layout.to_dict()},
+                                                            indent=2))
         writer = _tensorboard(run_dir) if cfg.tensorboard else None
         if writer:
             stack.callback(writer.close)
-        iterations = layout.iterations(cfg)
-        stop = min(iterations, max_iterations or iterations)
         collector = stack.enter_context(make_collector(
             layout.env_factories(), algorithm.acting, backend=cfg.backend, horizon=cfg.num_steps, seed=cfg.seed,
             **layout.collector_kwargs(), **algorithm.collector_options()))  # ray_async: one actor's slice
@@ -188,8 +196,12 @@ def _command(*args: str) -> str:
     return " ".join(shlex.quote(a) for a in (sys.executable, *args))
 
 
-def main(argv: list[str] | None = None) -> None:
-    cli = parse_args(argv)
+def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
+    """``python -m trainer.train``: the command line ``argv`` (or the one already parsed, ``cli``) run."""
+    cli = cli or parse_args(argv)
+    defaults = "" if cli.resume else defaults_used(cli.config, cli.given)
+    if defaults:  # next to the run layout's lines: what the bare command runs is not the same for every algo
+        print(f"defaults for --algo {cli.config.algo} on {cli.config.env}: {defaults}", file=sys.stderr)
     try:
         summary = train(cli.config, resume=cli.resume, given=cli.given, overwrite=cli.overwrite)
         ignore_late_signals()
@@ -218,9 +230,10 @@ def main(argv: list[str] | None = None) -> None:
         if not summary["finished"]:
             print(f"resume:        {_command('-m', 'trainer.train', '--resume', run_dir)}")
         else:
-            print(f"train longer:  {_command('-m', 'trainer.train', '--resume', run_dir, '--total-steps', 'N')}")
+            longer = str(2 * summary["env_steps"])  # a value to paste (twice this run's steps), not a placeholder
+            print(f"train longer:  {_command('-m', 'trainer.train', '--resume', run_dir, '--total-steps', longer)}")
 
 
 if __name__ == "__main__":
     multiprocessing.freeze_support()
-    main()
+    main(cli=COMMAND_LINE)

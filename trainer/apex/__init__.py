@@ -1,5 +1,6 @@
 """Ape-X (Horgan et al., 2018): epsilon-greedy actors feed a prioritized replay; one learner trains a double DQN.
 
+- :mod:`.spec`: what the command line knows of Ape-X before torch loads (its settings, its defaults per env);
 - :mod:`.algorithm`: :class:`~trainer.apex.algorithm.ApeX`, the run's state and one iteration, as the loop drives it;
 - :mod:`.q_network`: the dueling, branching Q-network;
 - :mod:`.exploration`: Ape-X's epsilons and the actors' keyed epsilon-greedy policy;

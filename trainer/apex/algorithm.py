@@ -25,7 +25,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,11 +39,12 @@ from trainer.apex.exploration import EpsilonGreedy, apex_epsilons
 from trainer.apex.nstep import NStepBuilder
 from trainer.apex.q_network import QNetwork
 from trainer.apex.replay import PrioritizedReplay
+from trainer.apex.spec import ApeXSpec
 from trainer.common.devices import resolve_device
 from trainer.common.flat_params import flat_parameters
 from trainer.common.spaces import model_spaces
 from trainer.common.state import capture_rng, cpu_copy, restore_rng
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import TrainConfig
 from trainer.metrics import metrics_row, steps_per_second
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def transition_example(q: QNetwork) -> TensorDict:
 
 
 @dataclass
-class ApeX(Algorithm):
+class ApeX(ApeXSpec, Algorithm):
     """Everything an Ape-X run carries from one iteration to the next (and into a checkpoint).
 
     ``model`` (online) and ``target`` learn on ``device``; ``acting`` is the actors' epsilon-greedy CPU
@@ -82,14 +83,6 @@ class ApeX(Algorithm):
         ([28, 60, 92], [0, 0, 16])
     """
 
-    description: ClassVar[str] = ("Ape-X: epsilon-greedy actors, prioritized replay, double DQN; Discrete and "
-                                  "MultiDiscrete actions")
-    options: ClassVar[frozenset[str]] = frozenset({
-        "replay_capacity", "replay_alpha", "replay_beta", "replay_ratio", "apex_batch_size", "n_step",
-        "target_update", "weights_every", "learning_starts", "eps_base", "eps_alpha", "save_replay"})
-    model_name: ClassVar[str] = "an Ape-X Q-network"
-    stochastic: ClassVar[bool] = False  # greedy: its exploration is the actors' epsilon
-
     cfg: TrainConfig
     device: torch.device
     model: QNetwork
@@ -107,23 +100,6 @@ class ApeX(Algorithm):
     credit: float = 0.0  # learner updates owed to the replay ratio, not yet taken
     recent: deque = field(default_factory=lambda: deque(maxlen=100))
     collector: Collector | None = None
-
-    @classmethod
-    def check_config(cls, cfg: TrainConfig) -> None:
-        def need(ok: bool, name: str, rule: str) -> None:
-            if not ok:
-                raise ConfigError(name, getattr(cfg, name), rule)
-        need(not cfg.overlap, "overlap", "is for --algo ppo; Ape-X's actors already act with stale weights")
-        need(not cfg.ray_async, "ray_async", "is for --algo ppo; --algo apex --backend ray collects from the "
-             "actors as they finish by itself")
-        need(not cfg.batch_size, "batch_size", "is for --algo ppo; the Ape-X learner's minibatch is --apex-batch-size")
-        need(cfg.apex_batch_size <= cfg.replay_capacity, "apex_batch_size",
-             f"must be <= --replay-capacity ({cfg.replay_capacity}): a minibatch larger than the replay would hold "
-             "the same transitions many times over")
-
-    @classmethod
-    def keeps_collecting(cls, cfg: TrainConfig) -> bool:
-        return True  # Ape-X's Ray actors always keep collecting and pushing while the learner learns
 
     @classmethod
     def make_model(cls, cfg: TrainConfig) -> QNetwork:

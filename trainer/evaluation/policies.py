@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 import checkpoints
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, format_env_kwargs
 from trainer.registry import ALGORITHMS, algorithm_class
 
 
@@ -42,22 +43,28 @@ def check_weights_fit(cfg: TrainConfig, weights: dict[str, torch.Tensor], source
                      "or env parameters, or a config edited or mixed from two runs?")
 
 
-def load_policy(path: str | Path, pick: str = "latest") -> tuple[nn.Module, TrainConfig, Path]:
+def load_policy(path: str | Path, pick: str = "latest", env_kwargs: dict[str, Any] | None = None,
+                ) -> tuple[nn.Module, TrainConfig, Path]:
     """The policy of a checkpoint file, or of a run directory's ``pick`` (``best``: the ``best`` pointer
-    when there is one, else the newest loadable checkpoint; ``latest``: the newest loadable), on the CPU, frozen."""
+    when there is one, else the newest loadable checkpoint; ``latest``: the newest loadable), on the CPU, frozen;
+    ``env_kwargs`` replace the run's own env arguments (e.g. a trace directory that is elsewhere now)."""
     best = checkpoints.best_checkpoint(path) if pick == "best" and Path(path).is_dir() else None
     if best is not None:
         path = best
     source, state, problems = checkpoints.latest_loadable(path)
     for p in problems:
         print(f"skipped {p}", file=sys.stderr)
-    model, cfg = policy_from_state(state, source)
+    model, cfg = policy_from_state(state, source, env_kwargs)
     return model, cfg, source
 
 
-def policy_from_state(state: dict[str, Any], source: Path) -> tuple[nn.Module, TrainConfig]:
-    """The frozen CPU policy and training config of a loaded checkpoint ``state`` (read from ``source``)."""
+def policy_from_state(state: dict[str, Any], source: Path, env_kwargs: dict[str, Any] | None = None,
+                      ) -> tuple[nn.Module, TrainConfig]:
+    """The frozen CPU policy and training config of a loaded checkpoint ``state`` (read from ``source``), with
+    ``env_kwargs`` over the run's env arguments."""
     cfg = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.__dataclass_fields__})
+    if env_kwargs:
+        cfg = dataclasses.replace(cfg, env_kwargs=format_env_kwargs({**cfg.env_options, **env_kwargs}))
     try:
         cfg.validate()
     except ValueError as e:

@@ -1,5 +1,6 @@
 """PPO: an actor-critic learns on-policy from ``[T, N]`` rollouts on the learner's device.
 
+- :mod:`.spec`: what the command line knows of PPO before torch loads (its settings, its defaults per env);
 - :mod:`.algorithm`: :class:`~trainer.ppo.algorithm.PPO`, the run's state and one iteration, as the loop drives it;
 - :mod:`.model`: the actor-critic (``ActorCritic``, observation normalisation, stacked MLPs);
 - :mod:`.targets`: how each step bootstraps, GAE, V-trace;

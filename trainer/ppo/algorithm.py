@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +21,7 @@ from trainer.ppo.batching import MinibatchPlan, plan_minibatches
 from trainer.ppo.model import ActorCritic
 from trainer.ppo.pipeline import Pipeline, make_pipeline
 from trainer.ppo.reward_scaling import ReturnScaler
+from trainer.ppo.spec import PPOSpec
 from trainer.ppo.targets import advantages_and_returns, vtrace_targets
 from trainer.ppo.update import LearnerSamples, PPOSettings, minibatch_generator, ppo_update
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class PPO(Algorithm):
+class PPO(PPOSpec, Algorithm):
     """Everything a PPO run carries from one iteration to the next (and into a checkpoint).
 
     ``model`` learns on ``device``; ``acting`` is the copy the collector acts with, on the CPU (on ``device``
@@ -52,13 +53,6 @@ class PPO(Algorithm):
         (1, 64, 1)
     """
 
-    description: ClassVar[str] = "actor-critic, on-policy"
-    model_name: ClassVar[str] = "a PPO actor-critic"
-    options: ClassVar[frozenset[str]] = frozenset({
-        "gae_lambda", "epochs", "batch_size", "clip_coef", "clip_value", "ent_coef", "vf_coef", "norm_adv",
-        "target_kl", "normalize_obs", "scale_rewards", "shared_trunk", "ray_async", "overlap", "overlap_targets",
-        "max_lag", "rho_bar", "c_bar"})
-
     cfg: TrainConfig
     device: torch.device
     model: ActorCritic
@@ -74,10 +68,6 @@ class PPO(Algorithm):
     lags: dict = field(default_factory=dict)  # policy lag -> number of rollouts
     recent: deque = field(default_factory=lambda: deque(maxlen=100))
     pipeline: Pipeline | None = None
-
-    @classmethod
-    def keeps_collecting(cls, cfg: TrainConfig) -> bool:
-        return cfg.ray_async  # IMPALA-style: V-trace corrects for the lag
 
     @classmethod
     def make_model(cls, cfg: TrainConfig) -> ActorCritic:

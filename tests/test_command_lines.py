@@ -1,0 +1,197 @@
+"""What a newcomer types (issue 25): each algorithm's own defaults, printed commands that run from anywhere, JSON
+that pipes, a resume with nothing to do, typos answered before torch loads."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import checkpoints
+from envs.make_traces import write_traces
+from trainer import evaluate as evaluate_cli
+from trainer import train as train_cli
+from trainer.flags import parse_args
+from trainer.registry import new_run_config
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**{k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}, "PATH": "/usr/bin:/bin"}
+
+
+def command(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -m ...`` with this interpreter (absolute), run in ``cwd`` from a fresh shell's environment."""
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def printed_lines(stdout: str) -> dict[str, str]:
+    return {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in stdout.splitlines() if ":" in line}
+
+
+# ---------------------------------------------------------------------------- each algorithm owns its defaults
+
+def readme_command(start: str) -> list[str]:
+    """The flags of the README command that starts with ``start`` (continuation lines joined)."""
+    text = (REPO / "README.md").read_text().replace("\\\n", " ")
+    line = next(line for line in text.splitlines() if line.startswith(start))
+    return shlex.split(line)[3:]  # after `.venv/bin/python -m trainer.train`
+
+
+def test_bare_apex_on_cartpole_runs_the_readme_command():
+    readme = readme_command(".venv/bin/python -m trainer.train --algo apex --env CartPole-v1")
+    assert "--total-steps" in readme and "--n-step" in readme
+    bare = parse_args(["--algo", "apex", "--env", "CartPole-v1"]).config
+    assert bare == parse_args(readme).config
+    assert (bare.backend, bare.num_envs, bare.num_steps, bare.gamma, bare.n_step) == ("async", 8, 16, 0.99, 5)
+
+
+def test_flags_and_toml_win_over_the_algorithm_defaults(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text('algo = "apex"\nenv = "CartPole-v1"\nnum-envs = 4\n')  # a flag's spelling, hyphenated
+    cli = parse_args(["--config", str(toml), "--gamma", "0.95", "--backend", "sync"])
+    assert (cli.config.num_envs, cli.config.gamma, cli.config.backend, cli.config.n_step) == (4, 0.95, "sync", 5)
+    ppo_vr = parse_args([]).config  # PPO on VR-edge keeps the defaults its benchmarks measured
+    assert (ppo_vr.num_envs, ppo_vr.num_steps, ppo_vr.gamma, ppo_vr.max_grad_norm) == (64, 128, 0.9, 0.5)
+    apex_vr = new_run_config({"algo": "apex"})  # the Python API gives what the command line gives
+    assert (apex_vr.max_grad_norm, apex_vr.gamma) == (10.0, 0.9)
+
+
+def test_help_says_which_defaults_depend_on_the_algorithm_and_torch_is_not_imported(tmp_path):
+    done = command(["-X", "importtime", "-m", "trainer.train", "--help"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "(default: ppo 'sync'; apex 'sync' on VREdge-v0, 'async' on other envs)" in text
+    assert "(default: ppo 64 on VREdge-v0, 8 on other envs; apex 64 on VREdge-v0, 8 on other envs)" in text
+    assert "n-step return (default: apex 3 on VREdge-v0, 5 on other envs)" in text  # PPO reads no --n-step
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "trainer.flags" in imported and not imported & {"torch", "tensordict", "ray"}
+
+
+def test_a_new_run_prints_the_defaults_it_uses_and_a_resume_keeps_its_config(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    train_cli.main(["--algo", "apex", "--env", "CartPole-v1", "--total-steps", "256", "--learning-starts", "64",
+                    "--backend", "sync", "--device", "cpu", "--run-dir", str(run_dir)])
+    printed = capsys.readouterr()
+    assert ("defaults for --algo apex on CartPole-v1: --num-envs 8 --num-steps 16 --gamma 0.99 --max-grad-norm 10.0 "
+            "--n-step 5\n") in printed.err  # what was typed is not listed
+    stored = json.loads((run_dir / "config.json").read_text())["config"]
+    assert {k: stored[k] for k in ("num_envs", "num_steps", "n_step", "learning_starts")} == {
+        "num_envs": 8, "num_steps": 16, "n_step": 5, "learning_starts": 64}
+    train_cli.main(shlex.split(printed_lines(printed.out)["train longer"])[3:])  # the line, less the interpreter
+    assert "defaults for" not in capsys.readouterr().err  # a resume runs the stored config, whatever the defaults
+    state = checkpoints.latest_loadable(run_dir)[1]
+    assert state["env_steps"] == 512 and state["config"]["learning_starts"] == 64
+
+
+# ---------------------------------------------------------------------------- printed commands, JSON, traces
+
+def test_printed_commands_of_a_trace_run_work_from_another_directory(tmp_path, monkeypatch):
+    write_traces(tmp_path / "traces", files=6, seconds=60, mean_mbps=4.0, seed=1)
+    small = ["--num-envs", "2", "--num-steps", "8", "--total-steps", "16", "--device", "cpu", "--run-dir", "run"]
+    done = command(["-m", "trainer.train", "--env-kwargs", "capacity_trace=traces/,trace_split=train,num_users=2",
+                    *small], tmp_path)
+    assert done.returncode == 0, done.stderr
+    stored = json.loads((tmp_path / "run" / "config.json").read_text())["config"]["env_kwargs"]
+    assert stored == f"capacity_trace={tmp_path / 'traces'},trace_split=train,num_users=2"  # absolute
+    printed = printed_lines(done.stdout)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    evaluate = shlex.split(printed["evaluate"]) + ["--episodes", "1", "--baselines", "fair_share", "--reference",
+                                                   "none", "--json"]
+    scored = subprocess.run(evaluate, cwd=elsewhere, env=ENV, capture_output=True, text=True, timeout=300)
+    assert scored.returncode == 0, scored.stderr
+    payload = json.loads(scored.stdout)  # `--json > f` is valid JSON: the table went to stderr
+    assert payload["env_kwargs"]["trace_split"] == "test" and "fair_share" in scored.stderr
+    longer = subprocess.run(shlex.split(printed["train longer"]), cwd=elsewhere, env=ENV, capture_output=True,
+                            text=True, timeout=300)
+    assert printed["train longer"].endswith("--total-steps 32") and longer.returncode == 0, longer.stderr
+
+    (tmp_path / "traces").rename(tmp_path / "moved")  # the stored path is gone: an explicit one wins
+    run = str(tmp_path / "run")
+    monkeypatch.chdir(elsewhere)  # relative paths on the command line are the caller's
+    with pytest.raises(SystemExit, match="no such file or directory"):
+        evaluate_cli.main(["--checkpoint", run, "--episodes", "1", "--baselines", "none"])
+    evaluate_cli.main(["--checkpoint", run, "--episodes", "1", "--baselines", "none", "--reference", "none",
+                       "--capacity-trace", "../moved"])
+    train_cli.main(["--resume", run, "--total-steps", "48", "--env-kwargs", "capacity_trace=../moved"])
+    with pytest.raises(SystemExit, match="num_users would change the run"):
+        train_cli.main(["--resume", run, "--env-kwargs", "num_users=3"])
+    state = checkpoints.latest_loadable(run)[1]
+    assert state["iteration"] == 3
+    assert state["config"]["env_kwargs"] == f"capacity_trace={tmp_path / 'moved'},trace_split=train,num_users=2"
+
+
+# ---------------------------------------------------------------------------- a resume with nothing to do
+
+def test_a_resume_with_nothing_to_do_changes_no_file(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    small = ["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--device", "cpu", "--checkpoint-every",
+             "1", "--backend", "sync"]
+    train_cli.main([*small, "--total-steps", "32", "--run-dir", str(run_dir)])
+    train_cli.main(["--resume", str(run_dir), "--total-steps", "48"])  # ckpt 3 holds the larger total, 2 the first
+
+    def files() -> dict[str, bytes]:
+        return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    before = files()
+    capsys.readouterr()
+    train_cli.main(["--resume", str(run_dir / "checkpoints" / "ckpt_00000002.pt")])
+    err = capsys.readouterr().err
+    assert "nothing to do" in err and "set aside" not in err and "dropped" not in err
+    assert files() == before
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "ckpt_00000003.pt"
+
+
+def test_setting_checkpoints_aside_keeps_the_pointers_true(tmp_path):
+    for i in (1, 2, 3):
+        checkpoints.save_in_run_dir(tmp_path, {"iteration": i}, i, keep=3)
+    checkpoints.set_best(tmp_path, tmp_path / "checkpoints" / "ckpt_00000003.pt", {"val_return": 1.0})
+    moved = checkpoints.set_aside_newer(tmp_path, 1)
+    assert [p.name for p in moved] == ["ckpt_00000003.pt.orphaned", "ckpt_00000002.pt.orphaned"]
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "ckpt_00000001.pt"
+    assert checkpoints.best_checkpoint(tmp_path) is None and not (tmp_path / "checkpoints" / "best").exists()
+    checkpoints.set_aside_newer(tmp_path, 0)
+    assert not (tmp_path / "checkpoints" / "latest").exists()  # nothing left to name
+
+
+# ---------------------------------------------------------------------------- typos and TOML keys
+
+@pytest.mark.parametrize("args, words", [
+    (["-m", "trainer.train", "--num-evns", "8"], "unrecognized arguments: --num-evns 8 (did you mean --num-envs?) "
+                                                 "(see --help)"),
+    (["-m", "trainer.train", "--algo", "apx"], "choose ppo or apex (did you mean apex?) (see --help)"),
+    (["-m", "trainer.evaluate", "--checkpoint", "x", "--pick", "bset"], "(did you mean best?)"),
+    (["-m", "trainer.export", "--checkpoint", "x", "--format", "onxx"], "(did you mean onnx?)"),
+    (["-m", "trainer.evaluate", "--chekpoint", "x"], "required: --checkpoint (did you mean --checkpoint?)"),
+])
+def test_typos_get_a_did_you_mean_before_torch_loads(tmp_path, args, words):
+    done = command(["-X", "importtime", *args], tmp_path)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and words in errors[0] and errors[0].count("(see --help)") == 1
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert not imported & {"torch", "tensordict", "ray"}
+
+
+def test_an_unknown_env_id_gets_a_did_you_mean():
+    with pytest.raises(SystemExit, match=r"unknown env id 'CartPol-v1' \(did you mean CartPole-v1\?\)"):
+        train_cli.main(["--env", "CartPol-v1"])
+
+
+def test_toml_keys_unknown_or_twice_are_one_line_errors(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text("num-env = 8\n")
+    done = command(["-m", "trainer.train", "--config", str(toml)], tmp_path)
+    assert done.returncode == 2 and "unknown keys in" in done.stderr and "(did you mean num-envs?)" in done.stderr
+    assert done.stderr.count("see --help") == 1
+    toml.write_text("num-envs = 8\nnum_envs = 4\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--config", str(toml)])
+
+
+def test_batching_takes_the_trainer_spelling_and_the_old_one(tmp_path):
+    plans = [command(["-m", "trainer.batching", *flags, "--batch-size", "4096"], tmp_path).stdout
+             for flags in (["--num-envs", "64", "--num-steps", "2048"], ["--n-envs", "64", "--n-steps", "2048"])]
+    assert plans[0] == plans[1] == "131072 transitions per rollout -> 32 minibatches of 4096\n"

@@ -1,0 +1,53 @@
+"""Ape-X as the command line knows it before torch loads: its help, its settings, its defaults per env, its
+rules for a config."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from trainer.algorithm import AlgorithmSpec
+from trainer.config import ConfigError, TrainConfig
+
+
+class ApeXSpec(AlgorithmSpec):
+    """``--algo apex``; the run itself is :class:`trainer.apex.algorithm.ApeX`.
+
+    Example (the bare ``--algo apex --env CartPole-v1`` runs the README's CartPole command):
+        >>> d = ApeXSpec.defaults_for("CartPole-v1")
+        >>> d["backend"], d["num_envs"], d["num_steps"], d["total_steps"], d["gamma"], d["n_step"]
+        ('async', 8, 16, 400000, 0.99, 5)
+    """
+
+    description: ClassVar[str] = ("Ape-X: epsilon-greedy actors, prioritized replay, double DQN; Discrete and "
+                                  "MultiDiscrete actions")
+    options: ClassVar[frozenset[str]] = frozenset({
+        "replay_capacity", "replay_alpha", "replay_beta", "replay_ratio", "apex_batch_size", "n_step",
+        "target_update", "weights_every", "learning_starts", "eps_base", "eps_alpha", "save_replay"})
+    model_name: ClassVar[str] = "an Ape-X Q-network"
+    stochastic: ClassVar[bool] = False  # greedy: its exploration is the actors' epsilon
+    # other envs: the README's CartPole command, 500 on 5 of 5 seeds (docs/benchmarks.md, "CartPole-v1 local
+    # mode over seeds"); VR-edge: DQN's gradient clip (PPO's 0.5 is for its clipped surrogate) and the rollout
+    # of docs/distributed.md's cluster command, PPO's env settings otherwise
+    defaults: ClassVar[dict[str, dict[str, Any]]] = {
+        "VREdge-v0": {"num_steps": 32, "max_grad_norm": 10.0},
+        "*": {"backend": "async", "num_envs": 8, "num_steps": 16, "total_steps": 400_000, "gamma": 0.99,
+              "lr": 1e-3, "anneal_lr": True, "n_step": 5, "max_grad_norm": 10.0, "learning_starts": 1000},
+    }
+    implementation: ClassVar[str] = "trainer.apex.algorithm:ApeX"
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ConfigError(name, getattr(cfg, name), rule)
+        need(not cfg.overlap, "overlap", "is for --algo ppo; Ape-X's actors already act with stale weights")
+        need(not cfg.ray_async, "ray_async", "is for --algo ppo; --algo apex --backend ray collects from the "
+             "actors as they finish by itself")
+        need(not cfg.batch_size, "batch_size", "is for --algo ppo; the Ape-X learner's minibatch is --apex-batch-size")
+        need(cfg.apex_batch_size <= cfg.replay_capacity, "apex_batch_size",
+             f"must be <= --replay-capacity ({cfg.replay_capacity}): a minibatch larger than the replay would hold "
+             "the same transitions many times over")
+
+    @classmethod
+    def keeps_collecting(cls, cfg: TrainConfig) -> bool:
+        return True  # Ape-X's Ray actors always keep collecting and pushing while the learner learns

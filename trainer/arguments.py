@@ -1,0 +1,60 @@
+"""What the command lines share when they parse: one-line errors that name the closest valid spelling.
+
+Python 3.11's argparse says ``unrecognized arguments: --num-evns`` and nothing more; these errors add "did you
+mean --num-envs?". Imports only the standard library, so that ``--help`` and a typo answer before torch loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import sys
+from collections.abc import Iterable
+
+
+def did_you_mean(words: str | list[str], choices: Iterable[str]) -> str:
+    """``" (did you mean X?)"`` with the choice closest to each of ``words`` that has a close one, or ``""``.
+
+    >>> did_you_mean("CartPole-v0", ["CartPole-v1", "Acrobot-v1"]), did_you_mean("xyz", ["ppo", "apex"])
+    (' (did you mean CartPole-v1?)', '')
+    """
+    choices = list(choices)
+    close = [m[0] for w in ([words] if isinstance(words, str) else words)
+             if (m := difflib.get_close_matches(w, choices, n=1, cutoff=0.6))]
+    return f" (did you mean {' '.join(close)}?)" if close else ""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line that says what to change (no 40-line usage block), with
+    the closest flag for an unknown one and the closest choice for an invalid one.
+
+    Example:
+        >>> p = OneLineParser(prog="demo")
+        >>> _ = p.add_argument("--num-envs", type=int)
+        >>> p.suggestion("unrecognized arguments: --num-evns 8")
+        ' (did you mean --num-envs?)'
+    """
+
+    typed: list[str] = []  # the words parse_args was given (a required flag's typo leaves its name out)
+
+    def parse_args(self, args=None, namespace=None):
+        self.typed = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, namespace)
+
+    def suggestion(self, message: str) -> str:
+        """What to add to argparse's ``message``: the closest flag or choice, where one is close."""
+        flags = [o for action in self._actions for o in action.option_strings]
+        if message.startswith("unrecognized arguments:"):
+            unknown = [w.partition("=")[0] for w in message.split(":", 1)[1].split() if w.startswith("-")]
+            return did_you_mean(unknown, flags)
+        if message.startswith("the following arguments are required:"):  # --chekpoint for --checkpoint
+            typed = {w.partition("=")[0] for w in self.typed if w.startswith("--")}
+            return did_you_mean(sorted(typed - set(flags)), flags)
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:
+            return did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
+        return ""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}{self.suggestion(message)} (see --help)\n")

@@ -1,0 +1,35 @@
+"""PPO as the command line knows it before torch loads: its help, its settings, its defaults per env."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from trainer.algorithm import AlgorithmSpec
+from trainer.config import TrainConfig
+
+
+class PPOSpec(AlgorithmSpec):
+    """``--algo ppo``; the run itself is :class:`trainer.ppo.algorithm.PPO`.
+
+    Example:
+        >>> PPOSpec.defaults_for("CartPole-v1")
+        {'num_envs': 8, 'total_steps': 200000}
+    """
+
+    description: ClassVar[str] = "actor-critic, on-policy"
+    model_name: ClassVar[str] = "a PPO actor-critic"
+    options: ClassVar[frozenset[str]] = frozenset({
+        "gae_lambda", "epochs", "batch_size", "clip_coef", "clip_value", "ent_coef", "vf_coef", "norm_adv",
+        "target_kl", "normalize_obs", "scale_rewards", "shared_trunk", "ray_async", "overlap", "overlap_targets",
+        "max_lag", "rho_bar", "c_bar"})
+    # VR-edge: TrainConfig's own defaults (docs/benchmarks.md, "The defaults over 5 seeds"); other envs: the
+    # README's CartPole command (8 envs x 128 steps, 200k steps)
+    defaults: ClassVar[dict[str, dict[str, Any]]] = {
+        "VREdge-v0": {},
+        "*": {"num_envs": 8, "total_steps": 200_000},
+    }
+    implementation: ClassVar[str] = "trainer.ppo.algorithm:PPO"
+
+    @classmethod
+    def keeps_collecting(cls, cfg: TrainConfig) -> bool:
+        return cfg.ray_async  # IMPALA-style: V-trace corrects for the lag
