@@ -37,10 +37,8 @@ from trainer.evaluation.policies import load_policy
 CARTPOLE = ["--algo", "apex", "--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "16", "--total-steps", "400000",
             "--gamma", "0.99", "--lr", "1e-3", "--n-step", "5", "--max-grad-norm", "10", "--learning-starts", "1000"]
 CARTPOLE_VALIDATION = ["--eval-every", "125", "--eval-episodes", "8"]  # a best checkpoint every 16k steps
-# measured with a constant learning rate (docs/benchmarks.md), before --anneal-lr applied to Ape-X
-VR_APEX = ["--algo", "apex", "--env", "VREdge-v0", "--num-envs", "16", "--num-steps", "16", "--lr", "5e-4",
-           "--anneal-lr", "false", "--max-grad-norm", "10", "--learning-starts", "5000", "--replay-capacity", "200000",
-           "--checkpoint-every", "50", "--device", "cpu"]
+# Ape-X's VR-edge defaults: 16 x 16 steps, lr 5e-4 constant (measured before --anneal-lr applied to Ape-X)
+VR_APEX = ["--algo", "apex", "--env", "VREdge-v0", "--checkpoint-every", "50", "--device", "cpu"]
 VR_PPO = ["--env", "VREdge-v0", "--checkpoint-every", "10", "--device", "cpu"]
 
 

@@ -254,7 +254,7 @@ def test_stop_and_resume_of_a_learner_run_is_exact_with_the_replay_saved(tmp_pat
 
 
 def test_learning_rate_anneals_and_a_resume_may_switch_it_off(tmp_path):
-    run(SMALL_VR + ["--lr", "0.002", "--run-dir", str(tmp_path)], max_iterations=4)
+    run(SMALL_VR + ["--lr", "0.002", "--anneal-lr", "true", "--run-dir", str(tmp_path)], max_iterations=4)
     run(["--resume", str(tmp_path), "--anneal-lr", "false"])  # e.g. a run saved before Ape-X annealed
     lrs = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # 8 iterations of 4 envs x 8 steps: iteration i learns at 0.002 * (1 - (i - 1) / 8)

@@ -57,6 +57,9 @@ def test_flags_and_toml_win_over_the_algorithm_defaults(tmp_path):
     assert (ppo_vr.num_envs, ppo_vr.num_steps, ppo_vr.gamma, ppo_vr.max_grad_norm) == (64, 128, 0.9, 0.5)
     apex_vr = new_run_config({"algo": "apex"})  # the Python API gives what the command line gives
     assert (apex_vr.max_grad_norm, apex_vr.gamma) == (10.0, 0.9)
+    # on VR-edge, Ape-X runs what benchmarks.apex vr-edge measured
+    assert (apex_vr.num_envs, apex_vr.num_steps, apex_vr.lr, apex_vr.anneal_lr, apex_vr.learning_starts,
+            apex_vr.replay_capacity) == (16, 16, 5e-4, False, 5000, 200_000)
 
 
 def test_help_says_which_defaults_depend_on_the_algorithm_and_torch_is_not_imported(tmp_path):
@@ -64,7 +67,7 @@ def test_help_says_which_defaults_depend_on_the_algorithm_and_torch_is_not_impor
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
     assert "(default: ppo 'sync'; apex 'sync' on VREdge-v0, 'async' on other envs)" in text
-    assert "(default: ppo 64 on VREdge-v0, 8 on other envs; apex 64 on VREdge-v0, 8 on other envs)" in text
+    assert "(default: ppo 64 on VREdge-v0, 8 on other envs; apex 16 on VREdge-v0, 8 on other envs)" in text
     assert "n-step return (default: apex 3 on VREdge-v0, 5 on other envs)" in text  # PPO reads no --n-step
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert "trainer.flags" in imported and not imported & {"torch", "tensordict", "ray"}
@@ -75,8 +78,8 @@ def test_a_new_run_prints_the_defaults_it_uses_and_a_resume_keeps_its_config(tmp
     train_cli.main(["--algo", "apex", "--env", "CartPole-v1", "--total-steps", "256", "--learning-starts", "64",
                     "--backend", "sync", "--device", "cpu", "--run-dir", str(run_dir)])
     printed = capsys.readouterr()
-    assert ("defaults for --algo apex on CartPole-v1: --num-envs 8 --num-steps 16 --gamma 0.99 --max-grad-norm 10.0 "
-            "--n-step 5\n") in printed.err  # what was typed is not listed
+    assert ("defaults for --algo apex on CartPole-v1: --num-envs 8 --num-steps 16 --lr 0.001 --anneal-lr true "
+            "--gamma 0.99 --max-grad-norm 10.0 --replay-capacity 100000 --n-step 5\n") in printed.err  # what was typed is not listed
     stored = json.loads((run_dir / "config.json").read_text())["config"]
     assert {k: stored[k] for k in ("num_envs", "num_steps", "n_step", "learning_starts")} == {
         "num_envs": 8, "num_steps": 16, "n_step": 5, "learning_starts": 64}

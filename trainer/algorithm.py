@@ -49,8 +49,8 @@ class AlgorithmSpec:
     Example (``trainer.registry`` maps ``--algo`` names to these):
         >>> from trainer.registry import algorithm_spec
         >>> apex = algorithm_spec("apex")
-        >>> apex.defaults_for("CartPole-v1")["num_envs"], apex.defaults_for("VREdge-v0").get("num_envs")
-        (8, None)
+        >>> apex.defaults_for("CartPole-v1")["num_envs"], apex.defaults_for("VREdge-v0")["num_envs"]
+        (8, 16)
         >>> apex.algorithm().__name__  # imports trainer.apex.algorithm (and torch) only now
         'ApeX'
     """

@@ -26,10 +26,11 @@ class ApeXSpec(AlgorithmSpec):
     model_name: ClassVar[str] = "an Ape-X Q-network"
     stochastic: ClassVar[bool] = False  # greedy: its exploration is the actors' epsilon
     # other envs: the README's CartPole command, 500 on 5 of 5 seeds (docs/benchmarks.md, "CartPole-v1 local
-    # mode over seeds"); VR-edge: DQN's gradient clip (PPO's 0.5 is for its clipped surrogate) and the rollout
-    # of docs/distributed.md's cluster command, PPO's env settings otherwise
+    # mode over seeds"); VR-edge: the settings `benchmarks.apex vr-edge` measured (docs/benchmarks.md, "Ape-X
+    # (issue 16)"; no search was done), with VR-edge's discount and total from PPO's defaults
     defaults: ClassVar[dict[str, dict[str, Any]]] = {
-        "VREdge-v0": {"num_steps": 32, "max_grad_norm": 10.0},
+        "VREdge-v0": {"num_envs": 16, "num_steps": 16, "lr": 5e-4, "anneal_lr": False, "max_grad_norm": 10.0,
+                      "learning_starts": 5000, "replay_capacity": 200_000},
         "*": {"backend": "async", "num_envs": 8, "num_steps": 16, "total_steps": 400_000, "gamma": 0.99,
               "lr": 1e-3, "anneal_lr": True, "n_step": 5, "max_grad_norm": 10.0, "learning_starts": 1000},
     }
