@@ -78,8 +78,9 @@ def test_a_new_run_prints_the_defaults_it_uses_and_a_resume_keeps_its_config(tmp
     train_cli.main(["--algo", "apex", "--env", "CartPole-v1", "--total-steps", "256", "--learning-starts", "64",
                     "--backend", "sync", "--device", "cpu", "--run-dir", str(run_dir)])
     printed = capsys.readouterr()
+    # what was typed (--learning-starts, --backend) is not listed
     assert ("defaults for --algo apex on CartPole-v1: --num-envs 8 --num-steps 16 --lr 0.001 --anneal-lr true "
-            "--gamma 0.99 --max-grad-norm 10.0 --replay-capacity 100000 --n-step 5\n") in printed.err  # what was typed is not listed
+            "--gamma 0.99 --max-grad-norm 10.0 --replay-capacity 100000 --n-step 5\n") in printed.err
     stored = json.loads((run_dir / "config.json").read_text())["config"]
     assert {k: stored[k] for k in ("num_envs", "num_steps", "n_step", "learning_starts")} == {
         "num_envs": 8, "num_steps": 16, "n_step": 5, "learning_starts": 64}
