@@ -4,7 +4,7 @@
 and ``async``, :class:`RayCollector` for ``ray``.
 """
 
-from collectors.backends.async_ import WorkerDiedError
+from collectors.backends.async_ import WorkerDiedError, WorkerTimeoutError
 from collectors.base import Collector
 from collectors.collector import RolloutCollector
 from collectors.env_group import EnvError
@@ -12,7 +12,8 @@ from collectors.factory import BACKENDS, make_collector
 from collectors.rollout import Rollout
 from collectors.seeding import env_seeds
 
-__all__ = ["BACKENDS", "Collector", "EnvError", "Rollout", "RolloutCollector", "WorkerDiedError", "env_seeds",
+__all__ = ["BACKENDS", "Collector", "EnvError", "Rollout", "RolloutCollector", "WorkerDiedError", "WorkerTimeoutError",
+           "env_seeds",
            "make_collector", "RayCollector"]
 
 

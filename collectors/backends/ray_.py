@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,7 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from collectors.backends.async_ import WorkerTimeoutError
 from collectors.collector import RolloutCollector
+from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EnvGroup, check_same_spaces
 from collectors.resources import largest_divisor_at_most, usable_cores
 from collectors.seeding import env_seeds
@@ -141,12 +144,18 @@ class RolloutWorker:
 
 
 class RayBackend:
-    """``num_workers`` Ray actors with ``envs_per_worker`` env factories each."""
+    """``num_workers`` Ray actors with ``envs_per_worker`` env factories each.
+
+    A rollout that does not come back within ``worker_timeout`` seconds (stretched to 20 times the
+    slowest rollout measured; an actor's first gets at least 120 s) counts as a dead actor: replaced.
+    """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Any, horizon: int, seed: int | list[int],
                  num_workers: int | None, envs_per_worker: int | None, ray_address: str | None,
                  cpus_per_worker: float = 1.0, worker_options: Sequence[dict] | dict | None = None,
-                 worker_cls: type = RolloutWorker, worker_kwargs: dict[str, Any] | None = None) -> None:
+                 worker_cls: type = RolloutWorker, worker_kwargs: dict[str, Any] | None = None,
+                 worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S) -> None:
+        self.deadline = Deadline(worker_timeout)
         ray = connect(ray_address)
         n = len(env_fns)
         total = ray.cluster_resources()
@@ -201,6 +210,7 @@ class RayBackend:
         self.actor_cls = self.ray.remote(self.worker_cls)
         self.actors = [self._spawn(w, self.seeds[self.slices[w]]) for w in range(len(self.groups))]
         self.versions: list[int | None] = [0] * len(self.actors)  # the policy version each actor holds
+        self.launched = [0.0] * len(self.actors)  # when each actor's rollout in flight was launched
         self.states: list[dict[str, Any] | None] = [None] * len(self.actors)
 
     def _reserve(self, bundles: list[dict[str, float]], total: dict[str, float]):
@@ -235,11 +245,13 @@ class RayBackend:
             **self.worker_kwargs)
 
     def _replace(self, w: int, error: Exception) -> None:
-        """Replace a dead actor; its envs restart from seeds derived from the run seed and the restart count."""
+        """Replace a dead (or silent) actor; its envs restart from seeds derived from the run seed and the restart
+        count."""
         self.restarts += 1
         derived = int(np.random.SeedSequence([self.seed, 10_000 + self.restarts]).generate_state(1)[0])
-        message = (f"ray worker {w} (envs {self.slices[w].start}-{self.slices[w].stop - 1}) died "
-                   f"({type(error).__name__}); replaced, its envs reseeded, the rollout retried")
+        what = str(error) if isinstance(error, WorkerTimeoutError) else f"died ({type(error).__name__})"
+        message = (f"ray worker {w} (envs {self.slices[w].start}-{self.slices[w].stop - 1}) {what}; replaced, "
+                   "its envs reseeded, the rollout retried")
         log.warning(message)
         self.events.append(message)
         try:
@@ -253,7 +265,18 @@ class RayBackend:
         """Start worker ``w``'s next rollout; the weights travel only to a worker that lacks ``version``."""
         send = weights_ref if self.versions[w] != version else None
         self.versions[w] = version
+        self.launched[w] = time.monotonic()
         return self.actors[w].rollout.remote(send, version)
+
+    def limit(self, w: int) -> float:
+        """Seconds worker ``w``'s rollout in flight may take (its first, or its first after a restore: start-up)."""
+        return self.deadline.limit("start" if self.states[w] is None else "rollout")
+
+    def silent(self, w: int) -> WorkerTimeoutError:
+        """The error for worker ``w``, whose rollout in flight is past its deadline."""
+        return WorkerTimeoutError(f"has been silent for {time.monotonic() - self.launched[w]:.1f} s during a "
+                                  f"rollout (limit {self.limit(w):g} s: a hung env step or a stopped process; "
+                                  "raise it with --worker-timeout / worker_timeout)")
 
     def put_weights(self) -> Any:
         return self.ray.put(policy_weights(self.policy))
@@ -266,10 +289,14 @@ class RayBackend:
         for w, ref in enumerate(refs):
             for attempt in range(_MAX_RESTARTS_PER_ROLLOUT + 1):
                 try:
-                    results[w] = self.ray.get(ref)
+                    try:
+                        results[w] = self.ray.get(ref, timeout=max(0.0, self.launched[w] + self.limit(w)
+                                                                   - time.monotonic()))
+                    except self.ray.exceptions.GetTimeoutError:
+                        raise self.silent(w) from None
                     self.record(w, results[w])
                     break
-                except self.ray.exceptions.RayActorError as e:
+                except (self.ray.exceptions.RayActorError, WorkerTimeoutError) as e:
                     if attempt == _MAX_RESTARTS_PER_ROLLOUT:
                         raise RuntimeError(f"ray worker {w} died {attempt + 1} times in one rollout") from e
                     self._replace(w, e)
@@ -279,17 +306,29 @@ class RayBackend:
     def env_states(self) -> list[dict[str, Any]]:
         """Each actor's collector state after its newest received rollout (asked for where none came yet)."""
         missing = [w for w, s in enumerate(self.states) if s is None]
-        for w, s in zip(missing, self.ray.get([self.actors[w].get_state.remote() for w in missing])):
+        for w, s in zip(missing, self._get([self.actors[w].get_state.remote() for w in missing], "get_state")):
             self.states[w] = s
         return list(self.states)
 
     def record(self, w: int, result: dict[str, Any]) -> None:
+        """Worker ``w``'s rollout arrived: its time stretches the deadline (start-up aside), its state is kept."""
+        if self.states[w] is not None:
+            self.deadline.measured(time.monotonic() - self.launched[w])
         self.states[w] = result["state"]
 
     def set_env_states(self, states: Sequence[Any], reseed: int | None = None) -> bool:
-        exact = all(self.ray.get([a.set_state.remote(s, reseed) for a, s in zip(self.actors, states)]))
+        exact = all(self._get([a.set_state.remote(s, reseed) for a, s in zip(self.actors, states)], "set_state"))
         self.states = [None] * len(self.actors)
         return exact
+
+    def _get(self, refs: list, what: str) -> list[Any]:
+        """``ray.get`` of state calls, bounded: an actor that does not answer stops the collector."""
+        limit = self.deadline.limit("start")
+        try:
+            return self.ray.get(refs, timeout=limit)
+        except self.ray.exceptions.GetTimeoutError:
+            raise WorkerTimeoutError(f"ray workers did not answer {what} within {limit:g} s (a hung env or a "
+                                     "stopped process; raise it with --worker-timeout / worker_timeout)") from None
 
     def close(self) -> None:
         for actor in self.actors:
@@ -322,7 +361,14 @@ class AsyncRollouts:
             if w not in self.in_flight:
                 self.in_flight[w] = b.launch(w, weights_ref, version)
         while True:
-            ready, _ = ray.wait(list(self.in_flight.values()), num_returns=1)
+            due = min(b.launched[k] + b.limit(k) for k in self.in_flight)
+            ready, _ = ray.wait(list(self.in_flight.values()), num_returns=1,
+                                timeout=max(0.0, due - time.monotonic()))
+            if not ready:  # the first one past its deadline is replaced, as if it had died
+                w = min(self.in_flight, key=lambda k: b.launched[k] + b.limit(k))
+                b._replace(w, b.silent(w))
+                self.in_flight[w] = b.launch(w, weights_ref, version)
+                continue
             w = next(k for k, ref in self.in_flight.items() if ref == ready[0])
             try:
                 result = ray.get(ready[0])
