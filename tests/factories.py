@@ -69,7 +69,7 @@ class HangingEnv(FaultyCartPole):
 
 
 def hanging() -> gym.Env:
-    return HangingEnv()
+    return HangingEnv(fail_at=40)
 
 
 def exploding() -> gym.Env:
