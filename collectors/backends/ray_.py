@@ -8,12 +8,15 @@ drives these actors.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +28,7 @@ from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EnvGroup, check_same_spaces
 from collectors.resources import largest_divisor_at_most, usable_cores
 from collectors.seeding import env_seeds
+from collectors.stop_signals import STOP_SIGNALS, stop_signals_blocked
 
 log = logging.getLogger("collectors.ray")
 _MAX_RESTARTS_PER_ROLLOUT = 3
@@ -51,14 +55,49 @@ def connect(address: str | None = None, num_cpus: int | None = None):
     if ray.is_initialized():
         return ray
     if address:
-        ray.init(address=address)
+        with _signals_kept():
+            ray.init(address=address)
         return ray
     if os.environ.get(_LOOPBACK_ENV) != "0":
         warnings.warn(f"ray was imported before {_LOOPBACK_ENV}=0 was set: the local Ray instance listens on all "
                       "interfaces; set it before importing ray (see docs/distributed.md, Security)", stacklevel=2)
     # "local": a new instance even where `ray start` left one running on this machine
-    ray.init(address="local", num_cpus=num_cpus or usable_cores(), include_dashboard=False)
+    with _signals_kept(), _private_files():
+        ray.init(address="local", num_cpus=num_cpus or usable_cores(), include_dashboard=False)
     return ray
+
+
+@contextlib.contextmanager
+def _signals_kept() -> Iterator[None]:
+    """``ray.init`` with this process's stop-signal handlers kept.
+
+    Ray replaces the SIGTERM handler (Python: one that calls ``sys.exit``; C++: a crash handler that
+    aborts); ours are put back afterwards. Stop signals are blocked meanwhile, and the daemons a
+    local instance starts inherit that mask (Ray blocks SIGINT in them already): a scheduler's
+    SIGTERM or SIGUSR1 to the whole process group is then this process's to handle, and does not
+    kill the Ray instance under the run. A signal that arrives meanwhile is delivered afterwards.
+    """
+    if threading.current_thread() is not threading.main_thread():  # Ray installs nothing from other threads
+        yield
+        return
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    with stop_signals_blocked():
+        try:
+            yield
+        finally:  # before the mask is lifted, so that a signal held back meets our handler
+            for signum, handler in handlers.items():
+                if handler is not None:  # None: installed from C, not by Python; nothing to put back
+                    signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def _private_files() -> Iterator[None]:
+    """Files a new local Ray instance writes (its auth token, ``/tmp/ray/session_*``) are the user's alone."""
+    previous = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(previous)
 
 
 def cluster_cpus(ray) -> tuple[float, float]:
