@@ -47,6 +47,8 @@ def die_with_parent() -> bool:
     """In a spawned process: be killed when the process that started it dies, even mid-way through a hung env
     step (Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``). Elsewhere the parent's end of the pipe closing ends the
     command loop, the fallback liveness check. Returns ``False`` when the parent is already gone (then exit).
+    Linux sends the signal when the *thread* that started the process ends: start a collector from a thread
+    that outlives it (the main thread, as the trainer does).
 
     multiprocessing's resource tracker goes with the workers: it exits once every process holding its pipe
     (the parent, which was killed, and its workers, which this kills) is gone.

@@ -43,6 +43,13 @@ def test_a_bad_worker_timeout_is_a_clear_error(bad):
         make_collector([f.cartpole] * 2, RandomPolicy(2), backend="sync", horizon=4, worker_timeout=bad)
 
 
+def test_a_bad_worker_timeout_flag_is_a_one_line_error():
+    out = subprocess.run([sys.executable, "-m", "trainer.train", "--worker-timeout", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--worker-timeout=0.0 is invalid: must be > 0" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
 # ---------------------------------------------------------------------------------------------- the API
 def test_a_hung_async_worker_is_named_after_the_deadline_and_shut_down():
     fns = [f.cartpole, f.cartpole, f.hanging, f.hanging]  # the worker hosts envs 2-3
