@@ -101,7 +101,7 @@ class BackgroundCollector(Collector):
         """The collecting process's answer to what was sent at ``sent_at``; raises its error,
         ``WorkerDiedError`` if it died, ``WorkerTimeoutError`` if it stays silent past the deadline."""
         first = what == "start" or (what == "collect" and not self._rollouts)  # envs built, buffers allocated
-        limit = max(self.deadline.limit(), START_TIMEOUT_S) if first else self.deadline.limit()
+        limit = self.deadline.limit("start" if first else what)
         ready = wait([self._conn, self._process.sentinel], timeout=max(0.0, sent_at + limit - time.monotonic()))
         if self._conn in ready:
             try:

@@ -297,9 +297,8 @@ class AsyncBackend:
                 except (EOFError, OSError):
                     self.procs[w].join(timeout=1.0)
                     error = error or WorkerDiedError(
-                        f"async worker {w} (pid {self.procs[w].pid}, hosting {self._hosted_by(w)}) died during {phase} "
-                        "with exit code "
-                        f"{self.procs[w].exitcode}")
+                        f"async worker {w} (pid {self.procs[w].pid}, hosting {self._hosted_by(w)}) died during "
+                        f"{phase} with exit code {self.procs[w].exitcode}")
                     continue
                 if msg[0] in ("ok", "ready"):
                     replies[w] = msg[1]
