@@ -233,8 +233,8 @@ class RayBackend:
 
     def _start(self, count) -> None:
         """Learn the workers' env counts and spaces (one task per bundle), then start the actors."""
-        counted = self.ray.get([count.options(**o, scheduling_strategy=self._in_bundle(w)).remote(g)
-                                for w, (g, o) in enumerate(zip(self.groups, self.options))])
+        counted = self._get([count.options(**o, scheduling_strategy=self._in_bundle(w)).remote(g)
+                             for w, (g, o) in enumerate(zip(self.groups, self.options))], "building their envs")
         spaces = [s for _, group_spaces in counted for s in group_spaces]
         check_same_spaces(spaces)
         self.observation_space, self.action_space, _ = spaces[0]
@@ -361,7 +361,7 @@ class RayBackend:
         return exact
 
     def _get(self, refs: list, what: str) -> list[Any]:
-        """``ray.get`` of state calls, bounded: an actor that does not answer stops the collector."""
+        """``ray.get`` of start-up and state calls, bounded: a worker that does not answer stops the collector."""
         limit = self.deadline.limit("start")
         try:
             return self.ray.get(refs, timeout=limit)
