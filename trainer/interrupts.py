@@ -75,9 +75,9 @@ class StopSignals:
                   file=sys.stderr)
             return
         if self._depth:
-            self._pending = self._pending or signum
-            if self._patient:
+            if self._patient and self._pending is None:  # the first one sets the patience; others do not extend it
                 signal.setitimer(signal.ITIMER_REAL, self._patience_s)
+            self._pending = self._pending or signum
             return
         self.stopping = True
         raise Interrupted(signum)
