@@ -4,7 +4,7 @@
 and ``async``, :class:`DeviceCollector` for ``device``, :class:`RayCollector` for ``ray``.
 """
 
-from collectors.backends.async_ import WorkerDiedError
+from collectors.backends.async_ import WorkerDiedError, WorkerTimeoutError
 from collectors.base import Collector
 from collectors.collector import RolloutCollector
 from collectors.device import DeviceCollector
@@ -14,7 +14,7 @@ from collectors.rollout import Rollout
 from collectors.seeding import env_seeds
 
 __all__ = ["BACKENDS", "Collector", "DeviceCollector", "EnvError", "Rollout", "RolloutCollector", "WorkerDiedError",
-           "env_seeds", "make_collector", "RayCollector"]
+           "WorkerTimeoutError", "env_seeds", "make_collector", "RayCollector"]
 
 
 def __getattr__(name: str):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import time
 import traceback
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -13,13 +14,12 @@ import torch
 import torch.multiprocessing as tmp
 from tensordict import TensorDict
 
-from collectors.backends.async_ import WorkerDiedError, check_picklable, stop_processes
+from collectors.backends.async_ import WorkerDiedError, WorkerTimeoutError, check_picklable, stop_processes
 from collectors.base import Collector, Policy, check_env_fns
+from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
 from collectors.rollout import Rollout
-from collectors.stop_signals import ignore_stop_signals, stop_signals_blocked
+from collectors.stop_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
 
-_START_TIMEOUT_S = 120.0  # building the envs (and an async backend's workers) in the new process
-_CALL_TIMEOUT_S = 60.0  # a state query or a weight update
 _CLOSE_TIMEOUT_S = 5.0
 
 
@@ -47,17 +47,23 @@ class BackgroundCollector(Collector):
         env_fns, policy, backend, horizon, seed, device, num_threads: as for ``RolloutCollector``
             (the factories and the policy must be picklable; the policy's copy in the collecting
             process gets its weights through ``update_policy``).
+        worker_timeout: seconds the collecting process (and its async workers) may stay silent,
+            stretched to 20 times the slowest answer measured (``collectors.deadlines.Deadline``).
         options: further ``RolloutCollector`` options (``num_workers``, ``main_share``, ...).
 
-    Every wait is bounded: the process's death is noticed at once (``WorkerDiedError``),
-    and an error inside it (an env raising) is raised here with its traceback.
+    Every wait is bounded: the process's death is noticed at once (``WorkerDiedError``), its
+    silence past the deadline raises ``WorkerTimeoutError`` (the first rollout and the start
+    get at least 120 s), and an error inside it (an env raising) is raised here with its
+    traceback. It is killed when this process dies (Linux), even in the middle of a hung step.
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
                  horizon: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
-                 num_threads: int | None = None, **options: Any) -> None:
+                 num_threads: int | None = None, worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S,
+                 **options: Any) -> None:
         env_fns = check_env_fns(env_fns)
         super().__init__(policy, horizon, device, num_threads)
+        self.deadline = Deadline(worker_timeout)
         check_picklable(env_fns, "the collecting process (background=True)")
         try:  # plain pickle (a copy), not torch's shared-memory reductions: the policy is the process's own
             policy_bytes = pickle.dumps(policy)
@@ -66,10 +72,13 @@ class BackgroundCollector(Collector):
                             f"({type(e).__name__}: {e}); use an nn.Module or a top-level function") from None
         ctx = tmp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        kwargs = dict(backend=backend, horizon=horizon, seed=seed, num_threads=num_threads, **options)
+        kwargs = dict(backend=backend, horizon=horizon, seed=seed, num_threads=num_threads,
+                      worker_timeout=worker_timeout, **options)
         self._process = ctx.Process(target=_serve, args=(child, env_fns, policy_bytes, kwargs), daemon=False,
                                     name="rollout-collector")
         self._pending: int | None = None  # the policy version of the rollout in flight
+        self._sent_at = 0.0  # when the rollout in flight was asked for
+        self._rollouts = 0
         self._shared: TensorDict | None = None  # the collecting process's rollout buffer, in shared memory
         self._host: TensorDict | None = None  # pinned staging copy for CUDA: one transfer per rollout
         self._transfer_done: torch.cuda.Event | None = None
@@ -81,16 +90,19 @@ class BackgroundCollector(Collector):
                 child.close()
                 self._finalizer = weakref.finalize(self, _stop, self._process, self._conn, self._started)
                 self._closed = False
-            self.num_envs, self.observation_space, self.action_space = self._reply("start", _START_TIMEOUT_S)
+            self.num_envs, self.observation_space, self.action_space = self._reply("start", time.monotonic())
             self._started["ready"] = True
         except BaseException:
             self.close()
             raise
 
     # ------------------------------------------------------------------ protocol
-    def _reply(self, what: str, timeout_s: float | None) -> Any:
-        """The collecting process's answer; raises its error, or ``WorkerDiedError`` if it died."""
-        ready = wait([self._conn, self._process.sentinel], timeout=timeout_s)
+    def _reply(self, what: str, sent_at: float) -> Any:
+        """The collecting process's answer to what was sent at ``sent_at``; raises its error,
+        ``WorkerDiedError`` if it died, ``WorkerTimeoutError`` if it stays silent past the deadline."""
+        first = what == "start" or (what == "collect" and not self._rollouts)  # envs built, buffers allocated
+        limit = self.deadline.limit("start" if first else what)
+        ready = wait([self._conn, self._process.sentinel], timeout=max(0.0, sent_at + limit - time.monotonic()))
         if self._conn in ready:
             try:
                 kind, payload = self._conn.recv()
@@ -99,21 +111,27 @@ class BackgroundCollector(Collector):
         elif ready:
             kind, payload = "died", None
         else:
-            raise TimeoutError(f"the collecting process did not answer ({what}) within {timeout_s:g} s")
+            envs = f"envs 0-{self.num_envs - 1}" if hasattr(self, "num_envs") else "its envs not yet built"
+            raise WorkerTimeoutError(
+                f"the collecting process (pid {self._process.pid}, {envs}) has been silent for "
+                f"{time.monotonic() - sent_at:.1f} s during {what} (limit {limit:g} s: a hung env step or a "
+                "stopped process; raise it with --worker-timeout / worker_timeout)")
         if kind == "ok":
+            if not first:
+                self.deadline.measured(time.monotonic() - sent_at)
             return payload
         if kind == "error":
             raise payload
         self._process.join(timeout=_CLOSE_TIMEOUT_S)
         raise WorkerDiedError(f"the collecting process died during {what} (exit code {self._process.exitcode})")
 
-    def _call(self, command: str, arg: Any = None, timeout_s: float | None = _CALL_TIMEOUT_S) -> Any:
+    def _call(self, command: str, arg: Any = None) -> Any:
         self._check_open()
         if self._pending is not None:
             raise RuntimeError(f"{command}: a rollout is in flight; wait() for it first")
         try:
             self._conn.send((command, arg))
-            return self._reply(command, timeout_s)
+            return self._reply(command, time.monotonic())
         except BaseException:
             self.close()
             raise
@@ -125,7 +143,7 @@ class BackgroundCollector(Collector):
         if self._pending is not None:
             raise RuntimeError("start(): a rollout is already in flight; wait() for it first")
         self._conn.send(("collect", None))
-        self._pending = self.policy_version
+        self._pending, self._sent_at = self.policy_version, time.monotonic()
 
     def wait(self) -> Rollout:
         """The rollout begun by ``start()``, on ``device``."""
@@ -133,7 +151,8 @@ class BackgroundCollector(Collector):
             raise RuntimeError("wait() without start()")
         version, self._pending = self._pending, None
         try:
-            shared, episodes = self._reply("collect", None)  # a rollout takes as long as the envs take
+            shared, episodes = self._reply("collect", self._sent_at)  # silence counts from start()
+            self._rollouts += 1
         except BaseException:
             self.close()  # a failed rollout leaves no process behind
             raise
@@ -199,7 +218,7 @@ def _stop(process, conn, started: dict[str, bool]) -> None:
     except Exception:
         pass
     conn.close()
-    stop_processes([process], patience=_CLOSE_TIMEOUT_S if started["ready"] else _START_TIMEOUT_S)
+    stop_processes([process], patience=_CLOSE_TIMEOUT_S if started["ready"] else START_TIMEOUT_S)
 
 
 def _serve(conn, env_fns: list, policy_bytes: bytes, kwargs: dict[str, Any]) -> None:
@@ -210,6 +229,8 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, kwargs: dict[str, Any]) -> 
     from collectors.collector import RolloutCollector
 
     ignore_stop_signals()  # stop signals reach the whole process group; the trainer handles them, then closes us
+    if not die_with_parent():
+        return
     try:
         collector = RolloutCollector(env_fns, pickle.loads(policy_bytes), **kwargs)
     except Exception as e:
@@ -222,7 +243,7 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, kwargs: dict[str, Any]) -> 
         while True:
             try:
                 command, arg = conn.recv()
-            except (EOFError, OSError):  # the trainer is gone
+            except (EOFError, OSError, pickle.UnpicklingError):  # the trainer is gone (killed mid-send)
                 return
             if command == "close":
                 return

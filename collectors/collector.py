@@ -12,6 +12,7 @@ import torch
 from tensordict import TensorDictBase
 
 from collectors.base import Collector, Policy, check_env_fns, check_seeds
+from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EpisodeInfo
 from collectors.rollout import Rollout
 from collectors.seeding import env_seeds, noise_keys
@@ -20,7 +21,8 @@ from collectors.storage import RolloutStorage, torch_dtype
 LOCAL_BACKENDS = ("serial", "sync", "async")
 
 
-def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bool, num_splits: int):
+def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bool, num_splits: int,
+                  worker_timeout: float):
     if num_splits != 1 and backend != "async":
         raise ValueError(f"num_splits={num_splits!r} needs backend='async' (got {backend!r}); leave it at 1")
     if backend == "serial":
@@ -30,7 +32,8 @@ def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bo
         from collectors.backends.sync import SyncBackend
         return SyncBackend(env_fns)
     from collectors.backends.async_ import AsyncBackend
-    return AsyncBackend(env_fns, num_workers=num_workers, main_share=main_share, num_splits=num_splits)
+    return AsyncBackend(env_fns, num_workers=num_workers, main_share=main_share, num_splits=num_splits,
+                        worker_timeout=worker_timeout)
 
 
 def takes_noise_keys(policy: Policy) -> bool:
@@ -128,6 +131,9 @@ class RolloutCollector(Collector):
             factory in every group (``num_splits x processes <= len(env_fns)``). Pays off when env
             steps are expensive (see README, Backends); use a keyed policy (below) so that the batch
             equals lockstep's.
+        worker_timeout: async only; seconds a worker may stay silent (a hung env step, a stopped
+            process) before ``WorkerTimeoutError`` ends the collector, stretched to 20 times the
+            slowest answer measured (``collectors.deadlines.Deadline``).
 
     Keyed sampling: a policy that declares keyword parameters ``noise_keys`` and ``steps`` (e.g.
     ``trainer.ppo.model.ActorCritic``) is called as ``policy(obs[n], noise_keys=[n], steps=[n])`` for
@@ -141,7 +147,7 @@ class RolloutCollector(Collector):
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
                  horizon: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_workers: int | None = None, main_share: bool = True, num_threads: int | None = None,
-                 num_splits: int = 1) -> None:
+                 num_splits: int = 1, worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S) -> None:
         if backend == "ray":
             raise ValueError("backend='ray' has its own collector: collectors.make_collector(env_fns, policy, "
                              "backend='ray', ...) or collectors.RayCollector(env_fns, policy, ...)")
@@ -158,7 +164,8 @@ class RolloutCollector(Collector):
             env_seeds(seed, 0)  # validates the seed before any worker starts
         self.backend_name = backend
         self._keyed = takes_noise_keys(policy)
-        self.backend = _make_backend(backend, env_fns, num_workers, main_share, num_splits)
+        Deadline(worker_timeout)  # validated here for every backend, so a bad value never waits for async
+        self.backend = _make_backend(backend, env_fns, num_workers, main_share, num_splits, worker_timeout)
         self._closed = False
         try:
             self.num_envs = self.backend.num_envs

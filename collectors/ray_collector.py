@@ -12,6 +12,7 @@ from tensordict import TensorDict
 from collectors.backends.ray_ import AsyncRollouts, RayBackend, RolloutWorker
 from collectors.base import Collector, Policy, check_env_fns, check_seeds
 from collectors.collector import merge_states, split_state
+from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S
 from collectors.rollout import Rollout
 from collectors.seeding import env_seeds
 from collectors.storage import RolloutStorage, torch_dtype
@@ -51,6 +52,8 @@ class RayCollector(Collector):
         worker_cls: the actors' class, a subclass of ``collectors.backends.ray_.RolloutWorker`` whose
             ``rollout`` may return another flat batch (the Ape-X tier's actors return n-step transitions
             with their priorities); ``worker_kwargs`` go to its constructor.
+        worker_timeout: seconds an actor's rollout may take before the actor is replaced as if it had
+            died (stretched to 20 times the slowest rollout measured; an actor's first gets 120 s).
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, horizon: int = 128,
@@ -58,7 +61,8 @@ class RayCollector(Collector):
                  envs_per_worker: int | None = None, ray_address: str | None = None, cpus_per_worker: float = 1.0,
                  worker_options: Sequence[dict] | dict | None = None, first_ready: bool = False,
                  num_threads: int | None = None, worker_cls: type | None = None,
-                 worker_kwargs: dict[str, Any] | None = None) -> None:
+                 worker_kwargs: dict[str, Any] | None = None,
+                 worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S) -> None:
         env_fns = check_env_fns(env_fns)
         super().__init__(policy, horizon, device, num_threads)
         explicit = check_seeds(seed)
@@ -66,7 +70,7 @@ class RayCollector(Collector):
             env_seeds(seed, 0)  # validates the seed before any actor starts
         self.backend = RayBackend(env_fns, policy, horizon, seed if explicit is None else explicit, num_workers,
                                   envs_per_worker, ray_address, cpus_per_worker, worker_options,
-                                  worker_cls or RolloutWorker, worker_kwargs)
+                                  worker_cls or RolloutWorker, worker_kwargs, worker_timeout)
         self._closed = False
         self.num_envs = self.backend.num_envs
         self.observation_space = self.backend.observation_space

@@ -4,9 +4,15 @@ a collector starts leave them to the process that started them."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import multiprocessing
+import os
 import signal
+import sys
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
 
 
@@ -18,6 +24,9 @@ def stop_signals_blocked() -> Iterator[None]:
     if not hasattr(signal, "pthread_sigmask"):  # Windows: nothing to hold back
         yield
         return
+    # multiprocessing's resource tracker, started by the first spawn, unblocks SIGINT and SIGTERM when it
+    # starts: started here, it cannot open the window in which a Ctrl-C reaches a child still importing
+    resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
@@ -32,3 +41,22 @@ def ignore_stop_signals() -> None:
         signal.signal(signum, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):  # what arrived while blocked is now discarded
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def die_with_parent() -> bool:
+    """In a spawned process: be killed when the process that started it dies, even mid-way through a hung env
+    step (Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``). Elsewhere the parent's end of the pipe closing ends the
+    command loop, the fallback liveness check. Returns ``False`` when the parent is already gone (then exit).
+    Linux sends the signal when the *thread* that started the process ends: start a collector from a thread
+    that outlives it (the main thread, as the trainer does).
+
+    multiprocessing's resource tracker goes with the workers: it exits once every process holding its pipe
+    (the parent, which was killed, and its workers, which this kills) is gone.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl in this libc: the closed pipe still ends the loop
+            pass
+    parent = multiprocessing.parent_process()
+    return parent is None or os.getppid() == parent.pid  # it may have died before prctl took effect

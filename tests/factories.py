@@ -55,6 +55,23 @@ class SuicidalEnv(ExplodingEnv):
         return self.inner.step(action)
 
 
+class HangingEnv(FaultyCartPole):
+    """CartPole whose ``fail_at``-th step never returns in a spawned process (a hung simulator); in the
+    process that started the others it steps normally (a hang there would hang the caller itself)."""
+
+    def step(self, action):
+        import multiprocessing
+        import time
+        self.steps += 1
+        if self.steps >= self.fail_at and multiprocessing.parent_process() is not None:
+            time.sleep(3600)
+        return self.inner.step(action)
+
+
+def hanging() -> gym.Env:
+    return HangingEnv(fail_at=40)
+
+
 def exploding() -> gym.Env:
     return ExplodingEnv()
 
@@ -95,6 +112,8 @@ class NaNRewardEnv(FaultyCartPole):
 
 if "NaNReward-v0" not in gym.registry:
     gym.register(id="NaNReward-v0", entry_point="tests.factories:NaNRewardEnv", kwargs={"fail_at": 150})
+if "Hanging-v0" not in gym.registry:  # --env tests.factories:Hanging-v0 on the command line
+    gym.register(id="Hanging-v0", entry_point="tests.factories:HangingEnv", kwargs={"fail_at": 40})
 
 
 def greedy_policy(obs_space, act_space, seed: int = 0):

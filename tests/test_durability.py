@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -122,6 +123,39 @@ def test_a_signal_in_any_phase_keeps_the_last_completed_iteration_and_resume_is_
     assert state["iteration"] == len(metrics(tmp_path)) == stopped.value.iteration == completed
     assert all(s is not None for s in state["collector"]["env_states"])
     assert not (tmp_path / "lock").exists()
+    run(["--resume", str(tmp_path)])
+    assert_same_run(straight_dir, tmp_path)
+
+
+def test_a_snapshot_waiting_on_a_stopped_worker_gives_way_to_a_stop_signal(straight, tmp_path, monkeypatch):
+    """Issue 24: the end-of-iteration snapshot asks the async workers for their envs' state; with one of
+    them stopped, a SIGTERM must still stop the run within seconds (the snapshot is abandoned, the one
+    before it saved) and the resume must stay exact."""
+    backend, extra, straight_dir = straight
+    if backend != "async":
+        pytest.skip("only async snapshots wait on worker processes")
+    real, calls, guards = PPO.snapshot, [], []
+
+    def stopping_snapshot(self):
+        calls.append(1)
+        if len(calls) == 3:  # iteration 2's (the first is taken at the start)
+            worker = self.pipeline.collector.backend.procs[0]
+            os.kill(worker.pid, signal.SIGSTOP)
+            guards.append(threading.Timer(60, os.kill, (worker.pid, signal.SIGCONT)))  # the old code waited
+            guards[-1].start()
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self)
+    monkeypatch.setattr(PPO, "snapshot", stopping_snapshot)
+    started = time.monotonic()
+    with pytest.raises(train_module.TrainingStopped) as stopped:
+        run(VR + ["--backend", backend, *extra, "--run-dir", str(tmp_path)])
+    took = time.monotonic() - started
+    for guard in guards:
+        guard.cancel()
+    monkeypatch.undo()
+    assert took < 40  # the old code waited for the guard to wake the worker after 60 s
+    state = final_state(tmp_path)
+    assert state["iteration"] == len(metrics(tmp_path)) == stopped.value.iteration == 1
     run(["--resume", str(tmp_path)])
     assert_same_run(straight_dir, tmp_path)
 

@@ -126,6 +126,8 @@ def test_detected_machine_is_this_one():
     (dict(backend="ray", envs_per_worker=5), Machine(4, 0, 4.0), "--envs-per-worker=5"),
     (dict(device="cuda"), Machine(4, 0), "--device"),
     (dict(env="NoSuchEnv-v9"), Machine(4), "unknown env id"),
+    (dict(env="no_such_module_42:Foo-v0"), Machine(4), "--env 'no_such_module_42:Foo-v0': cannot import"),
+    (dict(env="tests.factories:NoSuchEnv-v9"), Machine(4), "unknown env id 'NoSuchEnv-v9'"),
 ])
 def test_impossible_requests_are_one_line_errors_naming_the_flag(flags, machine, words):
     with pytest.raises(ValueError, match=words) as e:

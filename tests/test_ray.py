@@ -196,3 +196,57 @@ def test_a_local_ray_started_by_the_project_listens_on_loopback_only():
     ips, gcs = out.stdout.strip().rsplit(" ", 1)
     assert gcs.startswith("127.0.0.1:")
     assert ips != "[]" and set(ast.literal_eval(ips)) <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, ips
+
+
+@pytest.mark.parametrize(("algo", "signame", "whole_group"), [
+    ("ppo", "SIGTERM", False),
+    ("apex", "SIGTERM", True),  # as SLURM signals a job step: Ray's daemons get it too
+    pytest.param("ppo", "SIGUSR1", True, marks=pytest.mark.slow),
+])
+def test_a_stop_signal_on_a_local_ray_run_stops_it_cleanly(tmp_path, algo, signame, whole_group):
+    """Issue 24: Ray's own SIGTERM handler used to win (exit 134, no resume line, the lock left behind); a
+    signal to the process group killed the daemons and made SIGUSR1 hang. Same stop as on the local backends,
+    and the auth token Ray writes is not readable by other users."""
+    import signal
+
+    import psutil
+
+    import checkpoints
+    run_dir, home = tmp_path / "run", tmp_path / "home"
+    home.mkdir()
+    extra = ["--learning-starts", "200", "--replay-capacity", "2000"] if algo == "apex" else []
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer.train", "--algo", algo, "--env", "CartPole-v1", "--backend", "ray",
+         "--num-envs", "2", "--num-workers", "1", "--num-steps", "16", "--total-steps", "100000000",
+         "--checkpoint-every", "1000", "--device", "cpu", "--run-dir", str(run_dir), *extra],
+        cwd=root, env={**env, "PYTHONPATH": root, "HOME": str(home)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True)  # its own process group, to signal as a scheduler would
+    try:
+        end = time.monotonic() + 240
+        while not ((run_dir / "metrics.jsonl").exists()
+                   and (run_dir / "metrics.jsonl").read_text().count("\n") >= 3):
+            assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+            time.sleep(0.5)
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        signum = getattr(signal, signame)
+        if whole_group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signum, err
+    assert f"stopped by {signame} after iteration" in err and f"--resume {run_dir}" in err, err
+    assert "training failed" not in err and "Traceback" not in err
+    assert not (run_dir / "lock").exists()
+    state = checkpoints.latest_loadable(run_dir)[1]
+    assert state["iteration"] == (run_dir / "metrics.jsonl").read_text().count("\n")
+    token = home / ".ray" / "auth_token"
+    if token.exists():  # this Ray version writes one
+        assert token.stat().st_mode & 0o077 == 0, oct(token.stat().st_mode)
+    _, alive = psutil.wait_procs(kids, timeout=30)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]

@@ -54,6 +54,7 @@ class TrainConfig:
     ray_address: str = ""
     envs_per_worker: int = 0
     cpus_per_worker: float = 1.0
+    worker_timeout: float = 60.0  # collectors.deadlines.DEFAULT_WORKER_TIMEOUT_S (not imported: collectors loads torch)
     ray_async: bool = False
     overlap: bool = False
     overlap_targets: str = "vtrace"
@@ -90,6 +91,9 @@ class TrainConfig:
         "run_dir": "run directory of a new run (default runs/<env>-s<seed>-<time>)",
         "num_workers": "async worker processes or ray actors (0: from the run layout: one busy process per core, "
                        "or the actors the Ray cluster's CPUs hold)",
+        "worker_timeout": "seconds an async worker, the --overlap collecting process or a Ray actor may stay silent "
+                          "(a hung env step, a stopped process) before the run stops, or the actor is replaced; "
+                          "stretched to 20x the slowest answer measured",
         "num_splits": "async: env groups stepped double-buffered (2: the workers step one half of the envs while "
                       "the policy acts on the other; 1: lockstep); pays off for envs with costly steps",
         "threads": "torch threads of this process (0: from the run layout: the cores the workers leave free while "
@@ -181,6 +185,7 @@ class TrainConfig:
         need(self.policy_arch in ("auto", "flat", "per_head"), "policy_arch", "choose auto, flat or per_head")
         need(self.rho_bar > 0 and self.c_bar > 0, "rho_bar", "rho_bar and c_bar must be > 0")
         need(self.cpus_per_worker > 0, "cpus_per_worker", "must be > 0")
+        need(self.worker_timeout > 0, "worker_timeout", "must be > 0 (seconds)")
         need(self.envs_per_worker >= 0, "envs_per_worker", "must be >= 0 (0: split evenly)")
         need(self.eval_every >= 0, "eval_every", "must be >= 0 (0: off)")
         for name in ("num_envs", "num_steps", "total_steps", "epochs", "checkpoint_every", "keep_checkpoints",

@@ -27,7 +27,7 @@ from trainer.registry import ALGORITHMS, algorithm_defaults, algorithm_spec, new
 # keys a resumed run may change; every other key must match the checkpoint's config
 RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "num_workers", "threads", "tensorboard", "checkpoint_every",
                      "keep_checkpoints", "config", "ray_address", "cpus_per_worker", "eval_every", "eval_episodes",
-                     "save_replay"}
+                     "save_replay", "worker_timeout"}
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 

@@ -2,9 +2,12 @@
 
 A signal raises :class:`Interrupted` at once, unless it arrives inside a ``critical()``
 section (taking the end-of-iteration snapshot, writing a checkpoint): then it is raised
-when the section ends, so that no snapshot or file is ever half written. Once a stop is
-under way, further signals (a second Ctrl-C while the checkpoint is saved) are noted
-and otherwise ignored.
+when the section ends, so that no snapshot or file is ever half written. A section that waits on
+other processes (the snapshot asks async workers for their envs' state) is given a
+patience: a signal is raised at most that long after it arrived, abandoning the section,
+so that a hung or stopped worker never holds a stop back. Once a stop is under way,
+further signals (a second Ctrl-C while the checkpoint is saved) are noted and otherwise
+ignored.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from collectors.stop_signals import STOP_SIGNALS
+
+STOP_PATIENCE_S = 5.0  # how long a stop signal waits for a section that waits on other processes
+_CAN_BOUND = hasattr(signal, "setitimer")  # Windows: no interval timer, a patient section is a plain one
 
 
 class Interrupted(KeyboardInterrupt):
@@ -34,6 +40,8 @@ class StopSignals:
         >>> with StopSignals() as signals:
         ...     with signals.critical():
         ...         pass  # a signal here is raised only after this block
+        ...     with signals.critical(patience_s=5.0):
+        ...         pass  # ... or 5 s after it arrived, whichever comes first
     """
 
     def __init__(self) -> None:
@@ -42,11 +50,15 @@ class StopSignals:
         self.stopping = False
         self.finished = False
         self._previous: dict[int, object] = {}
+        self._patient = False  # inside a section with a patience: a pending signal is raised by SIGALRM
+        self._patience_s = 0.0
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in STOP_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
+            if _CAN_BOUND:
+                self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._patience_over)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -63,18 +75,40 @@ class StopSignals:
                   file=sys.stderr)
             return
         if self._depth:
+            if self._patient and self._pending is None:  # the first one sets the patience; others do not extend it
+                signal.setitimer(signal.ITIMER_REAL, self._patience_s)
             self._pending = self._pending or signum
             return
         self.stopping = True
         raise Interrupted(signum)
 
+    def _patience_over(self, signum: int, frame) -> None:
+        """SIGALRM: a signal has waited ``patience_s`` for a patient section; raise it inside the section."""
+        if self._patient and self._pending is not None and not self.stopping:
+            self.stopping = True
+            print(f"\n{signal.Signals(self._pending).name}: the snapshot did not finish within "
+                  f"{self._patience_s:g} s (a worker is not answering); stopping at the previous one", file=sys.stderr)
+            raise Interrupted(self._pending)
+
     @contextmanager
-    def critical(self) -> Iterator[None]:
-        """A section that a signal must not cut in two; the signal is raised when it ends."""
+    def critical(self, patience_s: float | None = None) -> Iterator[None]:
+        """A section that a signal must not cut in two; the signal is raised when it ends.
+
+        ``patience_s``: the section waits on other processes, and is abandoned (the signal raised
+        inside it) once a signal has waited that long; the caller must then drop what it made.
+        """
+        patient = patience_s is not None and _CAN_BOUND and not self._patient
         self._depth += 1
+        if patient:
+            self._patient, self._patience_s = True, patience_s
+            if self._pending is not None:  # arrived just before: the patience runs from now
+                signal.setitimer(signal.ITIMER_REAL, patience_s)
         try:
             yield
         finally:
+            if patient:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                self._patient = False
             self._depth -= 1
         if not self._depth and self._pending is not None and not self.stopping:
             self.stopping = True

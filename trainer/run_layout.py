@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ class RunLayout:
     factories_per_worker: int  # ray: env factories per actor
     cpus_per_worker: float  # ray: CPUs reserved per actor
     ray_address: str
+    worker_timeout: float  # seconds a worker process, the collecting process or an actor may stay silent
     ray_async: bool  # Ray actors collect while the learner learns (the algorithm's keeps_collecting)
     overlap: bool  # a separate collecting process keeps collecting while this one learns
     collect_threads: int  # torch threads of the collecting process while it collects
@@ -102,13 +104,14 @@ class RunLayout:
         """The ``make_collector`` options this layout fixes (besides env factories, policy, horizon, seed)."""
         kw: dict[str, Any] = {"num_threads": self.collect_threads}
         if self.overlap:
-            kw["background"] = True
+            kw.update(background=True, worker_timeout=self.worker_timeout)
         if self.backend == "async":
+            kw["worker_timeout"] = self.worker_timeout
             kw.update(num_workers=self.workers, main_share=self.main_share, num_splits=self.num_splits)
         elif self.backend == "ray":
             kw.update(num_workers=self.workers, envs_per_worker=self.factories_per_worker,
                       ray_address=self.ray_address or None, cpus_per_worker=self.cpus_per_worker,
-                      first_ready=self.ray_async)
+                      first_ready=self.ray_async, worker_timeout=self.worker_timeout)
         return kw
 
     def describe(self) -> str:
@@ -156,9 +159,7 @@ def _count(n: int, noun: str, suffix: str = "s") -> str:
 
 def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
     """Decide the layout of ``cfg`` on ``machine``; an impossible request is a ``ValueError`` naming the flag."""
-    if cfg.env not in gym.registry:
-        raise ValueError(f"unknown env id {cfg.env!r}{did_you_mean(cfg.env, gym.registry)}: register it with "
-                         "gymnasium first (e.g. CartPole-v1, VREdge-v0)")
+    _check_env_id(cfg.env)
     n, cores, notes = cfg.num_envs, machine.cores, []
     # the algorithm decides whether its Ray actors keep collecting while it learns (IMPALA's and Ape-X's do)
     asynchronous = cfg.backend == "ray" and algorithm_spec(cfg.algo).keeps_collecting(cfg)
@@ -207,10 +208,25 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
                      factory_envs=tuple(sizes), vectorized=vectorized, workers=workers, main_share=main_share,
                      num_splits=cfg.num_splits,
                      factories_per_worker=per_worker, cpus_per_worker=cpus, ray_address=cfg.ray_address,
+                     worker_timeout=cfg.worker_timeout,
                      ray_async=asynchronous, overlap=cfg.overlap, collect_threads=collect_threads,
                      learn_threads=learn_threads,
                      worker_threads=1, batch_envs=n // workers if asynchronous else n, machine=machine,
                      warnings=tuple(notes))
+
+
+def _check_env_id(env: str) -> None:
+    """A registered Gymnasium id, or ``module:id`` (Gymnasium's syntax: the module registers the id when imported)."""
+    module, _, name = env.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValueError(f"--env {env!r}: cannot import {module!r} ({e}); give an importable module, or a "
+                             "registered id without 'module:'") from None
+    if name not in gym.registry:
+        raise ValueError(f"unknown env id {name!r}{did_you_mean(name, gym.registry)}: register it with gymnasium "
+                         "first (e.g. CartPole-v1, VREdge-v0), or name the module that registers it as module:id")
 
 
 def _async_workers(cfg: TrainConfig, cores: int, notes: list[str]) -> tuple[int, bool]:

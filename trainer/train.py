@@ -27,12 +27,12 @@ import numpy as np
 from tqdm import tqdm
 
 import checkpoints
-from collectors import make_collector
+from collectors import WorkerDiedError, make_collector
 from collectors.resources import torch_threads
 from trainer.algorithm import Algorithm, NonFiniteLossError
 from trainer.config import TrainConfig
 from trainer.evaluation.validation import Validator
-from trainer.interrupts import Interrupted, StopSignals, ignore_late_signals
+from trainer.interrupts import STOP_PATIENCE_S, Interrupted, StopSignals, ignore_late_signals
 from trainer.metrics import MetricsLog, keep_metrics_until
 from trainer.registry import algorithm_class
 from trainer.run_files import claim_new_run_dir, resume_state
@@ -118,7 +118,7 @@ def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signa
           progress: bool, resumed_from: Path | None) -> dict:
     """Iterate until ``stop``; snapshot after each completed iteration; on any exit, save the newest snapshot."""
     cfg = algorithm.cfg
-    with signals.critical():
+    with signals.critical(patience_s=STOP_PATIENCE_S):  # may wait on workers: a stop never waits for a hung one
         snapshot = algorithm.snapshot()
     saved_at = algorithm.iteration if algorithm.iteration else None  # resumed: that state is on disk already
     last_saved = resumed_from
@@ -141,7 +141,8 @@ def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signa
                     continue
                 row.update(validator.evaluate(algorithm.iteration, algorithm.model))
                 with signals.critical():  # the iteration is complete once its snapshot and its row exist
-                    completed = algorithm.snapshot()
+                    with signals.critical(patience_s=STOP_PATIENCE_S):  # abandoned: the previous one is saved
+                        completed = algorithm.snapshot()
                     log.append(row)  # whole or not at all: if it fails, the previous iteration is the last completed
                     snapshot = completed
                 if writer:
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
         print(f"\n{e or 'interrupted'} before the first iteration: nothing to save; to start over, run the same "
               "command again", file=sys.stderr)
         raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
-    except (ValueError, TypeError, NonFiniteLossError) as e:
+    except (ValueError, TypeError, NonFiniteLossError, WorkerDiedError) as e:
         raise SystemExit(f"error: {e}") from None
     run_dir = str(Path(summary["run_dir"]).resolve())
     print(f"run directory: {run_dir} ({summary['iterations']} iterations, {summary['env_steps']:,} env steps)")

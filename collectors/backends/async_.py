@@ -16,6 +16,7 @@ contiguous in the rollout's env order, so the policy reads and writes plain slic
 from __future__ import annotations
 
 import pickle
+import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
@@ -26,9 +27,10 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
+from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EnvError, EnvGroup, EpisodeInfo, StepViews, check_same_spaces
 from collectors.resources import async_workers, usable_cores
-from collectors.stop_signals import ignore_stop_signals, stop_signals_blocked
+from collectors.stop_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
 from collectors.storage import torch_dtype
 
 _FIELDS = ("next_obs", "rewards", "terminated", "truncated", "final_obs", "final_mask")  # final_* last
@@ -37,6 +39,10 @@ _CLOSE_TIMEOUT_S = 3.0
 
 class WorkerDiedError(RuntimeError):
     """A worker process exited while the collector was waiting for it."""
+
+
+class WorkerTimeoutError(WorkerDiedError):
+    """A worker stayed silent past its deadline (a hung env step, a stopped process): handled as a dead one."""
 
 
 def check_picklable(env_fns: Sequence[Callable[[], Any]], where: str = "the async backend's spawned workers") -> None:
@@ -73,6 +79,8 @@ def _describe(ranges: list[range]) -> str:
 def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
     """Worker loop: build one env group per split, receive shared buffers, then serve commands."""
     ignore_stop_signals()
+    if not die_with_parent():  # the collecting process died while this one started: nobody to serve
+        return
     torch.set_num_threads(1)
     groups: list[EnvGroup] = []
     try:
@@ -84,7 +92,12 @@ def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
         conn.send(("error", type(e).__name__, str(e)))
         return
     conn.send(("ready", [group.spaces for group in groups]))
-    _, first_indices, shared = conn.recv()
+    try:
+        _, first_indices, shared = conn.recv()
+    except (EOFError, OSError, pickle.UnpicklingError):  # killed while sending them: leave quietly
+        for group in groups:
+            group.close()
+        return
     views, actions = [], []
     for group, first in zip(groups, first_indices):
         group.first_index = first
@@ -94,7 +107,7 @@ def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
     while True:
         try:
             cmd, arg = conn.recv()
-        except (EOFError, OSError):  # the collecting process is gone (killed): nothing left to serve
+        except (EOFError, OSError, pickle.UnpicklingError):  # the collecting process is gone (killed mid-send)
             for group in groups:
                 group.close()
             return
@@ -135,13 +148,15 @@ def _shutdown(procs: list, conns: list) -> None:
 
 
 def stop_processes(procs: list, patience: float) -> None:
-    """Give processes asked to stop ``patience`` seconds, then terminate, then kill what is left."""
+    """Give processes asked to stop ``patience`` seconds in all, then kill what is left.
+
+    No SIGTERM in between: our processes ignore it (stop signals are the parent's), and a hung
+    or stopped one would not act on it anyway.
+    """
+    end = time.monotonic() + patience
     for p in procs:
-        p.join(timeout=patience)
+        p.join(timeout=max(0.0, end - time.monotonic()))
     for p in procs:
-        if p.is_alive():
-            p.terminate()
-            p.join(timeout=_CLOSE_TIMEOUT_S)
         if p.is_alive():
             p.kill()
             p.join()
@@ -153,10 +168,25 @@ class AsyncBackend:
     ``groups`` lists the ``num_splits`` env groups as contiguous slices of the rollout's
     env indices; every process hosts a non-empty part of every group. ``step`` steps all
     groups in lockstep; a collector pipelines them with ``start_group`` / ``finish_group``.
+
+    Every wait on a worker is bounded by ``worker_timeout`` seconds, stretched to 20 times the
+    slowest answer measured (:class:`~collectors.deadlines.Deadline`); a worker silent for longer
+    raises :class:`WorkerTimeoutError` naming it and its envs, and all workers are shut down.
+    Workers are killed when this process dies (Linux), even in the middle of a hung step.
+
+    Example (``num_workers`` processes; ``num_envs`` = all envs):
+        >>> import functools, gymnasium as gym
+        >>> from collectors.backends.async_ import AsyncBackend
+        >>> backend = AsyncBackend([functools.partial(gym.make, "CartPole-v1")] * 4, num_workers=1,
+        ...                        worker_timeout=30.0)  # doctest: +SKIP
+        >>> backend.num_envs, backend.groups  # doctest: +SKIP
+        (4, [slice(0, 4, None)])
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], num_workers: int | None = None,
-                 main_share: bool = True, num_splits: int = 1) -> None:
+                 main_share: bool = True, num_splits: int = 1,
+                 worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S) -> None:
+        self.deadline = Deadline(worker_timeout)
         if num_workers is None:  # one busy process per usable core (a sharing collecting process is one of them)
             cores = usable_cores()
             num_workers = async_workers(cores, len(env_fns))[0] if main_share else min(cores, len(env_fns))
@@ -237,18 +267,27 @@ class AsyncBackend:
             conn.send(("buffers", [r.start for r in worker_rows], self.shared))
 
     def _wait_all(self, phase: str) -> list[Any]:
-        """Wait for one reply per worker, in worker order; raise on errors or dead workers.
+        """Wait for one reply per worker, in worker order; raise on errors, dead or silent workers.
 
         Blocks in ``multiprocessing.connection.wait`` on the pipes and the process
-        sentinels: no busy spinning, and a worker that dies wakes us at once.
+        sentinels: no busy spinning, and a worker that dies wakes us at once; one silent
+        past the deadline raises :class:`WorkerTimeoutError`.
         """
         replies: list[Any] = [None] * len(self.conns)
         pending = dict(enumerate(self.conns))
         error: Exception | None = None
+        sent, limit = time.monotonic(), self.deadline.limit(phase)
         while pending:
             conns = {c: w for w, c in pending.items()}
             sentinels = {self.procs[w].sentinel: w for w in pending}
-            for obj in wait([*conns, *sentinels]):
+            ready = wait([*conns, *sentinels], timeout=max(0.0, sent + limit - time.monotonic()))
+            if not ready:
+                w = min(pending)
+                raise WorkerTimeoutError(
+                    f"async worker {w} (pid {self.procs[w].pid}, {self._hosted_by(w)}) "
+                    f"has been silent for {time.monotonic() - sent:.1f} s during {phase} (limit {limit:g} s: "
+                    "a hung env step or a stopped process; raise it with --worker-timeout / worker_timeout)")
+            for obj in ready:
                 w = conns[obj] if obj in conns else sentinels[obj]
                 if w not in pending:
                     continue
@@ -258,9 +297,8 @@ class AsyncBackend:
                 except (EOFError, OSError):
                     self.procs[w].join(timeout=1.0)
                     error = error or WorkerDiedError(
-                        f"async worker {w} (pid {self.procs[w].pid}, hosting factories "
-                        f"{_describe(self._factory_ranges[w])}) died during {phase} with exit code "
-                        f"{self.procs[w].exitcode}")
+                        f"async worker {w} (pid {self.procs[w].pid}, hosting {self._hosted_by(w)}) died during "
+                        f"{phase} with exit code {self.procs[w].exitcode}")
                     continue
                 if msg[0] in ("ok", "ready"):
                     replies[w] = msg[1]
@@ -271,7 +309,16 @@ class AsyncBackend:
                     error = error or exc(f"async worker {w}: {msg[2]}")
         if error is not None:
             raise error
+        if phase != "start":
+            self.deadline.measured(time.monotonic() - sent)
         return replies
+
+    def _hosted_by(self, w: int) -> str:
+        """``"envs 4-7"``: worker ``w``'s envs as rollout indices (its factories while those are not yet known)."""
+        rows = getattr(self, "_worker_rows", None)
+        if rows is None:
+            return f"factories {_describe(self._factory_ranges[w])}"
+        return f"envs {_describe([range(r.start, r.stop) for r in rows[w] if r.stop > r.start])}"
 
     def _command(self, cmd: str, args: list | None = None) -> list[Any]:
         for w, conn in enumerate(self.conns):

@@ -8,20 +8,27 @@ drives these actors.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from collectors.backends.async_ import WorkerTimeoutError
 from collectors.collector import RolloutCollector
+from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EnvGroup, check_same_spaces
 from collectors.resources import largest_divisor_at_most, usable_cores
 from collectors.seeding import env_seeds
+from collectors.stop_signals import STOP_SIGNALS, stop_signals_blocked
 
 log = logging.getLogger("collectors.ray")
 _MAX_RESTARTS_PER_ROLLOUT = 3
@@ -48,14 +55,49 @@ def connect(address: str | None = None, num_cpus: int | None = None):
     if ray.is_initialized():
         return ray
     if address:
-        ray.init(address=address)
+        with _signals_kept():
+            ray.init(address=address)
         return ray
     if os.environ.get(_LOOPBACK_ENV) != "0":
         warnings.warn(f"ray was imported before {_LOOPBACK_ENV}=0 was set: the local Ray instance listens on all "
                       "interfaces; set it before importing ray (see docs/distributed.md, Security)", stacklevel=2)
     # "local": a new instance even where `ray start` left one running on this machine
-    ray.init(address="local", num_cpus=num_cpus or usable_cores(), include_dashboard=False)
+    with _signals_kept(), _private_files():
+        ray.init(address="local", num_cpus=num_cpus or usable_cores(), include_dashboard=False)
     return ray
+
+
+@contextlib.contextmanager
+def _signals_kept() -> Iterator[None]:
+    """``ray.init`` with this process's stop-signal handlers kept.
+
+    Ray replaces the SIGTERM handler (Python: one that calls ``sys.exit``; C++: a crash handler that
+    aborts); ours are put back afterwards. Stop signals are blocked meanwhile, and the daemons a
+    local instance starts inherit that mask (Ray blocks SIGINT in them already): a scheduler's
+    SIGTERM or SIGUSR1 to the whole process group is then this process's to handle, and does not
+    kill the Ray instance under the run. A signal that arrives meanwhile is delivered afterwards.
+    """
+    if threading.current_thread() is not threading.main_thread():  # Ray installs nothing from other threads
+        yield
+        return
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    with stop_signals_blocked():
+        try:
+            yield
+        finally:  # before the mask is lifted, so that a signal held back meets our handler
+            for signum, handler in handlers.items():
+                if handler is not None:  # None: installed from C, not by Python; nothing to put back
+                    signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def _private_files() -> Iterator[None]:
+    """Files a new local Ray instance writes (its auth token, ``/tmp/ray/session_*``) are the user's alone."""
+    previous = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(previous)
 
 
 def cluster_cpus(ray) -> tuple[float, float]:
@@ -141,12 +183,18 @@ class RolloutWorker:
 
 
 class RayBackend:
-    """``num_workers`` Ray actors with ``envs_per_worker`` env factories each."""
+    """``num_workers`` Ray actors with ``envs_per_worker`` env factories each.
+
+    A rollout that does not come back within ``worker_timeout`` seconds (stretched to 20 times the
+    slowest rollout measured; an actor's first gets at least 120 s) counts as a dead actor: replaced.
+    """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Any, horizon: int, seed: int | list[int],
                  num_workers: int | None, envs_per_worker: int | None, ray_address: str | None,
                  cpus_per_worker: float = 1.0, worker_options: Sequence[dict] | dict | None = None,
-                 worker_cls: type = RolloutWorker, worker_kwargs: dict[str, Any] | None = None) -> None:
+                 worker_cls: type = RolloutWorker, worker_kwargs: dict[str, Any] | None = None,
+                 worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S) -> None:
+        self.deadline = Deadline(worker_timeout)
         ray = connect(ray_address)
         n = len(env_fns)
         total = ray.cluster_resources()
@@ -185,8 +233,8 @@ class RayBackend:
 
     def _start(self, count) -> None:
         """Learn the workers' env counts and spaces (one task per bundle), then start the actors."""
-        counted = self.ray.get([count.options(**o, scheduling_strategy=self._in_bundle(w)).remote(g)
-                                for w, (g, o) in enumerate(zip(self.groups, self.options))])
+        counted = self._get([count.options(**o, scheduling_strategy=self._in_bundle(w)).remote(g)
+                             for w, (g, o) in enumerate(zip(self.groups, self.options))], "building their envs")
         spaces = [s for _, group_spaces in counted for s in group_spaces]
         check_same_spaces(spaces)
         self.observation_space, self.action_space, _ = spaces[0]
@@ -201,6 +249,7 @@ class RayBackend:
         self.actor_cls = self.ray.remote(self.worker_cls)
         self.actors = [self._spawn(w, self.seeds[self.slices[w]]) for w in range(len(self.groups))]
         self.versions: list[int | None] = [0] * len(self.actors)  # the policy version each actor holds
+        self.launched = [0.0] * len(self.actors)  # when each actor's rollout in flight was launched
         self.states: list[dict[str, Any] | None] = [None] * len(self.actors)
 
     def _reserve(self, bundles: list[dict[str, float]], total: dict[str, float]):
@@ -235,11 +284,13 @@ class RayBackend:
             **self.worker_kwargs)
 
     def _replace(self, w: int, error: Exception) -> None:
-        """Replace a dead actor; its envs restart from seeds derived from the run seed and the restart count."""
+        """Replace a dead (or silent) actor; its envs restart from seeds derived from the run seed and the restart
+        count."""
         self.restarts += 1
         derived = int(np.random.SeedSequence([self.seed, 10_000 + self.restarts]).generate_state(1)[0])
-        message = (f"ray worker {w} (envs {self.slices[w].start}-{self.slices[w].stop - 1}) died "
-                   f"({type(error).__name__}); replaced, its envs reseeded, the rollout retried")
+        what = str(error) if isinstance(error, WorkerTimeoutError) else f"died ({type(error).__name__})"
+        message = (f"ray worker {w} (envs {self.slices[w].start}-{self.slices[w].stop - 1}) {what}; replaced, "
+                   "its envs reseeded, the rollout retried")
         log.warning(message)
         self.events.append(message)
         try:
@@ -253,7 +304,18 @@ class RayBackend:
         """Start worker ``w``'s next rollout; the weights travel only to a worker that lacks ``version``."""
         send = weights_ref if self.versions[w] != version else None
         self.versions[w] = version
+        self.launched[w] = time.monotonic()
         return self.actors[w].rollout.remote(send, version)
+
+    def limit(self, w: int) -> float:
+        """Seconds worker ``w``'s rollout in flight may take (its first, or its first after a restore: start-up)."""
+        return self.deadline.limit("start" if self.states[w] is None else "rollout")
+
+    def silent(self, w: int) -> WorkerTimeoutError:
+        """The error for worker ``w``, whose rollout in flight is past its deadline."""
+        return WorkerTimeoutError(f"has been silent for {time.monotonic() - self.launched[w]:.1f} s during a "
+                                  f"rollout (limit {self.limit(w):g} s: a hung env step or a stopped process; "
+                                  "raise it with --worker-timeout / worker_timeout)")
 
     def put_weights(self) -> Any:
         return self.ray.put(policy_weights(self.policy))
@@ -266,10 +328,14 @@ class RayBackend:
         for w, ref in enumerate(refs):
             for attempt in range(_MAX_RESTARTS_PER_ROLLOUT + 1):
                 try:
-                    results[w] = self.ray.get(ref)
+                    try:
+                        results[w] = self.ray.get(ref, timeout=max(0.0, self.launched[w] + self.limit(w)
+                                                                   - time.monotonic()))
+                    except self.ray.exceptions.GetTimeoutError:
+                        raise self.silent(w) from None
                     self.record(w, results[w])
                     break
-                except self.ray.exceptions.RayActorError as e:
+                except (self.ray.exceptions.RayActorError, WorkerTimeoutError) as e:
                     if attempt == _MAX_RESTARTS_PER_ROLLOUT:
                         raise RuntimeError(f"ray worker {w} died {attempt + 1} times in one rollout") from e
                     self._replace(w, e)
@@ -279,17 +345,29 @@ class RayBackend:
     def env_states(self) -> list[dict[str, Any]]:
         """Each actor's collector state after its newest received rollout (asked for where none came yet)."""
         missing = [w for w, s in enumerate(self.states) if s is None]
-        for w, s in zip(missing, self.ray.get([self.actors[w].get_state.remote() for w in missing])):
+        for w, s in zip(missing, self._get([self.actors[w].get_state.remote() for w in missing], "get_state")):
             self.states[w] = s
         return list(self.states)
 
     def record(self, w: int, result: dict[str, Any]) -> None:
+        """Worker ``w``'s rollout arrived: its time stretches the deadline (start-up aside), its state is kept."""
+        if self.states[w] is not None:
+            self.deadline.measured(time.monotonic() - self.launched[w])
         self.states[w] = result["state"]
 
     def set_env_states(self, states: Sequence[Any], reseed: int | None = None) -> bool:
-        exact = all(self.ray.get([a.set_state.remote(s, reseed) for a, s in zip(self.actors, states)]))
+        exact = all(self._get([a.set_state.remote(s, reseed) for a, s in zip(self.actors, states)], "set_state"))
         self.states = [None] * len(self.actors)
         return exact
+
+    def _get(self, refs: list, what: str) -> list[Any]:
+        """``ray.get`` of start-up and state calls, bounded: a worker that does not answer stops the collector."""
+        limit = self.deadline.limit("start")
+        try:
+            return self.ray.get(refs, timeout=limit)
+        except self.ray.exceptions.GetTimeoutError:
+            raise WorkerTimeoutError(f"ray workers did not answer {what} within {limit:g} s (a hung env or a "
+                                     "stopped process; raise it with --worker-timeout / worker_timeout)") from None
 
     def close(self) -> None:
         for actor in self.actors:
@@ -322,7 +400,14 @@ class AsyncRollouts:
             if w not in self.in_flight:
                 self.in_flight[w] = b.launch(w, weights_ref, version)
         while True:
-            ready, _ = ray.wait(list(self.in_flight.values()), num_returns=1)
+            due = min(b.launched[k] + b.limit(k) for k in self.in_flight)
+            ready, _ = ray.wait(list(self.in_flight.values()), num_returns=1,
+                                timeout=max(0.0, due - time.monotonic()))
+            if not ready:  # the first one past its deadline is replaced, as if it had died
+                w = min(self.in_flight, key=lambda k: b.launched[k] + b.limit(k))
+                b._replace(w, b.silent(w))
+                self.in_flight[w] = b.launch(w, weights_ref, version)
+                continue
             w = next(k for k, ref in self.in_flight.items() if ref == ready[0])
             try:
                 result = ray.get(ready[0])

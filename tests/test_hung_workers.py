@@ -1,0 +1,226 @@
+"""No wait without a bound (issue 24): hung env steps, stopped workers and a killed trainer, through the
+Python API and the command line with real signals, with a census of the processes left behind."""
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch.multiprocessing as tmp
+
+import checkpoints
+from collectors import WorkerTimeoutError, make_collector
+from collectors.backends.async_ import _worker_main
+from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
+from tests import factories as f
+from tests.factories import RandomPolicy
+from trainer.config import TrainConfig
+from trainer.interrupts import Interrupted, StopSignals
+
+ROOT = Path(__file__).resolve().parent.parent
+HANGING = "tests.factories:Hanging-v0"  # CartPole whose 40th step hangs in a spawned process
+SMALL = ["--num-envs", "4", "--num-steps", "8", "--total-steps", "100000000", "--device", "cpu", "--seed", "3",
+         "--checkpoint-every", "1000"]
+
+
+# ---------------------------------------------------------------------------------------------- the deadline
+def test_the_deadline_has_a_floor_and_stretches_with_the_slowest_answer():
+    d = Deadline(2.0)
+    assert d.limit("step") == 2.0 and d.limit("start") == START_TIMEOUT_S
+    d.measured(0.5)
+    d.measured(0.25)
+    assert d.limit("step") == 10.0  # 20 x the slowest, above the floor
+
+
+def test_the_trainer_and_the_collectors_default_to_the_same_worker_timeout():
+    # TrainConfig spells the number out: importing collectors would load torch before the command line is checked
+    assert TrainConfig().worker_timeout == DEFAULT_WORKER_TIMEOUT_S
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), True, "5"])
+def test_a_bad_worker_timeout_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match=r"worker_timeout=.* is invalid: a finite number of seconds > 0"):
+        make_collector([f.cartpole] * 2, RandomPolicy(2), backend="sync", horizon=4, worker_timeout=bad)
+
+
+def test_a_bad_worker_timeout_flag_is_a_one_line_error():
+    out = subprocess.run([sys.executable, "-m", "trainer.train", "--worker-timeout", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--worker-timeout=0.0 is invalid: must be > 0" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+# ---------------------------------------------------------------------------------------------- the API
+def test_a_hung_async_worker_is_named_after_the_deadline_and_shut_down():
+    fns = [f.cartpole, f.cartpole, f.hanging, f.hanging]  # the worker hosts envs 2-3
+    collector = make_collector(fns, RandomPolicy(2), backend="async", horizon=8, num_workers=1, worker_timeout=1.0)
+    procs = list(collector.backend.procs)
+    with pytest.raises(WorkerTimeoutError, match=r"async worker 0 \(pid \d+, envs 2-3\) has been silent for "
+                                                 r"[\d.]+ s during step \(limit 1 s"):
+        for _ in range(10):
+            collector.collect()
+    assert not any(p.is_alive() for p in procs)
+
+
+def test_a_hung_step_in_the_collecting_process_is_named_after_the_deadline():
+    with make_collector([f.hanging] * 2, RandomPolicy(2), backend="sync", horizon=8, background=True,
+                        worker_timeout=1.0) as collector:
+        process = collector._process
+        started = time.monotonic()
+        with pytest.raises(WorkerTimeoutError, match=r"the collecting process \(pid \d+, envs 0-1\) has been "
+                                                     r"silent for [\d.]+ s during collect"):
+            for _ in range(10):
+                collector.collect()
+        assert time.monotonic() - started < 30
+    assert not process.is_alive()
+
+
+def test_a_stop_signal_waits_at_most_the_patience_of_a_section_that_waits_on_workers():
+    with StopSignals() as signals:
+        started = time.monotonic()
+        with pytest.raises(Interrupted):
+            with signals.critical():
+                with signals.critical(patience_s=0.5):
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(10)  # a worker that does not answer
+                pytest.fail("the patient section was not abandoned")
+        assert time.monotonic() - started < 5
+    with StopSignals() as signals:  # a plain critical section still holds the signal until it ends
+        finished = False
+        with pytest.raises(Interrupted):
+            with signals.critical():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)
+                finished = True
+        assert finished
+
+
+def test_the_first_spawn_keeps_stop_signals_blocked():
+    """The resource tracker, started by the first spawn, unblocked SIGINT/SIGTERM while a child was starting."""
+    script = textwrap.dedent("""
+        import signal, torch.multiprocessing as tmp
+        from collectors.stop_signals import stop_signals_blocked
+        if __name__ == "__main__":
+            p = tmp.get_context("spawn").Process(target=print, args=("child",))
+            with stop_signals_blocked():
+                p.start()
+                print(sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+            p.join()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    blocked = [line for line in out.stdout.splitlines() if line.startswith("[")]
+    assert blocked and {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1} <= set(eval(blocked[0])), out
+
+
+def test_a_worker_whose_parent_dies_mid_send_exits_quietly(capfd):
+    ctx = tmp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_worker_main, args=([[f.cartpole]], [0], child), daemon=True)
+    p.start()
+    child.close()
+    assert parent.recv()[0] == "ready"
+    parent.send_bytes(pickle.dumps(("buffers", [0], {"actions": list(range(1000))}))[:40])  # truncated
+    parent.close()
+    p.join(timeout=60)
+    assert p.exitcode == 0
+    assert "Error" not in capfd.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- the command line
+def _start(args, run_dir):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "trainer.train", *SMALL, *args, "--run-dir", str(run_dir)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _descendants_once_running(proc, run_dir, count, timeout=90.0):
+    """The trainer's descendants once it has completed an iteration and ``count`` of them are up."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        log = run_dir / "metrics.jsonl"
+        if len(kids) >= count and log.exists() and log.read_text().count("\n") >= 2:
+            return kids
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    pytest.fail("the run did not get going")
+
+
+def _assert_none_left(procs):
+    """The census: every process the trainer started is gone (children, and those re-parented to pid 1)."""
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [(p.pid, p.ppid(), p.cmdline()) for p in alive]
+
+
+def _newest_worker(procs):
+    """The newest process the trainer started besides the resource tracker: an async worker."""
+    workers = [p for p in procs if "multiprocessing.resource_tracker" not in " ".join(p.cmdline())]
+    return max(workers, key=lambda p: p.create_time())
+
+
+CASES = [(signal.SIGINT, False)]  # the rest are slow: the same path, other signals and --overlap
+SLOW_CASES = [(s, o) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) for o in (False, True)
+              if (s, o) not in CASES]
+
+
+@pytest.mark.parametrize(("signum", "overlap"), CASES + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW_CASES])
+def test_a_stopped_worker_costs_no_stop_signal(tmp_path, signum, overlap):
+    """SIGSTOP an async worker (or the collecting process's), then signal the trainer: it stops within seconds,
+    saves the last completed iteration, prints the resume line, and leaves nothing running."""
+    run_dir = tmp_path / "run"
+    proc = _start(["--backend", "async", "--num-workers", "1", "--overlap", str(overlap).lower()], run_dir)
+    kids = _descendants_once_running(proc, run_dir, count=3 if overlap else 2)
+    os.kill(_newest_worker(kids).pid, signal.SIGSTOP)
+    time.sleep(1.0)
+    started = time.monotonic()
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - started < 20, err
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err
+    assert f"--resume {run_dir}" in err
+    state = checkpoints.latest_loadable(run_dir)[1]
+    assert state["iteration"] == (run_dir / "metrics.jsonl").read_text().count("\n") >= 2
+    assert not (run_dir / "lock").exists()
+    _assert_none_left(kids)
+
+
+@pytest.mark.parametrize("overlap", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_hung_env_step_stops_the_run_with_one_line(tmp_path, overlap):
+    """A step that never returns: after --worker-timeout, one line naming the worker; the last completed
+    iteration is saved; nothing is left running."""
+    run_dir = tmp_path / "run"
+    proc = _start(["--env", HANGING, "--backend", "async", "--num-workers", "1", "--worker-timeout", "2",
+                   "--overlap", str(overlap).lower()], run_dir)
+    kids = psutil.Process(proc.pid).children(recursive=True)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    # with --overlap the collecting process steps a share of the envs itself, and hangs first
+    silent = "the collecting process (pid" if overlap else "async worker 0 (pid"
+    assert len(lines) == 1 and silent in lines[0] and "has been silent for" in lines[0], err
+    state = checkpoints.latest_loadable(run_dir)[1]
+    assert state["iteration"] == (run_dir / "metrics.jsonl").read_text().count("\n") >= 1
+    assert not (run_dir / "lock").exists()
+    _assert_none_left(kids)
+
+
+def test_nothing_outlives_a_killed_trainer_with_a_hung_worker(tmp_path):
+    """SIGKILL while an async worker of the collecting process hangs in a step: the collecting process, the
+    worker and the resource tracker go with the trainer, so a pipe to the trainer's stdout closes (`| tee`)."""
+    run_dir = tmp_path / "run"
+    proc = _start(["--env", HANGING, "--backend", "async", "--num-workers", "1", "--worker-timeout", "600",
+                   "--overlap", "true"], run_dir)
+    kids = _descendants_once_running(proc, run_dir, count=3)
+    time.sleep(2.0)  # the worker reaches its hanging step
+    proc.kill()
+    proc.communicate(timeout=30)  # returns only once every holder of its stdout and stderr is gone
+    _assert_none_left(kids)
