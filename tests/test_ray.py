@@ -198,6 +198,29 @@ def test_a_local_ray_started_by_the_project_listens_on_loopback_only():
     assert ips != "[]" and set(ast.literal_eval(ips)) <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, ips
 
 
+def _start_local_ray_run(algo: str, run_dir, home) -> subprocess.Popen:
+    """A ``trainer.train`` process on a new local Ray instance, in its own process group (as a scheduler
+    starts a job step), returned once it has completed 3 iterations."""
+    home.mkdir()
+    extra = ["--learning-starts", "200", "--replay-capacity", "2000"] if algo == "apex" else []
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer.train", "--algo", algo, "--env", "CartPole-v1", "--backend", "ray",
+         "--num-envs", "2", "--num-workers", "1", "--num-steps", "16", "--total-steps", "100000000",
+         "--checkpoint-every", "1000", "--device", "cpu", "--run-dir", str(run_dir), *extra],
+        cwd=root, env={**env, "PYTHONPATH": root, "HOME": str(home)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True)
+    end = time.monotonic() + 240
+    while not ((run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().count("\n") >= 3):
+        if proc.poll() is not None or time.monotonic() > end:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+            raise AssertionError(proc.communicate())
+        time.sleep(0.5)
+    return proc
+
+
 @pytest.mark.parametrize(("algo", "signame", "whole_group"), [
     ("ppo", "SIGTERM", False),
     ("apex", "SIGTERM", True),  # as SLURM signals a job step: Ray's daemons get it too
@@ -213,22 +236,8 @@ def test_a_stop_signal_on_a_local_ray_run_stops_it_cleanly(tmp_path, algo, signa
 
     import checkpoints
     run_dir, home = tmp_path / "run", tmp_path / "home"
-    home.mkdir()
-    extra = ["--learning-starts", "200", "--replay-capacity", "2000"] if algo == "apex" else []
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainer.train", "--algo", algo, "--env", "CartPole-v1", "--backend", "ray",
-         "--num-envs", "2", "--num-workers", "1", "--num-steps", "16", "--total-steps", "100000000",
-         "--checkpoint-every", "1000", "--device", "cpu", "--run-dir", str(run_dir), *extra],
-        cwd=root, env={**env, "PYTHONPATH": root, "HOME": str(home)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True)  # its own process group, to signal as a scheduler would
+    proc = _start_local_ray_run(algo, run_dir, home)
     try:
-        end = time.monotonic() + 240
-        while not ((run_dir / "metrics.jsonl").exists()
-                   and (run_dir / "metrics.jsonl").read_text().count("\n") >= 3):
-            assert proc.poll() is None and time.monotonic() < end, proc.communicate()
-            time.sleep(0.5)
         kids = psutil.Process(proc.pid).children(recursive=True)
         signum = getattr(signal, signame)
         if whole_group:
@@ -250,3 +259,19 @@ def test_a_stop_signal_on_a_local_ray_run_stops_it_cleanly(tmp_path, algo, signa
         assert token.stat().st_mode & 0o077 == 0, oct(token.stat().st_mode)
     _, alive = psutil.wait_procs(kids, timeout=30)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_nothing_of_a_local_ray_outlives_a_killed_trainer(tmp_path):
+    """Issue 24: after a SIGKILL of the trainer, Ray's agents lived 60-70 s on; the reaper it starts with a local
+    instance kills them (and whatever else of Ray is left) within seconds."""
+    import psutil
+
+    proc = _start_local_ray_run("ppo", tmp_path / "run", tmp_path / "home")
+    ray_procs = [p for p in psutil.Process(proc.pid).children(recursive=True) if "ray" in " ".join(p.cmdline())]
+    proc.kill()  # the trainer alone, as the OOM killer would
+    proc.communicate(timeout=30)
+    _, alive = psutil.wait_procs(ray_procs, timeout=10)
+    left = {p: p.name() for p in alive if p.status() != psutil.STATUS_ZOMBIE}
+    for p in left:  # nothing left for the next test, whatever the assertion says
+        p.kill()
+    assert ray_procs and not left, list(left.values())  # some there were: the daemons of the instance

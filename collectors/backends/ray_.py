@@ -12,11 +12,13 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,7 +66,21 @@ def connect(address: str | None = None, num_cpus: int | None = None):
     # "local": a new instance even where `ray start` left one running on this machine
     with _signals_kept(), _private_files():
         ray.init(address="local", num_cpus=num_cpus or usable_cores(), include_dashboard=False)
+        _start_reaper()  # inside: it inherits the blocked stop signals, so none reaches it before it ignores them
     return ray
+
+
+_REAPER: subprocess.Popen | None = None
+
+
+def _start_reaper() -> None:
+    """Start ``ray_reaper.py``: once this process is gone (even SIGKILLed), it kills the local instance's
+    daemons and agents still running, which otherwise outlive a killed trainer by a minute."""
+    global _REAPER
+    if sys.platform.startswith("linux") and _REAPER is None:  # it reads /proc through psutil's children()
+        _REAPER = subprocess.Popen([sys.executable, "-I", str(Path(__file__).with_name("ray_reaper.py")),
+                                    str(os.getpid())], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)  # not our stdout: `| tee` ends with the trainer
 
 
 @contextlib.contextmanager
