@@ -17,7 +17,7 @@ import torch.multiprocessing as tmp
 import checkpoints
 from collectors import WorkerTimeoutError, make_collector
 from collectors.backends.async_ import _worker_main
-from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
+from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, MAX_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
 from tests import factories as f
 from tests.factories import RandomPolicy
 from trainer.config import TrainConfig
@@ -32,10 +32,12 @@ SMALL = ["--num-envs", "4", "--num-steps", "8", "--total-steps", "100000000", "-
 # ---------------------------------------------------------------------------------------------- the deadline
 def test_the_deadline_has_a_floor_and_stretches_with_the_slowest_answer():
     d = Deadline(2.0)
-    assert d.limit("step") == 2.0 and d.limit("start") == START_TIMEOUT_S
+    assert d.limit("step") == 2.0 and d.limit("start") == d.limit("reset") == START_TIMEOUT_S
     d.measured(0.5)
     d.measured(0.25)
     assert d.limit("step") == 10.0  # 20 x the slowest, above the floor
+    d.measured(1e9)  # an answer that took ages says the env is slow, but a wait takes no longer bound than this
+    assert d.limit("step") == MAX_WORKER_TIMEOUT_S
 
 
 def test_the_trainer_and_the_collectors_default_to_the_same_worker_timeout():
@@ -43,16 +45,18 @@ def test_the_trainer_and_the_collectors_default_to_the_same_worker_timeout():
     assert TrainConfig().worker_timeout == DEFAULT_WORKER_TIMEOUT_S
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), True, "5"])
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), 3e6, True, "5"])
 def test_a_bad_worker_timeout_is_a_clear_error(bad):
-    with pytest.raises(ValueError, match=r"worker_timeout=.* is invalid: a finite number of seconds > 0"):
+    with pytest.raises(ValueError, match=r"worker_timeout=.* is invalid: seconds > 0 and at most 1e\+06"):
         make_collector([f.cartpole] * 2, RandomPolicy(2), backend="sync", horizon=4, worker_timeout=bad)
 
 
-def test_a_bad_worker_timeout_flag_is_a_one_line_error():
-    out = subprocess.run([sys.executable, "-m", "trainer.train", "--worker-timeout", "0"], cwd=ROOT,
+@pytest.mark.parametrize("value", ["0", "3e6"])  # 3e6 s overflowed poll()'s millisecond timeout: a traceback
+def test_a_bad_worker_timeout_flag_is_a_one_line_error(value):
+    out = subprocess.run([sys.executable, "-m", "trainer.train", "--worker-timeout", value], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and "--worker-timeout=0.0 is invalid: must be > 0" in out.stderr, out.stderr
+    assert out.returncode != 0 and f"--worker-timeout={float(value)} is invalid: must be > 0 and at most 1e6" \
+        in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
 
 
@@ -118,14 +122,18 @@ def test_the_first_spawn_keeps_stop_signals_blocked():
     assert blocked and {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1} <= set(eval(blocked[0])), out
 
 
-def test_a_worker_whose_parent_dies_mid_send_exits_quietly(capfd):
+@pytest.mark.parametrize("first", [
+    pickle.dumps(("buffers", [0], {"actions": list(range(1000))}))[:40],  # truncated: the parent died mid-send
+    pickle.dumps(("close", None)),  # closed during start-up (Ctrl-C): it printed a ValueError traceback
+])
+def test_a_worker_whose_parent_dies_mid_send_exits_quietly(capfd, first):
     ctx = tmp.get_context("spawn")
     parent, child = ctx.Pipe()
     p = ctx.Process(target=_worker_main, args=([[f.cartpole]], [0], child), daemon=True)
     p.start()
     child.close()
     assert parent.recv()[0] == "ready"
-    parent.send_bytes(pickle.dumps(("buffers", [0], {"actions": list(range(1000))}))[:40])  # truncated
+    parent.send_bytes(first)
     parent.close()
     p.join(timeout=60)
     assert p.exitcode == 0
@@ -207,6 +215,7 @@ def test_a_hung_env_step_stops_the_run_with_one_line(tmp_path, overlap):
     # with --overlap the collecting process steps a share of the envs itself, and hangs first
     silent = "the collecting process (pid" if overlap else "async worker 0 (pid"
     assert len(lines) == 1 and silent in lines[0] and "has been silent for" in lines[0], err
+    assert f"--resume {run_dir.resolve()}" in err  # what was completed is saved, and says how to go on
     state = checkpoints.latest_loadable(run_dir)[1]
     assert state["iteration"] == (run_dir / "metrics.jsonl").read_text().count("\n") >= 1
     assert not (run_dir / "lock").exists()

@@ -185,7 +185,8 @@ class TrainConfig:
         need(self.policy_arch in ("auto", "flat", "per_head"), "policy_arch", "choose auto, flat or per_head")
         need(self.rho_bar > 0 and self.c_bar > 0, "rho_bar", "rho_bar and c_bar must be > 0")
         need(self.cpus_per_worker > 0, "cpus_per_worker", "must be > 0")
-        need(self.worker_timeout > 0, "worker_timeout", "must be > 0 (seconds)")
+        need(0 < self.worker_timeout <= 1e6, "worker_timeout", "must be > 0 and at most 1e6 seconds (11.6 days: "
+             "waits take no longer bound)")
         need(self.envs_per_worker >= 0, "envs_per_worker", "must be >= 0 (0: split evenly)")
         need(self.eval_every >= 0, "eval_every", "must be >= 0 (0: off)")
         for name in ("num_envs", "num_steps", "total_steps", "epochs", "checkpoint_every", "keep_checkpoints",

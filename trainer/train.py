@@ -172,6 +172,9 @@ def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signa
         if isinstance(e, NonFiniteLossError):
             raise NonFiniteLossError(f"{e}; {where}") from None
         print(f"training failed: {where}", file=sys.stderr)
+        if last_saved:  # an env error, a dead or silent worker: what was completed is saved, and resumes
+            print(f"resume:        {_command('-m', 'trainer.train', '--resume', str(Path(run_dir).resolve()))}",
+                  file=sys.stderr)
         raise
     finally:
         bar.close()

@@ -93,11 +93,14 @@ def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
         return
     conn.send(("ready", [group.spaces for group in groups]))
     try:
-        _, first_indices, shared = conn.recv()
+        message = conn.recv()
     except (EOFError, OSError, pickle.UnpicklingError):  # killed while sending them: leave quietly
+        message = ("close", None)
+    if message[0] != "buffers":  # ("close", None): the collector was closed during start-up (Ctrl-C, say)
         for group in groups:
             group.close()
         return
+    _, first_indices, shared = message
     views, actions = [], []
     for group, first in zip(groups, first_indices):
         group.first_index = first
