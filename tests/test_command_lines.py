@@ -199,3 +199,15 @@ def test_batching_takes_the_trainer_spelling_and_the_old_one(tmp_path):
     plans = [command(["-m", "trainer.batching", *flags, "--batch-size", "4096"], tmp_path).stdout
              for flags in (["--num-envs", "64", "--num-steps", "2048"], ["--n-envs", "64", "--n-steps", "2048"])]
     assert plans[0] == plans[1] == "131072 transitions per rollout -> 32 minibatches of 4096\n"
+
+
+def test_a_total_that_is_not_whole_iterations_is_said_not_silently_rounded(tmp_path, capsys):
+    train_cli.main(["--env", "CartPole-v1", "--num-envs", "4", "--num-steps", "16", "--total-steps", "150",
+                    "--device", "cpu", "--run-dir", str(tmp_path / "run")])
+    printed = capsys.readouterr()
+    assert "note: --total-steps 150 is not a whole number of iterations of 64 env steps: the run makes 2 " \
+           "(128 env steps)" in printed.err
+    assert "(2 iterations, 128 env steps)" in printed.out
+    train_cli.main(["--env", "CartPole-v1", "--num-envs", "4", "--num-steps", "16", "--total-steps", "128",
+                    "--device", "cpu", "--run-dir", str(tmp_path / "whole")])
+    assert "note: --total-steps" not in capsys.readouterr().err

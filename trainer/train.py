@@ -74,6 +74,10 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
             print(line, file=sys.stderr)
         run_dir = Path(cfg.run_dir or f"runs/{cfg.env}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         iterations = layout.iterations(cfg)
+        per_iteration = layout.batch_envs * cfg.num_steps
+        if iterations * per_iteration != cfg.total_steps:  # said, not silently rounded
+            print(f"note: --total-steps {cfg.total_steps:,} is not a whole number of iterations of {per_iteration:,} "
+                  f"env steps: the run makes {iterations} ({iterations * per_iteration:,} env steps)", file=sys.stderr)
         stop = min(iterations, max_iterations or iterations)
         # decided before anything is touched: a resume with nothing to do changes no file of the run
         nothing_to_do = bool(resume) and saved["iteration"] >= stop
