@@ -37,6 +37,18 @@ def env_seeds(seed: int | Sequence[int], num_envs: int) -> list[int]:
     return seeds
 
 
+def init_batched(env: gym.vector.VectorEnv, num_envs: int, config: VREdgeConfig, seed: int | None) -> None:
+    """Give a batched VR-edge env (NumPy's or torch's) what both set alike: config, size, seed and spaces."""
+    if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
+        raise ValueError(f"num_envs={num_envs!r} is invalid: must be an integer >= 1")
+    env.config, env.num_envs, env._seed = config, int(num_envs), seed
+    env.single_observation_space = observation_space(config)
+    env.single_action_space = action_space(config)
+    env.head_observation_layout = head_observation_layout(config)
+    env.observation_space = batch_space(env.single_observation_space, env.num_envs)
+    env.action_space = batch_space(env.single_action_space, env.num_envs)
+
+
 class VREdgeVectorEnv(gym.vector.VectorEnv):
     """``num_envs`` independent VR-edge envs stepped at once, with same-step autoreset.
 
@@ -66,16 +78,7 @@ class VREdgeVectorEnv(gym.vector.VectorEnv):
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
 
     def __init__(self, num_envs: int, num_users: int = 8, seed: int | None = None, **config: Any) -> None:
-        if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
-            raise ValueError(f"num_envs={num_envs!r} is invalid: must be an integer >= 1")
-        self.config = VREdgeConfig(num_users=num_users, **config)
-        self.num_envs = int(num_envs)
-        self._seed = seed
-        self.single_observation_space = observation_space(self.config)
-        self.single_action_space = action_space(self.config)
-        self.head_observation_layout = head_observation_layout(self.config)
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        init_batched(self, num_envs, VREdgeConfig(num_users=num_users, **config), seed)
         self._state: dict[str, np.ndarray] | None = None
 
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict | None = None):

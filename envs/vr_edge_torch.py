@@ -23,20 +23,16 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_space
 
 from envs import rng
-from envs.vector import env_seeds
+from envs.vector import env_seeds, init_batched
 from envs.vr_edge import (
     _OBS_HIGH,
     _THROUGHPUT_EWMA,
     QOE_LIN_REBUFFER_PENALTY,
     REGIMES,
     VREdgeConfig,
-    action_space,
     checked_state,
-    head_observation_layout,
-    observation_space,
 )
 
 
@@ -279,18 +275,9 @@ class VREdgeTorchEnv(gym.vector.VectorEnv):
 
     def __init__(self, num_envs: int, num_users: int = 8, seed: int | None = None, device: str | torch.device = "cpu",
                  compile: bool = False, **config: Any) -> None:
-        if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
-            raise ValueError(f"num_envs={num_envs!r} is invalid: must be an integer >= 1")
-        self.config = VREdgeConfig(num_users=num_users, **config)
+        init_batched(self, num_envs, VREdgeConfig(num_users=num_users, **config), seed)
         check_config(self.config)
-        self.num_envs = int(num_envs)
-        self._seed = seed
         self._compile = compile
-        self.single_observation_space = observation_space(self.config)
-        self.single_action_space = action_space(self.config)
-        self.head_observation_layout = head_observation_layout(self.config)
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._state: dict[str, torch.Tensor] | None = None
         self.to(device)
 
