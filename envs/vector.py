@@ -49,6 +49,16 @@ def init_batched(env: gym.vector.VectorEnv, num_envs: int, config: VREdgeConfig,
     env.action_space = batch_space(env.single_action_space, env.num_envs)
 
 
+def reset_keys(env: gym.vector.VectorEnv, seed: int | Sequence[int] | None) -> np.ndarray | None:
+    """The per-env RNG keys (uint64 ``[N]``) a batched VR-edge env's ``reset(seed=seed)`` starts from, or
+    ``None``: keep the current streams (no seed, and a state to continue)."""
+    if seed is None and env._state is None:
+        seed = env._seed if env._seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
+    if seed is None:
+        return None
+    return np.array([rng.key_from_seed(s) for s in env_seeds(seed, env.num_envs)], dtype=np.uint64)
+
+
 class VREdgeVectorEnv(gym.vector.VectorEnv):
     """``num_envs`` independent VR-edge envs stepped at once, with same-step autoreset.
 
@@ -82,12 +92,10 @@ class VREdgeVectorEnv(gym.vector.VectorEnv):
         self._state: dict[str, np.ndarray] | None = None
 
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict | None = None):
-        if seed is None and self._state is None:
-            seed = self._seed if self._seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
-        if seed is None:
+        keys = reset_keys(self, seed)
+        if keys is None:
             keys, counters = self._state["key"], self._state["counter"]
         else:
-            keys = np.array([rng.key_from_seed(s) for s in env_seeds(seed, self.num_envs)], dtype=np.uint64)
             counters = np.zeros(self.num_envs, dtype=np.uint64)
         self._state = initial_state(self.config, keys, counters)
         return observe(self.config, self._state), {}

@@ -25,7 +25,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from envs import rng
-from envs.vector import env_seeds, init_batched
+from envs.vector import init_batched, reset_keys
 from envs.vr_edge import (
     _OBS_HIGH,
     _THROUGHPUT_EWMA,
@@ -291,12 +291,10 @@ class VREdgeTorchEnv(gym.vector.VectorEnv):
         return self
 
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict | None = None):
-        if seed is None and self._state is None:
-            seed = self._seed if self._seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
-        if seed is None:
+        bits = reset_keys(self, seed)
+        if bits is None:
             keys, counters = self._state["key"], self._state["counter"]
         else:
-            bits = np.array([rng.key_from_seed(s) for s in env_seeds(seed, self.num_envs)], dtype=np.uint64)
             keys = torch.from_numpy(bits.view(np.int64)).to(self.device)
             counters = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
         self._state = self.dynamics.initial_state(keys, counters)
