@@ -50,6 +50,10 @@ class TraceError(ValueError):
     """A trace file or directory that cannot be used; the message names the file (and line)."""
 
 
+class TraceNotFoundError(TraceError):
+    """The trace file or directory is not there (moved, perhaps, since a run stored its path)."""
+
+
 @dataclass(frozen=True)
 class TraceSet:
     """The windows of several traces, concatenated: ``rates[offsets[k] + j]`` is window ``j`` of file ``k``.
@@ -94,7 +98,7 @@ def load_traces(path: str, segment_s: float, split: str, scale: float | None, no
     elif root.is_file():
         files = [root]
     else:
-        raise TraceError(f"capacity_trace={path!r}: no such file or directory")
+        raise TraceNotFoundError(f"capacity_trace={path!r}: no such file or directory")
     files = split_files(files, split, path)
     windows = []
     for f in files:

@@ -116,8 +116,10 @@ def test_printed_commands_of_a_trace_run_work_from_another_directory(tmp_path, m
     (tmp_path / "traces").rename(tmp_path / "moved")  # the stored path is gone: an explicit one wins
     run = str(tmp_path / "run")
     monkeypatch.chdir(elsewhere)  # relative paths on the command line are the caller's
-    with pytest.raises(SystemExit, match="no such file or directory"):
+    with pytest.raises(SystemExit, match="no such file or directory .traces that moved: .*--capacity-trace NEW_DIR"):
         evaluate_cli.main(["--checkpoint", run, "--episodes", "1", "--baselines", "none"])
+    with pytest.raises(SystemExit, match="no such file or directory .traces that moved: --env-kwargs capacity_trace="):
+        train_cli.main(["--resume", run, "--total-steps", "48"])
     evaluate_cli.main(["--checkpoint", run, "--episodes", "1", "--baselines", "none", "--reference", "none",
                        "--capacity-trace", "../moved"])
     train_cli.main(["--resume", run, "--total-steps", "48", "--env-kwargs", "capacity_trace=../moved"])

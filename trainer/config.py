@@ -163,12 +163,16 @@ class TrainConfig:
             need(False, "env_kwargs", str(e))
         if self.env == "VREdge-v0":  # a typo would otherwise surface as a TypeError from deep inside gym.make
             from envs import VREdgeConfig
+            from envs.traces import TraceNotFoundError
             known = VREdgeConfig().to_dict()
             unknown = sorted(set(options) - set(known))
             need(not unknown, "env_kwargs", f"VR-edge has no argument {', '.join(unknown)}; its arguments are "
                  f"{', '.join(known)}")
             try:  # every value too (types, ranges, traces): a one-line error now, not one from inside gym.make
                 VREdgeConfig(**options)
+            except TraceNotFoundError as e:
+                need(False, "env_kwargs", f"{e} (traces that moved: --env-kwargs capacity_trace=NEW_DIR with "
+                     "--resume, --capacity-trace NEW_DIR with trainer.evaluate)")
             except ValueError as e:
                 need(False, "env_kwargs", str(e))
         from collectors import BACKENDS  # here, not above: a command line is checked before torch loads
