@@ -4,15 +4,17 @@
     python -m benchmarks.device_check --quick    # tiny sizes; what CI runs on the CPU
 
 (a) host-to-device copies per rollout, counted with the PyTorch profiler (``sync``: must be 1;
-``device``: must be 0);
+``device``: must be 0, eager, compiled and captured as CUDA graphs);
 (b) end-to-end VR-edge training steps/s, CUDA vs CPU, with the default config and with
-1024 envs, for ``sync``, ``device`` and ``async`` with 1, 4, 8 and 15 workers;
+1024 envs, for ``sync``, ``device`` (eager and ``--compile on``) and ``async`` with 1, 4, 8 and
+15 workers;
 (c) PPO update throughput (samples/s), CUDA vs CPU, at 64x128 and 1024x128 batches;
 (d) N iterations + resume + N iterations == 2N iterations on CUDA, deterministic algorithms on,
 for ``sync`` and ``device``;
 (e) raw VR-edge steps/s at 4,096 / 16,384 / 65,536 envs: the NumPy env (CPU) vs the torch env on
 CUDA, eager and compiled (``benchmarks.env_steps``);
-(f) end-to-end training steps/s with ``--backend device`` on CUDA at 4,096 and 65,536 envs.
+(f) end-to-end training steps/s on CUDA with the GPU defaults (``--device cuda``: ``--backend
+device``, 4,096 envs) and at 65,536 envs, eager and compiled (target: >= 1M env steps/s).
 
 Without CUDA, (a) is skipped with the reason, (b) and (c) run on the CPU alone, and (d), (e)
 and (f) run on the CPU so that their code paths stay tested. Exits 1 when (a) or (d) fails.
@@ -48,6 +50,7 @@ from trainer.ppo.algorithm import PPO
 from trainer.ppo.model import ActorCritic
 from trainer.ppo.targets import advantages_and_returns
 from trainer.ppo.update import LearnerSamples, minibatch_generator, ppo_update
+from trainer.registry import new_run_config
 from trainer.run_layout import Machine, run_layout
 
 
@@ -65,20 +68,25 @@ class Sizes:
     raw_envs: tuple[int, ...] = (4096, 16384, 65536)  # (e)
     raw_steps: int = 20  # (e): steps per round, 3 rounds
     compile: bool = True  # (e): also the compiled torch env
-    device_envs: tuple[int, ...] = (4096, 65536)  # (f)
+    device_envs: tuple[int, ...] = (4096, 65536)  # (f): the GPU default's, and more
 
 
 QUICK = Sizes(envs=(8,), num_steps=16, workers=(1, 2), iterations=2, update_batches=((8, 16),), resume_envs=4,
               resume_iterations=1, raw_envs=(64,), raw_steps=3, compile=False, device_envs=(16,))
 
 
-def count_h2d_copies(num_envs: int = 64, horizon: int = 128, backend: str = "sync") -> int:
-    """Number of host-to-device memcpy kernels during one ``collect()`` on CUDA (``backend``: sync or device)."""
+def count_h2d_copies(num_envs: int = 64, horizon: int = 128, backend: str = "sync",
+                     compile: bool | str = False) -> int:
+    """Number of host-to-device memcpy kernels during one ``collect()`` on CUDA (``backend``: sync or device;
+    ``compile``: the device backend's acting step compiled, or a ``torch.compile`` mode)."""
     probe = envs.SyntheticVREdgeEnv()
     policy = ActorCritic(probe.observation_space, probe.action_space)
-    env_cls = envs.VREdgeTorchEnv if backend == "device" else envs.VREdgeVectorEnv
-    with make_collector([functools.partial(env_cls, num_envs)], policy.to("cuda" if backend == "device" else "cpu"),
-                        backend=backend, horizon=horizon, seed=0, device="cuda") as c:
+    if backend == "device":
+        env_fn = functools.partial(envs.VREdgeTorchEnv, num_envs, compile=compile)
+        policy, options = policy.to("cuda"), {"compile_policy": compile}
+    else:
+        env_fn, options = functools.partial(envs.VREdgeVectorEnv, num_envs), {}
+    with make_collector([env_fn], policy, backend=backend, horizon=horizon, seed=0, device="cuda", **options) as c:
         c.collect()  # warm-up: allocation, pinned storage
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -161,32 +169,37 @@ def main(argv: list[str] | None = None) -> int:
     print_machine()
 
     print("\n(a) host-to-device copies per rollout (sync: must be 1; device: must be 0)")
-    for backend, want in (("sync", 1), ("device", 0)):
+    for backend, compile, want in (("sync", False, 1), ("device", False, 0), ("device", True, 0),
+                                   ("device", "reduce-overhead", 0)):
+        name = f"{backend}{'' if not compile else ' compiled' if compile is True else ' CUDA graphs'}"
         if not cuda:
-            print(f"    {backend}: {no_cuda}")
+            print(f"    {name}: {no_cuda}")
             continue
-        copies = count_h2d_copies(sizes.envs[0], sizes.num_steps, backend)
-        print(f"    {backend}: {copies} {'OK' if copies == want else 'FAILED'}")
+        copies = count_h2d_copies(sizes.envs[0], sizes.num_steps, backend, compile)
+        print(f"    {name}: {copies} {'OK' if copies == want else 'FAILED'}")
         if copies != want:
-            failures.append(f"(a) {copies} host-to-device copies per rollout on the {backend} backend")
+            failures.append(f"(a) {copies} host-to-device copies per rollout on the {name} backend")
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         print(f"\n(b) end-to-end VR-edge training, env steps/s (iterations 2-{sizes.iterations}; "
               f"{sizes.num_steps} steps per rollout){'' if cuda else '; CUDA ' + no_cuda}")
-        print(f"    {'envs':>5}  {'backend':<10} {'workers':>7}  " + "  ".join(f"{d:>10}" for d in devices)
+        print(f"    {'envs':>5}  {'backend':<15} {'workers':>7}  " + "  ".join(f"{d:>10}" for d in devices)
               + ("  cuda/cpu" if cuda else ""))
         for n in sizes.envs:
-            for backend, workers in [("sync", 0), ("device", 0), *(("async", w) for w in sizes.workers if w < n)]:
+            rows = [("sync", 0, "off"), ("device", 0, "off"), ("device", 0, "on"),
+                    *(("async", w, "off") for w in sizes.workers if w < n)]
+            for backend, workers, compile in rows:
                 rates, layout = [], {}
                 for device in devices:
                     cfg = TrainConfig(num_envs=n, num_steps=sizes.num_steps, backend=backend, num_workers=workers,
-                                      device=device, total_steps=10**9, run_dir=str(root / f"b-{n}-{backend}"
-                                                                                        f"{workers}-{device}"))
+                                      device=device, compile=compile, total_steps=10**9,
+                                      run_dir=str(root / f"b-{n}-{backend}{workers}-{compile}-{device}"))
                     rate, layout = training_rate(cfg, sizes.iterations)
                     rates.append(rate)
                 ratio = f"  {rates[0] / rates[1]:7.2f}x" if cuda else ""
-                print(f"    {n:>5}  {backend:<10} {layout['workers']:>7}  "
+                name = backend + (" compiled" if compile == "on" else "")
+                print(f"    {n:>5}  {name:<15} {layout['workers']:>7}  "
                       + "  ".join(f"{r:>10,.0f}" for r in rates) + ratio)
 
         print(f"\n(c) PPO update, samples/s (4 epochs){'' if cuda else '; CUDA ' + no_cuda}")
@@ -211,12 +224,18 @@ def main(argv: list[str] | None = None) -> int:
             measured = raw_rates(n, sizes.raw_steps, device, sizes.compile, repeats=1 if args.quick else 3)
             print(f"    {n:>6}: " + ", ".join(f"{name} {statistics.median(r):,.0f}" for name, r in measured.items()))
 
-        print(f"\n(f) end-to-end VR-edge training with --backend device on {device}, env steps/s (iterations "
-              f"2-{sizes.iterations}; {sizes.num_steps} steps per rollout)")
+        print(f"\n(f) end-to-end VR-edge training with the GPU defaults (--device cuda: --backend device) on "
+              f"{device}, env steps/s (iterations 2-{sizes.iterations}; {sizes.num_steps} steps per rollout; "
+              "target on one H200: >= 1,000,000)")
+        gpu_defaults = new_run_config({"device": device}, gpu=True)
         for n in sizes.device_envs:
-            cfg = TrainConfig(num_envs=n, num_steps=sizes.num_steps, backend="device", device=device,
-                              total_steps=10**12, run_dir=str(root / f"f-{n}"))
-            print(f"    {n:>6} envs: {training_rate(cfg, sizes.iterations)[0]:,.0f}")
+            measured = []
+            for compile in ("off", "on"):
+                cfg = replace(gpu_defaults, num_envs=n, num_steps=sizes.num_steps, compile=compile,
+                              total_steps=10**12, run_dir=str(root / f"f-{n}-{compile}"))
+                rate = training_rate(cfg, sizes.iterations)[0]
+                measured.append(f"{'compiled' if compile == 'on' else 'eager'} {rate:,.0f}")
+            print(f"    {n:>6} envs: {', '.join(measured)}")
 
     print("\ndevice check: " + ("OK" if not failures else "FAILED: " + "; ".join(failures)))
     return 1 if failures else 0

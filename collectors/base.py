@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -37,19 +38,45 @@ def _check_positive_int(name: str, value: Any, allow_none: bool = False) -> None
                          + (", or None to leave it" if allow_none else ""))
 
 
+def takes_noise_keys(policy: Policy) -> bool:
+    """Whether ``policy`` declares the keyword parameters ``noise_keys`` and ``steps`` (``forward``'s, for a module)."""
+    fn = policy.forward if isinstance(policy, torch.nn.Module) else policy
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: called with observations only
+        return False
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return all(name in params and params[name].kind in named for name in ("noise_keys", "steps"))
+
+
+def check_compile(compile_policy: bool | str) -> bool | str:
+    """``compile_policy`` as given, or a clear error: ``False``, ``True`` or a ``torch.compile`` mode."""
+    modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+    if not isinstance(compile_policy, bool) and compile_policy not in modes:
+        raise ValueError(f"compile_policy={compile_policy!r} is invalid: use False, True or a torch.compile mode "
+                         f"({', '.join(modes)})")
+    return compile_policy
+
+
 class Collector(ABC):
     """The interface of every collector: ``collect() -> Rollout``, ``update_policy``, state, ``close``.
 
     Pick a class with :func:`collectors.make_collector`. ``policy_version`` counts the
     ``update_policy`` calls; each :class:`~collectors.rollout.Rollout` says which version
     collected it.
+
+    With ``compile_policy`` (``True`` or a ``torch.compile`` mode), ``collect()`` calls the policy
+    through ``torch.compile(policy, fullgraph=True, dynamic=False)``, compiled at its first call:
+    weights loaded with ``update_policy(state_dict)`` are the compiled code's too (no recompile);
+    a new policy callable is compiled anew.
     """
 
     num_envs: int
     observation_space: gym.Space
     action_space: gym.Space
 
-    def __init__(self, policy: Policy, horizon: int, device: str | torch.device, num_threads: int | None) -> None:
+    def __init__(self, policy: Policy, horizon: int, device: str | torch.device, num_threads: int | None,
+                 compile_policy: bool | str = False) -> None:
         _check_positive_int("horizon", horizon)
         _check_positive_int("num_threads", num_threads, allow_none=True)
         if not callable(policy):
@@ -57,7 +84,8 @@ class Collector(ABC):
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but CUDA is not available; use device='cpu'")
-        self.policy = policy
+        self.compile_policy = check_compile(compile_policy)
+        self._set_policy(policy)
         self.horizon = horizon
         self.num_threads = num_threads
         self.policy_version = 0
@@ -102,13 +130,27 @@ class Collector(ABC):
             if not isinstance(self.policy, torch.nn.Module):
                 raise TypeError("update_policy got a state_dict, but the policy is not a torch.nn.Module; "
                                 "pass a new policy callable instead")
-            self.policy.load_state_dict(policy_or_state_dict)
+            self.policy.load_state_dict(policy_or_state_dict)  # in place: a compiled policy reads the new weights
         elif callable(policy_or_state_dict):
-            self.policy = policy_or_state_dict
+            self._set_policy(policy_or_state_dict)
         else:
             raise TypeError(f"update_policy expects a policy callable or a state_dict, "
                             f"got {type(policy_or_state_dict).__name__}")
         self.policy_version += 1
+
+    def _set_policy(self, policy: Policy) -> None:
+        self.policy = policy
+        self._keyed = takes_noise_keys(policy)  # a new callable may or may not take keys
+        self._compiled: Policy | None = None
+
+    def _acting_policy(self) -> Policy:
+        """What ``collect()`` calls: the policy, or its compiled form (compiled once per policy)."""
+        if not self.compile_policy:
+            return self.policy
+        if self._compiled is None:
+            mode = None if self.compile_policy is True else self.compile_policy
+            self._compiled = torch.compile(self.policy, fullgraph=True, dynamic=False, mode=mode)
+        return self._compiled
 
     # ------------------------------------------------------------------ lifecycle
     def _check_open(self) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,17 +33,6 @@ def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bo
     from collectors.backends.async_ import AsyncBackend
     return AsyncBackend(env_fns, num_workers=num_workers, main_share=main_share, num_splits=num_splits,
                         worker_timeout=worker_timeout)
-
-
-def takes_noise_keys(policy: Policy) -> bool:
-    """Whether ``policy`` declares the keyword parameters ``noise_keys`` and ``steps`` (``forward``'s, for a module)."""
-    fn = policy.forward if isinstance(policy, torch.nn.Module) else policy
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin without a signature: called with observations only
-        return False
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return all(name in params and params[name].kind in named for name in ("noise_keys", "steps"))
 
 
 def call_policy(policy: Policy, obs: torch.Tensor, keys: tuple[torch.Tensor, torch.Tensor] | None
@@ -134,6 +122,8 @@ class RolloutCollector(Collector):
         worker_timeout: async only; seconds a worker may stay silent (a hung env step, a stopped
             process) before ``WorkerTimeoutError`` ends the collector, stretched to 20 times the
             slowest answer measured (``collectors.deadlines.Deadline``).
+        compile_policy: ``True`` (or a ``torch.compile`` mode) calls the policy compiled, as one
+            graph of fixed shapes (see :class:`~collectors.base.Collector`); ``False``: as it is.
 
     Keyed sampling: a policy that declares keyword parameters ``noise_keys`` and ``steps`` (e.g.
     ``trainer.ppo.model.ActorCritic``) is called as ``policy(obs[n], noise_keys=[n], steps=[n])`` for
@@ -147,7 +137,8 @@ class RolloutCollector(Collector):
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
                  horizon: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_workers: int | None = None, main_share: bool = True, num_threads: int | None = None,
-                 num_splits: int = 1, worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S) -> None:
+                 num_splits: int = 1, worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S,
+                 compile_policy: bool | str = False) -> None:
         if backend == "ray":
             raise ValueError("backend='ray' has its own collector: collectors.make_collector(env_fns, policy, "
                              "backend='ray', ...) or collectors.RayCollector(env_fns, policy, ...)")
@@ -158,12 +149,11 @@ class RolloutCollector(Collector):
             raise ValueError(f"unknown backend {backend!r}; choose one of "
                              f"{', '.join((*LOCAL_BACKENDS, 'device', 'ray'))}")
         env_fns = check_env_fns(env_fns)
-        super().__init__(policy, horizon, device, num_threads)
+        super().__init__(policy, horizon, device, num_threads, compile_policy)
         explicit = check_seeds(seed)
         if explicit is None:
             env_seeds(seed, 0)  # validates the seed before any worker starts
         self.backend_name = backend
-        self._keyed = takes_noise_keys(policy)
         Deadline(worker_timeout)  # validated here for every backend, so a bad value never waits for async
         self.backend = _make_backend(backend, env_fns, num_workers, main_share, num_splits, worker_timeout)
         self._closed = False
@@ -190,7 +180,7 @@ class RolloutCollector(Collector):
     def _call_policy(self, obs: torch.Tensor, rows: slice, t: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The policy on ``obs`` = envs ``rows`` at step ``t`` of the rollout: ``(actions, extras)``."""
         keys = (self._noise_keys[rows], self._steps[rows] + t) if self._keyed else None
-        return call_policy(self.policy, obs, keys)
+        return call_policy(self._acting_policy(), obs, keys)
 
     def _allocate(self, action: torch.Tensor, extras: dict[str, torch.Tensor]) -> RolloutStorage:
         obs_dtype = torch_dtype(self._obs.dtype)
@@ -335,10 +325,6 @@ class RolloutCollector(Collector):
         else:
             self._obs[:] = obs
         return exact
-
-    def update_policy(self, policy_or_state_dict: Policy | Mapping[str, torch.Tensor]) -> None:
-        super().update_policy(policy_or_state_dict)
-        self._keyed = takes_noise_keys(self.policy)  # a new callable may or may not take keys
 
     def _close(self) -> None:
         self.backend.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 
 from collectors.base import Collector, Policy, check_env_fns, check_seeds
-from collectors.collector import call_policy, check_policy_output, takes_noise_keys
+from collectors.collector import call_policy, check_policy_output
 from collectors.env_group import build_env, close_envs, env_states, restore_env_states
 from collectors.rollout import Rollout
 from collectors.seeding import env_seeds, noise_keys
@@ -47,13 +47,16 @@ class DeviceCollector(Collector):
         seed: run seed (env ``i`` gets the i-th ``SeedSequence(seed).spawn`` seed), or one seed per env.
         device: where the env steps, the policy acts and the rollout is written.
         num_threads: torch intra-op threads while ``collect()`` runs (``None``: unchanged).
+        compile_policy: ``True`` (or a ``torch.compile`` mode) calls the policy compiled, as one graph
+            of fixed shapes (see :class:`~collectors.base.Collector`). The env's step is the env's
+            to compile (``envs.VREdgeTorchEnv(compile=True)``).
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, horizon: int = 128,
                  seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, compile_policy: bool | str = False) -> None:
         env_fns = check_env_fns(env_fns)
-        super().__init__(policy, horizon, device, num_threads)
+        super().__init__(policy, horizon, device, num_threads, compile_policy)
         if len(env_fns) != 1:
             raise ValueError(f"backend='device' takes one env factory that builds all envs as one torch-batched env "
                              f"(e.g. functools.partial(envs.VREdgeTorchEnv, 64)), got {len(env_fns)} factories")
@@ -81,14 +84,14 @@ class DeviceCollector(Collector):
         except BaseException:
             self.close()
             raise
-        self._keyed = takes_noise_keys(policy)
         self._episode_return = torch.zeros(self.num_envs, dtype=torch.float64, device=self.device)
         self._episode_length = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
         self._output: tuple | None = None  # (action shape, dtype, extras) of the first policy output
 
     # ------------------------------------------------------------------ collect
     def _act(self, obs: torch.Tensor, t: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        action, extras = call_policy(self.policy, obs, (self._noise_keys, self._steps + t) if self._keyed else None)
+        keys = (self._noise_keys, self._steps + t) if self._keyed else None
+        action, extras = call_policy(self._acting_policy(), obs, keys)
         output = (tuple(action.shape), action.dtype, tuple(extras))
         if output != self._output:  # metadata only: no synchronisation
             check_policy_output(action, extras, self.num_envs, self.action_space)
@@ -194,10 +197,6 @@ class DeviceCollector(Collector):
                                    ("_steps", steps, torch.int64)):
             setattr(self, name, torch.tensor(np.asarray(value), dtype=dtype, device=self.device))  # a copy
         return True
-
-    def update_policy(self, policy_or_state_dict: Policy | Mapping[str, torch.Tensor]) -> None:
-        super().update_policy(policy_or_state_dict)
-        self._keyed = takes_noise_keys(self.policy)
 
     def _close(self) -> None:
         close_envs([self.env])

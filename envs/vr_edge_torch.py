@@ -250,8 +250,9 @@ class VREdgeTorchEnv(gym.vector.VectorEnv):
     """``num_envs`` VR-edge envs as torch tensors on ``device``: :class:`envs.VREdgeVectorEnv`'s semantics.
 
     ``reset`` and ``step`` take and return torch tensors on the env's device; a step never
-    synchronises with the host (rollouts stay on a GPU). ``compile=True`` runs the step through
-    ``torch.compile(fullgraph=True)``.
+    synchronises with the host (rollouts stay on a GPU). ``compile=True`` (or a ``torch.compile``
+    mode, e.g. ``"reduce-overhead"`` for CUDA graphs) runs the step through
+    ``torch.compile(fullgraph=True, dynamic=False)``.
 
     Example:
         >>> import torch, envs
@@ -274,7 +275,7 @@ class VREdgeTorchEnv(gym.vector.VectorEnv):
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
 
     def __init__(self, num_envs: int, num_users: int = 8, seed: int | None = None, device: str | torch.device = "cpu",
-                 compile: bool = False, **config: Any) -> None:
+                 compile: bool | str = False, **config: Any) -> None:
         init_batched(self, num_envs, VREdgeConfig(num_users=num_users, **config), seed)
         check_config(self.config)
         self._compile = compile
@@ -285,7 +286,9 @@ class VREdgeTorchEnv(gym.vector.VectorEnv):
         """Move the env (constants and state) to ``device``; returns ``self``."""
         self.device = torch.device(device)
         self.dynamics = TorchDynamics(self.config, self.device)
-        self._step = torch.compile(self.dynamics.step, fullgraph=True) if self._compile else self.dynamics.step
+        mode = None if self._compile is True else self._compile
+        self._step = (torch.compile(self.dynamics.step, fullgraph=True, dynamic=False, mode=mode) if self._compile
+                      else self.dynamics.step)
         if self._state is not None:
             self._state = {k: v.to(self.device) for k, v in self._state.items()}
         return self

@@ -66,8 +66,10 @@ def test_help_says_which_defaults_depend_on_the_algorithm_and_torch_is_not_impor
     done = command(["-X", "importtime", "-m", "trainer.train", "--help"], tmp_path)
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
-    assert "(default: ppo 'sync'; apex 'sync' on VREdge-v0, 'async' on other envs)" in text
-    assert "(default: ppo 64 on VREdge-v0, 8 on other envs; apex 16 on VREdge-v0, 8 on other envs)" in text
+    assert "(default: ppo 'sync', 'device' on VREdge-v0 with a GPU; apex 'sync' on VREdge-v0, 'async' on other " \
+           "envs)" in text
+    assert "(default: ppo 64 on VREdge-v0, 8 on other envs, 4096 on VREdge-v0 with a GPU; apex 16 on VREdge-v0, 8 " \
+           "on other envs)" in text
     assert "n-step return (default: apex 3 on VREdge-v0, 5 on other envs)" in text  # PPO reads no --n-step
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert "trainer.flags" in imported and not imported & {"torch", "tensordict", "ray"}

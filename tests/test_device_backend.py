@@ -18,8 +18,9 @@ def test_layout_builds_one_torch_env_and_says_so():
     layout = run_layout(TrainConfig(env="VREdge-v0", backend="device", num_envs=32, device="cpu"), Machine(cores=8))
     (factory,) = layout.env_factories()
     env = factory()
-    assert type(env).__name__ == "VREdgeTorchEnv" and env.num_envs == 32
-    assert layout.workers == 0 and layout.collect_threads == 8 and layout.collector_kwargs() == {"num_threads": 8}
+    assert type(env).__name__ == "VREdgeTorchEnv" and env.num_envs == 32 and env._compile is True  # --compile auto
+    assert layout.workers == 0 and layout.collect_threads == 8
+    assert layout.collector_kwargs() == {"num_threads": 8, "compile_policy": True}
     assert "1 x VREdgeTorchEnv(32); device: this process, env stepped as torch tensors" in layout.describe()
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from collectors import EnvError, RolloutCollector, WorkerDiedError, env_seeds
-from collectors.collector import takes_noise_keys
+from collectors.base import takes_noise_keys
 from collectors.seeding import noise_keys
 from tests import factories as f
 

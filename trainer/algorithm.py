@@ -62,12 +62,15 @@ class AlgorithmSpec:
     # the TrainConfig values it runs with where the user sets none, by env id ("*": every other env), over the
     # fields' own defaults: what learns on VR-edge is not what learns on CartPole
     defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+    # ... and over those, by env, where the learner is on CUDA (--device cuda, or auto on a machine with a GPU)
+    gpu_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
     implementation: ClassVar[str] = ""  # "module:Class" of its Algorithm (imported when a run needs it)
 
     @classmethod
-    def defaults_for(cls, env: str) -> dict[str, Any]:
-        """Its defaults on ``env`` (see :attr:`defaults`)."""
-        return dict(cls.defaults.get(env, cls.defaults.get("*", {})))
+    def defaults_for(cls, env: str, gpu: bool = False) -> dict[str, Any]:
+        """Its defaults on ``env`` (see :attr:`defaults`), with a CUDA learner where ``gpu`` (:attr:`gpu_defaults`)."""
+        mine = dict(cls.defaults.get(env, cls.defaults.get("*", {})))
+        return {**mine, **cls.gpu_defaults.get(env, {})} if gpu else mine
 
     @classmethod
     def algorithm(cls) -> type[Algorithm]:

@@ -22,12 +22,19 @@ except ModuleNotFoundError:  # Python 3.10
 
 from trainer.arguments import OneLineParser, did_you_mean
 from trainer.config import PATH_ENV_KWARGS, ConfigError, TrainConfig, moved_env_files
-from trainer.registry import ALGORITHMS, algorithm_defaults, algorithm_spec, new_run_config, option_owner
+from trainer.registry import (
+    ALGORITHMS,
+    algorithm_defaults,
+    algorithm_spec,
+    new_run_config,
+    option_owner,
+    takes_gpu_defaults,
+)
 
 # keys a resumed run may change; every other key must match the checkpoint's config
-RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "num_workers", "threads", "tensorboard", "checkpoint_every",
-                     "keep_checkpoints", "config", "ray_address", "cpus_per_worker", "eval_every", "eval_episodes",
-                     "save_replay", "worker_timeout"}
+RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "compile", "num_workers", "threads", "tensorboard",
+                     "checkpoint_every", "keep_checkpoints", "config", "ray_address", "cpus_per_worker", "eval_every",
+                     "eval_episodes", "save_replay", "worker_timeout"}
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -60,12 +67,14 @@ def _default_help(name: str, default: Any) -> str:
         return f"(default: {default!r})"
     parts = []
     for algo in (a for a in ALGORITHMS if option_owner(name) in (None, a)):  # only those that read it
-        mine = {env: value for (a, env), value in per.items() if a == algo}
+        mine = {env: value for (a, env), value in per.items() if a == algo and not env.endswith(" with a GPU")}
+        on_gpu = [f"{v!r} on {env}" for (a, env), v in per.items() if a == algo and env.endswith(" with a GPU")
+                  and repr(v) != repr(mine.get(env.removesuffix(" with a GPU"), mine.get("*")))]
         if len(set(map(repr, mine.values()))) == 1:
-            parts.append(f"{algo} {next(iter(mine.values()))!r}")
+            parts.append(f"{algo} " + ", ".join([repr(next(iter(mine.values()))), *on_gpu]))
         else:
-            parts.append(f"{algo} " + ", ".join(f"{v!r} on {'other envs' if env == '*' else env}"
-                                                for env, v in mine.items()))
+            parts.append(f"{algo} " + ", ".join([*(f"{v!r} on {'other envs' if env == '*' else env}"
+                                                   for env, v in mine.items()), *on_gpu]))
     return f"(default: {'; '.join(parts)})"
 
 
@@ -158,6 +167,9 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
         given = {**from_file, **args}
         cfg = new_run_config(given)  # what a resume runs is the checkpoint's config (resumed_config)
         check_config(cfg, given)
+        if not resume and takes_gpu_defaults(cfg, given):  # checked first: a bad flag is answered before torch loads
+            cfg = new_run_config(given, gpu=True)
+            check_config(cfg, given)
     except ConfigError as e:
         if e.key in from_file and e.key not in args:
             parser.error(f"{args['config']}: {e.key} = {e.value!r} is invalid: {e.rule}")

@@ -49,7 +49,7 @@ def option_owner(field: str) -> str | None:
     return next((name for name, cls in ALGORITHMS.items() if field in cls.options), None)
 
 
-def new_run_config(given: dict[str, Any]) -> TrainConfig:
+def new_run_config(given: dict[str, Any], gpu: bool = False) -> TrainConfig:
     """The config of a new run from the settings the user gave (flags, TOML keys): those win over the
     algorithm's defaults for the env, which win over ``TrainConfig``'s own; env file paths made absolute, so
     that the commands a run prints work from any directory (``TrainConfig.with_absolute_paths``).
@@ -59,7 +59,19 @@ def new_run_config(given: dict[str, Any]) -> TrainConfig:
     (8, 5, 0.95)
     """
     algo, env = given.get("algo", TrainConfig.algo), given.get("env", TrainConfig.env)
-    return TrainConfig(**{**algorithm_spec(algo).defaults_for(env), **given}).with_absolute_paths()
+    return TrainConfig(**{**algorithm_spec(algo).defaults_for(env, gpu), **given}).with_absolute_paths()
+
+
+def takes_gpu_defaults(cfg: TrainConfig, given: dict[str, Any]) -> bool:
+    """Whether a new run of ``cfg`` takes its algorithm's GPU defaults for its env: it learns on CUDA and the user
+    chose no other backend than theirs. Torch is imported (to count GPUs) only where the answer depends on it."""
+    mine = algorithm_spec(cfg.algo).gpu_defaults.get(cfg.env)
+    if cfg.device == "cpu" or not mine or given.get("backend", mine.get("backend")) != mine.get("backend"):
+        return False
+    if cfg.device != "auto":
+        return True
+    import torch
+    return torch.cuda.device_count() > 0
 
 
 def algorithm_defaults() -> dict[str, dict[tuple[str, str], Any]]:
@@ -69,11 +81,12 @@ def algorithm_defaults() -> dict[str, dict[tuple[str, str], Any]]:
     >>> algorithm_defaults()["num_envs"][("apex", "*")], algorithm_defaults()["num_envs"][("ppo", "VREdge-v0")]
     (8, 64)
     """
-    envs = sorted({env for spec in ALGORITHMS.values() for env in spec.defaults} - {"*"}) + ["*"]
+    envs = [(env, False) for env in sorted({e for spec in ALGORITHMS.values() for e in spec.defaults} - {"*"})]
+    envs += [("*", False)] + [(env, True) for env in sorted({e for s in ALGORITHMS.values() for e in s.gpu_defaults})]
     out = {}
     for f in dataclasses.fields(TrainConfig):
-        per = {(algo, env): spec.defaults_for(env).get(f.name, f.default)
-               for algo, spec in ALGORITHMS.items() for env in envs}
+        per = {(algo, f"{env} with a GPU" if gpu else env): spec.defaults_for(env, gpu).get(f.name, f.default)
+               for algo, spec in ALGORITHMS.items() for env, gpu in envs if not gpu or env in spec.gpu_defaults}
         if len(set(map(repr, per.values()))) > 1:
             out[f.name] = per
     return out

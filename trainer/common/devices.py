@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -21,3 +23,22 @@ def learner_device(name: str, gpus: int) -> str:
 def resolve_device(name: str) -> torch.device:
     """The learner's device for ``--device`` on this machine (``auto``: CUDA where there is one)."""
     return torch.device(learner_device(name, torch.cuda.device_count()))
+
+
+def _add_one(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+@functools.cache
+def compile_unavailable(device: str) -> str | None:
+    """Why ``torch.compile`` cannot build code for ``device`` on this machine, in one line; ``None`` when it can.
+
+    A probe compiles one addition: inductor needs a C++ compiler and Python's headers for the
+    CPU and Triton for CUDA, and only a real build says whether they are there and work.
+    """
+    try:
+        torch.compile(_add_one, fullgraph=True, dynamic=False)(torch.zeros(2, device=device))
+    except Exception as e:  # noqa: BLE001 (any failure means: act eagerly, or refuse --compile on)
+        line = next((x for x in str(e).splitlines() if x.strip()), "")
+        return f"{type(e).__name__}: {line[:160]}"
+    return None

@@ -38,10 +38,26 @@ _M1 = _int64(0xBF58476D1CE4E5B9)  # SplitMix64 finalizer multipliers
 _M2 = _int64(0x94D049BB133111EB)
 
 
-@functools.lru_cache(maxsize=64)
+_G2_LO, _G2_HI = _G2 & 0xFFFFFFFF, (_G2 >> 32) & 0xFFFFFFFF
+
+
+def _weyl_offsets(width: int, device: torch.device) -> torch.Tensor:
+    """``element * G2`` (mod 2**64) for the elements of a row, as ``element * lo + (element * hi << 32)``.
+
+    Why not ``arange(width) * G2``: inductor folds that product into its index arithmetic, whose
+    printer rejects the overflowing constant, so ``torch.compile`` of a policy would fail; the
+    halves' products stay below 2**63 and the shift wraps as the product does.
+    """
+    element = torch.arange(width, dtype=torch.int64, device=device)
+    return element * _G2_LO + ((element * _G2_HI) << 32)
+
+
+_cached_offsets = functools.lru_cache(maxsize=64)(_weyl_offsets)  # eager: the same width every step
+
+
 def _offsets(width: int, device: torch.device) -> torch.Tensor:
-    """``element * G2`` for the elements of a row; cached: a policy asks for the same width every step."""
-    return torch.arange(width, dtype=torch.int64, device=device).mul_(_G2)
+    # compiled code computes them in its graph (dynamo would trace through the cache anyway, with a warning)
+    return _weyl_offsets(width, device) if torch.compiler.is_compiling() else _cached_offsets(width, device)
 
 
 def _xorshift_(x: torch.Tensor, s: int) -> torch.Tensor:

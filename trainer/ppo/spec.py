@@ -28,6 +28,11 @@ class PPOSpec(AlgorithmSpec):
         "VREdge-v0": {},
         "*": {"num_envs": 8, "total_steps": 200_000},
     }
+    # VR-edge on a GPU: stepped as torch tensors next to the policy, with envs enough to fill the GPU and the same
+    # number of iterations (so the same minibatch count and learning-rate schedule) over 64x the batch
+    gpu_defaults: ClassVar[dict[str, dict[str, Any]]] = {
+        "VREdge-v0": {"backend": "device", "num_envs": 4096, "total_steps": 3_000_000 * 64},
+    }
     implementation: ClassVar[str] = "trainer.ppo.algorithm:PPO"
 
     @classmethod

@@ -1,0 +1,149 @@
+"""``--compile``: the acting step compiled (policy and torch env), when it is chosen, and the GPU defaults."""
+
+import functools
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import envs
+import trainer.run_layout as run_layout_module
+from collectors import make_collector
+from trainer.common import noise
+from trainer.config import TrainConfig
+from trainer.flags import parse_args
+from trainer.ppo.algorithm import PPO
+from trainer.registry import new_run_config
+from trainer.run_layout import Machine, run_layout
+
+
+def test_compiled_noise_has_the_eager_bits():
+    """Integer hashing is exact on every CPU: the compiled bits must be the eager bits (inductor once folded
+    ``arange * G2`` into index arithmetic and failed to build the policy)."""
+    keys, steps = torch.arange(64, dtype=torch.int64) * 7919, torch.arange(64, dtype=torch.int64) + 3
+
+    def bits(k, s):
+        return noise.hash_bits(k, s, (64, 8, 6))
+
+    assert torch.equal(torch.compile(bits, fullgraph=True, dynamic=False)(keys, steps), bits(keys, steps))
+
+
+def _device_collector(compiled: bool, policy: torch.nn.Module):
+    return make_collector([functools.partial(envs.VREdgeTorchEnv, 16, compile=compiled)], policy, backend="device",
+                          horizon=24, seed=3, compile_policy=compiled)
+
+
+def test_compiled_acting_step_follows_the_eager_one_without_recompiling():
+    cfg = TrainConfig(num_envs=16, device="cpu")
+    eager_policy, compiled_policy = PPO.make_model(cfg), PPO.make_model(cfg)
+    with _device_collector(False, eager_policy) as eager, _device_collector(True, compiled_policy) as compiled:
+        e, c = eager.collect(), compiled.collect()
+        graphs = counters["stats"]["unique_graphs"]
+        # the same sampling noise up to float rounding (inductor's log may differ in the last bit), so the
+        # actions agree except where two choices are within rounding of each other
+        _assert_same_acting(e.batch, c.batch)
+        assert torch.allclose(e.batch["observations"][0], c.batch["observations"][0])
+        new_weights = PPO.make_model(TrainConfig(num_envs=16, device="cpu", seed=9)).state_dict()
+        compiled.update_policy(new_weights)  # loaded in place: the compiled code acts with the new weights
+        eager.update_policy(new_weights)
+        for _ in range(2):
+            e, c = eager.collect(), compiled.collect()
+        _assert_same_acting(e.batch, c.batch)
+        # a new policy object is compiled for (it is the one that acts), reusing the graph: same class, same shapes
+        new_policy = PPO.make_model(TrainConfig(num_envs=16, device="cpu", seed=5))
+        compiled.update_policy(new_policy)
+        eager.update_policy(PPO.make_model(TrainConfig(num_envs=16, device="cpu", seed=5)))
+        _assert_same_acting(eager.collect().batch, compiled.collect().batch)
+        assert counters["stats"]["unique_graphs"] == graphs  # no recompilation across rollouts and weights
+
+
+def _assert_same_acting(eager, compiled) -> None:
+    same = (eager["actions"] == compiled["actions"]).all(-1)
+    assert same.float().mean().item() > 0.99
+    assert torch.allclose(eager["log_probs"][same], compiled["log_probs"][same], atol=1e-4)
+    assert torch.allclose(eager["values"][same], compiled["values"][same], atol=1e-4)
+
+
+def test_compiled_device_collector_resumes_exactly():
+    cfg = TrainConfig(num_envs=16, device="cpu")
+    with _device_collector(True, PPO.make_model(cfg)) as whole:
+        whole.collect()
+        state = whole.get_state()
+        expected = whole.collect()
+    with _device_collector(True, PPO.make_model(cfg)) as resumed:
+        assert resumed.set_state(state)
+        got = resumed.collect()
+    for key in ("observations", "actions", "rewards", "log_probs", "values", "terminated", "truncated"):
+        assert torch.equal(got.batch[key], expected.batch[key]), key
+
+
+def test_a_bad_compile_option_is_a_clear_error():
+    with pytest.raises(ValueError, match="compile_policy='fast' is invalid: use False, True or a torch.compile mode"):
+        _device_collector("fast", PPO.make_model(TrainConfig(num_envs=16)))
+
+
+# ---------------------------------------------------------------------------- when the run layout compiles
+
+@pytest.mark.parametrize("backend, compile, compiled", [
+    ("device", "auto", True), ("sync", "auto", False), ("async", "auto", False), ("sync", "on", True),
+    ("async", "on", True), ("device", "off", False),
+])
+def test_the_layout_decides_what_is_compiled(backend, compile, compiled):
+    layout = run_layout(TrainConfig(backend=backend, compile=compile, device="cpu"), Machine(cores=4))
+    assert layout.compile is compiled and layout.collector_kwargs()["compile_policy"] is compiled
+    assert ("acting step compiled (--compile)" in layout.describe()) is compiled
+    assert not layout.warnings
+
+
+def test_ray_acts_eagerly_and_says_so():
+    layout = run_layout(TrainConfig(backend="ray", compile="on", device="cpu"), Machine(cores=4, ray_cpus=4))
+    assert not layout.compile and "compile_policy" not in layout.collector_kwargs()
+    assert layout.warnings == ("--compile on is ignored by --backend ray: its actors act with their own eager "
+                               "copies",)
+
+
+def test_without_a_compiler_auto_acts_eagerly_with_one_line_and_on_is_refused(monkeypatch):
+    monkeypatch.setattr(run_layout_module, "compile_unavailable", lambda device: "CalledProcessError: no g++")
+    layout = run_layout(TrainConfig(backend="device", device="cpu"), Machine(cores=2))
+    assert not layout.compile and len(layout.warnings) == 1
+    assert "--compile auto: torch.compile cannot build code here (CalledProcessError: no g++)" in layout.warnings[0]
+    assert "apt install g++" in layout.warnings[0]
+    with pytest.raises(ValueError, match=r"--compile on: .*no g\+\+.*or use --compile off") as e:
+        run_layout(TrainConfig(backend="sync", compile="on", device="cpu"), Machine(cores=2))
+    assert "\n" not in str(e.value)
+
+
+def test_a_compile_typo_gets_a_did_you_mean():
+    with pytest.raises(SystemExit):
+        parse_args(["--compile", "of"])
+
+
+# ---------------------------------------------------------------------------- defaults with a GPU
+
+def test_ppo_on_vr_edge_with_a_gpu_defaults_to_the_device_backend_and_envs_that_fill_it():
+    cfg = new_run_config({}, gpu=True)
+    assert (cfg.backend, cfg.num_envs, cfg.num_steps) == ("device", 4096, 128)
+    # the same iterations as the CPU default, so the same learning-rate schedule, over 64x the batch
+    cpu = new_run_config({})
+    assert cfg.total_steps // (cfg.num_envs * cfg.num_steps) == cpu.total_steps // (cpu.num_envs * cpu.num_steps)
+    assert new_run_config({"num_envs": 512}, gpu=True).num_envs == 512  # flags win
+    assert new_run_config({"env": "CartPole-v1"}, gpu=True).backend == "sync"  # no torch version of CartPole
+
+
+@pytest.mark.parametrize("argv, backend, num_envs", [
+    (["--device", "cuda"], "device", 4096),
+    (["--device", "cuda", "--backend", "sync"], "sync", 64),  # another backend: no GPU defaults at all
+    (["--device", "cpu"], "sync", 64),
+    (["--device", "cuda", "--algo", "apex"], "sync", 16),
+])
+def test_the_gpu_defaults_follow_the_device_flag(argv, backend, num_envs):
+    cfg = parse_args(argv).config
+    assert (cfg.backend, cfg.num_envs) == (backend, num_envs)
+
+
+def test_the_layout_on_a_gpu_machine_prints_the_envs_it_fills_it_with(monkeypatch):
+    monkeypatch.setattr(run_layout_module, "compile_unavailable", lambda device: None)
+    layout = run_layout(parse_args(["--device", "cuda"]).config, Machine(cores=16, gpus=1))
+    text = layout.describe()
+    assert "VREdge-v0, 4096 envs as 1 x VREdgeTorchEnv(4096); device:" in text and "learner on cuda" in text
+    assert layout.compile
