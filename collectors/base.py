@@ -58,6 +58,28 @@ def check_compile(compile_policy: bool | str) -> bool | str:
     return compile_policy
 
 
+def _first_call_explained(compiled: Policy) -> Policy:
+    """``compiled``, whose first call (where torch.compile builds it) says what failed and how to go on."""
+    built = False
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal built
+        if built:
+            return compiled(*args, **kwargs)
+        try:
+            out = compiled(*args, **kwargs)
+        except Exception as e:
+            first = next((line for line in str(e).splitlines() if line.strip()), "")[:200]
+            raise RuntimeError(f"compile_policy: torch.compile could not build the policy ({type(e).__name__}: "
+                               f"{first}); it needs a C++ compiler and Python's headers on the CPU (Triton on CUDA) "
+                               "and a policy it can trace as one graph; pass compile_policy=False to call it as it "
+                               "is") from e
+        built = True
+        return out
+
+    return call
+
+
 class Collector(ABC):
     """The interface of every collector: ``collect() -> Rollout``, ``update_policy``, state, ``close``.
 
@@ -149,7 +171,8 @@ class Collector(ABC):
             return self.policy
         if self._compiled is None:
             mode = None if self.compile_policy is True else self.compile_policy
-            self._compiled = torch.compile(self.policy, fullgraph=True, dynamic=False, mode=mode)
+            self._compiled = _first_call_explained(torch.compile(self.policy, fullgraph=True, dynamic=False,
+                                                                 mode=mode))
         return self._compiled
 
     # ------------------------------------------------------------------ lifecycle

@@ -179,7 +179,8 @@ class RolloutCollector(Collector):
     # ------------------------------------------------------------------ policy
     def _call_policy(self, obs: torch.Tensor, rows: slice, t: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The policy on ``obs`` = envs ``rows`` at step ``t`` of the rollout: ``(actions, extras)``."""
-        keys = (self._noise_keys[rows], self._steps[rows] + t) if self._keyed else None
+        with torch.inference_mode():  # every call's step keys alike (a compiled policy would recompile for it)
+            keys = (self._noise_keys[rows], self._steps[rows] + t) if self._keyed else None
         return call_policy(self._acting_policy(), obs, keys)
 
     def _allocate(self, action: torch.Tensor, extras: dict[str, torch.Tensor]) -> RolloutStorage:

@@ -119,7 +119,9 @@ class DeviceCollector(Collector):
 
     def _collect(self) -> Rollout:
         obs, batch, ended = self._obs, None, None
-        with torch.inference_mode():
+        # no_grad, not inference_mode: the env's state and observations stay ordinary tensors, as reset and
+        # set_state make them, so a compiled policy and env step see the same kind of input at every call
+        with torch.no_grad():
             for t in range(self.horizon):
                 action, extras = self._act(obs, t)
                 if batch is None:  # a new batch per rollout: the last one may still be in use by the learner

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from benchmarks import device_check, double_buffer, env_steps, scaling
+from benchmarks import backends, device_check, double_buffer, env_steps, scaling
 
 
 def test_device_check_quick_runs_every_part(capsys):
@@ -14,12 +14,23 @@ def test_device_check_quick_runs_every_part(capsys):
         assert part in out
     assert "sync: OK: identical weights" in out and "device: OK: identical weights" in out
     assert out.rstrip().endswith("device check: OK")
-    rows = re.findall(r"^\s+8\s+(sync|device|async)\s+(\d+)\s+([\d,]+)", out, re.M)
-    assert [(b, int(w)) for b, w, _ in rows] == [("sync", 0), ("device", 0), ("async", 1), ("async", 2)]
+    rows = re.findall(r"^\s+8\s+(sync|device|device compiled|async)\s+(\d+)\s+([\d,]+)", out, re.M)
+    assert [(b, int(w)) for b, w, _ in rows] == [("sync", 0), ("device", 0), ("device compiled", 0), ("async", 1),
+                                                 ("async", 2)]
     assert all(int(r.replace(",", "")) > 0 for _, _, r in rows)
     raw = re.search(r"^\s+64: numpy ([\d,]+), torch eager ([\d,]+)$", out, re.M)
     assert raw and all(int(r.replace(",", "")) > 0 for r in raw.groups())
-    assert re.search(r"^\s+16 envs: [1-9][\d,]*$", out, re.M)
+    assert re.search(r"^\s+16 envs: eager [1-9][\d,]*, compiled [1-9][\d,]*$", out, re.M)
+
+
+def test_backends_runs_each_contender_through_the_command_line_side_by_side(capsys):
+    backends.main(["--rounds", "1", "--iterations", "2", "--contenders", "sync", "device+compile", "--",
+                   "--num-envs", "8", "--num-steps", "16"])
+    out = capsys.readouterr().out
+    assert "shared flags: --device cpu --total-steps 256 --num-envs 8 --num-steps 16" in out
+    rows = re.findall(r"^\| (sync|device\+compile) \| ([\d,]+) \[.*\] \| ([\d.]+)x \| ([\d.]+) \|$", out, re.M)
+    assert [name for name, *_ in rows] == ["sync", "device+compile"] and rows[0][2] == "1.000"
+    assert all(int(rate.replace(",", "")) > 0 and float(wall) > 0 for _, rate, _, wall in rows)
 
 
 def test_env_steps_quick_reports_numpy_and_torch_side_by_side(capsys):

@@ -215,3 +215,25 @@ def test_a_total_that_is_not_whole_iterations_is_said_not_silently_rounded(tmp_p
     train_cli.main(["--env", "CartPole-v1", "--num-envs", "4", "--num-steps", "16", "--total-steps", "128",
                     "--device", "cpu", "--run-dir", str(tmp_path / "whole")])
     assert "note: --total-steps" not in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- Ctrl-C while starting
+
+@pytest.mark.parametrize("delay", [0.2, 0.6, 1.2])
+def test_ctrl_c_while_torch_loads_is_one_line(tmp_path, delay):
+    """A Ctrl-C during the first seconds (the command line checked, torch and the rest loading) says one line and
+    exits 130, with no import traceback; the moment is the test's, not the trainer's."""
+    import signal
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "trainer.train", "--run-dir", str(tmp_path / "run"),
+                                "--total-steps", "8192"], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    err = process.communicate(timeout=120)[1]
+    if process.returncode == 0:
+        pytest.skip("the run finished before the signal (a fast machine)")
+    assert process.returncode == 130 and "Traceback" not in err, err[-2000:]
+    said = [line for line in err.splitlines() if "SIGINT" in line or "interrupted" in line]
+    assert len(said) == 1 and ("nothing to save" in said[0] or "stopped by SIGINT" in said[0]), err[-2000:]

@@ -147,3 +147,69 @@ def test_the_layout_on_a_gpu_machine_prints_the_envs_it_fills_it_with(monkeypatc
     text = layout.describe()
     assert "VREdge-v0, 4096 envs as 1 x VREdgeTorchEnv(4096); device:" in text and "learner on cuda" in text
     assert layout.compile
+
+
+# ---------------------------------------------------------------------------- the PPO loss
+
+def test_ppo_learns_the_same_with_a_compiled_loss_without_recompiling():
+    """--compile also compiles PPO's loss (forward and backward): the same learning up to float rounding, one
+    graph for the whole run (every minibatch has the planned size)."""
+    from collectors import make_collector as collector_for
+
+    def iterations(compile: str, n: int) -> tuple[PPO, list[dict]]:
+        cfg = TrainConfig(env="CartPole-v1", num_envs=4, num_steps=32, device="cpu", compile=compile)
+        layout = run_layout(cfg, Machine(cores=1))
+        ppo = PPO.new(cfg, layout)
+        with collector_for(layout.env_factories(), ppo.acting, horizon=cfg.num_steps, seed=cfg.seed,
+                           **layout.collector_kwargs(), **ppo.collector_options()) as collector:
+            ppo.attach(collector)
+            return ppo, [ppo.iterate(start=(0, 0.0)) for _ in range(n)]
+
+    eager, eager_rows = iterations("off", 3)
+    compiled, first = iterations("on", 1)
+    assert compiled.start_notes()[0] == "compiled too (--compile): the PPO loss, forward and backward"
+    assert eager.start_notes() == []
+    graphs = counters["stats"]["unique_graphs"]
+    layout = run_layout(compiled.cfg, Machine(cores=1))  # the same threads: dynamo guards on the count
+    with collector_for(layout.env_factories(), compiled.acting, horizon=32, seed=compiled.cfg.seed,
+                       **layout.collector_kwargs()) as collector:
+        compiled.attach(collector)
+        rows = [compiled.iterate(start=(0, 0.0)) for _ in range(2)]
+    assert counters["stats"]["unique_graphs"] == graphs  # later iterations: no new graph
+    for name in ("loss", "approx_kl", "entropy"):
+        assert first[0][name] == pytest.approx(eager_rows[0][name], rel=1e-3, abs=1e-5), name
+    assert all(r["iteration"] == i for r, i in zip(rows, (2, 3)))
+
+
+@pytest.mark.parametrize("backend", ["device", "async"])
+def test_a_compiled_run_and_its_resume_never_recompile(tmp_path, backend):
+    """Through the command line, as users run it: dynamo reports every recompilation (TORCH_LOGS=recompiles);
+    a run of three iterations and its resume must have none (one graph per compiled function)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCH_LOGS": "recompiles"}
+    flags = ["--backend", backend, "--compile", "on", "--num-envs", "8", "--num-steps", "16", "--device", "cpu"]
+    for extra in (["--total-steps", "384", "--run-dir", str(tmp_path / "run")],
+                  ["--resume", str(tmp_path / "run"), "--total-steps", "640"]):
+        done = subprocess.run([sys.executable, "-m", "trainer.train", *flags, *extra], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "acting step compiled (--compile)" in done.stderr
+        assert "Recompiling" not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_policy_that_cannot_be_compiled_is_explained_at_its_first_call():
+    def untraceable(obs):  # a host round trip (Python lists): a graph break, which fullgraph=True refuses
+        return torch.tensor([[int(x > 0.5) for x in row[:8]] for row in obs.tolist()], dtype=torch.int64)
+
+    collector = make_collector([functools.partial(envs.VREdgeTorchEnv, 4)], untraceable, backend="device", horizon=2,
+                               compile_policy=True)
+    with pytest.raises(RuntimeError, match=r"compile_policy: torch.compile could not build the policy \(.*\); .*"
+                                           r"pass compile_policy=False to call it as it is") as e:
+        collector.collect()
+    assert e.value.__cause__ is not None  # the compiler's own error stays attached
+    with make_collector([functools.partial(envs.VREdgeTorchEnv, 4)], untraceable, backend="device",
+                        horizon=2) as eager:
+        assert eager.collect().batch["actions"].shape == (2, 4, 8)

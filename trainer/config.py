@@ -215,7 +215,7 @@ class TrainConfig:
         need(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device",
              "use auto, cpu or cuda")
         need(self.compile in COMPILE_CHOICES, "compile",
-             f"choose {', '.join(COMPILE_CHOICES)}{did_you_mean(self.compile, COMPILE_CHOICES)}")
+             f"choose {', '.join(COMPILE_CHOICES)}{did_you_mean(self.compile.lower(), COMPILE_CHOICES)}")
         try:
             sizes = self.hidden_sizes
         except ValueError:

@@ -71,7 +71,7 @@ class StopSignals:
             _after_the_run(signum, frame)
             return
         if self.stopping:
-            print(f"\n{signal.Signals(signum).name} again: already stopping, the checkpoint is being written",
+            print(f"\n{signal.Signals(signum).name} again: already stopping (what completed is being saved)",
                   file=sys.stderr)
             return
         if self._depth:

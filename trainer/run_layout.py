@@ -145,7 +145,8 @@ class RunLayout:
             procs += ", acting step compiled (--compile)"
         return (f"layout: {self.env}, {self.num_envs} envs as {kind}; {self.backend}: {procs}; {where}; "
                 f"learner on {self.device}\n"
-                f"threads: {self.worker_threads} per worker, {here} {self.collect_threads} collecting, this process "
+                f"threads: {f'{self.worker_threads} per worker, ' if self.workers else ''}{here} "
+                f"{self.collect_threads} collecting, this process "
                 f"{self.learn_threads} learning (override: --num-workers, --envs-per-worker, --threads)")
 
     def iterations(self, cfg: TrainConfig) -> int:

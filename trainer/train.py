@@ -8,18 +8,25 @@ ends the run. Which algorithm runs is ``trainer.registry``'s business alone.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from trainer.flags import CommandLine, defaults_used, parse_args
 
-if __name__ == "__main__":  # check the command line (and answer --help) before torch loads: seconds, not ten
-    COMMAND_LINE = parse_args()
+if __name__ == "__main__":
+    def _stopped_while_starting(signum: int, frame) -> None:
+        print(f"\n{signal.Signals(signum).name} while starting: nothing to save; to start over, run the same "
+              "command again", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    # a stop signal while torch and the rest load: one line, not an import traceback (handlers restored below)
+    _STARTING = {s: signal.signal(s, _stopped_while_starting) for s in (signal.SIGINT, signal.SIGTERM)}
+    COMMAND_LINE = parse_args()  # the command line checked (--help answered) before torch loads: seconds, not ten
 
 import contextlib
 import json
 import multiprocessing
 import shlex
-import signal
 import time
 from pathlib import Path
 
@@ -243,5 +250,7 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
 
 
 if __name__ == "__main__":
+    for _signum, _handler in _STARTING.items():
+        signal.signal(_signum, _handler)
     multiprocessing.freeze_support()
     main(cli=COMMAND_LINE)

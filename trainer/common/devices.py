@@ -16,7 +16,7 @@ def learner_device(name: str, gpus: int) -> str:
     if name == "auto":
         return "cuda" if gpus else "cpu"
     if name.startswith("cuda") and not gpus:
-        raise ValueError("--device cuda requested but CUDA is not available; use --device cpu or auto")
+        raise ValueError(f"--device {name} requested but CUDA is not available here; use --device cpu or auto")
     return name
 
 

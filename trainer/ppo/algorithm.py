@@ -23,7 +23,15 @@ from trainer.ppo.pipeline import Pipeline, make_pipeline
 from trainer.ppo.reward_scaling import ReturnScaler
 from trainer.ppo.spec import PPOSpec
 from trainer.ppo.targets import advantages_and_returns, vtrace_targets
-from trainer.ppo.update import LearnerSamples, PPOSettings, minibatch_generator, ppo_update
+from trainer.ppo.update import (
+    LearnerSamples,
+    LossFn,
+    PPOSettings,
+    compiled_ppo_loss,
+    minibatch_generator,
+    ppo_loss,
+    ppo_update,
+)
 
 if TYPE_CHECKING:
     from collectors import Collector, Rollout
@@ -62,6 +70,7 @@ class PPO(PPOSpec, Algorithm):
     plan: MinibatchPlan
     settings: PPOSettings  # the update's hyperparameters, with the planned minibatch size
     iterations: int  # of the whole run: the learning rate anneals over them
+    loss_fn: LossFn = ppo_loss  # compiled with --compile (the layout's compile)
     iteration: int = 0
     env_steps: int = 0
     dropped: int = 0
@@ -92,10 +101,13 @@ class PPO(PPOSpec, Algorithm):
         optimizer = torch.optim.Adam([flat_parameters(model)], lr=cfg.lr, eps=1e-5, fused=True)
         return cls(cfg, device, model, acting, optimizer,
                    ReturnScaler(cfg.num_envs, cfg.gamma, device) if cfg.scale_rewards else None, plan,
-                   PPOSettings.from_config(cfg, plan.minibatch_size), layout.iterations(cfg))
+                   PPOSettings.from_config(cfg, plan.minibatch_size), layout.iterations(cfg),
+                   loss_fn=compiled_ppo_loss() if layout.compile else ppo_loss)
 
     def start_notes(self) -> list[str]:
-        return [f"warning: {w}" for w in self.plan.warnings]
+        compiled = ["compiled too (--compile): the PPO loss, forward and backward"] if self.loss_fn is not ppo_loss \
+            else []
+        return compiled + [f"warning: {w}" for w in self.plan.warnings]
 
     def collector_options(self) -> dict[str, Any]:
         return {"device": self.device}  # the rollout lands where the learner learns
@@ -147,7 +159,7 @@ class PPO(PPOSpec, Algorithm):
                                               scale)
         try:
             return ppo_update(model, self.optimizer, LearnerSamples.from_rollout(batch, adv, ret),
-                              self.settings, minibatch_generator(cfg.seed, iteration, self.device))
+                              self.settings, minibatch_generator(cfg.seed, iteration, self.device), self.loss_fn)
         except NonFiniteLossError as e:
             raise NonFiniteLossError(f"iteration {iteration}: {e}; training stopped (try a lower --lr)") from None
 

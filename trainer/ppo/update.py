@@ -4,6 +4,7 @@ and the epochs of minibatches over it."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -94,8 +95,17 @@ def ppo_loss(model: ActorCritic, mb: LearnerSamples, s: PPOSettings) -> tuple[to
     return loss, log_ratio, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy_mean}
 
 
+LossFn = Callable[[ActorCritic, LearnerSamples, PPOSettings], tuple[torch.Tensor, torch.Tensor, dict]]
+
+
+def compiled_ppo_loss() -> LossFn:
+    """:func:`ppo_loss` under ``torch.compile`` (forward and, through AOTAutograd, backward): minibatches all
+    have the planned size (a remainder waits for the next shuffle), so one graph serves the whole run."""
+    return torch.compile(ppo_loss, dynamic=False)
+
+
 def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, samples: LearnerSamples, settings: PPOSettings,
-               generator: torch.Generator) -> dict[str, float]:
+               generator: torch.Generator, loss_fn: LossFn = ppo_loss) -> dict[str, float]:
     """Clipped-surrogate PPO over ``settings.epochs`` random permutations of ``samples``.
 
     Each epoch shuffles every per-sample tensor once on the device; its minibatches are
@@ -104,6 +114,7 @@ def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, samples: Le
     (k3 estimator) and clip fraction are computed from them once per epoch; with
     ``target_kl``, the epochs stop after the first whose KL exceeds it. Diagnostics stay on
     the device until the end (plus one KL read per epoch when ``target_kl`` is set).
+    ``loss_fn``: :func:`ppo_loss`, or :func:`compiled_ppo_loss`'s.
     """
     s, mbs = settings, settings.minibatch_size
     total, device = samples.observations.shape[0], samples.observations.device
@@ -116,7 +127,7 @@ def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, samples: Le
     for _ in range(s.epochs):
         shuffled = samples.index(torch.randperm(total, device=device, generator=generator))
         for start in range(0, used, mbs):
-            loss, log_ratio, parts = ppo_loss(model, shuffled.index(slice(start, start + mbs)), s)
+            loss, log_ratio, parts = loss_fn(model, shuffled.index(slice(start, start + mbs)), s)
             for p in params:  # zeroed in place (flat_parameters' gradient views stay attached), without
                 if p.grad is not None:  # optimizer.zero_grad()'s per-call profiler bookkeeping
                     p.grad.zero_()
