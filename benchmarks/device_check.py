@@ -67,7 +67,7 @@ class Sizes:
     resume_iterations: int = 2  # (d): N
     raw_envs: tuple[int, ...] = (4096, 16384, 65536)  # (e)
     raw_steps: int = 20  # (e): steps per round, 3 rounds
-    compile: bool = True  # (e): also the compiled torch env
+    compile: bool = True  # (c), (e): also compiled (the loss; the torch env)
     device_envs: tuple[int, ...] = (4096, 65536)  # (f): the GPU default's, and more
 
 
@@ -114,9 +114,10 @@ def training_rate(cfg: TrainConfig, iterations: int) -> tuple[float, dict]:
     return (last["env_steps"] - first["env_steps"]) / elapsed, layout
 
 
-def update_rate(device: str, num_envs: int, num_steps: int, epochs: int = 4) -> float:
-    """Samples/s of one PPO update (``epochs`` passes) on a real VR-edge rollout of ``num_envs x num_steps``."""
-    cfg = TrainConfig(num_envs=num_envs, num_steps=num_steps, device=device)
+def update_rate(device: str, num_envs: int, num_steps: int, epochs: int = 4, compile: str = "off") -> float:
+    """Samples/s of one PPO update (``epochs`` passes) on a real VR-edge rollout of ``num_envs x num_steps``
+    (``compile="on"``: with the loss compiled, as ``--compile`` runs it)."""
+    cfg = TrainConfig(num_envs=num_envs, num_steps=num_steps, device=device, compile=compile)
     run = PPO.new(cfg, run_layout(cfg, Machine.detect()))  # the trainer's own learner: model, fused Adam, plan
     fn = functools.partial(envs.VREdgeVectorEnv, num_envs)
     with RolloutCollector([fn], run.acting, backend="sync", horizon=num_steps, seed=0, device=device) as c:
@@ -126,7 +127,8 @@ def update_rate(device: str, num_envs: int, num_steps: int, epochs: int = 4) -> 
     settings = replace(run.settings, epochs=epochs, target_kl=None)
 
     def update() -> None:
-        ppo_update(run.model, run.optimizer, samples, settings, minibatch_generator(cfg.seed, 1, run.device))
+        ppo_update(run.model, run.optimizer, samples, settings, minibatch_generator(cfg.seed, 1, run.device),
+                   run.loss_fn)
         if device == "cuda":
             torch.cuda.synchronize()
 
@@ -202,11 +204,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {n:>5}  {name:<15} {layout['workers']:>7}  "
                       + "  ".join(f"{r:>10,.0f}" for r in rates) + ratio)
 
-        print(f"\n(c) PPO update, samples/s (4 epochs){'' if cuda else '; CUDA ' + no_cuda}")
+        print(f"\n(c) PPO update, samples/s (4 epochs; eager, and the loss compiled as --compile runs it)"
+              f"{'' if cuda else '; CUDA ' + no_cuda}")
         for n, t in sizes.update_batches:
-            rates = [update_rate(d, n, t) for d in devices]
-            ratio = f"  cuda/cpu {rates[0] / rates[1]:.2f}x" if cuda else ""
-            print(f"    {n}x{t}: " + ", ".join(f"{d} {r:,.0f}" for d, r in zip(devices, rates)) + ratio)
+            for compile in ("off", "on") if sizes.compile else ("off",):
+                rates = [update_rate(d, n, t, compile=compile) for d in devices]
+                ratio = f"  cuda/cpu {rates[0] / rates[1]:.2f}x" if cuda else ""
+                print(f"    {n}x{t} {'compiled' if compile == 'on' else 'eager'}: "
+                      + ", ".join(f"{d} {r:,.0f}" for d, r in zip(devices, rates)) + ratio)
 
         device = "cuda" if cuda else "cpu"
         n = sizes.resume_iterations

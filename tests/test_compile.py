@@ -84,12 +84,19 @@ def test_a_bad_compile_option_is_a_clear_error():
 
 # ---------------------------------------------------------------------------- when the run layout compiles
 
-@pytest.mark.parametrize("backend, compile, compiled", [
-    ("device", "auto", True), ("sync", "auto", False), ("async", "auto", False), ("sync", "on", True),
-    ("async", "on", True), ("device", "off", False),
+@pytest.mark.parametrize("algo, backend, compile, total_steps, compiled", [
+    ("ppo", "device", "auto", 8192, True),  # the device backend: always (eagerly it is slower than sync)
+    ("ppo", "sync", "auto", 2_000_000, True),  # long enough for the measured gain to pay for compiling
+    ("ppo", "sync", "auto", 1_999_872, False),
+    ("ppo", "async", "auto", 100_000, False),
+    ("apex", "sync", "auto", 3_000_000, False),  # not measured: auto leaves it eager
+    ("apex", "sync", "on", 100_000, True),
+    ("ppo", "sync", "on", 8192, True), ("ppo", "async", "on", 8192, True), ("ppo", "device", "off", 10**7, False),
 ])
-def test_the_layout_decides_what_is_compiled(backend, compile, compiled):
-    layout = run_layout(TrainConfig(backend=backend, compile=compile, device="cpu"), Machine(cores=4))
+def test_the_layout_decides_what_is_compiled(algo, backend, compile, total_steps, compiled):
+    cfg = new_run_config({"algo": algo, "backend": backend, "compile": compile, "total_steps": total_steps,
+                          "device": "cpu"})
+    layout = run_layout(cfg, Machine(cores=4))
     assert layout.compile is compiled and layout.collector_kwargs()["compile_policy"] is compiled
     assert ("acting step compiled (--compile)" in layout.describe()) is compiled
     assert not layout.warnings
@@ -181,7 +188,7 @@ def test_ppo_learns_the_same_with_a_compiled_loss_without_recompiling():
     assert all(r["iteration"] == i for r, i in zip(rows, (2, 3)))
 
 
-@pytest.mark.parametrize("backend", ["device", "async"])
+@pytest.mark.parametrize("backend", ["device", pytest.param("async", marks=pytest.mark.slow)])
 def test_a_compiled_run_and_its_resume_never_recompile(tmp_path, backend):
     """Through the command line, as users run it: dynamo reports every recompilation (TORCH_LOGS=recompiles);
     a run of three iterations and its resume must have none (one graph per compiled function)."""

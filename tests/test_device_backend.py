@@ -50,6 +50,7 @@ def test_capacity_traces_are_refused_on_the_command_line_before_any_write(tmp_pa
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # compiled (--compile auto); tests/test_compile.py resumes a device run quickly
 def test_command_line_signal_then_resume_is_exact_on_the_device_backend(tmp_path):
     cli_matrix_case(tmp_path, "device", signal.SIGTERM, seed=1)
 

@@ -65,6 +65,9 @@ class AlgorithmSpec:
     # ... and over those, by env, where the learner is on CUDA (--device cuda, or auto on a machine with a GPU)
     gpu_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
     implementation: ClassVar[str] = ""  # "module:Class" of its Algorithm (imported when a run needs it)
+    # --compile auto on a CPU backend: the run length (env steps) from which compiling its hot paths was measured
+    # to pay for the compile time (None: not measured, so auto compiles only for --backend device)
+    compile_pays_after: ClassVar[int | None] = None
 
     @classmethod
     def defaults_for(cls, env: str, gpu: bool = False) -> dict[str, Any]:

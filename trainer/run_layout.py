@@ -158,15 +158,21 @@ class RunLayout:
 
 
 def _compiled(cfg: TrainConfig, device: str, notes: list[str]) -> bool:
-    """Whether the acting step runs compiled: ``--compile on``, or ``auto`` with ``--backend device``.
+    """Whether the hot paths run compiled: ``--compile on``; ``auto`` with ``--backend device``, or on a CPU
+    backend once the run is long enough for the algorithm's measured gain to pay for compiling
+    (``AlgorithmSpec.compile_pays_after``).
 
-    Why only there by default: compiling the acting step made the device backend's collection
-    1.7x faster on a 2-core CPU (eagerly it pays a dispatch for each of ~100 small ops a step)
-    and is what lets it beat ``sync``; the CPU backends gain less and would pay the compile time
-    in every run (docs/benchmarks.md).
+    Why: eagerly, a step pays a dispatch for each of ~100 small ops, which inductor fuses; on a
+    2-core CPU compiled VR-edge PPO ran 1.39x faster (``sync`` and ``device``), after ~23 s of
+    compiling with a cold cache (docs/benchmarks.md): a short run, like most tests, is faster
+    eagerly.
     """
-    if cfg.compile == "off" or (cfg.compile == "auto" and cfg.backend != "device"):
+    if cfg.compile == "off":
         return False
+    if cfg.compile == "auto" and cfg.backend != "device":
+        pays_after = algorithm_spec(cfg.algo).compile_pays_after
+        if cfg.backend == "ray" or pays_after is None or cfg.total_steps < pays_after:
+            return False
     if cfg.backend == "ray":
         notes.append("--compile on is ignored by --backend ray: its actors act with their own eager copies")
         return False

@@ -50,7 +50,7 @@ class PPO(PPOSpec, Algorithm):
     Example (one iteration on CartPole, as ``trainer.train`` runs it):
         >>> from collectors import make_collector
         >>> from trainer.run_layout import Machine, run_layout
-        >>> cfg = TrainConfig(env="CartPole-v1", num_envs=2, num_steps=32, device="cpu")
+        >>> cfg = TrainConfig(env="CartPole-v1", num_envs=2, num_steps=32, total_steps=64, device="cpu")
         >>> layout = run_layout(cfg, Machine(cores=1))
         >>> ppo = PPO.new(cfg, layout)
         >>> with make_collector(layout.env_factories(), ppo.acting, horizon=cfg.num_steps, seed=cfg.seed,

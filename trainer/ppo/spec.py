@@ -34,6 +34,9 @@ class PPOSpec(AlgorithmSpec):
         "VREdge-v0": {"backend": "device", "num_envs": 4096, "total_steps": 3_000_000 * 64},
     }
     implementation: ClassVar[str] = "trainer.ppo.algorithm:PPO"
+    # compiled, VR-edge defaults ran 1.39x faster on 2 cores after ~23 s of compiling with a cold cache (1 s warm):
+    # it pays from ~2M env steps (docs/benchmarks.md, "Compiling the acting step and the loss")
+    compile_pays_after: ClassVar[int | None] = 2_000_000
 
     @classmethod
     def keeps_collecting(cls, cfg: TrainConfig) -> bool:
