@@ -86,8 +86,8 @@ def test_a_bad_compile_option_is_a_clear_error():
 
 @pytest.mark.parametrize("algo, backend, compile, total_steps, compiled", [
     ("ppo", "device", "auto", 8192, True),  # the device backend: always (eagerly it is slower than sync)
-    ("ppo", "sync", "auto", 2_000_000, True),  # long enough for the measured gain to pay for compiling
-    ("ppo", "sync", "auto", 1_999_872, False),
+    ("ppo", "sync", "auto", 245 * 8192, True),  # long enough for the measured gain to pay for compiling
+    ("ppo", "sync", "auto", 2_000_000, False),  # the run makes 244 iterations of 8,192: 1,998,848 steps
     ("ppo", "async", "auto", 100_000, False),
     ("apex", "sync", "auto", 3_000_000, False),  # not measured: auto leaves it eager
     ("apex", "sync", "on", 100_000, True),
@@ -143,13 +143,15 @@ def test_ppo_on_vr_edge_with_a_gpu_defaults_to_the_device_backend_and_envs_that_
     (["--device", "cpu"], "sync", 64),
     (["--device", "cuda", "--algo", "apex"], "sync", 16),
 ])
-def test_the_gpu_defaults_follow_the_device_flag(argv, backend, num_envs):
+def test_the_gpu_defaults_follow_the_device_flag(argv, backend, num_envs, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # a machine with a GPU
     cfg = parse_args(argv).config
     assert (cfg.backend, cfg.num_envs) == (backend, num_envs)
 
 
 def test_the_layout_on_a_gpu_machine_prints_the_envs_it_fills_it_with(monkeypatch):
     monkeypatch.setattr(run_layout_module, "compile_unavailable", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     layout = run_layout(parse_args(["--device", "cuda"]).config, Machine(cores=16, gpus=1))
     text = layout.describe()
     assert "VREdge-v0, 4096 envs as 1 x VREdgeTorchEnv(4096); device:" in text and "learner on cuda" in text
@@ -220,3 +222,13 @@ def test_a_policy_that_cannot_be_compiled_is_explained_at_its_first_call():
     with make_collector([functools.partial(envs.VREdgeTorchEnv, 4)], untraceable, backend="device",
                         horizon=2) as eager:
         assert eager.collect().batch["actions"].shape == (2, 4, 8)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("argv", [["--device", "cuda"], ["--device", "cuda:1", "--backend", "sync"]])
+def test_cuda_without_a_gpu_is_one_line_before_any_line_about_the_run(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert f"error: --device {argv[1]} requested but CUDA is not available here; use --device cpu or auto" in err

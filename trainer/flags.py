@@ -170,6 +170,11 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
         if not resume and takes_gpu_defaults(cfg, given):  # checked first: a bad flag is answered before torch loads
             cfg = new_run_config(given, gpu=True)
             check_config(cfg, given)
+        if not resume and cfg.device.startswith("cuda"):  # here, not at the layout: before any line about the run
+            import torch
+
+            from trainer.common.devices import learner_device
+            learner_device(cfg.device, torch.cuda.device_count())
     except ConfigError as e:
         if e.key in from_file and e.key not in args:
             parser.error(f"{args['config']}: {e.key} = {e.value!r} is invalid: {e.rule}")

@@ -171,7 +171,9 @@ def _compiled(cfg: TrainConfig, device: str, notes: list[str]) -> bool:
         return False
     if cfg.compile == "auto" and cfg.backend != "device":
         pays_after = algorithm_spec(cfg.algo).compile_pays_after
-        if cfg.backend == "ray" or pays_after is None or cfg.total_steps < pays_after:
+        batch = cfg.num_envs * cfg.num_steps
+        made = max(1, cfg.total_steps // batch) * batch  # the steps the run makes, in whole iterations
+        if cfg.backend == "ray" or pays_after is None or made < pays_after:
             return False
     if cfg.backend == "ray":
         notes.append("--compile on is ignored by --backend ray: its actors act with their own eager copies")
