@@ -25,8 +25,10 @@ from trainer.interrupts import Interrupted, StopSignals
 
 ROOT = Path(__file__).resolve().parent.parent
 HANGING = "tests.factories:Hanging-v0"  # CartPole whose 40th step hangs in a spawned process
+# eager: a run this long would compile under --compile auto, and the first (compiling) answers would stretch the
+# deadlines (20x the slowest answer) that these tests expect to expire in seconds
 SMALL = ["--num-envs", "4", "--num-steps", "8", "--total-steps", "100000000", "--device", "cpu", "--seed", "3",
-         "--checkpoint-every", "1000"]
+         "--checkpoint-every", "1000", "--compile", "off"]
 
 
 # ---------------------------------------------------------------------------------------------- the deadline
