@@ -103,9 +103,11 @@ class BackgroundCollector(Collector):
         first = what == "start" or (what == "collect" and not self._rollouts)  # envs built, buffers allocated
         limit = self.deadline.limit("start" if first else what)
         ready = wait([self._conn, self._process.sentinel], timeout=max(0.0, sent_at + limit - time.monotonic()))
+        busy_s = None
         if self._conn in ready:
             try:
-                kind, payload = self._conn.recv()
+                kind, payload, *busy = self._conn.recv()
+                busy_s = busy[0] if busy else None
             except (EOFError, OSError):
                 kind, payload = "died", None
         elif ready:
@@ -117,8 +119,8 @@ class BackgroundCollector(Collector):
                 f"{time.monotonic() - sent_at:.1f} s during {what} (limit {limit:g} s: a hung env step or a "
                 "stopped process; raise it with --worker-timeout / worker_timeout)")
         if kind == "ok":
-            if not first:
-                self.deadline.measured(time.monotonic() - sent_at)
+            if not first:  # its own work: not the time this process spent learning before it read the answer
+                self.deadline.measured(busy_s if busy_s is not None else time.monotonic() - sent_at)
             return payload
         if kind == "error":
             raise payload
@@ -247,6 +249,7 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, kwargs: dict[str, Any]) -> 
                 return
             if command == "close":
                 return
+            began = time.monotonic()
             try:
                 if command == "collect":
                     rollout = collector.collect()
@@ -272,7 +275,7 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, kwargs: dict[str, Any]) -> 
                 if command == "collect":  # the collector closed itself: nothing more to serve
                     return
                 continue
-            if not _send(conn, ("ok", reply)):
+            if not _send(conn, ("ok", reply, time.monotonic() - began)):  # with how long it worked on it
                 return
 
 

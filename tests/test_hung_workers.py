@@ -25,8 +25,7 @@ from trainer.interrupts import Interrupted, StopSignals
 
 ROOT = Path(__file__).resolve().parent.parent
 HANGING = "tests.factories:Hanging-v0"  # CartPole whose 40th step hangs in a spawned process
-# eager: a run this long would compile under --compile auto, and the first (compiling) answers would stretch the
-# deadlines (20x the slowest answer) that these tests expect to expire in seconds
+# eager: a run this long would compile under --compile auto, which these tests about hangs need not wait for
 SMALL = ["--num-envs", "4", "--num-steps", "8", "--total-steps", "100000000", "--device", "cpu", "--seed", "3",
          "--checkpoint-every", "1000", "--compile", "off"]
 
@@ -85,6 +84,19 @@ def test_a_hung_step_in_the_collecting_process_is_named_after_the_deadline():
                 collector.collect()
         assert time.monotonic() - started < 30
     assert not process.is_alive()
+
+
+def test_the_learners_own_time_does_not_stretch_the_collecting_process_deadline():
+    """With --overlap the learner reads each rollout after its update: the deadline must measure the collecting
+    process's work, not the learner's (a slow or compiling update would make a hang noticed minutes late)."""
+    with make_collector([f.cartpole] * 2, RandomPolicy(2), backend="sync", horizon=8, background=True,
+                        worker_timeout=1.0) as collector:
+        for _ in range(3):  # the first rollout is not measured (start-up)
+            collector.start()
+            time.sleep(1.5)  # "learning" while the rollout, a few milliseconds of work, is long done
+            collector.wait()
+        assert 0 < collector.deadline.slowest_s < 0.5
+        assert collector.deadline.limit("collect") == 1.0
 
 
 def test_a_stop_signal_waits_at_most_the_patience_of_a_section_that_waits_on_workers():
