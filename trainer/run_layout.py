@@ -151,10 +151,15 @@ class RunLayout:
 
     def iterations(self, cfg: TrainConfig) -> int:
         """Iterations of the whole run: ``cfg.total_steps`` in learner batches of ``batch_envs x num_steps``."""
-        return max(1, cfg.total_steps // (self.batch_envs * cfg.num_steps))
+        return whole_iterations(cfg.total_steps, self.batch_envs * cfg.num_steps)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def whole_iterations(total_steps: int, batch: int) -> int:
+    """Iterations of ``batch`` env steps a run of ``total_steps`` makes (at least one)."""
+    return max(1, total_steps // batch)
 
 
 def _compiled(cfg: TrainConfig, device: str, notes: list[str]) -> bool:
@@ -172,7 +177,7 @@ def _compiled(cfg: TrainConfig, device: str, notes: list[str]) -> bool:
     if cfg.compile == "auto" and cfg.backend != "device":
         pays_after = algorithm_spec(cfg.algo).compile_pays_after
         batch = cfg.num_envs * cfg.num_steps
-        made = max(1, cfg.total_steps // batch) * batch  # the steps the run makes, in whole iterations
+        made = whole_iterations(cfg.total_steps, batch) * batch  # the steps the run makes
         if cfg.backend == "ray" or pays_after is None or made < pays_after:
             return False
     if cfg.backend == "ray":
