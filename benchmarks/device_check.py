@@ -1,23 +1,30 @@
 """Device check: what a GPU machine has to show, as one report.
 
-    python -m benchmarks.device_check            # a few minutes on one H200 with 16 cores (under 8)
-    python -m benchmarks.device_check --quick    # tiny sizes; what CI runs on the CPU
+    timeout 540 python -m benchmarks.device_check   # under 8 minutes on one H200 with 16 cores (estimated)
+    python -m benchmarks.device_check --parts bg     # only the parts a timeout cut off
+    python -m benchmarks.device_check --quick        # tiny sizes; what CI runs on the CPU
 
+The parts run in the order of ``--parts`` (default ``adfecgb``: the targets first, so that a
+timeout cuts off the comparisons, not the checks), each followed by its time:
 (a) host-to-device copies per rollout, counted with the PyTorch profiler (``sync``: must be 1;
 ``device``: must be 0, eager, compiled and captured as CUDA graphs);
 (b) end-to-end VR-edge training steps/s, CUDA vs CPU, with the default config and with
 1024 envs, for ``sync``, ``device`` (eager and ``--compile on``) and ``async`` with 1, 4, 8 and
 15 workers;
-(c) PPO update throughput (samples/s), CUDA vs CPU, at 64x128 and 1024x128 batches;
+(c) PPO update throughput (samples/s), CUDA vs CPU, at 64x128 and 1024x128 batches: eager, the
+loss compiled, and on CUDA each minibatch step captured as a CUDA graph (``--cuda-graphs``), alone
+and with the compiled loss;
 (d) N iterations + resume + N iterations == 2N iterations on CUDA, deterministic algorithms on,
-for ``sync`` and ``device``;
+for ``sync``, ``device`` and ``device --cuda-graphs``;
 (e) raw VR-edge steps/s at 4,096 / 16,384 / 65,536 envs: the NumPy env (CPU) vs the torch env on
 CUDA, eager and compiled (``benchmarks.env_steps``);
 (f) end-to-end training steps/s on CUDA with the GPU defaults (``--device cuda``: ``--backend
-device``, 4,096 envs) and at 65,536 envs, eager and compiled (target: >= 1M env steps/s).
+device``, 4,096 envs) and at 65,536 envs: eager, compiled, and compiled with ``--cuda-graphs``
+(target: >= 1M env steps/s);
+(g) the CUDA-marked tests (``pytest -m cuda``).
 
-Without CUDA, (a) is skipped with the reason, (b) and (c) run on the CPU alone, and (d), (e)
-and (f) run on the CPU so that their code paths stay tested. Exits 1 when (a) or (d) fails.
+Without CUDA, (a) and (g) are skipped with the reason, (b) and (c) run on the CPU alone, and (d),
+(e) and (f) run on the CPU so that their code paths stay tested. Exits 1 when (a), (d) or (g) fails.
 """
 
 from __future__ import annotations
@@ -29,11 +36,12 @@ import io
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -114,34 +122,37 @@ def training_rate(cfg: TrainConfig, iterations: int) -> tuple[float, dict]:
     return (last["env_steps"] - first["env_steps"]) / elapsed, layout
 
 
-def update_rate(device: str, num_envs: int, num_steps: int, epochs: int = 4, compile: str = "off") -> float:
-    """Samples/s of one PPO update (``epochs`` passes) on a real VR-edge rollout of ``num_envs x num_steps``
-    (``compile="on"``: with the loss compiled, as ``--compile`` runs it)."""
-    cfg = TrainConfig(num_envs=num_envs, num_steps=num_steps, device=device, compile=compile)
-    run = PPO.new(cfg, run_layout(cfg, Machine.detect()))  # the trainer's own learner: model, fused Adam, plan
+def update_rate(device: str, num_envs: int, num_steps: int, epochs: int = 4, compile: str = "off",
+                cuda_graphs: bool = False) -> float:
+    """Samples/s of one PPO update (``epochs`` passes) on a real VR-edge rollout of ``num_envs x num_steps``, with
+    the trainer's own learner (``compile="on"``: the loss compiled, as ``--compile`` runs it; ``cuda_graphs``:
+    each minibatch step replayed as a CUDA graph, as ``--cuda-graphs`` runs it)."""
+    cfg = TrainConfig(num_envs=num_envs, num_steps=num_steps, device=device, compile=compile, epochs=epochs,
+                      target_kl=0.0, cuda_graphs=cuda_graphs)
+    run = PPO.new(cfg, run_layout(cfg, Machine.detect()))  # model, fused Adam, plan, minibatch step
     fn = functools.partial(envs.VREdgeVectorEnv, num_envs)
     with RolloutCollector([fn], run.acting, backend="sync", horizon=num_steps, seed=0, device=device) as c:
         rollout = c.collect()
     adv, ret = advantages_and_returns(run.model, rollout.batch, rollout.next_observations, cfg.gamma, cfg.gae_lambda)
     samples = LearnerSamples.from_rollout(rollout.batch, adv, ret)
-    settings = replace(run.settings, epochs=epochs, target_kl=None)
 
     def update() -> None:
-        ppo_update(run.model, run.optimizer, samples, settings, minibatch_generator(cfg.seed, 1, run.device),
-                   run.loss_fn)
+        ppo_update(run.step, samples, minibatch_generator(cfg.seed, 1, run.device))
         if device == "cuda":
             torch.cuda.synchronize()
 
-    update()  # warm-up: kernels, allocator
+    update()  # warm-up: kernels, allocator, compiling, capturing
     start = time.perf_counter()
     update()
     return epochs * rollout.numel() / (time.perf_counter() - start)
 
 
-def resume_matches(device: str, num_envs: int, n: int, num_steps: int, root: Path, backend: str = "sync") -> bool:
-    """Whether N iterations + resume + N iterations give the same weights, bit for bit, as 2N in one go."""
+def resume_matches(device: str, num_envs: int, n: int, num_steps: int, root: Path, backend: str = "sync",
+                   cuda_graphs: bool = False) -> bool:
+    """Whether N iterations + resume + N iterations give the same weights, bit for bit, as 2N in one go
+    (``cuda_graphs``: with ``--cuda-graphs``, captured anew after the resume)."""
     cfg = TrainConfig(num_envs=num_envs, num_steps=num_steps, total_steps=2 * n * num_envs * num_steps,
-                      device=device, checkpoint_every=1, backend=backend)
+                      device=device, checkpoint_every=1, backend=backend, cuda_graphs=cuda_graphs)
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)  # a kernel without a deterministic variant warns
     try:
@@ -158,36 +169,70 @@ def resume_matches(device: str, num_envs: int, n: int, num_steps: int, root: Pat
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+PARTS = "adfecgb"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes (CI, CPU): checks that every part runs")
+    p.add_argument("--parts", default=PARTS, help=f"which parts to run, e.g. 'adf' (default: all, {PARTS}): "
+                   "to finish a run that a timeout cut short")
     args = p.parse_args(argv)
+    if set(args.parts) - set(PARTS) or not args.parts:
+        p.error(f"--parts {args.parts!r}: choose letters from {PARTS}")
     sizes = QUICK if args.quick else Sizes()
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; read when CUDA starts
     cuda = torch.cuda.is_available()
-    devices = ["cuda", "cpu"] if cuda else ["cpu"]
-    no_cuda = "skipped: CUDA is not available here"
-    failures = []
+    check = Check(sizes, cuda, quick=args.quick)
     print_machine()
-
-    print("\n(a) host-to-device copies per rollout (sync: must be 1; device: must be 0)")
-    for backend, compile, want in (("sync", False, 1), ("device", False, 0), ("device", True, 0),
-                                   ("device", "reduce-overhead", 0)):
-        name = f"{backend}{'' if not compile else ' compiled' if compile is True else ' CUDA graphs'}"
-        if not cuda:
-            print(f"    {name}: {no_cuda}")
-            continue
-        copies = count_h2d_copies(sizes.envs[0], sizes.num_steps, backend, compile)
-        print(f"    {name}: {copies} {'OK' if copies == want else 'FAILED'}")
-        if copies != want:
-            failures.append(f"(a) {copies} host-to-device copies per rollout on the {name} backend")
-
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        for part in args.parts:
+            start = time.perf_counter()
+            getattr(check, f"part_{part}")(Path(tmp))
+            print(f"    ({part}: {time.perf_counter() - start:.0f} s)", flush=True)
+    print("\ndevice check: " + ("OK" if not check.failures else "FAILED: " + "; ".join(check.failures)))
+    return 1 if check.failures else 0
+
+
+NO_CUDA = "skipped: CUDA is not available here"
+
+
+@dataclass
+class Check:
+    """The parts of the device check, each printing its own section (``part_a`` ... ``part_g``)."""
+
+    sizes: Sizes
+    cuda: bool
+    quick: bool = False
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def devices(self) -> list[str]:
+        return ["cuda", "cpu"] if self.cuda else ["cpu"]
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.cuda else "cpu"
+
+    def part_a(self, root: Path) -> None:
+        print("\n(a) host-to-device copies per rollout (sync: must be 1; device: must be 0)")
+        for backend, compile, want in (("sync", False, 1), ("device", False, 0), ("device", True, 0),
+                                       ("device", "reduce-overhead", 0)):
+            name = f"{backend}{'' if not compile else ' compiled' if compile is True else ' CUDA graphs'}"
+            if not self.cuda:
+                print(f"    {name}: {NO_CUDA}")
+                continue
+            copies = count_h2d_copies(self.sizes.envs[0], self.sizes.num_steps, backend, compile)
+            print(f"    {name}: {copies} {'OK' if copies == want else 'FAILED'}")
+            if copies != want:
+                self.failures.append(f"(a) {copies} host-to-device copies per rollout on the {name} backend")
+
+    def part_b(self, root: Path) -> None:
+        sizes, devices = self.sizes, self.devices
         print(f"\n(b) end-to-end VR-edge training, env steps/s (iterations 2-{sizes.iterations}; "
-              f"{sizes.num_steps} steps per rollout){'' if cuda else '; CUDA ' + no_cuda}")
+              f"{sizes.num_steps} steps per rollout){'' if self.cuda else '; CUDA ' + NO_CUDA}")
         print(f"    {'envs':>5}  {'backend':<15} {'workers':>7}  " + "  ".join(f"{d:>10}" for d in devices)
-              + ("  cuda/cpu" if cuda else ""))
+              + ("  cuda/cpu" if self.cuda else ""))
         for n in sizes.envs:
             rows = [("sync", 0, "off"), ("device", 0, "off"), ("device", 0, "on"),
                     *(("async", w, "off") for w in sizes.workers if w < n)]
@@ -199,51 +244,78 @@ def main(argv: list[str] | None = None) -> int:
                                       run_dir=str(root / f"b-{n}-{backend}{workers}-{compile}-{device}"))
                     rate, layout = training_rate(cfg, sizes.iterations)
                     rates.append(rate)
-                ratio = f"  {rates[0] / rates[1]:7.2f}x" if cuda else ""
+                ratio = f"  {rates[0] / rates[1]:7.2f}x" if self.cuda else ""
                 name = backend + (" compiled" if compile == "on" else "")
                 print(f"    {n:>5}  {name:<15} {layout['workers']:>7}  "
                       + "  ".join(f"{r:>10,.0f}" for r in rates) + ratio)
 
-        print(f"\n(c) PPO update, samples/s (4 epochs; eager, and the loss compiled as --compile runs it)"
-              f"{'' if cuda else '; CUDA ' + no_cuda}")
-        for n, t in sizes.update_batches:
-            for compile in ("off", "on") if sizes.compile else ("off",):
-                rates = [update_rate(d, n, t, compile=compile) for d in devices]
-                ratio = f"  cuda/cpu {rates[0] / rates[1]:.2f}x" if cuda else ""
-                print(f"    {n}x{t} {'compiled' if compile == 'on' else 'eager'}: "
-                      + ", ".join(f"{d} {r:,.0f}" for d, r in zip(devices, rates)) + ratio)
+    def part_c(self, root: Path) -> None:
+        print("\n(c) PPO update, samples/s (4 epochs; eager, the loss compiled as --compile runs it, and on CUDA "
+              f"each minibatch step captured as --cuda-graphs runs it){'' if self.cuda else '; CUDA ' + NO_CUDA}")
+        variants = [("eager", "off", False)]
+        if self.sizes.compile:
+            variants.append(("compiled", "on", False))
+        if self.cuda:
+            variants += [("graphed", "off", True), *((("compiled+graphed", "on", True),) if self.sizes.compile
+                                                     else ())]
+        for n, t in self.sizes.update_batches:
+            for name, compile, graphs in variants:
+                devices = ["cuda"] if graphs else self.devices
+                rates = [update_rate(d, n, t, compile=compile, cuda_graphs=graphs) for d in devices]
+                ratio = f"  cuda/cpu {rates[0] / rates[1]:.2f}x" if len(rates) == 2 else ""
+                print(f"    {n}x{t} {name}: " + ", ".join(f"{d} {r:,.0f}" for d, r in zip(devices, rates)) + ratio)
 
-        device = "cuda" if cuda else "cpu"
-        n = sizes.resume_iterations
+    def part_d(self, root: Path) -> None:
+        n, device = self.sizes.resume_iterations, self.device
         print(f"\n(d) {n} + resume + {n} == {2 * n} iterations on {device}, deterministic algorithms"
-              + ("" if cuda else " (no CUDA: the CPU stands in, so the code path stays checked)"))
-        for backend in ("sync", "device"):
-            same = resume_matches(device, sizes.resume_envs, n, sizes.num_steps, root / f"d-{backend}", backend)
-            print(f"    {backend}: {'OK: identical weights' if same else 'FAILED: the weights differ'}")
+              + ("" if self.cuda else " (no CUDA: the CPU stands in, so the code path stays checked)"))
+        variants = [("sync", False), ("device", False), *((("device", True),) if self.cuda else ())]
+        for backend, graphs in variants:
+            name = backend + (" --cuda-graphs" if graphs else "")
+            same = resume_matches(device, self.sizes.resume_envs, n, self.sizes.num_steps,
+                                  root / f"d-{backend}-{graphs}", backend, cuda_graphs=graphs)
+            print(f"    {name}: {'OK: identical weights' if same else 'FAILED: the weights differ'}")
             if not same:
-                failures.append(f"(d) resume on {device} with the {backend} backend is not exact")
+                self.failures.append(f"(d) resume on {device} with {name} is not exact")
 
-        print(f"\n(e) raw VR-edge steps/s, the NumPy env on the CPU vs the torch env on {device} (median of 3 "
+    def part_e(self, root: Path) -> None:
+        sizes = self.sizes
+        print(f"\n(e) raw VR-edge steps/s, the NumPy env on the CPU vs the torch env on {self.device} (median of 3 "
               f"rounds of {sizes.raw_steps} steps)")
         for n in sizes.raw_envs:
-            measured = raw_rates(n, sizes.raw_steps, device, sizes.compile, repeats=1 if args.quick else 3)
+            measured = raw_rates(n, sizes.raw_steps, self.device, sizes.compile, repeats=1 if self.quick else 3)
             print(f"    {n:>6}: " + ", ".join(f"{name} {statistics.median(r):,.0f}" for name, r in measured.items()))
 
+    def part_f(self, root: Path) -> None:
+        sizes, device = self.sizes, self.device
         print(f"\n(f) end-to-end VR-edge training with the GPU defaults (--device cuda: --backend device) on "
               f"{device}, env steps/s (iterations 2-{sizes.iterations}; {sizes.num_steps} steps per rollout; "
               "target on one H200: >= 1,000,000)")
         gpu_defaults = new_run_config({"device": device}, gpu=True)
+        variants = [("eager", "off", False), ("compiled", "on", False),
+                    *((("compiled+graphed", "on", True),) if self.cuda else ())]
         for n in sizes.device_envs:
             measured = []
-            for compile in ("off", "on"):
+            for name, compile, graphs in variants:
                 cfg = replace(gpu_defaults, num_envs=n, num_steps=sizes.num_steps, compile=compile,
-                              total_steps=10**12, run_dir=str(root / f"f-{n}-{compile}"))
+                              cuda_graphs=graphs, total_steps=10**12, run_dir=str(root / f"f-{n}-{name}"))
                 rate = training_rate(cfg, sizes.iterations)[0]
-                measured.append(f"{'compiled' if compile == 'on' else 'eager'} {rate:,.0f}")
+                measured.append(f"{name} {rate:,.0f}")
             print(f"    {n:>6} envs: {', '.join(measured)}")
 
-    print("\ndevice check: " + ("OK" if not failures else "FAILED: " + "; ".join(failures)))
-    return 1 if failures else 0
+    def part_g(self, root: Path) -> None:
+        print("\n(g) the CUDA-marked tests (pytest -m cuda)")
+        if not self.cuda:
+            print(f"    {NO_CUDA}")
+            return
+        run = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
+                              str(Path(__file__).resolve().parent.parent / "tests")],
+                             capture_output=True, text=True)
+        lines = (run.stdout + run.stderr).strip().splitlines()
+        for line in lines[-25:] if run.returncode else lines[-1:]:
+            print(f"    {line}")
+        if run.returncode:
+            self.failures.append("(g) CUDA-marked tests failed")
 
 
 if __name__ == "__main__":

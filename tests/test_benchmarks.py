@@ -10,8 +10,8 @@ from benchmarks import backends, device_check, double_buffer, env_steps, scaling
 def test_device_check_quick_runs_every_part(capsys):
     assert device_check.main(["--quick"]) == 0
     out = capsys.readouterr().out
-    for part in ("(a)", "(b)", "(c)", "(d)", "(e)", "(f)"):
-        assert part in out
+    for part in "abcdefg":  # each section, and its time
+        assert f"\n({part}) " in out and re.search(rf"^    \({part}: \d+ s\)$", out, re.M), part
     assert "sync: OK: identical weights" in out and "device: OK: identical weights" in out
     assert out.rstrip().endswith("device check: OK")
     rows = re.findall(r"^\s+8\s+(sync|device|device compiled|async)\s+(\d+)\s+([\d,]+)", out, re.M)
@@ -21,6 +21,14 @@ def test_device_check_quick_runs_every_part(capsys):
     raw = re.search(r"^\s+64: numpy ([\d,]+), torch eager ([\d,]+)$", out, re.M)
     assert raw and all(int(r.replace(",", "")) > 0 for r in raw.groups())
     assert re.search(r"^\s+16 envs: eager [1-9][\d,]*, compiled [1-9][\d,]*$", out, re.M)
+
+
+def test_device_check_runs_the_parts_asked_for_in_their_order(capsys):
+    assert device_check.main(["--quick", "--parts", "da"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("\n(d) ") < out.index("\n(a) ") and "\n(b) " not in out
+    with pytest.raises(SystemExit):
+        device_check.main(["--quick", "--parts", "ax"])
 
 
 def test_backends_runs_each_contender_through_the_command_line_side_by_side(capsys):

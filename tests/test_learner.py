@@ -12,7 +12,7 @@ from trainer.common.moments import merged_moments
 from trainer.ppo.model import ActorCritic, RunningNorm
 from trainer.ppo.reward_scaling import ReturnScaler
 from trainer.ppo.targets import advantages_and_returns, vtrace, vtrace_targets
-from trainer.ppo.update import LearnerSamples, PPOSettings, ppo_loss, ppo_update
+from trainer.ppo.update import LearnerSamples, MinibatchStep, PPOSettings, ppo_loss, ppo_update
 
 
 def settings(**kw) -> PPOSettings:
@@ -41,30 +41,30 @@ def samples(n, old_log_probs=None, old_values=None, advantages=None, returns=Non
 def test_ppo_loss_clips_the_ratio_on_the_side_the_advantage_favours():
     # ratios 1.5 (advantage +1) and 0.5 (advantage -1), clip 0.2: both are clipped, to 1.2 and 0.8
     model = FixedOutputs([math.log(1.5), math.log(0.5)], [0.3, 0.1], [0.0, 0.0])
-    loss, log_ratio, parts = ppo_loss(model, samples(2, advantages=[1.0, -1.0]), settings(ent_coef=0.1))
-    assert parts["policy_loss"].item() == pytest.approx(-(1.2 - 0.8) / 2)
-    assert torch.allclose(log_ratio, torch.tensor([math.log(1.5), math.log(0.5)]))
-    assert parts["entropy"].item() == pytest.approx(0.2)
-    assert loss.item() == pytest.approx(-0.2 - 0.1 * 0.2 + 0.5 * parts["value_loss"].item())
+    out = ppo_loss(model, samples(2, advantages=[1.0, -1.0]), settings(ent_coef=0.1))
+    assert out.policy_loss.item() == pytest.approx(-(1.2 - 0.8) / 2)
+    assert torch.allclose(out.log_ratio, torch.tensor([math.log(1.5), math.log(0.5)]))
+    assert out.entropy.item() == pytest.approx(0.2)
+    assert out.loss.item() == pytest.approx(-0.2 - 0.1 * 0.2 + 0.5 * out.value_loss.item())
     # inside the clip range nothing is clipped: ratio 1.1 with advantage +1 counts in full
     inside = FixedOutputs([math.log(1.1)], [0.0], [0.0])
-    assert ppo_loss(inside, samples(1, advantages=[1.0]), settings())[2]["policy_loss"].item() == pytest.approx(-1.1)
+    assert ppo_loss(inside, samples(1, advantages=[1.0]), settings()).policy_loss.item() == pytest.approx(-1.1)
 
 
 def test_value_clipping_takes_the_worse_of_the_clipped_and_unclipped_errors():
     # old values 0, new values 1.0 and 0.1, returns 2: clipped to 0.2 and 0.1
     model = FixedOutputs([0.0, 0.0], [0.0, 0.0], [1.0, 0.1])
     batch = samples(2, old_values=[0.0, 0.0], returns=[2.0, 2.0])
-    clipped = ppo_loss(model, batch, settings(clip_value=True))[2]["value_loss"].item()
-    plain = ppo_loss(model, batch, settings(clip_value=False))[2]["value_loss"].item()
+    clipped = ppo_loss(model, batch, settings(clip_value=True)).value_loss.item()
+    plain = ppo_loss(model, batch, settings(clip_value=False)).value_loss.item()
     assert clipped == pytest.approx(0.5 * (max(1.0, 1.8**2) + max(1.9**2, 1.9**2)) / 2)
     assert plain == pytest.approx(0.5 * (1.0**2 + 1.9**2) / 2)
 
 
 def test_advantage_normalisation_is_per_minibatch():
     model = FixedOutputs([0.0, 0.0], [0.0, 0.0], [0.0, 0.0])  # ratio 1: the policy loss is -mean(advantage)
-    raw = ppo_loss(model, samples(2, advantages=[3.0, 5.0]), settings(norm_adv=False))[2]["policy_loss"]
-    normed = ppo_loss(model, samples(2, advantages=[3.0, 5.0]), settings(norm_adv=True))[2]["policy_loss"]
+    raw = ppo_loss(model, samples(2, advantages=[3.0, 5.0]), settings(norm_adv=False)).policy_loss
+    normed = ppo_loss(model, samples(2, advantages=[3.0, 5.0]), settings(norm_adv=True)).policy_loss
     assert raw.item() == pytest.approx(-4.0) and normed.item() == pytest.approx(0.0, abs=1e-6)
 
 
@@ -87,12 +87,12 @@ def learner_samples(obs, out, shift=None):
 
 def test_kl_and_clip_fraction_of_one_minibatch_are_those_before_its_step():
     model, optimizer, obs, out = cartpole_learner()
-    stats = ppo_update(model, optimizer, learner_samples(obs, out), settings(minibatch_size=16),
+    stats = ppo_update(MinibatchStep(model, optimizer, settings(minibatch_size=16)), learner_samples(obs, out),
                        torch.Generator().manual_seed(0))
     assert stats["approx_kl"] == 0.0 and stats["clip_fraction"] == 0.0  # ratio 1 exactly, before the step
     shift = torch.tensor([0.5, -0.5, 0.1, -0.1] * 4)  # log-ratios: two of four outside the 0.2 clip range
     model, optimizer, obs, out = cartpole_learner()
-    stats = ppo_update(model, optimizer, learner_samples(obs, out, shift), settings(minibatch_size=16),
+    stats = ppo_update(MinibatchStep(model, optimizer, settings(minibatch_size=16)), learner_samples(obs, out, shift),
                        torch.Generator().manual_seed(0))
     expected_kl = float(((shift.exp() - 1) - shift).mean())
     assert stats["approx_kl"] == pytest.approx(expected_kl, rel=1e-5) and stats["clip_fraction"] == 0.5
@@ -102,8 +102,8 @@ def test_target_kl_stops_the_epochs_after_the_first_that_exceeds_it():
     shift = torch.full((16,), 0.3)  # KL of the first epoch: e^0.3 - 1 - 0.3 = 0.0499
     for target, epochs_run in ((0.01, 1), (None, 4), (10.0, 4)):
         model, optimizer, obs, out = cartpole_learner()
-        stats = ppo_update(model, optimizer, learner_samples(obs, out, shift),
-                           settings(epochs=4, minibatch_size=8, target_kl=target), torch.Generator().manual_seed(0))
+        step = MinibatchStep(model, optimizer, settings(epochs=4, minibatch_size=8, target_kl=target))
+        stats = ppo_update(step, learner_samples(obs, out, shift), torch.Generator().manual_seed(0))
         assert stats["epochs"] == epochs_run, target
 
 
@@ -112,8 +112,8 @@ def test_a_remainder_smaller_than_a_minibatch_is_left_for_the_next_epoch(monkeyp
     steps = []
     real = optimizer.step
     monkeypatch.setattr(optimizer, "step", lambda: (steps.append(1), real())[1])
-    ppo_update(model, optimizer, learner_samples(obs[:10], {k: v[:10] for k, v in out.items()}),
-               settings(epochs=3, minibatch_size=4), torch.Generator().manual_seed(0))
+    ppo_update(MinibatchStep(model, optimizer, settings(epochs=3, minibatch_size=4)),
+               learner_samples(obs[:10], {k: v[:10] for k, v in out.items()}), torch.Generator().manual_seed(0))
     assert len(steps) == 3 * 2  # 10 samples: two minibatches of 4 per epoch
 
 
@@ -122,7 +122,7 @@ def test_ppo_update_refuses_a_non_finite_loss_and_names_it():
     model, optimizer, obs, out = cartpole_learner()
     bad = learner_samples(obs, out)._replace(returns=torch.full((16,), float("nan")))
     with pytest.raises(NonFiniteLossError, match="non-finite loss"):
-        ppo_update(model, optimizer, bad, settings(minibatch_size=16), torch.Generator().manual_seed(0))
+        ppo_update(MinibatchStep(model, optimizer, settings(minibatch_size=16)), bad, torch.Generator().manual_seed(0))
 
 
 def moments_of(chunks, prior=(0.0, 1.0, 1e-4)):

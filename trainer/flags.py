@@ -32,9 +32,9 @@ from trainer.registry import (
 )
 
 # keys a resumed run may change; every other key must match the checkpoint's config
-RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "compile", "num_workers", "threads", "tensorboard",
-                     "checkpoint_every", "keep_checkpoints", "config", "ray_address", "cpus_per_worker", "eval_every",
-                     "eval_episodes", "save_replay", "worker_timeout"}
+RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "compile", "cuda_graphs", "num_workers", "threads",
+                     "tensorboard", "checkpoint_every", "keep_checkpoints", "config", "ray_address", "cpus_per_worker",
+                     "eval_every", "eval_episodes", "save_replay", "worker_timeout"}
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -170,11 +170,12 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
         if not resume and takes_gpu_defaults(cfg, given):  # checked first: a bad flag is answered before torch loads
             cfg = new_run_config(given, gpu=True)
             check_config(cfg, given)
-        if not resume and cfg.device.startswith("cuda"):  # here, not at the layout: before any line about the run
-            import torch
+        if not resume and (cfg.device.startswith("cuda") or cfg.cuda_graphs):  # here, not at the layout: before
+            import torch  # any line about the run
 
             from trainer.common.devices import learner_device
-            learner_device(cfg.device, torch.cuda.device_count())
+            from trainer.run_layout import cuda_graphs_on
+            cuda_graphs_on(cfg, learner_device(cfg.device, torch.cuda.device_count()))
     except ConfigError as e:
         if e.key in from_file and e.key not in args:
             parser.error(f"{args['config']}: {e.key} = {e.value!r} is invalid: {e.rule}")

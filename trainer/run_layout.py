@@ -89,14 +89,24 @@ class RunLayout:
     learn_threads: int  # ... and while it learns
     worker_threads: int  # torch threads of each worker process or actor
     compile: bool  # the acting step (policy, and a torch env's step) runs torch.compile'd (--compile)
+    cuda_graphs: bool  # PPO's minibatch step captured as a CUDA graph, and a compiled acting step on CUDA too
     batch_envs: int  # envs in one learner batch (ray_async: one actor's slice)
     machine: Machine
     warnings: tuple[str, ...] = ()
 
+    @property
+    def acting_compile(self) -> bool | str:
+        """How the acting step is compiled: not (False), as fixed-shape graphs (True), or, on CUDA with
+        ``--cuda-graphs``, also captured as CUDA graphs (inductor's ``"reduce-overhead"``)."""
+        if self.compile and self.cuda_graphs and self.backend == "device":
+            return "reduce-overhead"
+        return self.compile
+
     def env_factories(self) -> list[Callable[[], Any]]:
         """Picklable zero-argument factories, one per entry of ``factory_envs``."""
         if self.backend == "device":
-            return [functools.partial(TORCH_ENVS[self.env], self.num_envs, compile=self.compile, **self.env_kwargs)]
+            return [functools.partial(TORCH_ENVS[self.env], self.num_envs, compile=self.acting_compile,
+                                      **self.env_kwargs)]
         if self.vectorized:
             return [functools.partial(VECTOR_ENVS[self.env], n, **self.env_kwargs) for n in self.factory_envs]
         return [functools.partial(gym.make, self.env, **self.env_kwargs)] * len(self.factory_envs)
@@ -105,7 +115,7 @@ class RunLayout:
         """The ``make_collector`` options this layout fixes (besides env factories, policy, horizon, seed)."""
         kw: dict[str, Any] = {"num_threads": self.collect_threads}
         if self.backend != "ray":  # Ray actors act with their own copies, eagerly
-            kw["compile_policy"] = self.compile
+            kw["compile_policy"] = self.acting_compile
         if self.overlap:
             kw.update(background=True, worker_timeout=self.worker_timeout)
         if self.backend == "async":
@@ -143,6 +153,9 @@ class RunLayout:
             procs += ", collecting the next rollout while this process learns (--overlap)"
         if self.compile:
             procs += ", acting step compiled (--compile)"
+        if self.cuda_graphs:
+            procs += (", acting step and " if self.acting_compile == "reduce-overhead" else ", ") + \
+                "PPO minibatch step captured as CUDA graphs (--cuda-graphs)"
         return (f"layout: {self.env}, {self.num_envs} envs as {kind}; {self.backend}: {procs}; {where}; "
                 f"learner on {self.device}\n"
                 f"threads: {f'{self.worker_threads} per worker, ' if self.workers else ''}{here} "
@@ -193,6 +206,15 @@ def _compiled(cfg: TrainConfig, device: str, notes: list[str]) -> bool:
     notes.append(f"--compile auto: torch.compile cannot build code here ({why}), so the acting step runs eagerly "
                  f"(slower); {fix} to compile it, or pass --compile off to silence this")
     return False
+
+
+def cuda_graphs_on(cfg: TrainConfig, device: str) -> bool:
+    """Whether PPO's minibatch step is captured as a CUDA graph: ``--cuda-graphs true`` on a CUDA learner (on any
+    other device it is refused, naming the fix)."""
+    if cfg.cuda_graphs and not device.startswith("cuda"):
+        raise ValueError(f"--cuda-graphs true needs a CUDA learner, but this run learns on {device}: use --device cuda "
+                         "on a machine with a GPU, or --cuda-graphs false")
+    return cfg.cuda_graphs
 
 
 def _count(n: int, noun: str, suffix: str = "s") -> str:
@@ -249,7 +271,7 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
                          "they will share them (slower)")
     device = learner_device(cfg.device, machine.gpus)
     return RunLayout(env=cfg.env, env_kwargs=cfg.env_options, backend=cfg.backend, num_envs=n,
-                     device=device, compile=_compiled(cfg, device, notes),
+                     device=device, compile=_compiled(cfg, device, notes), cuda_graphs=cuda_graphs_on(cfg, device),
                      factory_envs=tuple(sizes), vectorized=vectorized, workers=workers, main_share=main_share,
                      num_splits=cfg.num_splits,
                      factories_per_worker=per_worker, cpus_per_worker=cpus, ray_address=cfg.ray_address,

@@ -18,15 +18,18 @@ from trainer.common.state import capture_rng, cpu_copy, restore_rng
 from trainer.config import TrainConfig
 from trainer.metrics import metrics_row, steps_per_second
 from trainer.ppo.batching import MinibatchPlan, plan_minibatches
+from trainer.ppo.cuda_graph import CapturedStep
 from trainer.ppo.model import ActorCritic
+from trainer.ppo.optimizer import fused_adam, load_optimizer_state, set_learning_rate
 from trainer.ppo.pipeline import Pipeline, make_pipeline
 from trainer.ppo.reward_scaling import ReturnScaler
 from trainer.ppo.spec import PPOSpec
 from trainer.ppo.targets import advantages_and_returns, vtrace_targets
 from trainer.ppo.update import (
     LearnerSamples,
-    LossFn,
+    MinibatchStep,
     PPOSettings,
+    UpdateStep,
     compiled_ppo_loss,
     minibatch_generator,
     ppo_loss,
@@ -70,7 +73,7 @@ class PPO(PPOSpec, Algorithm):
     plan: MinibatchPlan
     settings: PPOSettings  # the update's hyperparameters, with the planned minibatch size
     iterations: int  # of the whole run: the learning rate anneals over them
-    loss_fn: LossFn = ppo_loss  # compiled with --compile (the layout's compile)
+    step: UpdateStep  # one minibatch's update: the loss compiled with --compile, captured with --cuda-graphs
     iteration: int = 0
     env_steps: int = 0
     dropped: int = 0
@@ -89,7 +92,8 @@ class PPO(PPOSpec, Algorithm):
     @classmethod
     def new(cls, cfg: TrainConfig, layout: RunLayout) -> PPO:
         """A fresh run: model and its acting copy from ``cfg.seed``, fused Adam over one flat parameter, the
-        minibatch plan for the layout's batch (a batch size that cannot work fails here)."""
+        minibatch plan for the layout's batch (a batch size that cannot work fails here), and the minibatch
+        step as the layout runs it (the loss compiled; the whole step captured as a CUDA graph)."""
         plan = plan_minibatches(layout.batch_envs, cfg.num_steps, cfg.batch_size or None)
         device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
@@ -98,16 +102,23 @@ class PPO(PPOSpec, Algorithm):
         acting = cls.make_model(cfg).to(device if layout.backend == "device" else "cpu")
         acting.load_state_dict(model.state_dict())
         # one flat tensor and a fused kernel: Adam is a single op per minibatch, not ~10 per parameter
-        optimizer = torch.optim.Adam([flat_parameters(model)], lr=cfg.lr, eps=1e-5, fused=True)
+        optimizer = fused_adam(flat_parameters(model), cfg.lr, capturable=layout.cuda_graphs)
+        settings = PPOSettings.from_config(cfg, plan.minibatch_size)
+        step = MinibatchStep(model, optimizer, settings, compiled_ppo_loss() if layout.compile else ppo_loss)
+        if layout.cuda_graphs:
+            step = CapturedStep(step)
         return cls(cfg, device, model, acting, optimizer,
                    ReturnScaler(cfg.num_envs, cfg.gamma, device) if cfg.scale_rewards else None, plan,
-                   PPOSettings.from_config(cfg, plan.minibatch_size), layout.iterations(cfg),
-                   loss_fn=compiled_ppo_loss() if layout.compile else ppo_loss)
+                   settings, layout.iterations(cfg), step)
 
     def start_notes(self) -> list[str]:
-        compiled = ["compiled too (--compile): the PPO loss, forward and backward"] if self.loss_fn is not ppo_loss \
+        step = self.step.step if isinstance(self.step, CapturedStep) else self.step
+        notes = ["compiled too (--compile): the PPO loss, forward and backward"] if step.loss_fn is not ppo_loss \
             else []
-        return compiled + [f"warning: {w}" for w in self.plan.warnings]
+        if isinstance(self.step, CapturedStep):
+            notes.append("captured (--cuda-graphs): each PPO minibatch step (loss, backward, clip, Adam) as one CUDA "
+                         "graph")
+        return notes + [f"warning: {w}" for w in self.plan.warnings]
 
     def collector_options(self) -> dict[str, Any]:
         return {"device": self.device}  # the rollout lands where the learner learns
@@ -146,7 +157,7 @@ class PPO(PPOSpec, Algorithm):
         within noise. Hence this order (docs/benchmarks.md).
         """
         cfg, model, batch = self.cfg, self.model, rollout.batch
-        self.optimizer.param_groups[0]["lr"] = lr
+        set_learning_rate(self.optimizer, lr)
         if cfg.normalize_obs:
             model.norm.update(batch["observations"])
         scale = (self.scaler.scale(batch["rewards"], batch["final_observation_mask"], rollout.envs)
@@ -158,8 +169,8 @@ class PPO(PPOSpec, Algorithm):
             adv, ret = advantages_and_returns(model, batch, rollout.next_observations, cfg.gamma, cfg.gae_lambda,
                                               scale)
         try:
-            return ppo_update(model, self.optimizer, LearnerSamples.from_rollout(batch, adv, ret),
-                              self.settings, minibatch_generator(cfg.seed, iteration, self.device), self.loss_fn)
+            return ppo_update(self.step, LearnerSamples.from_rollout(batch, adv, ret),
+                              minibatch_generator(cfg.seed, iteration, self.device))
         except NonFiniteLossError as e:
             raise NonFiniteLossError(f"iteration {iteration}: {e}; training stopped (try a lower --lr)") from None
 
@@ -183,7 +194,7 @@ class PPO(PPOSpec, Algorithm):
         """Load a checkpoint's state; a note when the envs could not be restored exactly."""
         self.iteration, self.env_steps = state["iteration"], state["env_steps"]
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         if self.scaler is not None and state["reward_scaler"] is not None:
             self.scaler.load_state_dict(state["reward_scaler"])
         self.recent.extend(state["recent_returns"])

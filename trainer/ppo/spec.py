@@ -21,7 +21,7 @@ class PPOSpec(AlgorithmSpec):
     options: ClassVar[frozenset[str]] = frozenset({
         "gae_lambda", "epochs", "batch_size", "clip_coef", "clip_value", "ent_coef", "vf_coef", "norm_adv",
         "target_kl", "normalize_obs", "scale_rewards", "shared_trunk", "ray_async", "overlap", "overlap_targets",
-        "max_lag", "rho_bar", "c_bar"})
+        "max_lag", "rho_bar", "c_bar", "cuda_graphs"})
     # VR-edge: TrainConfig's own defaults (docs/benchmarks.md, "The defaults over 5 seeds"); other envs: the
     # README's CartPole command (8 envs x 128 steps, 200k steps)
     defaults: ClassVar[dict[str, dict[str, Any]]] = {

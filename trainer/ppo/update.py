@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -76,8 +76,18 @@ class LearnerSamples(NamedTuple):
         return LearnerSamples(*(x[rows] for x in self))
 
 
-def ppo_loss(model: ActorCritic, mb: LearnerSamples, s: PPOSettings) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """``(loss, log_ratio [B], parts)`` of one minibatch: clipped surrogate, (clipped) value loss, entropy bonus."""
+class PPOLoss(NamedTuple):
+    """One minibatch's loss and its parts, by name (scalars, and ``log_ratio [B]``)."""
+
+    loss: torch.Tensor  # what is minimised: policy_loss - ent_coef * entropy + vf_coef * value_loss
+    log_ratio: torch.Tensor  # log(pi_new / pi_old) per sample, for the epoch's KL and clip fraction
+    policy_loss: torch.Tensor
+    value_loss: torch.Tensor
+    entropy: torch.Tensor
+
+
+def ppo_loss(model: ActorCritic, mb: LearnerSamples, s: PPOSettings) -> PPOLoss:
+    """The loss of one minibatch: clipped surrogate, (clipped) value loss, entropy bonus."""
     logp, entropy, value = model.evaluate(mb.observations, mb.actions)
     log_ratio = logp - mb.old_log_probs
     ratio = log_ratio.exp()
@@ -92,10 +102,10 @@ def ppo_loss(model: ActorCritic, mb: LearnerSamples, s: PPOSettings) -> tuple[to
         value_loss = 0.5 * F.mse_loss(value, mb.returns)
     entropy_mean = entropy.mean()
     loss = policy_loss - s.ent_coef * entropy_mean + s.vf_coef * value_loss
-    return loss, log_ratio, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy_mean}
+    return PPOLoss(loss, log_ratio, policy_loss, value_loss, entropy_mean)
 
 
-LossFn = Callable[[ActorCritic, LearnerSamples, PPOSettings], tuple[torch.Tensor, torch.Tensor, dict]]
+LossFn = Callable[[ActorCritic, LearnerSamples, PPOSettings], PPOLoss]
 
 
 def compiled_ppo_loss() -> LossFn:
@@ -104,22 +114,67 @@ def compiled_ppo_loss() -> LossFn:
     return torch.compile(ppo_loss, dynamic=False)
 
 
-def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, samples: LearnerSamples, settings: PPOSettings,
-               generator: torch.Generator, loss_fn: LossFn = ppo_loss) -> dict[str, float]:
-    """Clipped-surrogate PPO over ``settings.epochs`` random permutations of ``samples``.
+class MinibatchStep:
+    """One optimiser step on one minibatch: gradients zeroed in place, the loss forward and backward, the global
+    gradient norm clipped, one optimiser step. Returns the minibatch's :class:`PPOLoss` (from before the step).
+
+    ``loss_fn``: :func:`ppo_loss`, or :func:`compiled_ppo_loss`'s; ``trainer.ppo.cuda_graph.CapturedStep``
+    replays the same step as one CUDA graph.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> env = gym.make("CartPole-v1")
+        >>> model = ActorCritic(env.observation_space, env.action_space)
+        >>> settings = PPOSettings(epochs=1, minibatch_size=8, clip_coef=0.2, clip_value=False, ent_coef=0.0,
+        ...                        vf_coef=0.5, max_grad_norm=0.5, norm_adv=True, target_kl=None)
+        >>> step = MinibatchStep(model, torch.optim.Adam(model.parameters()), settings)
+        >>> obs = torch.randn(8, 4)
+        >>> out = model.act(obs)
+        >>> mb = LearnerSamples(obs, out["action"], out["log_prob"], out["value"], torch.randn(8), torch.randn(8))
+        >>> step(mb).log_ratio.abs().max().item()  # the stored log-probs are the model's own: ratio 1
+        0.0
+    """
+
+    def __init__(self, model: ActorCritic, optimizer: torch.optim.Optimizer, settings: PPOSettings,
+                 loss_fn: LossFn = ppo_loss) -> None:
+        self.model, self.optimizer, self.settings, self.loss_fn = model, optimizer, settings, loss_fn
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def __call__(self, mb: LearnerSamples) -> PPOLoss:
+        out = self.loss_fn(self.model, mb, self.settings)
+        for p in self.params:  # zeroed in place (flat_parameters' gradient views stay attached, and a CUDA
+            if p.grad is not None:  # graph keeps its addresses), without optimizer.zero_grad()'s bookkeeping
+                p.grad.zero_()
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm, foreach=True)
+        self.optimizer.step()
+        return out
+
+
+class UpdateStep(Protocol):
+    """What :func:`ppo_update` takes minibatches to: a :class:`MinibatchStep`, or ``CapturedStep``'s replay of one."""
+
+    settings: PPOSettings
+
+    def __call__(self, mb: LearnerSamples) -> PPOLoss: ...
+
+
+def ppo_update(step: UpdateStep, samples: LearnerSamples, generator: torch.Generator) -> dict[str, float]:
+    """Clipped-surrogate PPO over ``step.settings.epochs`` random permutations of ``samples``.
 
     Each epoch shuffles every per-sample tensor once on the device; its minibatches are
-    then contiguous slices (views, no copy). A remainder smaller than a minibatch waits for
-    the next epoch's shuffle. Each minibatch stores its log-ratios, and the approximate KL
-    (k3 estimator) and clip fraction are computed from them once per epoch; with
-    ``target_kl``, the epochs stop after the first whose KL exceeds it. Diagnostics stay on
-    the device until the end (plus one KL read per epoch when ``target_kl`` is set).
-    ``loss_fn``: :func:`ppo_loss`, or :func:`compiled_ppo_loss`'s.
+    then contiguous slices (views, no copy), each taken by ``step``. A remainder smaller
+    than a minibatch waits for the next epoch's shuffle, so every minibatch has the planned
+    size (one compiled graph, one captured CUDA graph). Each minibatch stores its
+    log-ratios, and the approximate KL (k3 estimator) and clip fraction are computed from
+    them once per epoch; with ``target_kl``, the epochs stop after the first whose KL
+    exceeds it. Diagnostics stay on the device until the end (plus one KL read per epoch
+    when ``target_kl`` is set).
     """
-    s, mbs = settings, settings.minibatch_size
+    s = step.settings
+    mbs = s.minibatch_size
     total, device = samples.observations.shape[0], samples.observations.device
     used = total - total % mbs
-    params = [p for group in optimizer.param_groups for p in group["params"]]
     losses = torch.zeros(4, device=device)  # policy, value, entropy, total: summed over minibatches
     log_ratios = torch.empty(used, device=device)
     kl_sum, clip_sum = torch.zeros((), device=device), torch.zeros((), device=device)
@@ -127,16 +182,10 @@ def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, samples: Le
     for _ in range(s.epochs):
         shuffled = samples.index(torch.randperm(total, device=device, generator=generator))
         for start in range(0, used, mbs):
-            loss, log_ratio, parts = loss_fn(model, shuffled.index(slice(start, start + mbs)), s)
-            for p in params:  # zeroed in place (flat_parameters' gradient views stay attached), without
-                if p.grad is not None:  # optimizer.zero_grad()'s per-call profiler bookkeeping
-                    p.grad.zero_()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm, foreach=True)
-            optimizer.step()
-            with torch.no_grad():
-                log_ratios[start:start + mbs] = log_ratio
-                losses += torch.stack([parts["policy_loss"], parts["value_loss"], parts["entropy"], loss])
+            out = step(shuffled.index(slice(start, start + mbs)))
+            with torch.no_grad():  # read before the next step (a CUDA graph's outputs are overwritten)
+                log_ratios[start:start + mbs] = out.log_ratio
+                losses += torch.stack([out.policy_loss, out.value_loss, out.entropy, out.loss])
             updates += 1
         epochs_run += 1
         with torch.no_grad():
