@@ -40,9 +40,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -147,6 +150,11 @@ def update_rate(device: str, num_envs: int, num_steps: int, epochs: int = 4, com
     return epochs * rollout.numel() / (time.perf_counter() - start)
 
 
+def update_rates(devices: list[str], num_envs: int, num_steps: int, **kw) -> list[float]:
+    """:func:`update_rate` on each of ``devices``, side by side."""
+    return [update_rate(d, num_envs, num_steps, **kw) for d in devices]
+
+
 def resume_matches(device: str, num_envs: int, n: int, num_steps: int, root: Path, backend: str = "sync",
                    cuda_graphs: bool = False) -> bool:
     """Whether N iterations + resume + N iterations give the same weights, bit for bit, as 2N in one go
@@ -188,13 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for part in args.parts:
             start = time.perf_counter()
-            getattr(check, f"part_{part}")(Path(tmp))
+            check.attempt(f"({part})", functools.partial(getattr(check, f"part_{part}"), Path(tmp)))
             print(f"    ({part}: {time.perf_counter() - start:.0f} s)", flush=True)
     print("\ndevice check: " + ("OK" if not check.failures else "FAILED: " + "; ".join(check.failures)))
     return 1 if check.failures else 0
 
 
 NO_CUDA = "skipped: CUDA is not available here"
+T = TypeVar("T")
 
 
 @dataclass
@@ -205,6 +214,19 @@ class Check:
     cuda: bool
     quick: bool = False
     failures: list[str] = field(default_factory=list)
+
+    def attempt(self, label: str, run: Callable[[], T]) -> T | None:
+        """``run()``; an exception is reported (its type, message and where it was raised) and counted as a
+        failure, and the check goes on: one broken variant must not cost the rest of a short GPU lease."""
+        try:
+            return run()
+        except Exception as e:  # noqa: BLE001 (reported, counted, and the other parts still run)
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            message = next((line for line in str(e).splitlines() if line.strip()), "")[:300]
+            print(f"    {label}: FAILED: {type(e).__name__}: {message} ({Path(where.filename).name}:{where.lineno})",
+                  flush=True)
+            self.failures.append(f"{label} raised {type(e).__name__}")
+            return None
 
     @property
     def devices(self) -> list[str]:
@@ -261,9 +283,12 @@ class Check:
         for n, t in self.sizes.update_batches:
             for name, compile, graphs in variants:
                 devices = ["cuda"] if graphs else self.devices
-                rates = [update_rate(d, n, t, compile=compile, cuda_graphs=graphs) for d in devices]
-                ratio = f"  cuda/cpu {rates[0] / rates[1]:.2f}x" if len(rates) == 2 else ""
-                print(f"    {n}x{t} {name}: " + ", ".join(f"{d} {r:,.0f}" for d, r in zip(devices, rates)) + ratio)
+                rates = self.attempt(f"(c) {n}x{t} {name}", functools.partial(
+                    update_rates, devices, n, t, compile=compile, cuda_graphs=graphs))
+                if rates:
+                    ratio = f"  cuda/cpu {rates[0] / rates[1]:.2f}x" if len(rates) == 2 else ""
+                    print(f"    {n}x{t} {name}: " + ", ".join(f"{d} {r:,.0f}" for d, r in zip(devices, rates))
+                          + ratio)
 
     def part_d(self, root: Path) -> None:
         n, device = self.sizes.resume_iterations, self.device
@@ -272,11 +297,13 @@ class Check:
         variants = [("sync", False), ("device", False), *((("device", True),) if self.cuda else ())]
         for backend, graphs in variants:
             name = backend + (" --cuda-graphs" if graphs else "")
-            same = resume_matches(device, self.sizes.resume_envs, n, self.sizes.num_steps,
-                                  root / f"d-{backend}-{graphs}", backend, cuda_graphs=graphs)
-            print(f"    {name}: {'OK: identical weights' if same else 'FAILED: the weights differ'}")
-            if not same:
-                self.failures.append(f"(d) resume on {device} with {name} is not exact")
+            same = self.attempt(f"(d) {name}", functools.partial(
+                resume_matches, device, self.sizes.resume_envs, n, self.sizes.num_steps, root / f"d-{backend}-{graphs}",
+                backend, cuda_graphs=graphs))
+            if same is not None:
+                print(f"    {name}: {'OK: identical weights' if same else 'FAILED: the weights differ'}")
+                if not same:
+                    self.failures.append(f"(d) resume on {device} with {name} is not exact")
 
     def part_e(self, root: Path) -> None:
         sizes = self.sizes
@@ -299,8 +326,8 @@ class Check:
             for name, compile, graphs in variants:
                 cfg = replace(gpu_defaults, num_envs=n, num_steps=sizes.num_steps, compile=compile,
                               cuda_graphs=graphs, total_steps=10**12, run_dir=str(root / f"f-{n}-{name}"))
-                rate = training_rate(cfg, sizes.iterations)[0]
-                measured.append(f"{name} {rate:,.0f}")
+                rate = self.attempt(f"(f) {n} envs {name}", functools.partial(training_rate, cfg, sizes.iterations))
+                measured.append(f"{name} {rate[0]:,.0f}" if rate else f"{name} FAILED")
             print(f"    {n:>6} envs: {', '.join(measured)}")
 
     def part_g(self, root: Path) -> None:

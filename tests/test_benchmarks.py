@@ -31,6 +31,19 @@ def test_device_check_runs_the_parts_asked_for_in_their_order(capsys):
         device_check.main(["--quick", "--parts", "ax"])
 
 
+def test_a_variant_that_raises_is_reported_and_the_device_check_goes_on(capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    monkeypatch.setattr(device_check, "resume_matches", broken)
+    assert device_check.main(["--quick", "--parts", "de"]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"^    \(d\) sync: FAILED: RuntimeError: CUDA error: operation not permitted when stream is "
+                     r"capturing \(test_benchmarks.py:\d+\)$", out, re.M)
+    assert "(d) device: FAILED: RuntimeError" in out  # the next variant still ran
+    assert re.search(r"^\s+64: numpy [\d,]+", out, re.M)  # and so did the next part
+    assert out.rstrip().endswith("device check: FAILED: (d) sync raised RuntimeError; (d) device raised RuntimeError")
+
+
 def test_backends_runs_each_contender_through_the_command_line_side_by_side(capsys):
     backends.main(["--rounds", "1", "--iterations", "2", "--contenders", "sync", "device+compile", "--",
                    "--num-envs", "8", "--num-steps", "16"])

@@ -226,13 +226,14 @@ def test_a_captured_run_resumes_exactly(tmp_path):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_ppo_with_cuda_graphs_trains_through_the_command_line(tmp_path):
-    cfg = TrainConfig(backend="device", device="cuda", cuda_graphs=True, compile="on", num_envs=64,
+    cfg = TrainConfig(backend="device", device="cuda", cuda_graphs=True, compile="off", num_envs=64,
                       total_steps=3 * 64 * 128, run_dir=str(tmp_path / "r"))
     layout = run_layout(cfg, Machine.detect())
     ppo = PPO.new(cfg, layout)
     assert isinstance(ppo.step, CapturedStep) and any("captured (--cuda-graphs)" in n for n in ppo.start_notes())
     run = subprocess.run([sys.executable, "-m", "trainer.train", "--device", "cuda", "--backend", "device",
-                          "--cuda-graphs", "true", "--num-envs", "64", "--total-steps", str(3 * 64 * 128),
-                          "--run-dir", str(tmp_path / "cli")], capture_output=True, text=True, timeout=600)
+                          "--cuda-graphs", "true", "--compile", "off", "--num-envs", "64",
+                          "--total-steps", str(3 * 64 * 128), "--run-dir", str(tmp_path / "cli")],
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "PPO minibatch step captured as CUDA graphs (--cuda-graphs)" in run.stdout + run.stderr
