@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= dev,ray,export
+space := $(subst ,, )
 
-.PHONY: setup train resume evaluate need-run test lint clean
+.PHONY: setup train resume evaluate need-run test lint wheels clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,5 +33,14 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest -m "" $(PYTEST_ARGS)
 
+# for an offline GPU node whose image has torch, numpy, psutil, tqdm and pytest but not the rest: those runtime
+# dependencies as wheels in .whl/, at the versions installed here (docs/benchmarks.md, "Running the device check")
+OFFLINE_WHEELS := tensordict pyvers gymnasium farama-notifications
+wheels: setup
+	rm -rf .whl
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: -d .whl \
+		$$($(PY) -m pip freeze | grep -iE '^($(subst $(space),|,$(OFFLINE_WHEELS)))==')
+	ls .whl
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .whl

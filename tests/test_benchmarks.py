@@ -1,6 +1,7 @@
 """The benchmark scripts run end to end at tiny sizes and print sane reports (no timing is asserted)."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,25 @@ def test_device_check_runs_the_parts_asked_for_in_their_order(capsys):
     assert out.index("\n(d) ") < out.index("\n(a) ") and "\n(b) " not in out
     with pytest.raises(SystemExit):
         device_check.main(["--quick", "--parts", "ax"])
+
+
+def test_the_device_check_script_runs_the_check_and_keeps_its_report(tmp_path):
+    """What a GPU node runs (benchmarks/device_check.sh): the check's exit status, the report in $OUT."""
+    import os
+    import subprocess
+    import sys
+    script = str(Path(__file__).resolve().parents[1] / "benchmarks" / "device_check.sh")
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
+    run = subprocess.run(["bash", script, "--quick", "--parts", "ae"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = (tmp_path / "device_check.txt").read_text()
+    assert "\n(a) " in report and "\n(e) " in report and report.rstrip().endswith("device check: OK")
+    env["DEVICE_CHECK_TIMEOUT"] = "1"  # cut short: the timeout's status, and what was printed is kept
+    run = subprocess.run(["bash", script, "--quick"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 124
+    assert (tmp_path / "device_check.txt").read_text() == run.stdout
 
 
 def test_a_variant_that_raises_is_reported_and_the_device_check_goes_on(capsys, monkeypatch):
