@@ -158,9 +158,11 @@ def update_rates(devices: list[str], num_envs: int, num_steps: int, **kw) -> lis
 def resume_matches(device: str, num_envs: int, n: int, num_steps: int, root: Path, backend: str = "sync",
                    cuda_graphs: bool = False) -> bool:
     """Whether N iterations + resume + N iterations give the same weights, bit for bit, as 2N in one go
-    (``cuda_graphs``: with ``--cuda-graphs``, captured anew after the resume)."""
+    (``cuda_graphs``: the update captured, and captured anew after the resume; acting eagerly, so that this
+    checks the captured update alone)."""
     cfg = TrainConfig(num_envs=num_envs, num_steps=num_steps, total_steps=2 * n * num_envs * num_steps,
-                      device=device, checkpoint_every=1, backend=backend, cuda_graphs=cuda_graphs)
+                      device=device, checkpoint_every=1, backend=backend, cuda_graphs=cuda_graphs,
+                      compile="off" if cuda_graphs else "auto")
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)  # a kernel without a deterministic variant warns
     try:
@@ -190,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--parts {args.parts!r}: choose letters from {PARTS}")
     sizes = QUICK if args.quick else Sizes()
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; read when CUDA starts
+    # one process compiles the same functions (the loss, the acting step) for many models and sizes: past dynamo's
+    # default of 8 recompilations per function it would run them eagerly, silently, and "compiled" would be eager
+    torch._dynamo.config.recompile_limit = 64
     cuda = torch.cuda.is_available()
     check = Check(sizes, cuda, quick=args.quick)
     print_machine()

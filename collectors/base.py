@@ -80,6 +80,22 @@ def _first_call_explained(compiled: Policy) -> Policy:
     return call
 
 
+def _outputs_copied(graphed: Policy) -> Policy:
+    """``graphed`` (CUDA graphs: ``torch.compile``'s ``"reduce-overhead"``), its outputs copied out of the graphs'
+    memory pool, on the device.
+
+    Why: the next call of a graphed function (the env's compiled step, the next policy call) may
+    free and overwrite the outputs of the previous one while they are still in use (the env step
+    reads the action; pytorch#152887, #160281): "accessing tensor output of CUDAGraphs that has been
+    overwritten by a subsequent run".
+    """
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out = graphed(*args, **kwargs)
+        return out.clone() if hasattr(out, "clone") else {k: v.clone() for k, v in out.items()}
+
+    return call
+
+
 class Collector(ABC):
     """The interface of every collector: ``collect() -> Rollout``, ``update_policy``, state, ``close``.
 
@@ -171,8 +187,8 @@ class Collector(ABC):
             return self.policy
         if self._compiled is None:
             mode = None if self.compile_policy is True else self.compile_policy
-            self._compiled = _first_call_explained(torch.compile(self.policy, fullgraph=True, dynamic=False,
-                                                                 mode=mode))
+            compiled = _first_call_explained(torch.compile(self.policy, fullgraph=True, dynamic=False, mode=mode))
+            self._compiled = _outputs_copied(compiled) if mode == "reduce-overhead" else compiled
         return self._compiled
 
     # ------------------------------------------------------------------ lifecycle

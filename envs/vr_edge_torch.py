@@ -313,8 +313,11 @@ class VREdgeTorchEnv(gym.vector.VectorEnv):
             raise ValueError(f"VREdgeTorchEnv.step takes an int64 tensor of shape {want} (one bitrate level per "
                              f"user), got {got}")
         # levels are not range-checked here: that would synchronise with the device every step
-        self._state, obs, reward, terminated, truncated, final_obs, metrics = self._step(
-            self._state, actions.to(self.device))
+        out = self._step(self._state, actions.to(self.device))
+        if self._compile == "reduce-overhead":  # CUDA graphs: copied out of the graphs' pool, which the next graphed
+            # call may free and overwrite while the state is still read (pytorch#152887, #160281)
+            out = tuple({k: v.clone() for k, v in x.items()} if isinstance(x, dict) else x.clone() for x in out)
+        self._state, obs, reward, terminated, truncated, final_obs, metrics = out
         done = terminated | truncated
         infos = {"final_obs": final_obs, "_final_obs": done,
                  "final_info": {"episode_metrics": metrics, "_episode_metrics": done}, "_final_info": done}

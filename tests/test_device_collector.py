@@ -5,6 +5,7 @@ import functools
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 import envs
 from collectors import DeviceCollector, RolloutCollector, make_collector
@@ -109,6 +110,30 @@ def test_bad_policy_output_is_a_clear_error():
         DeviceCollector([fn], lambda o: torch.zeros(len(o), 3), horizon=2).collect()
     with pytest.raises(ValueError, match=r"expected \(2, 3\)"):
         DeviceCollector([fn], lambda o: torch.zeros(len(o), dtype=torch.int64), horizon=2).collect()
+
+
+@pytest.mark.slow  # two compilations, ~30 s with a cold inductor cache
+def test_graphed_acting_and_env_steps_hand_out_copies_and_collect_what_eager_ones_collect():
+    """With "reduce-overhead" (CUDA graphs on CUDA; on the CPU the same code path without graphs) the policy's
+    outputs and the env step's are copied out of the graphs' pool before the next graphed call reads them."""
+    space = envs.VREdgeVectorEnv(1, **ENV)
+    rollouts = []
+    for compile in (False, "reduce-overhead"):
+        policy = f.greedy_policy(space.single_observation_space, space.single_action_space)
+        env_fn = functools.partial(envs.VREdgeTorchEnv, N, compile=compile, **ENV)
+        with DeviceCollector([env_fn], policy, horizon=T, compile_policy=compile) as c:
+            rollouts.append([c.collect() for _ in range(2)])
+    for eager, graphed in zip(*rollouts):
+        assert_rollouts_match(eager, graphed)
+
+
+def test_a_graphed_policys_outputs_are_copies():
+    from collectors.base import _outputs_copied
+    held = torch.arange(4.0)
+    for out in (held, {"action": held}, TensorDict({"action": held}, batch_size=[4])):
+        copied = _outputs_copied(lambda obs, out=out: out)(None)
+        action = copied if isinstance(copied, torch.Tensor) else copied["action"]
+        assert torch.equal(action, held) and action.data_ptr() != held.data_ptr()
 
 
 @pytest.mark.cuda

@@ -97,9 +97,9 @@ class CapturedStep:
         self.inputs = LearnerSamples(*(torch.empty_like(x) for x in mb))
         for dst, src in zip(self.inputs, mb):
             dst.copy_(src)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
         with training_state_kept(self.step):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())  # after the state's copies, which the warm-up overwrites
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
                     self.step(self.inputs)
