@@ -33,8 +33,8 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest -m "" $(PYTEST_ARGS)
 
-# for an offline GPU node whose image has torch, numpy, psutil, tqdm and pytest but not the rest: those runtime
-# dependencies as wheels in .whl/, at the versions installed here (docs/benchmarks.md, "Running the device check")
+# for an offline GPU node whose image has torch, numpy, cloudpickle, psutil, tqdm and pytest but not the rest: those
+# runtime dependencies as wheels in .whl/, at the versions installed here (docs/benchmarks.md, "Running the device check")
 OFFLINE_WHEELS := tensordict pyvers gymnasium farama-notifications
 wheels: setup
 	rm -rf .whl

@@ -30,6 +30,8 @@ def test_device_check_runs_the_parts_asked_for_in_their_order(capsys):
     assert out.index("\n(d) ") < out.index("\n(a) ") and "\n(b) " not in out
     with pytest.raises(SystemExit):
         device_check.main(["--quick", "--parts", "ax"])
+    with pytest.raises(SystemExit):
+        device_check.main(["--quick", "--parts", "aa"])
 
 
 def test_the_device_check_script_runs_the_check_and_keeps_its_report(tmp_path):
@@ -44,11 +46,16 @@ def test_the_device_check_script_runs_the_check_and_keeps_its_report(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     report = (tmp_path / "device_check.txt").read_text()
     assert "\n(a) " in report and "\n(e) " in report and report.rstrip().endswith("device check: OK")
-    env["DEVICE_CHECK_TIMEOUT"] = "1"  # cut short: the timeout's status, and what was printed is kept
-    run = subprocess.run(["bash", script, "--quick"], env=env, capture_output=True, text=True,
+    # cut short (the three parts take ~45 s here; the check starts in ~3 s), into a folder not made yet
+    env.update(DEVICE_CHECK_TIMEOUT="10", OUT=str(tmp_path / "new"))
+    run = subprocess.run(["bash", script, "--quick", "--parts", "bdf"], env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 124
-    assert (tmp_path / "device_check.txt").read_text() == run.stdout
+    report = (tmp_path / "new" / "device_check.txt").read_text()
+    assert report == run.stdout and "Traceback" not in report
+    last = report.rstrip().splitlines()[-1]
+    assert re.fullmatch(r"device check: cut short \(stopped by SIGHUP\) in part \([bdf]\); the parts before it "
+                        r"are complete above, the rest: --parts (bdf|df|f)", last), last
 
 
 def test_a_variant_that_raises_is_reported_and_the_device_check_goes_on(capsys, monkeypatch):
