@@ -27,7 +27,7 @@ import envs
 from collectors.resources import async_workers, largest_divisor_at_most, usable_cores
 from trainer.arguments import did_you_mean
 from trainer.common.devices import compile_unavailable, learner_device
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.registry import algorithm_spec
 
 VECTOR_ENVS = {"VREdge-v0": envs.VREdgeVectorEnv}  # natively batched: one vector env per process or actor
@@ -212,8 +212,8 @@ def cuda_graphs_on(cfg: TrainConfig, device: str) -> bool:
     """Whether PPO's minibatch step is captured as a CUDA graph: ``--cuda-graphs true`` on a CUDA learner (on any
     other device it is refused, naming the fix)."""
     if cfg.cuda_graphs and not device.startswith("cuda"):
-        raise ValueError(f"--cuda-graphs true needs a CUDA learner, but this run learns on {device}: use --device cuda "
-                         "on a machine with a GPU, or --cuda-graphs false")
+        raise ConfigError("cuda_graphs", True, f"needs a CUDA learner, but this run learns on {device}: use --device "
+                          "cuda on a machine with a GPU, or --cuda-graphs false")
     return cfg.cuda_graphs
 
 
