@@ -34,6 +34,7 @@ def test_device_check_runs_the_parts_asked_for_in_their_order(capsys):
         device_check.main(["--quick", "--parts", "aa"])
 
 
+@pytest.mark.slow  # two device checks in fresh processes, ~20 s
 def test_the_device_check_script_runs_the_check_and_keeps_its_report(tmp_path):
     """What a GPU node runs (benchmarks/device_check.sh): the check's exit status, the report in $OUT."""
     import os
