@@ -5,6 +5,8 @@
 - :mod:`.model`: the actor-critic (``ActorCritic``, observation normalisation, stacked MLPs);
 - :mod:`.targets`: how each step bootstraps, GAE, V-trace;
 - :mod:`.update`: the clipped-surrogate loss and the epochs of minibatches (``ppo_update``);
+- :mod:`.optimizer`: fused Adam over one flat parameter, the learning rate a device tensor annealed in place;
+- :mod:`.cuda_graph`: a minibatch step captured as one CUDA graph (``--cuda-graphs``);
 - :mod:`.batching`: the minibatch planner (``python -m trainer.batching``);
 - :mod:`.pipeline`: where each rollout comes from (collected after the update, or during it: ``--overlap``);
 - :mod:`.reward_scaling`: ``--scale-rewards``;
