@@ -71,7 +71,6 @@ class PPO(PPOSpec, Algorithm):
     optimizer: torch.optim.Optimizer
     scaler: ReturnScaler | None
     plan: MinibatchPlan
-    settings: PPOSettings  # the update's hyperparameters, with the planned minibatch size
     iterations: int  # of the whole run: the learning rate anneals over them
     step: UpdateStep  # one minibatch's update: the loss compiled with --compile, captured with --cuda-graphs
     iteration: int = 0
@@ -103,13 +102,18 @@ class PPO(PPOSpec, Algorithm):
         acting.load_state_dict(model.state_dict())
         # one flat tensor and a fused kernel: Adam is a single op per minibatch, not ~10 per parameter
         optimizer = fused_adam(flat_parameters(model), cfg.lr, capturable=layout.cuda_graphs)
-        settings = PPOSettings.from_config(cfg, plan.minibatch_size)
-        step = MinibatchStep(model, optimizer, settings, compiled_ppo_loss() if layout.compile else ppo_loss)
+        step = MinibatchStep(model, optimizer, PPOSettings.from_config(cfg, plan.minibatch_size),
+                             compiled_ppo_loss() if layout.compile else ppo_loss)
         if layout.cuda_graphs:
             step = CapturedStep(step)
         return cls(cfg, device, model, acting, optimizer,
                    ReturnScaler(cfg.num_envs, cfg.gamma, device) if cfg.scale_rewards else None, plan,
-                   settings, layout.iterations(cfg), step)
+                   layout.iterations(cfg), step)
+
+    @property
+    def settings(self) -> PPOSettings:
+        """The update's hyperparameters, with the planned minibatch size (the step's)."""
+        return self.step.settings
 
     def start_notes(self) -> list[str]:
         step = self.step.step if isinstance(self.step, CapturedStep) else self.step

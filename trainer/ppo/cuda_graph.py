@@ -93,10 +93,7 @@ class CapturedStep:
         return [group["lr"] for group in optimizer.param_groups] + [
             t for p in self.step.params for t in optimizer.state.get(p, {}).values() if torch.is_tensor(t)]
 
-    def _capture(self, mb: LearnerSamples) -> None:
-        self.inputs = LearnerSamples(*(torch.empty_like(x) for x in mb))
-        for dst, src in zip(self.inputs, mb):
-            dst.copy_(src)
+    def _capture(self) -> None:
         with training_state_kept(self.step):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())  # after the state's copies, which the warm-up overwrites
@@ -110,13 +107,15 @@ class CapturedStep:
         self.graph, self._live = graph, self._optimizer_tensors()
 
     def __call__(self, mb: LearnerSamples) -> PPOLoss:
-        if self.graph is None:
-            self._capture(mb)
-        elif _replaced(self._optimizer_tensors(), self._live):
+        if self.graph is not None and _replaced(self._optimizer_tensors(), self._live):
             raise RuntimeError("the optimiser's state or learning rate was replaced after its step was captured "
                                "(load_state_dict?); load before the first update, or build a new CapturedStep")
+        if self.inputs is None:
+            self.inputs = LearnerSamples(*(torch.empty_like(x) for x in mb))
         for dst, src in zip(self.inputs, mb):
             dst.copy_(src)
+        if self.graph is None:  # the first minibatch: its values in the buffers serve the warm-up
+            self._capture()
         self.graph.replay()
         return self.outputs
 
