@@ -235,6 +235,7 @@ def _stops_raise() -> Iterator[None]:
 
 
 NO_CUDA = "skipped: CUDA is not available here"
+CUDA_TESTS_TIMEOUT_S = 300  # (g): a hung test is reported (subprocess.TimeoutExpired, one line) and the check goes on
 T = TypeVar("T")
 
 
@@ -371,7 +372,7 @@ class Check:
             return
         run = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
                               str(Path(__file__).resolve().parent.parent / "tests")],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, timeout=CUDA_TESTS_TIMEOUT_S)
         lines = (run.stdout + run.stderr).strip().splitlines()
         for line in lines[-25:] if run.returncode else lines[-1:]:
             print(f"    {line}")
