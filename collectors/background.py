@@ -46,7 +46,8 @@ class BackgroundCollector(Collector):
     Args:
         env_fns, policy, backend, horizon, seed, device, num_threads: as for ``RolloutCollector``
             (the factories and the policy must be picklable; the policy's copy in the collecting
-            process gets its weights through ``update_policy``).
+            process gets its weights through ``update_policy``: an ``nn.Module``'s are written into
+            one shared-memory copy, handed over when the process starts, and never sent again).
         worker_timeout: seconds the collecting process (and its async workers) may stay silent,
             stretched to 20 times the slowest answer measured (``collectors.deadlines.Deadline``).
         options: further ``RolloutCollector`` options (``num_workers``, ``main_share``, ...).
@@ -65,17 +66,14 @@ class BackgroundCollector(Collector):
         super().__init__(policy, horizon, device, num_threads)
         self.deadline = Deadline(worker_timeout)
         check_picklable(env_fns, "the collecting process (background=True)")
-        try:  # plain pickle (a copy), not torch's shared-memory reductions: the policy is the process's own
-            policy_bytes = pickle.dumps(policy)
-        except Exception as e:
-            raise TypeError(f"the policy ({type(policy).__name__}) cannot be pickled for the collecting process "
-                            f"({type(e).__name__}: {e}); use an nn.Module or a top-level function") from None
+        policy_bytes = _pickled(policy)
         ctx = tmp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         kwargs = dict(backend=backend, horizon=horizon, seed=seed, num_threads=num_threads,
                       worker_timeout=worker_timeout, **options)
-        self._process = ctx.Process(target=_serve, args=(child, env_fns, policy_bytes, kwargs), daemon=False,
-                                    name="rollout-collector")
+        self._weights = _shared_weights(policy)
+        self._process = ctx.Process(target=_serve, args=(child, env_fns, policy_bytes, self._weights, kwargs),
+                                    daemon=False, name="rollout-collector")
         self._pending: int | None = None  # the policy version of the rollout in flight
         self._sent_at = 0.0  # when the rollout in flight was asked for
         self._rollouts = 0
@@ -188,12 +186,15 @@ class BackgroundCollector(Collector):
         """As ``RolloutCollector.update_policy``; the weights (or the new callable) go to the collecting process."""
         if self._pending is not None:
             raise RuntimeError("update_policy: a rollout is in flight; wait() for it first")
-        super().update_policy(policy_or_state_dict)
+        super().update_policy(policy_or_state_dict)  # checked against this copy of the policy, keys and shapes
         if isinstance(policy_or_state_dict, Mapping):
-            payload: Any = {k: v.detach().cpu() for k, v in policy_or_state_dict.items()}
-        else:
-            payload = policy_or_state_dict
-        self._call("policy", payload)
+            with torch.no_grad():
+                for name, value in self.policy.state_dict().items():
+                    self._weights[name].copy_(value)
+            self._call("weights")
+        else:  # a new callable: a copy of it, and shared weights of its own when it is a module
+            self._weights = _shared_weights(self.policy)
+            self._call("policy", (_pickled(self.policy), self._weights))
 
     def get_state(self) -> dict[str, Any]:
         """As ``RolloutCollector.get_state`` (not while a rollout is in flight)."""
@@ -223,8 +224,32 @@ def _stop(process, conn, started: dict[str, bool]) -> None:
     stop_processes([process], patience=_CLOSE_TIMEOUT_S if started["ready"] else START_TIMEOUT_S)
 
 
-def _serve(conn, env_fns: list, policy_bytes: bytes, kwargs: dict[str, Any]) -> None:
-    """The collecting process: a ``RolloutCollector`` serving collect, policy and state commands.
+def _pickled(policy: Policy) -> bytes:
+    """Plain pickle (a copy), not torch's shared-memory reductions: the collecting process's policy is its own."""
+    try:
+        return pickle.dumps(policy)
+    except Exception as e:
+        raise TypeError(f"the policy ({type(policy).__name__}) cannot be pickled for the collecting process "
+                        f"({type(e).__name__}: {e}); use an nn.Module or a top-level function") from None
+
+
+def _shared_weights(policy: Policy) -> dict[str, torch.Tensor] | None:
+    """A shared-memory copy of a module policy's ``state_dict``, through which its weights reach the collecting
+    process; ``None`` for a plain callable.
+
+    Written in place and read by the collecting process between rollouts, it is sent once. Passed with the
+    process's arguments, its memory goes over at spawn: weights sent over the pipe would go through
+    multiprocessing's resource sharer, a thread here that a collecting process stopped half-way through
+    fetching them (SIGSTOP, then the deadline) ends in a traceback.
+    """
+    if not isinstance(policy, torch.nn.Module):
+        return None
+    return {name: value.detach().to("cpu", copy=True).share_memory_() for name, value in policy.state_dict().items()}
+
+
+def _serve(conn, env_fns: list, policy_bytes: bytes, weights: dict[str, torch.Tensor] | None,
+           kwargs: dict[str, Any]) -> None:
+    """The collecting process: a ``RolloutCollector`` serving collect, weights, policy and state commands.
 
     Ends quietly when the trainer is gone (its pipe closed): nobody is left to read an error.
     """
@@ -261,8 +286,12 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, kwargs: dict[str, Any]) -> 
                         shared["rollout"].update_(rollout.batch)
                         shared["next_observations"].copy_(rollout.next_observations)
                     reply: Any = (shared if fresh else None, rollout.episodes)
+                elif command == "weights":  # the trainer has written them into the shared copy
+                    collector.update_policy(weights)
+                    reply = None
                 elif command == "policy":
-                    collector.update_policy(arg)
+                    policy_bytes, weights = arg
+                    collector.update_policy(pickle.loads(policy_bytes))
                     reply = None
                 elif command == "get_state":
                     reply = collector.get_state()

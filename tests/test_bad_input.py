@@ -118,6 +118,44 @@ def test_a_stored_network_size_that_does_not_fit_the_weights_allocates_nothing(v
     assert "is [64, 12] in the file but [60000, 12] here" in line
 
 
+def test_a_stored_env_count_that_does_not_fit_the_collector_state_allocates_nothing(vr_run, tmp_path):
+    copy = stored(vr_run, tmp_path / "run", num_envs=10**9)  # 244 GB of VR-edge observations
+    line = command(["-m", "trainer.train", "--resume", str(copy)], 1, tmp_path)
+    assert "its config asks for num_envs=1,000,000,000 but its collector state holds 4 envs" in line
+
+
+def test_a_stored_setting_this_machine_cannot_run_is_a_usage_error_that_says_where_it_came_from(vr_run, tmp_path):
+    """A GPU run resumed on a machine without one: exit status 2 as for the flag, naming the stored setting."""
+    copy = stored(vr_run, tmp_path / "run", device="cuda")
+    line = command(["-m", "trainer.train", "--resume", str(copy)], 2, tmp_path)
+    assert line.endswith("error: --device cuda requested but CUDA is not available here; use --device cpu or auto "
+                         "(the run's stored --device; pass --device to change it on resume) (see --help)"), line
+    line = command(["-m", "trainer.train", "--resume", str(copy), "--cuda-graphs", "true", "--device", "cpu"], 2,
+                   tmp_path)
+    assert "--cuda-graphs=True is invalid: needs a CUDA learner" in line and "stored" not in line
+
+
+REPLAY = ["--algo", "apex", "--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--total-steps", "64",
+          "--learning-starts", "16", "--device", "cpu", "--backend", "sync"]
+
+
+@pytest.mark.parametrize("resumed", [False, pytest.param(True, marks=SLOW)])
+def test_a_replay_larger_than_the_memory_is_refused_before_it_is_allocated(tmp_path, resumed):
+    big = str(3 * 10**9)  # 223 GiB of CartPole transitions
+    run_dir = tmp_path / "run"
+    if resumed:  # a checkpoint whose stored config was edited
+        train_module.main([*REPLAY, "--replay-capacity", "1000", "--run-dir", str(run_dir)])
+        line = command(["-m", "trainer.train", "--resume", str(stored(run_dir, tmp_path / "copy",
+                                                                      replay_capacity=int(big)))], 2, tmp_path)
+        assert line.endswith("lower it (the run's stored --replay-capacity) (see --help)"), line
+    else:
+        line = command(["-m", "trainer.train", *REPLAY, "--replay-capacity", big, "--run-dir", str(run_dir)], 2,
+                       tmp_path)
+        assert not run_dir.exists()
+    assert f"--replay-capacity={big} is invalid: the replay would take 223.3 GiB (79 bytes per transition), more " \
+           "than the" in line and "GiB of memory available here; lower it" in line
+
+
 def test_a_stored_trace_path_is_named_but_its_file_is_not_quoted(vr_run, tmp_path):
     private = tmp_path / "private"
     private.write_text("root:x:0:0:secret:/root:/bin/bash\n")

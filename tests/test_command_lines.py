@@ -3,6 +3,7 @@ that pipes, a resume with nothing to do, typos answered before torch loads."""
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -94,7 +95,7 @@ def test_a_new_run_prints_the_defaults_it_uses_and_a_resume_keeps_its_config(tmp
 
 # ---------------------------------------------------------------------------- printed commands, JSON, traces
 
-def test_printed_commands_of_a_trace_run_work_from_another_directory(tmp_path, monkeypatch):
+def test_printed_commands_of_a_trace_run_work_from_another_directory(tmp_path, monkeypatch, capsys):
     write_traces(tmp_path / "traces", files=6, seconds=60, mean_mbps=4.0, seed=1)
     small = ["--num-envs", "2", "--num-steps", "8", "--total-steps", "16", "--device", "cpu", "--run-dir", "run"]
     done = command(["-m", "trainer.train", "--env-kwargs", "capacity_trace=traces/,trace_split=train,num_users=2",
@@ -120,8 +121,11 @@ def test_printed_commands_of_a_trace_run_work_from_another_directory(tmp_path, m
     monkeypatch.chdir(elsewhere)  # relative paths on the command line are the caller's
     with pytest.raises(SystemExit, match="no such file or directory .traces that moved: .*--capacity-trace NEW_DIR"):
         evaluate_cli.main(["--checkpoint", run, "--episodes", "1", "--baselines", "none"])
-    with pytest.raises(SystemExit, match="no such file or directory .traces that moved: --env-kwargs capacity_trace="):
+    with pytest.raises(SystemExit) as stopped:  # a usage error, as the same flag's on a new run
         train_cli.main(["--resume", run, "--total-steps", "48"])
+    assert stopped.value.code == 2
+    assert re.search("no such file or directory .traces that moved: --env-kwargs capacity_trace=",
+                     capsys.readouterr().err)
     evaluate_cli.main(["--checkpoint", run, "--episodes", "1", "--baselines", "none", "--reference", "none",
                        "--capacity-trace", "../moved"])
     train_cli.main(["--resume", run, "--total-steps", "48", "--env-kwargs", "capacity_trace=../moved"])
@@ -145,10 +149,19 @@ def test_a_resume_with_nothing_to_do_changes_no_file(tmp_path, capsys):
         return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
     before = files()
     capsys.readouterr()
-    train_cli.main(["--resume", str(run_dir / "checkpoints" / "ckpt_00000002.pt")])
-    err = capsys.readouterr().err
+    older = run_dir.resolve() / "checkpoints" / "ckpt_00000002.pt"
+    train_cli.main(["--resume", str(older)])
+    out, err = capsys.readouterr()
     assert "nothing to do" in err and "set aside" not in err and "dropped" not in err
     assert files() == before
+    # what it printed goes on from the checkpoint it described, not from the run's newest
+    lines = printed_lines(out)
+    assert "(2 iterations" in lines["run directory"] and lines["checkpoint"] == str(older)
+    assert shlex.split(lines["evaluate"])[-1] == str(older)
+    assert shlex.split(lines["train longer"])[-3:] == [str(older), "--total-steps", "64"]
+    capsys.readouterr()
+    train_cli.main(["--resume", str(run_dir)])  # the newest: the run directory stands for it
+    assert shlex.split(printed_lines(capsys.readouterr().out)["evaluate"])[-1] == str(run_dir.resolve())
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "ckpt_00000003.pt"
 
 

@@ -6,7 +6,12 @@ collecting process during the rollout in flight), with no process left behind.
 """
 
 import multiprocessing as mp
+import os
 import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import psutil
 import pytest
@@ -21,6 +26,7 @@ from trainer.ppo.model import ActorCritic
 from trainer.run_layout import Machine, run_layout
 
 OVERLAP = ["--overlap", "true"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def vr_policy(seed=0):
@@ -61,6 +67,46 @@ def test_weights_reach_the_collecting_process_and_versions_count():
         assert b.policy_version == there.policy_version == 1
         assert torch.equal(a.batch["actions"], b.batch["actions"])  # collected with the learner's weights
         assert torch.equal(a.batch["log_probs"], b.batch["log_probs"])
+
+
+def test_a_new_policy_brings_its_own_weights_and_a_state_dict_of_the_wrong_shape_is_refused():
+    env = f.vr_edge()
+
+    def narrow(seed):
+        return ActorCritic(env.observation_space, env.action_space, hidden=(16,), seed=seed)
+
+    with RolloutCollector([f.vr_edge] * 2, vr_policy(0), horizon=10, seed=1) as here, \
+            BackgroundCollector([f.vr_edge] * 2, vr_policy(0), horizon=10, seed=1) as there:
+        for c in (here, there):
+            c.update_policy(narrow(3))
+            c.update_policy(narrow(5).state_dict())  # into the new policy's weights, not the old one's
+        a, b = here.collect(), there.collect()
+        assert torch.equal(a.batch["log_probs"], b.batch["log_probs"]) and there.policy_version == 2
+        with pytest.raises(RuntimeError, match="size mismatch"):
+            there.update_policy(vr_policy(0).state_dict())
+        assert torch.equal(there.collect().batch["log_probs"][0], here.collect().batch["log_probs"][0])
+
+
+def test_weights_updates_go_through_shared_memory_not_the_resource_sharer():
+    """An update writes into the shared copy the collecting process got at spawn. Sent over the pipe, weights
+    went through multiprocessing's resource sharer, whose thread here printed a traceback when the
+    collecting process was stopped (SIGSTOP) half-way through fetching them and then timed out."""
+    script = textwrap.dedent("""
+        import multiprocessing.resource_sharer as sharer
+        from collectors.background import BackgroundCollector
+        from tests import factories as f
+        from tests.test_overlap import vr_policy
+        if __name__ == "__main__":
+            learner = vr_policy(1)
+            with BackgroundCollector([f.vr_edge] * 2, vr_policy(0), horizon=10, seed=1) as c:
+                for _ in range(3):
+                    c.collect()
+                    c.update_policy(learner.state_dict())
+                print("version", c.collect().policy_version, "sharer", sharer._resource_sharer._thread is not None)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "version 3 sharer False" in out.stdout, out.stdout + out.stderr
 
 
 def test_misuse_is_refused_with_what_to_do():

@@ -269,8 +269,8 @@ class TrainConfig:
 class ConfigError(ValueError):
     """An invalid config value; ``key`` names it (a flag on the command line, a key in a TOML file)."""
 
-    def __init__(self, key: str, value: Any, rule: str) -> None:
-        super().__init__(f"--{key.replace('_', '-')}={value!r} is invalid: {rule}")
+    def __init__(self, key: str, value: Any, rule: str, message: str | None = None) -> None:
+        super().__init__(message or f"--{key.replace('_', '-')}={value!r} is invalid: {rule}")
         self.key, self.value, self.rule = key, value, rule
 
 

@@ -52,4 +52,16 @@ def resume_state(resume: str, given: dict[str, Any]) -> tuple[TrainConfig, Path,
     cfg = resumed_config({**saved["config"], "run_dir": str(run_dir)}, {**given, "run_dir": str(run_dir)},
                          str(source))
     check_weights_fit(cfg, saved["model"], source)  # before a network of the stored config's size is built
+    _check_env_count(cfg, saved, source)  # before that many envs are built
     return cfg, source, saved, notes
+
+
+def _check_env_count(cfg: TrainConfig, saved: dict[str, Any], source: Path) -> None:
+    """Raise ``ValueError`` unless the stored config's ``num_envs`` is the number of envs its collector state holds
+    (one entry per env on every backend): a config edited to ask for a billion envs is refused, not built."""
+    if "collector" not in saved:
+        return
+    held = len(saved["collector"]["env_states"])
+    if held != cfg.num_envs:
+        raise ValueError(f"{source}: its config asks for num_envs={cfg.num_envs:,} but its collector state holds "
+                         f"{held:,} envs; a config edited or mixed from two runs?")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from trainer.flags import CommandLine, defaults_used, parse_args
+from trainer.flags import RESUMABLE_CHANGES, CommandLine, build_parser, defaults_used, parse_args
 
 if __name__ == "__main__":
     def _stopped_while_starting(signum: int, frame) -> None:
@@ -37,7 +37,7 @@ import checkpoints
 from collectors import WorkerDiedError, make_collector
 from collectors.resources import torch_threads
 from trainer.algorithm import Algorithm, NonFiniteLossError
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.evaluation.validation import Validator
 from trainer.interrupts import STOP_PATIENCE_S, Interrupted, StopSignals, ignore_late_signals
 from trainer.metrics import MetricsLog, keep_metrics_until
@@ -211,6 +211,15 @@ def _command(*args: str) -> str:
     return " ".join(shlex.quote(a) for a in (sys.executable, *args))
 
 
+def _stored_setting(key: str, cli: CommandLine) -> str:
+    """Where a resumed run's setting came from, when the command line did not give it: its checkpoint."""
+    if not cli.resume or key in cli.given:
+        return ""
+    flag = "--" + key.replace("_", "-")
+    return f" (the run's stored {flag}" + (f"; pass {flag} to change it on resume)" if key in RESUMABLE_CHANGES
+                                           else ")")
+
+
 def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
     """``python -m trainer.train``: the command line ``argv`` (or the one already parsed, ``cli``) run."""
     cli = cli or parse_args(argv)
@@ -234,19 +243,26 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
         print(f"\n{e or 'interrupted'} before the first iteration: nothing to save; to start over, run the same "
               "command again", file=sys.stderr)
         raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
+    except ConfigError as e:  # a setting this machine cannot run: as the flags' errors, exit status 2
+        build_parser().error(f"{e}{_stored_setting(e.key, cli)}")
     except (ValueError, TypeError, NonFiniteLossError, WorkerDiedError) as e:
         raise SystemExit(f"error: {e}") from None
     run_dir = str(Path(summary["run_dir"]).resolve())
     print(f"run directory: {run_dir} ({summary['iterations']} iterations, {summary['env_steps']:,} env steps)")
     print(f"metrics:       {run_dir}/metrics.jsonl")
     if summary["checkpoint"]:
-        print(f"checkpoint:    {Path(summary['checkpoint']).resolve()}")
-        print(f"evaluate:      {_command('-m', 'trainer.evaluate', '--checkpoint', run_dir)}")
+        checkpoint = str(Path(summary["checkpoint"]).resolve())
+        print(f"checkpoint:    {checkpoint}")
+        # the run directory stands for its newest checkpoint: a resume with nothing to do from an older one
+        # names that one, so that evaluating it or training it longer goes on from what was described
+        newest = checkpoints.checkpoint_files(run_dir)[:1] == [Path(checkpoint)]
+        target = run_dir if newest else checkpoint
+        print(f"evaluate:      {_command('-m', 'trainer.evaluate', '--checkpoint', target)}")
         if not summary["finished"]:
-            print(f"resume:        {_command('-m', 'trainer.train', '--resume', run_dir)}")
+            print(f"resume:        {_command('-m', 'trainer.train', '--resume', target)}")
         else:
             longer = str(2 * summary["env_steps"])  # a value to paste (twice this run's steps), not a placeholder
-            print(f"train longer:  {_command('-m', 'trainer.train', '--resume', run_dir, '--total-steps', longer)}")
+            print(f"train longer:  {_command('-m', 'trainer.train', '--resume', target, '--total-steps', longer)}")
 
 
 if __name__ == "__main__":

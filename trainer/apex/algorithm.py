@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import psutil
 import torch
 from tensordict import TensorDict
 
@@ -38,13 +39,13 @@ from trainer.apex.dqn import double_dqn_targets, dqn_loss, initial_priorities, p
 from trainer.apex.exploration import EpsilonGreedy, apex_epsilons
 from trainer.apex.nstep import NStepBuilder
 from trainer.apex.q_network import QNetwork
-from trainer.apex.replay import PrioritizedReplay
+from trainer.apex.replay import PrioritizedReplay, replay_bytes
 from trainer.apex.spec import ApeXSpec
 from trainer.common.devices import resolve_device
 from trainer.common.flat_params import flat_parameters
 from trainer.common.spaces import model_spaces
 from trainer.common.state import capture_rng, cpu_copy, restore_rng
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.metrics import metrics_row, steps_per_second
 
 if TYPE_CHECKING:
@@ -59,6 +60,17 @@ def transition_example(q: QNetwork) -> TensorDict:
     return TensorDict({"observations": obs, "actions": action, "rewards": torch.zeros(()),
                        "next_observations": obs.clone(), "done": torch.zeros((), dtype=torch.bool),
                        "discounts": torch.zeros(())}, batch_size=[])
+
+
+def check_replay_fits(capacity: int, example: TensorDict) -> None:
+    """Raise ``ConfigError`` on ``--replay-capacity`` when the replay would not fit in the memory available now:
+    refused in one line before it is allocated, not a ``MemoryError`` traceback, or swapping, or the OOM killer."""
+    needed, available = replay_bytes(capacity, example), psutil.virtual_memory().available
+    if needed > available:
+        raise ConfigError("replay_capacity", capacity,
+                          f"the replay would take {needed / 2**30:,.1f} GiB ({needed // capacity} bytes per "
+                          f"transition), more than the {available / 2**30:,.1f} GiB of memory available here; "
+                          "lower it")
 
 
 @dataclass
@@ -119,7 +131,9 @@ class ApeX(ApeXSpec, Algorithm):
         keys = torch.tensor(noise_keys(env_seeds(cfg.seed, cfg.num_envs)), dtype=torch.int64)
         policy = EpsilonGreedy(acting, keys, apex_epsilons(cfg.num_envs, cfg.eps_base, cfg.eps_alpha))
         seed = int(np.random.SeedSequence([cfg.seed, 3]).generate_state(1)[0])  # the replay's own sampling stream
-        replay = PrioritizedReplay(cfg.replay_capacity, transition_example(acting), cfg.replay_alpha, seed=seed)
+        example = transition_example(acting)
+        check_replay_fits(cfg.replay_capacity, example)
+        replay = PrioritizedReplay(cfg.replay_capacity, example, cfg.replay_alpha, seed=seed)
         # one flat parameter and a fused kernel, as for PPO: Adam and the clip are one op each per learner step;
         # eps 1.5e-4 as in Rainbow and Ape-X: Adam's 1e-8 lets tiny second moments blow up noisy TD gradients
         optimizer = torch.optim.Adam([flat_parameters(model)], lr=cfg.lr, eps=1.5e-4, fused=True)

@@ -67,6 +67,13 @@ class SumTree:
         return np.minimum(nodes - self.leaves, self.capacity - 1)
 
 
+def replay_bytes(capacity: int, example: TensorDictBase) -> int:
+    """Bytes a :class:`PrioritizedReplay` of ``capacity`` transitions shaped like ``example`` allocates: the
+    storage, the running ids and the sum tree (two float64 nodes per leaf), all at once."""
+    leaves = sum(v.element_size() * v.numel() for v in example.values(include_nested=True, leaves_only=True))
+    return capacity * (leaves + 8) + 2 * 8 * (1 << max(0, (capacity - 1).bit_length()))
+
+
 class PrioritizedReplay:
     """A fixed-capacity FIFO replay of transitions with proportional prioritized sampling.
 
@@ -105,9 +112,7 @@ class PrioritizedReplay:
     @property
     def bytes_per_transition(self) -> int:
         """Bytes one slot takes: the storage's leaves, plus the tree (two float64 nodes) and the id."""
-        leaves = sum(v.element_size() * v[0].numel() for v in self.storage.values(include_nested=True,
-                                                                                    leaves_only=True))
-        return leaves + 2 * 8 * self.tree.leaves // self.capacity + 8
+        return replay_bytes(self.capacity, self.storage[0]) // self.capacity
 
     def describe(self) -> str:
         total = self.bytes_per_transition * self.capacity

@@ -6,6 +6,8 @@ import functools
 
 import torch
 
+from trainer.config import ConfigError
+
 
 def learner_device(name: str, gpus: int) -> str:
     """``auto`` -> ``cuda`` where there is a GPU, else ``cpu``; an explicit CUDA device needs a GPU.
@@ -16,7 +18,8 @@ def learner_device(name: str, gpus: int) -> str:
     if name == "auto":
         return "cuda" if gpus else "cpu"
     if name.startswith("cuda") and not gpus:
-        raise ValueError(f"--device {name} requested but CUDA is not available here; use --device cpu or auto")
+        raise ConfigError("device", name, "CUDA is not available here; use --device cpu or auto",
+                          message=f"--device {name} requested but CUDA is not available here; use --device cpu or auto")
     return name
 
 
