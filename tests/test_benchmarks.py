@@ -72,6 +72,7 @@ def test_a_variant_that_raises_is_reported_and_the_device_check_goes_on(capsys, 
     assert out.rstrip().endswith("device check: FAILED: (d) sync raised RuntimeError; (d) device raised RuntimeError")
 
 
+@pytest.mark.slow  # whole training commands: CI runs it
 def test_backends_runs_each_contender_through_the_command_line_side_by_side(capsys):
     backends.main(["--rounds", "1", "--iterations", "2", "--contenders", "sync", "device+compile", "--",
                    "--num-envs", "8", "--num-steps", "16"])
@@ -91,6 +92,7 @@ def test_env_steps_quick_reports_numpy_and_torch_side_by_side(capsys):
     assert all(int(r.replace(",", "")) > 0 and float(x) > 0 for *_, r, x in rows)
 
 
+@pytest.mark.slow  # whole training commands: CI runs it
 def test_scaling_quick_reports_rates_and_efficiency(capsys):
     scaling.main(["--quick"])
     out = capsys.readouterr().out

@@ -104,7 +104,8 @@ PHASES = {  # phase: (owner, function, call, iterations completed when the signa
 
 
 @pytest.mark.parametrize("phase", list(PHASES))
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+# SIGTERM takes the same path as SIGINT (StopSignals), with another exit status: slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_a_signal_in_any_phase_keeps_the_last_completed_iteration_and_resume_is_exact(
         straight, tmp_path, monkeypatch, phase, signum):
     backend, extra, straight_dir = straight
@@ -260,7 +261,8 @@ def cli_matrix_case(tmp_path, backend, signum, seed):
     assert metrics(straight) == metrics(split)
 
 
-@pytest.mark.parametrize("backend, signum", [("sync", signal.SIGINT), ("async", signal.SIGTERM)])
+@pytest.mark.parametrize("backend, signum", [("sync", signal.SIGINT),
+                                             pytest.param("async", signal.SIGTERM, marks=pytest.mark.slow)])
 def test_command_line_real_signal_then_resume_is_exact(tmp_path, backend, signum):
     cli_matrix_case(tmp_path, backend, signum, seed=0)
 

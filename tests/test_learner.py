@@ -117,6 +117,15 @@ def test_a_remainder_smaller_than_a_minibatch_is_left_for_the_next_epoch(monkeyp
     assert len(steps) == 3 * 2  # 10 samples: two minibatches of 4 per epoch
 
 
+def test_fewer_samples_than_a_minibatch_are_refused_not_reported_as_a_non_finite_loss():
+    model, optimizer, obs, out = cartpole_learner()
+    before = [p.clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="ppo_update: 10 samples make no minibatch of 16; collect at least 16"):
+        ppo_update(MinibatchStep(model, optimizer, settings(minibatch_size=16)),
+                   learner_samples(obs[:10], {k: v[:10] for k, v in out.items()}), torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
 def test_ppo_update_refuses_a_non_finite_loss_and_names_it():
     from trainer.algorithm import NonFiniteLossError
     model, optimizer, obs, out = cartpole_learner()

@@ -197,7 +197,8 @@ PHASES = {  # phase: (owner, function, call on which the signal arrives, iterati
 
 
 @pytest.mark.parametrize("phase", list(PHASES))
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+# SIGTERM takes the same path as SIGINT (StopSignals), with another exit status: slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_a_signal_during_an_overlapped_iteration_keeps_the_last_completed_one(
         straight_overlap, tmp_path, monkeypatch, phase, signum):
     import os

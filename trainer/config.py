@@ -16,6 +16,7 @@ from trainer.arguments import did_you_mean
 # ones a resumed run or trainer.evaluate may point elsewhere (the files moved; the run is the same)
 PATH_ENV_KWARGS = frozenset({"capacity_trace"})
 COMPILE_CHOICES = ("auto", "on", "off")
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
@@ -186,8 +187,6 @@ class TrainConfig:
                      "--resume, --capacity-trace NEW_DIR with trainer.evaluate)")
             except ValueError as e:
                 need(False, "env_kwargs", str(e))
-        from collectors import BACKENDS  # here, not above: a command line is checked before torch loads
-        need(self.backend in BACKENDS, "backend", f"choose {', '.join(BACKENDS)}{did_you_mean(self.backend, BACKENDS)}")
         need(not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray")
         need(self.max_lag >= 0, "max_lag", "must be >= 0")
         need(not self.overlap or self.backend != "ray", "overlap",
@@ -218,8 +217,9 @@ class TrainConfig:
         need(self.num_splits >= 1, "num_splits", "must be >= 1 (1: lockstep)")
         need(self.num_splits == 1 or self.backend == "async", "num_splits", "needs --backend async")
         need(self.threads >= 0, "threads", "must be >= 0 (0: from the run layout)")
-        need(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device",
-             "use auto, cpu or cuda")
+        need(self.device in DEVICE_CHOICES or self.device.startswith("cuda:"), "device",
+             "use auto, cpu, cuda or cuda:N" + (" (did you mean cuda?)" if self.device.lower() == "gpu" else
+                                                 did_you_mean(self.device.lower(), DEVICE_CHOICES)))
         need(self.compile in COMPILE_CHOICES, "compile",
              f"choose {', '.join(COMPILE_CHOICES)}{did_you_mean(self.compile.lower(), COMPILE_CHOICES)}")
         try:
@@ -237,6 +237,9 @@ class TrainConfig:
         need(self.replay_ratio > 0, "replay_ratio", "must be > 0")
         need(0 < self.eps_base <= 1, "eps_base", "must be in (0, 1]")
         need(self.eps_alpha >= 0, "eps_alpha", "must be >= 0")
+        # last: collectors loads torch (seconds), and every other mistake is answered before it
+        from collectors import BACKENDS
+        need(self.backend in BACKENDS, "backend", f"choose {', '.join(BACKENDS)}{did_you_mean(self.backend, BACKENDS)}")
 
     @property
     def env_options(self) -> dict[str, Any]:

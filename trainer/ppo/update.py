@@ -175,6 +175,9 @@ def ppo_update(step: UpdateStep, samples: LearnerSamples, generator: torch.Gener
     mbs = s.minibatch_size
     total, device = samples.observations.shape[0], samples.observations.device
     used = total - total % mbs
+    if not used:  # not one step to take: the statistics below would be 0/0
+        raise ValueError(f"ppo_update: {total} samples make no minibatch of {mbs}; collect at least "
+                         f"{mbs} (num_envs x num_steps) or lower minibatch_size")
     losses = torch.zeros(4, device=device)  # policy, value, entropy, total: summed over minibatches
     log_ratios = torch.empty(used, device=device)
     kl_sum, clip_sum = torch.zeros((), device=device), torch.zeros((), device=device)
@@ -195,7 +198,7 @@ def ppo_update(step: UpdateStep, samples: LearnerSamples, generator: torch.Gener
             clip_sum += (ratio_m1.abs() > s.clip_coef).float().mean()
         if s.target_kl is not None and epoch_kl.item() > s.target_kl:
             break
-    out = dict(zip(STAT_NAMES, [*(losses / max(updates, 1)).tolist(), (kl_sum / epochs_run).item(),
+    out = dict(zip(STAT_NAMES, [*(losses / updates).tolist(), (kl_sum / epochs_run).item(),
                                 (clip_sum / epochs_run).item()]))
     if not all(math.isfinite(v) for v in out.values()):
         raise NonFiniteLossError(f"non-finite loss ({out})")
