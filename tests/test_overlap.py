@@ -157,7 +157,9 @@ def test_closing_with_a_rollout_in_flight_stops_everything():
 
 # ---------------------------------------------------------------------------- the trainer
 
-@pytest.fixture(scope="module", params=["sync", "async"])
+# async inside the collecting process: the same trainer path with workers beneath it (slow; the collecting
+# process over async workers is covered by the tests above and tests/test_hung_workers.py)
+@pytest.fixture(scope="module", params=["sync", pytest.param("async", marks=pytest.mark.slow)])
 def straight_overlap(request, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp(f"overlap_{request.param}")
     extra = ["--backend", request.param] + (["--num-workers", "1"] if request.param == "async" else [])
