@@ -290,8 +290,8 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, weights: dict[str, torch.Te
                     collector.update_policy(weights)
                     reply = None
                 elif command == "policy":
-                    policy_bytes, weights = arg
-                    collector.update_policy(pickle.loads(policy_bytes))
+                    pickled, weights = arg
+                    collector.update_policy(pickle.loads(pickled))
                     reply = None
                 elif command == "get_state":
                     reply = collector.get_state()
