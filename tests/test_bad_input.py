@@ -135,6 +135,17 @@ def test_a_stored_setting_this_machine_cannot_run_is_a_usage_error_that_says_whe
     assert "--cuda-graphs=True is invalid: needs a CUDA learner" in line and "stored" not in line
 
 
+def test_a_flag_that_would_change_the_resumed_run_is_a_usage_error(vr_run, tmp_path):
+    line = command(["-m", "trainer.train", "--resume", str(vr_run), "--num-envs", "8"], 2, tmp_path)
+    assert "the flags do not match the run being resumed: --num-envs=8 (run has 4). Drop them" in line
+
+
+def test_a_stored_value_of_the_wrong_type_is_named(vr_run, tmp_path):
+    copy = stored(vr_run, tmp_path / "run", num_envs="4")  # it was '>=' not supported between 'str' and 'int'
+    line = command(["-m", "trainer.train", "--resume", str(copy)], 1, tmp_path)
+    assert "its stored config has num_envs = '4', a str; expected an integer (a config edited by hand?)" in line
+
+
 REPLAY = ["--algo", "apex", "--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--total-steps", "64",
           "--learning-starts", "16", "--device", "cpu", "--backend", "sync"]
 

@@ -159,7 +159,10 @@ def test_a_resume_with_nothing_to_do_changes_no_file(tmp_path, capsys):
     assert "(2 iterations" in lines["run directory"] and lines["checkpoint"] == str(older)
     assert shlex.split(lines["evaluate"])[-1] == str(older)
     assert shlex.split(lines["train longer"])[-3:] == [str(older), "--total-steps", "64"]
-    capsys.readouterr()
+    train_cli.main(["--resume", str(run_dir), "--total-steps", "16"])  # fewer steps than the run has made
+    err = capsys.readouterr().err
+    assert "already at iteration 3, past the 1 that --total-steps 16 makes: nothing to do" in err
+    assert "it/s" not in err and "3it" not in err  # no progress bar for no progress
     train_cli.main(["--resume", str(run_dir)])  # the newest: the run directory stands for it
     assert shlex.split(printed_lines(capsys.readouterr().out)["evaluate"])[-1] == str(run_dir.resolve())
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "ckpt_00000003.pt"

@@ -46,6 +46,14 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
+def _of_kind(value: Any, kind: type) -> tuple[bool, Any]:
+    """Whether ``value`` is of a config field's ``kind`` (a bool is not an int; an int is a float), and the
+    value as that kind."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return True, float(value)
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool)), value
+
+
 def _field_type(f: dataclasses.Field) -> type:
     return {"bool": bool, "int": int, "float": float, "str": str}.get(str(f.type), f.type)
 
@@ -130,9 +138,7 @@ def _toml_values(path: Path) -> dict[str, Any]:
     for spelled, value in data.items():
         key = keys[spelled]
         kind = types[key]
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            ok, value = True, float(value)
+        ok, value = _of_kind(value, kind)
         if not ok:
             example = {bool: "true", int: "4", float: "0.5", str: '"64,64"' if key == "hidden" else '"..."'}[kind]
             raise ValueError(f"{path}: {key} = {value!r} is {type(value).__name__}, expected {_KINDS[kind]} "
@@ -210,12 +216,22 @@ def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) ->
         given = {**given, "env_kwargs": moved_env_files(saved.get("env_kwargs", ""), given["env_kwargs"])}
         may_change.add("env_kwargs")
     clash = {k: (saved.get(k), v) for k, v in given.items() if k not in may_change and saved.get(k) != v}
-    if clash:
+    if clash:  # a usage error, as a bad flag's
         detail = ", ".join(f"--{k.replace('_', '-')}={new!r} (run has {old!r})" for k, (old, new) in clash.items())
-        raise ValueError(f"{source}: the flags do not match the run being resumed: {detail}. Drop them, or start "
-                         f"a new run; only {', '.join(sorted(RESUMABLE_CHANGES - {'config'}))} may change (and "
-                         f"--env-kwargs {', '.join(f'{k}=NEW' for k in sorted(PATH_ENV_KWARGS))} where files moved)")
-    known = {f.name for f in fields(TrainConfig)}
-    cfg = TrainConfig(**{**{k: v for k, v in saved.items() if k in known}, **given})
+        key, (_, value) = next(iter(clash.items()))
+        raise ConfigError(key, value, "does not match the run being resumed", message=(
+            f"{source}: the flags do not match the run being resumed: {detail}. Drop them, or start "
+            f"a new run; only {', '.join(sorted(RESUMABLE_CHANGES - {'config'}))} may change (and "
+            f"--env-kwargs {', '.join(f'{k}=NEW' for k in sorted(PATH_ENV_KWARGS))} where files moved)"))
+    types = {f.name: _field_type(f) for f in fields(TrainConfig)}
+    stored = {}
+    for key, value in saved.items():
+        if key not in types:
+            continue
+        ok, stored[key] = _of_kind(value, types[key])
+        if not ok:  # a config edited by hand would fail later, as a TypeError from deep inside
+            raise ValueError(f"{source}: its stored config has {key} = {value!r}, a {type(value).__name__}; "
+                             f"expected {_KINDS[types[key]]} (a config edited by hand?)")
+    cfg = TrainConfig(**{**stored, **given})
     check_config(cfg, {})
     return cfg

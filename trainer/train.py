@@ -116,8 +116,10 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
             differs = algorithm.restore(saved)
             notes += [f"resumed from {source} at iteration {algorithm.iteration}", *differs]
         if algorithm.iteration >= stop:
-            notes.append(f"the run is already at iteration {algorithm.iteration} of {iterations}: nothing to do "
-                         "(pass a larger --total-steps to train longer)")
+            where = f"iteration {algorithm.iteration} of {iterations}" if algorithm.iteration <= iterations else \
+                f"iteration {algorithm.iteration}, past the {iterations} that --total-steps {cfg.total_steps:,} makes"
+            notes.append(f"the run is already at {where}: nothing to do (pass a larger --total-steps to train "
+                         "longer)")
         for note in notes:
             print(note, file=sys.stderr)
         summary = _loop(algorithm, iterations, stop, run_dir, signals, writer, progress, source)
@@ -142,7 +144,8 @@ def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signa
         return last_saved
 
     validator = Validator(cfg, run_dir, algorithm.iteration)  # --eval-every: validation episodes, the best checkpoint
-    bar = tqdm(total=stop, initial=algorithm.iteration, disable=not progress, unit="it", dynamic_ncols=True)
+    bar = tqdm(total=stop, initial=algorithm.iteration, disable=not progress or algorithm.iteration >= stop, unit="it",
+               dynamic_ncols=True)
     start = (algorithm.env_steps, time.perf_counter())
     try:
         with MetricsLog(run_dir / "metrics.jsonl") as log:
