@@ -2,23 +2,37 @@
 
 :func:`make_collector` picks the class: :class:`RolloutCollector` for ``serial``, ``sync``
 and ``async``, :class:`DeviceCollector` for ``device``, :class:`RayCollector` for ``ray``.
+
+Every name here is imported on first use: ``BACKENDS`` comes without torch (a command line
+is checked before torch loads), ``RayCollector`` without the rest (most runs never need Ray).
 """
 
-from collectors.backends.async_ import WorkerDiedError, WorkerTimeoutError
-from collectors.base import Collector
-from collectors.collector import RolloutCollector
-from collectors.device import DeviceCollector
-from collectors.env_group import EnvError
-from collectors.factory import BACKENDS, make_collector
-from collectors.rollout import Rollout
-from collectors.seeding import env_seeds
+import importlib
 
-__all__ = ["BACKENDS", "Collector", "DeviceCollector", "EnvError", "Rollout", "RolloutCollector", "WorkerDiedError",
-           "WorkerTimeoutError", "env_seeds", "make_collector", "RayCollector"]
+_HOMES = {
+    "BACKENDS": "collectors.backend_names",
+    "Collector": "collectors.base",
+    "DeviceCollector": "collectors.device",
+    "EnvError": "collectors.env_group",
+    "Rollout": "collectors.rollout",
+    "RolloutCollector": "collectors.collector",
+    "RayCollector": "collectors.ray_collector",
+    "WorkerDiedError": "collectors.backends.async_",
+    "WorkerTimeoutError": "collectors.backends.async_",
+    "env_seeds": "collectors.seeding",
+    "make_collector": "collectors.factory",
+}
+
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str):
-    if name == "RayCollector":  # imported on first use: most runs never need Ray's plumbing
-        from collectors.ray_collector import RayCollector
-        return RayCollector
-    raise AttributeError(f"module 'collectors' has no attribute {name!r}")
+    if name not in _HOMES:
+        raise AttributeError(f"module 'collectors' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

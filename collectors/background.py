@@ -14,6 +14,7 @@ import torch
 import torch.multiprocessing as tmp
 from tensordict import TensorDict
 
+from collectors.backends.async_ import CLOSE_TIMEOUT_S as WORKER_CLOSE_TIMEOUT_S
 from collectors.backends.async_ import WorkerDiedError, WorkerTimeoutError, check_picklable, stop_processes
 from collectors.base import Collector, Policy, check_env_fns
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
@@ -21,6 +22,7 @@ from collectors.rollout import Rollout
 from collectors.stop_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
 
 _CLOSE_TIMEOUT_S = 5.0
+_REPORT_MARGIN_S = 2.0  # a busy machine's delay between the collecting process's error and its arrival here
 
 
 class BackgroundCollector(Collector):
@@ -50,6 +52,8 @@ class BackgroundCollector(Collector):
             one shared-memory copy, handed over when the process starts, and never sent again).
         worker_timeout: seconds the collecting process (and its async workers) may stay silent,
             stretched to 20 times the slowest answer measured (``collectors.deadlines.Deadline``).
+            Over async workers, a rollout gets a few seconds more (:meth:`_report_s`): the collecting
+            process's own deadline on a silent worker fires first, and the error names that worker.
         options: further ``RolloutCollector`` options (``num_workers``, ``main_share``, ...).
 
     Every wait is bounded: the process's death is noticed at once (``WorkerDiedError``), its
@@ -74,6 +78,7 @@ class BackgroundCollector(Collector):
         self._weights = _shared_weights(policy)
         self._process = ctx.Process(target=_serve, args=(child, env_fns, policy_bytes, self._weights, kwargs),
                                     daemon=False, name="rollout-collector")
+        self._has_workers = backend == "async"
         self._pending: int | None = None  # the policy version of the rollout in flight
         self._sent_at = 0.0  # when the rollout in flight was asked for
         self._rollouts = 0
@@ -99,7 +104,7 @@ class BackgroundCollector(Collector):
         """The collecting process's answer to what was sent at ``sent_at``; raises its error,
         ``WorkerDiedError`` if it died, ``WorkerTimeoutError`` if it stays silent past the deadline."""
         first = what == "start" or (what == "collect" and not self._rollouts)  # envs built, buffers allocated
-        limit = self.deadline.limit("start" if first else what)
+        limit = self.deadline.limit("start" if first else what) + (self._report_s() if what == "collect" else 0.0)
         ready = wait([self._conn, self._process.sentinel], timeout=max(0.0, sent_at + limit - time.monotonic()))
         busy_s = None
         if self._conn in ready:
@@ -124,6 +129,18 @@ class BackgroundCollector(Collector):
             raise payload
         self._process.join(timeout=_CLOSE_TIMEOUT_S)
         raise WorkerDiedError(f"the collecting process died during {what} (exit code {self._process.exitcode})")
+
+    def _report_s(self) -> float:
+        """How much later than its workers' deadline the collecting process may report one of them silent.
+
+        A worker's silence counts from the step it was sent, up to a rollout after the rollout began;
+        then the collecting process stops its workers (their close patience) and sends the error.
+        Without this, both deadlines share a floor, this one starts first, and a stopped worker would
+        be reported as the collecting process being silent.
+        """
+        if not self._has_workers:
+            return 0.0
+        return self.deadline.slowest_s + WORKER_CLOSE_TIMEOUT_S + _REPORT_MARGIN_S
 
     def _call(self, command: str, arg: Any = None) -> Any:
         self._check_open()

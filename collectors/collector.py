@@ -10,14 +10,13 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from collectors.backend_names import BACKENDS, LOCAL_BACKENDS
 from collectors.base import Collector, Policy, check_env_fns, check_seeds
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EpisodeInfo
 from collectors.rollout import Rollout
 from collectors.seeding import env_seeds, noise_keys
 from collectors.storage import RolloutStorage, torch_dtype
-
-LOCAL_BACKENDS = ("serial", "sync", "async")
 
 
 def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bool, num_splits: int,
@@ -146,8 +145,7 @@ class RolloutCollector(Collector):
             raise ValueError("backend='device' has its own collector: collectors.make_collector(env_fns, policy, "
                              "backend='device', ...) or collectors.DeviceCollector(env_fns, policy, ...)")
         if backend not in LOCAL_BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; choose one of "
-                             f"{', '.join((*LOCAL_BACKENDS, 'device', 'ray'))}")
+            raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         env_fns = check_env_fns(env_fns)
         super().__init__(policy, horizon, device, num_threads, compile_policy)
         explicit = check_seeds(seed)

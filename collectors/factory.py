@@ -6,11 +6,11 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from collectors.backend_names import BACKENDS
 from collectors.base import Collector, Policy
-from collectors.collector import LOCAL_BACKENDS, RolloutCollector
+from collectors.collector import RolloutCollector
 from collectors.device import DeviceCollector
 
-BACKENDS = (*LOCAL_BACKENDS, "device", "ray")
 RAY_OPTIONS = frozenset({"envs_per_worker", "ray_address", "cpus_per_worker", "worker_options", "first_ready",
                          "worker_cls", "worker_kwargs"})
 

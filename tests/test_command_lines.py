@@ -191,6 +191,7 @@ def test_setting_checkpoints_aside_keeps_the_pointers_true(tmp_path):
     (["-m", "trainer.evaluate", "--chekpoint", "x"], "required: --checkpoint (did you mean --checkpoint?)"),
     (["-m", "trainer.train", "--device", "cdua"], "use auto, cpu, cuda or cuda:N (did you mean cuda?)"),
     (["-m", "trainer.train", "--device", "gpu"], "use auto, cpu, cuda or cuda:N (did you mean cuda?)"),
+    (["-m", "trainer.train", "--backend", "sycn"], "choose serial, sync, async, device, ray (did you mean sync?)"),
 ])
 def test_typos_get_a_did_you_mean_before_torch_loads(tmp_path, args, words):
     done = command(["-X", "importtime", *args], tmp_path)

@@ -86,6 +86,21 @@ def test_a_hung_step_in_the_collecting_process_is_named_after_the_deadline():
     assert not process.is_alive()
 
 
+def test_a_stopped_async_worker_of_the_collecting_process_is_named():
+    """The collecting process's deadline leaves room for its own deadline on its workers: a worker stopped
+    beneath it is named with its envs; both deadlines share a floor, and the outer one used to fire first."""
+    with make_collector([f.cartpole] * 4, RandomPolicy(2), backend="async", horizon=8, background=True,
+                        num_workers=1, worker_timeout=1.0) as collector:
+        for _ in range(3):
+            collector.collect()
+        worker = _newest_worker(psutil.Process(collector._process.pid).children())
+        os.kill(worker.pid, signal.SIGSTOP)
+        with pytest.raises(WorkerTimeoutError, match=rf"async worker 0 \(pid {worker.pid}, envs 2-3\) has been "
+                                                     r"silent for [\d.]+ s during step"):
+            collector.collect()
+    _assert_none_left([worker])
+
+
 def test_the_learners_own_time_does_not_stretch_the_collecting_process_deadline():
     """With --overlap the learner reads each rollout after its update: the deadline must measure the collecting
     process's work, not the learner's (a slow or compiling update would make a hang noticed minutes late)."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from collectors.backend_names import BACKENDS
 from trainer.arguments import did_you_mean
 
 # env arguments that name files: stored absolute (a run's printed commands work from any directory), and the
@@ -215,6 +216,7 @@ class TrainConfig:
         need(self.target_kl >= 0, "target_kl", "must be >= 0 (0 disables it)")
         need(self.num_workers >= 0, "num_workers", "must be >= 0 (0: backend default)")
         need(self.num_splits >= 1, "num_splits", "must be >= 1 (1: lockstep)")
+        need(self.backend in BACKENDS, "backend", f"choose {', '.join(BACKENDS)}{did_you_mean(self.backend, BACKENDS)}")
         need(self.num_splits == 1 or self.backend == "async", "num_splits", "needs --backend async")
         need(self.threads >= 0, "threads", "must be >= 0 (0: from the run layout)")
         need(self.device in DEVICE_CHOICES or self.device.startswith("cuda:"), "device",
@@ -237,9 +239,6 @@ class TrainConfig:
         need(self.replay_ratio > 0, "replay_ratio", "must be > 0")
         need(0 < self.eps_base <= 1, "eps_base", "must be in (0, 1]")
         need(self.eps_alpha >= 0, "eps_alpha", "must be >= 0")
-        # last: collectors loads torch (seconds), and every other mistake is answered before it
-        from collectors import BACKENDS
-        need(self.backend in BACKENDS, "backend", f"choose {', '.join(BACKENDS)}{did_you_mean(self.backend, BACKENDS)}")
 
     @property
     def env_options(self) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from collectors.stop_signals import die_with_parent, ignore_stop_signals, stop_s
 from collectors.storage import torch_dtype
 
 _FIELDS = ("next_obs", "rewards", "terminated", "truncated", "final_obs", "final_mask")  # final_* last
-_CLOSE_TIMEOUT_S = 3.0
+CLOSE_TIMEOUT_S = 3.0  # workers asked to close get this long before they are killed
 
 
 class WorkerDiedError(RuntimeError):
@@ -145,7 +145,7 @@ def _shutdown(procs: list, conns: list) -> None:
             conn.send(("close", None))
         except Exception:
             pass
-    stop_processes(procs, patience=_CLOSE_TIMEOUT_S)
+    stop_processes(procs, patience=CLOSE_TIMEOUT_S)
     for conn in conns:
         conn.close()
 
