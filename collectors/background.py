@@ -22,6 +22,8 @@ from collectors.rollout import Rollout
 from collectors.stop_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
 
 _CLOSE_TIMEOUT_S = 5.0
+# the commands the collecting process answers only once its async workers have: its deadline on them fires first
+_REACH_WORKERS = frozenset({"start", "collect", "get_state", "set_state"})
 _REPORT_MARGIN_S = 2.0  # a busy machine's delay between the collecting process's error and its arrival here
 
 
@@ -52,8 +54,9 @@ class BackgroundCollector(Collector):
             one shared-memory copy, handed over when the process starts, and never sent again).
         worker_timeout: seconds the collecting process (and its async workers) may stay silent,
             stretched to 20 times the slowest answer measured (``collectors.deadlines.Deadline``).
-            Over async workers, a rollout gets a few seconds more (:meth:`_report_s`): the collecting
-            process's own deadline on a silent worker fires first, and the error names that worker.
+            Over async workers, what waits on them (a rollout, a state) gets a few seconds more
+            (:meth:`_report_s`): the collecting process's own deadline on a silent worker fires
+            first, and the error names that worker.
         options: further ``RolloutCollector`` options (``num_workers``, ``main_share``, ...).
 
     Every wait is bounded: the process's death is noticed at once (``WorkerDiedError``), its
@@ -104,7 +107,8 @@ class BackgroundCollector(Collector):
         """The collecting process's answer to what was sent at ``sent_at``; raises its error,
         ``WorkerDiedError`` if it died, ``WorkerTimeoutError`` if it stays silent past the deadline."""
         first = what == "start" or (what == "collect" and not self._rollouts)  # envs built, buffers allocated
-        limit = self.deadline.limit("start" if first else what) + (self._report_s() if what == "collect" else 0.0)
+        report_s = self._report_s() if what in _REACH_WORKERS else 0.0
+        limit = self.deadline.limit("start" if first else what) + report_s
         ready = wait([self._conn, self._process.sentinel], timeout=max(0.0, sent_at + limit - time.monotonic()))
         busy_s = None
         if self._conn in ready:
@@ -117,10 +121,13 @@ class BackgroundCollector(Collector):
             kind, payload = "died", None
         else:
             envs = f"envs 0-{self.num_envs - 1}" if hasattr(self, "num_envs") else "its envs not yet built"
-            raise WorkerTimeoutError(
+            leeway = f", {report_s:.2g} s of it for its workers' own deadline to fire first" if report_s else ""
+            silent = WorkerTimeoutError(
                 f"the collecting process (pid {self._process.pid}, {envs}) has been silent for "
-                f"{time.monotonic() - sent_at:.1f} s during {what} (limit {limit:g} s: a hung env step or a "
-                "stopped process; raise it with --worker-timeout / worker_timeout)")
+                f"{time.monotonic() - sent_at:.1f} s during {what} (limit {limit:.3g} s{leeway}: a hung env step "
+                "or a stopped process; raise it with --worker-timeout / worker_timeout)")
+            self._process.kill()  # it would not answer a close either (its workers die with it)
+            raise silent
         if kind == "ok":
             if not first:  # its own work: not the time this process spent learning before it read the answer
                 self.deadline.measured(busy_s if busy_s is not None else time.monotonic() - sent_at)

@@ -132,7 +132,7 @@ def test_a_stored_setting_this_machine_cannot_run_is_a_usage_error_that_says_whe
                          "(the run's stored --device; pass --device to change it on resume) (see --help)"), line
     line = command(["-m", "trainer.train", "--resume", str(copy), "--cuda-graphs", "true", "--device", "cpu"], 2,
                    tmp_path)
-    assert "--cuda-graphs=True is invalid: needs a CUDA learner" in line and "stored" not in line
+    assert "--cuda-graphs=true is invalid: needs a CUDA learner" in line and "stored" not in line
 
 
 def test_a_flag_that_would_change_the_resumed_run_is_a_usage_error(vr_run, tmp_path):

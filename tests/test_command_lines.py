@@ -189,9 +189,19 @@ def test_setting_checkpoints_aside_keeps_the_pointers_true(tmp_path):
     (["-m", "trainer.evaluate", "--checkpoint", "x", "--pick", "bset"], "(did you mean best?)"),
     (["-m", "trainer.export", "--checkpoint", "x", "--format", "onxx"], "(did you mean onnx?)"),
     (["-m", "trainer.evaluate", "--chekpoint", "x"], "required: --checkpoint (did you mean --checkpoint?)"),
+    (["-m", "trainer.evaluate", "--checkpoint", "x", "--baselines", "lowest,fair_shre"],
+     "unknown fair_shre; use all, none or names from"),
+    (["-m", "trainer.evaluate", "--checkpoint", "x", "--baselines", "fair_shre"], "(did you mean fair_share?)"),
+    (["-m", "trainer.evaluate", "--checkpoint", "x", "--episodes", "0"], "--episodes=0 is invalid: must be >= 1"),
+    (["-m", "trainer.evaluate", "--checkpoint", "x", "--seed", "-1"], "--seed=-1 is invalid: must be >= 0"),
+    (["-m", "trainer.export", "--checkpoint", "x", "--atol", "0"], "--atol=0.0 is invalid: must be a finite number"),
     (["-m", "trainer.train", "--device", "cdua"], "use auto, cpu, cuda or cuda:N (did you mean cuda?)"),
     (["-m", "trainer.train", "--device", "gpu"], "use auto, cpu, cuda or cuda:N (did you mean cuda?)"),
-    (["-m", "trainer.train", "--backend", "sycn"], "choose serial, sync, async, device, ray (did you mean sync?)"),
+    (["-m", "trainer.train", "--backend", "sycn"], "choose serial, sync, async, device or ray (did you mean sync?)"),
+    (["-m", "trainer.train", "--backend", "Async"], "(did you mean async?)"),  # case counts: not "sync"
+    (["-m", "trainer.train", "--policy-arch", "flt"], "choose auto, flat or per_head (did you mean flat?)"),
+    (["-m", "trainer.train", "--overlap-targets", "vtrac"], "choose gae or vtrace (did you mean vtrace?)"),
+    (["-m", "trainer.train", "--backend", "device", "--overlap", "true"], "--overlap=true is invalid"),
 ])
 def test_typos_get_a_did_you_mean_before_torch_loads(tmp_path, args, words):
     done = command(["-X", "importtime", *args], tmp_path)

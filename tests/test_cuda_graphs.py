@@ -131,7 +131,7 @@ def test_a_step_is_captured_only_on_cuda_with_a_capturable_optimizer():
 # ---------------------------------------------------------------------------- what the layout and the CLI decide
 
 def test_cuda_graphs_on_a_cpu_learner_is_refused_naming_the_fix():
-    with pytest.raises(ValueError, match=r"--cuda-graphs=True is invalid: needs a CUDA learner, but this run learns "
+    with pytest.raises(ValueError, match=r"--cuda-graphs=true is invalid: needs a CUDA learner, but this run learns "
                                          r"on cpu: use --device cuda on a machine with a GPU, or --cuda-graphs false"):
         run_layout(TrainConfig(device="cpu", cuda_graphs=True), Machine(cores=2))
 
@@ -142,13 +142,13 @@ def test_cuda_graphs_on_the_command_line_without_a_gpu_is_one_line(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr
     lines = [line for line in run.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "--cuda-graphs=True is invalid: needs a CUDA learner" in lines[0], run.stderr
+    assert len(lines) == 1 and "--cuda-graphs=true is invalid: needs a CUDA learner" in lines[0], run.stderr
     assert not (tmp_path / "r" / "checkpoints").exists()
     toml = tmp_path / "run.toml"
     toml.write_text("cuda-graphs = true\n")
     run = subprocess.run([sys.executable, "-m", "trainer.train", "--device", "cpu", "--config", str(toml)],
                          capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2 and f"{toml}: cuda_graphs = True is invalid: needs a CUDA learner" in run.stderr
+    assert run.returncode == 2 and f"{toml}: cuda_graphs = true is invalid: needs a CUDA learner" in run.stderr
 
 
 def test_cuda_graphs_are_ppos_setting():

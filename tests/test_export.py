@@ -200,8 +200,11 @@ def test_a_checkpoint_whose_network_does_not_fit_its_env(tmp_path, cartpole):
 
 
 @pytest.mark.parametrize("flag", [["--atol", "inf"], ["--atol", "-1"], ["--seed", "-5"]])
-def test_bad_numbers_are_refused(cartpole, flag):
-    assert f"{flag[0]}=" in one_line_error(["--checkpoint", str(cartpole), *flag])
+def test_bad_numbers_are_usage_errors(cartpole, flag, capsys):
+    with pytest.raises(SystemExit) as info:
+        export_main(["--checkpoint", str(cartpole), *flag])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"error: {flag[0]}=" in err and err.count("\n") == 1, err
 
 
 def test_an_exported_file_passed_as_a_checkpoint_is_named(tmp_path, cartpole):

@@ -87,7 +87,6 @@ def test_evaluate_command_prints_table_and_writes_json(vr_run, capsys):
     (["--checkpoint", "{missing}"], "no such checkpoint"),
     (["--checkpoint", "{empty}"], "no checkpoints found"),
     (["--checkpoint", "{run}", "--env", "CartPole-v1"], "trained on VREdge-v0, not CartPole-v1"),
-    (["--checkpoint", "{run}", "--baselines", "oracle"], "unknown baseline"),
 ])
 def test_evaluate_bad_input_is_a_one_line_error(tmp_path, vr_run, argv, words):
     (tmp_path / "empty").mkdir()

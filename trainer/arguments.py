@@ -10,7 +10,7 @@ import argparse
 import difflib
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 def did_you_mean(words: str | list[str], choices: Iterable[str]) -> str:
@@ -19,10 +19,26 @@ def did_you_mean(words: str | list[str], choices: Iterable[str]) -> str:
     >>> did_you_mean("CartPole-v0", ["CartPole-v1", "Acrobot-v1"]), did_you_mean("xyz", ["ppo", "apex"])
     (' (did you mean CartPole-v1?)', '')
     """
-    choices = list(choices)
-    close = [m[0] for w in ([words] if isinstance(words, str) else words)
-             if (m := difflib.get_close_matches(w, choices, n=1, cutoff=0.6))]
+    lowered = {c.lower(): c for c in choices}  # case is a typo too: "Async" is async, not sync
+    close = [lowered[m[0]] for w in ([words] if isinstance(words, str) else words)
+             if (m := difflib.get_close_matches(w.lower(), lowered, n=1, cutoff=0.6))]
     return f" (did you mean {' '.join(close)}?)" if close else ""
+
+
+def choose(value: str, choices: Sequence[str]) -> str:
+    """The rule for a setting with a few valid values: ``"choose a, b or c"``, with the closest to ``value``.
+
+    >>> choose("Async", ["serial", "sync", "async"])
+    'choose serial, sync or async (did you mean async?)'
+    """
+    *others, last = choices
+    listed = f"{', '.join(others)} or {last}" if others else last
+    return f"choose {listed}{did_you_mean(value, choices)}"
+
+
+def spelled(value: object) -> str:
+    """``value`` as a command line or a TOML file writes it: ``true``/``false`` for booleans, else its ``repr``."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 class OneLineParser(argparse.ArgumentParser):

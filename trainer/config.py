@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors.backend_names import BACKENDS
-from trainer.arguments import did_you_mean
+from trainer.arguments import choose, did_you_mean, spelled
 
 # env arguments that name files: stored absolute (a run's printed commands work from any directory), and the
 # ones a resumed run or trainer.evaluate may point elsewhere (the files moved; the run is the same)
@@ -166,6 +166,9 @@ class TrainConfig:
         def need(ok: bool, name: str, rule: str) -> None:
             if not ok:
                 raise ConfigError(name, getattr(self, name), rule)
+
+        def one_of(name: str, choices: tuple[str, ...]) -> None:
+            need(getattr(self, name) in choices, name, choose(getattr(self, name), choices))
         for f in fields(self):  # inf or nan anywhere makes no sense and would fail much later
             value = getattr(self, f.name)
             need(not isinstance(value, float) or math.isfinite(value), f.name, "must be a finite number")
@@ -196,8 +199,8 @@ class TrainConfig:
         need(not self.overlap or self.backend != "device", "overlap",
              "works with --backend serial, sync or async; --backend device steps its env on the learner's device, "
              "between updates")
-        need(self.overlap_targets in ("gae", "vtrace"), "overlap_targets", "choose gae or vtrace")
-        need(self.policy_arch in ("auto", "flat", "per_head"), "policy_arch", "choose auto, flat or per_head")
+        one_of("overlap_targets", ("gae", "vtrace"))
+        one_of("policy_arch", ("auto", "flat", "per_head"))
         need(self.rho_bar > 0 and self.c_bar > 0, "rho_bar", "rho_bar and c_bar must be > 0")
         need(self.cpus_per_worker > 0, "cpus_per_worker", "must be > 0")
         need(0 < self.worker_timeout <= 1e6, "worker_timeout", "must be > 0 and at most 1e6 seconds (11.6 days: "
@@ -216,14 +219,13 @@ class TrainConfig:
         need(self.target_kl >= 0, "target_kl", "must be >= 0 (0 disables it)")
         need(self.num_workers >= 0, "num_workers", "must be >= 0 (0: backend default)")
         need(self.num_splits >= 1, "num_splits", "must be >= 1 (1: lockstep)")
-        need(self.backend in BACKENDS, "backend", f"choose {', '.join(BACKENDS)}{did_you_mean(self.backend, BACKENDS)}")
+        one_of("backend", BACKENDS)
         need(self.num_splits == 1 or self.backend == "async", "num_splits", "needs --backend async")
         need(self.threads >= 0, "threads", "must be >= 0 (0: from the run layout)")
         need(self.device in DEVICE_CHOICES or self.device.startswith("cuda:"), "device",
              "use auto, cpu, cuda or cuda:N" + (" (did you mean cuda?)" if self.device.lower() == "gpu" else
-                                                 did_you_mean(self.device.lower(), DEVICE_CHOICES)))
-        need(self.compile in COMPILE_CHOICES, "compile",
-             f"choose {', '.join(COMPILE_CHOICES)}{did_you_mean(self.compile.lower(), COMPILE_CHOICES)}")
+                                                 did_you_mean(self.device, DEVICE_CHOICES)))
+        one_of("compile", COMPILE_CHOICES)
         try:
             sizes = self.hidden_sizes
         except ValueError:
@@ -272,7 +274,7 @@ class ConfigError(ValueError):
     """An invalid config value; ``key`` names it (a flag on the command line, a key in a TOML file)."""
 
     def __init__(self, key: str, value: Any, rule: str, message: str | None = None) -> None:
-        super().__init__(message or f"--{key.replace('_', '-')}={value!r} is invalid: {rule}")
+        super().__init__(message or f"--{key.replace('_', '-')}={spelled(value)} is invalid: {rule}")
         self.key, self.value, self.rule = key, value, rule
 
 

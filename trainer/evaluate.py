@@ -16,7 +16,7 @@ import multiprocessing
 import sys
 from pathlib import Path
 
-from trainer.arguments import OneLineParser
+from trainer.arguments import OneLineParser, did_you_mean
 
 REFERENCE = "clairvoyant"
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
                         "that `--json > f` and `--json | jq` work")
     p.add_argument("--out", default="", help="where evaluation.json/.png go (default: the run directory)")
     args = p.parse_args(argv)
+    asked_baselines = _checked_arguments(p, args)
     # imported once the command line is checked: --help and a typo answer before torch loads
     import functools
 
@@ -68,15 +69,13 @@ def main(argv: list[str] | None = None) -> None:
         summarize,
         validation_seeds,
     )
-    from trainer.evaluation.baselines import baseline_names, best_baseline
+    from trainer.evaluation.baselines import best_baseline
     from trainer.evaluation.policies import checkpoint_label, load_policy
     from trainer.evaluation.report import check_writable, format_table, plot
     from trainer.registry import algorithm_spec
 
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
     try:
-        if args.episodes < 1:
-            raise ValueError(f"--episodes={args.episodes} is invalid: must be >= 1")
         moved = {"capacity_trace": str(Path(args.capacity_trace).resolve())} if args.capacity_trace else {}
         model, cfg, source = load_policy(args.checkpoint, args.pick, moved)  # the run's traces may be gone
         algorithm = algorithm_spec(cfg.algo)
@@ -85,8 +84,8 @@ def main(argv: list[str] | None = None) -> None:
                              "explored only while collecting); drop --stochastic")
         if args.env and args.env != cfg.env:
             raise ValueError(f"{source} was trained on {cfg.env}, not {args.env}")
-        names = baseline_names(args.baselines, cfg.env)
         vr_edge = cfg.env == "VREdge-v0"
+        names = asked_baselines if vr_edge else []  # the baselines are VR-edge's
         if args.capacity_trace and not vr_edge:
             raise ValueError(f"--capacity-trace applies to VREdge-v0, not {cfg.env}")
         env_kwargs = held_out_env_kwargs(cfg.env_options, args.capacity_trace)
@@ -139,6 +138,25 @@ def main(argv: list[str] | None = None) -> None:
           file=out)
     if args.json:
         print(json.dumps(payload))
+
+
+def _checked_arguments(parser: OneLineParser, args: argparse.Namespace) -> list[str]:
+    """The baselines ``--baselines`` names, once the arguments that need no checkpoint are checked: a mistake
+    is a usage error (exit 2), answered before torch loads."""
+    from envs import BASELINES
+
+    if args.episodes < 1:
+        parser.error(f"--episodes={args.episodes} is invalid: must be >= 1")
+    if args.seed < 0:
+        parser.error(f"--seed={args.seed} is invalid: must be >= 0")
+    if args.baselines in ("", "none"):
+        return []
+    names = list(BASELINES) if args.baselines == "all" else [n.strip() for n in args.baselines.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BASELINES]
+    if unknown:
+        parser.error(f"--baselines={args.baselines!r} is invalid: unknown {', '.join(unknown)}; use all, none or "
+                     f"names from {', '.join(BASELINES)}{did_you_mean(unknown, BASELINES)}")
+    return names
 
 
 if __name__ == "__main__":

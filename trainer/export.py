@@ -32,17 +32,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--atol", type=float, default=None,
                    help="largest allowed probability difference (default: trainer.ppo.export.ATOL, 1e-5)")
     args = p.parse_args(argv)
-    # imported once the command line is checked: --help and a typo answer before torch loads
+    if args.atol is not None and not (args.atol > 0 and math.isfinite(args.atol)):
+        p.error(f"--atol={args.atol} is invalid: must be a finite number > 0")
+    if args.seed < 0:
+        p.error(f"--seed={args.seed} is invalid: must be >= 0")
+    # imported once the command line is checked: --help and a mistake answer before torch loads
     import checkpoints
     from trainer.ppo.export import ATOL, FILES, export
 
     formats = list(FILES) if args.format == "both" else [args.format]
     atol = ATOL if args.atol is None else args.atol
     try:
-        if not (atol > 0 and math.isfinite(atol)):
-            raise ValueError(f"--atol={args.atol} is invalid: must be a finite number > 0")
-        if args.seed < 0:
-            raise ValueError(f"--seed={args.seed} is invalid: must be >= 0")
         export(args.checkpoint, formats, args.out or None, args.seed, atol)
     except (ValueError, checkpoints.CheckpointError) as e:
         raise SystemExit("error: " + " ".join(line.strip() for line in str(e).splitlines())) from None

@@ -20,7 +20,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from trainer.arguments import OneLineParser, did_you_mean
+from trainer.arguments import OneLineParser, did_you_mean, spelled
 from trainer.config import PATH_ENV_KWARGS, ConfigError, TrainConfig, moved_env_files
 from trainer.registry import (
     ALGORITHMS,
@@ -135,8 +135,8 @@ def _toml_values(path: Path) -> dict[str, Any]:
     if twice:
         raise ValueError(f"{path} sets {', '.join(twice)} twice (once with hyphens, once with underscores)")
     values = {}
-    for spelled, value in data.items():
-        key = keys[spelled]
+    for written, value in data.items():
+        key = keys[written]
         kind = types[key]
         ok, value = _of_kind(value, kind)
         if not ok:
@@ -184,7 +184,7 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
             cuda_graphs_on(cfg, learner_device(cfg.device, torch.cuda.device_count()))
     except ConfigError as e:
         if e.key in from_file and e.key not in args:
-            parser.error(f"{args['config']}: {e.key} = {e.value!r} is invalid: {e.rule}")
+            parser.error(f"{args['config']}: {e.key} = {spelled(e.value)} is invalid: {e.rule}")
         parser.error(str(e))
     except ValueError as e:
         parser.error(str(e))

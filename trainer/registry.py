@@ -11,7 +11,7 @@ from typing import Any
 
 from trainer.algorithm import Algorithm, AlgorithmSpec
 from trainer.apex.spec import ApeXSpec
-from trainer.arguments import did_you_mean
+from trainer.arguments import choose
 from trainer.config import ConfigError, TrainConfig
 from trainer.ppo.spec import PPOSpec
 
@@ -29,9 +29,7 @@ def algorithm_spec(name: str) -> type[AlgorithmSpec]:
     'PPOSpec'
     """
     if name not in ALGORITHMS:
-        *others, last = ALGORITHMS
-        choose = f"choose {', '.join(others)} or {last}" if others else f"choose {last}"
-        raise ConfigError("algo", name, choose + did_you_mean(name, ALGORITHMS))
+        raise ConfigError("algo", name, choose(name, list(ALGORITHMS)))
     return ALGORITHMS[name]
 
 

@@ -286,10 +286,13 @@ class AsyncBackend:
             ready = wait([*conns, *sentinels], timeout=max(0.0, sent + limit - time.monotonic()))
             if not ready:
                 w = min(pending)
-                raise WorkerTimeoutError(
+                silent = WorkerTimeoutError(
                     f"async worker {w} (pid {self.procs[w].pid}, {self._hosted_by(w)}) "
-                    f"has been silent for {time.monotonic() - sent:.1f} s during {phase} (limit {limit:g} s: "
+                    f"has been silent for {time.monotonic() - sent:.1f} s during {phase} (limit {limit:.3g} s: "
                     "a hung env step or a stopped process; raise it with --worker-timeout / worker_timeout)")
+                for late in pending:  # it would not answer a close either: its patience would only be waited out
+                    self.procs[late].kill()
+                raise silent
             for obj in ready:
                 w = conns[obj] if obj in conns else sentinels[obj]
                 if w not in pending:

@@ -330,7 +330,7 @@ class RayBackend:
     def silent(self, w: int) -> WorkerTimeoutError:
         """The error for worker ``w``, whose rollout in flight is past its deadline."""
         return WorkerTimeoutError(f"has been silent for {time.monotonic() - self.launched[w]:.1f} s during a "
-                                  f"rollout (limit {self.limit(w):g} s: a hung env step or a stopped process; "
+                                  f"rollout (limit {self.limit(w):.3g} s: a hung env step or a stopped process; "
                                   "raise it with --worker-timeout / worker_timeout)")
 
     def put_weights(self) -> Any:

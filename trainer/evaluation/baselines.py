@@ -11,19 +11,6 @@ from trainer.evaluation.episodes import run_episodes
 from trainer.evaluation.statistics import summarize
 
 
-def baseline_names(spec: str, env_id: str) -> list[str]:
-    """The baselines ``--baselines`` names (``all``, ``none`` or a comma-separated list); none for envs other
-    than VR-edge, which has them."""
-    if spec in ("", "none"):
-        return []
-    names = list(envs.BASELINES) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in envs.BASELINES]
-    if unknown:
-        raise ValueError(f"unknown baseline(s) {', '.join(unknown)}; expected 'all', 'none' or names from "
-                         f"{', '.join(envs.BASELINES)}")
-    return names if env_id == "VREdge-v0" else []
-
-
 def best_baseline(names: list[str], config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], seeds: list[int]
                   ) -> tuple[str | None, dict[str, list[dict[str, float]]]]:
     """The baseline with the highest reward per step on the episodes of ``seeds``, and every baseline's records.
