@@ -55,6 +55,18 @@ def test_resume_of_envs_without_get_state_restarts_episodes_and_says_so(tmp_path
     assert "derived seeds" in capsys.readouterr().err
 
 
+def test_baselines_named_for_an_env_without_them_are_a_note(tmp_path, capsys):
+    run(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "32", "--total-steps", "64", "--run-dir",
+         str(tmp_path)])
+    capsys.readouterr()
+    evaluate_cli.main(["--checkpoint", str(tmp_path), "--episodes", "1", "--baselines", "lowest", "--json"])
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["baselines"] == {}
+    assert "note: --baselines are VR-edge's; CartPole-v1 has none" in printed.err
+    evaluate_cli.main(["--checkpoint", str(tmp_path), "--episodes", "1", "--json"])  # the default: no note
+    assert "note:" not in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def vr_run(tmp_path_factory):
     """A one-iteration VR-edge run directory, shared by the evaluation tests."""

@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"{source} was trained on {cfg.env}, not {args.env}")
         vr_edge = cfg.env == "VREdge-v0"
         names = asked_baselines if vr_edge else []  # the baselines are VR-edge's
+        if asked_baselines and not vr_edge and args.baselines != "all":  # named ones: say why none is played
+            print(f"note: --baselines are VR-edge's; {cfg.env} has none, so the policy is evaluated alone",
+                  file=sys.stderr)
         if args.capacity_trace and not vr_edge:
             raise ValueError(f"--capacity-trace applies to VREdge-v0, not {cfg.env}")
         env_kwargs = held_out_env_kwargs(cfg.env_options, args.capacity_trace)
