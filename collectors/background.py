@@ -141,7 +141,8 @@ class BackgroundCollector(Collector):
         """How much later than its workers' deadline the collecting process may report one of them silent.
 
         A worker's silence counts from the step it was sent, up to a rollout after the rollout began;
-        then the collecting process stops its workers (their close patience) and sends the error.
+        then the collecting process kills the silent one, gives the others at most their close patience,
+        and sends the error.
         Without this, both deadlines share a floor, this one starts first, and a stopped worker would
         be reported as the collecting process being silent.
         """

@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> None:
                         "that `--json > f` and `--json | jq` work")
     p.add_argument("--out", default="", help="where evaluation.json/.png go (default: the run directory)")
     args = p.parse_args(argv)
-    asked_baselines = _checked_arguments(p, args)
+    _check_numbers(p, args)
+    asked_baselines = _asked_baselines(p, args.baselines)
     # imported once the command line is checked: --help and a typo answer before torch loads
     import functools
 
@@ -143,22 +144,26 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(payload))
 
 
-def _checked_arguments(parser: OneLineParser, args: argparse.Namespace) -> list[str]:
-    """The baselines ``--baselines`` names, once the arguments that need no checkpoint are checked: a mistake
-    is a usage error (exit 2), answered before torch loads."""
-    from envs import BASELINES
-
+def _check_numbers(parser: OneLineParser, args: argparse.Namespace) -> None:
+    """``--episodes`` and ``--seed`` need no checkpoint: a mistake is a usage error, answered before torch loads."""
     if args.episodes < 1:
         parser.error(f"--episodes={args.episodes} is invalid: must be >= 1")
     if args.seed < 0:
         parser.error(f"--seed={args.seed} is invalid: must be >= 0")
-    if args.baselines in ("", "none"):
+
+
+def _asked_baselines(parser: OneLineParser, spec: str) -> list[str]:
+    """The baselines ``--baselines`` names (``all``, ``none`` or a comma-separated list); an unknown name is a
+    usage error."""
+    from envs import BASELINES
+
+    if spec in ("", "none"):
         return []
-    names = list(BASELINES) if args.baselines == "all" else [n.strip() for n in args.baselines.split(",") if n.strip()]
+    names = list(BASELINES) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
     unknown = [n for n in names if n not in BASELINES]
     if unknown:
-        parser.error(f"--baselines={args.baselines!r} is invalid: unknown {', '.join(unknown)}; use all, none or "
-                     f"names from {', '.join(BASELINES)}{did_you_mean(unknown, BASELINES)}")
+        parser.error(f"--baselines={spec!r} is invalid: unknown {', '.join(unknown)}; use all, none or names "
+                     f"from {', '.join(BASELINES)}{did_you_mean(unknown, BASELINES)}")
     return names
 
 

@@ -28,9 +28,9 @@ def check_weights_fit(cfg: TrainConfig, weights: dict[str, torch.Tensor], source
     The network is built on the ``meta`` device, which allocates no memory: a stored config that asks for
     ``hidden="60000,60000"`` next to 64-wide weights is refused before gigabytes are asked for.
     """
-    algorithm = algorithm_class(cfg.algo)  # imported out here: a module that makes tensors on import fails on meta
+    algorithm_class(cfg.algo)  # imported out here: a module that makes tensors on import fails on meta
     with torch.device("meta"):
-        wanted = {k: tuple(v.shape) for k, v in algorithm.make_model(cfg).state_dict().items()}
+        wanted = {k: tuple(v.shape) for k, v in make_model(cfg).state_dict().items()}
     held = {k: tuple(v.shape) for k, v in weights.items()}
     if wanted == held:
         return
