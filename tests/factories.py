@@ -112,6 +112,8 @@ class NaNRewardEnv(FaultyCartPole):
 
 if "NaNReward-v0" not in gym.registry:
     gym.register(id="NaNReward-v0", entry_point="tests.factories:NaNRewardEnv", kwargs={"fail_at": 150})
+if "Exploding-v0" not in gym.registry:  # --env tests.factories:Exploding-v0: each env raises on its 40th step
+    gym.register(id="Exploding-v0", entry_point="tests.factories:ExplodingEnv", kwargs={"fail_at": 40})
 if "Hanging-v0" not in gym.registry:  # --env tests.factories:Hanging-v0 on the command line
     gym.register(id="Hanging-v0", entry_point="tests.factories:HangingEnv", kwargs={"fail_at": 40})
 

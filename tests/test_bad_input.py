@@ -46,13 +46,16 @@ def _limit_memory() -> None:
 
 def command(args: list[str], status: int, cwd: Path) -> str:
     """Run ``python ARGS`` in a fresh process; check its exit status and that it ends in one error line without
-    a traceback; return that line."""
+    a traceback (followed, when iterations were completed, by what was saved and how to resume); return that
+    line."""
     proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
                           preexec_fn=_limit_memory)
     assert proc.returncode == status and "Traceback" not in proc.stderr, proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert "error: " in last, proc.stderr
-    return last
+    lines = proc.stderr.strip().splitlines()
+    while lines[-1].startswith(("training failed: ", "resume: ")):
+        lines.pop()
+    assert "error: " in lines[-1], proc.stderr
+    return lines[-1]
 
 
 @pytest.fixture(scope="module")

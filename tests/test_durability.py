@@ -25,6 +25,7 @@ from trainer import train as train_module
 from trainer.flags import parse_args
 from trainer.ppo.algorithm import PPO
 
+REPO = Path(__file__).resolve().parents[1]
 ITERATIONS = 8
 VR = ["--env", "VREdge-v0", "--num-envs", "4", "--num-steps", "16", "--total-steps", str(4 * 16 * ITERATIONS),
       "--checkpoint-every", "3", "--seed", "5", "--device", "cpu"]
@@ -193,6 +194,27 @@ def test_an_env_error_keeps_the_last_completed_iteration(tmp_path, monkeypatch):
     with pytest.raises(Exception, match="simulated env bug"):
         run(VR + ["--run-dir", str(tmp_path), "--checkpoint-every", "10"])
     assert final_state(tmp_path)["iteration"] == 2 == len(metrics(tmp_path))
+
+
+@pytest.mark.parametrize("backend", ["sync", pytest.param("async", marks=pytest.mark.slow)])
+def test_an_env_error_on_the_command_line_says_it_first_then_what_was_saved(tmp_path, backend):
+    """The env's own traceback under one error line, then where the completed iterations are and how to resume:
+    no frames of the trainer's, and the resume goes on from the checkpoint."""
+    run_dir = tmp_path / "run"
+    args = ["--env", "tests.factories:Exploding-v0", "--backend", backend, "--num-envs", "2", "--num-steps", "8",
+            "--total-steps", str(2 * 8 * 20), "--checkpoint-every", "1", "--device", "cpu", "--compile", "off"]
+    out, err = cli(args + ["--run-dir", str(run_dir)], REPO).communicate(timeout=300)
+    lines = err.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("error: "))
+    assert lines[first] == "error: env 0 raised in step():", err
+    assert 'raise RuntimeError("simulator exploded")' in err and "trainer/train.py" not in err, err
+    saved = checkpoints.latest_loadable(run_dir)[1]["iteration"]
+    assert saved == 39 // 8 == len(metrics(run_dir))  # the 40th step is in the 5th rollout
+    assert lines[-2:] == [f"training failed: the newest checkpoint {run_dir}/checkpoints/ckpt_{saved:08d}.pt "
+                          f"holds iteration {saved}",
+                          f"resume:        {sys.executable} -m trainer.train --resume {run_dir.resolve()}"], err
+    cli(["--resume", str(run_dir)], REPO).communicate(timeout=300)  # its new envs explode on their 40th step too
+    assert checkpoints.latest_loadable(run_dir)[1]["iteration"] == 2 * saved == len(metrics(run_dir))
 
 
 def test_after_a_crash_resume_runs_lost_iterations_once(tmp_path):

@@ -34,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 import checkpoints
-from collectors import WorkerDiedError, make_collector
+from collectors import EnvError, WorkerDiedError, make_collector
 from collectors.resources import torch_threads
 from trainer.algorithm import Algorithm, NonFiniteLossError
 from trainer.config import ConfigError, TrainConfig
@@ -185,10 +185,10 @@ def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signa
             raise TrainingStopped(signum, run_dir, saved_at or 0, last_saved) from None
         if isinstance(e, NonFiniteLossError):
             raise NonFiniteLossError(f"{e}; {where}") from None
-        print(f"training failed: {where}", file=sys.stderr)
+        # notes (PEP 678), so that they follow the error's own line, wherever it is printed
+        _add_note(e, f"training failed: {where}")
         if last_saved:  # an env error, a dead or silent worker: what was completed is saved, and resumes
-            print(f"resume:        {_command('-m', 'trainer.train', '--resume', str(Path(run_dir).resolve()))}",
-                  file=sys.stderr)
+            _add_note(e, f"resume:        {_command('-m', 'trainer.train', '--resume', str(Path(run_dir).resolve()))}")
         raise
     finally:
         bar.close()
@@ -198,6 +198,14 @@ def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signa
             "checkpoint": str(last_saved) if last_saved else None, **algorithm.summary(),
             "recent_return": float(np.mean(algorithm.recent)) if algorithm.recent else None,
             "finished": algorithm.iteration >= iterations}
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)``, also on Python 3.10 (where the traceback does not print it; ``main`` does)."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:
+        error.__notes__ = [*getattr(error, "__notes__", ()), note]
 
 
 def _tensorboard(run_dir: Path):
@@ -248,8 +256,9 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
         raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
     except ConfigError as e:  # a setting this machine cannot run: as the flags' errors, exit status 2
         build_parser().error(f"{e}{_stored_setting(e.key, cli)}")
-    except (ValueError, TypeError, NonFiniteLossError, WorkerDiedError) as e:
-        raise SystemExit(f"error: {e}") from None
+    except (ValueError, TypeError, NonFiniteLossError, WorkerDiedError, EnvError) as e:
+        # an env's error carries the env's own traceback; the trainer's frames above it would only be noise
+        raise SystemExit("\n".join([f"error: {e}".rstrip(), *getattr(e, "__notes__", ())])) from None
     run_dir = str(Path(summary["run_dir"]).resolve())
     print(f"run directory: {run_dir} ({summary['iterations']} iterations, {summary['env_steps']:,} env steps)")
     print(f"metrics:       {run_dir}/metrics.jsonl")
