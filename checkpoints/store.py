@@ -8,7 +8,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -47,20 +47,22 @@ def _decode(x: Any) -> Any:
     return x
 
 
-def _serialize(state: dict[str, Any]) -> bytes:
+def _serialize(state: dict[str, Any]) -> memoryview:
     """The file's bytes: the encoded state as an inner torch file, wrapped with its SHA-256.
 
     The inner file is stored as a uint8 tensor of the outer one, so the whole file is still
     read by ``torch.load(weights_only=True)``, and a flipped bit anywhere in the state is
     caught by the checksum (torch's zip reader does not verify its CRCs).
+    Views, not copies, of the two buffers: the peak is the state's size twice over, which
+    counts when the state holds a replay of many GiB.
     """
     inner = io.BytesIO()
     torch.save(_encode(state), inner)
-    payload = inner.getvalue()
+    payload = inner.getbuffer()
     outer = io.BytesIO()
     torch.save({"format_version": FORMAT_VERSION, "sha256": hashlib.sha256(payload).hexdigest(),
-                "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8)}, outer)
-    return outer.getvalue()
+                "payload": torch.frombuffer(payload, dtype=torch.uint8)}, outer)
+    return outer.getbuffer()
 
 
 def save(path: str | os.PathLike, state: dict[str, Any]) -> Path:
@@ -112,7 +114,8 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> d
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
-    outer = _torch_load(path, io.BytesIO(path.read_bytes()), "cpu")
+    with path.open("rb") as f:
+        outer = _torch_load(path, f, "cpu")
     if not isinstance(outer, dict) or "format_version" not in outer:
         raise CheckpointError(f"{path}: not a parallel-rollouts checkpoint (no format version)")
     if outer["format_version"] != FORMAT_VERSION:
@@ -122,13 +125,14 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> d
     payload = outer.get("payload")
     if not isinstance(payload, torch.Tensor) or not isinstance(outer.get("sha256"), str):
         raise CheckpointError(f"{path}: not a parallel-rollouts checkpoint (no checksummed payload)")
-    data = payload.numpy().tobytes()
-    if hashlib.sha256(data).hexdigest() != outer["sha256"]:
+    if hashlib.sha256(payload.numpy()).hexdigest() != outer["sha256"]:
         raise CheckpointError(f"{path}: checksum mismatch, the file is corrupted")
-    return _decode(_torch_load(path, io.BytesIO(data), map_location))
+    inner = io.BytesIO(payload.numpy())
+    del outer, payload  # one copy of the payload at a time: a checkpoint may hold a replay of many GiB
+    return _decode(_torch_load(path, inner, map_location))
 
 
-def _torch_load(path: Path, f: io.BytesIO, map_location) -> Any:
+def _torch_load(path: Path, f: BinaryIO, map_location) -> Any:
     try:
         with warnings.catch_warnings():  # a TorchScript file is reported as an error below, not as a warning
             warnings.filterwarnings("ignore", message=".*looks like a TorchScript archive")

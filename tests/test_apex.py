@@ -113,6 +113,50 @@ def test_replay_states_its_memory_and_round_trips_through_a_state_dict():
     assert np.array_equal(a[1], b[1]) and torch.equal(a[3], b[3]) and copy.added == 7
 
 
+@pytest.mark.parametrize("save_replay", [False, True])
+def test_the_memory_check_counts_the_copies_a_saved_replay_makes(monkeypatch, save_replay):
+    from trainer.apex import algorithm as apex
+    from trainer.apex.replay import replay_bytes
+    from trainer.config import ConfigError
+    needed = replay_bytes(10**6, example())
+    monkeypatch.setattr(apex.psutil, "virtual_memory", lambda: type("Memory", (), {"available": 2 * needed}))
+    apex.check_replay_fits(10**6 // 4, example(), save_replay)  # 4 copies of a quarter fit in twice the replay
+    if not save_replay:
+        apex.check_replay_fits(10**6, example(), save_replay)
+        return
+    with pytest.raises(ConfigError, match=r"would take 4 x .* GiB with --save-replay .* lower it or drop "
+                                          r"--save-replay"):
+        apex.check_replay_fits(10**6, example(), save_replay)
+
+
+@pytest.mark.slow
+def test_a_saved_replay_peaks_within_the_copies_the_memory_check_counts(tmp_path):
+    """The peak memory of a run whose every checkpoint holds the replay, over one with a tiny replay, is at most
+    ``SAVED_REPLAY_COPIES`` replays (and more than one: the copies the check counts are real)."""
+    import re
+    import subprocess
+    import sys
+
+    from trainer.apex.algorithm import SAVED_REPLAY_COPIES
+
+    def run(capacity: int) -> tuple[int, int]:
+        """Peak resident bytes, and the replay's bytes per transition as the run prints them."""
+        code = ("import resource, sys; from trainer import train; train.main(sys.argv[1:]); "
+                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")  # KiB on Linux
+        args = ["--algo", "apex", "--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--total-steps",
+                "64", "--learning-starts", "16", "--device", "cpu", "--backend", "sync", "--save-replay", "true",
+                "--checkpoint-every", "1", "--replay-capacity", str(capacity),
+                "--run-dir", str(tmp_path / str(capacity))]
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.split()[-1]) * 1024, int(re.search(r"transitions x (\d+) bytes", done.stderr)[1])
+
+    capacity = 8 * 10**6  # large enough that what both runs allocate besides the replay does not count
+    (big, per_transition), (small, _) = run(capacity), run(1000)
+    replay = capacity * per_transition
+    assert 1.5 * replay < big - small <= SAVED_REPLAY_COPIES * replay, (big - small) / replay
+
+
 # ---------------------------------------------------------------------------------------------- n-step
 def window(rewards, terminated=(), truncated=()):
     t = len(rewards)

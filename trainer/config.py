@@ -156,8 +156,8 @@ class TrainConfig:
         "eps_base": "exploration rate of env i is eps_base^(1 + eps_alpha * i / (num_envs - 1))",
         "eps_alpha": "see eps_base",
         "save_replay": "also save the replay's contents in every checkpoint, for an exact resume; it can be "
-                       "gigabytes (replay_capacity x the bytes per transition printed at start); without it a "
-                       "resumed run refills the replay",
+                       "gigabytes (replay_capacity x the bytes per transition printed at start), and a run then "
+                       "needs up to 4 times that in memory; without it a resumed run refills the replay",
         "config": "TOML file with any of these keys (flags override it)",
     }
 

@@ -62,15 +62,25 @@ def transition_example(q: QNetwork) -> TensorDict:
                        "discounts": torch.zeros(())}, batch_size=[])
 
 
-def check_replay_fits(capacity: int, example: TensorDict) -> None:
+# --save-replay holds the replay 4 times at its peak: itself, the last completed iteration's snapshot, and
+# either the next snapshot or the two buffers of the checkpoint's bytes (measured: docs/benchmarks.md)
+SAVED_REPLAY_COPIES = 4
+
+
+def check_replay_fits(capacity: int, example: TensorDict, save_replay: bool) -> None:
     """Raise ``ConfigError`` on ``--replay-capacity`` when the replay would not fit in the memory available now:
-    refused in one line before it is allocated, not a ``MemoryError`` traceback, or swapping, or the OOM killer."""
-    needed, available = replay_bytes(capacity, example), psutil.virtual_memory().available
-    if needed > available:
+    refused in one line before it is allocated, not a ``MemoryError`` traceback, or swapping, or the OOM killer
+    at the first checkpoint (``save_replay``: its copies count too)."""
+    copies = SAVED_REPLAY_COPIES if save_replay else 1
+    each, available = replay_bytes(capacity, example), psutil.virtual_memory().available
+    if copies * each > available:
+        held = (f"{copies} x {each / 2**30:,.1f} GiB = {copies * each / 2**30:,.1f} GiB with --save-replay (the "
+                "replay, its copy in the last snapshot, and the next snapshot or the checkpoint's bytes)"
+                if save_replay else f"{each / 2**30:,.1f} GiB")
         raise ConfigError("replay_capacity", capacity,
-                          f"the replay would take {needed / 2**30:,.1f} GiB ({needed // capacity} bytes per "
-                          f"transition), more than the {available / 2**30:,.1f} GiB of memory available here; "
-                          "lower it")
+                          f"the replay would take {held} ({each // capacity} bytes per transition), more than the "
+                          f"{available / 2**30:,.1f} GiB of memory available here; lower it"
+                          + (" or drop --save-replay" if save_replay else ""))
 
 
 @dataclass
@@ -132,7 +142,7 @@ class ApeX(ApeXSpec, Algorithm):
         policy = EpsilonGreedy(acting, keys, apex_epsilons(cfg.num_envs, cfg.eps_base, cfg.eps_alpha))
         seed = int(np.random.SeedSequence([cfg.seed, 3]).generate_state(1)[0])  # the replay's own sampling stream
         example = transition_example(acting)
-        check_replay_fits(cfg.replay_capacity, example)
+        check_replay_fits(cfg.replay_capacity, example, cfg.save_replay)
         replay = PrioritizedReplay(cfg.replay_capacity, example, cfg.replay_alpha, seed=seed)
         # one flat parameter and a fused kernel, as for PPO: Adam and the clip are one op each per learner step;
         # eps 1.5e-4 as in Rainbow and Ape-X: Adam's 1e-8 lets tiny second moments blow up noisy TD gradients
