@@ -134,8 +134,19 @@ class BackgroundCollector(Collector):
             return payload
         if kind == "error":
             raise payload
+        raise self._died(what)
+
+    def _died(self, what: str) -> WorkerDiedError:
         self._process.join(timeout=_CLOSE_TIMEOUT_S)
-        raise WorkerDiedError(f"the collecting process died during {what} (exit code {self._process.exitcode})")
+        return WorkerDiedError(f"the collecting process (pid {self._process.pid}) died during {what} (exit code "
+                               f"{self._process.exitcode})")
+
+    def _send(self, command: str, arg: Any = None) -> None:
+        """``WorkerDiedError`` if the collecting process is gone (killed while this process learned)."""
+        try:
+            self._conn.send((command, arg))
+        except OSError:  # BrokenPipeError, ConnectionResetError: nobody reads the pipe any more
+            raise self._died(command) from None
 
     def _report_s(self) -> float:
         """How much later than its workers' deadline the collecting process may report one of them silent.
@@ -155,7 +166,7 @@ class BackgroundCollector(Collector):
         if self._pending is not None:
             raise RuntimeError(f"{command}: a rollout is in flight; wait() for it first")
         try:
-            self._conn.send((command, arg))
+            self._send(command, arg)
             return self._reply(command, time.monotonic())
         except BaseException:
             self.close()
@@ -167,7 +178,11 @@ class BackgroundCollector(Collector):
         self._check_open()
         if self._pending is not None:
             raise RuntimeError("start(): a rollout is already in flight; wait() for it first")
-        self._conn.send(("collect", None))
+        try:
+            self._send("collect")
+        except BaseException:
+            self.close()  # as a failed wait() does: no process left behind
+            raise
         self._pending, self._sent_at = self.policy_version, time.monotonic()
 
     def wait(self) -> Rollout:

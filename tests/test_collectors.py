@@ -207,6 +207,23 @@ def test_dead_worker_is_detected_quickly_and_nothing_is_left_behind():
     assert not mp.active_children()
 
 
+@pytest.mark.parametrize("then, sent", [("collect", "step"), ("get_state", "get_states"), ("set_state", "reset")])
+def test_a_worker_killed_between_rollouts_is_named_by_the_next_command(then, sent):
+    """Killed while the learner updates (most of an iteration): the next command's send finds its pipe closed
+    and says which worker died, as a reply would (it was a ``BrokenPipeError`` traceback)."""
+    import multiprocessing as mp
+    c = RolloutCollector([f.cartpole] * 4, f.RandomPolicy(2), backend="async", horizon=8, num_workers=2)
+    c.collect()
+    state = c.get_state()
+    victim = c.backend.procs[1]
+    victim.kill()
+    victim.join(timeout=10)
+    with pytest.raises(WorkerDiedError, match=rf"async worker 1 \(pid {victim.pid}, hosting envs [-\d]+\) died during "
+                                              rf"{sent} with exit code -9"):
+        c.collect() if then == "collect" else c.get_state() if then == "get_state" else c.set_state(state)
+    assert not mp.active_children()
+
+
 def test_keyboard_interrupt_during_collect_closes_workers():
     import multiprocessing as mp
 

@@ -3,6 +3,7 @@ Python API and the command line with real signals, with a census of the processe
 
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -202,6 +203,33 @@ def _newest_worker(procs):
     """The newest process the trainer started besides the resource tracker: an async worker."""
     workers = [p for p in procs if "multiprocessing.resource_tracker" not in " ".join(p.cmdline())]
     return max(workers, key=lambda p: p.create_time())
+
+
+@pytest.mark.parametrize("overlap", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_killed_worker_stops_the_run_with_one_line_whatever_it_was_doing(tmp_path, overlap):
+    """SIGKILL an async worker (with --overlap: the collecting process) at a moment the test does not choose:
+    most of an iteration is learning, so its death is mostly found by the next command sent to it, not by a
+    reply. One line naming it, the last completed iteration saved, the resume line, nothing left running."""
+    import random
+    run_dir = tmp_path / "run"
+    proc = _start(["--backend", "async", "--num-workers", "1", "--overlap", str(overlap).lower()], run_dir)
+    kids = _descendants_once_running(proc, run_dir, count=3 if overlap else 2)
+    tracker = "multiprocessing.resource_tracker"
+    victim = min((p for p in kids if tracker not in " ".join(p.cmdline())), key=lambda p: p.create_time()) \
+        if overlap else _newest_worker(kids)
+    time.sleep(random.uniform(0.0, 1.0))
+    victim.kill()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    named = (rf"error: the collecting process \(pid {victim.pid}\) died during \w+ \(exit code -9\)" if overlap
+             else rf"error: async worker 0 \(pid {victim.pid}, hosting envs 2-3\) died during \w+ with exit code -9")
+    assert len(lines) == 1 and re.fullmatch(named, lines[0]), err
+    assert err.rstrip().endswith(f"--resume {run_dir.resolve()}"), err
+    state = checkpoints.latest_loadable(run_dir)[1]
+    assert state["iteration"] == (run_dir / "metrics.jsonl").read_text().count("\n") >= 2
+    assert not (run_dir / "lock").exists()
+    _assert_none_left(kids)
 
 
 CASES = [(signal.SIGINT, False)]  # the rest are slow: the same path, other signals and --overlap

@@ -139,11 +139,27 @@ def test_a_dead_collecting_process_is_noticed_at_once():
     c = BackgroundCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="async", num_workers=1, horizon=50)
     grandchildren = psutil.Process(c._process.pid).children(recursive=True)
     c._process.kill()
-    c.start()
-    with pytest.raises(WorkerDiedError, match="collecting process died"):
+    with pytest.raises(WorkerDiedError, match=rf"collecting process \(pid {c._process.pid}\) died"):
+        c.start()  # (its send may already find the pipe closed)
         c.wait()
     _, alive = psutil.wait_procs(grandchildren, timeout=10)  # its async worker sees the pipe close and exits
     assert not alive and not mp.active_children()
+
+
+@pytest.mark.parametrize("then", ["update_policy", "get_state", "start"])
+def test_a_collecting_process_killed_while_this_one_learns_is_named_by_the_next_command(then):
+    c = BackgroundCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", horizon=8)
+    c.collect()
+    pid = c._process.pid
+    c._process.kill()
+    c._process.join(timeout=10)
+    with pytest.raises(WorkerDiedError, match=rf"the collecting process \(pid {pid}\) died during \w+ \(exit code -9"):
+        if then == "update_policy":
+            c.update_policy(f.RandomPolicy(2, seed=1))
+        else:
+            getattr(c, then)()
+            c.wait()
+    assert not mp.active_children()
 
 
 def test_closing_with_a_rollout_in_flight_stops_everything():

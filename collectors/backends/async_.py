@@ -266,8 +266,8 @@ class AsyncBackend:
             "final_mask": torch.zeros(n, dtype=torch.bool).share_memory_(),
         }
         self._np = {k: v.numpy() for k, v in self.shared.items()}
-        for conn, worker_rows in zip(self.conns, self._worker_rows):
-            conn.send(("buffers", [r.start for r in worker_rows], self.shared))
+        for w, worker_rows in enumerate(self._worker_rows):
+            self._send(w, ("buffers", [r.start for r in worker_rows], self.shared))
 
     def _wait_all(self, phase: str) -> list[Any]:
         """Wait for one reply per worker, in worker order; raise on errors, dead or silent workers.
@@ -301,10 +301,7 @@ class AsyncBackend:
                 try:
                     msg = conn.recv()
                 except (EOFError, OSError):
-                    self.procs[w].join(timeout=1.0)
-                    error = error or WorkerDiedError(
-                        f"async worker {w} (pid {self.procs[w].pid}, hosting {self._hosted_by(w)}) died during "
-                        f"{phase} with exit code {self.procs[w].exitcode}")
+                    error = error or self._died(w, phase)
                     continue
                 if msg[0] in ("ok", "ready"):
                     replies[w] = msg[1]
@@ -319,6 +316,20 @@ class AsyncBackend:
             self.deadline.measured(time.monotonic() - sent)
         return replies
 
+    def _died(self, w: int, phase: str) -> WorkerDiedError:
+        """The error for worker ``w``, found dead (its pipe closed) during ``phase``."""
+        self.procs[w].join(timeout=1.0)
+        return WorkerDiedError(f"async worker {w} (pid {self.procs[w].pid}, hosting {self._hosted_by(w)}) died "
+                               f"during {phase} with exit code {self.procs[w].exitcode}")
+
+    def _send(self, w: int, message: tuple) -> None:
+        """Send ``message`` to worker ``w``; ``WorkerDiedError`` if it is gone (a worker killed while the
+        learner updated is found here, by the next command, not by a reply)."""
+        try:
+            self.conns[w].send(message)
+        except OSError:  # BrokenPipeError, ConnectionResetError: nobody reads the pipe any more
+            raise self._died(w, message[0]) from None
+
     def _hosted_by(self, w: int) -> str:
         """``"envs 4-7"``: worker ``w``'s envs as rollout indices (its factories while those are not yet known)."""
         rows = getattr(self, "_worker_rows", None)
@@ -327,8 +338,8 @@ class AsyncBackend:
         return f"envs {_describe([range(r.start, r.stop) for r in rows[w] if r.stop > r.start])}"
 
     def _command(self, cmd: str, args: list | None = None) -> list[Any]:
-        for w, conn in enumerate(self.conns):
-            conn.send((cmd, None if args is None else args[w]))
+        for w in range(len(self.conns)):
+            self._send(w, (cmd, None if args is None else args[w]))
         return self._wait_all(phase=cmd)
 
     def _guarded(self, fn, *args):
@@ -342,8 +353,8 @@ class AsyncBackend:
     def reset(self, seeds: Sequence[int], obs_out: np.ndarray) -> None:
         def run():
             seeds_ = list(seeds)
-            for conn, rows in zip(self.conns, self._worker_rows):
-                conn.send(("reset", [seeds_[r] for r in rows]))
+            for w, rows in enumerate(self._worker_rows):
+                self._send(w, ("reset", [seeds_[r] for r in rows]))
             for group, rows in zip(self.local, self._local_rows):
                 group.reset(seeds_[rows], obs_out[rows])
             self._wait_all(phase="reset")
@@ -362,8 +373,8 @@ class AsyncBackend:
         def run():
             rows = self._group_worker_rows[g]
             self._np["actions"][rows] = actions[rows]
-            for conn in self.conns:
-                conn.send(("step", g))
+            for w in range(len(self.conns)):
+                self._send(w, ("step", g))
             self._in_flight.append(g)
             if not self.local:
                 return []
