@@ -313,6 +313,21 @@ def test_resume_without_the_replay_says_it_refills(tmp_path, capsys):
     assert "holds no replay" in capsys.readouterr().err
 
 
+def test_a_resume_takes_the_flags_of_the_runs_own_algorithm(tmp_path, capsys):
+    """Which algorithm owns a flag is the resumed run's (its checkpoint's), not the default --algo's: an Ape-X
+    run's --save-replay may change on resume, its --replay-ratio may not, and PPO's --epochs is not its own."""
+    argv = [a for a in SMALL_VR if a not in ("--save-replay", "true")] + ["--run-dir", str(tmp_path)]
+    run(argv, max_iterations=2)
+    assert run(["--resume", str(tmp_path), "--save-replay", "true"], max_iterations=3)["iterations"] == 3
+    assert checkpoints.latest_loadable(tmp_path)[1]["replay"] is not None
+    capsys.readouterr()
+    for flags, said in ((["--replay-ratio", "4"], "the flags do not match the run being resumed: --replay-ratio="),
+                        (["--epochs", "2"], "--epochs: for --algo ppo only, and this run is --algo apex")):
+        with pytest.raises(SystemExit) as stop:
+            train_module.main(["--resume", str(tmp_path), *flags])
+        assert stop.value.code == 2 and said in capsys.readouterr().err
+
+
 def test_evaluate_plays_the_greedy_q_policy_against_the_baselines(tmp_path, capsys):
     run(SMALL_VR + ["--run-dir", str(tmp_path)], max_iterations=2)
     evaluate_cli.main(["--checkpoint", str(tmp_path), "--episodes", "3", "--baselines", "throughput,fair_share",
@@ -440,9 +455,13 @@ def test_n_step_longer_than_a_rollout_waits_for_enough_steps(tmp_path):
     assert [r["replay_size"] for r in rows] == [0, 0, (3 * 8 - 20 + 1) * 4]
 
 
-def test_flags_of_the_other_algorithm_are_refused(capsys):
+def test_flags_of_the_other_algorithm_are_refused(capsys, tmp_path):
     for argv, flag in ((["--algo", "apex", "--epochs", "3"], "--epochs"), (["--n-step", "5"], "--n-step"),
                        (["--algo", "apex", "--batch-size", "64"], "--apex-batch-size")):
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert flag in capsys.readouterr().err
+    (tmp_path / "run.toml").write_text('algo = "apex"\nenv = "CartPole-v1"\nepochs = 2\n')
+    with pytest.raises(SystemExit):  # a key of the file is named as the file spells it, with the file
+        parse_args(["--config", str(tmp_path / "run.toml")])
+    assert f"{tmp_path / 'run.toml'}: epochs = 2 is invalid: for --algo ppo only" in capsys.readouterr().err

@@ -172,7 +172,7 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
         from_file = _toml_values(Path(args["config"])) if args.get("config") else {}
         given = {**from_file, **args}
         cfg = new_run_config(given)  # what a resume runs is the checkpoint's config (resumed_config)
-        check_config(cfg, given)
+        check_config(cfg, {} if resume else given)  # a resumed run's algorithm: its checkpoint's (resumed_config)
         if not resume and takes_gpu_defaults(cfg, given):  # checked first: a bad flag is answered before torch loads
             cfg = new_run_config(given, gpu=True)
             check_config(cfg, given)
@@ -196,21 +196,28 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
 def check_config(cfg: TrainConfig, given: dict[str, Any]) -> None:
     """Raise ``ValueError`` for the first thing wrong with ``cfg``: an invalid value (``TrainConfig.validate``),
     an unknown ``--algo`` or settings it cannot run with (``Algorithm.check_config``), or a setting in ``given``
-    (what the user typed) that only another algorithm reads."""
+    (what the user typed) that only another algorithm reads (:func:`check_owners`)."""
     cfg.validate()
     algorithm_spec(cfg.algo).check_config(cfg)
-    ignored = sorted(k for k in given if option_owner(k) not in (None, cfg.algo))
+    check_owners(cfg.algo, given)
+
+
+def check_owners(algo: str, given: dict[str, Any]) -> None:
+    """Raise ``ConfigError`` if ``given`` sets something only another algorithm than ``algo`` reads (a resumed
+    run's algorithm is its checkpoint's: known only once that is read)."""
+    ignored = sorted(k for k in given if option_owner(k) not in (None, algo))
     if ignored:
         flags = ", ".join("--" + k.replace("_", "-") for k in ignored)
         owners = " or ".join(sorted({option_owner(k) for k in ignored}))
-        one = len(ignored) == 1
-        raise ValueError(f"{flags}: for --algo {owners} only, and this run is --algo {cfg.algo}, which would ignore "
-                         f"{'it' if one else 'them'}; drop {'it' if one else 'them'}")
+        them = "it" if len(ignored) == 1 else "them"
+        rule = f"for --algo {owners} only, and this run is --algo {algo}, which would ignore {them}; drop {them}"
+        raise ConfigError(ignored[0], given[ignored[0]], rule, message=f"{flags}: {rule}")
 
 
 def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) -> TrainConfig:
     """The checkpoint's config with the given flags applied; flags that would change the run are an error (a
     moved trace directory does not: ``--env-kwargs capacity_trace=NEW``)."""
+    check_owners(given.get("algo", saved.get("algo", "ppo")), given)  # before a clash with a value it ignores
     may_change = set(RESUMABLE_CHANGES)
     if "env_kwargs" in given:  # only file paths may change (checked here): the files moved, the run is the same
         given = {**given, "env_kwargs": moved_env_files(saved.get("env_kwargs", ""), given["env_kwargs"])}
