@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 import tempfile
 import warnings
 from pathlib import Path
@@ -140,5 +141,8 @@ def _torch_load(path: Path, f: BinaryIO, map_location) -> Any:
     except Exception as e:
         if "TorchScript" in str(e):
             raise CheckpointError(f"{path}: an exported TorchScript policy, not a training checkpoint") from None
+        if isinstance(e, pickle.UnpicklingError):  # torch's text goes on to suggest an unsafe load: not here
+            raise CheckpointError(f"{path}: cannot be read as a checkpoint (truncated or corrupted?): it does not "
+                                  "load as a weights-only torch file; is it another kind of file?") from None
         raise CheckpointError(f"{path}: cannot be read as a checkpoint (truncated or corrupted?): "
                               f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None

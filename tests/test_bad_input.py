@@ -179,6 +179,30 @@ def test_a_stored_trace_path_is_named_but_its_file_is_not_quoted(vr_run, tmp_pat
     assert "secret" not in line.replace(str(tmp_path), "")
 
 
+def test_evaluate_names_its_own_capacity_trace_when_that_is_what_is_wrong(vr_run, tmp_path):
+    missing = tmp_path / "nowhere"
+    line = command(["-m", "trainer.evaluate", "--checkpoint", str(vr_run), "--capacity-trace", str(missing)], 2,
+                   tmp_path)  # a usage error, before torch loads
+    assert f"error: --capacity-trace={missing}: no such file or directory" in line, line
+    bad = tmp_path / "trace.log"
+    bad.write_bytes(b"0 5\n1e9 6\n")
+    line = command(["-m", "trainer.evaluate", "--checkpoint", str(vr_run), "--capacity-trace", str(bad)], 1,
+                   tmp_path)  # the given trace is wrong, not the run's stored config
+    assert f": with capacity_trace={bad} in place of its own env arguments: " in line, line
+    assert "stored config" not in line and f"{bad}:2: the trace spans" in line, line
+
+
+def test_evaluate_refuses_a_capacity_trace_for_an_env_without_one(tmp_path):
+    run_dir = tmp_path / "run"
+    train_module.main(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--total-steps", "16",
+                       "--device", "cpu", "--run-dir", str(run_dir)])
+    (tmp_path / "trace.log").write_text("0 5\n1 6\n")
+    line = command(["-m", "trainer.evaluate", "--checkpoint", str(run_dir), "--capacity-trace",
+                    str(tmp_path / "trace.log")], 1, tmp_path)  # it was a TypeError traceback from gym.make
+    assert line.startswith("error: --capacity-trace applies to VREdge-v0, not CartPole-v1 ("), line
+    assert line.endswith("; drop it"), line
+
+
 # ---------------------------------------------------------------------------- evaluation.json, as export reads it
 
 @pytest.mark.parametrize("payload", ["[]", pytest.param('{"checkpoint": 5}', marks=SLOW),

@@ -266,3 +266,24 @@ def test_ctrl_c_while_torch_loads_is_one_line(tmp_path, delay):
     assert process.returncode == 130 and "Traceback" not in err, err[-2000:]
     said = [line for line in err.splitlines() if "SIGINT" in line or "interrupted" in line]
     assert len(said) == 1 and ("nothing to save" in said[0] or "stopped by SIGINT" in said[0]), err[-2000:]
+
+
+@pytest.mark.parametrize("delay", [0.0, 1.5])  # while the checkpoint loads; among the episodes
+def test_ctrl_c_during_an_evaluation_is_one_line(tmp_path, delay):
+    """``trainer.evaluate`` stopped by Ctrl-C: one line, exit status 130, no traceback, no results written."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    train_cli.main(["--num-envs", "2", "--num-steps", "16", "--total-steps", "32", "--device", "cpu", "--run-dir",
+                    str(run_dir)])
+    process = subprocess.Popen([sys.executable, "-m", "trainer.evaluate", "--checkpoint", str(run_dir), "--episodes",
+                                "500"], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+    time.sleep(2.0 + delay)  # past torch's import (another test's subject)
+    process.send_signal(signal.SIGINT)
+    err = process.communicate(timeout=120)[1]
+    assert process.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert err.rstrip().splitlines()[-1] == ("interrupted: the evaluation did not finish (its results are written "
+                                             "once every episode is played)"), err[-2000:]
+    assert not (run_dir / "evaluation.json").exists()

@@ -300,9 +300,10 @@ def test_disk_full_is_a_one_line_error_and_the_previous_checkpoint_stays(tmp_pat
     with pytest.raises(SystemExit) as info:
         train_module.main(VR + ["--run-dir", str(tmp_path)])
     monkeypatch.undo()
-    message = str(info.value)
+    message, *notes = str(info.value).splitlines()  # one error line, then what was saved and how to resume
     assert "cannot write checkpoint" in message and "No space left on device" in message
-    assert str(tmp_path / "checkpoints") in message and "\n" not in message
+    assert str(tmp_path / "checkpoints") in message
+    assert [n.split(":")[0] for n in notes] == ["training failed", "resume"], notes
     path, state, problems = checkpoints.latest_loadable(tmp_path)
     assert state["iteration"] == 1 and not problems
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.endswith(".tmp")]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import signal
 import sys
 from pathlib import Path
 
@@ -23,6 +24,16 @@ SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the g
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``python -m trainer.evaluate``; Ctrl-C at any moment is one line and exit status 130."""
+    try:
+        _evaluate(argv)
+    except KeyboardInterrupt:
+        print("\ninterrupted: the evaluation did not finish (its results are written once every episode is "
+              "played)", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGINT) from None
+
+
+def _evaluate(argv: list[str] | None) -> None:
     p = OneLineParser(prog="python -m trainer.evaluate", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True,
@@ -52,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="", help="where evaluation.json/.png go (default: the run directory)")
     args = p.parse_args(argv)
     _check_numbers(p, args)
+    if args.capacity_trace and not Path(args.capacity_trace).exists():
+        p.error(f"--capacity-trace={args.capacity_trace}: no such file or directory")
     asked_baselines = _asked_baselines(p, args.baselines)
     # imported once the command line is checked: --help and a typo answer before torch loads
     import functools
@@ -71,14 +84,18 @@ def main(argv: list[str] | None = None) -> None:
         validation_seeds,
     )
     from trainer.evaluation.baselines import best_baseline
-    from trainer.evaluation.policies import checkpoint_label, load_policy
+    from trainer.evaluation.policies import checkpoint_label, picked_checkpoint, policy_from_state
     from trainer.evaluation.report import check_writable, format_table, plot
     from trainer.registry import algorithm_spec
 
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
     try:
+        source, state = picked_checkpoint(args.checkpoint, args.pick)
+        trained_on = state.get("config", {}).get("env")
+        if args.capacity_trace and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
+            raise ValueError(f"--capacity-trace applies to VREdge-v0, not {trained_on} ({source}); drop it")
         moved = {"capacity_trace": str(Path(args.capacity_trace).resolve())} if args.capacity_trace else {}
-        model, cfg, source = load_policy(args.checkpoint, args.pick, moved)  # the run's traces may be gone
+        model, cfg = policy_from_state(state, source, moved)  # the run's own traces may be gone
         algorithm = algorithm_spec(cfg.algo)
         if not args.deterministic and not algorithm.stochastic:
             raise ValueError(f"--stochastic: {source} holds {algorithm.model_name}, whose policy is greedy (it "
@@ -90,8 +107,6 @@ def main(argv: list[str] | None = None) -> None:
         if asked_baselines and not vr_edge and args.baselines != "all":  # named ones: say why none is played
             print(f"note: --baselines are VR-edge's; {cfg.env} has none, so the policy is evaluated alone",
                   file=sys.stderr)
-        if args.capacity_trace and not vr_edge:
-            raise ValueError(f"--capacity-trace applies to VREdge-v0, not {cfg.env}")
         env_kwargs = held_out_env_kwargs(cfg.env_options, args.capacity_trace)
         vr_config = envs.VREdgeConfig(**env_kwargs) if vr_edge else None  # a bad trace fails here, at once
         run_dir = checkpoints.run_dir_of(source)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
+import sys
 
 from trainer.arguments import OneLineParser
 
@@ -47,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, checkpoints.CheckpointError) as e:
         raise SystemExit("error: " + " ".join(line.strip() for line in str(e).splitlines())) from None
     except KeyboardInterrupt:
-        raise SystemExit("interrupted: nothing was written (the previous export, if any, is unchanged)") from None
+        print("\ninterrupted: nothing was written (the previous export, if any, is unchanged)", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGINT) from None
 
 
 if __name__ == "__main__":

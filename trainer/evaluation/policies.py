@@ -46,17 +46,23 @@ def check_weights_fit(cfg: TrainConfig, weights: dict[str, torch.Tensor], source
 
 def load_policy(path: str | Path, pick: str = "latest", env_kwargs: dict[str, Any] | None = None,
                 ) -> tuple[nn.Module, TrainConfig, Path]:
-    """The policy of a checkpoint file, or of a run directory's ``pick`` (``best``: the ``best`` pointer
-    when there is one, else the newest loadable checkpoint; ``latest``: the newest loadable), on the CPU, frozen;
-    ``env_kwargs`` replace the run's own env arguments (e.g. a trace directory that is elsewhere now)."""
+    """The policy of a checkpoint file, or of a run directory's ``pick`` (:func:`picked_checkpoint`), on the CPU,
+    frozen; ``env_kwargs`` replace the run's own env arguments (e.g. a trace directory that is elsewhere now)."""
+    source, state = picked_checkpoint(path, pick)
+    model, cfg = policy_from_state(state, source, env_kwargs)
+    return model, cfg, source
+
+
+def picked_checkpoint(path: str | Path, pick: str = "latest") -> tuple[Path, dict[str, Any]]:
+    """The file and state of a checkpoint file, or of a run directory's ``pick`` (``best``: the ``best``
+    pointer when there is one, else the newest loadable checkpoint; ``latest``: the newest loadable)."""
     best = checkpoints.best_checkpoint(path) if pick == "best" and Path(path).is_dir() else None
     if best is not None:
         path = best
     source, state, problems = checkpoints.latest_loadable(path)
     for p in problems:
         print(f"skipped {p}", file=sys.stderr)
-    model, cfg = policy_from_state(state, source, env_kwargs)
-    return model, cfg, source
+    return source, state
 
 
 def policy_from_state(state: dict[str, Any], source: Path, env_kwargs: dict[str, Any] | None = None,
@@ -69,7 +75,9 @@ def policy_from_state(state: dict[str, Any], source: Path, env_kwargs: dict[str,
     try:
         cfg.validate()
     except ValueError as e:
-        raise ValueError(f"{source}: its stored config is invalid: {e}") from None
+        whose = (f"with {format_env_kwargs(env_kwargs)} in place of its own env arguments" if env_kwargs and
+                 getattr(e, "key", None) == "env_kwargs" else "its stored config is invalid")
+        raise ValueError(f"{source}: {whose}: {e}") from None
     try:
         gym.spec(cfg.env)
     except gym.error.Error:
