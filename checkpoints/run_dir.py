@@ -93,6 +93,17 @@ def save_in_run_dir(run_dir: str | os.PathLike, state: dict[str, Any], iteration
     return path
 
 
+def remove_partial_saves(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files of checkpoint saves that never finished (a process killed while writing one:
+    up to a checkpoint's size each, gigabytes with a saved replay); returns them. Only for the holder of the run
+    directory's lock (:class:`RunDirLock`): nobody else may be writing one."""
+    directory = Path(run_dir) / "checkpoints"
+    partial = sorted(directory.glob(".ckpt_*.pt.*.tmp")) if directory.is_dir() else []
+    for path in partial:
+        path.unlink(missing_ok=True)
+    return partial
+
+
 def checkpoint_files(run_dir: str | os.PathLike) -> list[Path]:
     """A run directory's checkpoint files, newest iteration first (also accepts the ``checkpoints`` folder)."""
     path = Path(run_dir)

@@ -1,5 +1,5 @@
-"""The signals that stop a run (Ctrl-C, a scheduler's SIGTERM, an early-warning SIGUSR1), and how the processes
-a collector starts leave them to the process that started them."""
+"""The signals that stop a run (Ctrl-C, a scheduler's SIGTERM, an early-warning SIGUSR1, the SIGHUP of a closed
+terminal), and how the processes a collector starts leave them to the process that started them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,14 @@ from collections.abc import Iterator
 from multiprocessing import resource_tracker
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGHUP")
+                     if hasattr(signal, name))
+
+
+def handled_stop_signals() -> tuple[int, ...]:
+    """The stop signals this process should handle: those not ignored when it started (``nohup`` ignores
+    SIGHUP so that the run outlives its terminal; that choice is the user's and stays)."""
+    return tuple(s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN)
 
 
 @contextlib.contextmanager
@@ -35,8 +42,9 @@ def stop_signals_blocked() -> Iterator[None]:
 
 
 def ignore_stop_signals() -> None:
-    """In a worker: Ctrl-C, a scheduler's SIGTERM or an early-warning SIGUSR1 reach the whole process
-    group; they are the parent's to handle (it takes the envs' state, then shuts the workers down)."""
+    """In a worker: Ctrl-C, a scheduler's SIGTERM, an early-warning SIGUSR1 or a closed terminal's SIGHUP reach
+    the whole process group; they are the parent's to handle (it takes the envs' state, then shuts the workers
+    down)."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):  # what arrived while blocked is now discarded

@@ -168,6 +168,15 @@ def test_a_resume_with_nothing_to_do_changes_no_file(tmp_path, capsys):
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "ckpt_00000003.pt"
 
 
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_resume_of_an_empty_string_is_refused_not_a_new_run(tmp_path, empty, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a new run's directory would go
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--resume", empty, "--total-steps", "64"])
+    assert stop.value.code == 2 and "--resume needs a run directory or checkpoint file" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_setting_checkpoints_aside_keeps_the_pointers_true(tmp_path):
     for i in (1, 2, 3):
         checkpoints.save_in_run_dir(tmp_path, {"iteration": i}, i, keep=3)

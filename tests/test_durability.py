@@ -217,6 +217,21 @@ def test_an_env_error_on_the_command_line_says_it_first_then_what_was_saved(tmp_
     assert checkpoints.latest_loadable(run_dir)[1]["iteration"] == 2 * saved == len(metrics(run_dir))
 
 
+def test_a_resume_removes_the_partial_file_of_a_save_that_was_killed(tmp_path, capsys):
+    """A kill -9 while a checkpoint is written leaves the save's temporary file (as large as the checkpoint):
+    the next run to hold the lock deletes it, and says so."""
+    import tempfile
+    run(VR + ["--run-dir", str(tmp_path)], max_iterations=3)
+    fd, partial = tempfile.mkstemp(prefix=".ckpt_00000004.pt.", suffix=".tmp", dir=tmp_path / "checkpoints")
+    os.write(fd, b"\x00" * 4096)  # as checkpoints.store.save names it, cut short
+    os.close(fd)
+    capsys.readouterr()
+    run(["--resume", str(tmp_path)], max_iterations=4)
+    assert not Path(partial).exists() and final_state(tmp_path)["iteration"] == 4
+    assert f"removed 1 partial checkpoint file of a save that never finished ({Path(partial).name})" in \
+        capsys.readouterr().err
+
+
 def test_after_a_crash_resume_runs_lost_iterations_once(tmp_path):
     """kill -9 after iteration 5 of a run that saves every 3: rows 4-5 are in metrics.jsonl, not in a checkpoint."""
     argv = VR + ["--run-dir", str(tmp_path)]
@@ -295,3 +310,50 @@ def test_command_line_real_signal_then_resume_is_exact(tmp_path, backend, signum
                                              ("serial", signal.SIGUSR1), ("async", signal.SIGUSR1)])
 def test_command_line_signal_matrix(tmp_path, backend, signum, seed):
     cli_matrix_case(tmp_path, backend, signum, seed)
+
+
+def test_a_closed_terminal_loses_no_completed_iteration(tmp_path):
+    """The kernel's SIGHUP when the run's terminal closes (a pty here, an SSH session for users): the last
+    completed iteration is saved, exit status 129, the lock released, nothing left running; what it would
+    have printed has nowhere to go, and that is no error."""
+    import pty
+    import select
+    run_dir = tmp_path / "run"
+    args = [*CLI_VR, "--total-steps", str(4 * 64 * 10**5), "--checkpoint-every", "1000", "--backend", "async",
+            "--num-workers", "1", "--compile", "off", "--run-dir", str(run_dir)]
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: a session of its own, with the pty as its controlling terminal
+        os.chdir(REPO)
+        os.execv(sys.executable, [sys.executable, "-m", "trainer.train", *args])
+    log, deadline = run_dir / "metrics.jsonl", time.monotonic() + 120
+    while not (log.exists() and log.read_text().count("\n") >= 3):
+        if select.select([terminal], [], [], 0.1)[0]:
+            os.read(terminal, 65536)  # read what it prints, or it blocks on a full terminal
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline
+    kids = psutil.Process(pid).children(recursive=True)
+    os.close(terminal)  # hang up
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        assert time.monotonic() < deadline + 60, "the trainer did not stop after its terminal closed"
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(done[1]) == 128 + signal.SIGHUP
+    state = checkpoints.latest_loadable(run_dir)[1]
+    assert state["iteration"] == len(metrics(run_dir)) >= 3
+    assert not (run_dir / "lock").exists()
+    _, alive = psutil.wait_procs(kids, timeout=10)
+    assert not alive, f"processes left behind: {alive}"
+
+
+def test_a_sighup_ignored_at_start_stays_ignored():
+    """``nohup python -m trainer.train ...``: the user asked for the run to outlive its terminal."""
+    from trainer.interrupts import StopSignals
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with StopSignals():
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.01)  # (delivered at the next bytecode: nothing is raised)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    with pytest.raises(KeyboardInterrupt, match="stopped by SIGHUP"), StopSignals():
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.01)

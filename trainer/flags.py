@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         kind = _field_type(f)
         p.add_argument(f"--{f.name.replace('_', '-')}", type=_bool if kind is bool else kind,
                        default=argparse.SUPPRESS, help=f"{_help(f.name)} {_default_help(f.name, f.default)}")
-    p.add_argument("--resume", default="", metavar="RUN_DIR_OR_CHECKPOINT",
+    p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
                    help="continue a run from its newest loadable checkpoint (or from this checkpoint file); "
                         "writes into that run directory")
     p.add_argument("--overwrite", action="store_true",
@@ -167,6 +167,9 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
     parser = build_parser()
     args = vars(parser.parse_args(argv))
     resume, overwrite = args.pop("resume"), args.pop("overwrite")
+    if resume is not None and not resume.strip():  # `--resume "$RUN"` with RUN unset must not start a new run
+        parser.error("--resume needs a run directory or checkpoint file; it was given an empty string")
+    resume = resume or ""
     from_file: dict[str, Any] = {}
     try:
         from_file = _toml_values(Path(args["config"])) if args.get("config") else {}

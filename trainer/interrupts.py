@@ -1,4 +1,4 @@
-"""Stop signals as an exception at a safe point: SIGINT, SIGTERM and SIGUSR1 during training.
+"""Stop signals as an exception at a safe point: SIGINT, SIGTERM, SIGUSR1 and SIGHUP during training.
 
 A signal raises :class:`Interrupted` at once, unless it arrives inside a ``critical()``
 section (taking the end-of-iteration snapshot, writing a checkpoint): then it is raised
@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from collectors.stop_signals import STOP_SIGNALS
+from collectors.stop_signals import handled_stop_signals
 
 STOP_PATIENCE_S = 5.0  # how long a stop signal waits for a section that waits on other processes
 _CAN_BOUND = hasattr(signal, "setitimer")  # Windows: no interval timer, a patient section is a plain one
@@ -55,7 +55,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
+            for signum in handled_stop_signals():
                 self._previous[signum] = signal.signal(signum, self._handle)
             if _CAN_BOUND:
                 self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._patience_over)
@@ -130,5 +130,5 @@ def _after_the_run(signum: int, frame) -> None:
 
 def ignore_late_signals() -> None:
     """From here on (the run finished and its handlers are gone), note a stop signal instead of stopping."""
-    for signum in STOP_SIGNALS:
+    for signum in handled_stop_signals():
         signal.signal(signum, _after_the_run)

@@ -14,13 +14,15 @@ import sys
 from trainer.flags import RESUMABLE_CHANGES, CommandLine, build_parser, defaults_used, parse_args
 
 if __name__ == "__main__":
+    from collectors.stop_signals import handled_stop_signals
+
     def _stopped_while_starting(signum: int, frame) -> None:
-        print(f"\n{signal.Signals(signum).name} while starting: nothing to save; to start over, run the same "
-              "command again", file=sys.stderr)
+        print(f"\n{signal.Signals(signum).name} while starting: nothing to save, nothing was written; run the "
+              "same command again", file=sys.stderr)
         raise SystemExit(128 + signum)
 
     # a stop signal while torch and the rest load: one line, not an import traceback (handlers restored below)
-    _STARTING = {s: signal.signal(s, _stopped_while_starting) for s in (signal.SIGINT, signal.SIGTERM)}
+    _STARTING = {s: signal.signal(s, _stopped_while_starting) for s in handled_stop_signals()}
     COMMAND_LINE = parse_args()  # the command line checked (--help answered) before torch loads: seconds, not ten
 
 import contextlib
@@ -89,6 +91,12 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         # decided before anything is touched: a resume with nothing to do changes no file of the run
         nothing_to_do = bool(resume) and saved["iteration"] >= stop
         lock = stack.enter_context(checkpoints.RunDirLock(run_dir))
+        if lock.stale:
+            notes.append(lock.stale)
+        partial = [] if nothing_to_do else checkpoints.remove_partial_saves(run_dir)  # ours now that the lock is
+        if partial:
+            notes.append(f"removed {len(partial)} partial checkpoint file{'s' * (len(partial) > 1)} of a save that "
+                         f"never finished ({', '.join(p.name for p in partial)})")
         if resume and not nothing_to_do:
             moved = checkpoints.set_aside_newer(run_dir, saved["iteration"])
             notes += [f"set aside {p.name}: newer than the checkpoint resumed from" for p in moved]
@@ -98,8 +106,6 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
                              "(they are run again)")
         elif not resume:
             notes += claim_new_run_dir(run_dir, overwrite)
-        if lock.stale:
-            notes.append(lock.stale)
         cfg.run_dir = str(run_dir)
         if not nothing_to_do:
             (run_dir / "config.json").write_text(json.dumps({"config": cfg.to_dict(), "layout": layout.to_dict()},
@@ -170,13 +176,14 @@ def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signa
                     validator.saved(save())
     except BaseException as e:
         signals.stop()  # a signal from here on waits: the snapshot is saved first
-        bar.close()
         done = snapshot["iteration"]
         if done and saved_at != done and not isinstance(e, checkpoints.CheckpointError):  # (that save just failed)
             try:
                 save()
             except checkpoints.CheckpointError as failed:
                 print(f"could not save the last completed iteration: {failed}", file=sys.stderr)
+        with contextlib.suppress(OSError):  # after the save: the terminal may be gone (SIGHUP)
+            bar.close()
         where = (f"the newest checkpoint {last_saved} holds iteration {saved_at}" if last_saved
                  else "no iteration was completed, nothing to save" if not done
                  else f"iteration {done} completed but no checkpoint could be written")
@@ -191,7 +198,8 @@ def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signa
             _add_note(e, f"resume:        {_command('-m', 'trainer.train', '--resume', str(Path(run_dir).resolve()))}")
         raise
     finally:
-        bar.close()
+        with contextlib.suppress(OSError):
+            bar.close()
     for note in algorithm.end_notes():
         print(note, file=sys.stderr)
     return {"run_dir": str(run_dir), "iterations": algorithm.iteration, "env_steps": algorithm.env_steps,
@@ -241,18 +249,19 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
         summary = train(cli.config, resume=cli.resume, given=cli.given, overwrite=cli.overwrite)
         ignore_late_signals()
     except TrainingStopped as e:
-        print(f"\n{e} after iteration {e.iteration}" +
-              (f"; checkpoint: {e.checkpoint}" if e.checkpoint else "; no checkpoint (no iteration completed)"),
-              file=sys.stderr)
         run_dir = str(e.run_dir.resolve())
-        if e.checkpoint:
-            print(f"resume:        {_command('-m', 'trainer.train', '--resume', run_dir)}", file=sys.stderr)
-        else:
-            print("start again:   the same command (the run directory holds no checkpoint)", file=sys.stderr)
+        with contextlib.suppress(OSError):  # a SIGHUP's terminal is gone: what was completed is saved all the same
+            print(f"\n{e} after iteration {e.iteration}" +
+                  (f"; checkpoint: {e.checkpoint}" if e.checkpoint else "; no checkpoint (no iteration completed)"),
+                  file=sys.stderr)
+            if e.checkpoint:
+                print(f"resume:        {_command('-m', 'trainer.train', '--resume', run_dir)}", file=sys.stderr)
+            else:
+                print("start again:   the same command (the run directory holds no checkpoint)", file=sys.stderr)
         raise SystemExit(e.exit_status) from None
     except KeyboardInterrupt as e:  # before the first iteration: nothing to save
-        print(f"\n{e or 'interrupted'} before the first iteration: nothing to save; to start over, run the same "
-              "command again", file=sys.stderr)
+        print(f"\n{e or 'interrupted'} before the first iteration: nothing to save, nothing was written; run the "
+              "same command again", file=sys.stderr)
         raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
     except ConfigError as e:  # a setting this machine cannot run: as the flags' errors, exit status 2
         build_parser().error(f"{e}{_stored_setting(e.key, cli)}")
