@@ -241,6 +241,11 @@ def test_batching_takes_the_trainer_spelling_and_the_old_one(tmp_path):
     plans = [command(["-m", "trainer.batching", *flags, "--batch-size", "4096"], tmp_path).stdout
              for flags in (["--num-envs", "64", "--num-steps", "2048"], ["--n-envs", "64", "--n-steps", "2048"])]
     assert plans[0] == plans[1] == "131072 transitions per rollout -> 32 minibatches of 4096\n"
+    planned = [command(["-m", "trainer.batching", "--num-envs", "1", "--num-steps", "64", *size], tmp_path).stdout
+               for size in ([], ["--batch-size", "0"])]  # 0: the planner picks, as trainer.train's --batch-size 0
+    assert planned[0] == planned[1] == "64 transitions per rollout -> 1 minibatch of 64\n"
+    refused = command(["-m", "trainer.batching", "--num-envs", "0", "--num-steps", "8"], tmp_path)
+    assert refused.returncode == 2 and "error: --num-envs=0 is invalid: must be >= 1" in refused.stderr
 
 
 def test_a_total_that_is_not_whole_iterations_is_said_not_silently_rounded(tmp_path, capsys):
@@ -275,6 +280,21 @@ def test_ctrl_c_while_torch_loads_is_one_line(tmp_path, delay):
     assert process.returncode == 130 and "Traceback" not in err, err[-2000:]
     said = [line for line in err.splitlines() if "SIGINT" in line or "interrupted" in line]
     assert len(said) == 1 and ("nothing to save" in said[0] or "stopped by SIGINT" in said[0]), err[-2000:]
+
+
+def test_one_episode_has_no_interval_and_its_json_is_still_json(tmp_path, capsys):
+    """A single episode gives no confidence interval: ``null`` in the JSON (NaN is not JSON: ``jq`` refuses it),
+    nothing after the mean in the table."""
+    run_dir = tmp_path / "run"
+    train_cli.main(["--num-envs", "2", "--num-steps", "16", "--total-steps", "32", "--device", "cpu", "--run-dir",
+                    str(run_dir)])
+    capsys.readouterr()
+    evaluate_cli.main(["--checkpoint", str(run_dir), "--episodes", "1", "--baselines", "fair_share", "--json"])
+    out, table = capsys.readouterr()
+    payload = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    assert payload["policy"]["reward_per_step_ci95"] is None and payload["gap_closed"]["ci95"] is None
+    assert json.loads((run_dir / "evaluation.json").read_text(), parse_constant=pytest.fail) == payload
+    assert "nan" not in table and "1 episode on held-out seeds" in table, table
 
 
 @pytest.mark.parametrize("delay", [0.0, 1.5])  # while the checkpoint loads; among the episodes

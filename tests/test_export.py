@@ -219,3 +219,8 @@ def test_stage_folders_of_a_killed_export_are_swept(tmp_path, cartpole):
     (stale / "policy.pt").write_bytes(b"half")
     export_main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(tmp_path)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["policy.json", "policy.pt"]
+
+
+def test_the_command_line_help_names_the_opset_it_exports():
+    from trainer import export as export_command
+    assert f"(ONNX opset {export_cli.OPSET}," in " ".join(export_command.__doc__.split())

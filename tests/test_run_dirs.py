@@ -63,12 +63,12 @@ def test_flags_win_over_the_toml_file_even_at_their_default_value(tmp_path):
 
 
 @pytest.mark.parametrize("line, words", [
-    ('anneal_lr = "false"', "anneal_lr = 'false' is str, expected true or false"),
-    ('num_envs = "4"', "num_envs = '4' is str, expected an integer"),
-    ("num_envs = 4.5", "num_envs = 4.5 is float, expected an integer"),
-    ("num_envs = true", "num_envs = True is bool, expected an integer"),
-    ("hidden = [64, 64]", 'hidden = [64, 64] is list, expected a string (e.g. hidden = "64,64")'),
-    ("device = 3", "device = 3 is int, expected a string"),
+    ('anneal_lr = "false"', 'anneal_lr = "false" is a string, expected true or false'),
+    ('num_envs = "4"', 'num_envs = "4" is a string, expected an integer'),
+    ("num_envs = 4.5", "num_envs = 4.5 is a float, expected an integer"),
+    ("num_envs = true", "num_envs = true is a boolean, expected an integer"),
+    ("hidden = [64, 64]", 'hidden = [64, 64] is an array, expected a string (e.g. hidden = "64,64")'),
+    ("device = 3", "device = 3 is an integer, expected a string"),
     ("no_such_key = 1", "unknown keys"),
 ])
 def test_toml_values_are_type_checked_before_anything_is_written(tmp_path, capsys, line, words):

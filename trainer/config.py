@@ -97,7 +97,7 @@ class TrainConfig:
                    "loss): auto (on for --backend device, and for PPO runs of at least 2M env steps, where it paid "
                    "for its compile time: 1.39x on 2 cores), on or off; needs a C++ compiler on the CPU (Triton on "
                    "CUDA): where there is none, auto says so and runs eagerly; Ray actors act eagerly",
-        "cuda_graphs": "on a CUDA learner (PPO): capture each minibatch step (loss, backward, clip, Adam) as one CUDA "
+        "cuda_graphs": "on a CUDA learner: capture each minibatch step (loss, backward, clip, Adam) as one CUDA "
                        "graph, replayed with one launch; with --backend device and --compile, the acting step too "
                        "(torch.compile's reduce-overhead); measured by benchmarks.device_check, not yet on by "
                        "default",

@@ -85,7 +85,7 @@ def _evaluate(argv: list[str] | None) -> None:
     )
     from trainer.evaluation.baselines import best_baseline
     from trainer.evaluation.policies import checkpoint_label, picked_checkpoint, policy_from_state
-    from trainer.evaluation.report import check_writable, format_table, plot
+    from trainer.evaluation.report import check_writable, format_table, json_ready, plot, plus_minus
     from trainer.registry import algorithm_spec
 
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
@@ -138,25 +138,27 @@ def _evaluate(argv: list[str] | None) -> None:
                "best_baseline_picked_on": f"{SELECTION_EPISODES} validation episodes" if best else None,
                "gap_closed": gap}
     trace = f", capacity traces {args.capacity_trace}" if args.capacity_trace else ""
-    print(f"{cfg.env}: {args.episodes} episodes on held-out seeds (seed {args.seed}{trace}), {which} {source}",
+    episodes = f"{args.episodes} episode{'s' * (args.episodes != 1)}"
+    print(f"{cfg.env}: {episodes} on held-out seeds (seed {args.seed}{trace}), {which} {source}",
           file=out)
     print(format_table(results), file=out)
     if paired:
         print("\npolicy minus baseline, reward/step, paired over the same episodes (mean ± 95% CI, policy better in):",
               file=out)
         for name, d in paired.items():
-            print(f"  vs {name:<14}{d['mean']:+.3f} ± {d['ci95']:.3f}   {d['wins']}/{d['episodes']} episodes",
-                  file=out)
+            print(f"  vs {name:<14}{d['mean']:+.3f} {plus_minus(d['ci95']):<9}{d['wins']}/{d['episodes']} "
+                  "episodes", file=out)
     if gap:
-        print(f"\ngap closed: the policy closes {gap['fraction']:.2f} ± {gap['ci95']:.2f} (95% CI) of the gap between "
-              f"the best baseline ({best}, picked on {SELECTION_EPISODES} validation episodes) and the clairvoyant "
-              f"reference ({gap['gap']:+.3f} reward/step)", file=out)
-    (out_dir / "evaluation.json").write_text(json.dumps(payload, indent=2))
+        print(f"\ngap closed: the policy closes {gap['fraction']:.2f} {plus_minus(gap['ci95'])} (95% CI) of the gap "
+              f"between the best baseline ({best}, picked on {SELECTION_EPISODES} validation episodes) and the "
+              f"clairvoyant reference ({gap['gap']:+.3f} reward/step)", file=out)
+    payload = json_ready(payload)
+    (out_dir / "evaluation.json").write_text(json.dumps(payload, indent=2, allow_nan=False))
     png = plot(results, run_dir, out_dir / "evaluation.png")
     print(f"\nwrote {out_dir / 'evaluation.json'}" + (f" and {png}" if png else " (pip install matplotlib for a plot)"),
           file=out)
     if args.json:
-        print(json.dumps(payload))
+        print(json.dumps(payload, allow_nan=False))
 
 
 def _check_numbers(parser: OneLineParser, args: argparse.Namespace) -> None:

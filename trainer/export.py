@@ -3,8 +3,8 @@
     python -m trainer.export --checkpoint RUN_DIR_OR_FILE [--format torchscript|onnx|both] [--out DIR]
                              [--seed S] [--atol 1e-5]
 
-Writes ``policy.pt`` (TorchScript, ``torch.jit.load``) and/or ``policy.onnx`` (ONNX opset
-``OPSET``, dynamic batch axis; needs the ``export`` extra) and the card ``policy.json`` to
+Writes ``policy.pt`` (TorchScript, ``torch.jit.load``) and/or ``policy.onnx`` (ONNX opset 18,
+dynamic batch axis; needs the ``export`` extra) and the card ``policy.json`` to
 ``--out`` (default ``RUN/export``). Each file maps raw float32 observations ``obs [B, obs_dim]``
 to ``action`` (greedy), ``probs [B, heads, max actions]`` and ``value [B]``, with the frozen
 observation normaliser inside. Before anything is written, each file is reloaded from disk and

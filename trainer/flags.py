@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "compile", "cuda_grap
                      "tensorboard", "checkpoint_every", "keep_checkpoints", "config", "ray_address", "cpus_per_worker",
                      "eval_every", "eval_episodes", "save_replay", "worker_timeout"}
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+_TOML_TYPES = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
+               dict: "a table"}
 
 
 def _bool(text: str) -> bool:
@@ -141,8 +144,9 @@ def _toml_values(path: Path) -> dict[str, Any]:
         ok, value = _of_kind(value, kind)
         if not ok:
             example = {bool: "true", int: "4", float: "0.5", str: '"64,64"' if key == "hidden" else '"..."'}[kind]
-            raise ValueError(f"{path}: {key} = {value!r} is {type(value).__name__}, expected {_KINDS[kind]} "
-                             f"(e.g. {key} = {example})")
+            toml_type = _TOML_TYPES.get(type(value), type(value).__name__)
+            raise ValueError(f"{path}: {key} = {json.dumps(value, default=str)} is {toml_type}, expected "
+                             f"{_KINDS[kind]} (e.g. {key} = {example})")  # (JSON spells these values as TOML does)
         values[key] = value
     return values
 

@@ -156,7 +156,8 @@ class RunLayout:
         if self.cuda_graphs:
             procs += (", acting step and " if self.acting_compile == "reduce-overhead" else ", ") + \
                 "PPO minibatch step captured as CUDA graphs (--cuda-graphs)"
-        return (f"layout: {self.env}, {self.num_envs} envs as {kind}; {self.backend}: {procs}; {where}; "
+        envs = f"{self.num_envs} env{'s' * (self.num_envs != 1)}"
+        return (f"layout: {self.env}, {envs} as {kind}; {self.backend}: {procs}; {where}; "
                 f"learner on {self.device}\n"
                 f"threads: {f'{self.worker_threads} per worker, ' if self.workers else ''}{here} "
                 f"{self.collect_threads} collecting, this process "

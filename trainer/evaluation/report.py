@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,26 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
     head = f"{'policy':<22}" + "".join(f"{title:>22}" for _, title in present)
     lines = [head, "-" * len(head)]
     for name, r in results.items():
-        cells = "".join(f"{r[k]:>12.3f} ± {r[k + '_ci95']:<7.3f}" if k in r else f"{'-':>22}" for k, _ in present)
+        cells = "".join(f"{r[k]:>12.3f} {plus_minus(r[k + '_ci95']):<9}" if k in r else f"{'-':>22}"
+                        for k, _ in present)
         lines.append(f"{name:<22}{cells}")
     return "\n".join(lines)
+
+
+def plus_minus(ci95: float) -> str:
+    """``± 0.012``; nothing where there is no interval (one episode has none)."""
+    return f"± {ci95:.3f}" if math.isfinite(ci95) else ""
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with every non-finite float as ``None``: JSON has no NaN (``jq`` and browsers refuse it)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
 
 
 def plot(results: dict[str, dict[str, Any]], run_dir: Path, out: Path) -> Path | None:
