@@ -24,6 +24,17 @@ class CheckpointError(ValueError):
     """A checkpoint file is missing, unreadable, corrupted, of another format version, or cannot be written."""
 
 
+def _file_mode() -> int:
+    """What ``open()`` gives a new file here: 0666 less the umask (read once, at import: setting it to read it
+    is not thread-safe, and nothing else has started yet)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _file_mode()
+
+
 def _encode(x: Any) -> Any:
     """NumPy values become tensors of raw bytes (exact for every dtype), so ``weights_only`` loads them."""
     if isinstance(x, np.ndarray):
@@ -79,6 +90,7 @@ def save(path: str | os.PathLike, state: dict[str, Any]) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.chmod(tmp, _FILE_MODE)  # mkstemp's 0600 would make checkpoints the one unreadable file of a shared run
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -145,3 +145,12 @@ def test_missing_and_empty_locations(tmp_path):
         latest_loadable(tmp_path)
     with pytest.raises(ValueError, match="keep"):
         checkpoints.save_in_run_dir(tmp_path, {}, 1, keep=0)
+
+
+def test_a_checkpoint_gets_the_permissions_of_any_new_file(tmp_path):
+    """As the run's other files (``open()``'s 0666 less the umask), not ``mkstemp``'s owner-only 0600."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    (tmp_path / "other").write_text("")
+    path = checkpoints.save(tmp_path / "ckpt_00000001.pt", {"i": 1})
+    assert path.stat().st_mode & 0o777 == (tmp_path / "other").stat().st_mode & 0o777 == 0o666 & ~umask
