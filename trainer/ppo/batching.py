@@ -56,7 +56,7 @@ def plan_minibatches(n_envs: int, n_steps: int, batch_size: int | None = None) -
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} is invalid: must be an integer >= 1")
     if batch_size > total:
-        raise ValueError(f"--batch-size={batch_size} is larger than the rollout ({n_envs} envs x {n_steps} steps = "
+        raise ValueError(f"batch_size={batch_size} is larger than the rollout ({n_envs} envs x {n_steps} steps = "
                          f"{total} transitions); use at most {total}, e.g. {total // best}")
     suggestion = f"use --batch-size {total // best} ({best} minibatches)"
     warnings = []
