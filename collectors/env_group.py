@@ -24,6 +24,11 @@ class EnvError(RuntimeError):
     def __reduce__(self):  # rebuilt whole on the other side of a pipe (a collecting process's error)
         return EnvError, (self.env_index, self.where, self.detail)
 
+    @classmethod
+    def raised(cls, env_index: int, where: str) -> EnvError:
+        """The error for the exception being handled: its traceback is the env's own, which says what broke."""
+        return cls(env_index, where, traceback.format_exc())
+
 
 @dataclass
 class StepViews:
@@ -146,7 +151,7 @@ class EnvGroup:
                     obs, _ = env.reset()
                 out.next_obs[i] = obs
         except Exception:
-            raise EnvError(self.first_index + i, "step()", traceback.format_exc()) from None
+            raise EnvError.raised(self.first_index + i, "step()") from None
         return episodes
 
     def _step_vector(self, env, sl: slice, actions, out: StepViews, episodes: list[EpisodeInfo]) -> None:
@@ -169,7 +174,7 @@ class EnvGroup:
         try:
             return fn(*args, **kwargs)
         except Exception:
-            raise EnvError(self.first_index + i, where, traceback.format_exc()) from None
+            raise EnvError.raised(self.first_index + i, where) from None
 
     def get_states(self) -> list[Any]:
         return env_states(self.envs)

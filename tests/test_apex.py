@@ -322,6 +322,8 @@ def test_a_resume_takes_the_flags_of_the_runs_own_algorithm(tmp_path, capsys):
     assert checkpoints.latest_loadable(tmp_path)[1]["replay"] is not None
     capsys.readouterr()
     for flags, said in ((["--replay-ratio", "4"], "the flags do not match the run being resumed: --replay-ratio="),
+                        # below the default --learning-starts, not the run's: a mismatch, not a learning-starts error
+                        (["--replay-capacity", "100"], "do not match the run being resumed: --replay-capacity=100 "),
                         (["--epochs", "2"], "--epochs: for --algo ppo only, and this run is --algo apex")):
         with pytest.raises(SystemExit) as stop:
             train_module.main(["--resume", str(tmp_path), *flags])

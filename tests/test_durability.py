@@ -8,6 +8,7 @@ same weights, optimizer state and metrics rows (timing columns aside), bit for b
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -196,17 +197,20 @@ def test_an_env_error_keeps_the_last_completed_iteration(tmp_path, monkeypatch):
     assert final_state(tmp_path)["iteration"] == 2 == len(metrics(tmp_path))
 
 
-@pytest.mark.parametrize("backend", ["sync", pytest.param("async", marks=pytest.mark.slow)])
-def test_an_env_error_on_the_command_line_says_it_first_then_what_was_saved(tmp_path, backend):
+@pytest.mark.parametrize("backend, overlap", [("sync", False), ("serial", False),
+                                              pytest.param("async", False, marks=pytest.mark.slow),
+                                              pytest.param("async", True, marks=pytest.mark.slow)])
+def test_an_env_error_on_the_command_line_says_it_first_then_what_was_saved(tmp_path, backend, overlap):
     """The env's own traceback under one error line, then where the completed iterations are and how to resume:
     no frames of the trainer's, and the resume goes on from the checkpoint."""
     run_dir = tmp_path / "run"
     args = ["--env", "tests.factories:Exploding-v0", "--backend", backend, "--num-envs", "2", "--num-steps", "8",
-            "--total-steps", str(2 * 8 * 20), "--checkpoint-every", "1", "--device", "cpu", "--compile", "off"]
+            "--total-steps", str(2 * 8 * 20), "--checkpoint-every", "1", "--device", "cpu", "--compile", "off",
+            "--overlap", str(overlap).lower()]
     out, err = cli(args + ["--run-dir", str(run_dir)], REPO).communicate(timeout=300)
     lines = err.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("error: "))
-    assert lines[first] == "error: env 0 raised in step():", err
+    assert re.fullmatch(r"error: env [01] raised in step\(\)( in async worker 0)?:", lines[first]), err
     assert 'raise RuntimeError("simulator exploded")' in err and "trainer/train.py" not in err, err
     saved = checkpoints.latest_loadable(run_dir)[1]["iteration"]
     assert saved == 39 // 8 == len(metrics(run_dir))  # the 40th step is in the 5th rollout

@@ -149,7 +149,8 @@ def _evaluate(argv: list[str] | None) -> None:
             print(f"  vs {name:<14}{d['mean']:+.3f} {plus_minus(d['ci95']):<9}{d['wins']}/{d['episodes']} "
                   "episodes", file=out)
     if gap:
-        print(f"\ngap closed: the policy closes {gap['fraction']:.2f} {plus_minus(gap['ci95'])} (95% CI) of the gap "
+        interval = f" {plus_minus(gap['ci95'])} (95% CI)" if plus_minus(gap["ci95"]) else ""
+        print(f"\ngap closed: the policy closes {gap['fraction']:.2f}{interval} of the gap "
               f"between the best baseline ({best}, picked on {SELECTION_EPISODES} validation episodes) and the "
               f"clairvoyant reference ({gap['gap']:+.3f} reward/step)", file=out)
     payload = json_ready(payload)

@@ -179,7 +179,13 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
         from_file = _toml_values(Path(args["config"])) if args.get("config") else {}
         given = {**from_file, **args}
         cfg = new_run_config(given)  # what a resume runs is the checkpoint's config (resumed_config)
-        check_config(cfg, {} if resume else given)  # a resumed run's algorithm: its checkpoint's (resumed_config)
+        try:
+            check_config(cfg, {} if resume else given)  # a resumed run's algorithm: its checkpoint's (resumed_config)
+        except ConfigError as e:
+            if not resume or e.key in given:
+                raise
+            # a rule between a given value and a default (--replay-capacity under the default --learning-starts):
+            # a resumed run's other values are its checkpoint's, and resumed_config checks against those
         if not resume and takes_gpu_defaults(cfg, given):  # checked first: a bad flag is answered before torch loads
             cfg = new_run_config(given, gpu=True)
             check_config(cfg, given)
@@ -235,7 +241,8 @@ def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) ->
         key, (_, value) = next(iter(clash.items()))
         raise ConfigError(key, value, "does not match the run being resumed", message=(
             f"{source}: the flags do not match the run being resumed: {detail}. Drop them, or start "
-            f"a new run; only {', '.join(sorted(RESUMABLE_CHANGES - {'config'}))} may change (and "
+            f"a new run; only {', '.join('--' + k.replace('_', '-') for k in sorted(RESUMABLE_CHANGES - {'config'}))} "
+            "may change (and "
             f"--env-kwargs {', '.join(f'{k}=NEW' for k in sorted(PATH_ENV_KWARGS))} where files moved)"))
     types = {f.name: _field_type(f) for f in fields(TrainConfig)}
     stored = {}

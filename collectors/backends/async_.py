@@ -133,7 +133,7 @@ def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
                 conn.send(("ok", None))
                 return
         except EnvError as e:
-            conn.send(("env_error", e.env_index, str(e)))
+            conn.send(("env_error", e.env_index, e.where, e.detail))
         except Exception as e:
             conn.send(("error", type(e).__name__, f"{e}\n{traceback.format_exc()}"))
 
@@ -306,7 +306,7 @@ class AsyncBackend:
                 if msg[0] in ("ok", "ready"):
                     replies[w] = msg[1]
                 elif msg[0] == "env_error":
-                    error = error or EnvError(msg[1], f"async worker {w}", msg[2].split(":\n", 1)[-1])
+                    error = error or EnvError(msg[1], f"{msg[2]} in async worker {w}", msg[3])
                 else:
                     exc = {"ValueError": ValueError, "TypeError": TypeError}.get(msg[1], RuntimeError)
                     error = error or exc(f"async worker {w}: {msg[2]}")

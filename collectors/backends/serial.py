@@ -55,8 +55,8 @@ class SerialBackend:
             n = env.num_envs if is_vector else 1
             try:
                 obs, _ = env.reset(seed=list(seeds[start:start + n]) if is_vector else seeds[start])
-            except Exception as e:
-                raise EnvError(start, "reset()", repr(e)) from e
+            except Exception:
+                raise EnvError.raised(start, "reset()") from None
             results.extend(obs if is_vector else [obs])
         obs_out[:] = np.stack(results)
 
@@ -96,8 +96,8 @@ class SerialBackend:
     def _call(index: int, fn, *args):
         try:
             return fn(*args)
-        except Exception as e:
-            raise EnvError(index, f"{getattr(fn, '__name__', 'call')}()", f"{type(e).__name__}: {e}") from e
+        except Exception:
+            raise EnvError.raised(index, f"{getattr(fn, '__name__', 'call')}()") from None
 
     def get_env_states(self) -> list[Any]:
         return env_states(self.envs)
