@@ -297,9 +297,10 @@ def test_one_episode_has_no_interval_and_its_json_is_still_json(tmp_path, capsys
     assert "nan" not in table and "1 episode on held-out seeds" in table and "95% CI) of the gap" not in table, table
 
 
-@pytest.mark.parametrize("delay", [0.0, 1.5])  # while the checkpoint loads; among the episodes
-def test_ctrl_c_during_an_evaluation_is_one_line(tmp_path, delay):
-    """``trainer.evaluate`` stopped by Ctrl-C: one line, exit status 130, no traceback, no results written."""
+@pytest.mark.parametrize("delay, signum", [(0.0, 2), (1.5, 2), (1.5, 15)])  # loading; among the episodes
+def test_ctrl_c_during_an_evaluation_is_one_line(tmp_path, delay, signum):
+    """``trainer.evaluate`` stopped by Ctrl-C or SIGTERM: one line, exit status 128 + the signal, no traceback,
+    no results written."""
     import signal
     import time
 
@@ -310,9 +311,10 @@ def test_ctrl_c_during_an_evaluation_is_one_line(tmp_path, delay):
                                 "500"], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True)
     time.sleep(2.0 + delay)  # past torch's import (another test's subject)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     err = process.communicate(timeout=120)[1]
-    assert process.returncode == 130 and "Traceback" not in err, err[-2000:]
-    assert err.rstrip().splitlines()[-1] == ("interrupted: the evaluation did not finish (its results are written "
-                                             "once every episode is played)"), err[-2000:]
+    assert process.returncode == 128 + signum and "Traceback" not in err, err[-2000:]
+    assert err.rstrip().splitlines()[-1] == (f"stopped by {signal.Signals(signum).name}: the evaluation did not "
+                                             "finish (its results are written once every episode is played)"), \
+        err[-2000:]
     assert not (run_dir / "evaluation.json").exists()

@@ -18,19 +18,22 @@ import sys
 from pathlib import Path
 
 from trainer.arguments import OneLineParser, did_you_mean
+from trainer.interrupts import StopSignals
 
 REFERENCE = "clairvoyant"
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m trainer.evaluate``; Ctrl-C at any moment is one line and exit status 130."""
-    try:
-        _evaluate(argv)
-    except KeyboardInterrupt:
-        print("\ninterrupted: the evaluation did not finish (its results are written once every episode is "
-              "played)", file=sys.stderr)
-        raise SystemExit(128 + signal.SIGINT) from None
+    """``python -m trainer.evaluate``; Ctrl-C or SIGTERM at any moment is one line and exit status 128 + the
+    signal."""
+    with StopSignals():
+        try:
+            _evaluate(argv)
+        except KeyboardInterrupt as e:
+            print(f"\n{e or 'interrupted'}: the evaluation did not finish (its results are written once every "
+                  "episode is played)", file=sys.stderr)
+            raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
 
 
 def _evaluate(argv: list[str] | None) -> None:
@@ -39,7 +42,7 @@ def _evaluate(argv: list[str] | None) -> None:
     p.add_argument("--checkpoint", required=True,
                    help="checkpoint file, or run directory: its best checkpoint when training had --eval-every "
                         "(see --pick), else its newest loadable one")
-    p.add_argument("--episodes", type=int, default=50)
+    p.add_argument("--episodes", type=int, default=50, help="episodes per policy, the same seeds for each")
     p.add_argument("--seed", type=int, default=0, help="evaluation seed (a seed branch that training never uses)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--deterministic", dest="deterministic", action="store_true", default=True,

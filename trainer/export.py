@@ -21,6 +21,7 @@ import signal
 import sys
 
 from trainer.arguments import OneLineParser
+from trainer.interrupts import StopSignals
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,12 +46,14 @@ def main(argv: list[str] | None = None) -> None:
     formats = list(FILES) if args.format == "both" else [args.format]
     atol = ATOL if args.atol is None else args.atol
     try:
-        export(args.checkpoint, formats, args.out or None, args.seed, atol)
+        with StopSignals():  # Ctrl-C or SIGTERM: one line, exit status 128 + the signal
+            export(args.checkpoint, formats, args.out or None, args.seed, atol)
     except (ValueError, checkpoints.CheckpointError) as e:
         raise SystemExit("error: " + " ".join(line.strip() for line in str(e).splitlines())) from None
-    except KeyboardInterrupt:
-        print("\ninterrupted: nothing was written (the previous export, if any, is unchanged)", file=sys.stderr)
-        raise SystemExit(128 + signal.SIGINT) from None
+    except KeyboardInterrupt as e:
+        print(f"\n{e or 'interrupted'}: nothing was written (the previous export, if any, is unchanged)",
+              file=sys.stderr)
+        raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
 
 
 if __name__ == "__main__":
