@@ -48,7 +48,7 @@ def test_round_trip_is_exact_and_loads_with_weights_only(tmp_path):
     torch.load(tmp_path / "c.pt", weights_only=True)  # no pickled Python objects inside
 
 
-@pytest.mark.parametrize("step", ["save", "load"])
+@pytest.mark.parametrize("step", ["save", pytest.param("load", marks=pytest.mark.slow)])
 def test_a_large_state_is_saved_and_loaded_with_at_most_two_more_copies_of_it(tmp_path, step):
     """An Ape-X checkpoint may hold a replay of many GiB: its bytes are built and read without extra copies
     (the peak was three more copies, each way). Each measured in a fresh process (``ru_maxrss`` is a peak)."""

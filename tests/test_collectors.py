@@ -207,7 +207,9 @@ def test_dead_worker_is_detected_quickly_and_nothing_is_left_behind():
     assert not mp.active_children()
 
 
-@pytest.mark.parametrize("then, sent", [("collect", "step"), ("get_state", "get_states"), ("set_state", "reset")])
+@pytest.mark.parametrize("then, sent", [pytest.param("collect", "step", marks=pytest.mark.slow),
+                                        ("get_state", "get_states"),
+                                        pytest.param("set_state", "reset", marks=pytest.mark.slow)])
 def test_a_worker_killed_between_rollouts_is_named_by_the_next_command(then, sent):
     """Killed while the learner updates (most of an iteration): the next command's send finds its pipe closed
     and says which worker died, as a reply would (it was a ``BrokenPipeError`` traceback)."""

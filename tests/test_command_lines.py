@@ -297,7 +297,8 @@ def test_one_episode_has_no_interval_and_its_json_is_still_json(tmp_path, capsys
     assert "nan" not in table and "1 episode on held-out seeds" in table and "95% CI) of the gap" not in table, table
 
 
-@pytest.mark.parametrize("delay, signum", [(0.0, 2), (1.5, 2), (1.5, 15)])  # loading; among the episodes
+@pytest.mark.parametrize("delay, signum", [pytest.param(0.0, 2, marks=pytest.mark.slow), (1.5, 2),
+                                           pytest.param(1.5, 15, marks=pytest.mark.slow)])  # loading; episodes
 def test_ctrl_c_during_an_evaluation_is_one_line(tmp_path, delay, signum):
     """``trainer.evaluate`` stopped by Ctrl-C or SIGTERM: one line, exit status 128 + the signal, no traceback,
     no results written."""

@@ -197,7 +197,7 @@ def test_an_env_error_keeps_the_last_completed_iteration(tmp_path, monkeypatch):
     assert final_state(tmp_path)["iteration"] == 2 == len(metrics(tmp_path))
 
 
-@pytest.mark.parametrize("backend, overlap", [("sync", False), ("serial", False),
+@pytest.mark.parametrize("backend, overlap", [("sync", False), pytest.param("serial", False, marks=pytest.mark.slow),
                                               pytest.param("async", False, marks=pytest.mark.slow),
                                               pytest.param("async", True, marks=pytest.mark.slow)])
 def test_an_env_error_on_the_command_line_says_it_first_then_what_was_saved(tmp_path, backend, overlap):

@@ -146,7 +146,8 @@ def test_a_dead_collecting_process_is_noticed_at_once():
     assert not alive and not mp.active_children()
 
 
-@pytest.mark.parametrize("then", ["update_policy", "get_state", "start"])
+@pytest.mark.parametrize("then", ["update_policy",
+                                  *(pytest.param(t, marks=pytest.mark.slow) for t in ("get_state", "start"))])
 def test_a_collecting_process_killed_while_this_one_learns_is_named_by_the_next_command(then):
     c = BackgroundCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", horizon=8)
     c.collect()
