@@ -36,6 +36,12 @@ def choose(value: str, choices: Sequence[str]) -> str:
     return f"choose {listed}{did_you_mean(value, choices)}"
 
 
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """``n`` and its noun, singular for one: ``counted(1, "env")`` is ``'1 env'``, ``counted(3, "minibatch",
+    "minibatches")`` is ``'3 minibatches'``."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def spelled(value: object) -> str:
     """``value`` as a command line or a TOML file writes it: ``true``/``false`` for booleans, else its ``repr``."""
     return str(value).lower() if isinstance(value, bool) else repr(value)

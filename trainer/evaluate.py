@@ -17,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from trainer.arguments import OneLineParser, did_you_mean
+from trainer.arguments import OneLineParser, counted, did_you_mean
 from trainer.interrupts import StopSignals
 
 REFERENCE = "clairvoyant"
@@ -141,9 +141,8 @@ def _evaluate(argv: list[str] | None) -> None:
                "best_baseline_picked_on": f"{SELECTION_EPISODES} validation episodes" if best else None,
                "gap_closed": gap}
     trace = f", capacity traces {args.capacity_trace}" if args.capacity_trace else ""
-    episodes = f"{args.episodes} episode{'s' * (args.episodes != 1)}"
-    print(f"{cfg.env}: {episodes} on held-out seeds (seed {args.seed}{trace}), {which} {source}",
-          file=out)
+    print(f"{cfg.env}: {counted(args.episodes, 'episode')} on held-out seeds (seed {args.seed}{trace}), {which} "
+          f"{source}", file=out)
     print(format_table(results), file=out)
     if paired:
         print("\npolicy minus baseline, reward/step, paired over the same episodes (mean ± 95% CI, policy better in):",

@@ -25,7 +25,7 @@ import torch
 
 import envs
 from collectors.resources import async_workers, largest_divisor_at_most, usable_cores
-from trainer.arguments import did_you_mean
+from trainer.arguments import counted, did_you_mean
 from trainer.common.devices import compile_unavailable, learner_device
 from trainer.config import ConfigError, TrainConfig
 from trainer.registry import algorithm_spec
@@ -156,8 +156,7 @@ class RunLayout:
         if self.cuda_graphs:
             procs += (", acting step and " if self.acting_compile == "reduce-overhead" else ", ") + \
                 "PPO minibatch step captured as CUDA graphs (--cuda-graphs)"
-        envs = f"{self.num_envs} env{'s' * (self.num_envs != 1)}"
-        return (f"layout: {self.env}, {envs} as {kind}; {self.backend}: {procs}; {where}; "
+        return (f"layout: {self.env}, {counted(self.num_envs, 'env')} as {kind}; {self.backend}: {procs}; {where}; "
                 f"learner on {self.device}\n"
                 f"threads: {f'{self.worker_threads} per worker, ' if self.workers else ''}{here} "
                 f"{self.collect_threads} collecting, this process "

@@ -39,6 +39,7 @@ import checkpoints
 from collectors import EnvError, WorkerDiedError, make_collector
 from collectors.resources import torch_threads
 from trainer.algorithm import Algorithm, NonFiniteLossError
+from trainer.arguments import counted
 from trainer.config import ConfigError, TrainConfig
 from trainer.evaluation.validation import Validator
 from trainer.interrupts import STOP_PATIENCE_S, Interrupted, StopSignals, ignore_late_signals
@@ -95,8 +96,8 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
             notes.append(lock.stale)
         partial = [] if nothing_to_do else checkpoints.remove_partial_saves(run_dir)  # ours now that the lock is
         if partial:
-            notes.append(f"removed {len(partial)} partial checkpoint file{'s' * (len(partial) > 1)} of a save that "
-                         f"never finished ({', '.join(p.name for p in partial)})")
+            notes.append(f"removed {counted(len(partial), 'partial checkpoint file')} of a save that never finished "
+                         f"({', '.join(p.name for p in partial)})")
         if resume and not nothing_to_do:
             moved = checkpoints.set_aside_newer(run_dir, saved["iteration"])
             notes += [f"set aside {p.name}: newer than the checkpoint resumed from" for p in moved]
@@ -182,8 +183,6 @@ def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signa
                 save()
             except checkpoints.CheckpointError as failed:
                 print(f"could not save the last completed iteration: {failed}", file=sys.stderr)
-        with contextlib.suppress(OSError):  # after the save: the terminal may be gone (SIGHUP)
-            bar.close()
         where = (f"the newest checkpoint {last_saved} holds iteration {saved_at}" if last_saved
                  else "no iteration was completed, nothing to save" if not done
                  else f"iteration {done} completed but no checkpoint could be written")
@@ -198,7 +197,7 @@ def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signa
             _add_note(e, f"resume:        {_command('-m', 'trainer.train', '--resume', str(Path(run_dir).resolve()))}")
         raise
     finally:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # after any save: the terminal may be gone (SIGHUP)
             bar.close()
     for note in algorithm.end_notes():
         print(note, file=sys.stderr)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainer.arguments import counted
+
 MIN_MINIBATCHES = 32  # target range of minibatches per epoch, where the rollout is large enough
 MAX_MINIBATCHES = 256
 MIN_MINIBATCH_SIZE = 64  # below this, per-minibatch advantage normalisation is mostly noise
@@ -18,8 +20,8 @@ class MinibatchPlan:
     warnings: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        lines = [f"{self.total} transitions per rollout -> {self.num_minibatches} minibatch"
-                 f"{'es' * (self.num_minibatches != 1)} of {self.minibatch_size}"]
+        lines = [f"{self.total} transitions per rollout -> {counted(self.num_minibatches, 'minibatch', 'minibatches')} "
+                 f"of {self.minibatch_size}"]
         return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
 
 
