@@ -15,7 +15,13 @@ import torch.multiprocessing as tmp
 from tensordict import TensorDict
 
 from collectors.backends.async_ import CLOSE_TIMEOUT_S as WORKER_CLOSE_TIMEOUT_S
-from collectors.backends.async_ import WorkerDiedError, WorkerTimeoutError, check_picklable, stop_processes
+from collectors.backends.async_ import (
+    WorkerDiedError,
+    WorkerTimeoutError,
+    check_picklable,
+    how_it_ended,
+    stop_processes,
+)
 from collectors.base import Collector, Policy, check_env_fns
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
 from collectors.rollout import Rollout
@@ -138,8 +144,8 @@ class BackgroundCollector(Collector):
 
     def _died(self, what: str) -> WorkerDiedError:
         self._process.join(timeout=_CLOSE_TIMEOUT_S)
-        return WorkerDiedError(f"the collecting process (pid {self._process.pid}) died during {what} (exit code "
-                               f"{self._process.exitcode})")
+        return WorkerDiedError(f"the collecting process (pid {self._process.pid}) died during {what}: "
+                               f"{how_it_ended(self._process.exitcode)}")
 
     def _send(self, command: str, arg: Any = None) -> None:
         """``WorkerDiedError`` if the collecting process is gone (killed while this process learned)."""

@@ -80,6 +80,12 @@ def suicidal() -> gym.Env:
     return SuicidalEnv()
 
 
+def killed_while_built() -> gym.Env:
+    """A factory whose process is killed (as by the out-of-memory killer) while it builds its env."""
+    os.kill(os.getpid(), 9)
+    raise AssertionError("unreachable")
+
+
 def pendulum() -> gym.Env:
     return gym.make("Pendulum-v1")
 

@@ -17,6 +17,7 @@ from trainer.apex.exploration import EpsilonGreedy, apex_epsilons
 from trainer.apex.nstep import STEP_KEYS, NStepBuilder, nstep_transitions
 from trainer.apex.q_network import QNetwork
 from trainer.apex.replay import PrioritizedReplay, SumTree
+from trainer.config import ConfigError
 from trainer.flags import parse_args
 
 # upper 0.1% quantiles of the chi-square distribution (df: value), so a correct sampler fails 1 run in 1000;
@@ -117,7 +118,6 @@ def test_replay_states_its_memory_and_round_trips_through_a_state_dict():
 def test_the_memory_check_counts_the_copies_a_saved_replay_makes(monkeypatch, save_replay):
     from trainer.apex import algorithm as apex
     from trainer.apex.replay import replay_bytes
-    from trainer.config import ConfigError
     needed = replay_bytes(10**6, example())
     monkeypatch.setattr(apex.psutil, "virtual_memory", lambda: type("Memory", (), {"available": 2 * needed}))
     apex.check_replay_fits(10**6 // 4, example(), save_replay)  # 4 copies of a quarter fit in twice the replay
@@ -369,7 +369,7 @@ def test_beta_anneals_to_one_over_the_run():
 
 
 def test_apex_refuses_a_continuous_action_space(tmp_path):
-    with pytest.raises(TypeError, match="Discrete or a 1-D MultiDiscrete"):
+    with pytest.raises(ConfigError, match="Discrete or a 1-D MultiDiscrete"):
         run(["--algo", "apex", "--env", "Pendulum-v1", "--run-dir", str(tmp_path)])
 
 

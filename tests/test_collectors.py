@@ -197,6 +197,14 @@ def test_env_exception_names_the_env_and_keeps_the_traceback(backend):
     assert not mp.active_children()
 
 
+def test_a_worker_killed_while_it_builds_its_envs_is_named_in_words():
+    import multiprocessing as mp
+    with pytest.raises(WorkerDiedError, match=r"async worker 0 \(pid \d+, its envs not yet built, from env "
+                       r"factories 1\) died during start: killed by SIGKILL \(the kernel's out-of-memory killer"):
+        RolloutCollector([f.cartpole, f.killed_while_built], f.RandomPolicy(2), backend="async", num_workers=1)
+    assert not mp.active_children()
+
+
 def test_dead_worker_is_detected_quickly_and_nothing_is_left_behind():
     import multiprocessing as mp
     c = RolloutCollector([f.cartpole, f.suicidal], f.RandomPolicy(2), backend="async", horizon=20, num_workers=1)
@@ -220,8 +228,8 @@ def test_a_worker_killed_between_rollouts_is_named_by_the_next_command(then, sen
     victim = c.backend.procs[1]
     victim.kill()
     victim.join(timeout=10)
-    with pytest.raises(WorkerDiedError, match=rf"async worker 1 \(pid {victim.pid}, hosting envs [-\d]+\) died during "
-                                              rf"{sent} with exit code -9"):
+    with pytest.raises(WorkerDiedError, match=rf"async worker 1 \(pid {victim.pid}, envs [-\d]+\) died during "
+                                              rf"{sent}: killed by SIGKILL \(the kernel's out-of-memory killer"):
         c.collect() if then == "collect" else c.get_state() if then == "get_state" else c.set_state(state)
     assert not mp.active_children()
 

@@ -222,8 +222,9 @@ def test_a_killed_worker_stops_the_run_with_one_line_whatever_it_was_doing(tmp_p
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "Traceback" not in err, err
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
-    named = (rf"error: the collecting process \(pid {victim.pid}\) died during \w+ \(exit code -9\)" if overlap
-             else rf"error: async worker 0 \(pid {victim.pid}, hosting envs 2-3\) died during \w+ with exit code -9")
+    killed = r"killed by SIGKILL \(the kernel's out-of-memory killer, or kill -9\)"
+    named = (rf"error: the collecting process \(pid {victim.pid}\) died during \w+: {killed}" if overlap
+             else rf"error: async worker 0 \(pid {victim.pid}, envs 2-3\) died during \w+: {killed}")
     assert len(lines) == 1 and re.fullmatch(named, lines[0]), err
     assert err.rstrip().endswith(f"--resume {run_dir.resolve()}"), err
     state = checkpoints.latest_loadable(run_dir)[1]

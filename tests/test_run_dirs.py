@@ -1,5 +1,6 @@
 """Around a run directory: flags as typed, TOML types, one run per directory, locks, corruption, full disks."""
 
+import importlib.util
 import json
 import os
 import shlex
@@ -88,13 +89,55 @@ def test_toml_values_are_type_checked_before_anything_is_written(tmp_path, capsy
     (["--hidden", "64,,64"], "--hidden='64,,64' is invalid"),
     (["--num-envs", "abc"], "--num-envs: invalid int value: 'abc'"),
     (["--env", "CartPole-v1", "--policy-arch", "per_head"], "declares no head_observation_layout"),
+    # found once the run's layout or its first env is built: usage errors all the same
+    (["--env", "CartPol-v1"], "unknown env id 'CartPol-v1' (did you mean CartPole-v1?)"),
+    (["--algo", "apex", "--env", "Pendulum-v1"], "--algo apex needs a Discrete or a 1-D MultiDiscrete"),
+    (["--env", "CartPole-v1", "--env-kwargs", "num_users=3"], "is invalid: CartPole-v1 does not take them"),
+    (["--env", "CartPole-v1", "--batch-size", "100000"], "is larger than the rollout (8 envs x 128 steps"),
+    (["--env", "CartPole-v1", "--backend", "async", "--num-workers", "99"], "--num-workers=99 is more than"),
 ])
 def test_bad_values_are_one_line_errors_and_write_nothing(tmp_path, capfd, argv, words):
     with pytest.raises(SystemExit) as info:
         train_module.main(argv + ["--run-dir", str(tmp_path / "run")])
-    message = capfd.readouterr().err.strip() + str(info.value.code)
-    assert words in message and "usage:" not in message
+    err = capfd.readouterr().err.strip()
+    assert info.value.code == 2  # a usage error, as a bad flag's
+    assert words in err.splitlines()[-1] and "usage:" not in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_tensorboard_without_its_extra_is_refused_before_the_run_starts(tmp_path, capfd, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else
+                        find_spec(name, *a))
+    with pytest.raises(SystemExit) as info:
+        train_module.main(["--env", "CartPole-v1", "--tensorboard", "true", "--run-dir", str(tmp_path / "run")])
+    err = capfd.readouterr().err
+    assert info.value.code == 2 and "--tensorboard=true is invalid: needs the tensorboard extra" in err
+    assert "layout:" not in err and not (tmp_path / "run").exists()  # it used to leave a run directory behind
+
+
+def test_a_toml_value_found_wrong_by_the_run_layout_names_the_file(tmp_path, capfd):
+    toml = tmp_path / "run.toml"
+    toml.write_text('env = "CartPole-v1"\nbackend = "async"\nnum_workers = 99\n')
+    with pytest.raises(SystemExit) as info:
+        train_module.main(["--config", str(toml), "--run-dir", str(tmp_path / "run")])
+    last = capfd.readouterr().err.strip().splitlines()[-1]
+    assert info.value.code == 2 and "--num-workers=99 is more than --num-envs=8" in last
+    assert f"({toml}: num_workers = 99)" in last
+    with pytest.raises(SystemExit):  # a flag wins over the file, and is named as a flag
+        train_module.main(["--config", str(toml), "--num-workers", "98", "--run-dir", str(tmp_path / "run")])
+    last = capfd.readouterr().err.strip().splitlines()[-1]
+    assert "--num-workers=98 is more than" in last and str(toml) not in last
+
+
+def test_a_resume_with_a_toml_key_of_another_algorithm_names_the_file(two_iterations, tmp_path, capfd):
+    toml = tmp_path / "more.toml"
+    toml.write_text("save_replay = true\n")
+    with pytest.raises(SystemExit) as info:
+        train_module.main(["--resume", str(two_iterations), "--config", str(toml)])
+    last = capfd.readouterr().err.strip().splitlines()[-1]
+    assert info.value.code == 2
+    assert f"{toml}: save_replay = true is invalid: for --algo apex only, and this run is --algo ppo" in last
 
 
 def test_a_bad_toml_value_names_the_file_and_key(tmp_path, capsys):

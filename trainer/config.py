@@ -271,11 +271,23 @@ class TrainConfig:
 
 
 class ConfigError(ValueError):
-    """An invalid config value; ``key`` names it (a flag on the command line, a key in a TOML file)."""
+    """An invalid config value; ``key`` names it (a flag on the command line, a key in a TOML file).
 
-    def __init__(self, key: str, value: Any, rule: str, message: str | None = None) -> None:
+    ``rule`` is what the value breaks (``"must be >= 0"``: the message is ``--key=value is invalid: rule``);
+    a ``message`` of its own replaces that sentence (a rule between several flags), and ``rule`` may then be
+    empty.
+    """
+
+    def __init__(self, key: str, value: Any, rule: str = "", message: str | None = None) -> None:
+        if not (rule or message):
+            raise TypeError("ConfigError needs a rule or a message")
         super().__init__(message or f"--{key.replace('_', '-')}={spelled(value)} is invalid: {rule}")
         self.key, self.value, self.rule = key, value, rule
+
+    def in_file(self, path: str) -> str:
+        """The message for a value that the TOML file ``path`` set: the key as the file writes it."""
+        where = f"{path}: {self.key} = {spelled(self.value)}"
+        return f"{where} is invalid: {self.rule}" if self.rule else f"{self} ({where})"
 
 
 def parse_env_kwargs(text: str) -> dict[str, Any]:

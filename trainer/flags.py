@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from trainer.arguments import OneLineParser, did_you_mean, spelled
+from trainer.arguments import OneLineParser, did_you_mean
 from trainer.config import PATH_ENV_KWARGS, ConfigError, TrainConfig, moved_env_files
 from trainer.registry import (
     ALGORITHMS,
@@ -159,6 +160,15 @@ class CommandLine:
     given: dict[str, Any]  # keys from flags or the TOML file, whatever their value (flags win over the file)
     resume: str
     overwrite: bool
+    from_file: frozenset[str] = frozenset()  # the keys of given that the TOML file set (and no flag)
+
+    def error_text(self, error: ConfigError) -> str:
+        """``error`` as the user gave the value: a key of the TOML file is named as the file writes it."""
+        return _error_text(error, self.given.get("config", ""), self.from_file)
+
+
+def _error_text(error: ConfigError, config_file: str, from_file: Collection[str]) -> str:
+    return error.in_file(config_file) if error.key in from_file else str(error)
 
 
 def parse_args(argv: list[str] | None = None) -> CommandLine:
@@ -196,14 +206,12 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
             from trainer.run_layout import cuda_graphs_on
             cuda_graphs_on(cfg, learner_device(cfg.device, torch.cuda.device_count()))
     except ConfigError as e:
-        if e.key in from_file and e.key not in args:
-            parser.error(f"{args['config']}: {e.key} = {spelled(e.value)} is invalid: {e.rule}")
-        parser.error(str(e))
+        parser.error(_error_text(e, args.get("config", ""), set(from_file) - set(args)))
     except ValueError as e:
         parser.error(str(e))
     if resume and overwrite:
         parser.error("--overwrite starts a new run; it cannot be combined with --resume")
-    return CommandLine(cfg, given, resume, overwrite)
+    return CommandLine(cfg, given, resume, overwrite, frozenset(from_file) - set(args))
 
 
 def check_config(cfg: TrainConfig, given: dict[str, Any]) -> None:

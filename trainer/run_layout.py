@@ -202,7 +202,9 @@ def _compiled(cfg: TrainConfig, device: str, notes: list[str]) -> bool:
     fix = "install a C++ compiler (e.g. apt install g++) and Python's headers" if device == "cpu" or \
         cfg.backend != "device" else "install Triton (it comes with PyTorch's CUDA wheels)"
     if cfg.compile == "on":
-        raise ValueError(f"--compile on: torch.compile cannot build code here ({why}); {fix}, or use --compile off")
+        raise ConfigError("compile", cfg.compile,
+                          message=f"--compile on: torch.compile cannot build code here ({why}); {fix}, or use "
+                                  "--compile off")
     notes.append(f"--compile auto: torch.compile cannot build code here ({why}), so the acting step runs eagerly "
                  f"(slower); {fix} to compile it, or pass --compile off to silence this")
     return False
@@ -224,15 +226,16 @@ def _count(n: int, noun: str, suffix: str = "s") -> str:
 
 
 def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
-    """Decide the layout of ``cfg`` on ``machine``; an impossible request is a ``ValueError`` naming the flag."""
+    """Decide the layout of ``cfg`` on ``machine``; an impossible request is a ``ConfigError`` naming the flag."""
     _check_env_id(cfg.env)
     n, cores, notes = cfg.num_envs, machine.cores, []
     # the algorithm decides whether its Ray actors keep collecting while it learns (IMPALA's and Ape-X's do)
     asynchronous = cfg.backend == "ray" and algorithm_spec(cfg.algo).keeps_collecting(cfg)
     if cfg.backend == "device":
         if cfg.env not in TORCH_ENVS:
-            raise ValueError(f"--backend device needs an env written in torch; {cfg.env} has none (these do: "
-                             f"{', '.join(TORCH_ENVS)}): use --backend sync or async")
+            raise ConfigError("backend", cfg.backend,
+                              message=f"--backend device needs an env written in torch; {cfg.env} has none (these do: "
+                                      f"{', '.join(TORCH_ENVS)}): use --backend sync or async")
         TORCH_ENVS[cfg.env](1, **cfg.env_options)  # settings the torch env cannot run fail here, before any write
     vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
     workers, main_share, per_worker, cpus = 0, False, 0, 0.0
@@ -249,9 +252,10 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
         workers, main_share = _async_workers(cfg, collect_cores, notes)
         parts = (workers + main_share) * cfg.num_splits  # a factory per process and group
         if parts > n:
-            raise ValueError(f"--num-splits={cfg.num_splits} needs a factory per process and group: {parts} with "
-                             f"{workers + main_share} processes, but --num-envs={n}; lower --num-splits or "
-                             "--num-workers")
+            raise ConfigError("num_splits", cfg.num_splits,
+                              message=f"--num-splits={cfg.num_splits} needs a factory per process and group: {parts} "
+                                      f"with {workers + main_share} processes, but --num-envs={n}; lower --num-splits "
+                                      "or --num-workers")
         sizes = [len(a) for a in np.array_split(np.arange(n), parts)] if vectorized else [1] * n
         busy_here = workers  # workers step while the collecting process collects; idle while this one learns
         learn_busy = workers + 1 if cfg.overlap else 0
@@ -289,11 +293,14 @@ def _check_env_id(env: str) -> None:
         try:
             importlib.import_module(module)
         except ImportError as e:
-            raise ValueError(f"--env {env!r}: cannot import {module!r} ({e}); give an importable module, or a "
-                             "registered id without 'module:'") from None
+            raise ConfigError("env", env,
+                              message=f"--env {env!r}: cannot import {module!r} ({e}); give an importable module, or a "
+                                      "registered id without 'module:'") from None
     if name not in gym.registry:
-        raise ValueError(f"unknown env id {name!r}{did_you_mean(name, gym.registry)}: register it with gymnasium "
-                         "first (e.g. CartPole-v1, VREdge-v0), or name the module that registers it as module:id")
+        raise ConfigError("env", env,
+                          message=f"unknown env id {name!r}{did_you_mean(name, gym.registry)}: register it with "
+                                  "gymnasium first (e.g. CartPole-v1, VREdge-v0), or name the module that registers "
+                                  "it as module:id")
 
 
 def _async_workers(cfg: TrainConfig, cores: int, notes: list[str]) -> tuple[int, bool]:
@@ -301,19 +308,23 @@ def _async_workers(cfg: TrainConfig, cores: int, notes: list[str]) -> tuple[int,
     n, workers, per = cfg.num_envs, cfg.num_workers, cfg.envs_per_worker
     if per:
         if n % per:
-            raise ValueError(f"--envs-per-worker={per} does not divide --num-envs={n}: every process gets the same "
-                             "number of envs; choose a divisor of --num-envs")
+            raise ConfigError("envs_per_worker", per,
+                              message=f"--envs-per-worker={per} does not divide --num-envs={n}: every process gets the "
+                                      "same number of envs; choose a divisor of --num-envs")
         if n // per < 2:
-            raise ValueError(f"--envs-per-worker={per} puts all {n} envs in one process; async needs at least 2 "
-                             "(the collecting process and a worker): lower it, or use --backend sync")
+            raise ConfigError("envs_per_worker", per,
+                              message=f"--envs-per-worker={per} puts all {n} envs in one process; async needs at "
+                                      "least 2 (the collecting process and a worker): lower it, or use --backend sync")
         if workers and workers != n // per - 1:
-            raise ValueError(f"--num-workers={workers} disagrees with --envs-per-worker={per}: {n} envs in "
-                             f"{n // per} processes means --num-workers={n // per - 1}; give only one of them")
+            raise ConfigError("num_workers", workers,
+                              message=f"--num-workers={workers} disagrees with --envs-per-worker={per}: {n} envs in "
+                                      f"{n // per} processes means --num-workers={n // per - 1}; give only one of them")
         workers, main_share = n // per - 1, True
     elif workers:
         if workers > n:
-            raise ValueError(f"--num-workers={workers} is more than --num-envs={n}: every worker process needs "
-                             "at least one env; lower --num-workers")
+            raise ConfigError("num_workers", workers,
+                              message=f"--num-workers={workers} is more than --num-envs={n}: every worker process "
+                                      "needs at least one env; lower --num-workers")
         main_share = workers < min(n, cores)  # a core and an env left for the collecting process
     elif cfg.num_splits > 1:  # double-buffered: workers on every core; this process only runs the policy
         return max(1, min(cores, n // cfg.num_splits)), False
@@ -332,24 +343,30 @@ def _ray_workers(cfg: TrainConfig, machine: Machine, asynchronous: bool) -> tupl
     if total is None:
         raise ValueError("--backend ray: the machine has no Ray cluster CPUs (Machine.detect connects to Ray)")
     if cfg.envs_per_worker and n % cfg.envs_per_worker:
-        raise ValueError(f"--envs-per-worker={cfg.envs_per_worker} must divide --num-envs={n} for --backend ray "
-                         "(equal slices per actor)")
+        raise ConfigError("envs_per_worker", cfg.envs_per_worker,
+                          message=f"--envs-per-worker={cfg.envs_per_worker} must divide --num-envs={n} for --backend "
+                                  "ray (equal slices per actor)")
     workers = cfg.num_workers or (n // cfg.envs_per_worker if cfg.envs_per_worker else 0)
     if cfg.num_workers and cfg.envs_per_worker and cfg.num_workers * cfg.envs_per_worker != n:
-        raise ValueError(f"--num-workers={cfg.num_workers} x --envs-per-worker={cfg.envs_per_worker} must equal "
-                         f"--num-envs={n}; give only one of them")
+        raise ConfigError("num_workers", cfg.num_workers,
+                          message=f"--num-workers={cfg.num_workers} x --envs-per-worker={cfg.envs_per_worker} must "
+                                  f"equal --num-envs={n}; give only one of them")
     if workers and n % workers:
-        raise ValueError(f"--num-workers={workers} must divide --num-envs={n} for --backend ray (equal slices per "
-                         "actor)")
+        raise ConfigError("num_workers", workers,
+                          message=f"--num-workers={workers} must divide --num-envs={n} for --backend ray (equal "
+                                  "slices per actor)")
     if not workers:
         # a learner sharing a node with IMPALA-style actors learns while they collect: keep a CPU for it
         spare = 1.0 if asynchronous and machine.ray_cpus_here > 0 else 0.0
         fit = math.floor((total - spare) / cpus + 1e-9) or math.floor(total / cpus + 1e-9)
         if fit < 1:
-            raise ValueError(f"--cpus-per-worker={cpus:g} is more than the Ray cluster's {total:g} CPUs; lower "
-                             "--cpus-per-worker or add nodes")
+            raise ConfigError("cpus_per_worker", cpus,
+                              message=f"--cpus-per-worker={cpus:g} is more than the Ray cluster's {total:g} CPUs; "
+                                      "lower --cpus-per-worker or add nodes")
         workers = largest_divisor_at_most(n, fit)
     if workers * cpus > total + 1e-9:
-        raise ValueError(f"--num-workers={workers} x --cpus-per-worker={cpus:g} need {workers * cpus:g} CPUs but the "
-                         f"Ray cluster has {total:g}; lower --num-workers or --cpus-per-worker, or add nodes")
+        raise ConfigError("num_workers", workers,
+                          message=f"--num-workers={workers} x --cpus-per-worker={cpus:g} need {workers * cpus:g} CPUs "
+                                  f"but the Ray cluster has {total:g}; lower --num-workers or --cpus-per-worker, or "
+                                  "add nodes")
     return workers, cpus, math.ceil(min(machine.ray_cpus_here, workers * cpus) - 1e-9)

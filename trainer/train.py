@@ -26,6 +26,7 @@ if __name__ == "__main__":
     COMMAND_LINE = parse_args()  # the command line checked (--help answered) before torch loads: seconds, not ten
 
 import contextlib
+import importlib.util
 import json
 import multiprocessing
 import shlex
@@ -76,6 +77,8 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         saved, source, notes = None, None, []
         if resume:  # read before the lock is taken: files are replaced atomically, and a typo creates nothing
             cfg, source, saved, notes = resume_state(resume, given or {})
+        if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:  # before any line about the run
+            raise ConfigError("tensorboard", True, "needs the tensorboard extra: pip install -e '.[tensorboard]'")
         # the run layout: computed once here; nothing below recomputes it
         layout = run_layout(cfg, machine or Machine.detect(cfg.backend, cfg.ray_address))  # checks the env id
         print(layout.describe(), *(f"warning: {w}" for w in layout.warnings), sep="\n", file=sys.stderr)
@@ -216,10 +219,8 @@ def _add_note(error: BaseException, note: str) -> None:
 
 
 def _tensorboard(run_dir: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as e:
-        raise ValueError("--tensorboard needs the tensorboard extra: pip install -e '.[tensorboard]'") from e
+    from torch.utils.tensorboard import SummaryWriter  # (the extra is there: checked before the run began)
+
     return SummaryWriter(str(run_dir / "tb"))
 
 
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
               "same command again", file=sys.stderr)
         raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
     except ConfigError as e:  # a setting this machine cannot run: as the flags' errors, exit status 2
-        build_parser().error(f"{e}{_stored_setting(e.key, cli)}")
+        build_parser().error(f"{cli.error_text(e)}{_stored_setting(e.key, cli)}")
     except (ValueError, TypeError, NonFiniteLossError, WorkerDiedError, EnvError) as e:
         # an env's error carries the env's own traceback; the trainer's frames above it would only be noise
         raise SystemExit("\n".join([f"error: {e}".rstrip(), *getattr(e, "__notes__", ())])) from None

@@ -16,6 +16,7 @@ contiguous in the rollout's env order, so the policy reads and writes plain slic
 from __future__ import annotations
 
 import pickle
+import signal
 import time
 import traceback
 import weakref
@@ -39,6 +40,23 @@ CLOSE_TIMEOUT_S = 3.0  # workers asked to close get this long before they are ki
 
 class WorkerDiedError(RuntimeError):
     """A worker process exited while the collector was waiting for it."""
+
+
+def how_it_ended(exitcode: int | None) -> str:
+    """A dead process's exit code in words: a signal by its name, SIGKILL with its usual cause.
+
+    >>> how_it_ended(-9), how_it_ended(1)
+    ("killed by SIGKILL (the kernel's out-of-memory killer, or kill -9)", 'exit code 1')
+    """
+    if exitcode is None:  # its pipe closed, but it has not exited within the join
+        return "no exit code yet"
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    return f"killed by {name}" + (" (the kernel's out-of-memory killer, or kill -9)" if name == "SIGKILL" else "")
 
 
 class WorkerTimeoutError(WorkerDiedError):
@@ -319,8 +337,8 @@ class AsyncBackend:
     def _died(self, w: int, phase: str) -> WorkerDiedError:
         """The error for worker ``w``, found dead (its pipe closed) during ``phase``."""
         self.procs[w].join(timeout=1.0)
-        return WorkerDiedError(f"async worker {w} (pid {self.procs[w].pid}, hosting {self._hosted_by(w)}) died "
-                               f"during {phase} with exit code {self.procs[w].exitcode}")
+        return WorkerDiedError(f"async worker {w} (pid {self.procs[w].pid}, {self._hosted_by(w)}) died during "
+                               f"{phase}: {how_it_ended(self.procs[w].exitcode)}")
 
     def _send(self, w: int, message: tuple) -> None:
         """Send ``message`` to worker ``w``; ``WorkerDiedError`` if it is gone (a worker killed while the
@@ -331,10 +349,11 @@ class AsyncBackend:
             raise self._died(w, message[0]) from None
 
     def _hosted_by(self, w: int) -> str:
-        """``"envs 4-7"``: worker ``w``'s envs as rollout indices (its factories while those are not yet known)."""
+        """``"envs 4-7"``: worker ``w``'s envs as rollout indices (its env factories while those are not yet
+        known)."""
         rows = getattr(self, "_worker_rows", None)
         if rows is None:
-            return f"factories {_describe(self._factory_ranges[w])}"
+            return f"its envs not yet built, from env factories {_describe(self._factory_ranges[w])}"
         return f"envs {_describe([range(r.start, r.stop) for r in rows[w] if r.stop > r.start])}"
 
     def _command(self, cmd: str, args: list | None = None) -> list[Any]:

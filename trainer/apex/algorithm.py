@@ -38,7 +38,7 @@ from trainer.algorithm import ENVS_NOT_RESTORED, Algorithm, NonFiniteLossError
 from trainer.apex.dqn import double_dqn_targets, dqn_loss, initial_priorities, priorities, q_taken
 from trainer.apex.exploration import EpsilonGreedy, apex_epsilons
 from trainer.apex.nstep import NStepBuilder
-from trainer.apex.q_network import QNetwork
+from trainer.apex.q_network import QNetwork, actions_refused
 from trainer.apex.replay import PrioritizedReplay, replay_bytes
 from trainer.apex.spec import ApeXSpec
 from trainer.common.devices import resolve_device
@@ -127,6 +127,9 @@ class ApeX(ApeXSpec, Algorithm):
     def make_model(cls, cfg: TrainConfig) -> QNetwork:
         """The Q-network for ``cfg.env``: branching with the env's per-head split where it declares one."""
         obs_space, act_space, per_head = model_spaces(cfg)
+        refusal = actions_refused(act_space)
+        if refusal:  # the env the user chose: a usage error, as a bad flag's
+            raise ConfigError("algo", cfg.algo, message=refusal)
         torch.manual_seed(cfg.seed)
         return QNetwork(obs_space, act_space, cfg.hidden_sizes, per_head=per_head)
 
@@ -134,7 +137,7 @@ class ApeX(ApeXSpec, Algorithm):
     def new(cls, cfg: TrainConfig, layout: RunLayout) -> ApeX:
         """A fresh run: online, target and acting networks from ``cfg.seed``, an empty replay, Adam.
 
-        Raises ``TypeError`` for an action space DQN cannot take (before anything is written)."""
+        Raises ``ConfigError`` for an action space DQN cannot take (before anything is written)."""
         device = resolve_device(cfg.device)
         acting = cls.make_model(cfg)  # the actors' copy stays on the CPU
         model, target = copy.deepcopy(acting).to(device), copy.deepcopy(acting).to(device)

@@ -21,6 +21,15 @@ def _relu_mlp(n_in: int, hidden: tuple[int, ...]) -> tuple[nn.Sequential, int]:
     return nn.Sequential(*layers), size
 
 
+def actions_refused(act_space: gym.Space) -> str | None:
+    """Why a :class:`QNetwork` cannot act in ``act_space`` (a sentence naming the way out), or ``None``."""
+    heads = action_heads(act_space)
+    if heads is None or heads.kind == "box" or len(set(heads.sizes)) != 1:
+        return (f"--algo apex needs a Discrete or a 1-D MultiDiscrete action space with equal heads, got "
+                f"{act_space}; use --algo ppo")
+    return None
+
+
 class QNetwork(nn.Module):
     """Dueling Q-network: ``Q[b, k, a] = V(s) + A_k(s, a) - mean_a A_k(s, a)`` over a shared trunk.
 
@@ -43,10 +52,10 @@ class QNetwork(nn.Module):
         super().__init__()
         if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
             raise TypeError(f"the Q-network needs a flat Box observation space, got {obs_space}")
+        refusal = actions_refused(act_space)
+        if refusal:
+            raise TypeError(refusal)
         heads = action_heads(act_space)
-        if heads is None or heads.kind == "box" or len(set(heads.sizes)) != 1:
-            raise TypeError(f"--algo apex needs a Discrete or a 1-D MultiDiscrete action space with equal heads, "
-                            f"got {act_space}; use --algo ppo")
         self.heads, self.actions, self.multi = len(heads.sizes), heads.sizes[0], heads.kind == "multi"
         self.obs_dim = n_obs = obs_space.shape[0]
         if per_head is not None and (not self.multi or self.heads * per_head[0] + per_head[1] != n_obs):

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import gymnasium as gym
 
 import envs  # noqa: F401 - registers VREdge-v0
-
-if TYPE_CHECKING:
-    from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 
 
 class ActionHeads(NamedTuple):
@@ -40,11 +38,23 @@ def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int
     """``(observation space, action space, per-head observation split or None)`` of ``cfg.env`` as
     ``--policy-arch`` asks: the env's ``head_observation_layout`` ``(features per head, shared features)``
     where it declares one (``auto``, ``per_head``), none for ``flat``."""
-    env = gym.make(cfg.env, **cfg.env_options)
     try:
+        env = gym.make(cfg.env, **cfg.env_options)
+    except TypeError as e:
+        if not cfg.env_options:
+            raise
+        # the first env this run builds: --env-kwargs the env's constructor does not take
+        raise ConfigError("env_kwargs", cfg.env_kwargs, f"{cfg.env} does not take them ({e}); drop them, or pass "
+                          "only its constructor's arguments") from None
+    try:
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:  # what every model here takes
+            raise ConfigError("env", cfg.env, message=f"{cfg.env}'s observations are {space}; the policies here "
+                              "take a flat Box: register the env wrapped in gymnasium.wrappers.FlattenObservation")
         split = getattr(env.unwrapped, "head_observation_layout", None)
         if cfg.policy_arch == "per_head" and split is None:
-            raise ValueError(f"--policy-arch per_head: {cfg.env} declares no head_observation_layout; use flat")
+            raise ConfigError("policy_arch", cfg.policy_arch,
+                              f"{cfg.env} declares no head_observation_layout; use --policy-arch flat or auto")
         per_head = split if cfg.policy_arch in ("auto", "per_head") else None
         return env.observation_space, env.action_space, per_head
     finally:

@@ -15,7 +15,7 @@ from trainer.common.devices import resolve_device
 from trainer.common.flat_params import flat_parameters
 from trainer.common.spaces import model_spaces
 from trainer.common.state import capture_rng, cpu_copy, restore_rng
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.metrics import metrics_row, steps_per_second
 from trainer.ppo.batching import MinibatchPlan, plan_minibatches
 from trainer.ppo.cuda_graph import CapturedStep
@@ -93,7 +93,10 @@ class PPO(PPOSpec, Algorithm):
         """A fresh run: model and its acting copy from ``cfg.seed``, fused Adam over one flat parameter, the
         minibatch plan for the layout's batch (a batch size that cannot work fails here), and the minibatch
         step as the layout runs it (the loss compiled; the whole step captured as a CUDA graph)."""
-        plan = plan_minibatches(layout.batch_envs, cfg.num_steps, cfg.batch_size or None)
+        try:
+            plan = plan_minibatches(layout.batch_envs, cfg.num_steps, cfg.batch_size or None)
+        except ValueError as e:  # only a --batch-size can be wrong here: the sizes were checked with the config
+            raise ConfigError("batch_size", cfg.batch_size, message=str(e)) from None
         device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         model = cls.make_model(cfg).to(device)

@@ -60,17 +60,18 @@ def plan_minibatches(n_envs: int, n_steps: int, batch_size: int | None = None) -
     if batch_size > total:
         raise ValueError(f"batch_size={batch_size} is larger than the rollout ({n_envs} envs x {n_steps} steps = "
                          f"{total} transitions); use at most {total}, e.g. {total // best}")
-    suggestion = f"use --batch-size {total // best} ({best} minibatches)"
+    suggestion = f"use --batch-size {total // best} ({counted(best, 'minibatch', 'minibatches')})"
     warnings = []
     if total % batch_size:
         warnings.append(f"batch_size={batch_size} does not divide {total}; the last "
-                        f"{total % batch_size} transitions of each epoch would be dropped. {suggestion}")
+                        f"{counted(total % batch_size, 'transition')} of each epoch would be dropped. {suggestion}")
     count = total // batch_size
     if batch_size < MIN_MINIBATCH_SIZE:
         warnings.append(f"minibatches of {batch_size} are too small for advantage normalisation; {suggestion}")
     elif count > MAX_MINIBATCHES:
         warnings.append(f"{count} minibatches per epoch make the update too aggressive; {suggestion}")
     elif count < MIN_MINIBATCHES and best >= MIN_MINIBATCHES:
-        warnings.append(f"{count} minibatches per epoch are too coarse (target {MIN_MINIBATCHES}-"
+        warnings.append(f"{counted(count, 'minibatch', 'minibatches')} per epoch "
+                        f"{'is' if count == 1 else 'are'} too coarse (target {MIN_MINIBATCHES}-"
                         f"{MAX_MINIBATCHES}); {suggestion}")
     return MinibatchPlan(total, batch_size, count, warnings)
