@@ -138,6 +138,40 @@ def test_printed_commands_of_a_trace_run_work_from_another_directory(tmp_path, m
 
 # ---------------------------------------------------------------------------- a resume with nothing to do
 
+def test_a_run_on_a_module_id_env_evaluates_exports_and_resumes_where_its_module_imports(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """--env module:Env-v0: the module registers the id when imported; evaluate and export import it too
+    (they asked gymnasium for the spec of 'module:Env-v0', which is never registered under that name)."""
+    from trainer import export as export_cli
+    (tmp_path / "trialenvs.py").write_text(
+        "import gymnasium as gym\n"
+        "if 'TrialCart-v0' not in gym.registry:\n"
+        "    gym.register(id='TrialCart-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv',\n"
+        "                 max_episode_steps=50)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = tmp_path / "run"
+    train_cli.main(["--env", "trialenvs:TrialCart-v0", "--num-envs", "2", "--num-steps", "32", "--total-steps",
+                    "128", "--run-dir", str(run)])
+    capsys.readouterr()
+    evaluate_cli.main(["--checkpoint", str(run), "--episodes", "2", "--json"])
+    assert json.loads(capsys.readouterr().out)["episodes"] == 2
+    export_cli.main(["--checkpoint", str(run), "--format", "torchscript", "--out", str(tmp_path / "shipped")])
+    assert (tmp_path / "shipped" / "policy.pt").is_file()
+    # elsewhere, where the module does not import: one line naming it, for each command
+    monkeypatch.delitem(sys.modules, "trialenvs")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    monkeypatch.delitem(__import__("gymnasium").registry, "TrialCart-v0")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        train_cli.main(["--resume", str(run), "--total-steps", "256"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1, err
+    assert "cannot import 'trialenvs'" in err[0] and "(the run's stored --env)" in err[0]
+    with pytest.raises(SystemExit, match="was trained on trialenvs:TrialCart-v0, which this process cannot make: "
+                                         ".*cannot import 'trialenvs'"):
+        evaluate_cli.main(["--checkpoint", str(run), "--episodes", "2"])
+
+
 def test_a_resume_with_nothing_to_do_changes_no_file(tmp_path, capsys):
     run_dir = tmp_path / "run"
     small = ["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--device", "cpu", "--checkpoint-every",
@@ -211,6 +245,13 @@ def test_setting_checkpoints_aside_keeps_the_pointers_true(tmp_path):
     (["-m", "trainer.train", "--policy-arch", "flt"], "choose auto, flat or per_head (did you mean flat?)"),
     (["-m", "trainer.train", "--overlap-targets", "vtrac"], "choose gae or vtrace (did you mean vtrace?)"),
     (["-m", "trainer.train", "--backend", "device", "--overlap", "true"], "--overlap=true is invalid"),
+    # no abbreviations: --envs was taken as --envs-per-worker, and --total silently as --total-steps
+    (["-m", "trainer.train", "--envs", "CartPole-v1"], "unrecognized arguments: --envs CartPole-v1 (did you mean "
+                                                       "--env?)"),
+    (["-m", "trainer.train", "--total", "4096"], "unrecognized arguments: --total 4096 (did you mean --total-steps?)"),
+    (["-m", "trainer.evaluate", "--check", "x"], "(did you mean --checkpoint?)"),
+    # another algorithm's setting is named as such, not checked against this one's defaults first
+    (["-m", "trainer.train", "--replay-capacity", "1000"], "--replay-capacity: for --algo apex only"),
 ])
 def test_typos_get_a_did_you_mean_before_torch_loads(tmp_path, args, words):
     done = command(["-X", "importtime", *args], tmp_path)

@@ -60,6 +60,10 @@ class OneLineParser(argparse.ArgumentParser):
 
     typed: list[str] = []  # the words parse_args was given (a required flag's typo leaves its name out)
 
+    def __init__(self, *args, **kwargs) -> None:
+        # no abbreviations: --total would silently be --total-steps, and --envs an error about --envs-per-worker
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
     def parse_args(self, args=None, namespace=None):
         self.typed = list(sys.argv[1:] if args is None else args)
         return super().parse_args(args, namespace)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,8 +24,9 @@ import torch
 
 import envs
 from collectors.resources import async_workers, largest_divisor_at_most, usable_cores
-from trainer.arguments import counted, did_you_mean
+from trainer.arguments import counted
 from trainer.common.devices import compile_unavailable, learner_device
+from trainer.common.spaces import check_env_id
 from trainer.config import ConfigError, TrainConfig
 from trainer.registry import algorithm_spec
 
@@ -227,7 +227,7 @@ def _count(n: int, noun: str, suffix: str = "s") -> str:
 
 def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
     """Decide the layout of ``cfg`` on ``machine``; an impossible request is a ``ConfigError`` naming the flag."""
-    _check_env_id(cfg.env)
+    check_env_id(cfg.env)
     n, cores, notes = cfg.num_envs, machine.cores, []
     # the algorithm decides whether its Ray actors keep collecting while it learns (IMPALA's and Ape-X's do)
     asynchronous = cfg.backend == "ray" and algorithm_spec(cfg.algo).keeps_collecting(cfg)
@@ -284,23 +284,6 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
                      learn_threads=learn_threads,
                      worker_threads=1, batch_envs=n // workers if asynchronous else n, machine=machine,
                      warnings=tuple(notes))
-
-
-def _check_env_id(env: str) -> None:
-    """A registered Gymnasium id, or ``module:id`` (Gymnasium's syntax: the module registers the id when imported)."""
-    module, _, name = env.rpartition(":")
-    if module:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise ConfigError("env", env,
-                              message=f"--env {env!r}: cannot import {module!r} ({e}); give an importable module, or a "
-                                      "registered id without 'module:'") from None
-    if name not in gym.registry:
-        raise ConfigError("env", env,
-                          message=f"unknown env id {name!r}{did_you_mean(name, gym.registry)}: register it with "
-                                  "gymnasium first (e.g. CartPole-v1, VREdge-v0), or name the module that registers "
-                                  "it as module:id")
 
 
 def _async_workers(cfg: TrainConfig, cores: int, notes: list[str]) -> tuple[int, bool]:

@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import NamedTuple
 
 import gymnasium as gym
 
 import envs  # noqa: F401 - registers VREdge-v0
+from trainer.arguments import did_you_mean
 from trainer.config import ConfigError, TrainConfig
+
+
+def check_env_id(env: str) -> None:
+    """Raise ``ConfigError`` unless ``env`` is a registered Gymnasium id, or ``module:id`` (Gymnasium's syntax:
+    the module, imported here, registers the id)."""
+    module, _, name = env.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError("env", env,
+                              message=f"--env {env!r}: cannot import {module!r} ({e}); run from the directory that holds "
+                                      "it, or add that directory to PYTHONPATH") from None
+    if name not in gym.registry:
+        raise ConfigError("env", env,
+                          message=f"unknown env id {name!r}{did_you_mean(name, gym.registry)}: register it with "
+                                  "gymnasium first (e.g. CartPole-v1, VREdge-v0), or name the module that registers "
+                                  "it as module:id")
 
 
 class ActionHeads(NamedTuple):
@@ -38,6 +58,7 @@ def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int
     """``(observation space, action space, per-head observation split or None)`` of ``cfg.env`` as
     ``--policy-arch`` asks: the env's ``head_observation_layout`` ``(features per head, shared features)``
     where it declares one (``auto``, ``per_head``), none for ``flat``."""
+    check_env_id(cfg.env)  # a module:id's module imported (gymnasium's own error would be a traceback)
     try:
         env = gym.make(cfg.env, **cfg.env_options)
     except TypeError as e:

@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
 from torch import nn
 
 import checkpoints
-from trainer.config import TrainConfig, format_env_kwargs
+from trainer.common.spaces import check_env_id
+from trainer.config import ConfigError, TrainConfig, format_env_kwargs
 from trainer.registry import ALGORITHMS, algorithm_class
 
 
@@ -79,10 +79,9 @@ def policy_from_state(state: dict[str, Any], source: Path, env_kwargs: dict[str,
                  getattr(e, "key", None) == "env_kwargs" else "its stored config is invalid")
         raise ValueError(f"{source}: {whose}: {e}") from None
     try:
-        gym.spec(cfg.env)
-    except gym.error.Error:
-        raise ValueError(f"{source} was trained on {cfg.env}, which is not registered in this process; register it "
-                         "(gym.register) in the process that loads the policy") from None
+        check_env_id(cfg.env)  # (imports the module of a module:id, as training did)
+    except ConfigError as e:
+        raise ValueError(f"{source} was trained on {cfg.env}, which this process cannot make: {e}") from None
     if cfg.algo not in ALGORITHMS:
         raise ValueError(f"{source} was trained with --algo {cfg.algo}, which is not registered in this process "
                          f"(trainer.registry has {', '.join(ALGORITHMS)})")
