@@ -257,3 +257,65 @@ def test_a_full_disk_under_metrics_stops_the_run_with_one_line_and_the_last_row_
     cli = parse_args(["--resume", str(run_dir)])
     assert train_module.train(cli.config, progress=False, resume=cli.resume, given=cli.given)["iterations"] == 4
     assert [json.loads(r)["iteration"] for r in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------------- a Ray cluster that is not there
+
+def _closed_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the with ends: nothing listens there
+
+
+def test_a_ray_address_where_nothing_listens_is_one_line_not_a_wait_for_ever(tmp_path, capsys):
+    """ray.init retries an address where nothing answers without a bound (and logs every 40 s)."""
+    pytest.importorskip("ray")
+    port = _closed_port()
+    with pytest.raises(SystemExit) as info:
+        train_module.main(["--backend", "ray", "--ray-address", f"127.0.0.1:{port}", "--env", "CartPole-v1",
+                           "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == f"error: no Ray cluster answers at 127.0.0.1:{port} ([Errno 111] Connection " \
+        f"refused): start its head there (ray start --head --port={port}), or give the address that `ray start` " \
+        "printed (--ray-address)", err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("auth_mode", [None, "token"])
+def test_a_ray_cluster_that_refuses_this_process_names_token_authentication(monkeypatch, auth_mode):
+    """What a cluster started by `ray start` (token authentication on, Ray >= 2.59) does to a client without
+    RAY_AUTH_MODE=token: it answers, and ray.init fails with a ConnectionError that does not say why."""
+    import socket
+    ray = pytest.importorskip("ray")
+    from collectors.backends import ray_
+    if auth_mode:
+        monkeypatch.setenv("RAY_AUTH_MODE", auth_mode)
+    else:
+        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+
+    def refused(address, **kw):
+        raise ConnectionError(f"Failed to connect to Ray cluster at {address}")
+
+    monkeypatch.setattr(ray, "init", refused)
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        address = f"127.0.0.1:{listening.getsockname()[1]}"
+        with pytest.raises(ConnectionError) as info:
+            ray_.connect(address)
+    if auth_mode:  # it had the token: Ray's own error, as it was
+        assert type(info.value) is ConnectionError
+    else:
+        assert isinstance(info.value, ray_.RayConnectError)
+        assert f"the Ray cluster at {address} refused this process" in str(info.value)
+        assert "run with RAY_AUTH_MODE=token" in str(info.value)
+
+
+def test_the_ray_backend_without_its_extra_is_one_line(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
+    with pytest.raises(SystemExit) as info:
+        train_module.main(["--backend", "ray", "--env", "CartPole-v1", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--backend='ray' is invalid: needs the ray extra: pip install -e '.[ray]'" in err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()

@@ -252,6 +252,8 @@ def test_setting_checkpoints_aside_keeps_the_pointers_true(tmp_path):
     (["-m", "trainer.evaluate", "--check", "x"], "(did you mean --checkpoint?)"),
     # another algorithm's setting is named as such, not checked against this one's defaults first
     (["-m", "trainer.train", "--replay-capacity", "1000"], "--replay-capacity: for --algo apex only"),
+    (["-m", "trainer.train", "--backend", "ray", "--ray-address", "nonsense"], "--ray-address='nonsense' is "
+     "invalid: give the HOST:PORT that `ray start --head` printed (e.g. 10.0.0.1:6379), or auto"),
 ])
 def test_typos_get_a_did_you_mean_before_torch_loads(tmp_path, args, words):
     done = command(["-X", "importtime", *args], tmp_path)

@@ -194,3 +194,13 @@ def test_openmp_spins_briefly_unless_the_user_chose(given, expected):
             "sys.stdout.write(repr(os.environ.get('GOMP_SPINCOUNT')))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out == repr(expected)
+
+
+@pytest.mark.parametrize("backend", ["sync", "async", "device"])
+def test_ray_flags_on_another_backend_are_said_to_be_ignored(backend):
+    cfg = TrainConfig(env="VREdge-v0", backend=backend, num_envs=4, ray_address="10.0.0.1:6379")
+    assert run_layout(cfg, Machine(4)).warnings == (f"--ray-address is ignored by --backend {backend}: it is for "
+                                                    "--backend ray",)
+    both = TrainConfig(env="VREdge-v0", backend=backend, num_envs=4, ray_address="auto", cpus_per_worker=2.0)
+    assert run_layout(both, Machine(4)).warnings == (f"--ray-address and --cpus-per-worker are ignored by --backend "
+                                                     f"{backend}: they are for --backend ray",)

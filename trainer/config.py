@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,9 @@ class TrainConfig:
                      "--resume, --capacity-trace NEW_DIR with trainer.evaluate)")
             except ValueError as e:
                 need(False, "env_kwargs", str(e))
+        need(not self.ray_address or self.ray_address == "auto" or
+             re.fullmatch(r"(ray://)?[\w.\-\[\]:]+:\d+", self.ray_address) is not None, "ray_address",
+             "give the HOST:PORT that `ray start --head` printed (e.g. 10.0.0.1:6379), or auto")
         need(not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray")
         need(self.max_lag >= 0, "max_lag", "must be >= 0")
         need(not self.overlap or self.backend != "ray", "overlap",

@@ -238,6 +238,13 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
                                       f"{', '.join(TORCH_ENVS)}): use --backend sync or async")
         TORCH_ENVS[cfg.env](1, **cfg.env_options)  # settings the torch env cannot run fail here, before any write
     vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
+    ray_only = [flag for flag, given in (("--ray-address", bool(cfg.ray_address)),
+                                         ("--cpus-per-worker", cfg.cpus_per_worker != TrainConfig.cpus_per_worker))
+                if given]
+    if ray_only and cfg.backend != "ray":  # said, as --num-workers on sync is: a run meant for a cluster runs here
+        one = len(ray_only) == 1
+        notes.append(f"{' and '.join(ray_only)} {'is' if one else 'are'} ignored by --backend {cfg.backend}: "
+                     f"{'it is' if one else 'they are'} for --backend ray")
     workers, main_share, per_worker, cpus = 0, False, 0, 0.0
     # --overlap: the collecting process (and its workers) keep collecting while this one learns,
     # so collection gets the cores but one, and learning the cores collection leaves

@@ -37,7 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 import checkpoints
-from collectors import EnvError, WorkerDiedError, make_collector
+from collectors import EnvError, RayConnectError, WorkerDiedError, make_collector
 from collectors.resources import torch_threads
 from trainer.algorithm import Algorithm, NonFiniteLossError
 from trainer.arguments import counted
@@ -77,8 +77,11 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         saved, source, notes = None, None, []
         if resume:  # read before the lock is taken: files are replaced atomically, and a typo creates nothing
             cfg, source, saved, notes = resume_state(resume, given or {})
-        if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:  # before any line about the run
+        # the extras the run needs, before any line about it
+        if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("tensorboard", True, "needs the tensorboard extra: pip install -e '.[tensorboard]'")
+        if cfg.backend == "ray" and importlib.util.find_spec("ray") is None:
+            raise ConfigError("backend", "ray", "needs the ray extra: pip install -e '.[ray]'")
         # the run layout: computed once here; nothing below recomputes it
         layout = run_layout(cfg, machine or Machine.detect(cfg.backend, cfg.ray_address))  # checks the env id
         print(layout.describe(), *(f"warning: {w}" for w in layout.warnings), sep="\n", file=sys.stderr)
@@ -265,7 +268,7 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
         raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
     except ConfigError as e:  # a setting this machine cannot run: as the flags' errors, exit status 2
         build_parser().error(f"{cli.error_text(e)}{_stored_setting(e.key, cli)}")
-    except (ValueError, TypeError, NonFiniteLossError, WorkerDiedError, EnvError) as e:
+    except (ValueError, TypeError, NonFiniteLossError, WorkerDiedError, EnvError, RayConnectError) as e:
         # an env's error carries the env's own traceback; the trainer's frames above it would only be noise
         raise SystemExit("\n".join([f"error: {e}".rstrip(), *getattr(e, "__notes__", ())])) from None
     run_dir = str(Path(summary["run_dir"]).resolve())

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -48,6 +49,27 @@ def require_ray():
     return ray
 
 
+CONNECT_TIMEOUT_S = 10.0  # for the cluster's port to answer: ray.init would retry a dead address for ever
+
+
+class RayConnectError(ConnectionError):
+    """No Ray cluster at the address given, or one that refuses this process (token authentication)."""
+
+
+def _check_answers(address: str) -> None:
+    """``RayConnectError`` unless something listens at ``address``'s port within ``CONNECT_TIMEOUT_S``."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
+    if not sep or not port.isdigit():  # "auto", or a malformed address: Ray's own error says which
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise RayConnectError(f"no Ray cluster answers at {address} ({e}): start its head there (ray start --head "
+                              f"--port={port}), or give the address that `ray start` printed (--ray-address)"
+                              ) from None
+
+
 def connect(address: str | None = None, num_cpus: int | None = None):
     """Initialised Ray: the cluster at ``address``, a Ray already running in this process, or a new
     local instance with ``num_cpus`` CPUs (default: the cores this process may use) bound to 127.0.0.1."""
@@ -57,8 +79,18 @@ def connect(address: str | None = None, num_cpus: int | None = None):
     if ray.is_initialized():
         return ray
     if address:
-        with _signals_kept():
-            ray.init(address=address)
+        _check_answers(address)
+        try:
+            with _signals_kept():
+                ray.init(address=address)
+        except ConnectionError as e:
+            if os.environ.get("RAY_AUTH_MODE") == "token":
+                raise
+            # it answers but refused us: what a cluster with token authentication does to a client without it
+            raise RayConnectError(f"the Ray cluster at {address} refused this process ({e}); one started by `ray "
+                                  "start` (Ray >= 2.59) uses token authentication: run with RAY_AUTH_MODE=token "
+                                  "(the token in ~/.ray/auth_token or RAY_AUTH_TOKEN; docs/distributed.md, "
+                                  "Security)") from None
         return ray
     if os.environ.get(_LOOPBACK_ENV) != "0":
         warnings.warn(f"ray was imported before {_LOOPBACK_ENV}=0 was set: the local Ray instance listens on all "

@@ -21,8 +21,8 @@ def check_env_id(env: str) -> None:
             importlib.import_module(module)
         except ImportError as e:
             raise ConfigError("env", env,
-                              message=f"--env {env!r}: cannot import {module!r} ({e}); run from the directory that holds "
-                                      "it, or add that directory to PYTHONPATH") from None
+                              message=f"--env {env!r}: cannot import {module!r} ({e}); run from the "
+                                      "directory that holds it, or add that directory to PYTHONPATH") from None
     if name not in gym.registry:
         raise ConfigError("env", env,
                           message=f"unknown env id {name!r}{did_you_mean(name, gym.registry)}: register it with "
