@@ -158,7 +158,7 @@ def candidates(path: str | os.PathLike) -> list[Path]:
     """A checkpoint file itself, or a run directory's checkpoints: ``latest`` first, then newest first."""
     path = Path(path)
     if path.is_file():
-        return [path]
+        return [_followed(path) if path.name in (LATEST, BEST) and not _is_zip(path) else path]
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint file or run directory")
     directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
@@ -171,6 +171,24 @@ def candidates(path: str | os.PathLike) -> list[Path]:
         where = directory if directory.name == "checkpoints" else directory / "checkpoints"
         raise CheckpointError(f"{path}: no checkpoints found (expected {where}/ckpt_*.pt)")
     return files
+
+
+def _is_zip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"PK"  # what torch.save writes; a pointer is text
+
+
+def _followed(pointer: Path) -> Path:
+    """The checkpoint that a run's ``latest`` or ``best`` pointer names (passed where its file was meant)."""
+    if pointer.name == BEST:
+        info = best_info(pointer.parent)
+        name = info["file"] if info else ""
+    else:
+        name = pointer.read_text().strip()
+    if not name or not (pointer.parent / name).is_file():
+        raise CheckpointError(f"{pointer} is the run's {pointer.name} pointer, and names no checkpoint file that "
+                              f"exists; pass the run directory ({pointer.parent.parent}) instead")
+    return pointer.parent / name
 
 
 def latest_loadable(path: str | os.PathLike, map_location: str = "cpu") -> tuple[Path, dict[str, Any], list[str]]:

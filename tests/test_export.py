@@ -4,6 +4,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from torch import nn
 
 import checkpoints
 from trainer import train as train_module
+from trainer.evaluate import main as evaluate_main
 from trainer.evaluation.policies import load_policy
 from trainer.export import main as export_main
 from trainer.flags import parse_args
@@ -151,6 +153,50 @@ def test_the_readme_example_runs_without_this_package(tmp_path, cartpole):
     assert re.search(r"bitrate per user \(Mb/s\): \[(\d+\.\d, ){7}\d+\.\d\]", done.stdout), done.stdout
 
 
+def test_export_ships_the_checkpoint_evaluate_measured_and_says_when_the_evaluation_is_of_another(
+        tmp_path, cartpole, capsys):
+    """A run directory's best checkpoint, as trainer.evaluate picks (export took the newest); a pointer file
+    passed as the checkpoint is followed; an evaluation of another checkpoint, or of sampled actions, is
+    said, and marked so on the card."""
+    run = tmp_path / "run"
+    cli = parse_args(["--env", "CartPole-v1", "--run-dir", str(run), *TINY, "--checkpoint-every", "1"])
+    train_module.train(cli.config, progress=False)
+    older, newest = sorted(checkpoints.checkpoint_files(run))
+    checkpoints.set_best(run, older, {"val_return": 1.0})
+
+    def exported(*argv: str) -> tuple[str, dict]:
+        export_main(["--checkpoint", *argv, "--format", "torchscript"])
+        return capsys.readouterr().err, json.loads((run / "export" / "policy.json").read_text())
+
+    err, card = exported(str(run))
+    assert card["checkpoint"]["path"] == str(older.resolve())
+    assert f"exporting the best checkpoint (validation): {older}" in err
+    assert exported(str(run), "--pick", "latest")[1]["checkpoint"]["path"] == str(newest.resolve())
+    assert exported(str(run / "checkpoints" / "best"))[1]["checkpoint"]["path"] == str(older.resolve())
+    assert exported(str(run / "checkpoints" / "latest"))[1]["checkpoint"]["path"] == str(newest.resolve())
+
+    evaluate_main(["--checkpoint", str(run), "--episodes", "2", "--stochastic"])  # the best, sampled
+    err, card = exported(str(run))
+    assert card["evaluation"]["same_checkpoint"] and card["evaluation"]["actions"] == "sampled"
+    assert "with sampled actions, not of the greedy policy exported here" in err
+    evaluate_main(["--checkpoint", str(run), "--episodes", "3"])
+    assert f"replaced the previous {run / 'evaluation.json'} (2 episodes, sampled actions, of {older.name})" in \
+        capsys.readouterr().out
+    err, card = exported(str(run), "--pick", "latest")
+    assert not card["evaluation"]["same_checkpoint"] and card["evaluation"]["actions"] == "greedy"
+    assert "note:" in err
+    err, card = exported(str(run))
+    assert card["evaluation"]["same_checkpoint"] and "note:" not in err
+
+
+def test_a_pointer_that_names_no_checkpoint_is_not_called_corrupted(tmp_path, cartpole):
+    run = tmp_path / "run"
+    shutil.copytree(cartpole, run)
+    (run / "checkpoints" / "latest").write_text("ckpt_00000099.pt\n")
+    message = one_line_error(["--checkpoint", str(run / "checkpoints" / "latest")])
+    assert "is the run's latest pointer, and names no checkpoint file that exists; pass the run directory" in message
+
+
 # ---------------------------------------------------------------------------- bad input: one-line errors
 
 def one_line_error(argv) -> str:
@@ -176,7 +222,8 @@ def test_an_env_not_registered_in_this_process(tmp_path, cartpole):
     source, state, _ = checkpoints.latest_loadable(cartpole)
     state["config"]["env"] = "Unregistered-v0"
     path = checkpoints.save(tmp_path / "ckpt_00000001.pt", state)
-    assert "Unregistered-v0, which is not registered" in one_line_error(["--checkpoint", str(path)])
+    assert "trained on Unregistered-v0, which this process cannot make: unknown env id 'Unregistered-v0'" in \
+        one_line_error(["--checkpoint", str(path)])
 
 
 def test_an_unwritable_output_directory_is_refused_before_exporting(tmp_path, cartpole):

@@ -42,13 +42,16 @@ def _evaluate(argv: list[str] | None) -> None:
     p.add_argument("--checkpoint", required=True,
                    help="checkpoint file, or run directory: its best checkpoint when training had --eval-every "
                         "(see --pick), else its newest loadable one")
-    p.add_argument("--episodes", type=int, default=50, help="episodes per policy, the same seeds for each")
-    p.add_argument("--seed", type=int, default=0, help="evaluation seed (a seed branch that training never uses)")
+    p.add_argument("--episodes", type=int, default=50,
+                   help="episodes per policy, the same seeds for each (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="evaluation seed (a seed branch that training never uses; default: %(default)s)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--deterministic", dest="deterministic", action="store_true", default=True,
                       help="greedy actions (default)")
     mode.add_argument("--stochastic", dest="deterministic", action="store_false", help="sample actions")
-    p.add_argument("--baselines", default="all", help="'all', 'none' or comma-separated names (VR-edge only)")
+    p.add_argument("--baselines", default="all",
+                   help="'all', 'none' or comma-separated names (VR-edge only; default: %(default)s)")
     p.add_argument("--reference", choices=(REFERENCE, "none"), default=REFERENCE,
                    help="VR-edge: also play the clairvoyant planner (envs.planner; sees the true future) as the "
                         "ceiling, and report the fraction of the gap from the best baseline that the policy closes")
@@ -58,7 +61,7 @@ def _evaluate(argv: list[str] | None) -> None:
                         "run's own traces (e.g. a trace directory that moved)")
     p.add_argument("--pick", choices=("best", "latest"), default="best",
                    help="from a run directory: its best checkpoint (validation, --eval-every) when it has one, "
-                        "or the newest")
+                        "or the newest (default: %(default)s)")
     p.add_argument("--env", default="", help="fail unless the checkpoint was trained on this env id")
     p.add_argument("--json", action="store_true",
                    help="print the results as JSON to stdout, and nothing else (the table goes to stderr), so "
@@ -135,6 +138,7 @@ def _evaluate(argv: list[str] | None) -> None:
     gap = gap_closed(played[label], played[best], played[REFERENCE]) if reference and best else None
     payload = {"checkpoint": str(source.resolve()), "checkpoint_kind": which, "env": cfg.env,
                "env_kwargs": env_kwargs, "episodes": args.episodes, "seed": args.seed,
+               "actions": "greedy" if args.deterministic else "sampled",
                "policy": results[label], "baselines": {n: results[n] for n in names},
                "reference": {REFERENCE: results[REFERENCE]} if reference else {},
                "paired_reward_per_step": paired, "best_baseline": best,
@@ -156,12 +160,25 @@ def _evaluate(argv: list[str] | None) -> None:
               f"between the best baseline ({best}, picked on {SELECTION_EPISODES} validation episodes) and the "
               f"clairvoyant reference ({gap['gap']:+.3f} reward/step)", file=out)
     payload = json_ready(payload)
+    replaced = _described(out_dir / "evaluation.json")
     (out_dir / "evaluation.json").write_text(json.dumps(payload, indent=2, allow_nan=False))
+    if replaced:  # a quick look must not pass unnoticed over a long evaluation (export's card reads this file)
+        print(f"replaced the previous {out_dir / 'evaluation.json'} ({replaced}); --out DIR keeps both", file=out)
     png = plot(results, run_dir, out_dir / "evaluation.png")
     print(f"\nwrote {out_dir / 'evaluation.json'}" + (f" and {png}" if png else " (pip install matplotlib for a plot)"),
           file=out)
     if args.json:
         print(json.dumps(payload, allow_nan=False))
+
+
+def _described(path: Path) -> str:
+    """What an earlier ``evaluation.json`` at ``path`` held, in a few words; ``""`` for none."""
+    try:
+        earlier = json.loads(path.read_text())
+        return (f"{counted(earlier['episodes'], 'episode')}, {earlier.get('actions', 'greedy')} actions, of "
+                f"{Path(earlier['checkpoint']).name}")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def _check_numbers(parser: OneLineParser, args: argparse.Namespace) -> None:

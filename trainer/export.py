@@ -1,7 +1,7 @@
 """Export a trained policy as one self-contained file, verified against the trained model.
 
-    python -m trainer.export --checkpoint RUN_DIR_OR_FILE [--format torchscript|onnx|both] [--out DIR]
-                             [--seed S] [--atol 1e-5]
+    python -m trainer.export --checkpoint RUN_DIR_OR_FILE [--pick best|latest] [--format torchscript|onnx|both]
+                             [--out DIR] [--seed S] [--atol 1e-5]
 
 Writes ``policy.pt`` (TorchScript, ``torch.jit.load``) and/or ``policy.onnx`` (ONNX opset 18,
 dynamic batch axis; needs the ``export`` extra) and the card ``policy.json`` to
@@ -27,8 +27,10 @@ from trainer.interrupts import StopSignals
 def main(argv: list[str] | None = None) -> None:
     p = OneLineParser(prog="python -m trainer.export", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="checkpoint file, or run directory (its newest loadable "
-                                                       "checkpoint)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint file, or run directory (see --pick)")
+    p.add_argument("--pick", choices=("best", "latest"), default="best",
+                   help="from a run directory: its best checkpoint (validation, --eval-every) when it has one, "
+                        "or the newest, as trainer.evaluate picks (default: %(default)s)")
     p.add_argument("--format", default="both", choices=["torchscript", "onnx", "both"])
     p.add_argument("--out", default="", help="output directory (default: RUN/export)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out episodes the export is verified on")
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     atol = ATOL if args.atol is None else args.atol
     try:
         with StopSignals():  # Ctrl-C or SIGTERM: one line, exit status 128 + the signal
-            export(args.checkpoint, formats, args.out or None, args.seed, atol)
+            export(args.checkpoint, formats, args.out or None, args.seed, atol, args.pick)
     except (ValueError, checkpoints.CheckpointError) as e:
         raise SystemExit("error: " + " ".join(line.strip() for line in str(e).splitlines())) from None
     except KeyboardInterrupt as e:

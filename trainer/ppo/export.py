@@ -35,7 +35,7 @@ import checkpoints
 import envs  # noqa: F401  (registers VREdge-v0)
 from trainer import __version__
 from trainer.evaluation.episodes import run_episodes
-from trainer.evaluation.policies import policy_from_state
+from trainer.evaluation.policies import checkpoint_label, picked_checkpoint, policy_from_state
 from trainer.evaluation.report import check_writable
 from trainer.ppo.model import ActorCritic
 from trainer.registry import algorithm_class
@@ -231,14 +231,13 @@ def _need_onnx() -> None:
 
 
 def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = None, seed: int = 0,
-           atol: float = ATOL) -> dict[str, Any]:
-    """Export, verify and describe the policy of ``checkpoint`` (a file, or a run directory: its newest
-    loadable checkpoint); returns the card. Nothing lands in ``out`` unless every file passes."""
+           atol: float = ATOL, pick: str = "best") -> dict[str, Any]:
+    """Export, verify and describe the policy of ``checkpoint`` (a file, or a run directory: its ``pick``,
+    as ``trainer.evaluate`` picks); returns the card. Nothing lands in ``out`` unless every file passes."""
     if "onnx" in formats:
         _need_onnx()
-    source, state, problems = checkpoints.latest_loadable(checkpoint)
-    for p in problems:
-        print(f"skipped {p}", file=sys.stderr)
+    source, state = picked_checkpoint(checkpoint, pick)
+    print(f"exporting {checkpoint_label(checkpoint, source, pick)}: {source}", file=sys.stderr)
     model, cfg = policy_from_state(state, source)
     if not isinstance(model, ActorCritic):
         raise ValueError(f"{source} is {algorithm_class(cfg.algo).model_name} (--algo {cfg.algo}); trainer.export "
@@ -248,6 +247,10 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     out = Path(out) if out else run_dir / "export"
     check_writable(out, "the exported policy")
     evaluation = _evaluation(run_dir, source)  # a malformed file fails here, before the work
+    if evaluation and not (evaluation["same_checkpoint"] and evaluation.get("actions", "greedy") == "greedy"):
+        print(f"note: {evaluation['file']} is of {evaluation['checkpoint']} with {evaluation.get('actions')} "
+              "actions, not of the greedy policy exported here; the card keeps it with same_checkpoint and "
+              "actions saying so (trainer.evaluate this checkpoint to describe it)", file=sys.stderr)
     for stale in out.glob(".export-*"):  # stage folders of an export that was killed
         shutil.rmtree(stale, ignore_errors=True)
     env_card = _env_card(cfg.env)
