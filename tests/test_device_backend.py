@@ -9,7 +9,8 @@ import torch
 
 from envs.make_traces import write_traces
 from tests.test_durability import cli_matrix_case
-from trainer.config import TrainConfig
+from trainer import train as train_module
+from trainer.config import ConfigError, TrainConfig
 from trainer.flags import parse_args
 from trainer.run_layout import Machine, run_layout
 
@@ -28,10 +29,13 @@ def test_layout_builds_one_torch_env_and_says_so():
     (["--env", "CartPole-v1"], "--backend device needs an env written in torch; CartPole-v1 has none"),
     (["--env-kwargs", "step_cost_us=5"], "step_cost_us stands in for a CPU simulator"),
 ])
-def test_what_the_device_backend_cannot_run_is_a_one_line_error(argv, words):
-    with pytest.raises(ValueError, match=words) as e:
+def test_what_the_device_backend_cannot_run_is_a_one_line_error(argv, words, tmp_path, capsys):
+    with pytest.raises(ConfigError, match=words) as e:  # named by its flag: a usage error on the command line
         run_layout(parse_args(["--backend", "device", *argv]).config, Machine(cores=2))
     assert "\n" not in str(e.value)
+    with pytest.raises(SystemExit) as info:
+        train_module.main(["--backend", "device", *argv, "--run-dir", str(tmp_path / "run")])
+    assert info.value.code == 2 and words in capsys.readouterr().err
 
 
 def test_overlap_is_refused_naming_the_backends_it_works_with():

@@ -204,6 +204,22 @@ def test_resuming_a_copied_run_writes_into_the_copy(two_iterations, tmp_path):
         run(["--resume", str(copy), "--run-dir", str(two_iterations)])
 
 
+@pytest.mark.parametrize("argv, words", [
+    (lambda run, tmp: ["--resume", str(tmp / "no-such-run")], "no such checkpoint file or run directory"),
+    (lambda run, tmp: ["--resume", str(run), "--run-dir", str(tmp / "other")], "writes into the run directory it "
+                                                                                "resumes"),
+    (lambda run, tmp: VR + ["--run-dir", str(run)], "already holds a run (checkpoints); resume it with --resume"),
+])
+def test_run_directory_mistakes_are_usage_errors(two_iterations, tmp_path, capfd, argv, words):
+    before = sorted(p.name for p in (two_iterations / "checkpoints").iterdir())
+    with pytest.raises(SystemExit) as info:
+        train_module.main(argv(two_iterations, tmp_path))
+    err = capfd.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and words in err[-1] and "Traceback" not in "".join(err)
+    assert sorted(p.name for p in (two_iterations / "checkpoints").iterdir()) == before
+    assert not (tmp_path / "other").exists()
+
+
 def test_resume_from_an_older_checkpoint_sets_newer_ones_aside(two_iterations, capsys):
     run(["--resume", str(two_iterations / "checkpoints" / "ckpt_00000001.pt")], max_iterations=3)
     names = sorted(p.name for p in (two_iterations / "checkpoints").iterdir())

@@ -184,6 +184,8 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
     if resume is not None and not resume.strip():  # `--resume "$RUN"` with RUN unset must not start a new run
         parser.error("--resume needs a run directory or checkpoint file; it was given an empty string")
     resume = resume or ""
+    if resume and not Path(resume).exists():  # before torch loads: a typo is answered at once
+        parser.error(f"--resume {resume}: no such checkpoint file or run directory")
     from_file: dict[str, Any] = {}
     try:
         from_file = _toml_values(Path(args["config"])) if args.get("config") else {}

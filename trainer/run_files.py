@@ -9,7 +9,7 @@ from typing import Any
 
 import checkpoints
 from trainer import __version__
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.evaluation.policies import check_weights_fit
 from trainer.flags import resumed_config
 
@@ -24,8 +24,9 @@ def claim_new_run_dir(run_dir: Path, overwrite: bool) -> list[str]:
     Returns notes for the user.
     """
     if checkpoints.checkpoint_files(run_dir) and not overwrite:
-        raise ValueError(f"run directory {run_dir} already holds a run (checkpoints); resume it with --resume "
-                         f"{run_dir}, choose another --run-dir, or pass --overwrite to delete that run")
+        raise ConfigError("run_dir", str(run_dir), message=f"run directory {run_dir} already holds a run "
+                          f"(checkpoints); resume it with --resume {run_dir}, choose another --run-dir, or pass "
+                          "--overwrite to delete that run")
     left = [name for name in RUN_FILES if (run_dir / name).exists()]
     for name in left:
         target = run_dir / name
@@ -47,8 +48,8 @@ def resume_state(resume: str, given: dict[str, Any]) -> tuple[TrainConfig, Path,
         notes.append(f"{source} was written by parallel-rollouts {saved.get('version')}; this is {__version__}")
     run_dir = checkpoints.run_dir_of(resume)
     if "run_dir" in given and Path(given["run_dir"]).resolve() != run_dir.resolve():
-        raise ValueError(f"--resume writes into the run directory it resumes ({run_dir}); to continue a copy, "
-                         f"copy the directory and resume the copy (drop --run-dir)")
+        raise ConfigError("run_dir", given["run_dir"], message=f"--resume writes into the run directory it resumes "
+                          f"({run_dir}); to continue a copy, copy the directory and resume the copy (drop --run-dir)")
     cfg = resumed_config({**saved["config"], "run_dir": str(run_dir)}, {**given, "run_dir": str(run_dir)},
                          str(source))
     check_weights_fit(cfg, saved["model"], source)  # before a network of the stored config's size is built

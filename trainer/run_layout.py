@@ -236,7 +236,10 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
             raise ConfigError("backend", cfg.backend,
                               message=f"--backend device needs an env written in torch; {cfg.env} has none (these do: "
                                       f"{', '.join(TORCH_ENVS)}): use --backend sync or async")
-        TORCH_ENVS[cfg.env](1, **cfg.env_options)  # settings the torch env cannot run fail here, before any write
+        try:  # settings the torch env cannot run fail here, before any write
+            TORCH_ENVS[cfg.env](1, **cfg.env_options)
+        except ValueError as e:
+            raise ConfigError("env_kwargs", cfg.env_kwargs, message=f"--backend device: {e}") from None
     vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
     ray_only = [flag for flag, given in (("--ray-address", bool(cfg.ray_address)),
                                          ("--cpus-per-worker", cfg.cpus_per_worker != TrainConfig.cpus_per_worker))
