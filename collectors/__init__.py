@@ -17,7 +17,7 @@ _HOMES = {
     "Rollout": "collectors.rollout",
     "RolloutCollector": "collectors.collector",
     "RayCollector": "collectors.ray_collector",
-    "RayConnectError": "collectors.backends.ray_",
+    "RayConnectError": "collectors.connection",
     "WorkerDiedError": "collectors.backends.async_",
     "WorkerTimeoutError": "collectors.backends.async_",
     "env_seeds": "collectors.seeding",

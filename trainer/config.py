@@ -238,8 +238,6 @@ class TrainConfig:
         for name in ("replay_capacity", "apex_batch_size", "n_step", "target_update", "weights_every"):
             need(getattr(self, name) >= 1, name, "must be >= 1")
         need(self.learning_starts >= 0, "learning_starts", "must be >= 0 (0: learn from the first transitions)")
-        need(self.learning_starts <= self.replay_capacity, "learning_starts",
-             f"must be <= --replay-capacity ({self.replay_capacity}), or learning never starts")
         need(self.replay_alpha >= 0, "replay_alpha", "must be >= 0 (0: uniform sampling)")
         need(0 <= self.replay_beta <= 1, "replay_beta", "must be in [0, 1]")
         need(self.replay_ratio > 0, "replay_ratio", "must be > 0")

@@ -220,9 +220,9 @@ def check_config(cfg: TrainConfig, given: dict[str, Any]) -> None:
     """Raise ``ValueError`` for the first thing wrong with ``cfg``: an invalid value (``TrainConfig.validate``),
     an unknown ``--algo`` or settings it cannot run with (``Algorithm.check_config``), or a setting in ``given``
     (what the user typed) that only another algorithm reads (:func:`check_owners`)."""
-    check_owners(cfg.algo, given)  # first: a value this run ignores must not be checked against its defaults
     cfg.validate()
     algorithm_spec(cfg.algo).check_config(cfg)
+    check_owners(cfg.algo, given)
 
 
 def check_owners(algo: str, given: dict[str, Any]) -> None:

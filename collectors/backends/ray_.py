@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ import torch
 
 from collectors.backends.async_ import WorkerTimeoutError
 from collectors.collector import RolloutCollector
+from collectors.connection import RayConnectError, check_answers
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EnvGroup, check_same_spaces
 from collectors.resources import largest_divisor_at_most, usable_cores
@@ -49,27 +49,6 @@ def require_ray():
     return ray
 
 
-CONNECT_TIMEOUT_S = 10.0  # for the cluster's port to answer: ray.init would retry a dead address for ever
-
-
-class RayConnectError(ConnectionError):
-    """No Ray cluster at the address given, or one that refuses this process (token authentication)."""
-
-
-def _check_answers(address: str) -> None:
-    """``RayConnectError`` unless something listens at ``address``'s port within ``CONNECT_TIMEOUT_S``."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    host = host.strip("[]")  # [::1]:6379
-    if not sep or not port.isdigit():  # "auto", or a malformed address: Ray's own error says which
-        return
-    try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as e:
-        raise RayConnectError(f"no Ray cluster answers at {address} ({e}): start its head there (ray start --head "
-                              f"--port={port}), or give the address that `ray start` printed (--ray-address)"
-                              ) from None
-
-
 def connect(address: str | None = None, num_cpus: int | None = None):
     """Initialised Ray: the cluster at ``address``, a Ray already running in this process, or a new
     local instance with ``num_cpus`` CPUs (default: the cores this process may use) bound to 127.0.0.1."""
@@ -79,7 +58,7 @@ def connect(address: str | None = None, num_cpus: int | None = None):
     if ray.is_initialized():
         return ray
     if address:
-        _check_answers(address)
+        check_answers(address)
         try:
             with _signals_kept():
                 ray.init(address=address)

@@ -45,6 +45,8 @@ class ApeXSpec(AlgorithmSpec):
         need(not cfg.ray_async, "ray_async", "is for --algo ppo; --algo apex --backend ray collects from the "
              "actors as they finish by itself")
         need(not cfg.batch_size, "batch_size", "is for --algo ppo; the Ape-X learner's minibatch is --apex-batch-size")
+        need(cfg.learning_starts <= cfg.replay_capacity, "learning_starts",
+             f"must be <= --replay-capacity ({cfg.replay_capacity}), or learning never starts")
         need(cfg.apex_batch_size <= cfg.replay_capacity, "apex_batch_size",
              f"must be <= --replay-capacity ({cfg.replay_capacity}): a minibatch larger than the replay would hold "
              "the same transitions many times over")
