@@ -149,9 +149,11 @@ def test_a_run_on_a_module_id_env_evaluates_exports_and_resumes_where_its_module
         "    gym.register(id='TrialCart-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv',\n"
         "                 max_episode_steps=50)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    run = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)
     train_cli.main(["--env", "trialenvs:TrialCart-v0", "--num-envs", "2", "--num-steps", "32", "--total-steps",
-                    "128", "--run-dir", str(run)])
+                    "128"])
+    [run] = (tmp_path / "runs").iterdir()  # named by the id alone: no colon in a path (Windows)
+    assert run.name.startswith("TrialCart-v0-s1-")
     capsys.readouterr()
     evaluate_cli.main(["--checkpoint", str(run), "--episodes", "2", "--json"])
     assert json.loads(capsys.readouterr().out)["episodes"] == 2
@@ -231,7 +233,8 @@ def test_setting_checkpoints_aside_keeps_the_pointers_true(tmp_path):
     (["-m", "trainer.train", "--algo", "apx"], "choose ppo or apex (did you mean apex?) (see --help)"),
     (["-m", "trainer.evaluate", "--checkpoint", "x", "--pick", "bset"], "(did you mean best?)"),
     (["-m", "trainer.export", "--checkpoint", "x", "--format", "onxx"], "(did you mean onnx?)"),
-    (["-m", "trainer.evaluate", "--chekpoint", "x"], "required: --checkpoint (did you mean --checkpoint?)"),
+    (["-m", "trainer.evaluate", "--chekpoint", "x"], "required: --checkpoint (--chekpoint is not a flag; did you "
+                                                     "mean --checkpoint?)"),
     (["-m", "trainer.evaluate", "--checkpoint", "x", "--baselines", "lowest,fair_shre"],
      "unknown fair_shre; use all, none or names from"),
     (["-m", "trainer.evaluate", "--checkpoint", "x", "--baselines", "fair_shre"], "(did you mean fair_share?)"),
@@ -249,7 +252,8 @@ def test_setting_checkpoints_aside_keeps_the_pointers_true(tmp_path):
     (["-m", "trainer.train", "--envs", "CartPole-v1"], "unrecognized arguments: --envs CartPole-v1 (did you mean "
                                                        "--env?)"),
     (["-m", "trainer.train", "--total", "4096"], "unrecognized arguments: --total 4096 (did you mean --total-steps?)"),
-    (["-m", "trainer.evaluate", "--check", "x"], "(did you mean --checkpoint?)"),
+    (["-m", "trainer.evaluate", "--check", "x"], "(--check is not a flag; did you mean --checkpoint?)"),
+    (["-m", "trainer.evaluate", "--checkpoint", "x", "--epi", "2"], "--epi 2 (did you mean --episodes?)"),
     # another algorithm's setting is named as such, not checked against this one's defaults first
     (["-m", "trainer.train", "--replay-capacity", "1000"], "--replay-capacity: for --algo apex only"),
     (["-m", "trainer.train", "--backend", "ray", "--ray-address", "nonsense"], "--ray-address='nonsense' is "

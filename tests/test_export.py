@@ -178,13 +178,13 @@ def test_export_ships_the_checkpoint_evaluate_measured_and_says_when_the_evaluat
     evaluate_main(["--checkpoint", str(run), "--episodes", "2", "--stochastic"])  # the best, sampled
     err, card = exported(str(run))
     assert card["evaluation"]["same_checkpoint"] and card["evaluation"]["actions"] == "sampled"
-    assert "with sampled actions, not of the greedy policy exported here" in err
+    assert "evaluation.json is of sampled actions, where the export acts greedily; the card keeps it" in err
     evaluate_main(["--checkpoint", str(run), "--episodes", "3"])
     assert f"replaced the previous {run / 'evaluation.json'} (2 episodes, sampled actions, of {older.name})" in \
         capsys.readouterr().out
     err, card = exported(str(run), "--pick", "latest")
     assert not card["evaluation"]["same_checkpoint"] and card["evaluation"]["actions"] == "greedy"
-    assert "note:" in err
+    assert f"evaluation.json is of another checkpoint ({older.name}); the card keeps it" in err
     err, card = exported(str(run))
     assert card["evaluation"]["same_checkpoint"] and "note:" not in err
 

@@ -21,8 +21,25 @@ def did_you_mean(words: str | list[str], choices: Iterable[str]) -> str:
     """
     lowered = {c.lower(): c for c in choices}  # case is a typo too: "Async" is async, not sync
     close = [lowered[m[0]] for w in ([words] if isinstance(words, str) else words)
-             if (m := difflib.get_close_matches(w.lower(), lowered, n=1, cutoff=0.6))]
+             if (m := _closest(w.lower(), lowered))]
     return f" (did you mean {' '.join(close)}?)" if close else ""
+
+
+def _closest(word: str, choices: Iterable[str]) -> list[str]:
+    """A letter off (``--envs`` for ``--env``), else the one choice ``word`` begins (``--epi`` for ``--episodes``),
+    else the closest; as a list of one, or ``[]``."""
+    return (difflib.get_close_matches(word, choices, n=1, cutoff=0.85) or _started(word, choices) or
+            difflib.get_close_matches(word, choices, n=1, cutoff=0.6))
+
+
+def _started(word: str, choices: Iterable[str]) -> list[str]:
+    """The one choice that ``word`` begins (``--epi`` for ``--episodes``), as a list; ``[]`` if none or several.
+
+    >>> _started("--epi", ["--episodes", "--pick"]), _started("--s", ["--seed", "--stochastic"])
+    (['--episodes'], [])
+    """
+    begun = [c for c in choices if c.startswith(word) and len(word.lstrip("-")) >= 2]
+    return begun if len(begun) == 1 else []
 
 
 def choose(value: str, choices: Sequence[str]) -> str:
@@ -75,8 +92,10 @@ class OneLineParser(argparse.ArgumentParser):
             unknown = [w.partition("=")[0] for w in message.split(":", 1)[1].split() if w.startswith("-")]
             return did_you_mean(unknown, flags)
         if message.startswith("the following arguments are required:"):  # --chekpoint for --checkpoint
-            typed = {w.partition("=")[0] for w in self.typed if w.startswith("--")}
-            return did_you_mean(sorted(typed - set(flags)), flags)
+            unknown = sorted({w.partition("=")[0] for w in self.typed if w.startswith("--")} - set(flags))
+            hint = did_you_mean(unknown, flags)
+            return f" ({' and '.join(unknown)} {'is not a flag' if len(unknown) == 1 else 'are not flags'}; " \
+                   f"{hint.strip(' ()')})" if hint else ""
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if choice:
             return did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))

@@ -54,7 +54,8 @@ def _evaluate(argv: list[str] | None) -> None:
                    help="'all', 'none' or comma-separated names (VR-edge only; default: %(default)s)")
     p.add_argument("--reference", choices=(REFERENCE, "none"), default=REFERENCE,
                    help="VR-edge: also play the clairvoyant planner (envs.planner; sees the true future) as the "
-                        "ceiling, and report the fraction of the gap from the best baseline that the policy closes")
+                        "ceiling, and report the fraction of the gap from the best baseline that the policy closes "
+                        "(default: %(default)s)")
     p.add_argument("--capacity-trace", default="", metavar="PATH",
                    help="VR-edge: replay recorded bandwidth traces (a file or directory, Pensieve or Mahimahi "
                         "format) as the cell's capacity; a directory's held-out test files are used; replaces the "

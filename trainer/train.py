@@ -88,7 +88,9 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         algorithm = algorithm_class(cfg.algo).new(cfg, layout)  # what the env cannot take fails before any write
         for line in algorithm.start_notes():
             print(line, file=sys.stderr)
-        run_dir = Path(cfg.run_dir or f"runs/{cfg.env}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+        # a module:id env is named by its id: a colon in a path breaks Windows, and PATH-like lists elsewhere
+        run_dir = Path(cfg.run_dir or
+                       f"runs/{cfg.env.rpartition(':')[2]}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         iterations = layout.iterations(cfg)
         per_iteration = layout.batch_envs * cfg.num_steps
         if iterations * per_iteration != cfg.total_steps:  # said, not silently rounded

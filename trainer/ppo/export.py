@@ -247,12 +247,13 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     out = Path(out) if out else run_dir / "export"
     check_writable(out, "the exported policy")
     evaluation = _evaluation(run_dir, source)  # a malformed file fails here, before the work
-    actions = evaluation.get("actions") if evaluation else None  # (files of older versions do not say)
-    if evaluation and (not evaluation["same_checkpoint"] or actions == "sampled"):
-        how = f" with {actions} actions" if actions else ""
-        print(f"note: {evaluation['file']} is of {evaluation['checkpoint']}{how}, not of the greedy policy "
-              "exported here; the card keeps it, with same_checkpoint and actions saying so (trainer.evaluate "
-              "this checkpoint to describe it)", file=sys.stderr)
+    differs = [] if not evaluation else [  # (files of older versions do not say which actions)
+        *([f"of another checkpoint ({Path(evaluation['checkpoint']).name})"] if not evaluation["same_checkpoint"]
+          else []),
+        *(["of sampled actions, where the export acts greedily"] if evaluation.get("actions") == "sampled" else [])]
+    if differs:
+        print(f"note: {evaluation['file']} is {' and '.join(differs)}; the card keeps it, with same_checkpoint and "
+              "actions saying so (trainer.evaluate this checkpoint to describe it)", file=sys.stderr)
     for stale in out.glob(".export-*"):  # stage folders of an export that was killed
         shutil.rmtree(stale, ignore_errors=True)
     env_card = _env_card(cfg.env)
