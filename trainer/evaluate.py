@@ -157,7 +157,7 @@ def _evaluate(argv: list[str] | None) -> None:
                   "episodes", file=out)
     if gap:
         interval = f" {plus_minus(gap['ci95'])} (95% CI)" if plus_minus(gap["ci95"]) else ""
-        print(f"\ngap closed: the policy closes {gap['fraction']:.2f}{interval} of the gap "
+        print(f"\ngap closed: the policy closes {gap['fraction']:.3f}{interval} of the gap "
               f"between the best baseline ({best}, picked on {SELECTION_EPISODES} validation episodes) and the "
               f"clairvoyant reference ({gap['gap']:+.3f} reward/step)", file=out)
     payload = json_ready(payload)
