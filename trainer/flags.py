@@ -171,6 +171,11 @@ def _error_text(error: ConfigError, config_file: str, from_file: Collection[str]
     return error.in_file(config_file) if error.key in from_file else str(error)
 
 
+def _file_only(from_file: dict[str, Any], flags: dict[str, Any]) -> frozenset[str]:
+    """The keys the TOML file set and no flag overrode."""
+    return frozenset(from_file) - set(flags)
+
+
 def parse_args(argv: list[str] | None = None) -> CommandLine:
     """Parse flags over TOML file over defaults; checked (:func:`check_config`). Bad input exits with a
     one-line error.
@@ -208,12 +213,12 @@ def parse_args(argv: list[str] | None = None) -> CommandLine:
             from trainer.run_layout import cuda_graphs_on
             cuda_graphs_on(cfg, learner_device(cfg.device, torch.cuda.device_count()))
     except ConfigError as e:
-        parser.error(_error_text(e, args.get("config", ""), set(from_file) - set(args)))
+        parser.error(_error_text(e, args.get("config", ""), _file_only(from_file, args)))
     except ValueError as e:
         parser.error(str(e))
     if resume and overwrite:
         parser.error("--overwrite starts a new run; it cannot be combined with --resume")
-    return CommandLine(cfg, given, resume, overwrite, frozenset(from_file) - set(args))
+    return CommandLine(cfg, given, resume, overwrite, _file_only(from_file, args))
 
 
 def check_config(cfg: TrainConfig, given: dict[str, Any]) -> None:

@@ -247,10 +247,11 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     out = Path(out) if out else run_dir / "export"
     check_writable(out, "the exported policy")
     evaluation = _evaluation(run_dir, source)  # a malformed file fails here, before the work
-    differs = [] if not evaluation else [  # (files of older versions do not say which actions)
-        *([f"of another checkpoint ({Path(evaluation['checkpoint']).name})"] if not evaluation["same_checkpoint"]
-          else []),
-        *(["of sampled actions, where the export acts greedily"] if evaluation.get("actions") == "sampled" else [])]
+    differs = []
+    if evaluation and not evaluation["same_checkpoint"]:
+        differs.append(f"of another checkpoint ({Path(evaluation['checkpoint']).name})")
+    if evaluation and evaluation.get("actions") == "sampled":  # (files of older versions do not say)
+        differs.append("of sampled actions, where the export acts greedily")
     if differs:
         print(f"note: {evaluation['file']} is {' and '.join(differs)}; the card keeps it, with same_checkpoint and "
               "actions saying so (trainer.evaluate this checkpoint to describe it)", file=sys.stderr)
