@@ -27,7 +27,8 @@ from trainer.run_layout import Machine, run_layout
 
 def main(argv: list[str] | None = None, iterations: int = 6) -> dict[int, tuple[float, float]]:
     """Median (collect, learn) seconds per thread count; ``argv``: ``trainer.train`` flags."""
-    cfg = parse_args(argv if argv is not None else sys.argv[1:]).config
+    cfg = parse_args(argv if argv is not None else sys.argv[1:], prog="python -m benchmarks.iteration_breakdown",
+                     description=__doc__.splitlines()[0] + " Takes trainer.train's flags.").config
     print_machine()
     layout = run_layout(cfg, Machine(cores=1))
     run = PPO.new(cfg, layout)

@@ -337,8 +337,9 @@ def test_evaluate_plays_the_greedy_q_policy_against_the_baselines(tmp_path, caps
     payload = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert payload["policy"]["episodes"] == 3
     assert set(payload["paired_reward_per_step"]) == {"throughput", "fair_share"}
-    with pytest.raises(SystemExit, match="--stochastic"):  # a Q policy has no sampling: refused, not mislabelled
+    with pytest.raises(SystemExit) as refused:  # a Q policy has no sampling: refused (a usage error), not mislabelled
         evaluate_cli.main(["--checkpoint", str(tmp_path), "--episodes", "3", "--stochastic"])
+    assert refused.value.code == 2 and "error: --stochastic: " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, words", [(["--algo", "dqn"], "--algo"),

@@ -198,9 +198,10 @@ def test_evaluate_refuses_a_capacity_trace_for_an_env_without_one(tmp_path):
                        "--device", "cpu", "--run-dir", str(run_dir)])
     (tmp_path / "trace.log").write_text("0 5\n1 6\n")
     line = command(["-m", "trainer.evaluate", "--checkpoint", str(run_dir), "--capacity-trace",
-                    str(tmp_path / "trace.log")], 1, tmp_path)  # it was a TypeError traceback from gym.make
-    assert line.startswith("error: --capacity-trace applies to VREdge-v0, not CartPole-v1 ("), line
-    assert line.endswith("; drop it"), line
+                    str(tmp_path / "trace.log")], 2, tmp_path)  # it was a TypeError traceback from gym.make
+    assert line.startswith("python -m trainer.evaluate: error: --capacity-trace applies to VREdge-v0, not "
+                           "CartPole-v1 ("), line
+    assert line.endswith("; drop it (see --help)"), line
 
 
 # ---------------------------------------------------------------------------- evaluation.json, as export reads it

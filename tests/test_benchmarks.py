@@ -13,6 +13,7 @@ PASSED = "device check: OK" if torch.cuda.is_available() else \
     "device check: OK on the CPU; nothing was measured on a GPU (CUDA is not available here)"
 
 
+@pytest.mark.slow  # quick: the parts asked for, in their order (below)
 def test_device_check_quick_runs_every_part(capsys):
     assert device_check.main(["--quick"]) == 0
     out = capsys.readouterr().out
@@ -124,6 +125,7 @@ def test_worker_counts_reach_the_cores():
     assert scaling.worker_counts(12) == [1, 2, 4, 8, 12]
 
 
+@pytest.mark.slow
 def test_revisions_compares_two_checkouts_side_by_side(capsys):
     import subprocess
     from pathlib import Path
@@ -148,3 +150,15 @@ def test_iteration_breakdown_times_both_phases_for_both_thread_counts(capsys):
     out = iteration_breakdown.main(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "16"], iterations=2)
     assert set(out) == {1, 2} and all(c > 0 and lr > 0 for c, lr in out.values())
     assert "best possible --overlap gain" in capsys.readouterr().out
+
+
+def test_iteration_breakdown_names_itself_in_its_help_and_errors(capsys):
+    """It takes the trainer's flags, but its usage and its errors are its own, not ``trainer.train``'s."""
+    from benchmarks import iteration_breakdown
+    for argv, status in ((["--help"], 0), (["--num-envz", "3"], 2)):
+        with pytest.raises(SystemExit) as stopped:
+            iteration_breakdown.main(argv)
+        printed = capsys.readouterr()
+        assert stopped.value.code == status
+        assert "python -m benchmarks.iteration_breakdown" in printed.out + printed.err
+        assert "trainer.train [" not in printed.out and "trainer.train:" not in printed.err, printed

@@ -1,6 +1,7 @@
 """What a newcomer types (issue 25): each algorithm's own defaults, printed commands that run from anywhere, JSON
 that pipes, a resume with nothing to do, typos answered before torch loads."""
 
+import dataclasses
 import json
 import os
 import re
@@ -95,6 +96,7 @@ def test_a_new_run_prints_the_defaults_it_uses_and_a_resume_keeps_its_config(tmp
 
 # ---------------------------------------------------------------------------- printed commands, JSON, traces
 
+@pytest.mark.slow  # quick: test_run_dirs' printed commands from a fresh shell
 def test_printed_commands_of_a_trace_run_work_from_another_directory(tmp_path, monkeypatch, capsys):
     write_traces(tmp_path / "traces", files=6, seconds=60, mean_mbps=4.0, seed=1)
     small = ["--num-envs", "2", "--num-steps", "8", "--total-steps", "16", "--device", "cpu", "--run-dir", "run"]
@@ -279,6 +281,29 @@ def test_toml_keys_unknown_or_twice_are_one_line_errors(tmp_path):
     toml.write_text("num-envs = 8\nnum_envs = 4\n")
     with pytest.raises(SystemExit):
         parse_args(["--config", str(toml)])
+
+
+def test_an_env_kwargs_table_in_toml_is_the_env_kwargs_flag(tmp_path, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_text('num_envs = 8\n[env_kwargs]\nnum_users = 6\nnoise_std = 0.25\ntrace_split = "all"\n'
+                    'reveal_hidden_state = true\n')
+    table = parse_args(["--config", str(toml)]).config
+    flags = parse_args(["--num-envs", "8", "--env-kwargs", "num_users=6,noise_std=0.25,trace_split=all,"
+                        "reveal_hidden_state=true"]).config
+    assert dataclasses.replace(table, config="") == flags
+    assert table.env_options == {"num_users": 6, "noise_std": 0.25, "trace_split": "all",
+                                 "reveal_hidden_state": True}
+    for body, said in [("[env_kwargs]\nnum_users = 6\ntotal_steps = 64\n",  # a key meant for the trainer
+                        "[env_kwargs] holds total_steps, a trainer setting, not an env argument: put the "
+                        "[env_kwargs] table after every other key"),
+                       ('[env_kwargs]\ntrace_split = "a,b"\n',  # what the key=value text cannot hold
+                        '[env_kwargs] trace_split = "a,b": env arguments are numbers, true/false or text'),
+                       ("[env_kwargs]\nnum_users = [6]\n", "[env_kwargs] num_users = [6]: env arguments are")]:
+        toml.write_text(body)
+        with pytest.raises(SystemExit) as refused:
+            parse_args(["--config", str(toml)])
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and f"error: {toml}: {said}" in err, err
 
 
 def test_batching_takes_the_trainer_spelling_and_the_old_one(tmp_path):

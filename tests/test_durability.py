@@ -72,7 +72,7 @@ def assert_same_run(straight, resumed):
     assert metrics(straight) == metrics(resumed)  # each iteration once, with the same numbers
 
 
-@pytest.fixture(scope="module", params=["sync", "async"])
+@pytest.fixture(scope="module")
 def straight(request, tmp_path_factory):
     """An uninterrupted run per backend: what every interrupted-and-resumed run must end with."""
     run_dir = tmp_path_factory.mktemp(f"straight_{request.param}")
@@ -105,7 +105,13 @@ PHASES = {  # phase: (owner, function, call, iterations completed when the signa
 }
 
 
-@pytest.mark.parametrize("phase", list(PHASES))
+# sync in every phase; async (its envs' states gathered from worker processes) in collection, where its workers
+# are busy, and in the other phases only in the slow run (the trainer's path is the same as sync's)
+SIGNALLED = [*(("sync", phase) for phase in PHASES), ("async", "collection"),
+             *(pytest.param("async", phase, marks=pytest.mark.slow) for phase in PHASES if phase != "collection")]
+
+
+@pytest.mark.parametrize("straight, phase", SIGNALLED, indirect=["straight"])
 # SIGTERM takes the same path as SIGINT (StopSignals), with another exit status: slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_a_signal_in_any_phase_keeps_the_last_completed_iteration_and_resume_is_exact(
@@ -130,13 +136,12 @@ def test_a_signal_in_any_phase_keeps_the_last_completed_iteration_and_resume_is_
     assert_same_run(straight_dir, tmp_path)
 
 
+@pytest.mark.parametrize("straight", ["async"], indirect=True)  # only async snapshots wait on worker processes
 def test_a_snapshot_waiting_on_a_stopped_worker_gives_way_to_a_stop_signal(straight, tmp_path, monkeypatch):
     """Issue 24: the end-of-iteration snapshot asks the async workers for their envs' state; with one of
     them stopped, a SIGTERM must still stop the run within seconds (the snapshot is abandoned, the one
     before it saved) and the resume must stay exact."""
     backend, extra, straight_dir = straight
-    if backend != "async":
-        pytest.skip("only async snapshots wait on worker processes")
     real, calls, guards = PPO.snapshot, [], []
 
     def stopping_snapshot(self):
@@ -163,6 +168,7 @@ def test_a_snapshot_waiting_on_a_stopped_worker_gives_way_to_a_stop_signal(strai
     assert_same_run(straight_dir, tmp_path)
 
 
+@pytest.mark.slow  # quick: test_double_buffer's resume over another process layout
 def test_resume_with_another_number_of_workers_is_exact(tmp_path):
     """Env states are per env: VR-edge split over 3 processes resumes split over 2 (or over one, with sync)."""
     argv = VR + ["--backend", "async", "--num-workers", "2", "--run-dir"]

@@ -87,7 +87,8 @@ def test_a_hung_step_in_the_collecting_process_is_named_after_the_deadline():
     assert not process.is_alive()
 
 
-@pytest.mark.parametrize("call, phase", [("collect", "step"), ("get_state", "get_state")])
+@pytest.mark.parametrize("call, phase", [("collect", "step"),
+                                         pytest.param("get_state", "get_state", marks=pytest.mark.slow)])
 def test_a_stopped_async_worker_of_the_collecting_process_is_named(call, phase):
     """The collecting process's deadline leaves room for its own deadline on its workers: a worker stopped
     beneath it is named with its envs, in a rollout and in the per-iteration snapshot alike; both deadlines

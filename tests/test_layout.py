@@ -167,7 +167,7 @@ def test_collector_uses_its_thread_count_while_collecting_only():
     assert set(seen) == {want} and torch.get_num_threads() == before
 
 
-@pytest.mark.parametrize("env", ENVS)
+@pytest.mark.parametrize("env", ["VREdge-v0", pytest.param("CartPole-v1", marks=pytest.mark.slow)])  # the main job
 @pytest.mark.parametrize("cores, num_envs", [(16, 3), (64, 4)])
 def test_short_async_training_on_simulated_big_machines(tmp_path, capsys, env, cores, num_envs):
     """More worker processes than this box has cores: correctness, not speed."""
@@ -185,8 +185,10 @@ def test_short_async_training_on_simulated_big_machines(tmp_path, capsys, env, c
     assert f"{num_envs - 1} worker processes + this process; {cores} cores" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("given, expected", [({}, "1000"), ({"GOMP_SPINCOUNT": "5"}, "5"),
-                                             ({"OMP_WAIT_POLICY": "PASSIVE"}, None)])
+@pytest.mark.parametrize("given, expected", [
+    ({}, "1000"),  # the user's own settings (slow): the same start-up path, another branch
+    pytest.param({"GOMP_SPINCOUNT": "5"}, "5", marks=pytest.mark.slow),
+    pytest.param({"OMP_WAIT_POLICY": "PASSIVE"}, None, marks=pytest.mark.slow)])
 def test_openmp_spins_briefly_unless_the_user_chose(given, expected):
     # a fresh interpreter: OpenMP reads these once, when torch loads, so the trainer must set them before that
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")} | given

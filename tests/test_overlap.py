@@ -36,7 +36,8 @@ def vr_policy(seed=0):
 
 # ---------------------------------------------------------------------------- the collecting process
 
-@pytest.mark.parametrize("backend, kw", [("sync", {}), ("async", {"num_workers": 1})])
+@pytest.mark.parametrize("backend, kw", [("sync", {}),
+                                         pytest.param("async", {"num_workers": 1}, marks=pytest.mark.slow)])
 def test_background_rollouts_equal_those_collected_here(backend, kw):
     env_fns = [f.vr_edge, f.vr_edge, f.vr_edge_batch]
     with RolloutCollector(env_fns, vr_policy(), backend=backend, horizon=25, seed=4, **kw) as here:
@@ -216,7 +217,8 @@ PHASES = {  # phase: (owner, function, call on which the signal arrives, iterati
 }
 
 
-@pytest.mark.parametrize("phase", list(PHASES))
+# the update phase, overlapped or not, takes test_durability's path: slow here
+@pytest.mark.parametrize("phase", ["waiting_for_the_rollout_in_flight", pytest.param("update", marks=pytest.mark.slow)])
 # SIGTERM takes the same path as SIGINT (StopSignals), with another exit status: slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_a_signal_during_an_overlapped_iteration_keeps_the_last_completed_one(

@@ -95,17 +95,28 @@ def test_evaluate_command_prints_table_and_writes_json(vr_run, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--checkpoint", "{missing}"], "no such checkpoint"),
-    (["--checkpoint", "{empty}"], "no checkpoints found"),
-    (["--checkpoint", "{run}", "--env", "CartPole-v1"], "trained on VREdge-v0, not CartPole-v1"),
+@pytest.mark.parametrize("argv, status, words", [
+    (["--checkpoint", "{missing}"], 2, "--checkpoint {missing}: no such checkpoint file or run directory"),
+    (["--checkpoint", "{empty}"], 1, "no checkpoints found"),
+    (["--checkpoint", "{run}", "--env", "CartPole-v1"], 2, "--env CartPole-v1: {run}"),
 ])
-def test_evaluate_bad_input_is_a_one_line_error(tmp_path, vr_run, argv, words):
+def test_evaluate_bad_input_is_a_one_line_error(tmp_path, vr_run, capsys, argv, status, words):
+    """A flag that does not fit (a path that is not there, another env) is a usage error, exit status 2, as
+    trainer.train's are; a checkpoint that cannot be used is an error of the run, exit status 1."""
     (tmp_path / "empty").mkdir()
-    argv = [a.format(missing=tmp_path / "missing.pt", empty=tmp_path / "empty", run=vr_run) for a in argv]
+    names = {"missing": tmp_path / "missing.pt", "empty": tmp_path / "empty", "run": vr_run}
     with pytest.raises(SystemExit) as info:
-        evaluate_cli.main(argv)
-    assert words in str(info.value) and "\n" not in str(info.value)
+        evaluate_cli.main([a.format(**names) for a in argv])
+    if status == 2:  # argparse's: the line on stderr, code 2
+        assert info.value.code == 2
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+        assert said.startswith("python -m trainer.evaluate: error: "), said
+    else:  # SystemExit(message): the message on stderr, exit status 1
+        said = str(info.value.code)
+        assert said.startswith("error: ") and "\n" not in said, said
+    assert words.format(**names) in said
+    if "--env" in argv:
+        assert said.endswith("was trained on VREdge-v0 (see --help)"), said
 
 
 def test_nan_loss_stops_with_the_iteration_and_keeps_good_checkpoints(tmp_path):

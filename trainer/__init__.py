@@ -18,7 +18,6 @@ command lines.
 """
 
 import os
-from importlib.metadata import PackageNotFoundError, version
 
 # GNU OpenMP's idle threads spin 300,000 times before they sleep, taking the cores from every other process on
 # a shared machine: next to two busy processes on 2 cores, VR-edge training fell from ~14k to 0-3.6k steps/s.
@@ -28,7 +27,18 @@ from importlib.metadata import PackageNotFoundError, version
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
-try:
-    __version__ = version("parallel-rollouts")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0+unknown"
+
+
+def __getattr__(name: str) -> str:
+    """``__version__``, read on first use: importlib.metadata takes half of this package's import time, and
+    ``python -m trainer.train`` handles Ctrl-C only once its imports are done (the shorter, the better)."""
+    if name != "__version__":
+        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        value = version("parallel-rollouts")
+    except PackageNotFoundError:  # running from a source tree that was not installed
+        value = "0+unknown"
+    globals()["__version__"] = value  # later lookups skip this function
+    return value

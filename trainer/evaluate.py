@@ -70,6 +70,8 @@ def _evaluate(argv: list[str] | None) -> None:
     p.add_argument("--out", default="", help="where evaluation.json/.png go (default: the run directory)")
     args = p.parse_args(argv)
     _check_numbers(p, args)
+    if not Path(args.checkpoint).exists():  # before torch loads: a typo is answered at once, as a usage error
+        p.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
     if args.capacity_trace and not Path(args.capacity_trace).exists():
         p.error(f"--capacity-trace={args.capacity_trace}: no such file or directory")
     asked_baselines = _asked_baselines(p, args.baselines)
@@ -100,15 +102,15 @@ def _evaluate(argv: list[str] | None) -> None:
         source, state = picked_checkpoint(args.checkpoint, args.pick)
         trained_on = state.get("config", {}).get("env")
         if args.capacity_trace and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
-            raise ValueError(f"--capacity-trace applies to VREdge-v0, not {trained_on} ({source}); drop it")
+            p.error(f"--capacity-trace applies to VREdge-v0, not {trained_on} ({source}); drop it")
         moved = {"capacity_trace": str(Path(args.capacity_trace).resolve())} if args.capacity_trace else {}
         model, cfg = policy_from_state(state, source, moved)  # the run's own traces may be gone
         algorithm = algorithm_spec(cfg.algo)
         if not args.deterministic and not algorithm.stochastic:
-            raise ValueError(f"--stochastic: {source} holds {algorithm.model_name}, whose policy is greedy (it "
-                             "explored only while collecting); drop --stochastic")
+            p.error(f"--stochastic: {source} holds {algorithm.model_name}, whose policy is greedy (it explored "
+                    "only while collecting); drop --stochastic")
         if args.env and args.env != cfg.env:
-            raise ValueError(f"{source} was trained on {cfg.env}, not {args.env}")
+            p.error(f"--env {args.env}: {source} was trained on {cfg.env}")
         vr_edge = cfg.env == "VREdge-v0"
         names = asked_baselines if vr_edge else []  # the baselines are VR-edge's
         if asked_baselines and not vr_edge and args.baselines != "all":  # named ones: say why none is played

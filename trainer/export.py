@@ -19,6 +19,7 @@ import argparse
 import math
 import signal
 import sys
+from pathlib import Path
 
 from trainer.arguments import OneLineParser
 from trainer.interrupts import StopSignals
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--atol={args.atol} is invalid: must be a finite number > 0")
     if args.seed < 0:
         p.error(f"--seed={args.seed} is invalid: must be >= 0")
+    if not Path(args.checkpoint).exists():
+        p.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
     # imported once the command line is checked: --help and a mistake answer before torch loads
     import checkpoints
     from trainer.ppo.export import ATOL, FILES, export

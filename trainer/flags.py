@@ -23,7 +23,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from trainer.arguments import OneLineParser, did_you_mean
-from trainer.config import PATH_ENV_KWARGS, ConfigError, TrainConfig, moved_env_files
+from trainer.config import PATH_ENV_KWARGS, ConfigError, TrainConfig, format_env_kwargs, moved_env_files
 from trainer.registry import (
     ALGORITHMS,
     algorithm_defaults,
@@ -103,13 +103,16 @@ def defaults_used(cfg: TrainConfig, given: dict[str, Any]) -> str:
                     for name, v in values.items())
 
 
-def build_parser() -> argparse.ArgumentParser:
+TRAIN_PROG = "python -m trainer.train"
+
+
+def build_parser(prog: str = TRAIN_PROG, description: str = "") -> argparse.ArgumentParser:
     """Every config field as a flag. Defaults are left out of the namespace (``SUPPRESS``), so
-    that what it holds is exactly what the user typed, whatever the value."""
-    p = OneLineParser(prog="python -m trainer.train",
-                      description=f"Train a policy: --algo {' or '.join(ALGORITHMS)} (default {TrainConfig.algo}). "
-                                  "Where a default depends on the algorithm and the env, its help says so; a new "
-                                  "run prints the values it uses.")
+    that what it holds is exactly what the user typed, whatever the value. ``prog`` and ``description``: for
+    another command that takes the trainer's flags (a benchmark)."""
+    p = OneLineParser(prog=prog, description=description or (
+        f"Train a policy: --algo {' or '.join(ALGORITHMS)} (default {TrainConfig.algo}). Where a default depends on "
+        "the algorithm and the env, its help says so; a new run prints the values it uses."))
     for f in fields(TrainConfig):
         kind = _field_type(f)
         p.add_argument(f"--{f.name.replace('_', '-')}", type=_bool if kind is bool else kind,
@@ -142,6 +145,8 @@ def _toml_values(path: Path) -> dict[str, Any]:
     for written, value in data.items():
         key = keys[written]
         kind = types[key]
+        if key == "env_kwargs" and isinstance(value, dict):  # an [env_kwargs] table: the natural TOML spelling
+            value = _env_kwargs_table(path, written, value, types)
         ok, value = _of_kind(value, kind)
         if not ok:
             example = {bool: "true", int: "4", float: "0.5", str: '"64,64"' if key == "hidden" else '"..."'}[kind]
@@ -150,6 +155,19 @@ def _toml_values(path: Path) -> dict[str, Any]:
                              f"{_KINDS[kind]} (e.g. {key} = {example})")  # (JSON spells these values as TOML does)
         values[key] = value
     return values
+
+
+def _env_kwargs_table(path: Path, written: str, table: dict[str, Any], settings: dict[str, type]) -> str:
+    """An ``[env_kwargs]`` table as ``--env-kwargs`` text; ``ValueError`` for what that text cannot hold."""
+    for name, value in table.items():
+        if name.replace("-", "_") in settings:  # TOML puts every key below a table's header into the table
+            raise ValueError(f"{path}: [{written}] holds {name}, a trainer setting, not an env argument: put the "
+                             f"[{written}] table after every other key")
+        if not isinstance(value, (bool, int, float, str)) or isinstance(value, str) and ("," in value or
+                                                                                        "=" in value):
+            raise ValueError(f"{path}: [{written}] {name} = {json.dumps(value, default=str)}: env arguments are "
+                             "numbers, true/false or text without ',' or '='")
+    return format_env_kwargs(table)
 
 
 @dataclass(frozen=True)
@@ -176,14 +194,14 @@ def _file_only(from_file: dict[str, Any], flags: dict[str, Any]) -> frozenset[st
     return frozenset(from_file) - set(flags)
 
 
-def parse_args(argv: list[str] | None = None) -> CommandLine:
+def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, description: str = "") -> CommandLine:
     """Parse flags over TOML file over defaults; checked (:func:`check_config`). Bad input exits with a
-    one-line error.
+    one-line error (``prog``, ``description``: :func:`build_parser`'s).
 
     >>> parse_args(["--algo", "apex", "--env", "CartPole-v1", "--n-step", "5"]).config.n_step
     5
     """
-    parser = build_parser()
+    parser = build_parser(prog, description)
     args = vars(parser.parse_args(argv))
     resume, overwrite = args.pop("resume"), args.pop("overwrite")
     if resume is not None and not resume.strip():  # `--resume "$RUN"` with RUN unset must not start a new run

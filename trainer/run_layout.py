@@ -130,7 +130,7 @@ class RunLayout:
     def describe(self) -> str:
         """Two lines for the start of a run."""
         m = self.machine
-        where = f"{_count(m.cores, 'core')}, {_count(m.gpus, 'GPU')}"
+        where = f"{counted(m.cores, 'core')}, {counted(m.gpus, 'GPU')}"
         if m.ray_cpus is not None:
             where += f", Ray cluster {m.ray_cpus:g} CPUs ({m.ray_cpus_here:g} here)"
         sizes = sorted(set(self.factory_envs))
@@ -139,12 +139,13 @@ class RunLayout:
         kind = f"{len(self.factory_envs)} x {batched if self.vectorized else 'gym.make'}"
         here = "the collecting process" if self.overlap else "this process"
         if self.backend == "async":
-            procs = _count(self.workers, "worker process", "es") + (f" + {here}" if self.main_share else "")
+            procs = counted(self.workers, "worker process", "worker processes")
+            procs += f" + {here}" if self.main_share else ""
             if self.num_splits > 1:
                 procs += f", {self.num_splits} env groups double-buffered"
         elif self.backend == "ray":
-            procs = f"{_count(self.workers, 'Ray actor')} x {self.cpus_per_worker:g} CPU, " \
-                    f"{_count(self.factories_per_worker, 'factory')} each"
+            procs = f"{counted(self.workers, 'Ray actor')} x {self.cpus_per_worker:g} CPU, " \
+                    f"{counted(self.factories_per_worker, 'factory', 'factories')} each"
         elif self.backend == "device":
             procs = f"{here}, env stepped as torch tensors next to the acting policy"
         else:
@@ -219,12 +220,6 @@ def cuda_graphs_on(cfg: TrainConfig, device: str) -> bool:
     return cfg.cuda_graphs
 
 
-def _count(n: int, noun: str, suffix: str = "s") -> str:
-    if noun.endswith("y") and n != 1:
-        return f"{n} {noun[:-1]}ies"
-    return f"{n} {noun}{suffix if n != 1 else ''}"
-
-
 def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
     """Decide the layout of ``cfg`` on ``machine``; an impossible request is a ``ConfigError`` naming the flag."""
     check_env_id(cfg.env)
@@ -281,7 +276,7 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
         collect_threads = learn_threads = cfg.threads
         if cfg.threads + max(busy_here, learn_busy) > cores:
             busy = max(busy_here, learn_busy)
-            notes.append(f"--threads={cfg.threads} with {_count(busy, 'busy worker')} exceeds the {cores} cores: "
+            notes.append(f"--threads={cfg.threads} with {counted(busy, 'busy worker')} exceeds the {cores} cores: "
                          "they will share them (slower)")
     device = learner_device(cfg.device, machine.gpus)
     return RunLayout(env=cfg.env, env_kwargs=cfg.env_options, backend=cfg.backend, num_envs=n,

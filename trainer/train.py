@@ -11,9 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from trainer.flags import RESUMABLE_CHANGES, CommandLine, build_parser, defaults_used, parse_args
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # first of all: the window for an import traceback is Python's own start-up alone
     from collectors.stop_signals import handled_stop_signals
 
     def _stopped_while_starting(signum: int, frame) -> None:
@@ -23,6 +21,10 @@ if __name__ == "__main__":
 
     # a stop signal while torch and the rest load: one line, not an import traceback (handlers restored below)
     _STARTING = {s: signal.signal(s, _stopped_while_starting) for s in handled_stop_signals()}
+
+from trainer.flags import RESUMABLE_CHANGES, CommandLine, build_parser, defaults_used, parse_args
+
+if __name__ == "__main__":
     COMMAND_LINE = parse_args()  # the command line checked (--help answered) before torch loads: seconds, not ten
 
 import contextlib
