@@ -70,11 +70,11 @@ def _evaluate(argv: list[str] | None) -> None:
     p.add_argument("--out", default="", help="where evaluation.json/.png go (default: the run directory)")
     args = p.parse_args(argv)
     _check_numbers(p, args)
-    if not Path(args.checkpoint).exists():  # before torch loads: a typo is answered at once, as a usage error
-        p.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
     if args.capacity_trace and not Path(args.capacity_trace).exists():
         p.error(f"--capacity-trace={args.capacity_trace}: no such file or directory")
     asked_baselines = _asked_baselines(p, args.baselines)
+    if not Path(args.checkpoint).exists():  # before torch loads: a typo is answered at once, as a usage error
+        p.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
     # imported once the command line is checked: --help and a typo answer before torch loads
     import functools
 
