@@ -4,13 +4,14 @@ terminal), and how the processes a collector starts leave them to the process th
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import multiprocessing
 import os
 import signal
 import sys
 from collections.abc import Iterator
-from multiprocessing import resource_tracker
+
+# ctypes and multiprocessing are imported where they are used: `python -m trainer.train` sets its stop-signal
+# handlers from this module before anything else loads, and each millisecond before that is one in which a
+# Ctrl-C prints an import traceback
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGHUP")
@@ -33,6 +34,8 @@ def stop_signals_blocked() -> Iterator[None]:
         return
     # multiprocessing's resource tracker, started by the first spawn, unblocks SIGINT and SIGTERM when it
     # starts: started here, it cannot open the window in which a Ctrl-C reaches a child still importing
+    from multiprocessing import resource_tracker
+
     resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
@@ -61,7 +64,11 @@ def die_with_parent() -> bool:
     multiprocessing's resource tracker goes with the workers: it exits once every process holding its pipe
     (the parent, which was killed, and its workers, which this kills) is gone.
     """
+    import multiprocessing
+
     if sys.platform.startswith("linux"):
+        import ctypes
+
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):  # no prctl in this libc: the closed pipe still ends the loop

@@ -1,6 +1,7 @@
 """What a newcomer types (issue 25): each algorithm's own defaults, printed commands that run from anywhere, JSON
 that pipes, a resume with nothing to do, typos answered before torch loads."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -349,6 +350,52 @@ def test_ctrl_c_while_torch_loads_is_one_line(tmp_path, delay):
     assert process.returncode == 130 and "Traceback" not in err, err[-2000:]
     said = [line for line in err.splitlines() if "SIGINT" in line or "interrupted" in line]
     assert len(said) == 1 and ("nothing to save" in said[0] or "stopped by SIGINT" in said[0]), err[-2000:]
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.8])
+def test_ctrl_c_while_export_loads_torch_is_one_line(tmp_path, delay):
+    """``trainer.export`` stopped while torch and the exporter load: one line, exit status 130, no import
+    traceback, nothing written."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    train_cli.main(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "16", "--total-steps", "32",
+                    "--device", "cpu", "--run-dir", str(run_dir)])
+    process = subprocess.Popen([sys.executable, "-m", "trainer.export", "--checkpoint", str(run_dir), "--format",
+                                "torchscript"], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    err = process.communicate(timeout=120)[1]
+    assert process.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert err.rstrip().splitlines()[-1] == ("stopped by SIGINT: nothing was written (the previous export, if any, "
+                                             "is unchanged)"), err[-2000:]
+    assert not (run_dir / "export").exists()
+
+
+def test_stop_signals_while_a_finished_run_exits_leave_its_exit_status_0(tmp_path):
+    """A scheduler's SIGTERM or a late Ctrl-C after the run finished has nothing to stop, even during the
+    interpreter's exit, when Python has put the default handlers back: signals every 5 ms from the last printed
+    line to the end must not turn a finished run into a failure (exit status 130) for ``train && evaluate``."""
+    import signal
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "trainer.train", "--env", "CartPole-v1", "--num-envs", "2",
+                                "--num-steps", "16", "--total-steps", "64", "--device", "cpu", "--run-dir",
+                                str(tmp_path / "run")], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.startswith("train longer:"):  # the last line a finished run prints
+            break
+    sent = 0
+    while process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGINT)
+            sent += 1
+        time.sleep(0.005)
+    err = process.communicate(timeout=60)[1]
+    assert sent > 0 and process.returncode == 0 and "Traceback" not in err, (sent, process.returncode, err[-2000:])
 
 
 def test_one_episode_has_no_interval_and_its_json_is_still_json(tmp_path, capsys):

@@ -28,7 +28,6 @@ if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 
-
 def __getattr__(name: str) -> str:
     """``__version__``, read on first use: importlib.metadata takes half of this package's import time, and
     ``python -m trainer.train`` handles Ctrl-C only once its imports are done (the shorter, the better)."""

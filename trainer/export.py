@@ -44,21 +44,26 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--seed={args.seed} is invalid: must be >= 0")
     if not Path(args.checkpoint).exists():
         p.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
+    try:
+        with StopSignals():  # Ctrl-C or SIGTERM, even while torch loads: one line, exit status 128 + the signal
+            _export(args)
+    except KeyboardInterrupt as e:
+        print(f"\n{e or 'interrupted'}: nothing was written (the previous export, if any, is unchanged)",
+              file=sys.stderr)
+        raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
+
+
+def _export(args: argparse.Namespace) -> None:
     # imported once the command line is checked: --help and a mistake answer before torch loads
     import checkpoints
     from trainer.ppo.export import ATOL, FILES, export
 
     formats = list(FILES) if args.format == "both" else [args.format]
-    atol = ATOL if args.atol is None else args.atol
     try:
-        with StopSignals():  # Ctrl-C or SIGTERM: one line, exit status 128 + the signal
-            export(args.checkpoint, formats, args.out or None, args.seed, atol, args.pick)
+        export(args.checkpoint, formats, args.out or None, args.seed, ATOL if args.atol is None else args.atol,
+               args.pick)
     except (ValueError, checkpoints.CheckpointError) as e:
         raise SystemExit("error: " + " ".join(line.strip() for line in str(e).splitlines())) from None
-    except KeyboardInterrupt as e:
-        print(f"\n{e or 'interrupted'}: nothing was written (the previous export, if any, is unchanged)",
-              file=sys.stderr)
-        raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
 
 
 if __name__ == "__main__":

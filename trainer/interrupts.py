@@ -12,6 +12,7 @@ ignored.
 
 from __future__ import annotations
 
+import atexit
 import signal
 import sys
 import threading
@@ -129,6 +130,15 @@ def _after_the_run(signum: int, frame) -> None:
 
 
 def ignore_late_signals() -> None:
-    """From here on (the run finished and its handlers are gone), note a stop signal instead of stopping."""
+    """From here on (the run finished and its handlers are gone), note a stop signal instead of stopping; once
+    the interpreter exits, ignore it: Python's finalization puts the default action (death by the signal, exit
+    status 128 + N) back in place of a Python handler, but leaves an ignored signal ignored."""
     for signum in handled_stop_signals():
         signal.signal(signum, _after_the_run)
+    atexit.unregister(_ignore_stop_signals_at_exit)  # once, however many runs this process made
+    atexit.register(_ignore_stop_signals_at_exit)
+
+
+def _ignore_stop_signals_at_exit() -> None:
+    for signum in handled_stop_signals():
+        signal.signal(signum, signal.SIG_IGN)
