@@ -43,7 +43,8 @@ def run(flags: list[str], run_dir: Path) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.backends", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iterations", type=int, default=25, help="iterations per run (of --num-envs x --num-steps)")
     p.add_argument("--device", default="cpu")

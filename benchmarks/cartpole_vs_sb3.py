@@ -79,7 +79,8 @@ def sb3(seed: int, episodes: int, root: Path) -> tuple[float, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.cartpole_vs_sb3", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--episodes", type=int, default=20)
     p.add_argument("--variants", nargs="+", default=[*VARIANTS, "sb3"], choices=[*VARIANTS, "sb3"])

@@ -185,7 +185,8 @@ PARTS = "adfecgb"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.device_check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes (CI, CPU): checks that every part runs")
     p.add_argument("--parts", default=PARTS, help=f"which parts to run, e.g. 'adf' (default: all, {PARTS}): "
                    "to finish a run that a timeout cut short")

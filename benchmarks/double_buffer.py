@@ -61,7 +61,8 @@ def report(rates: dict[str, list[float]], cores: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.double_buffer", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-envs", type=int, default=8)
     p.add_argument("--horizon", type=int, default=64)
     p.add_argument("--step-cost-us", type=float, default=200.0, help="extra CPU work per VR-edge step")

@@ -73,7 +73,8 @@ def rates(num_envs: int, steps: int, device: str, compile: bool, repeats: int) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.env_steps", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma-separated numbers of envs")
     p.add_argument("--steps", type=int, default=20, help="steps per round")
     p.add_argument("--repeats", type=int, default=3)

@@ -6,8 +6,8 @@
 
 Runs the trainer's own ``collect()`` (sync backend) and ``PPO.learn`` (``trainer.ppo.algorithm``) alternately
 and prints the median of each over the iterations after the first, per thread count. The
-bound it implies for ``--overlap`` on two cores is ``(collect + learn at 2 threads) / max(collect,
-learn at 1 thread)``: overlapped, each phase gets one core and an iteration takes the longer one.
+bound it implies for ``--overlap`` on two cores is ``min(collect + learn at 1 thread, at 2 threads) /
+max(collect, learn at 1 thread)``: overlapped, each phase gets one core and an iteration takes the longer one.
 """
 
 from __future__ import annotations
@@ -16,22 +16,37 @@ import statistics
 import sys
 import time
 
-import torch
+from trainer.flags import build_parser, parse_args
 
-from benchmarks.machine import print_machine
-from collectors import make_collector
-from trainer.flags import parse_args
-from trainer.ppo.algorithm import PPO
-from trainer.run_layout import Machine, run_layout
+PROG = "python -m benchmarks.iteration_breakdown"
 
 
 def main(argv: list[str] | None = None, iterations: int = 6) -> dict[int, tuple[float, float]]:
     """Median (collect, learn) seconds per thread count; ``argv``: ``trainer.train`` flags."""
-    cfg = parse_args(argv if argv is not None else sys.argv[1:], prog="python -m benchmarks.iteration_breakdown",
-                     description=__doc__.splitlines()[0] + " Takes trainer.train's flags.").config
+    cli = parse_args(argv if argv is not None else sys.argv[1:], prog=PROG,
+                     description=__doc__.splitlines()[0] + " Takes trainer.train's flags (PPO, sync backend).")
+    refused = [flag for flag, given in (("--algo", cli.config.algo != "ppo"),
+                                        ("--backend", cli.config.backend != "sync"), ("--resume", bool(cli.resume)),
+                                        ("--overwrite", cli.overwrite)) if given]
+    if refused:  # taken by the parser (they are trainer flags), not by this benchmark: refused, not ignored
+        build_parser(PROG).error(f"{', '.join(refused)}: this benchmark times PPO's learn() next to the sync "
+                                 "backend's collect() of a new run; drop it")
+    # imported once the command line is checked: --help and a mistake answer before torch loads
+    import torch
+
+    from benchmarks.machine import print_machine
+    from collectors import make_collector
+    from trainer.config import ConfigError
+    from trainer.ppo.algorithm import PPO
+    from trainer.run_layout import Machine, run_layout
+
+    cfg = cli.config
+    try:
+        layout = run_layout(cfg, Machine(cores=1))
+        run = PPO.new(cfg, layout)  # (builds the first env)
+    except ConfigError as e:  # what only the env can tell (an unknown id, arguments it does not take)
+        build_parser(PROG).error(str(e))
     print_machine()
-    layout = run_layout(cfg, Machine(cores=1))
-    run = PPO.new(cfg, layout)
     out = {}
     with make_collector(layout.env_factories(), run.acting, backend="sync", horizon=cfg.num_steps,
                         seed=cfg.seed) as collector:
@@ -51,9 +66,19 @@ def main(argv: list[str] | None = None, iterations: int = 6) -> dict[int, tuple[
             out[threads] = (statistics.median(collecting[1:]), statistics.median(learning[1:]))
             print(f"{cfg.env}, {cfg.num_envs} envs x {cfg.num_steps} steps, minibatch {run.settings.minibatch_size}, "
                   f"{threads} thread(s): collect {out[threads][0] * 1e3:.0f} ms, learn {out[threads][1] * 1e3:.0f} ms")
-    bound = (out[2][0] + out[2][1]) / max(out[1])
-    print(f"best possible --overlap gain on 2 cores: {bound:.2f}x")
+    print(f"best possible --overlap gain on 2 cores: {overlap_bound(out):.2f}x")
     return out
+
+
+def overlap_bound(phases: dict[int, tuple[float, float]]) -> float:
+    """The most ``--overlap`` can gain on two cores, from (collect, learn) seconds at 1 and 2 threads: the
+    faster one-after-the-other iteration over the overlapped one, where each phase has one core and an
+    iteration takes the longer (at most 2x; a busy machine can make 2 threads slower than 1).
+
+    >>> overlap_bound({1: (1.0, 1.0), 2: (0.6, 0.6)}), overlap_bound({1: (1.0, 3.0), 2: (2.0, 4.0)})
+    (1.2, 1.3333333333333333)
+    """
+    return min(sum(phases[1]), sum(phases[2])) / max(phases[1])
 
 
 if __name__ == "__main__":

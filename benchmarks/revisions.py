@@ -41,7 +41,8 @@ def train_rate(source: Path, flags: list[str], run_dir: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.revisions", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True, help="git revision to compare against")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("flags", nargs=argparse.REMAINDER, help="trainer flags, after --")

@@ -99,7 +99,8 @@ def _ratio(a: list[float], b: list[float]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run_rollout_benchmark", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", nargs="+", default=["serial", "sync", "async"], choices=["serial", "sync", "async"])
     p.add_argument("--env", default="CartPole-v1", help="CartPole-v1, VREdge-v0 or any registered env id")
     p.add_argument("--num-envs", type=int, default=8)

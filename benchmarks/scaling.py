@@ -57,7 +57,8 @@ def scale(factory: Callable[[], Any], per_worker: int, counts: list[int], horizo
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--max-workers", type=int, default=0, help="largest worker count (0: the usable cores)")
     p.add_argument("--envs-per-worker", type=int, default=16)
     p.add_argument("--step-cost-us", type=float, default=200.0, help="heavy env: extra CPU work per step")

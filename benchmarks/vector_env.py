@@ -17,7 +17,8 @@ from benchmarks.machine import print_machine, summary, timed
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.vector_env", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-envs", type=int, default=1024)
     p.add_argument("--num-users", type=int, default=8)
     p.add_argument("--steps", type=int, default=50)

@@ -76,6 +76,9 @@ class VREdgeConfig:
             else:  # the tuples
                 need(isinstance(value, (tuple, list)) and all(map(_is_number, value)), f.name,
                      f"a sequence of numbers, not {type(value).__name__}")
+            # inf passes every range check below, and nan fails them with a message about the range
+            numbers = value if isinstance(value, (tuple, list)) else [value]
+            need(all(math.isfinite(v) for v in numbers if _is_number(v)), f.name, "finite (not inf or nan)")
         need(_is_int(self.num_users) and self.num_users >= 1, "num_users", "an integer >= 1")
         ladder = tuple(self.bitrates_mbps)
         need(len(ladder) >= 1, "bitrates_mbps", "a non-empty, strictly increasing sequence of positive numbers")

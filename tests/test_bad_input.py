@@ -100,6 +100,11 @@ def test_a_bad_trace_is_refused_at_once(tmp_path, trace, words):
 
 @pytest.mark.parametrize("argv, words", [
     (["--env-kwargs", "segment_s=abc"], "VR-edge argument segment_s='abc' is invalid: must be a number, not str"),
+    # inf passed every range check (a non-finite loss much later, blamed on --lr), nan failed one with the wrong rule
+    (["--env-kwargs", "noise_std=inf"], "VR-edge argument noise_std=inf is invalid: must be finite (not inf or nan)"),
+    (["--env-kwargs", "num-users=6"], "num-users: env arguments are the constructor's names, with underscores: "
+                                      "write num_users=6"),
+    (["--env-kwargs", "num_userz=6"], "VR-edge has no argument num_userz (did you mean num_users?); its arguments"),
     (["--algo", "apex", "--env", "CartPole-v1", "--learning-starts", "0", "--replay-capacity", "16",
       "--apex-batch-size", "128"], "--apex-batch-size=128 is invalid: must be <= --replay-capacity (16)"),
 ])

@@ -183,8 +183,8 @@ class TrainConfig:
             from envs.traces import TraceNotFoundError
             known = VREdgeConfig().to_dict()
             unknown = sorted(set(options) - set(known))
-            need(not unknown, "env_kwargs", f"VR-edge has no argument {', '.join(unknown)}; its arguments are "
-                 f"{', '.join(known)}")
+            need(not unknown, "env_kwargs", f"VR-edge has no argument {', '.join(unknown)}"
+                 f"{did_you_mean(unknown, known)}; its arguments are {', '.join(known)}")
             try:  # every value too (types, ranges, traces): a one-line error now, not one from inside gym.make
                 VREdgeConfig(**options)
             except TraceNotFoundError as e:
@@ -302,6 +302,9 @@ def parse_env_kwargs(text: str) -> dict[str, Any]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
+        if sep and not key.isidentifier() and key.replace("-", "_").isidentifier():  # TOML keys take either
+            raise ValueError(f"{key}: env arguments are the constructor's names, with underscores: write "
+                             f"{key.replace('-', '_')}={value}")
         if not sep or not key.isidentifier():
             raise ValueError(f"{item!r} is not key=value (write e.g. num_users=6,trace_split=train)")
         if key in out:
