@@ -132,8 +132,10 @@ def test_printed_commands_of_a_trace_run_work_from_another_directory(tmp_path, m
     evaluate_cli.main(["--checkpoint", run, "--episodes", "1", "--baselines", "none", "--reference", "none",
                        "--capacity-trace", "../moved"])
     train_cli.main(["--resume", run, "--total-steps", "48", "--env-kwargs", "capacity_trace=../moved"])
-    with pytest.raises(SystemExit, match="num_users would change the run"):
+    with pytest.raises(SystemExit) as changed:  # a usage error (exit status 2), as a resume's other changes are
         train_cli.main(["--resume", run, "--env-kwargs", "num_users=3"])
+    assert changed.value.code == 2
+    assert "num_users would change the run (it has num_users=2); drop it" in capsys.readouterr().err
     state = checkpoints.latest_loadable(run)[1]
     assert state["iteration"] == 3
     assert state["config"]["env_kwargs"] == f"capacity_trace={tmp_path / 'moved'},trace_split=train,num_users=2"

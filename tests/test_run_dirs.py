@@ -407,6 +407,10 @@ def test_evaluate_checks_that_it_can_write_before_it_computes(two_iterations, tm
     with pytest.raises(SystemExit) as info:
         evaluate_cli.main(["--checkpoint", str(two_iterations), "--out", str(blocked / "sub")])
     assert "cannot write the evaluation outputs" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(SystemExit) as info:  # --out the file itself: said so (mkdir's "File exists" was all)
+        evaluate_cli.main(["--checkpoint", str(two_iterations), "--out", str(blocked)])
+    assert str(info.value) == (f"error: cannot write the evaluation outputs to {blocked}: it is a file, not a "
+                               "directory; pass --out DIR with DIR a directory (made if missing)")
 
 
 # ---------------------------------------------------------------------------- resume on another device

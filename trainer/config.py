@@ -324,17 +324,19 @@ def format_env_kwargs(options: dict[str, Any]) -> str:
 
 def moved_env_files(stored: str, given: str) -> str:
     """The stored ``env_kwargs`` with the file arguments of ``given`` (``PATH_ENV_KWARGS``, made absolute) put
-    in: a run's trace files moved. ``ValueError`` if ``given`` sets anything else to another value.
+    in: a run's trace files moved. ``ConfigError`` if ``given`` sets anything else to another value.
 
     >>> moved_env_files("num_users=6,capacity_trace=/old/traces", "capacity_trace=/new/traces")
     'num_users=6,capacity_trace=/new/traces'
     """
     old, new = parse_env_kwargs(stored), parse_env_kwargs(given)
     changed = sorted(k for k, v in new.items() if (k not in PATH_ENV_KWARGS or k not in old) and old.get(k) != v)
-    if changed:
-        raise ValueError(f"--env-kwargs: only the run's own {', '.join(sorted(PATH_ENV_KWARGS))} may point "
-                         f"elsewhere (its files moved); {', '.join(changed)} would change the run (it has "
-                         f"{stored!r}); drop {'it' if len(changed) == 1 else 'them'}")
+    if changed:  # a usage error, as a resume's other flags that would change the run
+        has = ", ".join(f"{k}={old[k]}" if k in old else f"no {k}" for k in changed)
+        raise ConfigError("env_kwargs", given, message=(
+            f"--env-kwargs: only the run's own {', '.join(sorted(PATH_ENV_KWARGS))} may point elsewhere (its files "
+            f"moved); {', '.join(changed)} would change the run (it has {has}); drop "
+            f"{'it' if len(changed) == 1 else 'them'}"))
     return TrainConfig(env_kwargs=format_env_kwargs({**old, **new})).with_absolute_paths().env_kwargs
 
 

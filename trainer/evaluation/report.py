@@ -69,6 +69,9 @@ def plot(results: dict[str, dict[str, Any]], run_dir: Path, out: Path) -> Path |
 
 def check_writable(directory: Path, what: str = "the evaluation outputs") -> None:
     """Raise ``ValueError`` naming ``directory`` when files cannot be created in it."""
+    if directory.exists() and not directory.is_dir():  # mkdir's "File exists" would not say which is wrong
+        raise ValueError(f"cannot write {what} to {directory}: it is a file, not a directory; pass --out DIR with "
+                         "DIR a directory (made if missing)")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".check-", suffix=".tmp"):
