@@ -189,11 +189,12 @@ def test_a_resume_with_nothing_to_do_changes_no_file(tmp_path, capsys):
     def files() -> dict[str, bytes]:
         return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
     before = files()
-    capsys.readouterr()
+    assert "not identical to an uninterrupted one" in capsys.readouterr().err  # CartPole has no env state to save
     older = run_dir.resolve() / "checkpoints" / "ckpt_00000002.pt"
     train_cli.main(["--resume", str(older)])
     out, err = capsys.readouterr()
     assert "nothing to do" in err and "set aside" not in err and "dropped" not in err
+    assert "not identical" not in err  # how a resumed run would differ: no run, no difference
     assert files() == before
     # what it printed goes on from the checkpoint it described, not from the run's newest
     lines = printed_lines(out)
@@ -284,6 +285,13 @@ def test_toml_keys_unknown_or_twice_are_one_line_errors(tmp_path):
     toml.write_text("num-envs = 8\nnum_envs = 4\n")
     with pytest.raises(SystemExit):
         parse_args(["--config", str(toml)])
+    for body, said in [('resume = "runs/x"\n', "resume: command-line flags only (--config FILE, --resume RUN, "
+                                               "--overwrite), not keys of a config file; drop them"),
+                       ("total-steps = 1e6\n", "total_steps = 1000000.0 is a float, expected an integer (e.g. "
+                                               "total_steps = 1_000_000)")]:  # the example is the value, as TOML
+        toml.write_text(body)                                                   # writes an integer
+        done = command(["-m", "trainer.train", "--config", str(toml)], tmp_path)
+        assert done.returncode == 2 and f"error: {toml}: {said}" in done.stderr, done.stderr
 
 
 def test_an_env_kwargs_table_in_toml_is_the_env_kwargs_flag(tmp_path, capsys):

@@ -68,6 +68,12 @@ def test_default_layout_is_valid_on_every_machine(backend, env, num_envs, machin
     json.dumps(layout.to_dict())  # goes into config.json
 
 
+def test_the_layout_line_names_the_env_arguments_it_builds_the_envs_with():
+    described = run_layout(TrainConfig(env_kwargs="num_users=6,noise_std=0.25"), Machine(cores=2)).describe()
+    assert described.startswith("layout: VREdge-v0 (num_users=6,noise_std=0.25), 64 envs as "), described
+    assert run_layout(TrainConfig(), Machine(cores=2)).describe().startswith("layout: VREdge-v0, 64 envs as ")
+
+
 def test_the_16_core_async_vr_edge_bug_is_gone():
     layout = run_layout(TrainConfig(backend="async"), Machine(cores=16))  # VREdge-v0, 64 envs: failed before
     assert (layout.workers, layout.main_share, len(layout.factory_envs)) == (15, True, 16)

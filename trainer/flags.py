@@ -134,6 +134,10 @@ def _toml_values(path: Path) -> dict[str, Any]:
     types = {f.name: _field_type(f) for f in fields(TrainConfig) if f.name != "config"}
     keys = {key: key.replace("-", "_") for key in data}  # num-envs as the flag, or num_envs as the field
     unknown = sorted(k for k, name in keys.items() if name not in types)
+    flags_only = [k for k in unknown if keys[k] in ("config", "resume", "overwrite")]
+    if flags_only:  # flag names, but what they do is the command line's, not a run's setting
+        raise ValueError(f"{path}: {', '.join(flags_only)}: command-line flags only (--config FILE, --resume RUN, "
+                         "--overwrite), not keys of a config file; drop them")
     if unknown:
         hints = did_you_mean(unknown, [*types, *(k.replace("_", "-") for k in types)])
         raise ValueError(f"unknown keys in {path}: {', '.join(unknown)}{hints} (keys are the flag names, with "
@@ -150,6 +154,8 @@ def _toml_values(path: Path) -> dict[str, Any]:
         ok, value = _of_kind(value, kind)
         if not ok:
             example = {bool: "true", int: "4", float: "0.5", str: '"64,64"' if key == "hidden" else '"..."'}[kind]
+            if kind is int and isinstance(value, float) and value.is_integer():  # 1e6: TOML's float, not an int
+                example = f"{int(value):_}"
             toml_type = _TOML_TYPES.get(type(value), type(value).__name__)
             raise ValueError(f"{path}: {key} = {json.dumps(value, default=str)} is {toml_type}, expected "
                              f"{_KINDS[kind]} (e.g. {key} = {example})")  # (JSON spells these values as TOML does)

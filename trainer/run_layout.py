@@ -27,7 +27,7 @@ from collectors.resources import async_workers, largest_divisor_at_most, usable_
 from trainer.arguments import counted
 from trainer.common.devices import compile_unavailable, learner_device
 from trainer.common.spaces import check_env_id
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import ConfigError, TrainConfig, format_env_kwargs
 from trainer.registry import algorithm_spec
 
 VECTOR_ENVS = {"VREdge-v0": envs.VREdgeVectorEnv}  # natively batched: one vector env per process or actor
@@ -157,8 +157,9 @@ class RunLayout:
         if self.cuda_graphs:
             procs += (", acting step and " if self.acting_compile == "reduce-overhead" else ", ") + \
                 "PPO minibatch step captured as CUDA graphs (--cuda-graphs)"
-        return (f"layout: {self.env}, {counted(self.num_envs, 'env')} as {kind}; {self.backend}: {procs}; {where}; "
-                f"learner on {self.device}\n"
+        arguments = f" ({format_env_kwargs(self.env_kwargs)})" if self.env_kwargs else ""  # from flags or TOML
+        return (f"layout: {self.env}{arguments}, {counted(self.num_envs, 'env')} as {kind}; {self.backend}: {procs}; "
+                f"{where}; learner on {self.device}\n"
                 f"threads: {f'{self.worker_threads} per worker, ' if self.workers else ''}{here} "
                 f"{self.collect_threads} collecting, this process "
                 f"{self.learn_threads} learning (override: --num-workers, --envs-per-worker, --threads)")

@@ -130,8 +130,9 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         algorithm.attach(collector)
         stack.enter_context(torch_threads(layout.learn_threads))  # the collector uses its own count while collecting
         if saved is not None:
-            differs = algorithm.restore(saved)
-            notes += [f"resumed from {source} at iteration {algorithm.iteration}", *differs]
+            differs = algorithm.restore(saved)  # how the resumed run will differ: nothing, where none is to come
+            notes += [f"resumed from {source} at iteration {algorithm.iteration}",
+                      *(differs if algorithm.iteration < stop else [])]
         if algorithm.iteration >= stop:
             where = f"iteration {algorithm.iteration} of {iterations}" if algorithm.iteration <= iterations else \
                 f"iteration {algorithm.iteration}, past the {iterations} that --total-steps {cfg.total_steps:,} makes"
