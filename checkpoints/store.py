@@ -156,5 +156,9 @@ def _torch_load(path: Path, f: BinaryIO, map_location) -> Any:
         if isinstance(e, pickle.UnpicklingError):  # torch's text goes on to suggest an unsafe load: not here
             raise CheckpointError(f"{path}: cannot be read as a checkpoint (truncated or corrupted?): it does not "
                                   "load as a weights-only torch file; is it another kind of file?") from None
+        # torch's first sentence: its cause, if it gives one (miniz's goes on to ask for a bug report)
+        detail = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else ""
+        if len(detail) > 160:
+            detail = detail[:157] + "..."
         raise CheckpointError(f"{path}: cannot be read as a checkpoint (truncated or corrupted?): "
-                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+                              f"{type(e).__name__}{': ' + detail if detail else ''}") from None
