@@ -8,6 +8,7 @@ ends the run. Which algorithm runs is ``trainer.registry``'s business alone.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -16,8 +17,10 @@ if __name__ == "__main__":  # first of all: the window for an import traceback i
 
     def _stopped_while_starting(signum: int, frame) -> None:
         print(f"\n{signal.Signals(signum).name} while starting: nothing to save, nothing was written; run the "
-              "same command again", file=sys.stderr)
-        raise SystemExit(128 + signum)
+              "same command again", file=sys.stderr, flush=True)
+        # not SystemExit: raised where an import runs a finalizer (__del__), it would be printed and ignored, and
+        # the run would go on; until main() starts nothing is open that an exit must close
+        os._exit(128 + signum)
 
     # a stop signal while torch and the rest load: one line, not an import traceback (handlers restored below)
     _STARTING = {s: signal.signal(s, _stopped_while_starting) for s in handled_stop_signals()}
@@ -268,8 +271,9 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
                 print("start again:   the same command (the run directory holds no checkpoint)", file=sys.stderr)
         raise SystemExit(e.exit_status) from None
     except KeyboardInterrupt as e:  # before the first iteration: nothing to save
-        print(f"\n{e or 'interrupted'} before the first iteration: nothing to save, nothing was written; run the "
-              "same command again", file=sys.stderr)
+        # (the run directory may hold its config already: the same command takes it over, a resume has no checkpoint)
+        print(f"\n{e or 'interrupted'} before the first iteration: nothing to save; run the same command again",
+              file=sys.stderr)
         raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
     except ConfigError as e:  # a setting this machine cannot run: as the flags' errors, exit status 2
         build_parser().error(f"{cli.error_text(e)}{_stored_setting(e.key, cli)}")
