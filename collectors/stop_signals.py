@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 # ctypes and multiprocessing are imported where they are used: `python -m trainer.train` sets its stop-signal
 # handlers from this module before anything else loads, and each millisecond before that is one in which a
@@ -22,6 +23,30 @@ def handled_stop_signals() -> tuple[int, ...]:
     """The stop signals this process should handle: those not ignored when it started (``nohup`` ignores
     SIGHUP so that the run outlives its terminal; that choice is the user's and stays)."""
     return tuple(s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN)
+
+
+def exit_at_once_on_stop_signals(said: str) -> dict[int, Any]:
+    """Until the returned handlers are put back: a stop signal prints ``"\\nSIGINT while starting: {said}"`` and
+    ends the process at once, exit status 128 + the signal (``os._exit``). For a command's start-up, while it
+    imports torch and the rest: raised as an exception there, a signal may abort the process from inside torch's
+    C++ initialisation, break numpy's import, or be printed and ignored inside a finalizer while the command
+    goes on; until the command starts its work nothing is open that an exit must close."""
+    def stopped_while_starting(signum: int, frame: Any) -> None:
+        print(f"\n{signal.Signals(signum).name} while starting: {said}", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    return {s: signal.signal(s, stopped_while_starting) for s in handled_stop_signals()}
+
+
+@contextlib.contextmanager
+def exiting_at_once_on_stop_signals(said: str) -> Iterator[None]:
+    """:func:`exit_at_once_on_stop_signals` for a ``with`` block (the imports of a command that has started)."""
+    previous = exit_at_once_on_stop_signals(said)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager

@@ -286,7 +286,7 @@ def test_toml_keys_unknown_or_twice_are_one_line_errors(tmp_path):
     with pytest.raises(SystemExit):
         parse_args(["--config", str(toml)])
     for body, said in [('resume = "runs/x"\n', "resume: command-line flags only (--config FILE, --resume RUN, "
-                                               "--overwrite), not keys of a config file; drop them"),
+                                               "--overwrite), not keys of a config file; drop it"),
                        ("total-steps = 1e6\n", "total_steps = 1000000.0 is a float, expected an integer (e.g. "
                                                "total_steps = 1_000_000)")]:  # the example is the value, as TOML
         toml.write_text(body)                                                   # writes an integer
@@ -315,6 +315,16 @@ def test_an_env_kwargs_table_in_toml_is_the_env_kwargs_flag(tmp_path, capsys):
             parse_args(["--config", str(toml)])
         err = capsys.readouterr().err
         assert refused.value.code == 2 and f"error: {toml}: {said}" in err, err
+
+
+def test_a_resume_may_restate_the_runs_env_arguments_but_not_change_them():
+    from trainer.config import ConfigError, moved_env_files
+    assert moved_env_files("num_users=6", "num_users=6") == "num_users=6"
+    assert moved_env_files("", "num_users=8", {"num_users": 8}) == "num_users=8"  # VR-edge's default, restated
+    for stored, given, has in [("num_users=6", "num_users=5", "it has num_users=6"),
+                               ("", "num_users=5", "it has num_users at the env's default")]:
+        with pytest.raises(ConfigError, match=f"num_users would change the run \\({has}\\); drop it"):
+            moved_env_files(stored, given, {"num_users": 8})
 
 
 def test_batching_takes_the_trainer_spelling_and_the_old_one(tmp_path):
@@ -362,26 +372,61 @@ def test_ctrl_c_while_torch_loads_is_one_line(tmp_path, delay):
     assert len(said) == 1 and ("nothing to save" in said[0] or "stopped by SIGINT" in said[0]), err[-2000:]
 
 
-@pytest.mark.parametrize("delay", [0.3, 0.8])
-def test_ctrl_c_while_export_loads_torch_is_one_line(tmp_path, delay):
-    """``trainer.export`` stopped while torch and the exporter load: one line, exit status 130, no import
-    traceback, nothing written."""
+EXPORT_STOPPED = "nothing was written (the previous export, if any, is unchanged)"
+
+
+@pytest.mark.parametrize("command_line, delay, said", [
+    ("export", 0.3, EXPORT_STOPPED), pytest.param("export", 0.8, EXPORT_STOPPED, marks=pytest.mark.slow),
+    # raised inside torch's C++ initialisation, the signal aborted the process (SIGABRT, a pybind11 trace)
+    ("evaluate", 0.45, "nothing was evaluated; run the same command again"),
+])
+def test_ctrl_c_while_a_command_loads_torch_is_one_line(tmp_path, command_line, delay, said):
+    """``trainer.export`` or ``trainer.evaluate`` stopped while torch and the rest load: one line, exit status
+    130, no import traceback, nothing written."""
     import signal
     import time
 
     run_dir = tmp_path / "run"
     train_cli.main(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "16", "--total-steps", "32",
                     "--device", "cpu", "--run-dir", str(run_dir)])
-    process = subprocess.Popen([sys.executable, "-m", "trainer.export", "--checkpoint", str(run_dir), "--format",
-                                "torchscript"], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-m", f"trainer.{command_line}", "--checkpoint", str(run_dir)],
+                               cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(delay)
     process.send_signal(signal.SIGINT)
     err = process.communicate(timeout=120)[1]
     assert process.returncode == 130 and "Traceback" not in err, err[-2000:]
-    assert err.rstrip().splitlines()[-1] == ("stopped by SIGINT: nothing was written (the previous export, if any, "
-                                             "is unchanged)"), err[-2000:]
-    assert not (run_dir / "export").exists()
+    last = err.rstrip().splitlines()[-1]
+    assert last.startswith(("SIGINT while starting: ", "stopped by SIGINT: ")) and last.endswith(said), err[-2000:]
+    assert not (run_dir / "export").exists() and not (run_dir / "evaluation.json").exists()
+
+
+@pytest.mark.parametrize("command_line", ["export", pytest.param("evaluate", marks=pytest.mark.slow)])
+def test_stop_signals_once_a_command_wrote_its_files_leave_its_exit_status_0(tmp_path, command_line):
+    """Signals every 5 ms from the ``wrote ...`` line to the end: the files are there, so there is nothing to
+    stop and ``evaluate && export`` must go on (it said "nothing was written" and exited 130, or printed a
+    traceback)."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    train_cli.main(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "16", "--total-steps", "32",
+                    "--device", "cpu", "--run-dir", str(run_dir)])
+    extra = ["--format", "torchscript"] if command_line == "export" else ["--episodes", "2", "--reference", "none"]
+    process = subprocess.Popen([sys.executable, "-m", f"trainer.{command_line}", "--checkpoint", str(run_dir),
+                                *extra], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    for line in process.stdout:
+        if "wrote " in line:  # evaluate's and export's last lines name what they wrote
+            break
+    sent = 0
+    while process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGINT)
+            sent += 1
+        time.sleep(0.005)
+    rest = process.communicate(timeout=60)[0]
+    assert sent > 0 and process.returncode == 0, (sent, process.returncode, rest[-2000:])
+    assert "Traceback" not in rest and "Exception ignored" not in rest and "nothing was written" not in rest, rest
 
 
 def test_stop_signals_while_a_finished_run_exits_leave_its_exit_status_0(tmp_path):

@@ -17,8 +17,9 @@ import signal
 import sys
 from pathlib import Path
 
+from collectors.stop_signals import exiting_at_once_on_stop_signals
 from trainer.arguments import OneLineParser, counted, did_you_mean
-from trainer.interrupts import StopSignals
+from trainer.interrupts import StopSignals, ignore_late_signals
 
 REFERENCE = "clairvoyant"
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
@@ -27,16 +28,17 @@ SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the g
 def main(argv: list[str] | None = None) -> None:
     """``python -m trainer.evaluate``; Ctrl-C or SIGTERM at any moment is one line and exit status 128 + the
     signal."""
-    with StopSignals():
+    with StopSignals() as signals:
         try:
-            _evaluate(argv)
+            _evaluate(argv, signals)
+            ignore_late_signals()  # the results are written: `evaluate && export` goes on whatever arrives now
         except KeyboardInterrupt as e:
-            print(f"\n{e or 'interrupted'}: the evaluation did not finish (its results are written once every "
+            print(f"\n{str(e) or 'interrupted'}: the evaluation did not finish (its results are written once every "
                   "episode is played)", file=sys.stderr)
             raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
 
 
-def _evaluate(argv: list[str] | None) -> None:
+def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
     p = OneLineParser(prog="python -m trainer.evaluate", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True,
@@ -76,26 +78,27 @@ def _evaluate(argv: list[str] | None) -> None:
     if not Path(args.checkpoint).exists():  # before torch loads: a typo is answered at once, as a usage error
         p.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
     # imported once the command line is checked: --help and a typo answer before torch loads
-    import functools
+    with exiting_at_once_on_stop_signals("nothing was evaluated; run the same command again"):
+        import functools
 
-    import gymnasium as gym
+        import gymnasium as gym
 
-    import checkpoints
-    import envs
-    from envs.planner import ClairvoyantPlanner
-    from trainer.evaluation import (
-        gap_closed,
-        held_out_env_kwargs,
-        paired_difference,
-        policy_actions,
-        run_episodes,
-        summarize,
-        validation_seeds,
-    )
-    from trainer.evaluation.baselines import best_baseline
-    from trainer.evaluation.policies import checkpoint_label, picked_checkpoint, policy_from_state
-    from trainer.evaluation.report import check_writable, format_table, json_ready, plot, plus_minus
-    from trainer.registry import algorithm_spec
+        import checkpoints
+        import envs
+        from envs.planner import ClairvoyantPlanner
+        from trainer.evaluation import (
+            gap_closed,
+            held_out_env_kwargs,
+            paired_difference,
+            policy_actions,
+            run_episodes,
+            summarize,
+            validation_seeds,
+        )
+        from trainer.evaluation.baselines import best_baseline
+        from trainer.evaluation.policies import checkpoint_label, picked_checkpoint, policy_from_state
+        from trainer.evaluation.report import check_writable, format_table, json_ready, plot, plus_minus
+        from trainer.registry import algorithm_spec
 
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
     try:
@@ -164,14 +167,17 @@ def _evaluate(argv: list[str] | None) -> None:
               f"clairvoyant reference ({gap['gap']:+.3f} reward/step)", file=out)
     payload = json_ready(payload)
     replaced = _described(out_dir / "evaluation.json")
-    (out_dir / "evaluation.json").write_text(json.dumps(payload, indent=2, allow_nan=False))
-    if replaced:  # a quick look must not pass unnoticed over a long evaluation (export's card reads this file)
-        print(f"replaced the previous {out_dir / 'evaluation.json'} ({replaced}); --out DIR keeps both", file=out)
-    png = plot(results, run_dir, out_dir / "evaluation.png")
-    print(f"\nwrote {out_dir / 'evaluation.json'}" + (f" and {png}" if png else " (pip install matplotlib for a plot)"),
-          file=out)
-    if args.json:
-        print(json.dumps(payload, allow_nan=False))
+    with signals.critical():  # the results, whole: a signal waits for them, then has nothing left to stop
+        (out_dir / "evaluation.json").write_text(json.dumps(payload, indent=2, allow_nan=False))
+        if replaced:  # a quick look must not pass unnoticed over a long evaluation (export's card reads this file)
+            keep = "another --out DIR" if args.out else "--out DIR"
+            print(f"replaced the previous {out_dir / 'evaluation.json'} ({replaced}); {keep} keeps both", file=out)
+        png = plot(results, run_dir, out_dir / "evaluation.png")
+        print(f"\nwrote {out_dir / 'evaluation.json'}" +
+              (f" and {png}" if png else " (pip install matplotlib for a plot)"), file=out)
+        if args.json:
+            print(json.dumps(payload, allow_nan=False))
+        signals.finish()
 
 
 def _described(path: Path) -> str:

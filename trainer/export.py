@@ -21,8 +21,9 @@ import signal
 import sys
 from pathlib import Path
 
+from collectors.stop_signals import exiting_at_once_on_stop_signals
 from trainer.arguments import OneLineParser
-from trainer.interrupts import StopSignals
+from trainer.interrupts import StopSignals, ignore_late_signals
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,26 +45,23 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--seed={args.seed} is invalid: must be >= 0")
     if not Path(args.checkpoint).exists():
         p.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
-    try:
-        with StopSignals():  # Ctrl-C or SIGTERM, even while torch loads: one line, exit status 128 + the signal
-            _export(args)
-    except KeyboardInterrupt as e:
-        print(f"\n{e or 'interrupted'}: nothing was written (the previous export, if any, is unchanged)",
-              file=sys.stderr)
-        raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
-
-
-def _export(args: argparse.Namespace) -> None:
     # imported once the command line is checked: --help and a mistake answer before torch loads
-    import checkpoints
-    from trainer.ppo.export import ATOL, FILES, export
+    with exiting_at_once_on_stop_signals("nothing was written (the previous export, if any, is unchanged)"):
+        import checkpoints
+        from trainer.ppo.export import ATOL, FILES, export
 
     formats = list(FILES) if args.format == "both" else [args.format]
     try:
-        export(args.checkpoint, formats, args.out or None, args.seed, ATOL if args.atol is None else args.atol,
-               args.pick)
+        with StopSignals() as signals:  # Ctrl-C or SIGTERM: one line, exit status 128 + the signal
+            export(args.checkpoint, formats, args.out or None, args.seed, ATOL if args.atol is None else args.atol,
+                   args.pick, signals)
+            ignore_late_signals()  # the files are written: what arrives now has nothing to stop
     except (ValueError, checkpoints.CheckpointError) as e:
         raise SystemExit("error: " + " ".join(line.strip() for line in str(e).splitlines())) from None
+    except KeyboardInterrupt as e:
+        print(f"\n{str(e) or 'interrupted'}: nothing was written (the previous export, if any, is unchanged)",
+              file=sys.stderr)
+        raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
 
 
 if __name__ == "__main__":

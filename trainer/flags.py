@@ -137,7 +137,7 @@ def _toml_values(path: Path) -> dict[str, Any]:
     flags_only = [k for k in unknown if keys[k] in ("config", "resume", "overwrite")]
     if flags_only:  # flag names, but what they do is the command line's, not a run's setting
         raise ValueError(f"{path}: {', '.join(flags_only)}: command-line flags only (--config FILE, --resume RUN, "
-                         "--overwrite), not keys of a config file; drop them")
+                         f"--overwrite), not keys of a config file; drop {'it' if len(flags_only) == 1 else 'them'}")
     if unknown:
         hints = did_you_mean(unknown, [*types, *(k.replace("_", "-") for k in types)])
         raise ValueError(f"unknown keys in {path}: {', '.join(unknown)}{hints} (keys are the flag names, with "
@@ -266,13 +266,22 @@ def check_owners(algo: str, given: dict[str, Any]) -> None:
         raise ConfigError(ignored[0], given[ignored[0]], rule, message=f"{flags}: {rule}")
 
 
+def _env_defaults(env: str) -> dict[str, Any]:
+    """The env arguments' defaults where they are known (VR-edge's); ``{}`` for other envs."""
+    if env != "VREdge-v0":
+        return {}
+    from envs import VREdgeConfig
+    return VREdgeConfig().to_dict()
+
+
 def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) -> TrainConfig:
     """The checkpoint's config with the given flags applied; flags that would change the run are an error (a
     moved trace directory does not: ``--env-kwargs capacity_trace=NEW``)."""
     check_owners(given.get("algo", saved.get("algo", "ppo")), given)  # before a clash with a value it ignores
     may_change = set(RESUMABLE_CHANGES)
     if "env_kwargs" in given:  # only file paths may change (checked here): the files moved, the run is the same
-        given = {**given, "env_kwargs": moved_env_files(saved.get("env_kwargs", ""), given["env_kwargs"])}
+        given = {**given, "env_kwargs": moved_env_files(saved.get("env_kwargs", ""), given["env_kwargs"],
+                                                        _env_defaults(saved.get("env", "")))}
         may_change.add("env_kwargs")
     clash = {k: (saved.get(k), v) for k, v in given.items() if k not in may_change and saved.get(k) != v}
     if clash:  # a usage error, as a bad flag's

@@ -64,7 +64,8 @@ class StopSignals:
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+            if signum == signal.SIGALRM or signal.getsignal(signum) == self._handle:  # still ours (a command line
+                signal.signal(signum, handler)  # may have put ignore_late_signals' in its place: that stays)
         self._previous.clear()
 
     def _handle(self, signum: int, frame) -> None:
@@ -112,6 +113,10 @@ class StopSignals:
                 self._patient = False
             self._depth -= 1
         if not self._depth and self._pending is not None and not self.stopping:
+            if self.finished:  # the section finished the work: the signal that waited for it has nothing to stop
+                _after_the_run(self._pending, None)
+                self._pending = None
+                return
             self.stopping = True
             raise Interrupted(self._pending)
 

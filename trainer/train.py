@@ -8,22 +8,14 @@ ends the run. Which algorithm runs is ``trainer.registry``'s business alone.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
 if __name__ == "__main__":  # first of all: the window for an import traceback is Python's own start-up alone
-    from collectors.stop_signals import handled_stop_signals
-
-    def _stopped_while_starting(signum: int, frame) -> None:
-        print(f"\n{signal.Signals(signum).name} while starting: nothing to save, nothing was written; run the "
-              "same command again", file=sys.stderr, flush=True)
-        # not SystemExit: raised where an import runs a finalizer (__del__), it would be printed and ignored, and
-        # the run would go on; until main() starts nothing is open that an exit must close
-        os._exit(128 + signum)
+    from collectors.stop_signals import exit_at_once_on_stop_signals
 
     # a stop signal while torch and the rest load: one line, not an import traceback (handlers restored below)
-    _STARTING = {s: signal.signal(s, _stopped_while_starting) for s in handled_stop_signals()}
+    _STARTING = exit_at_once_on_stop_signals("nothing to save, nothing was written; run the same command again")
 
 from trainer.flags import RESUMABLE_CHANGES, CommandLine, build_parser, defaults_used, parse_args
 
@@ -116,8 +108,8 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
             notes += [f"set aside {p.name}: newer than the checkpoint resumed from" for p in moved]
             dropped = keep_metrics_until(run_dir / "metrics.jsonl", saved["iteration"])
             if dropped:
-                notes.append(f"metrics.jsonl: dropped {dropped} rows of iterations after {saved['iteration']} "
-                             "(they are run again)")
+                notes.append(f"metrics.jsonl: dropped {counted(dropped, 'row')} of iterations after "
+                             f"{saved['iteration']} (they are run again)")
         elif not resume:
             notes += claim_new_run_dir(run_dir, overwrite)
         cfg.run_dir = str(run_dir)

@@ -37,6 +37,7 @@ from trainer import __version__
 from trainer.evaluation.episodes import run_episodes
 from trainer.evaluation.policies import checkpoint_label, picked_checkpoint, policy_from_state
 from trainer.evaluation.report import check_writable
+from trainer.interrupts import StopSignals
 from trainer.ppo.model import ActorCritic
 from trainer.registry import algorithm_class
 
@@ -231,9 +232,11 @@ def _need_onnx() -> None:
 
 
 def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = None, seed: int = 0,
-           atol: float = ATOL, pick: str = "best") -> dict[str, Any]:
+           atol: float = ATOL, pick: str = "best", signals: StopSignals | None = None) -> dict[str, Any]:
     """Export, verify and describe the policy of ``checkpoint`` (a file, or a run directory: its ``pick``,
-    as ``trainer.evaluate`` picks); returns the card. Nothing lands in ``out`` unless every file passes."""
+    as ``trainer.evaluate`` picks); returns the card. Nothing lands in ``out`` unless every file passes.
+    ``signals`` (a command line's): a stop signal waits for the files to be moved into ``out``, all of them,
+    and then has nothing left to stop."""
     if "onnx" in formats:
         _need_onnx()
     source, state = picked_checkpoint(checkpoint, pick)
@@ -285,11 +288,14 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
             "versions": {"parallel-rollouts": __version__, "torch": torch.__version__},
         }
         (stage / CARD).write_text(json.dumps(card, indent=2, default=list))
-        for fmt in FILES:
-            if fmt not in formats:  # the card describes every policy file next to it
-                (out / FILES[fmt]).unlink(missing_ok=True)
-        for name in [FILES[f] for f in formats] + [CARD]:  # the card last: it exists only for verified files
-            os.replace(stage / name, out / name)
+        with signals.critical() if signals else contextlib.nullcontext():
+            for fmt in FILES:
+                if fmt not in formats:  # the card describes every policy file next to it
+                    (out / FILES[fmt]).unlink(missing_ok=True)
+            for name in [FILES[f] for f in formats] + [CARD]:  # the card last: it exists only for verified files
+                os.replace(stage / name, out / name)
+            if signals:
+                signals.finish()
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     print(f"wrote {', '.join(str(out / FILES[f]) for f in formats)} and {out / CARD}")
