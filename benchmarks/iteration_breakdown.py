@@ -19,18 +19,26 @@ import time
 from trainer.flags import build_parser, parse_args
 
 PROG = "python -m benchmarks.iteration_breakdown"
+# trainer flags about the run, its processes and Ray: this benchmark times one process's collect() and learn()
+# at 1 and 2 threads, and would silently ignore them
+RUN_FLAGS = ("algo", "backend", "total_steps", "run_dir", "num_workers", "num_splits", "threads", "tensorboard",
+             "ray_address", "envs_per_worker", "cpus_per_worker", "worker_timeout", "ray_async", "overlap",
+             "overlap_targets", "max_lag", "rho_bar", "c_bar", "checkpoint_every", "eval_every", "eval_episodes",
+             "keep_checkpoints")
 
 
 def main(argv: list[str] | None = None, iterations: int = 6) -> dict[int, tuple[float, float]]:
     """Median (collect, learn) seconds per thread count; ``argv``: ``trainer.train`` flags."""
     cli = parse_args(argv if argv is not None else sys.argv[1:], prog=PROG,
-                     description=__doc__.splitlines()[0] + " Takes trainer.train's flags (PPO, sync backend).")
-    refused = [flag for flag, given in (("--algo", cli.config.algo != "ppo"),
-                                        ("--backend", cli.config.backend != "sync"), ("--resume", bool(cli.resume)),
-                                        ("--overwrite", cli.overwrite)) if given]
+                     description=__doc__.splitlines()[0] + " Takes trainer.train's flags for PPO and the env; "
+                     "those about the run, its processes and Ray are refused.")
+    what_it_does = {("algo", "ppo"), ("backend", "sync")}  # these two may be said, if they say what it does
+    refused = ["--" + key.replace("_", "-") for key in RUN_FLAGS
+               if key in cli.given and (key, cli.given[key]) not in what_it_does]
+    refused += [flag for flag, given in (("--resume", bool(cli.resume)), ("--overwrite", cli.overwrite)) if given]
     if refused:  # taken by the parser (they are trainer flags), not by this benchmark: refused, not ignored
         build_parser(PROG).error(f"{', '.join(refused)}: this benchmark times PPO's learn() next to the sync "
-                                 "backend's collect() of a new run; drop it")
+                                 f"backend's collect() in one process; drop {'it' if len(refused) == 1 else 'them'}")
     # imported once the command line is checked: --help and a mistake answer before torch loads
     import torch
 

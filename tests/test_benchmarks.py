@@ -157,7 +157,8 @@ def test_iteration_breakdown_names_itself_in_its_help_and_errors(capsys):
     would not honour is refused, and what only the env can tell is a usage error too, not a traceback."""
     from benchmarks import iteration_breakdown
     for argv, status in ((["--help"], 0), (["--num-envz", "3"], 2), (["--algo", "apex"], 2),
-                         (["--backend", "async"], 2), (["--env", "CartPol-v1"], 2),
+                         (["--backend", "async"], 2), (["--overlap", "true"], 2), (["--run-dir", "/tmp/x"], 2),
+                         (["--env", "CartPol-v1"], 2),
                          (["--env", "CartPole-v1", "--env-kwargs", "num_users=6"], 2)):
         with pytest.raises(SystemExit) as stopped:
             iteration_breakdown.main(argv)
