@@ -400,23 +400,14 @@ def test_ctrl_c_while_a_command_loads_torch_is_one_line(tmp_path, command_line, 
     assert not (run_dir / "export").exists() and not (run_dir / "evaluation.json").exists()
 
 
-@pytest.mark.parametrize("command_line", ["export", pytest.param("evaluate", marks=pytest.mark.slow)])
-def test_stop_signals_once_a_command_wrote_its_files_leave_its_exit_status_0(tmp_path, command_line):
-    """Signals every 5 ms from the ``wrote ...`` line to the end: the files are there, so there is nothing to
-    stop and ``evaluate && export`` must go on (it said "nothing was written" and exited 130, or printed a
-    traceback)."""
+def _signals_after(process: subprocess.Popen, line_start: str) -> int:
+    """Read ``process``'s output up to the line that begins with ``line_start``, then send it SIGINT every 5 ms
+    until it exits; return how many were sent."""
     import signal
     import time
 
-    run_dir = tmp_path / "run"
-    train_cli.main(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "16", "--total-steps", "32",
-                    "--device", "cpu", "--run-dir", str(run_dir)])
-    extra = ["--format", "torchscript"] if command_line == "export" else ["--episodes", "2", "--reference", "none"]
-    process = subprocess.Popen([sys.executable, "-m", f"trainer.{command_line}", "--checkpoint", str(run_dir),
-                                *extra], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
     for line in process.stdout:
-        if "wrote " in line:  # evaluate's and export's last lines name what they wrote
+        if line.lstrip().startswith(line_start):
             break
     sent = 0
     while process.poll() is None:
@@ -424,6 +415,22 @@ def test_stop_signals_once_a_command_wrote_its_files_leave_its_exit_status_0(tmp
             process.send_signal(signal.SIGINT)
             sent += 1
         time.sleep(0.005)
+    return sent
+
+
+@pytest.mark.parametrize("command_line", ["export", pytest.param("evaluate", marks=pytest.mark.slow)])
+def test_stop_signals_once_a_command_wrote_its_files_leave_its_exit_status_0(tmp_path, command_line):
+    """Signals every 5 ms from the ``wrote ...`` line to the end: the files are there, so there is nothing to
+    stop and ``evaluate && export`` must go on (it said "nothing was written" and exited 130, or printed a
+    traceback)."""
+    run_dir = tmp_path / "run"
+    train_cli.main(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "16", "--total-steps", "32",
+                    "--device", "cpu", "--run-dir", str(run_dir)])
+    extra = ["--format", "torchscript"] if command_line == "export" else ["--episodes", "2", "--reference", "none"]
+    process = subprocess.Popen([sys.executable, "-m", f"trainer.{command_line}", "--checkpoint", str(run_dir),
+                                *extra], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    sent = _signals_after(process, "wrote ")  # evaluate's and export's last lines name what they wrote
     rest = process.communicate(timeout=60)[0]
     assert sent > 0 and process.returncode == 0, (sent, process.returncode, rest[-2000:])
     assert "Traceback" not in rest and "Exception ignored" not in rest and "nothing was written" not in rest, rest
@@ -433,22 +440,11 @@ def test_stop_signals_while_a_finished_run_exits_leave_its_exit_status_0(tmp_pat
     """A scheduler's SIGTERM or a late Ctrl-C after the run finished has nothing to stop, even during the
     interpreter's exit, when Python has put the default handlers back: signals every 5 ms from the last printed
     line to the end must not turn a finished run into a failure (exit status 130) for ``train && evaluate``."""
-    import signal
-    import time
-
     process = subprocess.Popen([sys.executable, "-m", "trainer.train", "--env", "CartPole-v1", "--num-envs", "2",
                                 "--num-steps", "16", "--total-steps", "64", "--device", "cpu", "--run-dir",
                                 str(tmp_path / "run")], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    for line in process.stdout:
-        if line.startswith("train longer:"):  # the last line a finished run prints
-            break
-    sent = 0
-    while process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGINT)
-            sent += 1
-        time.sleep(0.005)
+    sent = _signals_after(process, "train longer:")  # the last line a finished run prints
     err = process.communicate(timeout=60)[1]
     assert sent > 0 and process.returncode == 0 and "Traceback" not in err, (sent, process.returncode, err[-2000:])
 
