@@ -181,7 +181,7 @@ class TrainConfig:
         if self.env == "VREdge-v0":  # a typo would otherwise surface as a TypeError from deep inside gym.make
             from envs import VREdgeConfig
             from envs.traces import TraceNotFoundError
-            known = VREdgeConfig().to_dict()
+            known = env_argument_defaults(self.env)
             unknown = sorted(set(options) - set(known))
             need(not unknown, "env_kwargs", f"VR-edge has no argument {', '.join(unknown)}"
                  f"{did_you_mean(unknown, known)}; its arguments are {', '.join(known)}")
@@ -322,6 +322,17 @@ def format_env_kwargs(options: dict[str, Any]) -> str:
     return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
 
 
+def env_argument_defaults(env: str) -> dict[str, Any]:
+    """The env's constructor arguments and their defaults, where they are known (VR-edge's); ``{}`` for others."""
+    if env != "VREdge-v0":
+        return {}
+    from envs import VREdgeConfig
+    return VREdgeConfig().to_dict()
+
+
+_UNSET = object()  # an argument neither the run nor the env's defaults set
+
+
 def moved_env_files(stored: str, given: str, defaults: dict[str, Any] | None = None) -> str:
     """The stored ``env_kwargs`` with the file arguments of ``given`` (``PATH_ENV_KWARGS``, made absolute) put
     in: a run's trace files moved. ``ConfigError`` if ``given`` sets anything else to another value than the
@@ -340,9 +351,6 @@ def moved_env_files(stored: str, given: str, defaults: dict[str, Any] | None = N
             f"moved); {', '.join(changed)} would change the run (it has {has}); drop "
             f"{'it' if len(changed) == 1 else 'them'}"))
     return TrainConfig(env_kwargs=format_env_kwargs({**old, **new})).with_absolute_paths().env_kwargs
-
-
-_UNSET = object()  # an argument neither the run nor the env's defaults set
 
 
 def _scalar(text: str) -> Any:

@@ -23,7 +23,14 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from trainer.arguments import OneLineParser, did_you_mean
-from trainer.config import PATH_ENV_KWARGS, ConfigError, TrainConfig, format_env_kwargs, moved_env_files
+from trainer.config import (
+    PATH_ENV_KWARGS,
+    ConfigError,
+    TrainConfig,
+    env_argument_defaults,
+    format_env_kwargs,
+    moved_env_files,
+)
 from trainer.registry import (
     ALGORITHMS,
     algorithm_defaults,
@@ -266,14 +273,6 @@ def check_owners(algo: str, given: dict[str, Any]) -> None:
         raise ConfigError(ignored[0], given[ignored[0]], rule, message=f"{flags}: {rule}")
 
 
-def _env_defaults(env: str) -> dict[str, Any]:
-    """The env arguments' defaults where they are known (VR-edge's); ``{}`` for other envs."""
-    if env != "VREdge-v0":
-        return {}
-    from envs import VREdgeConfig
-    return VREdgeConfig().to_dict()
-
-
 def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) -> TrainConfig:
     """The checkpoint's config with the given flags applied; flags that would change the run are an error (a
     moved trace directory does not: ``--env-kwargs capacity_trace=NEW``)."""
@@ -281,7 +280,7 @@ def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) ->
     may_change = set(RESUMABLE_CHANGES)
     if "env_kwargs" in given:  # only file paths may change (checked here): the files moved, the run is the same
         given = {**given, "env_kwargs": moved_env_files(saved.get("env_kwargs", ""), given["env_kwargs"],
-                                                        _env_defaults(saved.get("env", "")))}
+                                                        env_argument_defaults(saved.get("env", "")))}
         may_change.add("env_kwargs")
     clash = {k: (saved.get(k), v) for k, v in given.items() if k not in may_change and saved.get(k) != v}
     if clash:  # a usage error, as a bad flag's

@@ -237,6 +237,7 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     as ``trainer.evaluate`` picks); returns the card. Nothing lands in ``out`` unless every file passes.
     ``signals`` (a command line's): a stop signal waits for the files to be moved into ``out``, all of them,
     and then has nothing left to stop."""
+    signals = signals or StopSignals()  # (not entered: its sections hold nothing back, for a library caller)
     if "onnx" in formats:
         _need_onnx()
     source, state = picked_checkpoint(checkpoint, pick)
@@ -288,14 +289,13 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
             "versions": {"parallel-rollouts": __version__, "torch": torch.__version__},
         }
         (stage / CARD).write_text(json.dumps(card, indent=2, default=list))
-        with signals.critical() if signals else contextlib.nullcontext():
+        with signals.critical():
             for fmt in FILES:
                 if fmt not in formats:  # the card describes every policy file next to it
                     (out / FILES[fmt]).unlink(missing_ok=True)
             for name in [FILES[f] for f in formats] + [CARD]:  # the card last: it exists only for verified files
                 os.replace(stage / name, out / name)
-            if signals:
-                signals.finish()
+            signals.finish()
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     print(f"wrote {', '.join(str(out / FILES[f]) for f in formats)} and {out / CARD}")
