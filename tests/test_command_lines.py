@@ -402,20 +402,27 @@ def test_ctrl_c_while_a_command_loads_torch_is_one_line(tmp_path, command_line, 
 
 def _signals_after(process: subprocess.Popen, line_start: str) -> int:
     """Read ``process``'s output up to the line that begins with ``line_start``, then send it SIGINT every 5 ms
-    until it exits; return how many were sent."""
+    until it exits; return how many were sent. A process that hangs is killed after 120 s (the test then fails
+    on its exit status)."""
     import signal
+    import threading
     import time
 
-    for line in process.stdout:
-        if line.lstrip().startswith(line_start):
-            break
-    sent = 0
-    while process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGINT)
-            sent += 1
-        time.sleep(0.005)
-    return sent
+    watchdog = threading.Timer(120, process.kill)
+    watchdog.start()
+    try:
+        for line in process.stdout:
+            if line.lstrip().startswith(line_start):
+                break
+        sent = 0
+        while process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGINT)
+                sent += 1
+            time.sleep(0.005)
+        return sent
+    finally:
+        watchdog.cancel()
 
 
 @pytest.mark.parametrize("command_line", ["export", pytest.param("evaluate", marks=pytest.mark.slow)])
