@@ -154,8 +154,10 @@ def vr_edge(seconds: float, episodes: int, seed: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.apex", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="what", required=True)
+    # no dest: a missing benchmark is named by its choices ("required: {cartpole,...}"), not by a variable
+    sub = p.add_subparsers(required=True)
     c = sub.add_parser("cartpole")
+    c.set_defaults(what="cartpole")
     c.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     c.add_argument("--episodes", type=int, default=20)
     c.add_argument("--backend", default="async", choices=("sync", "async"))
@@ -163,10 +165,12 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--deterministic-algorithms", action="store_true",
                    help="train with torch.use_deterministic_algorithms(True)")
     i = sub.add_parser("ingestion")
+    i.set_defaults(what="ingestion")
     i.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4])
     i.add_argument("--steps", type=int, default=100_000)
     i.add_argument("--replay-ratio", type=float, default=1.0)
     v = sub.add_parser("vr-edge")
+    v.set_defaults(what="vr-edge")
     v.add_argument("--seconds", type=float, default=300)
     v.add_argument("--episodes", type=int, default=50)
     v.add_argument("--seed", type=int, default=1)

@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None, iterations: int = 6) -> dict[int, tuple[
     """Median (collect, learn) seconds per thread count; ``argv``: ``trainer.train`` flags."""
     cli = parse_args(argv if argv is not None else sys.argv[1:], prog=PROG,
                      description=__doc__.splitlines()[0] + " Takes trainer.train's flags for PPO and the env; "
-                     "those about the run, its processes and Ray are refused.")
+                     "those about the run, its processes and Ray are refused.",
+                     hidden=(*RUN_FLAGS, "resume", "overwrite"))
     what_it_does = {("algo", "ppo"), ("backend", "sync")}  # these two may be said, if they say what it does
     refused = ["--" + key.replace("_", "-") for key in RUN_FLAGS
                if key in cli.given and (key, cli.given[key]) not in what_it_does]

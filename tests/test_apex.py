@@ -444,11 +444,13 @@ def test_ray_apex_run_trains_checkpoints_and_resumes(local_ray, tmp_path):
     assert state["counters"]["learner_steps"] > 0 and "target_model" in state
 
 
-def test_export_refuses_a_q_network_clearly(tmp_path):
+def test_export_refuses_a_q_network_clearly(tmp_path, capsys):
     from trainer import export
     run(SMALL_VR + ["--run-dir", str(tmp_path)], max_iterations=1)
+    capsys.readouterr()
     with pytest.raises(SystemExit, match="Ape-X Q-network"):
         export.main(["--checkpoint", str(tmp_path), "--format", "torchscript"])
+    assert "exporting" not in capsys.readouterr().err  # refused before it says it is exporting
 
 
 def test_n_step_longer_than_a_rollout_waits_for_enough_steps(tmp_path):

@@ -166,3 +166,20 @@ def test_iteration_breakdown_names_itself_in_its_help_and_errors(capsys):
         assert stopped.value.code == status
         assert "python -m benchmarks.iteration_breakdown" in printed.out + printed.err
         assert "trainer.train [" not in printed.out and "trainer.train:" not in printed.err, printed
+
+
+def test_iteration_breakdown_help_lists_only_the_flags_it_takes(capsys):
+    from benchmarks import iteration_breakdown
+    with pytest.raises(SystemExit):
+        iteration_breakdown.main(["--help"])
+    listed = set(re.findall(r"^  (--[a-z-]+)", capsys.readouterr().out, re.MULTILINE))
+    refused = {"--" + key.replace("_", "-") for key in iteration_breakdown.RUN_FLAGS} | {"--resume", "--overwrite"}
+    assert {"--num-envs", "--num-steps", "--lr", "--env", "--env-kwargs"} <= listed and not listed & refused, listed
+
+
+def test_the_apex_benchmark_without_one_names_the_choices(capsys):
+    from benchmarks import apex
+    with pytest.raises(SystemExit) as stopped:
+        apex.main([])
+    assert stopped.value.code == 2
+    assert "required: {cartpole,ingestion,vr-edge}" in capsys.readouterr().err

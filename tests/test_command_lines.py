@@ -274,6 +274,19 @@ def test_typos_get_a_did_you_mean_before_torch_loads(tmp_path, args, words):
     assert not imported & {"torch", "tensordict", "ray"}
 
 
+@pytest.mark.parametrize("module", ["trainer.evaluate", "trainer.export"])
+@pytest.mark.parametrize("out, which", [("a_file", "it"), ("a_file/sub", "a_file")])
+def test_an_output_directory_that_is_a_file_is_a_usage_error_before_torch_loads(tmp_path, module, out, which):
+    (tmp_path / "a_file").write_text("")
+    done = command(["-X", "importtime", "-m", module, "--checkpoint", ".", "--out", out], tmp_path)
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert done.returncode == 2 and errors == [f"python -m {module}: error: --out {out}: {which} is a file, not a "
+                                               f"directory; pass --out DIR with DIR a directory (made if missing) "
+                                               "(see --help)"], done.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert not imported & {"torch", "tensordict", "ray"}
+
+
 
 
 def test_toml_keys_unknown_or_twice_are_one_line_errors(tmp_path):

@@ -226,11 +226,16 @@ def test_an_env_not_registered_in_this_process(tmp_path, cartpole):
         one_line_error(["--checkpoint", str(path)])
 
 
-def test_an_unwritable_output_directory_is_refused_before_exporting(tmp_path, cartpole):
-    blocker = tmp_path / "file"
+def test_an_unwritable_output_directory_is_refused_before_exporting(tmp_path, cartpole, monkeypatch):
+    monkeypatch.setattr(export_cli.ExportedPolicy, "forward", lambda *a: pytest.fail("exported before checking"))
+    blocker = tmp_path / "file"  # (on the command line, a usage error: test_command_lines)
     blocker.write_text("")
-    message = one_line_error(["--checkpoint", str(cartpole), "--out", str(blocker / "export")])
-    assert "cannot write the exported policy" in message
+    with pytest.raises(ValueError) as info:
+        export_cli.export(cartpole, ["torchscript"], blocker / "export")
+    assert str(info.value) == (f"cannot write the exported policy to {blocker / 'export'}: Not a directory; pass "
+                               "--out DIR")
+    with pytest.raises(ValueError, match="it is a file, not a directory"):
+        export_cli.export(cartpole, ["torchscript"], blocker)
 
 
 def test_onnx_without_the_export_extra(cartpole, monkeypatch):

@@ -1,5 +1,6 @@
 """Around a run directory: flags as typed, TOML types, one run per directory, locks, corruption, full disks."""
 
+import errno
 import importlib.util
 import json
 import os
@@ -7,12 +8,14 @@ import shlex
 import shutil
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
 
 import checkpoints
 import trainer.evaluation
+import trainer.evaluation.report
 from checkpoints import CheckpointError, RunDirLock, RunDirLockedError
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_module
@@ -347,7 +350,6 @@ def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous_one(two_iterat
 
 
 def test_disk_full_is_a_one_line_error_and_the_previous_checkpoint_stays(tmp_path, monkeypatch):
-    import errno
     real, calls = os.fsync, []
 
     def full(fd):
@@ -402,15 +404,12 @@ def test_version_2_checkpoints_are_refused_with_a_clear_message(tmp_path):
 
 def test_evaluate_checks_that_it_can_write_before_it_computes(two_iterations, tmp_path, monkeypatch):
     monkeypatch.setattr(trainer.evaluation, "run_episodes", lambda *a, **k: pytest.fail("computed before checking"))
-    blocked = tmp_path / "a_file"
-    blocked.write_text("")
-    with pytest.raises(SystemExit) as info:
-        evaluate_cli.main(["--checkpoint", str(two_iterations), "--out", str(blocked / "sub")])
-    assert "cannot write the evaluation outputs" in str(info.value) and "\n" not in str(info.value)
-    with pytest.raises(SystemExit) as info:  # --out the file itself: said so (mkdir's "File exists" was all)
-        evaluate_cli.main(["--checkpoint", str(two_iterations), "--out", str(blocked)])
-    assert str(info.value) == (f"error: cannot write the evaluation outputs to {blocked}: it is a file, not a "
-                               "directory; pass --out DIR with DIR a directory (made if missing)")
+    denied = OSError(errno.EACCES, os.strerror(errno.EACCES))  # (chmod would not stop root)
+    monkeypatch.setattr(trainer.evaluation.report.tempfile, "NamedTemporaryFile", mock.Mock(side_effect=denied))
+    with pytest.raises(SystemExit) as info:  # (a file in the way is a usage error: test_command_lines)
+        evaluate_cli.main(["--checkpoint", str(two_iterations), "--out", str(tmp_path / "out")])
+    assert str(info.value) == (f"error: cannot write the evaluation outputs to {tmp_path / 'out'}: Permission "
+                               "denied; pass --out DIR")
 
 
 # ---------------------------------------------------------------------------- resume on another device

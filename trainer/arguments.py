@@ -11,6 +11,7 @@ import difflib
 import re
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 
 def did_you_mean(words: str | list[str], choices: Iterable[str]) -> str:
@@ -62,6 +63,19 @@ def counted(n: int, noun: str, plural: str = "") -> str:
 def spelled(value: object) -> str:
     """``value`` as a command line or a TOML file writes it: ``true``/``false`` for booleans, else its ``repr``."""
     return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def not_a_directory(flag: str, value: str) -> str:
+    """What is wrong with ``value`` as ``flag``'s output directory when a file stands in its way (it, or the
+    nearest of its parents that exists, is a file), for ``parser.error``; ``""`` otherwise. Checked before torch
+    loads, so the mistake is a usage error at once; whether the directory is writable is checked where it is made.
+    """
+    path = Path(value)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None or existing.is_dir():
+        return ""
+    which = "it" if existing == path else str(existing)
+    return f"{flag} {value}: {which} is a file, not a directory; pass {flag} DIR with DIR a directory (made if missing)"
 
 
 class OneLineParser(argparse.ArgumentParser):

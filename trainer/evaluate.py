@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from collectors.stop_signals import exiting_at_once_on_stop_signals
-from trainer.arguments import OneLineParser, counted, did_you_mean
+from trainer.arguments import OneLineParser, counted, did_you_mean, not_a_directory
 from trainer.interrupts import StopSignals, ignore_late_signals
 
 REFERENCE = "clairvoyant"
@@ -77,6 +77,8 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
     asked_baselines = _asked_baselines(p, args.baselines)
     if not Path(args.checkpoint).exists():  # before torch loads: a typo is answered at once, as a usage error
         p.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
+    if args.out and (problem := not_a_directory("--out", args.out)):
+        p.error(problem)
     # imported once the command line is checked: --help and a typo answer before torch loads
     with exiting_at_once_on_stop_signals("nothing was evaluated; run the same command again"):
         import functools

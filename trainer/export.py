@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from collectors.stop_signals import exiting_at_once_on_stop_signals
-from trainer.arguments import OneLineParser
+from trainer.arguments import OneLineParser, not_a_directory
 from trainer.interrupts import StopSignals, ignore_late_signals
 
 
@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--seed={args.seed} is invalid: must be >= 0")
     if not Path(args.checkpoint).exists():
         p.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
+    if args.out and (problem := not_a_directory("--out", args.out)):
+        p.error(problem)
     # imported once the command line is checked: --help and a mistake answer before torch loads
     with exiting_at_once_on_stop_signals("nothing was written (the previous export, if any, is unchanged)"):
         import checkpoints

@@ -113,22 +113,29 @@ def defaults_used(cfg: TrainConfig, given: dict[str, Any]) -> str:
 TRAIN_PROG = "python -m trainer.train"
 
 
-def build_parser(prog: str = TRAIN_PROG, description: str = "") -> argparse.ArgumentParser:
+def build_parser(prog: str = TRAIN_PROG, description: str = "",
+                 hidden: Collection[str] = ()) -> argparse.ArgumentParser:
     """Every config field as a flag. Defaults are left out of the namespace (``SUPPRESS``), so
-    that what it holds is exactly what the user typed, whatever the value. ``prog`` and ``description``: for
-    another command that takes the trainer's flags (a benchmark)."""
+    that what it holds is exactly what the user typed, whatever the value. ``prog``, ``description`` and
+    ``hidden`` (fields, or ``resume``/``overwrite``, parsed but left out of ``--help``): for another command that
+    takes the trainer's flags (a benchmark), and refuses some."""
+    def shown(name: str, text: str) -> str:
+        return argparse.SUPPRESS if name in hidden else text
+
     p = OneLineParser(prog=prog, description=description or (
         f"Train a policy: --algo {' or '.join(ALGORITHMS)} (default {TrainConfig.algo}). Where a default depends on "
         "the algorithm and the env, its help says so; a new run prints the values it uses."))
     for f in fields(TrainConfig):
         kind = _field_type(f)
         p.add_argument(f"--{f.name.replace('_', '-')}", type=_bool if kind is bool else kind,
-                       default=argparse.SUPPRESS, help=f"{_help(f.name)} {_default_help(f.name, f.default)}")
+                       default=argparse.SUPPRESS,
+                       help=shown(f.name, f"{_help(f.name)} {_default_help(f.name, f.default)}"))
     p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
-                   help="continue a run from its newest loadable checkpoint (or from this checkpoint file); "
-                        "writes into that run directory")
+                   help=shown("resume", "continue a run from its newest loadable checkpoint (or from this checkpoint "
+                                        "file); writes into that run directory"))
     p.add_argument("--overwrite", action="store_true",
-                   help="start a new run in a --run-dir that holds another run, deleting its checkpoints and metrics")
+                   help=shown("overwrite", "start a new run in a --run-dir that holds another run, deleting its "
+                                           "checkpoints and metrics"))
     return p
 
 
@@ -207,14 +214,15 @@ def _file_only(from_file: dict[str, Any], flags: dict[str, Any]) -> frozenset[st
     return frozenset(from_file) - set(flags)
 
 
-def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, description: str = "") -> CommandLine:
+def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, description: str = "",
+               hidden: Collection[str] = ()) -> CommandLine:
     """Parse flags over TOML file over defaults; checked (:func:`check_config`). Bad input exits with a
-    one-line error (``prog``, ``description``: :func:`build_parser`'s).
+    one-line error (``prog``, ``description``, ``hidden``: :func:`build_parser`'s).
 
     >>> parse_args(["--algo", "apex", "--env", "CartPole-v1", "--n-step", "5"]).config.n_step
     5
     """
-    parser = build_parser(prog, description)
+    parser = build_parser(prog, description, hidden)
     args = vars(parser.parse_args(argv))
     resume, overwrite = args.pop("resume"), args.pop("overwrite")
     if resume is not None and not resume.strip():  # `--resume "$RUN"` with RUN unset must not start a new run

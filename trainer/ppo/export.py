@@ -241,12 +241,12 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     if "onnx" in formats:
         _need_onnx()
     source, state = picked_checkpoint(checkpoint, pick)
-    print(f"exporting {checkpoint_label(checkpoint, source, pick)}: {source}", file=sys.stderr)
     model, cfg = policy_from_state(state, source)
     if not isinstance(model, ActorCritic):
         raise ValueError(f"{source} is {algorithm_class(cfg.algo).model_name} (--algo {cfg.algo}); trainer.export "
                          "ships PPO policies (probabilities and values); evaluate it with trainer.evaluate")
     policy = ExportedPolicy(model)  # before any file is written: a Box policy fails here
+    print(f"exporting {checkpoint_label(checkpoint, source, pick)}: {source}", file=sys.stderr)
     run_dir = checkpoints.run_dir_of(source)
     out = Path(out) if out else run_dir / "export"
     check_writable(out, "the exported policy")
