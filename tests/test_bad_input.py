@@ -10,9 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
 import checkpoints
+from tests.factories import FaultyCartPole
 from trainer import train as train_module
 from trainer.flags import parse_args
 from trainer.metrics import MetricsLog, MetricsWriteError
@@ -119,6 +121,39 @@ def test_bad_flags_are_refused_at_once(tmp_path, argv, words):
                                   pytest.param(["trainer.export", "--format", "torchscript", "--checkpoint"],
                                                marks=SLOW),
                                   pytest.param(["trainer.train", "--resume"], marks=SLOW)])
+class PickyEnv(FaultyCartPole):
+    """A constructor that names its arguments and refuses a value of one (a TypeError of its own)."""
+
+    def __init__(self, fail_at: int = 5, *, level: int = 1) -> None:
+        if not isinstance(level, int):
+            raise TypeError(f"level must be an int, not {type(level).__name__}")
+        super().__init__(fail_at)
+
+
+class AnyArgumentEnv(FaultyCartPole):
+    def __init__(self, **options) -> None:  # it cannot say which names it takes
+        if options:
+            raise TypeError(f"unexpected options {sorted(options)}")
+        super().__init__()
+
+
+@pytest.mark.parametrize("entry_point, env_kwargs, said", [
+    (PickyEnv, "levl=2", "Picky-v0 has no argument levl (did you mean level?); its arguments are fail_at, level "
+                         "(drop it)"),
+    (PickyEnv, "level=2.5", "Picky-v0 refused them (level must be an int, not float); pass only its constructor's "
+                            "arguments, with values it takes"),
+    (AnyArgumentEnv, "x=1", "Picky-v0 refused them (unexpected options ['x']); pass only its constructor's "
+                            "arguments, with values it takes"),
+])
+def test_env_arguments_the_constructor_does_not_take_are_named(monkeypatch, entry_point, env_kwargs, said):
+    from trainer.common.spaces import model_spaces
+    from trainer.config import ConfigError, TrainConfig
+    monkeypatch.setitem(gym.registry, "Picky-v0", gym.envs.registration.EnvSpec("Picky-v0", entry_point))
+    with pytest.raises(ConfigError) as info:
+        model_spaces(TrainConfig(env="Picky-v0", env_kwargs=env_kwargs))
+    assert str(info.value) == f"--env-kwargs={env_kwargs!r} is invalid: {said}"
+
+
 def test_a_stored_network_size_that_does_not_fit_the_weights_allocates_nothing(vr_run, tmp_path, args):
     copy = stored(vr_run, tmp_path / "run", hidden="60000,60000")  # 14.4 GB for its middle layer
     line = command(["-m", *args, str(copy)], 1, tmp_path)

@@ -95,7 +95,8 @@ def test_toml_values_are_type_checked_before_anything_is_written(tmp_path, capsy
     # found once the run's layout or its first env is built: usage errors all the same
     (["--env", "CartPol-v1"], "unknown env id 'CartPol-v1' (did you mean CartPole-v1?)"),
     (["--algo", "apex", "--env", "Pendulum-v1"], "--algo apex needs a Discrete or a 1-D MultiDiscrete"),
-    (["--env", "CartPole-v1", "--env-kwargs", "num_users=3"], "is invalid: CartPole-v1 does not take them"),
+    (["--env", "CartPole-v1", "--env-kwargs", "num_users=3"], "is invalid: CartPole-v1 has no argument num_users; "
+     "its arguments are sutton_barto_reward, render_mode (drop it)"),
     (["--env", "CartPole-v1", "--batch-size", "100000"], "is larger than the rollout (8 envs x 128 steps"),
     (["--env", "CartPole-v1", "--backend", "async", "--num-workers", "99"], "--num-workers=99 is more than"),
 ])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import NamedTuple
 
 import gymnasium as gym
@@ -54,6 +55,38 @@ def action_heads(space: gym.Space) -> ActionHeads | None:
     return None
 
 
+def constructor_arguments(env: str) -> list[str] | None:
+    """The arguments the constructor of ``env`` (an id or ``module:id``) names, which ``gym.make(env, **kwargs)``
+    passes on; ``None`` where it takes ``**kwargs`` (any name may be valid) or its signature cannot be read.
+
+    >>> constructor_arguments("CartPole-v1")
+    ['sutton_barto_reward', 'render_mode']
+    """
+    spec = gym.spec(env.rpartition(":")[2])
+    try:
+        creator = spec.entry_point if callable(spec.entry_point) else \
+            gym.envs.registration.load_env_creator(spec.entry_point)
+        parameters = inspect.signature(creator).parameters.values()
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _refused_arguments(env: str, given: dict, error: TypeError) -> str:
+    """Why ``gym.make(env, **given)`` raised ``error``: the arguments the constructor does not name, with the
+    ones it does; gymnasium's own text where the signature cannot tell."""
+    known = constructor_arguments(env)
+    unknown = sorted(set(given) - set(known)) if known is not None else []
+    if not unknown:  # a named argument with a value the constructor refused, or a constructor taking **kwargs
+        raised = error.__context__ if isinstance(error.__context__, TypeError) else error  # (gym.make rewraps it)
+        return f"{env} refused them ({raised}); pass only its constructor's arguments, with values it takes"
+    takes = f"its arguments are {', '.join(known)}" if known else "it takes none"
+    return (f"{env} has no argument {', '.join(unknown)}{did_you_mean(unknown, known)}; {takes} (drop "
+            f"{'it' if len(unknown) == 1 else 'them'})")
+
+
 def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int] | None]:
     """``(observation space, action space, per-head observation split or None)`` of ``cfg.env`` as
     ``--policy-arch`` asks: the env's ``head_observation_layout`` ``(features per head, shared features)``
@@ -65,8 +98,7 @@ def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int
         if not cfg.env_options:
             raise
         # the first env this run builds: --env-kwargs the env's constructor does not take
-        raise ConfigError("env_kwargs", cfg.env_kwargs, f"{cfg.env} does not take them ({e}); drop them, or pass "
-                          "only its constructor's arguments") from None
+        raise ConfigError("env_kwargs", cfg.env_kwargs, _refused_arguments(cfg.env, cfg.env_options, e)) from None
     try:
         space = env.observation_space
         if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:  # what every model here takes
