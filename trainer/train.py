@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import shlex
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -56,9 +57,11 @@ class TrainingStopped(Interrupted):
 
 
 def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict | None = None,
-          max_iterations: int | None = None, overwrite: bool = False, machine: Machine | None = None) -> dict:
+          max_iterations: int | None = None, overwrite: bool = False, machine: Machine | None = None,
+          preface: Sequence[str] = ()) -> dict:
     """Run ``cfg.algo`` (``trainer.registry``) as configured (or continue the run at ``resume``); returns a
-    summary.
+    summary. ``preface``: lines printed before the run layout's, once the run can start (the command line's
+    defaults line).
 
     ``max_iterations`` stops early after that many iterations in total (the LR schedule
     still follows ``total_steps``), leaving a checkpoint to resume from. ``machine``
@@ -81,10 +84,10 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
             raise ConfigError("backend", "ray", "needs the ray extra: pip install -e '.[ray]'")
         # the run layout: computed once here; nothing below recomputes it
         layout = run_layout(cfg, machine or Machine.detect(cfg.backend, cfg.ray_address))  # checks the env id
-        print(layout.describe(), *(f"warning: {w}" for w in layout.warnings), sep="\n", file=sys.stderr)
         algorithm = algorithm_class(cfg.algo).new(cfg, layout)  # what the env cannot take fails before any write
-        for line in algorithm.start_notes():
-            print(line, file=sys.stderr)
+        # said once the run can start: an error of the layout or the env is the one line, not the last of several
+        print(*preface, layout.describe(), *(f"warning: {w}" for w in layout.warnings), *algorithm.start_notes(),
+              sep="\n", file=sys.stderr)
         # a module:id env is named by its id: a colon in a path breaks Windows, and PATH-like lists elsewhere
         run_dir = Path(cfg.run_dir or
                        f"runs/{cfg.env.rpartition(':')[2]}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -246,10 +249,10 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
     """``python -m trainer.train``: the command line ``argv`` (or the one already parsed, ``cli``) run."""
     cli = cli or parse_args(argv)
     defaults = "" if cli.resume else defaults_used(cli.config, cli.given)
-    if defaults:  # next to the run layout's lines: what the bare command runs is not the same for every algo
-        print(f"defaults for --algo {cli.config.algo} on {cli.config.env}: {defaults}", file=sys.stderr)
+    # next to the run layout's lines: what the bare command runs is not the same for every algo
+    preface = [f"defaults for --algo {cli.config.algo} on {cli.config.env}: {defaults}"] if defaults else []
     try:
-        summary = train(cli.config, resume=cli.resume, given=cli.given, overwrite=cli.overwrite)
+        summary = train(cli.config, resume=cli.resume, given=cli.given, overwrite=cli.overwrite, preface=preface)
         ignore_late_signals()
     except TrainingStopped as e:
         run_dir = str(e.run_dir.resolve())
