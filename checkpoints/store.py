@@ -17,6 +17,8 @@ import torch
 # 3: the state is stored as a checksummed payload; collector state is kept per env and the
 # minibatch generator is derived from (seed, iteration) instead of being stored per device
 FORMAT_VERSION = 3
+ZIP_HEADER = b"PK\x03\x04"  # how torch.save's files begin (since torch 1.6)
+HEAD_BYTES = 4096  # how much of a file is read to tell what it is
 _NDARRAY = "__ndarray__"
 
 
@@ -128,6 +130,8 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> d
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     with path.open("rb") as f:
+        _check_head(path, f.read(HEAD_BYTES))
+        f.seek(0)
         outer = _torch_load(path, f, "cpu")
     if not isinstance(outer, dict) or "format_version" not in outer:
         raise CheckpointError(f"{path}: not a parallel-rollouts checkpoint (no format version)")
@@ -143,6 +147,17 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> d
     inner = io.BytesIO(payload.numpy())
     del outer, payload  # one copy of the payload at a time: a checkpoint may hold a replay of many GiB
     return _decode(_torch_load(path, inner, map_location))
+
+
+def _check_head(path: Path, head: bytes) -> None:
+    """Raise ``CheckpointError`` unless the file begins as ``torch.save`` begins one (a zip archive); torch's own
+    text for other bytes is about its legacy format, which says nothing of what happened to the file."""
+    if head.startswith(ZIP_HEADER):
+        return
+    what = ("the file is empty" if not head else
+            f"its first {len(head):,} bytes are zeros" if not head.strip(b"\0") else
+            "it is not a torch.save file (a zip archive); is it another kind of file?")
+    raise CheckpointError(f"{path}: cannot be read as a checkpoint (truncated or corrupted?): {what}")
 
 
 def _torch_load(path: Path, f: BinaryIO, map_location) -> Any:

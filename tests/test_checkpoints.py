@@ -124,12 +124,17 @@ def test_truncated_latest_falls_back_to_an_older_checkpoint_and_says_why(tmp_pat
 
 
 @pytest.mark.parametrize("damage, words", [
-    (lambda p: p.write_bytes(b"\x00" * 100), "cannot be read"),
-    (lambda p: p.write_bytes(b""), r"cannot be read as a checkpoint \(truncated or corrupted\?\): EOFError$"),
+    # torch's text for these is about its legacy .tar format, which says nothing of what happened to the file
+    (lambda p: p.write_bytes(b"\x00" * 100), r"cannot be read as a checkpoint \(truncated or corrupted\?\): its first "
+                                             r"100 bytes are zeros$"),
+    (lambda p: p.write_bytes(b"\x00" * 10_000), r"\): its first 4,096 bytes are zeros$"),
+    (lambda p: p.write_bytes(b""), r"cannot be read as a checkpoint \(truncated or corrupted\?\): the file is empty$"),
     (lambda p: p.write_bytes(b"PK\x03\x04" + b"x" * 50), r"\(truncated or corrupted\?\): RuntimeError: "
                                                          r"PytorchStreamReader failed reading zip archive: [^.]*$"),
-    (lambda p: p.write_text('{"config": {}}\n'), r"cannot be read .* it does not load as a weights-only torch file; "
+    (lambda p: p.write_text('{"config": {}}\n'), r"cannot be read .* it is not a torch.save file \(a zip archive\); "
                                                   r"is it another kind of file\?$"),  # not torch's advice to unpickle
+    (lambda p: torch.save(ValueError("x"), p), r"cannot be read .* it does not load as a weights-only torch file; "
+                                               r"is it another kind of file\?$"),
     (lambda p: torch.save({"weights": torch.ones(1)}, p), "not a parallel-rollouts checkpoint"),
     (lambda p: torch.save({"format_version": 99, "state": {}}, p), "format version 99"),
 ])
