@@ -62,7 +62,9 @@ class VREdgeConfig:
     _traces: TraceSet | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        def need(ok: bool, name: str, allowed: str) -> None:
+        def need(ok: bool, name: str, allowed: str, of_a_number: bool = True) -> None:
+            if of_a_number and not _finite(getattr(self, name)):  # inf passes most ranges, nan fails them all
+                ok, allowed = False, f"finite and {allowed}"
             if not ok:
                 raise ValueError(f"VR-edge argument {name}={getattr(self, name)!r} is invalid: must be {allowed}")
 
@@ -72,13 +74,10 @@ class VREdgeConfig:
             value = getattr(self, f.name)
             if str(f.type) in _KINDS:
                 ok, kind = _KINDS[str(f.type)]
-                need(ok(value), f.name, f"{kind}, not {type(value).__name__}")
+                need(ok(value), f.name, f"{kind}, not {type(value).__name__}", of_a_number=False)
             else:  # the tuples
                 need(isinstance(value, (tuple, list)) and all(map(_is_number, value)), f.name,
-                     f"a sequence of numbers, not {type(value).__name__}")
-            # inf passes every range check below, and nan fails them with a message about the range
-            numbers = value if isinstance(value, (tuple, list)) else [value]
-            need(all(math.isfinite(v) for v in numbers if _is_number(v)), f.name, "finite (not inf or nan)")
+                     f"a sequence of numbers, not {type(value).__name__}", of_a_number=False)
         need(_is_int(self.num_users) and self.num_users >= 1, "num_users", "an integer >= 1")
         ladder = tuple(self.bitrates_mbps)
         need(len(ladder) >= 1, "bitrates_mbps", "a non-empty, strictly increasing sequence of positive numbers")
@@ -105,6 +104,8 @@ class VREdgeConfig:
              "'all' unless capacity_trace is given (the split applies to trace files)")
         need(not self.trace_scale or bool(self.capacity_trace), "trace_scale",
              "0 unless capacity_trace is given (the scale applies to a trace)")
+        for f in (f for f in fields(self) if f.init):  # a number with no range above
+            need(_finite(getattr(self, f.name)), f.name, "finite (not inf or nan)", of_a_number=False)
         ladder_arr = np.asarray(ladder, dtype=np.float64)
         object.__setattr__(self, "bitrates_mbps", ladder)
         object.__setattr__(self, "_ladder", ladder_arr)
@@ -150,6 +151,12 @@ def _is_int(x: Any) -> bool:
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (float, np.floating)) or _is_int(x)
+
+
+def _finite(value: Any) -> bool:
+    """Whether the numbers of ``value`` (a number, or a sequence of them) are finite; other values are."""
+    numbers = value if isinstance(value, (tuple, list)) else [value]
+    return all(math.isfinite(v) for v in numbers if _is_number(v))
 
 
 def _is_bool(x: Any) -> bool:

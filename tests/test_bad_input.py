@@ -103,7 +103,9 @@ def test_a_bad_trace_is_refused_at_once(tmp_path, trace, words):
 @pytest.mark.parametrize("argv, words", [
     (["--env-kwargs", "segment_s=abc"], "VR-edge argument segment_s='abc' is invalid: must be a number, not str"),
     # inf passed every range check (a non-finite loss much later, blamed on --lr), nan failed one with the wrong rule
-    (["--env-kwargs", "noise_std=inf"], "VR-edge argument noise_std=inf is invalid: must be finite (not inf or nan)"),
+    (["--env-kwargs", "noise_std=inf"], "VR-edge argument noise_std=inf is invalid: must be finite and >= 0 (weights "
+                                        "and costs cannot be negative)"),
+    (["--env-kwargs", "fade_prob=nan"], "VR-edge argument fade_prob=nan is invalid: must be finite and in [0, 1]"),
     (["--env-kwargs", "num-users=6"], "num-users: env arguments are the constructor's names, with underscores: "
                                       "write num_users=6"),
     (["--env-kwargs", "num_userz=6"], "VR-edge has no argument num_userz (did you mean num_users?); its arguments"),

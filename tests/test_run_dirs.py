@@ -87,7 +87,10 @@ def test_toml_values_are_type_checked_before_anything_is_written(tmp_path, capsy
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--lr", "inf"], "--lr=inf is invalid: must be a finite number"),
+    (["--lr", "inf"], "--lr=inf is invalid: must be finite and > 0"),  # with its range, as for --lr 0
+    (["--gamma", "nan"], "--gamma=nan is invalid: must be finite and in (0, 1]"),
+    (["--ent-coef", "inf"], "--ent-coef=inf is invalid: must be a finite number"),  # a float with no range
+    (["--c-bar", "nan"], "--c-bar=nan is invalid: must be finite and > 0"),  # named: not --rho-bar=1.0
     (["--seed", "-1"], "--seed=-1 is invalid: must be >= 0"),
     (["--hidden", "64,,64"], "--hidden='64,,64' is invalid"),
     (["--num-envs", "abc"], "--num-envs: invalid int value: 'abc'"),

@@ -165,14 +165,14 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` (a ``ValueError`` naming the key) for the first invalid value."""
         def need(ok: bool, name: str, rule: str) -> None:
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):  # inf passes most ranges, nan fails them all
+                ok, rule = False, "must be finite and " + rule.removeprefix("must be ")  # "... and > 0"
             if not ok:
-                raise ConfigError(name, getattr(self, name), rule)
+                raise ConfigError(name, value, rule)
 
         def one_of(name: str, choices: tuple[str, ...]) -> None:
             need(getattr(self, name) in choices, name, choose(getattr(self, name), choices))
-        for f in fields(self):  # inf or nan anywhere makes no sense and would fail much later
-            value = getattr(self, f.name)
-            need(not isinstance(value, float) or math.isfinite(value), f.name, "must be a finite number")
         need(self.seed >= 0, "seed", "must be >= 0")
         try:
             options = self.env_options
@@ -205,7 +205,8 @@ class TrainConfig:
              "between updates")
         one_of("overlap_targets", ("gae", "vtrace"))
         one_of("policy_arch", ("auto", "flat", "per_head"))
-        need(self.rho_bar > 0 and self.c_bar > 0, "rho_bar", "rho_bar and c_bar must be > 0")
+        need(self.rho_bar > 0, "rho_bar", "must be > 0")
+        need(self.c_bar > 0, "c_bar", "must be > 0")
         need(self.cpus_per_worker > 0, "cpus_per_worker", "must be > 0")
         need(0 < self.worker_timeout <= 1e6, "worker_timeout", "must be > 0 and at most 1e6 seconds (11.6 days: "
              "waits take no longer bound)")
@@ -243,6 +244,10 @@ class TrainConfig:
         need(self.replay_ratio > 0, "replay_ratio", "must be > 0")
         need(0 < self.eps_base <= 1, "eps_base", "must be in (0, 1]")
         need(self.eps_alpha >= 0, "eps_alpha", "must be >= 0")
+        for f in fields(self):  # a float with no range above: inf or nan would fail much later
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f.name, value, "must be a finite number")
 
     @property
     def env_options(self) -> dict[str, Any]:
