@@ -453,6 +453,15 @@ def test_export_refuses_a_q_network_clearly(tmp_path, capsys):
     assert "exporting" not in capsys.readouterr().err  # refused before it says it is exporting
 
 
+@pytest.mark.parametrize("learning_starts, said", [(40, False), (4 * 8 * 8 + 1, True)])
+def test_a_run_too_short_to_start_learning_says_so_at_its_start(tmp_path, capsys, learning_starts, said):
+    summary = run(SMALL_VR + ["--learning-starts", str(learning_starts), "--replay-capacity", "400",
+                              "--run-dir", str(tmp_path)], max_iterations=1)
+    err = capsys.readouterr().err
+    assert ("this run will not learn; raise --total-steps or lower --learning-starts" in err) == said, err
+    assert summary["iterations"] == 1  # a note: the run goes on (a smoke test of the pipeline is a use)
+
+
 def test_n_step_longer_than_a_rollout_waits_for_enough_steps(tmp_path):
     # n = 20 > num_steps = 8: the first two rollouts complete no transition, the third completes 5 per env
     run(SMALL_VR + ["--n-step", "20", "--run-dir", str(tmp_path / "r")], max_iterations=3)

@@ -153,7 +153,12 @@ class ApeX(ApeXSpec, Algorithm):
         return cls(cfg, device, model, target, policy, optimizer, replay, NStepBuilder(cfg.n_step, cfg.gamma))
 
     def start_notes(self) -> list[str]:
-        return [self.replay.describe()]
+        notes = [self.replay.describe()]
+        if self.cfg.total_steps < self.cfg.learning_starts:  # a transition per env step, at most
+            notes.append(f"note: the learner starts once the replay holds --learning-starts "
+                         f"{self.cfg.learning_starts:,} transitions, and --total-steps {self.cfg.total_steps:,} "
+                         "collects fewer: this run will not learn; raise --total-steps or lower --learning-starts")
+        return notes
 
     def collector_options(self) -> dict[str, Any]:
         # the transitions go to the replay, on the CPU: the learner samples from there
