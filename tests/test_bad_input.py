@@ -117,12 +117,6 @@ def test_bad_flags_are_refused_at_once(tmp_path, argv, words):
     assert not (tmp_path / "run").exists()
 
 
-# ---------------------------------------------------------------------------- a checkpoint's stored config
-
-@pytest.mark.parametrize("args", [["trainer.evaluate", "--episodes", "1", "--checkpoint"],
-                                  pytest.param(["trainer.export", "--format", "torchscript", "--checkpoint"],
-                                               marks=SLOW),
-                                  pytest.param(["trainer.train", "--resume"], marks=SLOW)])
 class PickyEnv(FaultyCartPole):
     """A constructor that names its arguments and refuses a value of one (a TypeError of its own)."""
 
@@ -156,6 +150,12 @@ def test_env_arguments_the_constructor_does_not_take_are_named(monkeypatch, entr
     assert str(info.value) == f"--env-kwargs={env_kwargs!r} is invalid: {said}"
 
 
+# ---------------------------------------------------------------------------- a checkpoint's stored config
+
+@pytest.mark.parametrize("args", [["trainer.evaluate", "--episodes", "1", "--checkpoint"],
+                                  pytest.param(["trainer.export", "--format", "torchscript", "--checkpoint"],
+                                               marks=SLOW),
+                                  pytest.param(["trainer.train", "--resume"], marks=SLOW)])
 def test_a_stored_network_size_that_does_not_fit_the_weights_allocates_nothing(vr_run, tmp_path, args):
     copy = stored(vr_run, tmp_path / "run", hidden="60000,60000")  # 14.4 GB for its middle layer
     line = command(["-m", *args, str(copy)], 1, tmp_path)
