@@ -1,11 +1,13 @@
 """``--compile``: the acting step compiled (policy and torch env), when it is chosen, and the GPU defaults."""
 
+import dataclasses
 import functools
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
+import checkpoints
 import envs
 import trainer.run_layout as run_layout_module
 from collectors import make_collector
@@ -100,6 +102,40 @@ def test_the_layout_decides_what_is_compiled(algo, backend, compile, total_steps
     assert layout.compile is compiled and layout.collector_kwargs()["compile_policy"] is compiled
     assert ("acting step compiled (--compile)" in layout.describe()) is compiled
     assert not layout.warnings
+
+
+@pytest.mark.parametrize("before, after, given, kept", [
+    (3_000_000, 600_000, {}, "on"),  # compiled for 3M steps: a shorter resume goes on compiled
+    (1_000_000, 4_000_000, {}, "off"),  # eager: a longer resume goes on eagerly
+    (3_000_000, 2_500_000, {}, "auto"),  # both compile: nothing to keep
+    (3_000_000, 600_000, {"compile": "auto"}, "auto"),  # --compile given: decided anew
+])
+def test_a_resume_keeps_the_compile_decision_of_the_run(before, after, given, kept):
+    from trainer.run_layout import compile_kept_on_resume
+    cfg = new_run_config({"total_steps": after, "device": "cpu"})
+    resumed, note = compile_kept_on_resume(cfg, before, given)
+    assert resumed.compile == kept and bool(note) == (kept != "auto")
+    if kept != "auto":  # the resumed layout compiles as the run's own did
+        assert run_layout(resumed, Machine(cores=4)).compile is \
+            run_layout(dataclasses.replace(cfg, total_steps=before), Machine(cores=4)).compile
+
+
+def test_a_resume_of_another_length_goes_on_as_the_run_was_compiled_and_says_so(tmp_path, capsys, monkeypatch):
+    """Through ``train``: the kept decision reaches the layout and the resumed run's stored config (a run eager
+    for its length, as compiling takes seconds here, resumed for longer)."""
+    from trainer import train as train_module
+    from trainer.ppo.spec import PPOSpec
+    monkeypatch.setattr(PPOSpec, "compile_pays_after", 6 * 8 * 16)
+    argv = ["--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "16", "--device", "cpu"]
+    cli = parse_args(argv + ["--total-steps", str(4 * 8 * 16), "--run-dir", str(tmp_path)])
+    train_module.train(cli.config, progress=False, given=cli.given)
+    cli = parse_args(["--resume", str(tmp_path), "--total-steps", str(8 * 8 * 16)])
+    capsys.readouterr()
+    train_module.train(cli.config, progress=False, resume=cli.resume, given=cli.given)
+    err = capsys.readouterr().err
+    assert "--compile auto: the run ran eagerly for its --total-steps 512, and goes on so (--compile off" in err
+    assert "compiled" not in err.split("layout:")[1].splitlines()[0]
+    assert checkpoints.latest_loadable(tmp_path)[1]["config"]["compile"] == "off"
 
 
 def test_ray_acts_eagerly_and_says_so():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,12 +189,8 @@ def _compiled(cfg: TrainConfig, device: str, notes: list[str]) -> bool:
     """
     if cfg.compile == "off":
         return False
-    if cfg.compile == "auto" and cfg.backend != "device":
-        pays_after = algorithm_spec(cfg.algo).compile_pays_after
-        batch = cfg.num_envs * cfg.num_steps
-        made = whole_iterations(cfg.total_steps, batch) * batch  # the steps the run makes
-        if cfg.backend == "ray" or pays_after is None or made < pays_after:
-            return False
+    if cfg.compile == "auto" and not _long_enough_to_compile(cfg):
+        return False
     if cfg.backend == "ray":
         notes.append("--compile on is ignored by --backend ray: its actors act with their own eager copies")
         return False
@@ -210,6 +206,35 @@ def _compiled(cfg: TrainConfig, device: str, notes: list[str]) -> bool:
     notes.append(f"--compile auto: torch.compile cannot build code here ({why}), so the acting step runs eagerly "
                  f"(slower); {fix} to compile it, or pass --compile off to silence this")
     return False
+
+
+def _long_enough_to_compile(cfg: TrainConfig) -> bool:
+    """``--compile auto``'s rule of length: always for ``--backend device``, never for Ray (its actors act
+    eagerly), else once the steps the run makes reach the algorithm's ``compile_pays_after``."""
+    if cfg.backend in ("device", "ray"):
+        return cfg.backend == "device"
+    pays_after = algorithm_spec(cfg.algo).compile_pays_after
+    batch = cfg.num_envs * cfg.num_steps
+    return pays_after is not None and whole_iterations(cfg.total_steps, batch) * batch >= pays_after
+
+
+def compile_kept_on_resume(cfg: TrainConfig, stored_total_steps: int,
+                           given: Collection[str]) -> tuple[TrainConfig, str]:
+    """A resumed run's ``--compile auto`` as the run decided it, with a note; ``(cfg, "")`` where nothing changes.
+
+    ``auto`` weighs the run's length: a resume with another ``--total-steps`` would otherwise switch a compiled run
+    to eager (or an eager one to compiled) and its numbers with it, unsaid. Kept as ``on`` or ``off`` in the
+    resumed config, so that later resumes keep it too; ``--compile`` given decides anew."""
+    if cfg.compile != "auto" or "compile" in given:
+        return cfg, ""
+    before = _long_enough_to_compile(dataclasses.replace(cfg, total_steps=stored_total_steps))
+    if before == _long_enough_to_compile(cfg):
+        return cfg, ""
+    kept = "on" if before else "off"
+    return dataclasses.replace(cfg, compile=kept), (
+        f"--compile auto: the run {'compiled' if before else 'ran eagerly'} for its --total-steps "
+        f"{stored_total_steps:,}, and goes on so (--compile {kept}; pass --compile auto to decide again by "
+        f"--total-steps {cfg.total_steps:,})")
 
 
 def cuda_graphs_on(cfg: TrainConfig, device: str) -> bool:

@@ -45,7 +45,7 @@ from trainer.interrupts import STOP_PATIENCE_S, Interrupted, StopSignals, ignore
 from trainer.metrics import MetricsLog, keep_metrics_until
 from trainer.registry import algorithm_class
 from trainer.run_files import claim_new_run_dir, resume_state
-from trainer.run_layout import Machine, run_layout
+from trainer.run_layout import Machine, compile_kept_on_resume, run_layout
 
 
 class TrainingStopped(Interrupted):
@@ -77,6 +77,8 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         saved, source, notes = None, None, []
         if resume:  # read before the lock is taken: files are replaced atomically, and a typo creates nothing
             cfg, source, saved, notes = resume_state(resume, given or {})
+            cfg, kept = compile_kept_on_resume(cfg, saved["config"]["total_steps"], given or {})
+            notes += [kept] if kept else []
         # the extras the run needs, before any line about it
         if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("tensorboard", True, "needs the tensorboard extra: pip install -e '.[tensorboard]'")
