@@ -305,12 +305,21 @@ def test_learning_rate_anneals_and_a_resume_may_switch_it_off(tmp_path):
     assert lrs == pytest.approx([0.002 * (1 - i / 8) for i in range(4)] + [0.002] * 4)
 
 
-def test_resume_without_the_replay_says_it_refills(tmp_path, capsys):
-    argv = [a for a in SMALL_VR if a not in ("--save-replay", "true")] + ["--run-dir", str(tmp_path)]
+@pytest.mark.parametrize("learning_starts, said", [
+    (40, "--learning-starts is 40 transitions, and the learner waits until it holds them"),
+    # 256 env steps in all, 64 before the stop: the 192 left cannot refill 200
+    (200, "--learning-starts is 200 transitions, and this resumed run's 192 env steps are fewer: it will not learn; "
+          "raise --total-steps"),
+])
+def test_resume_without_the_replay_says_it_refills(tmp_path, capsys, learning_starts, said):
+    argv = [a for a in SMALL_VR if a not in ("--save-replay", "true")] + ["--run-dir", str(tmp_path),
+                                                                          "--learning-starts", str(learning_starts)]
     run(argv, max_iterations=2)
     assert checkpoints.latest_loadable(tmp_path)[1]["replay"] is None
+    capsys.readouterr()
     assert run(["--resume", str(tmp_path)])["iterations"] == 8
-    assert "holds no replay" in capsys.readouterr().err
+    assert "holds no replay (--save-replay false): it refills from new experience" in (err := capsys.readouterr().err)
+    assert said in err, err
 
 
 def test_a_resume_takes_the_flags_of_the_runs_own_algorithm(tmp_path, capsys):

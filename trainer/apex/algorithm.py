@@ -152,6 +152,15 @@ class ApeX(ApeXSpec, Algorithm):
         optimizer = torch.optim.Adam([flat_parameters(model)], lr=cfg.lr, eps=1.5e-4, fused=True)
         return cls(cfg, device, model, target, policy, optimizer, replay, NStepBuilder(cfg.n_step, cfg.gamma))
 
+    def _refill_note(self) -> str:
+        """What a resume without the replay means: the learner waits for ``--learning-starts`` new transitions."""
+        starts, left = self.cfg.learning_starts, self.cfg.total_steps - self.env_steps
+        wait = (f"this resumed run's {left:,} env steps are fewer: it will not learn; raise --total-steps"
+                if left < starts else "the learner waits until it holds them")
+        return (f"the checkpoint holds no replay (--save-replay false): it refills from new experience, so the "
+                f"resumed run is not identical to an uninterrupted one; --learning-starts is {starts:,} transitions, "
+                f"and {wait}")
+
     def start_notes(self) -> list[str]:
         notes = [self.replay.describe()]
         if self.cfg.total_steps < self.cfg.learning_starts:  # a transition per env step, at most
@@ -290,9 +299,7 @@ class ApeX(ApeXSpec, Algorithm):
         self.replay.generator.set_state(state["rng"]["replay"])
         collector.update_policy(state["acting_model"])  # the stale copy the actors had, not the learner's
         self.version_steps = {collector.policy_version: c["acting_steps"]}
-        notes = [] if state["replay"] is not None else [
-            "the checkpoint holds no replay (--save-replay false): it refills from new experience, so the resumed "
-            "run is not identical to an uninterrupted one"]
+        notes = [] if state["replay"] is not None else [self._refill_note()]
         exact = collector.set_state(state["collector"], reseed=self.iteration)
         return notes + ([] if exact else [ENVS_NOT_RESTORED])
 
