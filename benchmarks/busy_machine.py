@@ -7,8 +7,9 @@
 Runs ``python -m trainer.train`` with the given flags on a quiet machine and with ``--busy`` busy-loop
 processes (one pure-Python spin each, like another user's job), under each OpenMP wait policy: ``active``
 (idle OpenMP threads spin; GNU OpenMP's default spins 300,000 times before it sleeps, which is the same for
-the short waits between a small network's ops) and ``passive`` (they sleep at once: what the trainer sets
-unless ``OMP_WAIT_POLICY`` is given). Rounds interleave every combination. Each run is stopped with SIGTERM
+the short waits between a small network's ops), ``passive`` (they sleep at once) and ``spin:N`` (they spin
+N times, then sleep: the trainer sets ``GOMP_SPINCOUNT=1000`` unless ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``
+is given, so ``spin:1000`` is what it runs). Rounds interleave every combination. Each run is stopped with SIGTERM
 after ``--seconds`` (a slowdown of 100x must not take hours to measure); its rate is its env steps per second
 after the first iteration (``benchmarks.revisions.steady_rate``). Prints each combination's
 median and spread and the slowdown under load; fair share is ``(busy + threads) / cores``.

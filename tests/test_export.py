@@ -136,10 +136,16 @@ def test_a_failed_check_writes_nothing(tmp_path, cartpole, monkeypatch, capsys):
 
     monkeypatch.setattr(export_cli, "ExportedPolicy", WithoutNormaliser)
     out = tmp_path / "out"
-    with pytest.raises(SystemExit, match=r"^error: policy\.pt disagrees"):
+    with pytest.raises(SystemExit, match=r"^error: policy\.pt disagrees with the trained model: \d+ observations, "
+                                         r"greedy actions identical on \d+/\d+"):  # the numbers, said once
         export_main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(out)])
-    assert list(out.iterdir()) == []
-    assert "greedy actions identical on" in capsys.readouterr().out  # the numbers are printed
+    assert not out.exists()  # the directory it made, left empty, is gone too
+    assert "policy.pt:" not in capsys.readouterr().out  # no line that reads as if it had passed
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="disagrees"):
+        export_main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(out)])
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]  # a directory the user had stays as it was
 
 
 def test_the_readme_example_runs_without_this_package(tmp_path, cartpole):

@@ -33,9 +33,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pick", choices=("best", "latest"), default="best",
                    help="from a run directory: its best checkpoint (validation, --eval-every) when it has one, "
                         "or the newest, as trainer.evaluate picks (default: %(default)s)")
-    p.add_argument("--format", default="both", choices=["torchscript", "onnx", "both"])
+    p.add_argument("--format", default="both", choices=["torchscript", "onnx", "both"],
+                   help="policy.pt (TorchScript), policy.onnx (needs the export extra), or both (default: "
+                        "%(default)s)")
     p.add_argument("--out", default="", help="output directory (default: RUN/export)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the held-out episodes the export is verified on")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the held-out episodes the export is verified on (default: %(default)s)")
     p.add_argument("--atol", type=float, default=None,
                    help="largest allowed probability difference (default: trainer.ppo.export.ATOL, 1e-5)")
     args = p.parse_args(argv)
