@@ -213,6 +213,8 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
                        "--reference", "none"])
     payload = json.loads((run_dir / "evaluation.json").read_text())
     assert payload["env_kwargs"] == {"capacity_trace": str(traces), "trace_split": "test", "num_users": 3}
+    # the report says what it played on: the run's traces, though no --capacity-trace was given
+    assert f"(seed 0, capacity traces {traces} (the run's own): its held-out test files)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("text, words", [("num_users", "is not key=value"), ("a=1,a=2", "a is given twice"),

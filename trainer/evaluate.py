@@ -152,7 +152,10 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
                "paired_reward_per_step": paired, "best_baseline": best,
                "best_baseline_picked_on": f"{SELECTION_EPISODES} validation episodes" if best else None,
                "gap_closed": gap}
-    trace = f", capacity traces {args.capacity_trace}" if args.capacity_trace else ""
+    played_on = env_kwargs.get("capacity_trace")  # the run's own traces, where --capacity-trace gave none
+    whose = "" if args.capacity_trace else " (the run's own)"
+    files = ": its held-out test files" if env_kwargs.get("trace_split") == "test" else ""
+    trace = f", capacity traces {played_on}{whose}{files}" if played_on else ""
     print(f"{cfg.env}: {counted(args.episodes, 'episode')} on held-out seeds (seed {args.seed}{trace}), {which} "
           f"{source}", file=out)
     print(format_table(results), file=out)
