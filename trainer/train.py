@@ -278,7 +278,8 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
         # an env's error carries the env's own traceback; the trainer's frames above it would only be noise
         raise SystemExit("\n".join([f"error: {e}".rstrip(), *getattr(e, "__notes__", ())])) from None
     run_dir = str(Path(summary["run_dir"]).resolve())
-    print(f"run directory: {run_dir} ({summary['iterations']} iterations, {summary['env_steps']:,} env steps)")
+    print(f"run directory: {run_dir} ({counted(summary['iterations'], 'iteration')}, {summary['env_steps']:,} env "
+          "steps)")
     print(f"metrics:       {run_dir}/metrics.jsonl")
     if summary["checkpoint"]:
         checkpoint = str(Path(summary["checkpoint"]).resolve())
