@@ -43,13 +43,17 @@ def _write_pointer(directory: Path, text: str, pointer: str = LATEST) -> None:
         raise CheckpointError(f"cannot write {directory / pointer}: {e.strerror or e}") from None
 
 
-def set_best(run_dir: str | os.PathLike, checkpoint: Path, info: dict[str, Any]) -> None:
+def set_best(run_dir: str | os.PathLike, checkpoint: Path, info: dict[str, Any], keep: int) -> None:
     """Point ``best`` (next to ``latest``) at ``checkpoint``, with ``info`` (JSON-serialisable: what made it best).
 
-    Retention never deletes the file ``best`` names.
+    Retention never deletes the file ``best`` names; the former best, kept only as best (older than the newest
+    ``keep`` files), is deleted once the pointer has moved.
     """
     directory = Path(run_dir) / "checkpoints"
+    former = best_checkpoint(run_dir)
     _write_pointer(directory, json.dumps({"file": Path(checkpoint).name, **info}), BEST)
+    if former is not None and former != Path(checkpoint) and former in checkpoint_files(run_dir)[keep:]:
+        former.unlink(missing_ok=True)
 
 
 def best_info(run_dir: str | os.PathLike) -> dict[str, Any] | None:

@@ -222,7 +222,7 @@ def test_resume_of_an_empty_string_is_refused_not_a_new_run(tmp_path, empty, cap
 def test_setting_checkpoints_aside_keeps_the_pointers_true(tmp_path):
     for i in (1, 2, 3):
         checkpoints.save_in_run_dir(tmp_path, {"iteration": i}, i, keep=3)
-    checkpoints.set_best(tmp_path, tmp_path / "checkpoints" / "ckpt_00000003.pt", {"val_return": 1.0})
+    checkpoints.set_best(tmp_path, tmp_path / "checkpoints" / "ckpt_00000003.pt", {"val_return": 1.0}, keep=3)
     moved = checkpoints.set_aside_newer(tmp_path, 1)
     assert [p.name for p in moved] == ["ckpt_00000003.pt.orphaned", "ckpt_00000002.pt.orphaned"]
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "ckpt_00000001.pt"

@@ -168,7 +168,7 @@ def test_export_ships_the_checkpoint_evaluate_measured_and_says_when_the_evaluat
     cli = parse_args(["--env", "CartPole-v1", "--run-dir", str(run), *TINY, "--checkpoint-every", "1"])
     train_module.train(cli.config, progress=False)
     older, newest = sorted(checkpoints.checkpoint_files(run))
-    checkpoints.set_best(run, older, {"val_return": 1.0})
+    checkpoints.set_best(run, older, {"val_return": 1.0}, keep=5)
 
     def exported(*argv: str) -> tuple[str, dict]:
         export_main(["--checkpoint", *argv, "--format", "torchscript"])

@@ -36,15 +36,28 @@ def test_eval_flags_are_checked_and_may_change_on_resume():
 def test_retention_keeps_the_best_checkpoint_and_a_resume_past_it_drops_the_pointer(tmp_path):
     state = {"x": torch.zeros(1)}
     first = checkpoints.save_in_run_dir(tmp_path, state, 1, keep=1)
-    checkpoints.set_best(tmp_path, first, {"iteration": 1, "val_reward_per_step": 0.5})
+    checkpoints.set_best(tmp_path, first, {"iteration": 1, "val_reward_per_step": 0.5}, keep=1)
     for it in (2, 3, 4):
         checkpoints.save_in_run_dir(tmp_path, state, it, keep=1)
     assert first.is_file() and checkpoints.best_checkpoint(tmp_path) == first
     assert [p.name for p in checkpoints.checkpoint_files(tmp_path)] == ["ckpt_00000004.pt", "ckpt_00000001.pt"]
     assert checkpoints.best_info(tmp_path)["val_reward_per_step"] == 0.5
-    checkpoints.set_best(tmp_path, checkpoints.checkpoint_files(tmp_path)[0], {"iteration": 4})
+    checkpoints.set_best(tmp_path, checkpoints.checkpoint_files(tmp_path)[0], {"iteration": 4}, keep=2)
     checkpoints.set_aside_newer(tmp_path, 1)  # resuming from iteration 1 abandons iteration 4, best included
     assert checkpoints.best_checkpoint(tmp_path) is None
+
+
+@pytest.mark.parametrize("keep, former, left", [(1, 1, [4]), (2, 1, [4, 3]),
+                                                 (2, 3, [4, 3])])  # (a former best among the newest stays)
+def test_a_new_best_lets_retention_have_the_former_one(tmp_path, keep, former, left):
+    """The former best, kept only as best, goes once another is best: --keep-checkpoints N leaves N files (and
+    the best among them), not N + 1."""
+    for it in (1, 2, 3, 4):
+        saved = checkpoints.save_in_run_dir(tmp_path, {"x": torch.zeros(1)}, it, keep=keep)
+        if it in (former, 4):
+            checkpoints.set_best(tmp_path, saved, {"iteration": it}, keep=keep)
+    assert [p.name for p in checkpoints.checkpoint_files(tmp_path)] == [f"ckpt_{i:08d}.pt" for i in left]
+    assert checkpoints.best_checkpoint(tmp_path) == saved
 
 
 @pytest.mark.slow

@@ -45,6 +45,7 @@ class Validator:
 
     def __init__(self, cfg: TrainConfig, run_dir: str | Path, iteration: int) -> None:
         self.every, self.run_dir, self.improved = cfg.eval_every, Path(run_dir), False
+        self.keep = cfg.keep_checkpoints
         self._row: dict[str, Any] = {}
         if not self.every:
             return
@@ -92,5 +93,5 @@ class Validator:
     def saved(self, checkpoint: Path) -> None:
         """The checkpoint written after this iteration: becomes ``best`` if the iteration improved."""
         if self.improved:
-            checkpoints.set_best(self.run_dir, checkpoint, self._row)
+            checkpoints.set_best(self.run_dir, checkpoint, self._row, self.keep)
             self.improved = False
