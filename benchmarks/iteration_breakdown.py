@@ -17,6 +17,7 @@ import sys
 import time
 
 from trainer.flags import build_parser, parse_args
+from trainer.registry import ALGORITHMS
 
 PROG = "python -m benchmarks.iteration_breakdown"
 # trainer flags about the run, its processes and Ray: this benchmark times one process's collect() and learn()
@@ -26,13 +27,16 @@ RUN_FLAGS = ("algo", "backend", "total_steps", "run_dir", "num_workers", "num_sp
              "overlap_targets", "max_lag", "rho_bar", "c_bar", "checkpoint_every", "eval_every", "eval_episodes",
              "keep_checkpoints")
 
+# another algorithm's settings (it times PPO): refused by the trainer's parser as such, and left out of --help
+OTHER_ALGORITHMS_FLAGS = sorted({key for name, spec in ALGORITHMS.items() if name != "ppo" for key in spec.options})
+
 
 def main(argv: list[str] | None = None, iterations: int = 6) -> dict[int, tuple[float, float]]:
     """Median (collect, learn) seconds per thread count; ``argv``: ``trainer.train`` flags."""
     cli = parse_args(argv if argv is not None else sys.argv[1:], prog=PROG,
                      description=__doc__.splitlines()[0] + " Takes trainer.train's flags for PPO and the env; "
                      "those about the run, its processes and Ray are refused.",
-                     hidden=(*RUN_FLAGS, "resume", "overwrite"))
+                     hidden=(*RUN_FLAGS, *OTHER_ALGORITHMS_FLAGS, "resume", "overwrite"))
     what_it_does = {("algo", "ppo"), ("backend", "sync")}  # these two may be said, if they say what it does
     refused = ["--" + key.replace("_", "-") for key in RUN_FLAGS
                if key in cli.given and (key, cli.given[key]) not in what_it_does]

@@ -92,7 +92,9 @@ class VREdgeConfig:
         for name in ("regime_stay_prob", "noise_corr", "fade_prob", "fade_end_prob", "channel_corr"):
             need(0 <= getattr(self, name) <= 1, name, "in [0, 1]")
         need(self.fade_depth <= 1, "fade_depth", "in (0, 1]")
-        for name in ("noise_std", "channel_std", "quality_weight", "stall_weight", "switch_weight", "step_cost_us"):
+        for name in ("noise_std", "channel_std"):
+            need(getattr(self, name) >= 0, name, ">= 0 (a standard deviation)")
+        for name in ("quality_weight", "stall_weight", "switch_weight", "step_cost_us"):
             need(getattr(self, name) >= 0, name, ">= 0 (weights and costs cannot be negative)")
         need(_is_int(self.max_steps) and self.max_steps >= 1, "max_steps", "an integer >= 1")
         need(_is_int(self.history) and self.history >= 1, "history", "an integer >= 1")

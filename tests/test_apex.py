@@ -462,13 +462,18 @@ def test_export_refuses_a_q_network_clearly(tmp_path, capsys):
     assert "exporting" not in capsys.readouterr().err  # refused before it says it is exporting
 
 
-@pytest.mark.parametrize("learning_starts, said", [(40, False), (4 * 8 * 8 + 1, True)])
+@pytest.mark.parametrize("learning_starts, said", [(40, False), (300, True)])  # 256 env steps in all
 def test_a_run_too_short_to_start_learning_says_so_at_its_start(tmp_path, capsys, learning_starts, said):
     summary = run(SMALL_VR + ["--learning-starts", str(learning_starts), "--replay-capacity", "400",
-                              "--run-dir", str(tmp_path)], max_iterations=1)
+                              "--save-replay", "false", "--run-dir", str(tmp_path)], max_iterations=1)
     err = capsys.readouterr().err
-    assert ("this run will not learn; raise --total-steps or lower --learning-starts" in err) == said, err
+    assert ("this run will not learn; raise --total-steps (or, for a new run, lower --learning-starts)" in err) \
+        == said, err
     assert summary["iterations"] == 1  # a note: the run goes on (a smoke test of the pipeline is a use)
+    if said:  # a resume without the replay says it once
+        run(["--resume", str(tmp_path), "--total-steps", str(4 * 8 * 8 + 32)], max_iterations=2)
+        err = capsys.readouterr().err
+        assert err.count("will not learn") == 1 and "it refills from new experience" in err, err
 
 
 def test_n_step_longer_than_a_rollout_waits_for_enough_steps(tmp_path):

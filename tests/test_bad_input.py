@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from gymnasium.envs.classic_control import CartPoleEnv
 
 import checkpoints
 from tests.factories import FaultyCartPole
@@ -103,8 +104,8 @@ def test_a_bad_trace_is_refused_at_once(tmp_path, trace, words):
 @pytest.mark.parametrize("argv, words", [
     (["--env-kwargs", "segment_s=abc"], "VR-edge argument segment_s='abc' is invalid: must be a number, not str"),
     # inf passed every range check (a non-finite loss much later, blamed on --lr), nan failed one with the wrong rule
-    (["--env-kwargs", "noise_std=inf"], "VR-edge argument noise_std=inf is invalid: must be finite and >= 0 (weights "
-                                        "and costs cannot be negative)"),
+    (["--env-kwargs", "noise_std=inf"], "VR-edge argument noise_std=inf is invalid: must be finite and >= 0 (a "
+                                        "standard deviation)"),
     (["--env-kwargs", "fade_prob=nan"], "VR-edge argument fade_prob=nan is invalid: must be finite and in [0, 1]"),
     (["--env-kwargs", "num-users=6"], "num-users: env arguments are the constructor's names, with underscores: "
                                       "write num_users=6"),
@@ -120,9 +121,9 @@ def test_bad_flags_are_refused_at_once(tmp_path, argv, words):
 class PickyEnv(FaultyCartPole):
     """A constructor that names its arguments and refuses a value of one (a TypeError of its own)."""
 
-    def __init__(self, fail_at: int = 5, *, level: int = 1) -> None:
-        if not isinstance(level, int):
-            raise TypeError(f"level must be an int, not {type(level).__name__}")
+    def __init__(self, fail_at: int = 5, *, level: int = 1, name: str = "x") -> None:
+        if level > 9:
+            raise TypeError("level must be at most 9")
         super().__init__(fail_at)
 
 
@@ -134,10 +135,16 @@ class AnyArgumentEnv(FaultyCartPole):
 
 
 @pytest.mark.parametrize("entry_point, env_kwargs, said", [
-    (PickyEnv, "levl=2", "Picky-v0 has no argument levl (did you mean level?); its arguments are fail_at, level "
-                         "(drop it)"),
-    (PickyEnv, "level=2.5", "Picky-v0 refused them (level must be an int, not float); pass only its constructor's "
-                            "arguments, with values it takes"),
+    (PickyEnv, "levl=2", "Picky-v0 has no argument levl (did you mean level?); its arguments are fail_at, level, "
+                         "name (drop it)"),
+    (PickyEnv, "level=12", "Picky-v0 refused them (level must be at most 9); pass only its constructor's "
+                           "arguments, with values it takes"),
+    # a value of another kind than the default's, which the constructor would take as it is
+    (PickyEnv, "level=2.5", "Picky-v0's argument level=2.5 is invalid: must be an integer (its default is 1)"),
+    (PickyEnv, "level=true", "Picky-v0's argument level=True is invalid: must be an integer (its default is 1)"),
+    (PickyEnv, "name=3", "Picky-v0's argument name=3 is invalid: must be text (its default is 'x')"),
+    (CartPoleEnv, "sutton_barto_reward=abc", "Picky-v0's argument sutton_barto_reward='abc' is invalid: must be "
+                                             "true or false (its default is false)"),
     (AnyArgumentEnv, "x=1", "Picky-v0 refused them (unexpected options ['x']); pass only its constructor's "
                             "arguments, with values it takes"),
 ])
@@ -147,7 +154,8 @@ def test_env_arguments_the_constructor_does_not_take_are_named(monkeypatch, entr
     monkeypatch.setitem(gym.registry, "Picky-v0", gym.envs.registration.EnvSpec("Picky-v0", entry_point))
     with pytest.raises(ConfigError) as info:
         model_spaces(TrainConfig(env="Picky-v0", env_kwargs=env_kwargs))
-    assert str(info.value) == f"--env-kwargs={env_kwargs!r} is invalid: {said}"
+    checked = "'s argument " in said  # a value's kind, checked before the env is built; else the constructor's call
+    assert str(info.value) == ("--env-kwargs: " if checked else f"--env-kwargs={env_kwargs!r} is invalid: ") + said
 
 
 # ---------------------------------------------------------------------------- a checkpoint's stored config
@@ -230,7 +238,7 @@ def test_evaluate_names_its_own_capacity_trace_when_that_is_what_is_wrong(vr_run
     bad.write_bytes(b"0 5\n1e9 6\n")
     line = command(["-m", "trainer.evaluate", "--checkpoint", str(vr_run), "--capacity-trace", str(bad)], 1,
                    tmp_path)  # the given trace is wrong, not the run's stored config
-    assert f": with capacity_trace={bad} in place of its own env arguments: " in line, line
+    assert f": with capacity_trace={bad},trace_split=all in place of its own env arguments: " in line, line
     assert "stored config" not in line and f"{bad}:2: the trace spans" in line, line
 
 

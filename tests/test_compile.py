@@ -89,7 +89,8 @@ def test_a_bad_compile_option_is_a_clear_error():
 @pytest.mark.parametrize("algo, backend, compile, total_steps, compiled", [
     ("ppo", "device", "auto", 8192, True),  # the device backend: always (eagerly it is slower than sync)
     ("ppo", "sync", "auto", 245 * 8192, True),  # long enough for the measured gain to pay for compiling
-    ("ppo", "sync", "auto", 2_000_000, False),  # the run makes 244 iterations of 8,192: 1,998,848 steps
+    ("ppo", "sync", "auto", 2_000_000, True),  # as typed: the run makes 244 iterations of 8,192 (1,998,848 steps)
+    ("ppo", "sync", "auto", 1_999_999, False),
     ("ppo", "async", "auto", 100_000, False),
     ("apex", "sync", "auto", 3_000_000, False),  # not measured: auto leaves it eager
     ("apex", "sync", "on", 100_000, True),
@@ -104,17 +105,20 @@ def test_the_layout_decides_what_is_compiled(algo, backend, compile, total_steps
     assert not layout.warnings
 
 
-@pytest.mark.parametrize("before, after, given, kept", [
-    (3_000_000, 600_000, {}, "on"),  # compiled for 3M steps: a shorter resume goes on compiled
-    (1_000_000, 4_000_000, {}, "off"),  # eager: a longer resume goes on eagerly
-    (3_000_000, 2_500_000, {}, "auto"),  # both compile: nothing to keep
-    (3_000_000, 600_000, {"compile": "auto"}, "auto"),  # --compile given: decided anew
+@pytest.mark.parametrize("stored, before, after, given, kept, said", [
+    ("auto", 3_000_000, 600_000, {}, "on", "the run compiled so far, and goes on so (--compile on;"),  # shorter
+    ("auto", 1_000_000, 4_000_000, {}, "off", "the run ran eagerly so far, and goes on so (--compile off;"),
+    ("auto", 3_000_000, 2_500_000, {}, "auto", ""),  # both compile: nothing to keep
+    ("auto", 3_000_000, 600_000, {"compile": "auto"}, "auto", "the run compiled so far, and runs eagerly for "
+                                                              "--total-steps 600,000 from here on (compiled kernels"),
+    ("on", 600_000, 600_000, {"compile": "auto"}, "auto", "the run compiled so far, and runs eagerly"),  # kept on
+    ("off", 4_000_000, 4_000_000, {"compile": "auto"}, "auto", "the run ran eagerly so far, and compiles"),
 ])
-def test_a_resume_keeps_the_compile_decision_of_the_run(before, after, given, kept):
+def test_a_resume_keeps_the_compile_decision_of_the_run(stored, before, after, given, kept, said):
     from trainer.run_layout import compile_kept_on_resume
-    cfg = new_run_config({"total_steps": after, "device": "cpu"})
-    resumed, note = compile_kept_on_resume(cfg, before, given)
-    assert resumed.compile == kept and bool(note) == (kept != "auto")
+    cfg = new_run_config({"total_steps": after, "device": "cpu", **given})
+    resumed, note = compile_kept_on_resume(cfg, {"compile": stored, "total_steps": before}, given)
+    assert resumed.compile == kept and (said in note if said else note == ""), note
     if kept != "auto":  # the resumed layout compiles as the run's own did
         assert run_layout(resumed, Machine(cores=4)).compile is \
             run_layout(dataclasses.replace(cfg, total_steps=before), Machine(cores=4)).compile
@@ -133,7 +137,7 @@ def test_a_resume_of_another_length_goes_on_as_the_run_was_compiled_and_says_so(
     capsys.readouterr()
     train_module.train(cli.config, progress=False, resume=cli.resume, given=cli.given)
     err = capsys.readouterr().err
-    assert "--compile auto: the run ran eagerly for its --total-steps 512, and goes on so (--compile off" in err
+    assert "--compile auto: the run ran eagerly so far, and goes on so (--compile off" in err
     assert "compiled" not in err.split("layout:")[1].splitlines()[0]
     assert checkpoints.latest_loadable(tmp_path)[1]["config"]["compile"] == "off"
 

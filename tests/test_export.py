@@ -138,8 +138,8 @@ def test_a_failed_check_writes_nothing(tmp_path, cartpole, monkeypatch, capsys):
     out = tmp_path / "out"
     with pytest.raises(SystemExit, match=r"^error: policy\.pt disagrees with the trained model: \d+ observations, "
                                          r"greedy actions identical on \d+/\d+"):  # the numbers, said once
-        export_main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(out)])
-    assert not out.exists()  # the directory it made, left empty, is gone too
+        export_main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(out / "a" / "b")])
+    assert not out.exists()  # the directories it made, left empty, are gone too
     assert "policy.pt:" not in capsys.readouterr().out  # no line that reads as if it had passed
     out.mkdir()
     (out / "notes.txt").write_text("mine")

@@ -99,8 +99,9 @@ def test_toml_values_are_type_checked_before_anything_is_written(tmp_path, capsy
     (["--env", "CartPol-v1"], "unknown env id 'CartPol-v1' (did you mean CartPole-v1?)"),
     (["--algo", "apex", "--env", "Pendulum-v1"], "--algo apex needs a Discrete or a 1-D MultiDiscrete"),
     (["--env", "CartPole-v1", "--env-kwargs", "num_users=3"], "is invalid: CartPole-v1 has no argument num_users; "
-     "its arguments are sutton_barto_reward, render_mode (drop it)"),
+     "its arguments are sutton_barto_reward (drop it)"),
     (["--env", "CartPole-v1", "--batch-size", "100000"], "is larger than the rollout (8 envs x 128 steps"),
+    (["--env", "CartPole-v1", "--env-kwargs", "render_mode=human"], "render_mode: training renders no env"),
     (["--env", "CartPole-v1", "--backend", "async", "--num-workers", "99"], "--num-workers=99 is more than"),
 ])
 def test_bad_values_are_one_line_errors_and_write_nothing(tmp_path, capfd, argv, words):

@@ -215,6 +215,11 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
     assert payload["env_kwargs"] == {"capacity_trace": str(traces), "trace_split": "test", "num_users": 3}
     # the report says what it played on: the run's traces, though no --capacity-trace was given
     assert f"(seed 0, capacity traces {traces} (the run's own): its held-out test files)" in capsys.readouterr().out
+    one = sorted(traces.iterdir())[0]  # a file for a run trained on a directory's train split: all of the file
+    evaluate_cli.main(["--checkpoint", str(run_dir), "--episodes", "2", "--baselines", "fair_share",
+                       "--reference", "none", "--capacity-trace", str(one)])
+    payload = json.loads((run_dir / "evaluation.json").read_text())
+    assert payload["env_kwargs"] == {"capacity_trace": str(one), "trace_split": "all", "num_users": 3}
 
 
 @pytest.mark.parametrize("text, words", [("num_users", "is not key=value"), ("a=1,a=2", "a is given twice"),

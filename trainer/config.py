@@ -178,6 +178,8 @@ class TrainConfig:
             options = self.env_options
         except ValueError as e:
             need(False, "env_kwargs", str(e))
+        need("render_mode" not in options, "env_kwargs", "render_mode: training renders no env (they step in "
+             "batches, in this process or in workers); drop it")
         if self.env == "VREdge-v0":  # a typo would otherwise surface as a TypeError from deep inside gym.make
             from envs import VREdgeConfig
             from envs.traces import TraceNotFoundError

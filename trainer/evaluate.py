@@ -108,7 +108,8 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
         trained_on = state.get("config", {}).get("env")
         if args.capacity_trace and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
             p.error(f"--capacity-trace applies to VREdge-v0, not {trained_on} ({source}); drop it")
-        moved = {"capacity_trace": str(Path(args.capacity_trace).resolve())} if args.capacity_trace else {}
+        # the given traces with the split they are played with (a file: all of it), not the run's own split
+        moved = held_out_env_kwargs({}, str(Path(args.capacity_trace).resolve())) if args.capacity_trace else {}
         model, cfg = policy_from_state(state, source, moved)  # the run's own traces may be gone
         algorithm = algorithm_spec(cfg.algo)
         if not args.deterministic and not algorithm.stochastic:

@@ -210,30 +210,36 @@ def _compiled(cfg: TrainConfig, device: str, notes: list[str]) -> bool:
 
 def _long_enough_to_compile(cfg: TrainConfig) -> bool:
     """``--compile auto``'s rule of length: always for ``--backend device``, never for Ray (its actors act
-    eagerly), else once the steps the run makes reach the algorithm's ``compile_pays_after``."""
+    eagerly), else once ``--total-steps`` reaches the algorithm's ``compile_pays_after`` (as typed: 2M is 2M,
+    though the run rounds it down to whole iterations)."""
     if cfg.backend in ("device", "ray"):
         return cfg.backend == "device"
     pays_after = algorithm_spec(cfg.algo).compile_pays_after
-    batch = cfg.num_envs * cfg.num_steps
-    return pays_after is not None and whole_iterations(cfg.total_steps, batch) * batch >= pays_after
+    return pays_after is not None and cfg.total_steps >= pays_after
 
 
-def compile_kept_on_resume(cfg: TrainConfig, stored_total_steps: int,
+def compile_kept_on_resume(cfg: TrainConfig, stored: dict[str, Any],
                            given: Collection[str]) -> tuple[TrainConfig, str]:
     """A resumed run's ``--compile auto`` as the run decided it, with a note; ``(cfg, "")`` where nothing changes.
 
     ``auto`` weighs the run's length: a resume with another ``--total-steps`` would otherwise switch a compiled run
     to eager (or an eager one to compiled) and its numbers with it, unsaid. Kept as ``on`` or ``off`` in the
-    resumed config, so that later resumes keep it too; ``--compile`` given decides anew."""
-    if cfg.compile != "auto" or "compile" in given:
+    resumed config, so that later resumes keep it too. ``--compile auto`` given decides anew, and says so when the
+    decision changes. ``stored``: the checkpoint's config."""
+    if cfg.compile != "auto":
         return cfg, ""
-    before = _long_enough_to_compile(dataclasses.replace(cfg, total_steps=stored_total_steps))
-    if before == _long_enough_to_compile(cfg):
+    before = stored["compile"] == "on" if stored["compile"] != "auto" else \
+        _long_enough_to_compile(dataclasses.replace(cfg, total_steps=stored["total_steps"]))
+    now = _long_enough_to_compile(cfg)
+    if before == now:
         return cfg, ""
+    was = f"the run {'compiled' if before else 'ran eagerly'} so far"
+    if "compile" in given:
+        return cfg, (f"--compile auto: {was}, and {'compiles' if now else 'runs eagerly'} for --total-steps "
+                     f"{cfg.total_steps:,} from here on (compiled kernels round differently: its numbers change)")
     kept = "on" if before else "off"
     return dataclasses.replace(cfg, compile=kept), (
-        f"--compile auto: the run {'compiled' if before else 'ran eagerly'} for its --total-steps "
-        f"{stored_total_steps:,}, and goes on so (--compile {kept}; pass --compile auto to decide again by "
+        f"--compile auto: {was}, and goes on so (--compile {kept}; pass --compile auto to decide again by "
         f"--total-steps {cfg.total_steps:,})")
 
 

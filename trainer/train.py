@@ -77,7 +77,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         saved, source, notes = None, None, []
         if resume:  # read before the lock is taken: files are replaced atomically, and a typo creates nothing
             cfg, source, saved, notes = resume_state(resume, given or {})
-            cfg, kept = compile_kept_on_resume(cfg, saved["config"]["total_steps"], given or {})
+            cfg, kept = compile_kept_on_resume(cfg, saved["config"], given or {})
             notes += [kept] if kept else []
         # the extras the run needs, before any line about it
         if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:

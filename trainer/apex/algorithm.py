@@ -155,18 +155,21 @@ class ApeX(ApeXSpec, Algorithm):
     def _refill_note(self) -> str:
         """What a resume without the replay means: the learner waits for ``--learning-starts`` new transitions."""
         starts, left = self.cfg.learning_starts, self.cfg.total_steps - self.env_steps
+        note = ("the checkpoint holds no replay (--save-replay false): it refills from new experience, so the "
+                "resumed run is not identical to an uninterrupted one")
+        if self.cfg.total_steps < starts:  # the start's note said the run will not learn
+            return note
         wait = (f"this resumed run's {left:,} env steps are fewer: it will not learn; raise --total-steps"
                 if left < starts else "the learner waits until it holds them")
-        return (f"the checkpoint holds no replay (--save-replay false): it refills from new experience, so the "
-                f"resumed run is not identical to an uninterrupted one; --learning-starts is {starts:,} transitions, "
-                f"and {wait}")
+        return f"{note}; --learning-starts is {starts:,} transitions, and {wait}"
 
     def start_notes(self) -> list[str]:
         notes = [self.replay.describe()]
         if self.cfg.total_steps < self.cfg.learning_starts:  # a transition per env step, at most
             notes.append(f"note: the learner starts once the replay holds --learning-starts "
                          f"{self.cfg.learning_starts:,} transitions, and --total-steps {self.cfg.total_steps:,} "
-                         "collects fewer: this run will not learn; raise --total-steps or lower --learning-starts")
+                         "collects fewer: this run will not learn; raise --total-steps (or, for a new run, lower "
+                         "--learning-starts)")
         return notes
 
     def collector_options(self) -> dict[str, Any]:

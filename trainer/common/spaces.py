@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 
 import envs  # noqa: F401 - registers VREdge-v0
-from trainer.arguments import did_you_mean
+from trainer.arguments import did_you_mean, spelled
 from trainer.config import ConfigError, TrainConfig
 
 
@@ -55,12 +55,13 @@ def action_heads(space: gym.Space) -> ActionHeads | None:
     return None
 
 
-def constructor_arguments(env: str) -> list[str] | None:
-    """The arguments the constructor of ``env`` (an id or ``module:id``) names, which ``gym.make(env, **kwargs)``
-    passes on; ``None`` where it takes ``**kwargs`` (any name may be valid) or its signature cannot be read.
+def constructor_parameters(env: str) -> dict[str, inspect.Parameter] | None:
+    """The parameters the constructor of ``env`` (an id or ``module:id``) names, which ``gym.make(env, **kwargs)``
+    passes on, but ``render_mode`` (a training run renders nothing); ``None`` where it takes ``**kwargs`` (any name
+    may be valid) or its signature cannot be read.
 
-    >>> constructor_arguments("CartPole-v1")
-    ['sutton_barto_reward', 'render_mode']
+    >>> list(constructor_parameters("CartPole-v1"))
+    ['sutton_barto_reward']
     """
     spec = gym.spec(env.rpartition(":")[2])
     try:
@@ -71,13 +72,34 @@ def constructor_arguments(env: str) -> list[str] | None:
         return None
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
         return None
-    return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return {p.name: p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and
+            p.name != "render_mode"}
+
+
+# what a --env-kwargs value must be for a parameter whose default is of this type (an int is a float too)
+_KINDS_OF_DEFAULTS = ((bool, (bool,), "true or false"), (int, (int,), "an integer"),
+                      (float, (int, float), "a number"), (str, (str,), "text"))
+
+
+def _mistyped_argument(env: str, given: dict[str, Any], parameters: dict[str, inspect.Parameter]) -> str:
+    """What is wrong with the first value of ``given`` that is not of the kind of its parameter's default
+    (``sutton_barto_reward=abc`` would be taken as a true string); ``""`` where each fits or has no default."""
+    for name, value in given.items():
+        default = parameters[name].default if name in parameters else None
+        for kind, accepted, said in _KINDS_OF_DEFAULTS:
+            if type(default) is kind:
+                if not isinstance(value, accepted) or (isinstance(value, bool) and kind is not bool):
+                    return (f"{env}'s argument {name}={value!r} is invalid: must be {said} (its default is "
+                            f"{spelled(default)})")
+                break
+    return ""
 
 
 def _refused_arguments(env: str, given: dict, error: TypeError) -> str:
     """Why ``gym.make(env, **given)`` raised ``error``: the arguments the constructor does not name, with the
     ones it does; gymnasium's own text where the signature cannot tell."""
-    known = constructor_arguments(env)
+    parameters = constructor_parameters(env)
+    known = list(parameters) if parameters is not None else None
     unknown = sorted(set(given) - set(known)) if known is not None else []
     if not unknown:  # a named argument with a value the constructor refused, or a constructor taking **kwargs
         raised = error.__context__ if isinstance(error.__context__, TypeError) else error  # (gym.make rewraps it)
@@ -92,6 +114,10 @@ def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int
     ``--policy-arch`` asks: the env's ``head_observation_layout`` ``(features per head, shared features)``
     where it declares one (``auto``, ``per_head``), none for ``flat``."""
     check_env_id(cfg.env)  # a module:id's module imported (gymnasium's own error would be a traceback)
+    parameters = constructor_parameters(cfg.env) if cfg.env_options else None
+    mistyped = _mistyped_argument(cfg.env, cfg.env_options, parameters) if parameters else ""
+    if mistyped:  # before gym.make: the constructor would take the value as it is
+        raise ConfigError("env_kwargs", cfg.env_kwargs, message=f"--env-kwargs: {mistyped}")
     try:
         env = gym.make(cfg.env, **cfg.env_options)
     except TypeError as e:

@@ -250,7 +250,7 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     run_dir = checkpoints.run_dir_of(source)
     out = Path(out) if out else run_dir / "export"
     evaluation = _evaluation(run_dir, source)  # a malformed file fails here, before the work
-    made = not out.exists()
+    made = next((d for d in reversed((out, *out.parents)) if not d.exists()), None)  # the first it will make
     check_writable(out, "the exported policy")
     differs = []
     if evaluation and not evaluation["same_checkpoint"]:
@@ -299,9 +299,11 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
             signals.finish()
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-        if made:  # a directory this export made and a failure left empty goes too
+        for made_here in (out, *out.parents) if made else ():  # the directories it made, if a failure left them empty
             with contextlib.suppress(OSError):
-                out.rmdir()
+                made_here.rmdir()
+            if made_here == made:
+                break
     print(f"wrote {', '.join(str(out / FILES[f]) for f in formats)} and {out / CARD}")
     return card
 
