@@ -18,7 +18,9 @@ import torch
 # minibatch generator is derived from (seed, iteration) instead of being stored per device
 FORMAT_VERSION = 3
 ZIP_HEADER = b"PK\x03\x04"  # how torch.save's files begin (since torch 1.6)
+ZIP_END = b"PK\x05\x06"  # the record that ends a zip archive, within its last 65,557 bytes (zip64 keeps it too)
 HEAD_BYTES = 4096  # how much of a file is read to tell what it is
+TAIL_BYTES = 65_557
 _NDARRAY = "__ndarray__"
 
 
@@ -130,8 +132,7 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> d
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     with path.open("rb") as f:
-        _check_head(path, f.read(HEAD_BYTES))
-        f.seek(0)
+        _check_framing(path, f)
         outer = _torch_load(path, f, "cpu")
     if not isinstance(outer, dict) or "format_version" not in outer:
         raise CheckpointError(f"{path}: not a parallel-rollouts checkpoint (no format version)")
@@ -149,15 +150,22 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> d
     return _decode(_torch_load(path, inner, map_location))
 
 
-def _check_head(path: Path, head: bytes) -> None:
-    """Raise ``CheckpointError`` unless the file begins as ``torch.save`` begins one (a zip archive); torch's own
-    text for other bytes is about its legacy format, which says nothing of what happened to the file."""
-    if head.startswith(ZIP_HEADER):
-        return
+def _check_framing(path: Path, f: BinaryIO) -> None:
+    """Raise ``CheckpointError`` unless the file begins and ends as a ``torch.save`` file does (a zip archive);
+    torch's own text for other bytes is about its legacy format, or an ``OSError``, which say nothing of what
+    happened to the file. Leaves ``f`` at its start."""
+    head = f.read(HEAD_BYTES)
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - TAIL_BYTES))
+    tail = f.read()
+    f.seek(0)
     what = ("the file is empty" if not head else
             f"its first {len(head):,} bytes are zeros" if not head.strip(b"\0") else
-            "it is not a torch.save file (a zip archive); is it another kind of file?")
-    raise CheckpointError(f"{path}: cannot be read as a checkpoint (truncated or corrupted?): {what}")
+            "it is not a torch.save file (a zip archive); is it another kind of file?"
+            if not head.startswith(ZIP_HEADER) else
+            f"it ends before its zip directory, at {size:,} bytes" if ZIP_END not in tail else "")
+    if what:
+        raise CheckpointError(f"{path}: cannot be read as a checkpoint (truncated or corrupted?): {what}")
 
 
 def _torch_load(path: Path, f: BinaryIO, map_location) -> Any:
