@@ -133,7 +133,11 @@ def test_detected_machine_is_this_one():
     (dict(device="cuda"), Machine(4, 0), "--device"),
     (dict(env="NoSuchEnv-v9"), Machine(4), "unknown env id"),
     (dict(env="no_such_module_42:Foo-v0"), Machine(4), "--env 'no_such_module_42:Foo-v0': cannot import"),
-    (dict(env="tests.factories:NoSuchEnv-v9"), Machine(4), "unknown env id 'NoSuchEnv-v9'"),
+    # a module that imports: the ids it registers, not every registered env's closest
+    (dict(env="tests.factories:NaNRewrd-v0"), Machine(4), "--env 'tests.factories:NaNRewrd-v0': tests.factories does "
+     r"not register 'NaNRewrd-v0' \(did you mean NaNReward-v0\?\); it registers Exploding-v0, Hanging-v0, "
+     "NaNReward-v0"),
+    (dict(env="collectors:Foo-v0"), Machine(4), "collectors does not register 'Foo-v0'; it registers no env"),
 ])
 def test_impossible_requests_are_one_line_errors_naming_the_flag(flags, machine, words):
     with pytest.raises(ValueError, match=words) as e:

@@ -17,6 +17,7 @@ def check_env_id(env: str) -> None:
     """Raise ``ConfigError`` unless ``env`` is a registered Gymnasium id, or ``module:id`` (Gymnasium's syntax:
     the module, imported here, registers the id)."""
     module, _, name = env.rpartition(":")
+    before = set(gym.registry)
     if module:
         try:
             importlib.import_module(module)
@@ -24,11 +25,28 @@ def check_env_id(env: str) -> None:
             raise ConfigError("env", env,
                               message=f"--env {env!r}: cannot import {module!r} ({e}); run from the "
                                       "directory that holds it, or add that directory to PYTHONPATH") from None
-    if name not in gym.registry:
-        raise ConfigError("env", env,
-                          message=f"unknown env id {name!r}{did_you_mean(name, gym.registry)}: register it with "
-                                  "gymnasium first (e.g. CartPole-v1, VREdge-v0), or name the module that registers "
-                                  "it as module:id")
+    if name in gym.registry:
+        return
+    if module:  # the module imported: the ids it registers are the ones to choose from
+        # what its import registered (a first import), and the ids whose envs it holds (an import done before)
+        registered = sorted(set(gym.registry) - before | {
+            i for i, spec in gym.registry.items()
+            if _entry_module(spec.entry_point) == module or _entry_module(spec.entry_point).startswith(module + ".")})
+        which = f"; it registers {', '.join(registered)}" if registered else \
+            "; it registers no env (a gymnasium.register call it should make when imported?)"
+        raise ConfigError("env", env, message=f"--env {env!r}: {module} does not register {name!r}"
+                                              f"{did_you_mean(name, registered)}{which}")
+    raise ConfigError("env", env,
+                      message=f"unknown env id {name!r}{did_you_mean(name, gym.registry)}: register it with "
+                              "gymnasium first (e.g. CartPole-v1, VREdge-v0), or name the module that registers "
+                              "it as module:id")
+
+
+def _entry_module(entry_point: Any) -> str:
+    """The module an env spec's entry point lives in (``"pkg.mod:Cls"`` or a callable); ``""`` if none."""
+    if isinstance(entry_point, str):
+        return entry_point.partition(":")[0]
+    return getattr(entry_point, "__module__", "") or ""
 
 
 class ActionHeads(NamedTuple):
