@@ -201,11 +201,19 @@ def latest_loadable(path: str | os.PathLike, map_location: str = "cpu") -> tuple
     Raises :class:`CheckpointError` listing every problem when none loads.
     """
     problems = []
-    for candidate in candidates(path):
+    tried = candidates(path)
+    for candidate in tried:
         try:
             return candidate, load(candidate, map_location), problems
         except CheckpointError as e:
             problems.append(str(e))
+    if Path(path).is_file():  # one file asked for: its run's other checkpoints are named, not loaded (GBs each)
+        run_dir = run_dir_of(tried[0])
+        others = [f for f in checkpoint_files(run_dir) if f not in tried]
+        if others:
+            problems.append(f"its run directory {run_dir} holds {len(others)} other checkpoint"
+                            f"{'' if len(others) == 1 else 's'} (newest {others[0].name}): pass the directory "
+                            "instead of the file to take the newest that loads")
     raise CheckpointError("no loadable checkpoint:\n  " + "\n  ".join(problems))
 
 

@@ -151,6 +151,24 @@ def test_bad_files_name_the_file_and_the_problem(tmp_path, damage, words):
     assert str(path) in str(info.value)
 
 
+def test_an_unreadable_file_names_its_runs_other_checkpoints(tmp_path):
+    for i in (1, 2, 3):
+        save_in_run_dir(tmp_path, {"i": i}, i, keep=5)
+    newest = tmp_path / "checkpoints" / "ckpt_00000003.pt"
+    newest.write_bytes(b"")
+    with pytest.raises(CheckpointError) as info:
+        latest_loadable(newest)  # the file asked for, not loaded in its place: named
+    assert str(info.value).splitlines()[-1] == (f"  its run directory {tmp_path} holds 2 other checkpoints (newest "
+                                                "ckpt_00000002.pt): pass the directory instead of the file to "
+                                                "take the newest that loads")
+    assert latest_loadable(tmp_path)[1]["i"] == 2
+    for i in (1, 2):
+        (tmp_path / "checkpoints" / f"ckpt_{i:08d}.pt").unlink()
+    with pytest.raises(CheckpointError) as info:
+        latest_loadable(newest)
+    assert "other checkpoint" not in str(info.value)
+
+
 def test_missing_and_empty_locations(tmp_path):
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         latest_loadable(tmp_path / "nope")

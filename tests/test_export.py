@@ -219,6 +219,17 @@ def test_a_checkpoint_of_another_format_version(tmp_path):
     assert "format version 2 is not supported" in one_line_error(["--checkpoint", str(path)])
 
 
+def test_an_unreadable_checkpoint_file_is_one_line_that_lists_what_was_tried(tmp_path, cartpole):
+    run = shutil.copytree(cartpole, tmp_path / "run")
+    newest = checkpoints.checkpoint_files(run)[0]
+    shutil.copy(newest, run / "checkpoints" / "ckpt_00000001.pt")  # an older one that loads
+    newest.write_bytes(b"")
+    assert one_line_error(["--checkpoint", str(newest)]) == (
+        f"error: no loadable checkpoint: {newest}: cannot be read as a checkpoint (truncated or corrupted?): the "
+        f"file is empty; its run directory {run} holds 1 other checkpoint (newest ckpt_00000001.pt): pass the "
+        "directory instead of the file to take the newest that loads")
+
+
 def test_a_run_without_checkpoints(tmp_path):
     (tmp_path / "run").mkdir()
     assert "no checkpoints found" in one_line_error(["--checkpoint", str(tmp_path / "run")])

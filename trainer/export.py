@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
                    args.pick, signals)
             ignore_late_signals()  # the files are written: what arrives now has nothing to stop
     except (ValueError, checkpoints.CheckpointError) as e:
-        raise SystemExit("error: " + " ".join(line.strip() for line in str(e).splitlines())) from None
+        first, *listed = [line.strip() for line in str(e).splitlines()]  # "no loadable checkpoint:" and its list
+        raise SystemExit(f"error: {' '.join([first, '; '.join(listed)]).strip()}") from None
     except KeyboardInterrupt as e:
         print(f"\n{str(e) or 'interrupted'}: nothing was written (the previous export, if any, is unchanged)",
               file=sys.stderr)
