@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 from envs import rng
+from envs.arguments import KINDS, finite, is_int, is_number
 from envs.traces import TRACE_SPLITS, TraceSet, load_traces
 
 REGIMES = ("good", "fair", "poor")
@@ -63,7 +64,7 @@ class VREdgeConfig:
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, allowed: str, of_a_number: bool = True) -> None:
-            if of_a_number and not _finite(getattr(self, name)):  # inf passes most ranges, nan fails them all
+            if of_a_number and not finite(getattr(self, name)):  # inf passes most ranges, nan fails them all
                 ok, allowed = False, f"finite and {allowed}"
             if not ok:
                 raise ValueError(f"VR-edge argument {name}={getattr(self, name)!r} is invalid: must be {allowed}")
@@ -72,13 +73,13 @@ class VREdgeConfig:
         # --env-kwargs)
         for f in (f for f in fields(self) if f.init):
             value = getattr(self, f.name)
-            if str(f.type) in _KINDS:
-                ok, kind = _KINDS[str(f.type)]
+            if str(f.type) in KINDS:
+                ok, kind = KINDS[str(f.type)]
                 need(ok(value), f.name, f"{kind}, not {type(value).__name__}", of_a_number=False)
             else:  # the tuples
-                need(isinstance(value, (tuple, list)) and all(map(_is_number, value)), f.name,
+                need(isinstance(value, (tuple, list)) and all(map(is_number, value)), f.name,
                      f"a sequence of numbers, not {type(value).__name__}", of_a_number=False)
-        need(_is_int(self.num_users) and self.num_users >= 1, "num_users", "an integer >= 1")
+        need(is_int(self.num_users) and self.num_users >= 1, "num_users", "an integer >= 1")
         ladder = tuple(self.bitrates_mbps)
         need(len(ladder) >= 1, "bitrates_mbps", "a non-empty, strictly increasing sequence of positive numbers")
         need(all(b > 0 for b in ladder) and all(a < b for a, b in zip(ladder, ladder[1:])),
@@ -96,8 +97,8 @@ class VREdgeConfig:
             need(getattr(self, name) >= 0, name, ">= 0 (a standard deviation)")
         for name in ("quality_weight", "stall_weight", "switch_weight", "step_cost_us"):
             need(getattr(self, name) >= 0, name, ">= 0 (weights and costs cannot be negative)")
-        need(_is_int(self.max_steps) and self.max_steps >= 1, "max_steps", "an integer >= 1")
-        need(_is_int(self.history) and self.history >= 1, "history", "an integer >= 1")
+        need(is_int(self.max_steps) and self.max_steps >= 1, "max_steps", "an integer >= 1")
+        need(is_int(self.history) and self.history >= 1, "history", "an integer >= 1")
         need(self.trace_split in TRACE_SPLITS, "trace_split", " or ".join(TRACE_SPLITS))
         need(not (self.reveal_hidden_state and self.capacity_trace), "reveal_hidden_state",
              "false with capacity_trace (a recorded trace has no regime or fade to reveal)")
@@ -107,7 +108,7 @@ class VREdgeConfig:
         need(not self.trace_scale or bool(self.capacity_trace), "trace_scale",
              "0 unless capacity_trace is given (the scale applies to a trace)")
         for f in (f for f in fields(self) if f.init):  # a number with no range above
-            need(_finite(getattr(self, f.name)), f.name, "finite (not inf or nan)", of_a_number=False)
+            need(finite(getattr(self, f.name)), f.name, "finite (not inf or nan)", of_a_number=False)
         ladder_arr = np.asarray(ladder, dtype=np.float64)
         object.__setattr__(self, "bitrates_mbps", ladder)
         object.__setattr__(self, "_ladder", ladder_arr)
@@ -145,33 +146,6 @@ class VREdgeConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (float, np.floating)) or _is_int(x)
-
-
-def _finite(value: Any) -> bool:
-    """Whether the numbers of ``value`` (a number, or a sequence of them) are finite; other values are."""
-    numbers = value if isinstance(value, (tuple, list)) else [value]
-    return all(math.isfinite(v) for v in numbers if _is_number(v))
-
-
-def _is_bool(x: Any) -> bool:
-    return isinstance(x, (bool, np.bool_))
-
-
-def _is_str(x: Any) -> bool:
-    return isinstance(x, str)
-
-
-# the scalar fields' annotations (strings: ``from __future__ import annotations``) -> (check, what it expects)
-_KINDS = {"int": (_is_int, "an integer"), "float": (_is_number, "a number"), "str": (_is_str, "text"),
-          "bool": (_is_bool, "true or false")}
 
 
 def observation_space(cfg: VREdgeConfig) -> gym.spaces.Box:

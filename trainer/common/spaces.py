@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 
 import envs  # noqa: F401 - registers VREdge-v0
+from envs.arguments import KINDS
 from trainer.arguments import did_you_mean, spelled
 from trainer.config import ConfigError, TrainConfig
 
@@ -17,7 +18,7 @@ def check_env_id(env: str) -> None:
     """Raise ``ConfigError`` unless ``env`` is a registered Gymnasium id, or ``module:id`` (Gymnasium's syntax:
     the module, imported here, registers the id)."""
     module, _, name = env.rpartition(":")
-    before = set(gym.registry)
+    before = set(gym.registry) if module else set()
     if module:
         try:
             importlib.import_module(module)
@@ -94,29 +95,21 @@ def constructor_parameters(env: str) -> dict[str, inspect.Parameter] | None:
             p.name != "render_mode"}
 
 
-# what a --env-kwargs value must be for a parameter whose default is of this type (an int is a float too)
-_KINDS_OF_DEFAULTS = ((bool, (bool,), "true or false"), (int, (int,), "an integer"),
-                      (float, (int, float), "a number"), (str, (str,), "text"))
-
-
 def _mistyped_argument(env: str, given: dict[str, Any], parameters: dict[str, inspect.Parameter]) -> str:
     """What is wrong with the first value of ``given`` that is not of the kind of its parameter's default
     (``sutton_barto_reward=abc`` would be taken as a true string); ``""`` where each fits or has no default."""
     for name, value in given.items():
         default = parameters[name].default if name in parameters else None
-        for kind, accepted, said in _KINDS_OF_DEFAULTS:
-            if type(default) is kind:
-                if not isinstance(value, accepted) or (isinstance(value, bool) and kind is not bool):
-                    return (f"{env}'s argument {name}={value!r} is invalid: must be {said} (its default is "
-                            f"{spelled(default)})")
-                break
+        ok, said = KINDS.get(type(default).__name__, (None, ""))
+        if ok is not None and not ok(value):
+            return f"{env}'s argument {name}={value!r} is invalid: must be {said} (its default is {spelled(default)})"
     return ""
 
 
-def _refused_arguments(env: str, given: dict, error: TypeError) -> str:
-    """Why ``gym.make(env, **given)`` raised ``error``: the arguments the constructor does not name, with the
-    ones it does; gymnasium's own text where the signature cannot tell."""
-    parameters = constructor_parameters(env)
+def _refused_arguments(env: str, given: dict, error: TypeError, parameters: dict[str, inspect.Parameter] | None,
+                       ) -> str:
+    """Why ``gym.make(env, **given)`` raised ``error``: the arguments the constructor does not name (of its
+    ``parameters``), with the ones it does; gymnasium's own text where the signature cannot tell."""
     known = list(parameters) if parameters is not None else None
     unknown = sorted(set(given) - set(known)) if known is not None else []
     if not unknown:  # a named argument with a value the constructor refused, or a constructor taking **kwargs
@@ -142,7 +135,8 @@ def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int
         if not cfg.env_options:
             raise
         # the first env this run builds: --env-kwargs the env's constructor does not take
-        raise ConfigError("env_kwargs", cfg.env_kwargs, _refused_arguments(cfg.env, cfg.env_options, e)) from None
+        raise ConfigError("env_kwargs", cfg.env_kwargs,
+                          _refused_arguments(cfg.env, cfg.env_options, e, parameters)) from None
     try:
         space = env.observation_space
         if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:  # what every model here takes
