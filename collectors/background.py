@@ -11,7 +11,6 @@ from multiprocessing.connection import wait
 from typing import Any
 
 import torch
-import torch.multiprocessing as tmp
 from tensordict import TensorDict
 
 from collectors.backends.async_ import CLOSE_TIMEOUT_S as WORKER_CLOSE_TIMEOUT_S
@@ -24,8 +23,9 @@ from collectors.backends.async_ import (
 )
 from collectors.base import Collector, Policy, check_env_fns
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
+from collectors.processes import die_with_parent, process_context, show_name, starting
 from collectors.rollout import Rollout
-from collectors.stop_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
+from collectors.stop_signals import ignore_stop_signals
 
 _CLOSE_TIMEOUT_S = 5.0
 # the commands the collecting process answers only once its async workers have: its deadline on them fires first
@@ -34,7 +34,7 @@ _REPORT_MARGIN_S = 2.0  # a busy machine's delay between the collecting process'
 
 
 class BackgroundCollector(Collector):
-    """A :class:`~collectors.RolloutCollector` that runs in a spawned process of its own.
+    """A :class:`~collectors.RolloutCollector` that runs in a process of its own.
 
     ``start()`` begins the next rollout and returns at once; ``wait()`` returns it. In
     between, this process is free: the trainer's ``--overlap`` learns on one rollout while
@@ -80,13 +80,13 @@ class BackgroundCollector(Collector):
         self.deadline = Deadline(worker_timeout)
         check_picklable(env_fns, "the collecting process (background=True)")
         policy_bytes = _pickled(policy)
-        ctx = tmp.get_context("spawn")
+        ctx = process_context()
         self._conn, child = ctx.Pipe()
         kwargs = dict(backend=backend, horizon=horizon, seed=seed, num_threads=num_threads,
                       worker_timeout=worker_timeout, **options)
         self._weights = _shared_weights(policy)
         self._process = ctx.Process(target=_serve, args=(child, env_fns, policy_bytes, self._weights, kwargs),
-                                    daemon=False, name="rollout-collector")
+                                    daemon=False, name="collector")
         self._has_workers = backend == "async"
         self._pending: int | None = None  # the policy version of the rollout in flight
         self._sent_at = 0.0  # when the rollout in flight was asked for
@@ -97,7 +97,7 @@ class BackgroundCollector(Collector):
         self._started = {"ready": False}  # read by _stop: a process still starting gets time to finish
         try:
             # a stop signal is raised after this block, once the process is on record to be stopped
-            with stop_signals_blocked():
+            with starting(ctx):
                 self._process.start()
                 child.close()
                 self._finalizer = weakref.finalize(self, _stop, self._process, self._conn, self._started)
@@ -302,6 +302,7 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, weights: dict[str, torch.Te
     from collectors.collector import RolloutCollector
 
     ignore_stop_signals()  # stop signals reach the whole process group; the trainer handles them, then closes us
+    show_name()
     if not die_with_parent():
         return
     try:

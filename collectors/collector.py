@@ -75,7 +75,7 @@ def check_policy_output(action: torch.Tensor, extras: dict[str, torch.Tensor], n
 
 class RolloutCollector(Collector):
     """Collects fixed-shape ``[horizon, num_envs]`` rollouts from Gymnasium envs, in this process
-    (``serial``, ``sync``) or in spawned worker processes (``async``).
+    (``serial``, ``sync``) or in worker processes (``async``).
 
     Example:
         >>> import functools, gymnasium as gym, torch

@@ -10,11 +10,10 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-# ctypes and multiprocessing are imported where they are used: `python -m trainer.train` sets its stop-signal
+# multiprocessing is imported where it is used: `python -m trainer.train` sets its stop-signal
 # handlers from this module before anything else loads, and each millisecond before that is one in which a
 # Ctrl-C prints an import traceback
 
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGHUP")
                      if hasattr(signal, name))
 
@@ -78,25 +77,3 @@ def ignore_stop_signals() -> None:
     if hasattr(signal, "pthread_sigmask"):  # what arrived while blocked is now discarded
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
-
-def die_with_parent() -> bool:
-    """In a spawned process: be killed when the process that started it dies, even mid-way through a hung env
-    step (Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``). Elsewhere the parent's end of the pipe closing ends the
-    command loop, the fallback liveness check. Returns ``False`` when the parent is already gone (then exit).
-    Linux sends the signal when the *thread* that started the process ends: start a collector from a thread
-    that outlives it (the main thread, as the trainer does).
-
-    multiprocessing's resource tracker goes with the workers: it exits once every process holding its pipe
-    (the parent, which was killed, and its workers, which this kills) is gone.
-    """
-    import multiprocessing
-
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):  # no prctl in this libc: the closed pipe still ends the loop
-            pass
-    parent = multiprocessing.parent_process()
-    return parent is None or os.getppid() == parent.pid  # it may have died before prctl took effect

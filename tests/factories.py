@@ -1,4 +1,4 @@
-"""Top-level env factories, policies and process targets for the tests (picklable for spawned workers)."""
+"""Top-level env factories, policies and process targets for the tests (picklable for worker processes)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class SuicidalEnv(ExplodingEnv):
 
 
 class HangingEnv(FaultyCartPole):
-    """CartPole whose ``fail_at``-th step never returns in a spawned process (a hung simulator); in the
+    """CartPole whose ``fail_at``-th step never returns in a worker process (a hung simulator); in the
     process that started the others it steps normally (a hang there would hang the caller itself)."""
 
     def step(self, action):
@@ -70,6 +70,12 @@ class HangingEnv(FaultyCartPole):
 
 def hanging() -> gym.Env:
     return HangingEnv(fail_at=40)
+
+
+def print_blocked_signals() -> None:
+    """A process target: print the signals blocked as it starts."""
+    import signal
+    print("blocked", sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])), flush=True)
 
 
 def exploding() -> gym.Env:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import backends, device_check, double_buffer, env_steps, scaling
+from benchmarks import backends, device_check, double_buffer, env_steps, scaling, worker_start
 
 # without a GPU, the check must not read as if it had met the GPU targets
 PASSED = "device check: OK" if torch.cuda.is_available() else \
@@ -107,7 +107,7 @@ def test_scaling_quick_reports_rates_and_efficiency(capsys):
     assert all(float(e) > 0 for *_, e in rows)
 
 
-@pytest.mark.slow  # five collectors, four of them with spawned workers
+@pytest.mark.slow  # five collectors, four of them with worker processes
 def test_double_buffer_quick_reports_every_contender_with_efficiency(capsys):
     double_buffer.main(["--quick"])
     out = capsys.readouterr().out
@@ -117,6 +117,17 @@ def test_double_buffer_quick_reports_every_contender_with_efficiency(capsys):
     assert names[:3] == ["sync", "async, lockstep (default)", "async, double-buffered"]
     assert names[-1] == "gymnasium AsyncVectorEnv(shm)"
     assert all(int(rate.replace(",", "")) > 0 and float(eff) > 0 for _, rate, eff in rows)
+
+
+@pytest.mark.slow  # two fresh programs, one of them spawning a worker twice
+def test_worker_start_quick_reports_both_start_methods(capsys):
+    worker_start.main(["--quick"])
+    out = capsys.readouterr().out
+    seconds = r"\s+([\d.]+) \[.*?\]"  # a median and its spread
+    rows = re.findall(rf"^(forkserver|spawn)\s+1{seconds * 3}\s+(\d+)\s+(\d+)$", out, re.M)
+    assert [r[0] for r in rows] == ["forkserver", "spawn"], out
+    assert all(float(x) > 0 for r in rows for x in r[1:4]) and all(int(r[5]) > 0 for r in rows), out
+    assert re.search(r"^1 workers: spawn / forkserver, first start\s+[\d.]+ \[.*\]x, later starts\s+[\d.]+ ", out, re.M)
 
 
 def test_worker_counts_reach_the_cores():

@@ -25,7 +25,7 @@ from trainer.config import TrainConfig
 from trainer.interrupts import Interrupted, StopSignals
 
 ROOT = Path(__file__).resolve().parent.parent
-HANGING = "tests.factories:Hanging-v0"  # CartPole whose 40th step hangs in a spawned process
+HANGING = "tests.factories:Hanging-v0"  # CartPole whose 40th step hangs in a worker process
 # eager: a run this long would compile under --compile auto, which these tests about hangs need not wait for
 SMALL = ["--num-envs", "4", "--num-steps", "8", "--total-steps", "100000000", "--device", "cpu", "--seed", "3",
          "--checkpoint-every", "1000", "--compile", "off"]
@@ -97,7 +97,7 @@ def test_a_stopped_async_worker_of_the_collecting_process_is_named(call, phase):
                         num_workers=1, worker_timeout=1.0) as collector:
         for _ in range(3):
             collector.collect()
-        worker = _newest_worker(psutil.Process(collector._process.pid).children())
+        worker = _newest_worker(psutil.Process(collector._process.pid).children(recursive=True))
         os.kill(worker.pid, signal.SIGSTOP)
         with pytest.raises(WorkerTimeoutError, match=rf"async worker 0 \(pid {worker.pid}, envs 2-3\) has been "
                                                      rf"silent for [\d.]+ s during {phase}"):
@@ -200,10 +200,15 @@ def _assert_none_left(procs):
     assert not alive, [(p.pid, p.ppid(), p.cmdline()) for p in alive]
 
 
+def _ours(procs):
+    """The processes a collector started (named by them), without multiprocessing's resource tracker and
+    forkservers: forked from one, a worker shares its command line."""
+    return [p for p in procs if p.name() == "collector" or p.name().startswith("env-worker-")]
+
+
 def _newest_worker(procs):
-    """The newest process the trainer started besides the resource tracker: an async worker."""
-    workers = [p for p in procs if "multiprocessing.resource_tracker" not in " ".join(p.cmdline())]
-    return max(workers, key=lambda p: p.create_time())
+    """The newest process the trainer started besides multiprocessing's helpers: an async worker."""
+    return max(_ours(procs), key=lambda p: p.create_time())
 
 
 @pytest.mark.parametrize("overlap", [False, pytest.param(True, marks=pytest.mark.slow)])
@@ -215,9 +220,7 @@ def test_a_killed_worker_stops_the_run_with_one_line_whatever_it_was_doing(tmp_p
     run_dir = tmp_path / "run"
     proc = _start(["--backend", "async", "--num-workers", "1", "--overlap", str(overlap).lower()], run_dir)
     kids = _descendants_once_running(proc, run_dir, count=3 if overlap else 2)
-    tracker = "multiprocessing.resource_tracker"
-    victim = min((p for p in kids if tracker not in " ".join(p.cmdline())), key=lambda p: p.create_time()) \
-        if overlap else _newest_worker(kids)
+    victim = min(_ours(kids), key=lambda p: p.create_time()) if overlap else _newest_worker(kids)
     time.sleep(random.uniform(0.0, 1.0))
     victim.kill()
     _, err = proc.communicate(timeout=120)

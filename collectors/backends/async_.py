@@ -1,4 +1,5 @@
-"""Envs in spawned worker processes; step data through shared memory, control through pipes.
+"""Envs in worker processes (forked from a forkserver, or spawned); step data through shared memory, control
+through pipes.
 
 The collecting process also steps a share of the envs itself (``main_share=True``):
 while the workers step theirs it would otherwise sit idle, and on a machine with
@@ -26,12 +27,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.multiprocessing as tmp
 
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EnvError, EnvGroup, EpisodeInfo, StepViews, check_same_spaces
+from collectors.processes import die_with_parent, process_context, show_name, starting
 from collectors.resources import async_workers, usable_cores
-from collectors.stop_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
+from collectors.stop_signals import ignore_stop_signals
 from collectors.storage import torch_dtype
 
 _FIELDS = ("next_obs", "rewards", "terminated", "truncated", "final_obs", "final_mask")  # final_* last
@@ -63,8 +64,8 @@ class WorkerTimeoutError(WorkerDiedError):
     """A worker stayed silent past its deadline (a hung env step, a stopped process): handled as a dead one."""
 
 
-def check_picklable(env_fns: Sequence[Callable[[], Any]], where: str = "the async backend's spawned workers") -> None:
-    """Reject factories that cannot reach a spawned process (``where``), before any process starts."""
+def check_picklable(env_fns: Sequence[Callable[[], Any]], where: str = "the async backend's workers") -> None:
+    """Reject factories that cannot reach another process (``where``), before any process starts."""
     for i, fn in enumerate(env_fns):
         try:
             pickle.dumps(fn)
@@ -97,6 +98,7 @@ def _describe(ranges: list[range]) -> str:
 def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
     """Worker loop: build one env group per split, receive shared buffers, then serve commands."""
     ignore_stop_signals()
+    show_name()
     if not die_with_parent():  # the collecting process died while this one started: nobody to serve
         return
     torch.set_num_threads(1)
@@ -184,7 +186,10 @@ def stop_processes(procs: list, patience: float) -> None:
 
 
 class AsyncBackend:
-    """Envs split over ``num_workers`` spawned processes, plus a share in this process.
+    """Envs split over ``num_workers`` worker processes, plus a share in this process.
+
+    Workers are forked from a forkserver that has imported torch and the collectors once, or spawned where
+    the platform has none or ``start_method="spawn"`` asks for it (:mod:`collectors.processes`).
 
     ``groups`` lists the ``num_splits`` env groups as contiguous slices of the rollout's
     env indices; every process hosts a non-empty part of every group. ``step`` steps all
@@ -206,8 +211,9 @@ class AsyncBackend:
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], num_workers: int | None = None,
                  main_share: bool = True, num_splits: int = 1,
-                 worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S) -> None:
+                 worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S, start_method: str | None = None) -> None:
         self.deadline = Deadline(worker_timeout)
+        self._ctx = process_context(start_method)
         if num_workers is None:  # one busy process per usable core (a sharing collecting process is one of them)
             cores = usable_cores()
             num_workers = async_workers(cores, len(env_fns))[0] if main_share else min(cores, len(env_fns))
@@ -235,12 +241,13 @@ class AsyncBackend:
             raise
 
     def _start(self, env_fns, worker_ranges: list[list[range]], local_ranges: list[range] | None) -> None:
-        ctx = tmp.get_context("spawn")
-        for ranges in worker_ranges:
+        ctx = self._ctx
+        for w, ranges in enumerate(worker_ranges):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker_main, args=([[env_fns[i] for i in r] for r in ranges],
-                                                      [r.start for r in ranges], child), daemon=True)
-            with stop_signals_blocked():  # a stop signal is raised once the worker is on record, to be shut down
+                                                      [r.start for r in ranges], child),
+                            daemon=True, name=f"env-worker-{w}")
+            with starting(ctx):  # a stop signal is raised once the worker is on record, to be shut down
                 p.start()
                 child.close()
                 self.procs.append(p)

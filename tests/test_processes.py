@@ -1,0 +1,139 @@
+"""How a collector starts its processes: forked from one forkserver (or spawned), named, stop signals held back
+until they ignore them, and gone with the process that started them."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from collectors.backends.async_ import AsyncBackend
+from collectors.processes import process_context
+from tests import factories as f
+
+ROOT = Path(__file__).resolve().parents[1]
+FORKSERVER = "forkserver" in mp.get_all_start_methods()
+
+
+def _run(script: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120, **kwargs)
+
+
+@pytest.mark.skipif(not FORKSERVER, reason="this platform has no forkserver")
+def test_workers_are_forked_from_one_forkserver_and_named():
+    """Every collector of this process forks its workers from the same forkserver (torch imported once), and
+    each worker is named for ps and top, where all of them share the forkserver's command line."""
+    first = AsyncBackend([f.cartpole] * 3, num_workers=2)
+    second = AsyncBackend([f.cartpole] * 2, num_workers=1)
+    try:
+        workers = [psutil.Process(p.pid) for p in (*first.procs, *second.procs)]
+        servers = {w.ppid() for w in workers}
+        assert len(servers) == 1 and os.getpid() not in servers
+        server = psutil.Process(servers.pop())
+        assert server.ppid() == os.getpid() and "multiprocessing.forkserver" in " ".join(server.cmdline())
+        assert [w.name() for w in workers] == ["env-worker-0", "env-worker-1", "env-worker-0"]
+        obs = second.shared["next_obs"].numpy()
+        second.reset([1, 2], obs)  # the forked workers serve commands
+        assert obs.any()
+    finally:
+        first.close()
+        second.close()
+    assert not mp.active_children()
+
+
+def test_spawn_where_asked_gives_the_same_envs_and_workers_that_die_with_this_process():
+    """``start_method="spawn"`` (the only one on Windows): workers are this process's children, and give the
+    same observations as forked ones."""
+    methods = ["spawn", *(["forkserver"] if FORKSERVER else [])]
+    observations = []
+    for method in methods:
+        backend = AsyncBackend([f.cartpole] * 2, num_workers=1, start_method=method)
+        try:
+            parent = psutil.Process(backend.procs[0].pid).ppid()
+            assert (parent == os.getpid()) == (method == "spawn")
+            backend.reset([7, 8], backend.shared["next_obs"].numpy())
+            observations.append(backend.shared["next_obs"].clone())
+        finally:
+            backend.close()
+    assert all((o == observations[0]).all() for o in observations)
+    assert not mp.active_children()
+
+
+@pytest.mark.parametrize("method", ["fork", "threads", ""])
+def test_a_start_method_a_collector_cannot_use_is_refused_before_any_process_starts(method):
+    with pytest.raises(ValueError, match=rf"start_method='{method}' is not one this platform offers a collector's "
+                                         r"processes: choose 'forkserver' or 'spawn'|choose 'spawn'") as info:
+        AsyncBackend([f.cartpole] * 2, num_workers=1, start_method=method)
+    assert ("fork is refused" in str(info.value)) == (method == "fork")
+    assert not mp.active_children()
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="no signal masks on this platform")
+def test_forked_processes_start_with_stop_signals_blocked_and_this_one_gets_them_back():
+    """The forkserver is started while stop signals are held back, so a Ctrl-C cannot reach a process it forks
+    before that process ignores it (a traceback from a worker's start-up); this process's mask is restored."""
+    out = _run("""
+        import signal
+        from collectors.processes import process_context, starting
+        from tests.factories import print_blocked_signals
+        if __name__ == "__main__":
+            ctx = process_context()
+            p = ctx.Process(target=print_blocked_signals)
+            with starting(ctx):
+                p.start()
+            p.join()
+            print("here", sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])), flush=True)
+    """)
+    child = [line for line in out.stdout.splitlines() if line.startswith("blocked")]
+    here = [line for line in out.stdout.splitlines() if line.startswith("here")]
+    assert out.returncode == 0 and child and here, out
+    assert {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP} <= set(eval(child[0].split(" ", 1)[1]))
+    assert not {signal.SIGINT, signal.SIGTERM} & set(eval(here[0].split(" ", 1)[1]))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.parametrize("method", ["spawn", *(["forkserver"] if FORKSERVER else [])])
+def test_a_killed_collector_takes_its_hung_workers_and_forkserver_with_it(method):
+    """SIGKILL a process whose worker hangs in a step: the worker is not reading its pipe, so only the
+    parent-death signal can end it; for a forked one, through the forkserver, which exits once nothing holds
+    its lifeline (each forked process closes the copy it inherits)."""
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        from collectors.backends.async_ import _FIELDS, AsyncBackend
+        from collectors.env_group import StepViews
+        from tests import factories as f
+        if __name__ == "__main__":
+            backend = AsyncBackend([f.hanging] * 2, num_workers=1, start_method={method!r})
+            backend.reset([1, 2], backend.shared["next_obs"].numpy())
+            views = StepViews(*(backend.shared[k].numpy() for k in _FIELDS))
+            print("stepping", flush=True)
+            for _ in range(60):  # the worker's env hangs in its 40th step, and this process waits on it
+                backend.step(backend.shared["actions"].numpy(), views)
+        """)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "stepping\n", proc.communicate()
+    descendants = psutil.Process(proc.pid).children(recursive=True)
+    assert [p.name() for p in descendants].count("env-worker-0") == 1, descendants
+    time.sleep(1.0)  # 40 steps take milliseconds
+    assert proc.poll() is None, proc.communicate()
+    proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):  # returns once every holder of its stdout is gone
+        proc.communicate(timeout=30)
+    _, alive = psutil.wait_procs(descendants, timeout=10)
+    left = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    for p in left:  # not left to hang on after a failure
+        p.kill()
+    assert not left, [(p.pid, p.name(), p.cmdline()) for p in left]
+
+
+def test_the_default_is_the_forkserver_where_there_is_one():
+    assert process_context().get_start_method() == ("forkserver" if FORKSERVER else "spawn")
