@@ -2,8 +2,9 @@
 they end with it.
 
 Where the platform has one (Linux, macOS), they are forked from a forkserver: one process per process that
-starts workers, started with the first of them, that has imported torch, tensordict, gymnasium, the
-collectors and the program's main script once. A worker then starts in tens of milliseconds rather than the
+starts workers, started with the first of them, that has imported torch, tensordict, gymnasium and the
+collectors once. (Each forked process still imports the program's main module as a spawned one does, the
+``if __name__ == "__main__":`` guard included, but finds torch and the rest already loaded.) A worker then starts in tens of milliseconds rather than the
 seconds a fresh interpreter spends importing torch (measured in ``benchmarks/worker_start.py``), shares those
 modules' memory with its siblings, and exits without an interpreter's teardown. Without a forkserver
 (Windows) they are spawned.
@@ -27,8 +28,8 @@ from multiprocessing.context import BaseContext
 from collectors.stop_signals import stop_signals_blocked
 
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1  # <linux/prctl.h>
-# what the processes a collector starts run; the main script comes first, as multiprocessing's own default
-PRELOAD = ("__main__", "collectors.backends.async_", "collectors.background")
+# what the processes a collector starts run, with everything they import
+PRELOAD = ("collectors.backends.async_", "collectors.background")
 
 
 def process_context(start_method: str | None = None) -> BaseContext:
@@ -110,6 +111,8 @@ def die_with_parent() -> bool:
 def _close_forkserver_lifeline() -> bool:
     """In a process forked from a forkserver: close its inherited end of the forkserver's lifeline, and say
     whether there was one (``False`` in a spawned process)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return False
     from multiprocessing import forkserver
 
     server = forkserver._forkserver  # its lifeline is held in no public place
@@ -126,6 +129,6 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # exists, owned by someone else: not ours, but alive
+    except PermissionError:  # another user's process: alive
         return True
     return True
