@@ -23,7 +23,7 @@ from collectors.backends.async_ import (
 )
 from collectors.base import Collector, Policy, check_env_fns
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
-from collectors.processes import die_with_parent, process_context, show_name, starting
+from collectors.processes import die_with_parent, process_context, send_to_parent, show_name, starting
 from collectors.rollout import Rollout
 from collectors.stop_signals import ignore_stop_signals
 
@@ -308,11 +308,11 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, weights: dict[str, torch.Te
     try:
         collector = RolloutCollector(env_fns, pickle.loads(policy_bytes), **kwargs)
     except Exception as e:
-        _send(conn, ("error", _portable(e)))
+        send_to_parent(conn, ("error", _portable(e)))
         return
     shared: TensorDict | None = None
     with collector:
-        if not _send(conn, ("ok", (collector.num_envs, collector.observation_space, collector.action_space))):
+        if not send_to_parent(conn, ("ok", (collector.num_envs, collector.observation_space, collector.action_space))):
             return
         while True:
             try:
@@ -347,21 +347,12 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, weights: dict[str, torch.Te
                 else:
                     raise ValueError(f"unknown command {command!r}")
             except Exception as e:
-                _send(conn, ("error", _portable(e)))
+                send_to_parent(conn, ("error", _portable(e)))
                 if command == "collect":  # the collector closed itself: nothing more to serve
                     return
                 continue
-            if not _send(conn, ("ok", reply, time.monotonic() - began)):  # with how long it worked on it
+            if not send_to_parent(conn, ("ok", reply, time.monotonic() - began)):  # with how long it worked on it
                 return
-
-
-def _send(conn, message: tuple) -> bool:
-    """Send to the trainer; ``False`` when it is gone."""
-    try:
-        conn.send(message)
-        return True
-    except OSError:
-        return False
 
 
 def _portable(error: Exception) -> Exception:

@@ -1,13 +1,13 @@
 """How a collector starts the processes it runs (async workers, the background collecting process), and how
 they end with it.
 
-Where the platform has one (Linux, macOS), they are forked from a forkserver: one process per process that
-starts workers, started with the first of them, that has imported torch, tensordict, gymnasium and the
-collectors once. (Each forked process still imports the program's main module as a spawned one does, the
-``if __name__ == "__main__":`` guard included, but finds torch and the rest already loaded.) A worker then starts in tens of milliseconds rather than the
-seconds a fresh interpreter spends importing torch (measured in ``benchmarks/worker_start.py``), shares those
-modules' memory with its siblings, and exits without an interpreter's teardown. Without a forkserver
-(Windows) they are spawned.
+Where the platform has one (Linux, macOS), they are forked from a forkserver: one per process that starts
+them, started with the first of them, which has imported torch, tensordict, gymnasium and the collectors
+once. A worker then starts in tens of milliseconds rather than the seconds a fresh interpreter spends
+importing torch (``benchmarks/worker_start.py``), shares those modules' memory with its siblings, and exits
+without an interpreter's teardown. Like a spawned process it still imports the program's main module (the
+``if __name__ == "__main__":`` guard stays necessary), finding torch and the rest loaded. Without a
+forkserver (Windows) they are spawned.
 
 The forkserver is started while stop signals are held back (:func:`starting`), so it and every process it
 forks begin with them blocked until they ignore them. A process forked from it closes its copy of the
@@ -23,7 +23,9 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
+from typing import Any
 
 from collectors.stop_signals import stop_signals_blocked
 
@@ -106,6 +108,16 @@ def die_with_parent() -> bool:
     if _close_forkserver_lifeline():
         return _alive(parent.pid)  # the forkserver may have gone with it before prctl took effect
     return os.getppid() == parent.pid  # it may have died before prctl took effect
+
+
+def send_to_parent(conn: Connection, message: Any) -> bool:
+    """In a process a collector started: send ``message`` up its pipe; ``False`` when the collector's process is
+    gone (a forked process may outlive it by the moment its forkserver takes to exit: it leaves quietly)."""
+    try:
+        conn.send(message)
+        return True
+    except OSError:
+        return False
 
 
 def _close_forkserver_lifeline() -> bool:

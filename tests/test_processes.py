@@ -137,3 +137,30 @@ def test_a_killed_collector_takes_its_hung_workers_and_forkserver_with_it(method
 
 def test_the_default_is_the_forkserver_where_there_is_one():
     assert process_context().get_start_method() == ("forkserver" if FORKSERVER else "spawn")
+
+
+@pytest.mark.parametrize("method", ["spawn", *(["forkserver"] if FORKSERVER else [])])
+def test_a_worker_whose_collector_is_gone_before_its_answer_leaves_quietly(tmp_path, method):
+    """A forked worker outlives a killed collector by the moment its forkserver takes to exit: a step it was
+    running then answers into a closed pipe. It leaves without a traceback (one was printed into the device
+    check's report when its timeout stopped it) and with its envs closed."""
+    out = _run(f"""
+        import functools
+        from collectors.backends.async_ import _FIELDS, AsyncBackend
+        from collectors.env_group import StepViews
+        from tests import factories as f
+        if __name__ == "__main__":
+            env = functools.partial(f.TimedEnv, {str(tmp_path / "steps.log")!r}, 0.5)
+            backend = AsyncBackend([env] * 2, num_workers=1, start_method={method!r})
+            backend.reset([1, 2], backend.shared["next_obs"].numpy())
+            views = StepViews(*(backend.shared[k].numpy() for k in _FIELDS))
+            backend.start_group(0, backend.shared["actions"].numpy(), views)  # the worker's step takes 0.5 s
+            for conn in backend.conns:  # as if this process were gone: nothing reads the answer
+                conn.close()
+            backend.procs[0].join(timeout=30)
+            print("exit code", backend.procs[0].exitcode, flush=True)
+    """)
+    assert "exit code 0" in out.stdout, out
+    assert "Traceback" not in out.stderr and "Error" not in out.stderr, out.stderr
+    steps = (tmp_path / "steps.log").read_text().splitlines()
+    assert len(steps) == 2  # the collector's own env's step and the worker's: the worker did step

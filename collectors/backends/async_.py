@@ -30,7 +30,7 @@ import torch
 
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EnvError, EnvGroup, EpisodeInfo, StepViews, check_same_spaces
-from collectors.processes import die_with_parent, process_context, show_name, starting
+from collectors.processes import die_with_parent, process_context, send_to_parent, show_name, starting
 from collectors.resources import async_workers, usable_cores
 from collectors.stop_signals import ignore_stop_signals
 from collectors.storage import torch_dtype
@@ -109,13 +109,15 @@ def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
     except Exception as e:
         for group in groups:
             group.close()
-        conn.send(("error", type(e).__name__, str(e)))
+        send_to_parent(conn, ("error", type(e).__name__, str(e)))
         return
-    conn.send(("ready", [group.spaces for group in groups]))
-    try:
-        message = conn.recv()
-    except (EOFError, OSError, pickle.UnpicklingError):  # killed while sending them: leave quietly
+    if not send_to_parent(conn, ("ready", [group.spaces for group in groups])):
         message = ("close", None)
+    else:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError, pickle.UnpicklingError):  # killed while sending them: leave quietly
+            message = ("close", None)
     if message[0] != "buffers":  # ("close", None): the collector was closed during start-up (Ctrl-C, say)
         for group in groups:
             group.close()
@@ -131,31 +133,30 @@ def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
         try:
             cmd, arg = conn.recv()
         except (EOFError, OSError, pickle.UnpicklingError):  # the collecting process is gone (killed mid-send)
-            for group in groups:
-                group.close()
-            return
+            break
+        if cmd == "close":  # nothing waits for an answer: the collecting process joins this one
+            break
+        reply: Any = None
         try:
             if cmd == "step":  # arg: the split to step
-                conn.send(("ok", groups[arg].step(actions[arg], views[arg])))
+                reply = groups[arg].step(actions[arg], views[arg])
             elif cmd == "reset":  # arg: seeds per split
                 for group, seeds, v in zip(groups, arg, views):
                     group.reset(seeds, v.next_obs)
-                conn.send(("ok", None))
             elif cmd == "get_states":
-                conn.send(("ok", [group.get_states() for group in groups]))
+                reply = [group.get_states() for group in groups]
             elif cmd == "set_states":  # arg: states per split
                 for group, states in zip(groups, arg):
                     group.set_states(states)
-                conn.send(("ok", None))
-            elif cmd == "close":
-                for group in groups:
-                    group.close()
-                conn.send(("ok", None))
-                return
+            message = ("ok", reply)
         except EnvError as e:
-            conn.send(("env_error", e.env_index, e.where, e.detail))
+            message = ("env_error", e.env_index, e.where, e.detail)
         except Exception as e:
-            conn.send(("error", type(e).__name__, f"{e}\n{traceback.format_exc()}"))
+            message = ("error", type(e).__name__, f"{e}\n{traceback.format_exc()}")
+        if not send_to_parent(conn, message):  # gone mid-command (killed, or stopped by a signal during a step)
+            break
+    for group in groups:
+        group.close()
 
 
 def _shutdown(procs: list, conns: list) -> None:
