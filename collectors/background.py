@@ -258,8 +258,8 @@ class BackgroundCollector(Collector):
 def _stop(process, conn, started: dict[str, bool]) -> None:
     """Ask the collecting process to close its envs, then kill it if it must; never raises.
 
-    One still starting (building envs, spawning its workers) is given the start-up timeout to
-    finish: killed half-way through spawning a worker, it would leave that worker reading
+    One still starting (building envs, starting its workers) is given the start-up timeout to
+    finish: killed half-way through starting a worker, it would leave that worker reading
     truncated start-up data. It sees the pipe closed as soon as it is up, and exits cleanly.
     """
     try:
@@ -284,7 +284,7 @@ def _shared_weights(policy: Policy) -> dict[str, torch.Tensor] | None:
     process; ``None`` for a plain callable.
 
     Written in place and read by the collecting process between rollouts, it is sent once. Passed with the
-    process's arguments, its memory goes over at spawn: weights sent over the pipe would go through
+    process's arguments, its memory goes over when the process starts: weights sent over the pipe would go through
     multiprocessing's resource sharer, a thread here that a collecting process stopped half-way through
     fetching them (SIGSTOP, then the deadline) ends in a traceback.
     """
