@@ -62,6 +62,8 @@ def one_program(method: str, workers: int, collectors: int) -> dict:
 
 
 def _spread(values: list[float]) -> str:
+    if not values:  # one collector per program: no later starts
+        return "     -"
     return f"{statistics.median(values):6.2f} [{min(values):.2f} - {max(values):.2f}]"
 
 
@@ -70,7 +72,7 @@ def report(results: dict[tuple[str, int], list[dict]]) -> None:
           f"{'USS MiB':>8}{'PSS MiB':>9}")
     for (method, workers), runs in results.items():
         first = [r["starts"][0] for r in runs]
-        later = [s for r in runs for s in r["starts"][1:]] or [float("nan")]
+        later = [s for r in runs for s in r["starts"][1:]]
         closes = [c for r in runs for c in r["closes"]]
         uss = statistics.median(r["uss"] for r in runs) / 2**20
         pss = statistics.median(r["pss"] for r in runs) / 2**20
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=5, help="fresh programs per method and count (default: 5)")
     p.add_argument("--collectors", type=int, default=3, help="collectors started one after the other in each "
                                                              "program (default: 3)")
-    p.add_argument("--quick", action="store_true", help="1 worker, 1 round, 2 collectors")
+    p.add_argument("--quick", action="store_true", help="1 worker, 1 round, 2 collectors (overrides the three above)")
     args = p.parse_args(argv)
     if args.quick:
         args.workers, args.rounds, args.collectors = [1], 1, 2

@@ -23,9 +23,8 @@ from collectors.backends.async_ import (
 )
 from collectors.base import Collector, Policy, check_env_fns
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
-from collectors.processes import die_with_parent, process_context, send_to_parent, show_name, starting
+from collectors.processes import child_main, collector_process, process_context, send_to_parent, starting
 from collectors.rollout import Rollout
-from collectors.stop_signals import ignore_stop_signals
 
 _CLOSE_TIMEOUT_S = 5.0
 # the commands the collecting process answers only once its async workers have: its deadline on them fires first
@@ -85,8 +84,8 @@ class BackgroundCollector(Collector):
         kwargs = dict(backend=backend, horizon=horizon, seed=seed, num_threads=num_threads,
                       worker_timeout=worker_timeout, **options)
         self._weights = _shared_weights(policy)
-        self._process = ctx.Process(target=_serve, args=(child, env_fns, policy_bytes, self._weights, kwargs),
-                                    daemon=False, name="collector")
+        self._process = collector_process(ctx, _serve, (child, env_fns, policy_bytes, self._weights, kwargs),
+                                          name="collector", daemon=False)
         self._has_workers = backend == "async"
         self._pending: int | None = None  # the policy version of the rollout in flight
         self._sent_at = 0.0  # when the rollout in flight was asked for
@@ -293,6 +292,7 @@ def _shared_weights(policy: Policy) -> dict[str, torch.Tensor] | None:
     return {name: value.detach().to("cpu", copy=True).share_memory_() for name, value in policy.state_dict().items()}
 
 
+@child_main  # stop signals reach the whole process group: the trainer handles them, then closes this one
 def _serve(conn, env_fns: list, policy_bytes: bytes, weights: dict[str, torch.Tensor] | None,
            kwargs: dict[str, Any]) -> None:
     """The collecting process: a ``RolloutCollector`` serving collect, weights, policy and state commands.
@@ -301,10 +301,6 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, weights: dict[str, torch.Te
     """
     from collectors.collector import RolloutCollector
 
-    ignore_stop_signals()  # stop signals reach the whole process group; the trainer handles them, then closes us
-    show_name()
-    if not die_with_parent():
-        return
     try:
         collector = RolloutCollector(env_fns, pickle.loads(policy_bytes), **kwargs)
     except Exception as e:

@@ -7,7 +7,9 @@ once. A worker then starts in tens of milliseconds rather than the seconds a fre
 importing torch (``benchmarks/worker_start.py``), shares those modules' memory with its siblings, and exits
 without an interpreter's teardown. Like a spawned process it still imports the program's main module (the
 ``if __name__ == "__main__":`` guard stays necessary), finding torch and the rest loaded. Without a
-forkserver (Windows) they are spawned.
+forkserver (Windows) they are spawned. The forkserver is the program's one (multiprocessing keeps one per
+process): started first by the program itself, without this preload, it serves collectors too, and their
+processes then import torch each.
 
 The forkserver is started while stop signals are held back (:func:`starting`), so it and every process it
 forks begin with them blocked until they ignore them. A process forked from it closes its copy of the
@@ -18,20 +20,31 @@ started it dies, and takes with it everything it forked, hung or not.
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
 from typing import Any
 
-from collectors.stop_signals import stop_signals_blocked
+from collectors.stop_signals import STOP_SIGNALS, ignore_stop_signals, stop_signals_blocked
 
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1  # <linux/prctl.h>
 # what the processes a collector starts run, with everything they import
 PRELOAD = ("collectors.backends.async_", "collectors.background")
+_CHILD_MAINS: set[Callable[..., Any]] = set()  # the functions collectors' processes run (child_main)
+
+
+class _Registered:
+    """What multiprocessing's after-fork registry holds (weakly) for this module."""
+
+
+_REGISTERED = _Registered()
 
 
 def process_context(start_method: str | None = None) -> BaseContext:
@@ -44,11 +57,13 @@ def process_context(start_method: str | None = None) -> BaseContext:
     offered = [m for m in ("forkserver", "spawn") if m in multiprocessing.get_all_start_methods()]
     if start_method is None:
         start_method = offered[0]
+    if start_method == "fork":
+        raise ValueError(f"start_method='fork' is refused for a collector's processes: a forked copy of a lock "
+                         f"held by one of this process's threads (torch's) can hang the child; choose "
+                         f"{' or '.join(map(repr, offered))}, or None for {offered[0]!r}")
     if start_method not in offered:
-        raise ValueError(f"start_method={start_method!r} is not one this platform offers a collector's processes: "
-                         f"choose {' or '.join(map(repr, offered))}, or None for {offered[0]!r}"
-                         + (" (fork is refused: a forked copy of a lock held by one of this process's threads "
-                            "can hang the child)" if start_method == "fork" else ""))
+        raise ValueError(f"start_method={start_method!r} is not a start method this platform offers a collector's "
+                         f"processes: choose {' or '.join(map(repr, offered))}, or None for {offered[0]!r}")
     ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(list(PRELOAD))  # read when the forkserver starts: a running one keeps its own
@@ -66,6 +81,49 @@ def starting(ctx: BaseContext) -> Iterator[None]:
 
             forkserver.ensure_running()
         yield
+
+
+def child_main(target: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate the module-level function a collector's process runs (started by :func:`collector_process`).
+
+    In the process, before ``target`` runs: stop signals are ignored (they reach the whole process group and are
+    the collector's to handle), the process shows its name (:func:`show_name`), takes the environment its
+    collector had when it started it (a forkserver's children would otherwise have the forkserver's, from when
+    it started), and dies with its collector (:func:`die_with_parent`); ``target`` is not run when the
+    collector is already gone.
+    """
+    @functools.wraps(target)
+    def main(environment: dict[str, str], *args: Any) -> Any:
+        ignore_stop_signals()
+        show_name()
+        if os.environ != environment:
+            os.environ.clear()
+            os.environ.update(environment)
+        if not die_with_parent():
+            return None
+        return target(*args)
+
+    _CHILD_MAINS.add(main)
+    return main
+
+
+def collector_process(ctx: BaseContext, target: Callable[..., Any], args: tuple, name: str,
+                      daemon: bool) -> BaseProcess:
+    """A process of ``ctx`` that runs ``target(*args)``, a :func:`child_main`, with this process's environment;
+    start it inside :func:`starting`."""
+    if target not in _CHILD_MAINS:
+        raise TypeError(f"{target!r} is not decorated with collectors.processes.child_main")
+    return ctx.Process(target=target, args=(dict(os.environ), *args), name=name, daemon=daemon)
+
+
+def _unblock_others_forked_from_ours(_: object) -> None:
+    """In a process just forked from a forkserver that this module's importer started (with stop signals held
+    back, :func:`starting`): a process that is not a collector's (the program's own, through the same
+    forkserver, which is one per program) gets stop signals as any process does."""
+    process = multiprocessing.current_process()
+    if (hasattr(signal, "pthread_sigmask") and getattr(process, "_target", None) not in _CHILD_MAINS
+            and _forked_from_a_forkserver()):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def show_name() -> None:
@@ -120,19 +178,27 @@ def send_to_parent(conn: Connection, message: Any) -> bool:
         return False
 
 
-def _close_forkserver_lifeline() -> bool:
-    """In a process forked from a forkserver: close its inherited end of the forkserver's lifeline, and say
-    whether there was one (``False`` in a spawned process)."""
+def _forked_from_a_forkserver() -> bool:
+    """Whether this process was forked from a forkserver and still holds its inherited end of the forkserver's
+    lifeline (held in no public place)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
     from multiprocessing import forkserver
 
-    server = forkserver._forkserver  # its lifeline is held in no public place
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is None or getattr(server, "_forkserver_pid", None) is not None:  # spawned, or this process's own server
+    server = forkserver._forkserver
+    # a forked process has the fd it inherited, and no forkserver of its own started yet
+    return getattr(server, "_forkserver_alive_fd", None) is not None and getattr(server, "_forkserver_pid", 1) is None
+
+
+def _close_forkserver_lifeline() -> bool:
+    """In a process forked from a forkserver: close its inherited end of the forkserver's lifeline, and say
+    whether there was one (``False`` in a spawned process)."""
+    if not _forked_from_a_forkserver():
         return False
-    os.close(fd)
-    server._forkserver_alive_fd = None
+    from multiprocessing import forkserver
+
+    os.close(forkserver._forkserver._forkserver_alive_fd)
+    forkserver._forkserver._forkserver_alive_fd = None
     return True
 
 
@@ -144,3 +210,8 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process: alive
         return True
     return True
+
+
+# run in each process forked (by any start method) from a process that has imported this module, such as the
+# forkserver, which imports it first of all (PRELOAD)
+multiprocessing.util.register_after_fork(_REGISTERED, _unblock_others_forked_from_ours)

@@ -72,6 +72,15 @@ def hanging() -> gym.Env:
     return HangingEnv(fail_at=40)
 
 
+class EnvironmentLogger(FaultyCartPole):
+    """CartPole whose construction appends ``pid value`` of the environment variable ``name`` to ``log``."""
+
+    def __init__(self, log: str, name: str) -> None:
+        super().__init__()
+        with open(log, "a") as fh:
+            fh.write(f"{os.getpid()} {os.environ.get(name)}\n")
+
+
 def print_blocked_signals() -> None:
     """A process target: print the signals blocked as it starts."""
     import signal

@@ -19,6 +19,7 @@ import checkpoints
 from collectors import WorkerTimeoutError, make_collector
 from collectors.backends.async_ import _worker_main
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, MAX_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
+from collectors.processes import collector_process
 from tests import factories as f
 from tests.factories import RandomPolicy
 from trainer.config import TrainConfig
@@ -162,7 +163,7 @@ def test_the_first_spawn_keeps_stop_signals_blocked():
 def test_a_worker_whose_parent_dies_mid_send_exits_quietly(capfd, first):
     ctx = tmp.get_context("spawn")
     parent, child = ctx.Pipe()
-    p = ctx.Process(target=_worker_main, args=([[f.cartpole]], [0], child), daemon=True)
+    p = collector_process(ctx, _worker_main, ([[f.cartpole]], [0], child), name="env-worker-0", daemon=True)
     p.start()
     child.close()
     assert parent.recv()[0] == "ready"

@@ -4,6 +4,7 @@ until they ignore them, and gone with the process that started them."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing as mp
 import os
 import signal
@@ -71,34 +72,63 @@ def test_spawn_where_asked_gives_the_same_envs_and_workers_that_die_with_this_pr
 
 @pytest.mark.parametrize("method", ["fork", "threads", ""])
 def test_a_start_method_a_collector_cannot_use_is_refused_before_any_process_starts(method):
-    with pytest.raises(ValueError, match=rf"start_method='{method}' is not one this platform offers a collector's "
-                                         r"processes: choose 'forkserver' or 'spawn'|choose 'spawn'") as info:
+    refused = (r"start_method='fork' is refused for a collector's processes: a forked copy of a lock .* choose "
+               if method == "fork" else
+               rf"start_method='{method}' is not a start method this platform offers a collector's processes: choose ")
+    with pytest.raises(ValueError, match=refused + r"('forkserver' or )?'spawn', or None for '(forkserver|spawn)'$"):
         AsyncBackend([f.cartpole] * 2, num_workers=1, start_method=method)
-    assert ("fork is refused" in str(info.value)) == (method == "fork")
     assert not mp.active_children()
 
 
-@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="no signal masks on this platform")
-def test_forked_processes_start_with_stop_signals_blocked_and_this_one_gets_them_back():
-    """The forkserver is started while stop signals are held back, so a Ctrl-C cannot reach a process it forks
-    before that process ignores it (a traceback from a worker's start-up); this process's mask is restored."""
+@pytest.mark.skipif(not (FORKSERVER and sys.platform.startswith("linux")), reason="needs a forkserver and /proc")
+def test_the_forkserver_holds_stop_signals_back_for_collectors_processes_only():
+    """The forkserver is started while stop signals are held back, so a Ctrl-C cannot reach a collector's
+    process before it ignores it (a traceback from a worker's start-up). The program's own processes, forked
+    from the same forkserver (one per program), get them as usual: SIGTERM still ends them. This process's mask
+    is restored."""
     out = _run("""
-        import signal
-        from collectors.processes import process_context, starting
-        from tests.factories import print_blocked_signals
+        import multiprocessing, signal, time
+        from collectors.backends.async_ import AsyncBackend
+        from tests import factories as f
         if __name__ == "__main__":
-            ctx = process_context()
-            p = ctx.Process(target=print_blocked_signals)
-            with starting(ctx):
-                p.start()
-            p.join()
+            backend = AsyncBackend([f.cartpole] * 2, num_workers=1)
+            import psutil
+            pid = psutil.Process(backend.procs[0].pid).ppid()
+            print("server", open(f"/proc/{pid}/status").read().split("SigBlk:")[1].split()[0], flush=True)
+            ctx = multiprocessing.get_context("forkserver")
+            own = ctx.Process(target=f.print_blocked_signals)
+            own.start()
+            own.join()
+            sleeper = ctx.Process(target=time.sleep, args=(60,))
+            sleeper.start()
+            sleeper.terminate()
+            sleeper.join(10)
+            print("terminated", sleeper.exitcode, flush=True)
             print("here", sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])), flush=True)
+            backend.close()
     """)
-    child = [line for line in out.stdout.splitlines() if line.startswith("blocked")]
-    here = [line for line in out.stdout.splitlines() if line.startswith("here")]
-    assert out.returncode == 0 and child and here, out
-    assert {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP} <= set(eval(child[0].split(" ", 1)[1]))
-    assert not {signal.SIGINT, signal.SIGTERM} & set(eval(here[0].split(" ", 1)[1]))
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.stdout.splitlines() if " " in line}
+    assert out.returncode == 0 and {"server", "blocked", "terminated", "here"} <= set(lines), out
+    server_blocked = {s for s in range(1, 65) if int(lines["server"], 16) >> (s - 1) & 1}
+    assert {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP} <= server_blocked, lines["server"]
+    assert not {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP} & set(eval(lines["blocked"])), out
+    assert lines["terminated"] == str(-signal.SIGTERM), out
+    assert not {signal.SIGINT, signal.SIGTERM} & set(eval(lines["here"])), out
+
+
+def test_a_worker_takes_the_environment_its_collector_has_when_it_starts(tmp_path, monkeypatch):
+    """Forked from a forkserver started earlier, a worker would have the forkserver's environment: a variable
+    set between two collectors (CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS, an env's setting) must reach it."""
+    first = AsyncBackend([f.cartpole] * 2, num_workers=1)  # the forkserver is up
+    first.close()
+    monkeypatch.setenv("PARALLEL_ROLLOUTS_TEST", "set after the forkserver started")
+    log = tmp_path / "env.log"
+    second = AsyncBackend([functools.partial(f.EnvironmentLogger, str(log), "PARALLEL_ROLLOUTS_TEST")] * 2,
+                          num_workers=1)
+    second.close()
+    seen = dict(line.split(" ", 1) for line in log.read_text().splitlines())
+    assert seen == {str(os.getpid()): "set after the forkserver started",
+                    str(second.procs[0].pid): "set after the forkserver started"}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")

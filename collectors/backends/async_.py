@@ -30,9 +30,8 @@ import torch
 
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EnvError, EnvGroup, EpisodeInfo, StepViews, check_same_spaces
-from collectors.processes import die_with_parent, process_context, send_to_parent, show_name, starting
+from collectors.processes import child_main, collector_process, process_context, send_to_parent, starting
 from collectors.resources import async_workers, usable_cores
-from collectors.stop_signals import ignore_stop_signals
 from collectors.storage import torch_dtype
 
 _FIELDS = ("next_obs", "rewards", "terminated", "truncated", "final_obs", "final_mask")  # final_* last
@@ -95,12 +94,9 @@ def _describe(ranges: list[range]) -> str:
     return ", ".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else str(r.start) for r in ranges)
 
 
+@child_main
 def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
     """Worker loop: build one env group per split, receive shared buffers, then serve commands."""
-    ignore_stop_signals()
-    show_name()
-    if not die_with_parent():  # the collecting process died while this one started: nobody to serve
-        return
     torch.set_num_threads(1)
     groups: list[EnvGroup] = []
     try:
@@ -245,9 +241,9 @@ class AsyncBackend:
         ctx = self._ctx
         for w, ranges in enumerate(worker_ranges):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=([[env_fns[i] for i in r] for r in ranges],
+            p = collector_process(ctx, _worker_main, ([[env_fns[i] for i in r] for r in ranges],
                                                       [r.start for r in ranges], child),
-                            daemon=True, name=f"env-worker-{w}")
+                                  name=f"env-worker-{w}", daemon=True)
             with starting(ctx):  # a stop signal is raised once the worker is on record, to be shut down
                 p.start()
                 child.close()
