@@ -11,10 +11,12 @@ forkserver (Windows) they are spawned. The forkserver is the program's one (mult
 process): started first by the program itself, without this preload, it serves collectors too, and their
 processes then import torch each.
 
-The forkserver is started while stop signals are held back (:func:`starting`), so it and every process it
-forks begin with them blocked until they ignore them. A process forked from it closes its copy of the
-forkserver's lifeline (:func:`die_with_parent`): the forkserver then exits as soon as the process that
-started it dies, and takes with it everything it forked, hung or not.
+The forkserver is started while stop signals are held back (:func:`starting`), so a collector's process it
+forks begins with them blocked until it ignores them (:func:`child_main`; the program's own processes forked
+from it get them back at once). A collector's process forked from it closes its copy of the forkserver's
+lifeline (:func:`die_with_parent`): the forkserver then exits as soon as the process that started it dies,
+and takes with it everything it forked, hung or not. (A process the program itself forks later inherits
+the lifeline too, and keeps the forkserver up for as long as it lives.)
 """
 
 from __future__ import annotations
@@ -73,8 +75,9 @@ def process_context(start_method: str | None = None) -> BaseContext:
 @contextlib.contextmanager
 def starting(ctx: BaseContext) -> Iterator[None]:
     """Around ``Process.start()``: stop signals held back (:func:`~collectors.stop_signals.stop_signals_blocked`),
-    and the forkserver, if ``ctx`` uses one, started inside that, so that it and every process forked from it
-    begin with them blocked. A signal held back is delivered when the block ends."""
+    and the forkserver, if ``ctx`` uses one, started inside that, so that a collector's process forked from it
+    begins with them blocked until it ignores them (the program's own processes get them back as they start).
+    A signal held back is delivered here when the block ends."""
     with stop_signals_blocked():
         if ctx.get_start_method() == "forkserver":
             from multiprocessing import forkserver
