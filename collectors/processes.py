@@ -132,14 +132,9 @@ def _unblock_others_forked_from_ours(_: object) -> None:
 def show_name() -> None:
     """Linux: this process's multiprocessing name (15 bytes of it) becomes its name in ``top``, ``ps -o comm``
     and ``psutil``: the processes forked from one forkserver share its command line, and this tells them apart."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+    import ctypes
 
-        name = multiprocessing.current_process().name.encode()[:15]
-        try:
-            ctypes.CDLL(None).prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
-        except (OSError, AttributeError):  # no prctl in this libc: the name stays the interpreter's
-            pass
+    _prctl(_PR_SET_NAME, ctypes.c_char_p(multiprocessing.current_process().name.encode()[:15]))
 
 
 def die_with_parent() -> bool:
@@ -156,13 +151,7 @@ def die_with_parent() -> bool:
     multiprocessing's resource tracker goes with the workers: it exits once every process holding its pipe
     (the parent, which was killed, and its workers, which this kills) is gone.
     """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):  # no prctl in this libc: the closed pipe still ends the loop
-            pass
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     parent = multiprocessing.parent_process()
     if parent is None:
         return True
@@ -179,6 +168,18 @@ def send_to_parent(conn: Connection, message: Any) -> bool:
         return True
     except OSError:
         return False
+
+
+def _prctl(option: int, value: Any) -> None:
+    """Linux's ``prctl(option, value)`` for this process; nothing elsewhere, or where libc has no prctl (then the
+    name stays the interpreter's, and the closed pipe alone ends a worker whose collector died)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None).prctl(option, value, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
 
 
 def _forked_from_a_forkserver() -> bool:
