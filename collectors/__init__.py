@@ -18,8 +18,8 @@ _HOMES = {
     "RolloutCollector": "collectors.collector",
     "RayCollector": "collectors.ray_collector",
     "RayConnectError": "collectors.connection",
-    "WorkerDiedError": "collectors.backends.async_",
-    "WorkerTimeoutError": "collectors.backends.async_",
+    "WorkerDiedError": "collectors.processes",
+    "WorkerTimeoutError": "collectors.processes",
     "env_seeds": "collectors.seeding",
     "make_collector": "collectors.factory",
 }

@@ -14,16 +14,20 @@ import torch
 from tensordict import TensorDict
 
 from collectors.backends.async_ import CLOSE_TIMEOUT_S as WORKER_CLOSE_TIMEOUT_S
-from collectors.backends.async_ import (
-    WorkerDiedError,
-    WorkerTimeoutError,
-    check_picklable,
-    how_it_ended,
-    stop_processes,
-)
+from collectors.backends.async_ import check_picklable, stop_processes
 from collectors.base import Collector, Policy, check_env_fns
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
-from collectors.processes import child_main, collector_process, process_context, send_to_parent, starting
+from collectors.processes import (
+    WorkerDiedError,
+    WorkerTimeoutError,
+    child_main,
+    collector_process,
+    how_it_ended,
+    process_context,
+    send_to_parent,
+    start_process,
+    starting,
+)
 from collectors.rollout import Rollout
 
 _CLOSE_TIMEOUT_S = 5.0
@@ -97,7 +101,7 @@ class BackgroundCollector(Collector):
         try:
             # a stop signal is raised after this block, once the process is on record to be stopped
             with starting(ctx):
-                self._process.start()
+                start_process(self._process, ctx, self.deadline.limit("start"))
                 child.close()
                 self._finalizer = weakref.finalize(self, _stop, self._process, self._conn, self._started)
                 self._closed = False

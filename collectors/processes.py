@@ -28,18 +28,46 @@ import multiprocessing.util
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from collectors.deadlines import START_TIMEOUT_S
 from collectors.stop_signals import STOP_SIGNALS, ignore_stop_signals, stop_signals_blocked
 
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1  # <linux/prctl.h>
 # what the processes a collector starts run, with everything they import
 PRELOAD = ("collectors.backends.async_", "collectors.background")
 _CHILD_MAINS: set[Callable[..., Any]] = set()  # the functions collectors' processes run (child_main)
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process exited while the collector was waiting for it."""
+
+
+class WorkerTimeoutError(WorkerDiedError):
+    """A worker stayed silent past its deadline (a hung env step, a stopped process): handled as a dead one."""
+
+
+def how_it_ended(exitcode: int | None) -> str:
+    """A dead process's exit code in words: a signal by its name, SIGKILL with its usual cause.
+
+    >>> how_it_ended(-9), how_it_ended(1)
+    ("killed by SIGKILL (the kernel's out-of-memory killer, or kill -9)", 'exit code 1')
+    """
+    if exitcode is None:  # its pipe closed, but it has not exited within the join
+        return "no exit code yet"
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    return f"killed by {name}" + (" (the kernel's out-of-memory killer, or kill -9)" if name == "SIGKILL" else "")
 
 
 class _Registered:
@@ -84,6 +112,93 @@ def starting(ctx: BaseContext) -> Iterator[None]:
 
             forkserver.ensure_running()
         yield
+
+
+_forking: set[int] = set()  # forkservers (by pid) that have forked a process: ready, their imports done
+
+
+def start_process(process: BaseProcess, ctx: BaseContext, timeout_s: float = START_TIMEOUT_S) -> None:
+    """``process.start()`` inside :func:`starting`, bounded: a forkserver's first fork waits for its imports
+    (torch and the rest, :data:`PRELOAD`: seconds), and that wait gets ``timeout_s``.
+
+    A forkserver that has not forked within ``timeout_s`` (an import that hangs), or that dies before it
+    forks, is killed and raises :class:`WorkerTimeoutError` / :class:`WorkerDiedError` in one line; a stop
+    signal held back meanwhile stops the wait at once (the forkserver is killed, and the signal is delivered
+    when :func:`starting` ends). Later starts from a forkserver that has forked, and spawned processes, are
+    ``process.start()``: they wait on nothing that can hang.
+    """
+    if ctx.get_start_method() != "forkserver":
+        process.start()
+        return
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if server._forkserver_pid in _forking:
+        process.start()
+        return
+    failed: list[BaseException] = []
+
+    def start_it() -> None:
+        try:
+            process.start()
+        except BaseException as e:  # noqa: BLE001 - raised again below, in the caller's thread
+            failed.append(e)
+
+    pid, started_at = server._forkserver_pid, time.monotonic()
+    thread = threading.Thread(target=start_it, name=f"start {process.name}", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive() and time.monotonic() - started_at < timeout_s and not _stop_signal_pending():
+            thread.join(0.05)
+    except BaseException:  # a stop signal's handler, run here all the same: another thread of ours took the signal
+        _kill_and_join(pid, thread)
+        raise
+    what = f"the forkserver (pid {pid}) that starts this collector's processes (importing torch first)"
+    if thread.is_alive():
+        _kill_and_join(pid, thread)
+        if _stop_signal_pending():  # raised in place of this when starting() delivers the signal
+            raise WorkerDiedError(f"{what} was stopped by a stop signal before it forked {process.name}")
+        raise WorkerTimeoutError(
+            f"{what} has not forked {process.name} within {timeout_s:.3g} s (an import that hangs?) and was "
+            f"killed; look at what those imports load (a slow shared filesystem?), or start the processes with "
+            f"start_method='spawn' (--start-method spawn)")
+    if failed:
+        if isinstance(failed[0], (OSError, EOFError)):  # its pipe closed: the forkserver is gone
+            raise WorkerDiedError(f"{what} ended before it forked {process.name} ({how_it_ended(_exit_code(pid))}; "
+                                  f"what it printed is above); start the processes with start_method='spawn' "
+                                  f"(--start-method spawn) to import in each of them instead") from None
+        raise failed[0]
+    _forking.add(pid)
+
+
+def _kill_and_join(pid: int, thread: threading.Thread) -> None:
+    """Kill the forkserver ``pid``: its end makes the start in ``thread`` read end-of-file at once (the thread is a
+    daemon: should it not end within seconds, it is left)."""
+    os.kill(pid, signal.SIGKILL)
+    thread.join(5.0)
+
+
+def _exit_code(pid: int, patience_s: float = 1.0) -> int | None:
+    """The exit code (``-signal`` if killed) of this process's child ``pid`` once it has exited, ``None`` if it has not
+    within ``patience_s``; the child is left to be reaped by its owner (multiprocessing's forkserver bookkeeping)."""
+    until = time.monotonic() + patience_s
+    while True:
+        if not hasattr(os, "waitid"):
+            return None
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return None
+        if info is not None:
+            return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
+        if time.monotonic() > until:
+            return None
+        time.sleep(0.01)
+
+
+def _stop_signal_pending() -> bool:
+    """Whether a stop signal is held back (:func:`starting`) and waiting to be delivered."""
+    return hasattr(signal, "sigpending") and bool(signal.sigpending() & set(STOP_SIGNALS))
 
 
 def child_main(target: Callable[..., Any]) -> Callable[..., Any]:

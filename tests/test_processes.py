@@ -7,6 +7,7 @@ import contextlib
 import functools
 import multiprocessing as mp
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -194,3 +195,116 @@ def test_a_worker_whose_collector_is_gone_before_its_answer_leaves_quietly(tmp_p
     assert "Traceback" not in out.stderr and "Error" not in out.stderr, out.stderr
     steps = (tmp_path / "steps.log").read_text().splitlines()
     assert len(steps) == 2  # the collector's own env's step and the worker's: the worker did step
+
+
+def _with_preload(tmp_path: Path, module: str, source: str, script: str, **popen) -> subprocess.Popen:
+    """A program whose collectors' forkserver also imports ``module`` (``source``, in ``tmp_path``), and whose
+    start-up floor is 3 s (what a collector with ``worker_timeout`` below it waits for a start)."""
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+    prelude = f"""
+        import collectors.deadlines, collectors.processes
+        collectors.processes.PRELOAD = (*collectors.processes.PRELOAD, {module!r})
+        collectors.deadlines.START_TIMEOUT_S = 3.0
+    """
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(prelude) + textwrap.dedent(script)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _no_descendants_after(proc: subprocess.Popen, descendants: list[psutil.Process]) -> None:
+    _, alive = psutil.wait_procs(descendants, timeout=10)
+    left = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    for p in left:
+        p.kill()
+    assert not left, [(p.pid, p.name(), p.cmdline()) for p in left]
+
+
+@pytest.mark.skipif(not FORKSERVER, reason="this platform has no forkserver")
+def test_a_forkserver_whose_imports_hang_is_killed_at_the_start_deadline_and_the_next_collector_starts():
+    """The first fork waits for the forkserver's imports: an import that hangs (a dead network filesystem) is a
+    one-line WorkerTimeoutError at the start-up deadline, not a wait for ever, and leaves no process behind; a
+    later collector starts a new forkserver (here without the hanging import)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = _with_preload(Path(tmp), "hangs_on_import", "import time\ntime.sleep(60)\n", """
+            import time
+            import collectors.processes
+            from collectors import WorkerTimeoutError
+            from collectors.backends.async_ import AsyncBackend
+            from tests import factories as f
+            if __name__ == "__main__":
+                began = time.monotonic()
+                try:
+                    AsyncBackend([f.cartpole] * 2, num_workers=1, worker_timeout=1.0)
+                except WorkerTimeoutError as e:
+                    print(f"after {time.monotonic() - began:.1f} s: {e}", flush=True)
+                collectors.processes.PRELOAD = collectors.processes.PRELOAD[:-1]
+                backend = AsyncBackend([f.cartpole] * 2, num_workers=1)
+                backend.reset([1, 2], backend.shared["next_obs"].numpy())
+                print("started", backend.shared["next_obs"].any().item(), flush=True)
+                backend.close()
+        """)
+        out, err = proc.communicate(timeout=120)
+    after = re.search(r"after (\S+) s: the forkserver \(pid \d+\) that starts this collector's processes "
+                      r"\(importing torch first\) has not forked env-worker-0 within 3 s \(an import that hangs\?\) "
+                      r"and was killed; .* start_method='spawn' \(--start-method spawn\)$", out, re.M)
+    assert proc.returncode == 0 and after and 3.0 <= float(after.group(1)) < 20, (out, err)
+    assert "started True" in out, (out, err)
+
+
+@pytest.mark.skipif(not FORKSERVER, reason="this platform has no forkserver")
+def test_a_forkserver_that_dies_in_its_imports_is_one_line_with_its_exit():
+    """An import that raises something other than ImportError (which multiprocessing ignores) ends the
+    forkserver: multiprocessing's bare EOFError becomes a WorkerDiedError that says so, with the exit code."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = _with_preload(Path(tmp), "raises_on_import", "raise RuntimeError('no licence server')\n", """
+            from collectors import WorkerDiedError
+            from collectors.backends.async_ import AsyncBackend
+            from tests import factories as f
+            if __name__ == "__main__":
+                try:
+                    AsyncBackend([f.cartpole] * 2, num_workers=1)
+                except WorkerDiedError as e:
+                    print(f"{type(e).__name__}: {e}", flush=True)
+        """)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, (out, err)
+    assert re.fullmatch(r"WorkerDiedError: the forkserver \(pid \d+\) that starts this collector's processes "
+                        r"\(importing torch first\) ended before it forked env-worker-0 \(exit code 1; what it "
+                        r"printed is above\); start the processes with start_method='spawn' .*\n", out), (out, err)
+    assert "RuntimeError: no licence server" in err, err  # the forkserver's own traceback
+
+
+@pytest.mark.skipif(not FORKSERVER, reason="this platform has no forkserver")
+def test_ctrl_c_while_the_forkserver_imports_stops_at_once_and_leaves_nothing():
+    """Stop signals are held back while a process starts; one that arrives while the forkserver's imports hang
+    ends the wait at once (not at the deadline), and the program stops as Ctrl-C stops it."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = _with_preload(Path(tmp), "hangs_on_import", "import time\ntime.sleep(60)\n", """
+            import collectors.deadlines
+            from collectors.backends.async_ import AsyncBackend
+            from tests import factories as f
+            if __name__ == "__main__":
+                collectors.deadlines.START_TIMEOUT_S = 60.0
+                print("starting", flush=True)
+                AsyncBackend([f.cartpole] * 2, num_workers=1)
+        """)
+        assert proc.stdout.readline() == "starting\n", proc.communicate()
+        deadline = time.monotonic() + 30
+        while not any("forkserver" in " ".join(p.cmdline()) for p in psutil.Process(proc.pid).children()):
+            assert time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        began = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - began
+    assert proc.returncode != 0 and took < 10, (took, out, err)
+    assert err.rstrip().endswith("KeyboardInterrupt"), err
+    _no_descendants_after(proc, descendants)

@@ -17,7 +17,6 @@ contiguous in the rollout's env order, so the policy reads and writes plain slic
 from __future__ import annotations
 
 import pickle
-import signal
 import time
 import traceback
 import weakref
@@ -30,37 +29,22 @@ import torch
 
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EnvError, EnvGroup, EpisodeInfo, StepViews, check_same_spaces
-from collectors.processes import child_main, collector_process, process_context, send_to_parent, starting
+from collectors.processes import (
+    WorkerDiedError,
+    WorkerTimeoutError,
+    child_main,
+    collector_process,
+    how_it_ended,
+    process_context,
+    send_to_parent,
+    start_process,
+    starting,
+)
 from collectors.resources import async_workers, usable_cores
 from collectors.storage import torch_dtype
 
 _FIELDS = ("next_obs", "rewards", "terminated", "truncated", "final_obs", "final_mask")  # final_* last
 CLOSE_TIMEOUT_S = 3.0  # workers asked to close get this long before they are killed
-
-
-class WorkerDiedError(RuntimeError):
-    """A worker process exited while the collector was waiting for it."""
-
-
-def how_it_ended(exitcode: int | None) -> str:
-    """A dead process's exit code in words: a signal by its name, SIGKILL with its usual cause.
-
-    >>> how_it_ended(-9), how_it_ended(1)
-    ("killed by SIGKILL (the kernel's out-of-memory killer, or kill -9)", 'exit code 1')
-    """
-    if exitcode is None:  # its pipe closed, but it has not exited within the join
-        return "no exit code yet"
-    if exitcode >= 0:
-        return f"exit code {exitcode}"
-    try:
-        name = signal.Signals(-exitcode).name
-    except ValueError:
-        name = f"signal {-exitcode}"
-    return f"killed by {name}" + (" (the kernel's out-of-memory killer, or kill -9)" if name == "SIGKILL" else "")
-
-
-class WorkerTimeoutError(WorkerDiedError):
-    """A worker stayed silent past its deadline (a hung env step, a stopped process): handled as a dead one."""
 
 
 def check_picklable(env_fns: Sequence[Callable[[], Any]], where: str = "the async backend's workers") -> None:
@@ -245,7 +229,7 @@ class AsyncBackend:
                                                       [r.start for r in ranges], child),
                                   name=f"env-worker-{w}", daemon=True)
             with starting(ctx):  # a stop signal is raised once the worker is on record, to be shut down
-                p.start()
+                start_process(p, ctx, self.deadline.limit("start"))
                 child.close()
                 self.procs.append(p)
                 self.conns.append(parent)

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from collectors.backends.async_ import WorkerTimeoutError
 from collectors.collector import RolloutCollector
 from collectors.connection import RayConnectError, check_answers
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EnvGroup, check_same_spaces
+from collectors.processes import WorkerTimeoutError
 from collectors.resources import largest_divisor_at_most, usable_cores
 from collectors.seeding import env_seeds
 from collectors.stop_signals import STOP_SIGNALS, stop_signals_blocked
