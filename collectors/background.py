@@ -66,6 +66,8 @@ class BackgroundCollector(Collector):
             Over async workers, what waits on them (a rollout, a state) gets a few seconds more
             (:meth:`_report_s`): the collecting process's own deadline on a silent worker fires
             first, and the error names that worker.
+        start_method: how the collecting process, and its async workers, start (as for
+            ``RolloutCollector``; ``None``: forkserver where the platform has one).
         options: further ``RolloutCollector`` options (``num_workers``, ``main_share``, ...).
 
     Every wait is bounded: the process's death is noticed at once (``WorkerDiedError``), its
@@ -77,16 +79,16 @@ class BackgroundCollector(Collector):
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
                  horizon: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_threads: int | None = None, worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S,
-                 **options: Any) -> None:
+                 start_method: str | None = None, **options: Any) -> None:
         env_fns = check_env_fns(env_fns)
         super().__init__(policy, horizon, device, num_threads)
         self.deadline = Deadline(worker_timeout)
         check_picklable(env_fns, "the collecting process (background=True)")
         policy_bytes = _pickled(policy)
-        ctx = process_context()
+        ctx = process_context(start_method)
         self._conn, child = ctx.Pipe()
         kwargs = dict(backend=backend, horizon=horizon, seed=seed, num_threads=num_threads,
-                      worker_timeout=worker_timeout, **options)
+                      worker_timeout=worker_timeout, start_method=start_method, **options)
         self._weights = _shared_weights(policy)
         self._process = collector_process(ctx, _serve, (child, env_fns, policy_bytes, self._weights, kwargs),
                                           name="collector", daemon=False)

@@ -14,13 +14,14 @@ from collectors.backend_names import BACKENDS, LOCAL_BACKENDS
 from collectors.base import Collector, Policy, check_env_fns, check_seeds
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EpisodeInfo
+from collectors.processes import start_method_of
 from collectors.rollout import Rollout
 from collectors.seeding import env_seeds, noise_keys
 from collectors.storage import RolloutStorage, torch_dtype
 
 
 def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bool, num_splits: int,
-                  worker_timeout: float):
+                  worker_timeout: float, start_method: str | None):
     if num_splits != 1 and backend != "async":
         raise ValueError(f"num_splits={num_splits!r} needs backend='async' (got {backend!r}); leave it at 1")
     if backend == "serial":
@@ -31,7 +32,7 @@ def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bo
         return SyncBackend(env_fns)
     from collectors.backends.async_ import AsyncBackend
     return AsyncBackend(env_fns, num_workers=num_workers, main_share=main_share, num_splits=num_splits,
-                        worker_timeout=worker_timeout)
+                        worker_timeout=worker_timeout, start_method=start_method)
 
 
 def call_policy(policy: Policy, obs: torch.Tensor, keys: tuple[torch.Tensor, torch.Tensor] | None
@@ -121,6 +122,10 @@ class RolloutCollector(Collector):
         worker_timeout: async only; seconds a worker may stay silent (a hung env step, a stopped
             process) before ``WorkerTimeoutError`` ends the collector, stretched to 20 times the
             slowest answer measured (``collectors.deadlines.Deadline``).
+        start_method: async only; how the worker processes start: ``"forkserver"`` (forked from a server
+            that has imported torch once: tens of milliseconds each), ``"spawn"`` (a fresh interpreter
+            each, importing torch: seconds), or ``None``: forkserver where the platform has one
+            (:mod:`collectors.processes`).
         compile_policy: ``True`` (or a ``torch.compile`` mode) calls the policy compiled, as one
             graph of fixed shapes (see :class:`~collectors.base.Collector`); ``False``: as it is.
 
@@ -137,7 +142,7 @@ class RolloutCollector(Collector):
                  horizon: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_workers: int | None = None, main_share: bool = True, num_threads: int | None = None,
                  num_splits: int = 1, worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S,
-                 compile_policy: bool | str = False) -> None:
+                 start_method: str | None = None, compile_policy: bool | str = False) -> None:
         if backend == "ray":
             raise ValueError("backend='ray' has its own collector: collectors.make_collector(env_fns, policy, "
                              "backend='ray', ...) or collectors.RayCollector(env_fns, policy, ...)")
@@ -153,7 +158,9 @@ class RolloutCollector(Collector):
             env_seeds(seed, 0)  # validates the seed before any worker starts
         self.backend_name = backend
         Deadline(worker_timeout)  # validated here for every backend, so a bad value never waits for async
-        self.backend = _make_backend(backend, env_fns, num_workers, main_share, num_splits, worker_timeout)
+        start_method_of(start_method)  # ... and so is this
+        self.backend = _make_backend(backend, env_fns, num_workers, main_share, num_splits, worker_timeout,
+                                     start_method)
         self._closed = False
         try:
             self.num_envs = self.backend.num_envs

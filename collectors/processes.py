@@ -78,11 +78,22 @@ _REGISTERED = _Registered()
 
 
 def process_context(start_method: str | None = None) -> BaseContext:
-    """The multiprocessing context a collector starts its processes with.
+    """The multiprocessing context a collector starts its processes with (:func:`start_method_of`'s), the
+    forkserver's preloading :data:`PRELOAD`."""
+    start_method = start_method_of(start_method)
+    ctx = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(list(PRELOAD))  # read when the forkserver starts: a running one keeps its own
+    return ctx
 
-    ``start_method``: ``"forkserver"`` (preloading :data:`PRELOAD`), ``"spawn"``, or ``None`` for forkserver
-    where the platform has one and spawn elsewhere. ``"fork"`` is refused: this process runs threads (torch's,
-    a resource sharer's), and a forked copy of a lock one of them held can hang the child for ever.
+
+def start_method_of(start_method: str | None) -> str:
+    """``start_method`` checked: ``"forkserver"``, ``"spawn"``, or for ``None`` forkserver where the platform has
+    one and spawn elsewhere. ``"fork"`` is refused: this process runs threads (torch's, a resource sharer's), and a
+    forked copy of a lock one of them held can hang the child for ever.
+
+    >>> start_method_of("spawn")
+    'spawn'
     """
     offered = [m for m in ("forkserver", "spawn") if m in multiprocessing.get_all_start_methods()]
     if start_method is None:
@@ -94,10 +105,7 @@ def process_context(start_method: str | None = None) -> BaseContext:
     if start_method not in offered:
         raise ValueError(f"start_method={start_method!r} is not a start method this platform offers a collector's "
                          f"processes: choose {' or '.join(map(repr, offered))}, or None for {offered[0]!r}")
-    ctx = multiprocessing.get_context(start_method)
-    if start_method == "forkserver":
-        ctx.set_forkserver_preload(list(PRELOAD))  # read when the forkserver starts: a running one keeps its own
-    return ctx
+    return start_method
 
 
 @contextlib.contextmanager

@@ -1,7 +1,9 @@
 """The run layout on machines we do not have: simulated cores, GPUs and Ray clusters."""
 
+import dataclasses
 import itertools
 import json
+import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -216,3 +218,39 @@ def test_ray_flags_on_another_backend_are_said_to_be_ignored(backend):
     both = TrainConfig(env="VREdge-v0", backend=backend, num_envs=4, ray_address="auto", cpus_per_worker=2.0)
     assert run_layout(both, Machine(4)).warnings == (f"--ray-address and --cpus-per-worker are ignored by --backend "
                                                      f"{backend}: they are for --backend ray",)
+
+
+def test_the_start_method_reaches_the_processes_a_run_starts_and_is_said_ignored_where_none_start():
+    spawned = run_layout(TrainConfig(env="VREdge-v0", backend="async", num_envs=4, start_method="spawn"), Machine(4))
+    assert spawned.start_method == "spawn" and spawned.collector_kwargs()["start_method"] == "spawn"
+    assert "3 worker processes (spawned) + this process" in spawned.describe() and not spawned.warnings
+    overlap = run_layout(TrainConfig(env="VREdge-v0", num_envs=4, overlap=True, start_method="spawn"), Machine(4))
+    assert overlap.collector_kwargs()["background"] and overlap.collector_kwargs()["start_method"] == "spawn"
+    assert "(--overlap, spawned)" in overlap.describe()
+    auto = run_layout(TrainConfig(env="VREdge-v0", backend="async", num_envs=4), Machine(4))
+    assert auto.start_method == ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    assert "(spawned)" not in auto.describe()
+    for backend, words in [("sync", "sync without --overlap"), ("device", "device")]:
+        ignored = run_layout(TrainConfig(env="VREdge-v0", backend=backend, num_envs=4, start_method="spawn"),
+                             Machine(4))
+        assert ignored.warnings == (f"--start-method is ignored by --backend {words}: it starts no processes",)
+        assert "start_method" not in ignored.collector_kwargs()
+
+
+def test_a_platform_without_a_forkserver_spawns_and_refuses_one_asked_for(monkeypatch):
+    monkeypatch.setattr(mp, "get_all_start_methods", lambda: ["spawn"])  # Windows
+    cfg = TrainConfig(env="VREdge-v0", backend="async", num_envs=4)
+    assert run_layout(cfg, Machine(4)).start_method == "spawn"
+    with pytest.raises(ValueError, match=r"^--start-method='forkserver' is invalid: this platform has no forkserver: "
+                                         r"use --start-method spawn or auto$"):
+        run_layout(dataclasses.replace(cfg, start_method="forkserver"), Machine(4))
+
+
+def test_a_start_method_that_is_not_one_is_a_config_error():
+    with pytest.raises(ValueError, match=r"^--start-method='fork' is invalid: a forked copy of a lock held by one of "
+                                         r"this process's threads \(torch's\) can hang the child; choose auto, "
+                                         r"forkserver or spawn$"):
+        TrainConfig(start_method="fork").validate()
+    with pytest.raises(ValueError, match=r"^--start-method='spwan' is invalid: choose auto, forkserver or spawn "
+                                         r"\(did you mean spawn\?\)$"):
+        TrainConfig(start_method="spwan").validate()

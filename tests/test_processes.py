@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import multiprocessing as mp
 import os
 import re
@@ -18,6 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+import checkpoints
+from collectors import make_collector
 from collectors.backends.async_ import AsyncBackend
 from collectors.processes import process_context
 from tests import factories as f
@@ -308,3 +311,42 @@ def test_ctrl_c_while_the_forkserver_imports_stops_at_once_and_leaves_nothing():
     assert proc.returncode != 0 and took < 10, (took, out, err)
     assert err.rstrip().endswith("KeyboardInterrupt"), err
     _no_descendants_after(proc, descendants)
+
+
+def test_the_start_method_reaches_a_collector_and_its_collecting_process_through_make_collector():
+    """``start_method`` is a collector option: a ``RolloutCollector``'s async workers, and a background collector's
+    collecting process and the workers beneath it, are spawned where asked (this process's children, and the
+    collecting process's), and a method a collector cannot use is refused on every backend before anything
+    starts."""
+    with make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="async", num_workers=1,
+                        start_method="spawn", horizon=4) as c:
+        assert psutil.Process(c.backend.procs[0].pid).ppid() == os.getpid()
+        assert c.collect().batch.batch_size == (4, 2)
+    with make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="async", num_workers=1, background=True,
+                        start_method="spawn", horizon=4) as c:
+        collecting = psutil.Process(c._process.pid)
+        assert collecting.ppid() == os.getpid() and collecting.name() == "collector"
+        assert [w.name() for w in collecting.children()] == ["env-worker-0"]  # its child: spawned, not forked
+        assert c.collect().batch.batch_size == (4, 2)
+    for backend in ("serial", "sync"):
+        with pytest.raises(ValueError, match=r"^start_method='fork' is refused"):
+            make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend=backend, start_method="fork")
+    with pytest.raises(ValueError, match=r"^backend='device' does not support start_method"):
+        make_collector([f.cartpole], f.RandomPolicy(2), backend="device", start_method="spawn")
+    assert not mp.active_children()
+
+
+def test_a_run_spawns_its_workers_with_start_method_spawn_and_a_resume_may_change_it(tmp_path, capsys):
+    """The command line: ``--start-method spawn`` is in the layout line and the stored layout; how processes
+    start changes no number, so a resume may change it (and stores the change)."""
+    from trainer import train as train_cli
+
+    run_dir = tmp_path / "run"
+    train_cli.main(["--backend", "async", "--num-envs", "2", "--num-workers", "1", "--num-steps", "8",
+                    "--total-steps", "16", "--device", "cpu", "--start-method", "spawn", "--run-dir", str(run_dir)])
+    assert "1 worker process (spawned) + this process" in capsys.readouterr().err
+    assert json.loads((run_dir / "config.json").read_text())["layout"]["start_method"] == "spawn"
+    train_cli.main(["--resume", str(run_dir), "--total-steps", "32", "--start-method", "auto"])
+    assert "1 worker process + this process" in capsys.readouterr().err
+    state = checkpoints.latest_loadable(run_dir)[1]
+    assert state["env_steps"] == 32 and state["config"]["start_method"] == "auto"

@@ -19,6 +19,7 @@ from trainer.arguments import choose, did_you_mean, spelled
 PATH_ENV_KWARGS = frozenset({"capacity_trace"})
 COMPILE_CHOICES = ("auto", "on", "off")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+START_METHOD_CHOICES = ("auto", "forkserver", "spawn")
 
 
 @dataclass
@@ -61,6 +62,7 @@ class TrainConfig:
     envs_per_worker: int = 0
     cpus_per_worker: float = 1.0
     worker_timeout: float = 60.0  # collectors.deadlines.DEFAULT_WORKER_TIMEOUT_S (not imported: collectors loads torch)
+    start_method: str = "auto"
     ray_async: bool = False
     overlap: bool = False
     overlap_targets: str = "vtrace"
@@ -108,6 +110,10 @@ class TrainConfig:
         "worker_timeout": "seconds an async worker, the --overlap collecting process or a Ray actor may stay silent "
                           "(a hung env step, a stopped process) before the run stops, or the actor is replaced; "
                           "stretched to 20x the slowest answer measured",
+        "start_method": "how async workers and the --overlap collecting process start: forkserver (forked from a "
+                        "server that has imported torch once: ~30 ms each), spawn (a fresh interpreter each, "
+                        "importing torch: seconds; Windows has only this) or auto (forkserver where the platform "
+                        "has one)",
         "num_splits": "async: env groups stepped double-buffered (2: the workers step one half of the envs while "
                       "the policy acts on the other; 1: lockstep); pays off for envs with costly steps",
         "threads": "torch threads of this process (0: from the run layout: the cores the workers leave free while "
@@ -233,6 +239,9 @@ class TrainConfig:
              "use auto, cpu, cuda or cuda:N" + (" (did you mean cuda?)" if self.device.lower() == "gpu" else
                                                  did_you_mean(self.device, DEVICE_CHOICES)))
         one_of("compile", COMPILE_CHOICES)
+        need(self.start_method != "fork", "start_method", "a forked copy of a lock held by one of this process's "
+             f"threads (torch's) can hang the child; {choose('', START_METHOD_CHOICES)}")
+        one_of("start_method", START_METHOD_CHOICES)
         try:
             sizes = self.hidden_sizes
         except ValueError:

@@ -43,7 +43,8 @@ from trainer.registry import (
 # keys a resumed run may change; every other key must match the checkpoint's config
 RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "compile", "cuda_graphs", "num_workers", "threads",
                      "tensorboard", "checkpoint_every", "keep_checkpoints", "config", "ray_address", "cpus_per_worker",
-                     "eval_every", "eval_episodes", "save_replay", "worker_timeout"}
+                     "eval_every", "eval_episodes", "save_replay", "worker_timeout",
+                     "start_method"}
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 _TOML_TYPES = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
                dict: "a table"}

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 import envs
+from collectors.processes import start_method_of
 from collectors.resources import async_workers, largest_divisor_at_most, usable_cores
 from trainer.arguments import counted
 from trainer.common.devices import compile_unavailable, learner_device
@@ -83,6 +84,7 @@ class RunLayout:
     cpus_per_worker: float  # ray: CPUs reserved per actor
     ray_address: str
     worker_timeout: float  # seconds a worker process, the collecting process or an actor may stay silent
+    start_method: str  # how async workers and the --overlap collecting process start: forkserver or spawn
     ray_async: bool  # Ray actors collect while the learner learns (the algorithm's keeps_collecting)
     overlap: bool  # a separate collecting process keeps collecting while this one learns
     collect_threads: int  # torch threads of the collecting process while it collects
@@ -117,9 +119,9 @@ class RunLayout:
         if self.backend != "ray":  # Ray actors act with their own copies, eagerly
             kw["compile_policy"] = self.acting_compile
         if self.overlap:
-            kw.update(background=True, worker_timeout=self.worker_timeout)
+            kw.update(background=True, worker_timeout=self.worker_timeout, start_method=self.start_method)
         if self.backend == "async":
-            kw["worker_timeout"] = self.worker_timeout
+            kw.update(worker_timeout=self.worker_timeout, start_method=self.start_method)
             kw.update(num_workers=self.workers, main_share=self.main_share, num_splits=self.num_splits)
         elif self.backend == "ray":
             kw.update(num_workers=self.workers, envs_per_worker=self.factories_per_worker,
@@ -140,6 +142,7 @@ class RunLayout:
         here = "the collecting process" if self.overlap else "this process"
         if self.backend == "async":
             procs = counted(self.workers, "worker process", "worker processes")
+            procs += " (spawned)" if self.start_method == "spawn" else ""
             procs += f" + {here}" if self.main_share else ""
             if self.num_splits > 1:
                 procs += f", {self.num_splits} env groups double-buffered"
@@ -151,7 +154,8 @@ class RunLayout:
         else:
             procs = here
         if self.overlap:
-            procs += ", collecting the next rollout while this process learns (--overlap)"
+            procs += ", collecting the next rollout while this process learns (--overlap"
+            procs += ", spawned)" if self.start_method == "spawn" else ")"
         if self.compile:
             procs += ", acting step compiled (--compile)"
         if self.cuda_graphs:
@@ -316,11 +320,25 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
                      factory_envs=tuple(sizes), vectorized=vectorized, workers=workers, main_share=main_share,
                      num_splits=cfg.num_splits,
                      factories_per_worker=per_worker, cpus_per_worker=cpus, ray_address=cfg.ray_address,
-                     worker_timeout=cfg.worker_timeout,
+                     worker_timeout=cfg.worker_timeout, start_method=_start_method(cfg, notes),
                      ray_async=asynchronous, overlap=cfg.overlap, collect_threads=collect_threads,
                      learn_threads=learn_threads,
                      worker_threads=1, batch_envs=n // workers if asynchronous else n, machine=machine,
                      warnings=tuple(notes))
+
+
+def _start_method(cfg: TrainConfig, notes: list[str]) -> str:
+    """How the run's processes start: ``--start-method`` (``auto``: forkserver where the platform has one); a method
+    the platform lacks is a ``ConfigError``, one given to a run that starts no processes is said to be ignored."""
+    try:
+        method = start_method_of(None if cfg.start_method == "auto" else cfg.start_method)
+    except ValueError:
+        raise ConfigError("start_method", cfg.start_method,
+                          "this platform has no forkserver: use --start-method spawn or auto") from None
+    if cfg.start_method != "auto" and not (cfg.backend == "async" or cfg.overlap):
+        notes.append(f"--start-method is ignored by --backend {cfg.backend}"
+                     f"{'' if cfg.backend in ('ray', 'device') else ' without --overlap'}: it starts no processes")
+    return method
 
 
 def _async_workers(cfg: TrainConfig, cores: int, notes: list[str]) -> tuple[int, bool]:
