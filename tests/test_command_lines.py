@@ -310,24 +310,30 @@ def test_toml_keys_unknown_or_twice_are_one_line_errors(tmp_path):
 def test_an_env_kwargs_table_in_toml_is_the_env_kwargs_flag(tmp_path, capsys):
     toml = tmp_path / "run.toml"
     toml.write_text('num_envs = 8\n[env_kwargs]\nnum_users = 6\nnoise_std = 0.25\ntrace_split = "all"\n'
-                    'reveal_hidden_state = true\n')
+                    'reveal_hidden_state = true\nbitrates_mbps = [5, 10, 20.5]\n')
     table = parse_args(["--config", str(toml)]).config
     flags = parse_args(["--num-envs", "8", "--env-kwargs", "num_users=6,noise_std=0.25,trace_split=all,"
-                        "reveal_hidden_state=true"]).config
+                        "reveal_hidden_state=true,bitrates_mbps=[5,10,20.5]"]).config
     assert dataclasses.replace(table, config="") == flags
     assert table.env_options == {"num_users": 6, "noise_std": 0.25, "trace_split": "all",
-                                 "reveal_hidden_state": True}
+                                 "reveal_hidden_state": True, "bitrates_mbps": (5, 10, 20.5)}
     for body, said in [("[env_kwargs]\nnum_users = 6\ntotal_steps = 64\n",  # a key meant for the trainer
-                        "[env_kwargs] holds total_steps, a trainer setting, not an env argument: put the "
+                        f"{toml}: [env_kwargs] holds total_steps, a trainer setting, not an env argument: put the "
                         "[env_kwargs] table after every other key"),
                        ('[env_kwargs]\ntrace_split = "a,b"\n',  # what the key=value text cannot hold
-                        '[env_kwargs] trace_split = "a,b": env arguments are numbers, true/false or text'),
-                       ("[env_kwargs]\nnum_users = [6]\n", "[env_kwargs] num_users = [6]: env arguments are")]:
+                        f'{toml}: [env_kwargs] trace_split = "a,b": env arguments are numbers, true/false, text '
+                        "without"),
+                       ("[env_kwargs]\nbitrates_mbps = [[6]]\n", f"{toml}: [env_kwargs] bitrates_mbps = [[6]]: env "
+                                                                "arguments are numbers, true/false, text without ',', "
+                                                                "'=' or brackets, or arrays of those"),
+                       ("[env_kwargs]\nnum_users = [6]\n",  # an array where the env takes a number: the env says
+                        "--env-kwargs: VR-edge argument num_users=(6,) is invalid: must be an integer, not tuple "
+                        f"({toml}: env_kwargs = 'num_users=[6]')")]:
         toml.write_text(body)
         with pytest.raises(SystemExit) as refused:
             parse_args(["--config", str(toml)])
         err = capsys.readouterr().err
-        assert refused.value.code == 2 and f"error: {toml}: {said}" in err, err
+        assert refused.value.code == 2 and f"error: {said}" in err, err
 
 
 def test_a_resume_may_restate_the_runs_env_arguments_but_not_change_them():

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -69,8 +70,8 @@ def fresh_python(code: str, *args: str, cwd: Path) -> subprocess.CompletedProces
                           timeout=120)
 
 
-def train_tiny(run_dir: Path, env: str, arch: str) -> Path:
-    cli = parse_args(["--env", env, "--policy-arch", arch, "--run-dir", str(run_dir), *TINY])
+def train_tiny(run_dir: Path, env: str, arch: str, *flags: str) -> Path:
+    cli = parse_args(["--env", env, "--policy-arch", arch, "--run-dir", str(run_dir), *TINY, *flags])
     train_module.train(cli.config, progress=False)
     return run_dir
 
@@ -80,19 +81,27 @@ def cartpole(tmp_path_factory):
     return train_tiny(tmp_path_factory.mktemp("cartpole") / "run", "CartPole-v1", "flat")
 
 
+# VR-edge with its own arguments (not the env's defaults: another observation size and action space), which the
+# export's checks and card must use
+VR_ARGUMENTS = {"num_users": 3, "bitrates_mbps": (8, 16, 32, 64)}
+
+
 @pytest.mark.parametrize("env,arch", [
     ("CartPole-v1", "flat"),
     ("VREdge-v0", "per_head"),
     pytest.param("VREdge-v0", "flat", marks=pytest.mark.slow),
 ])
 def test_exports_match_the_trained_model_in_a_process_without_this_package(tmp_path, cartpole, env, arch):
-    run_dir = cartpole if env == "CartPole-v1" else train_tiny(tmp_path / "run", env, arch)
+    env_kwargs = VR_ARGUMENTS if env == "VREdge-v0" else {}
+    run_dir = cartpole if env == "CartPole-v1" else train_tiny(tmp_path / "run", env, arch, "--env-kwargs",
+                                                               "num_users=3,bitrates_mbps=[8,16,32,64]")
     export_main(["--checkpoint", str(run_dir), "--format", "both"])
     out = run_dir / "export"
     card = json.loads((out / "policy.json").read_text())
     model, cfg, source = load_policy(run_dir)
     assert cfg.policy_arch == arch and bool(model.per_head) == (arch == "per_head")
-    obs = export_cli.verification_observations(model, env, seed=11)  # not the seed the command verified on
+    obs = export_cli.verification_observations(model, env, seed=11,  # not the seed the command verified on
+                                               env_kwargs=env_kwargs)
     action, probs, value = export_cli.reference_outputs(model, obs)
     np.savez(tmp_path / "expected.npz", obs=obs, action=action, probs=probs, value=value)
     done = fresh_python(RELOAD, str(out), str(tmp_path / "expected.npz"), cwd=tmp_path)
@@ -110,7 +119,10 @@ def test_exports_match_the_trained_model_in_a_process_without_this_package(tmp_p
     assert card["files"]["onnx"]["opset"] == export_cli.OPSET
     assert sorted(p.name for p in out.iterdir()) == ["policy.json", "policy.onnx", "policy.pt"]  # one file each
     if env == "VREdge-v0":
-        assert card["env"]["config"]["num_users"] == 8 and card["env"]["action_space"]["nvec"] == [6] * 8
+        assert card["env"]["config"]["num_users"] == 3 and card["env"]["config"]["bitrates_mbps"] == [8, 16, 32, 64]
+        trained = gym.make(env, **env_kwargs).observation_space.shape  # not the default env's 61
+        assert card["env"]["action_space"]["nvec"] == [4] * 3
+        assert card["env"]["observation_space"]["shape"] == [*trained]
 
 
 def _no_norm(model):

@@ -89,8 +89,9 @@ class TrainConfig:
 
     HELP = {  # (algo's help lists the registered algorithms: trainer.flags)
         "env": "any registered Gymnasium env id (VREdge-v0 uses the natively batched env)",
-        "env_kwargs": "env constructor arguments, key=value,key=value (numbers, true/false or text), e.g. "
-                      "num_users=6 or capacity_trace=traces/,trace_split=train for VR-edge",
+        "env_kwargs": "env constructor arguments, key=value,key=value (numbers, true/false, text or [lists]), e.g. "
+                      "num_users=6, capacity_trace=traces/,trace_split=train or 'bitrates_mbps=[5,10,20,40]' for "
+                      "VR-edge",
         "backend": "rollout backend: serial, sync, async, device (VR-edge as torch tensors on --device, next to the "
                    "acting policy) or ray",
         "num_envs": "parallel envs", "num_steps": "steps per env per rollout",
@@ -309,13 +310,16 @@ class ConfigError(ValueError):
 
 
 def parse_env_kwargs(text: str) -> dict[str, Any]:
-    """``key=value`` pairs separated by commas; values are ints, floats, ``true``/``false`` or text.
+    """``key=value`` pairs separated by commas; values are ints, floats, ``true``/``false``, text, or a list of
+    those in brackets (a tuple: VR-edge's bitrate ladder).
 
     >>> parse_env_kwargs("num_users=6,trace_split=train,noise_std=0.1,shared=true")
     {'num_users': 6, 'trace_split': 'train', 'noise_std': 0.1, 'shared': True}
+    >>> parse_env_kwargs("bitrates_mbps=[5, 10, 25],num_users=4")
+    {'bitrates_mbps': (5, 10, 25), 'num_users': 4}
     """
     out: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    for item in filter(None, (part.strip() for part in _top_level_items(text))):
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if sep and not key.isidentifier() and key.replace("-", "_").isidentifier():  # TOML keys take either
@@ -325,17 +329,48 @@ def parse_env_kwargs(text: str) -> dict[str, Any]:
             raise ValueError(f"{item!r} is not key=value (write e.g. num_users=6,trace_split=train)")
         if key in out:
             raise ValueError(f"{key} is given twice")
-        out[key] = _scalar(value)
+        out[key] = _value(key, value)
     return out
+
+
+def _top_level_items(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth < 0 or depth > 1:
+            break
+        if char == "," and not depth:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"{text!r} has unbalanced or nested brackets: a list is one level, e.g. "
+                         "bitrates_mbps=[5,10,20]")
+    return [*items, text[start:]]
+
+
+def _value(key: str, text: str) -> Any:
+    if not (text.startswith("[") and text.endswith("]")):
+        return _scalar(text)
+    inner = text[1:-1].strip()
+    values = tuple(_scalar(part.strip()) for part in inner.split(",")) if inner else ()
+    if "" in values:
+        raise ValueError(f"{key}={text} has an empty item: write e.g. {key}=[5,10,20]")
+    return values
 
 
 def format_env_kwargs(options: dict[str, Any]) -> str:
     """The ``env_kwargs`` text of keyword arguments (what :func:`parse_env_kwargs` reads back).
 
-    >>> format_env_kwargs({"num_users": 6, "shared": True})
-    'num_users=6,shared=true'
+    >>> format_env_kwargs({"num_users": 6, "shared": True, "bitrates_mbps": (5.0, 10.0)})
+    'num_users=6,shared=true,bitrates_mbps=[5.0,10.0]'
     """
-    return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
+    def text(v: Any) -> str:
+        if isinstance(v, (tuple, list)):
+            return f"[{','.join(map(text, v))}]"
+        return str(v).lower() if isinstance(v, bool) else str(v)
+
+    return ",".join(f"{k}={text(v)}" for k, v in options.items())
 
 
 def env_argument_defaults(env: str) -> dict[str, Any]:

@@ -178,16 +178,20 @@ def _toml_values(path: Path) -> dict[str, Any]:
     return values
 
 
+def _env_argument_value(value: Any) -> bool:
+    """Whether ``value`` (from TOML) fits the ``--env-kwargs`` text as one value."""
+    return isinstance(value, (bool, int, float)) or isinstance(value, str) and not set(value) & set(",=[]")
+
+
 def _env_kwargs_table(path: Path, written: str, table: dict[str, Any], settings: dict[str, type]) -> str:
     """An ``[env_kwargs]`` table as ``--env-kwargs`` text; ``ValueError`` for what that text cannot hold."""
     for name, value in table.items():
         if name.replace("-", "_") in settings:  # TOML puts every key below a table's header into the table
             raise ValueError(f"{path}: [{written}] holds {name}, a trainer setting, not an env argument: put the "
                              f"[{written}] table after every other key")
-        if not isinstance(value, (bool, int, float, str)) or isinstance(value, str) and ("," in value or
-                                                                                        "=" in value):
+        if not _env_argument_value(value) and not (isinstance(value, list) and all(map(_env_argument_value, value))):
             raise ValueError(f"{path}: [{written}] {name} = {json.dumps(value, default=str)}: env arguments are "
-                             "numbers, true/false or text without ',' or '='")
+                             "numbers, true/false, text without ',', '=' or brackets, or arrays of those")
     return format_env_kwargs(table)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib
 import json
@@ -138,10 +139,12 @@ def reference_outputs(model: ActorCritic, obs: np.ndarray) -> tuple[np.ndarray, 
     return model.act_deterministic(x).numpy(), model.action_probs(x).numpy(), model.value(x).numpy()
 
 
-def verification_observations(model: ActorCritic, env_id: str, seed: int, episodes: int = 4) -> np.ndarray:
+def verification_observations(model: ActorCritic, env_id: str, seed: int, episodes: int = 4,
+                              env_kwargs: dict[str, Any] | None = None) -> np.ndarray:
     """Observations ``[N, obs_dim]`` float32 to compare a policy on.
 
-    Those the greedy policy meets in ``episodes`` episodes on held-out seeds (the evaluation
+    Those the greedy policy meets in ``episodes`` episodes of ``gym.make(env_id, **env_kwargs)`` (the env the
+    run trained on) on held-out seeds (the evaluation
     branch, which training never uses), evenly thinned to ``MAX_OBSERVATIONS``, then the
     bounds of the observation space (infinite ones cut at ``EDGE_BOUND``): low, high, zeros,
     their midpoint, and 16 uniform draws between them.
@@ -152,8 +155,9 @@ def verification_observations(model: ActorCritic, env_id: str, seed: int, episod
         seen.append(obs)
         return model.act_deterministic(torch.from_numpy(obs).float()).numpy()
 
-    run_episodes(greedy, lambda: gym.make(env_id), episodes, seed)
-    probe = gym.make(env_id)
+    make = functools.partial(gym.make, env_id, **(env_kwargs or {}))
+    run_episodes(greedy, make, episodes, seed)
+    probe = make()
     space = probe.observation_space
     probe.close()
     played = np.concatenate(seen).astype(np.float32)
@@ -203,8 +207,8 @@ def _space(space: gym.Space) -> dict[str, Any]:
     return {"type": type(space).__name__, "repr": str(space)}
 
 
-def _env_card(env_id: str) -> dict[str, Any]:
-    env = gym.make(env_id)
+def _env_card(env_id: str, env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    env = gym.make(env_id, **env_kwargs)
     try:
         config = getattr(env.unwrapped, "config", None)
         params = ({f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
@@ -264,9 +268,9 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
         shutil.rmtree(stale, ignore_errors=True)
     stage = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
-        env_card = _env_card(cfg.env)
+        env_card = _env_card(cfg.env, cfg.env_options)
         obs_dim = env_card["observation_space"]["shape"][0]
-        obs = verification_observations(model, cfg.env, seed)
+        obs = verification_observations(model, cfg.env, seed, env_kwargs=cfg.env_options)
         files = {}
         for fmt in formats:
             path = stage / FILES[fmt]
