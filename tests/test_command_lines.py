@@ -340,10 +340,14 @@ def test_a_resume_may_restate_the_runs_env_arguments_but_not_change_them():
     from trainer.config import ConfigError, moved_env_files
     assert moved_env_files("num_users=6", "num_users=6") == "num_users=6"
     assert moved_env_files("", "num_users=8", {"num_users": 8}) == "num_users=8"  # VR-edge's default, restated
+    ladder = {"bitrates_mbps": (5.0, 10.0)}
+    assert moved_env_files("", "bitrates_mbps=[5,10]", ladder) == "bitrates_mbps=[5,10]"  # a list, restated
     for stored, given, has in [("num_users=6", "num_users=5", "it has num_users=6"),
-                               ("", "num_users=5", "it has num_users at the env's default")]:
-        with pytest.raises(ConfigError, match=f"num_users would change the run \\({has}\\); drop it"):
-            moved_env_files(stored, given, {"num_users": 8})
+                               ("", "num_users=5", "it has num_users at the env's default"),
+                               ("bitrates_mbps=[5,10]", "bitrates_mbps=[5,20]", r"it has bitrates_mbps=\[5,10\]")]:
+        name = given.split("=")[0]
+        with pytest.raises(ConfigError, match=f"{name} would change the run \\({has}\\); drop it"):
+            moved_env_files(stored, given, {"num_users": 8, **ladder})
 
 
 def test_batching_takes_the_trainer_spelling_and_the_old_one(tmp_path):

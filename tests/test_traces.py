@@ -230,7 +230,15 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
                                          ("num_users=2.5", "num_users=2.5 is invalid: must be an integer, not float"),
                                          ("reveal_hidden_state=1", "must be true or false, not int"),
                                          ("trace_split=3", "trace_split=3 is invalid: must be text, not int"),
-                                         ("capacity_trace=/no/such/trace", "no such file")])
+                                         ("capacity_trace=/no/such/trace", "no such file"),
+                                         ("bitrates_mbps=[5,10", "has unbalanced or nested brackets: a list is one "
+                                          r"level, e.g. bitrates_mbps=\[5,10,20\]"),
+                                         ("bitrates_mbps=[[5]]", "has unbalanced or nested brackets"),
+                                         ("bitrates_mbps=[5,,10]", "has an empty item"),
+                                         ("bitrates_mbps=[10,5]", r"bitrates_mbps=\(10, 5\) is invalid: must be a "
+                                          "non-empty, strictly increasing sequence"),
+                                         ("bitrates_mbps=5", "must be a sequence of numbers, not int"),
+                                         ("regime_multipliers=[1,2]", "must be three positive numbers")])
 def test_bad_env_kwargs_are_one_line_errors(text, words):
     from trainer.config import TrainConfig
     with pytest.raises(ValueError, match=words):

@@ -396,7 +396,7 @@ def moved_env_files(stored: str, given: str, defaults: dict[str, Any] | None = N
     changed = sorted(k for k, v in new.items() if (k not in PATH_ENV_KWARGS or k not in old)
                      and old.get(k, defaults.get(k, _UNSET)) != v)
     if changed:  # a usage error, as a resume's other flags that would change the run
-        has = ", ".join(f"{k}={old[k]}" if k in old else f"{k} at the env's default" for k in changed)
+        has = ", ".join(format_env_kwargs({k: old[k]}) if k in old else f"{k} at the env's default" for k in changed)
         raise ConfigError("env_kwargs", given, message=(
             f"--env-kwargs: only the run's own {', '.join(sorted(PATH_ENV_KWARGS))} may point elsewhere (its files "
             f"moved); {', '.join(changed)} would change the run (it has {has}); drop "
