@@ -493,3 +493,23 @@ def test_flags_of_the_other_algorithm_are_refused(capsys, tmp_path):
     with pytest.raises(SystemExit):  # a key of the file is named as the file spells it, with the file
         parse_args(["--config", str(tmp_path / "run.toml")])
     assert f"{tmp_path / 'run.toml'}: epochs = 2 is invalid: for --algo ppo only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("save_replay", ["false", "true"])
+def test_train_longer_names_a_total_that_learns(tmp_path, capsys, save_replay):
+    """A finished run too short to learn prints a "train longer" total that lets the learner wait for
+    --learning-starts (refilled from scratch where the replay was not saved) and then learn; twice the steps
+    would not: 512 here, where a resume without the replay needs 256 + 300 just to start."""
+    import shlex
+
+    from trainer import train as train_cli
+
+    argv = [a for a in SMALL_VR if a not in ("--save-replay", "true")]
+    train_cli.main(argv + ["--save-replay", save_replay, "--learning-starts", "300", "--replay-capacity", "400",
+                           "--run-dir", str(tmp_path)])
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("train longer:"))
+    argv = shlex.split(line.split(":", 1)[1])[3:]  # less the interpreter and -m trainer.train
+    assert argv[argv.index("--total-steps") + 1] == ("600" if save_replay == "true" else str(256 + 600))
+    train_cli.main(argv)
+    rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["learner_steps"] > 0 and "will not learn" not in capsys.readouterr().err

@@ -160,3 +160,7 @@ class Algorithm(AlgorithmSpec, ABC):
     def end_notes(self) -> list[str]:
         """Lines for the user when the run has finished."""
         return []
+
+    def longer_total_steps(self) -> int:
+        """The ``--total-steps`` that the finished run's "train longer" command names: twice the steps so far."""
+        return 2 * self.env_steps

@@ -214,6 +214,7 @@ def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signa
         print(note, file=sys.stderr)
     return {"run_dir": str(run_dir), "iterations": algorithm.iteration, "env_steps": algorithm.env_steps,
             "checkpoint": str(last_saved) if last_saved else None, **algorithm.summary(),
+            "longer_total_steps": algorithm.longer_total_steps(),
             "recent_return": float(np.mean(algorithm.recent)) if algorithm.recent else None,
             "finished": algorithm.iteration >= iterations}
 
@@ -292,7 +293,7 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
         if not summary["finished"]:
             print(f"resume:        {_command('-m', 'trainer.train', '--resume', target)}")
         else:
-            longer = str(2 * summary["env_steps"])  # a value to paste (twice this run's steps), not a placeholder
+            longer = str(summary["longer_total_steps"])  # a value to paste, not a placeholder
             print(f"train longer:  {_command('-m', 'trainer.train', '--resume', target, '--total-steps', longer)}")
 
 

@@ -163,6 +163,12 @@ class ApeX(ApeXSpec, Algorithm):
                 if left < starts else "the learner waits until it holds them")
         return f"{note}; --learning-starts is {starts:,} transitions, and {wait}"
 
+    def longer_total_steps(self) -> int:
+        """At least twice the steps so far, and enough for the learner to wait for ``--learning-starts`` transitions
+        (from scratch: a resume without the replay refills it) and then learn for as many steps again."""
+        refill_from = self.env_steps if not self.cfg.save_replay else 0
+        return max(super().longer_total_steps(), refill_from + 2 * self.cfg.learning_starts)
+
     def start_notes(self) -> list[str]:
         notes = [self.replay.describe()]
         if self.cfg.total_steps < self.cfg.learning_starts:  # a transition per env step, at most
