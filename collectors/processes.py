@@ -37,7 +37,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from collectors.deadlines import START_TIMEOUT_S
-from collectors.stop_signals import STOP_SIGNALS, ignore_stop_signals, stop_signals_blocked
+from collectors.stop_signals import STOP_SIGNALS, held_back, ignore_stop_signals, stop_signals_blocked
 
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1  # <linux/prctl.h>
 # what the processes a collector starts run, with everything they import
@@ -156,7 +156,7 @@ def start_process(process: BaseProcess, ctx: BaseContext, timeout_s: float = STA
     thread = threading.Thread(target=start_it, name=f"start {process.name}", daemon=True)
     thread.start()
     try:
-        while thread.is_alive() and time.monotonic() - started_at < timeout_s and not _stop_signal_pending():
+        while thread.is_alive() and time.monotonic() - started_at < timeout_s and not held_back():
             thread.join(0.05)
     except BaseException:  # a stop signal's handler, run here all the same: another thread of ours took the signal
         _kill_and_join(pid, thread)
@@ -164,7 +164,7 @@ def start_process(process: BaseProcess, ctx: BaseContext, timeout_s: float = STA
     what = f"the forkserver (pid {pid}) that starts this collector's processes (importing torch first)"
     if thread.is_alive():
         _kill_and_join(pid, thread)
-        if _stop_signal_pending():  # raised in place of this when starting() delivers the signal
+        if held_back():  # raised in place of this when starting() delivers the signal
             raise WorkerDiedError(f"{what} was stopped by a stop signal before it forked {process.name}")
         raise WorkerTimeoutError(
             f"{what} has not forked {process.name} within {timeout_s:.3g} s (an import that hangs?) and was "
@@ -202,11 +202,6 @@ def _exit_code(pid: int, patience_s: float = 1.0) -> int | None:
         if time.monotonic() > until:
             return None
         time.sleep(0.01)
-
-
-def _stop_signal_pending() -> bool:
-    """Whether a stop signal is held back (:func:`starting`) and waiting to be delivered."""
-    return hasattr(signal, "sigpending") and bool(signal.sigpending() & set(STOP_SIGNALS))
 
 
 def child_main(target: Callable[..., Any]) -> Callable[..., Any]:

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,11 +49,25 @@ def exiting_at_once_on_stop_signals(said: str) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+_held: list[int] = []  # stop signals caught while held back (:func:`stop_signals_blocked`), to be delivered after
+
+
+def _hold(signum: int, frame: Any) -> None:
+    _held.append(signum)
+
+
 @contextlib.contextmanager
 def stop_signals_blocked() -> Iterator[None]:
     """Hold stop signals back while starting a process: the parent is not cut off mid-way through
     sending it its start-up data, and the child inherits the blocked mask until it ignores them
-    (see :func:`ignore_stop_signals`), so a Ctrl-C during its imports prints no traceback."""
+    (see :func:`ignore_stop_signals`), so a Ctrl-C during its imports prints no traceback. A signal held
+    back is delivered, to the handler it would have met, when the block ends.
+
+    Blocking them in this thread is not enough where the process has other threads (torch's, started with
+    them unblocked): the kernel gives the signal to one of those, and Python runs its handler here all the
+    same. In the main thread, the handlers are therefore replaced meanwhile by one that only notes the
+    signal (:func:`held_back` says whether one came).
+    """
     if not hasattr(signal, "pthread_sigmask"):  # Windows: nothing to hold back
         yield
         return
@@ -61,11 +76,28 @@ def stop_signals_blocked() -> Iterator[None]:
     from multiprocessing import resource_tracker
 
     resource_tracker.ensure_running()
+    handlers: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {s: signal.signal(s, _hold) for s in STOP_SIGNALS
+                    if signal.getsignal(s) not in (signal.SIG_IGN, None)}  # (None: a C handler, not ours to swap)
+    caught_before = len(_held)
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a signal held back is delivered here
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a signal pending in this thread meets _hold here
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        caught = list(dict.fromkeys(_held[caught_before:]))
+        del _held[caught_before:]
+        for signum in caught:  # to the handler it would have met (an outer block's _hold notes it again)
+            signal.raise_signal(signum)
+
+
+def held_back() -> bool:
+    """Inside :func:`stop_signals_blocked`: whether a stop signal came, and waits for the block to end."""
+    pending = signal.sigpending() if hasattr(signal, "sigpending") else set()
+    return bool(_held) or bool(pending & set(STOP_SIGNALS))
 
 
 def ignore_stop_signals() -> None:

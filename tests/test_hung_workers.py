@@ -156,6 +156,32 @@ def test_the_first_spawn_keeps_stop_signals_blocked():
     assert blocked and {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1} <= set(eval(blocked[0])), out
 
 
+def test_stop_signals_held_back_wait_for_the_block_though_another_thread_takes_them():
+    """A process with other threads (torch's OpenMP pool, started with the signals unblocked) gets a stop signal in
+    one of those; Python then ran its handler in the main thread in the middle of the block (a Ctrl-C half-way
+    through starting a process, which was then orphaned). It is delivered when the block ends, once, to the
+    handler it would have met; the handlers are as they were."""
+    script = textwrap.dedent("""
+        import os, signal, subprocess, threading, time
+        from collectors.stop_signals import held_back, stop_signals_blocked
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()  # its mask has the signals unblocked
+        signal.signal(signal.SIGTERM, lambda s, f: print("SIGTERM handled", flush=True))
+        before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with stop_signals_blocked():
+                for name in ("TERM", "TERM", "INT"):  # from another process: the kernel picks the thread
+                    subprocess.run(["kill", f"-{name}", str(os.getpid())], check=True)
+                time.sleep(0.5)
+                print("held back", held_back(), flush=True)
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt after the block", flush=True)
+        print("handlers kept", before == {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)})
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.splitlines() == ["held back True", "SIGTERM handled", "KeyboardInterrupt after the block",
+                                       "handlers kept True"], out
+
+
 @pytest.mark.parametrize("first", [
     pickle.dumps(("buffers", [0], {"actions": list(range(1000))}))[:40],  # truncated: the parent died mid-send
     pickle.dumps(("close", None)),  # closed during start-up (Ctrl-C): it printed a ValueError traceback
