@@ -88,23 +88,24 @@ def process_context(start_method: str | None = None) -> BaseContext:
 
 
 def start_method_of(start_method: str | None) -> str:
-    """``start_method`` checked: ``"forkserver"``, ``"spawn"``, or for ``None`` forkserver where the platform has
-    one and spawn elsewhere. ``"fork"`` is refused: this process runs threads (torch's, a resource sharer's), and a
-    forked copy of a lock one of them held can hang the child for ever.
+    """``start_method`` checked: ``"forkserver"``, ``"spawn"``, or for ``None`` (or ``"auto"``, as the trainer's
+    ``--start-method`` says it) forkserver where the platform has one and spawn elsewhere. ``"fork"`` is
+    refused: this process runs threads (torch's, a resource sharer's), and a forked copy of a lock one of them
+    held can hang the child for ever.
 
     >>> start_method_of("spawn")
     'spawn'
     """
     offered = [m for m in ("forkserver", "spawn") if m in multiprocessing.get_all_start_methods()]
-    if start_method is None:
+    if start_method in (None, "auto"):
         start_method = offered[0]
     if start_method == "fork":
         raise ValueError(f"start_method='fork' is refused for a collector's processes: a forked copy of a lock "
                          f"held by one of this process's threads (torch's) can hang the child; choose "
-                         f"{' or '.join(map(repr, offered))}, or None for {offered[0]!r}")
+                         f"{' or '.join(map(repr, offered))}, or None (or 'auto') for {offered[0]!r}")
     if start_method not in offered:
         raise ValueError(f"start_method={start_method!r} is not a start method this platform offers a collector's "
-                         f"processes: choose {' or '.join(map(repr, offered))}, or None for {offered[0]!r}")
+                         f"processes: choose {' or '.join(map(repr, offered))}, or None (or 'auto') for {offered[0]!r}")
     return start_method
 
 

@@ -31,6 +31,22 @@ def finite(value: Any) -> bool:
     return all(math.isfinite(v) for v in numbers if is_number(v))
 
 
+def shown(value: Any) -> str:
+    """``value`` as a user writes it: a list (or tuple) in brackets, anything else as its ``repr``.
+
+    >>> shown((8, 16.0, "x"))
+    "[8, 16.0, 'x']"
+    """
+    if isinstance(value, (tuple, list)):
+        return f"[{', '.join(map(shown, value))}]"
+    return repr(value)
+
+
+def kind_of(value: Any) -> str:
+    """What ``value`` is, in a user's words: ``a list`` for a list or tuple, else its type's name."""
+    return "a list" if isinstance(value, (tuple, list)) else type(value).__name__
+
+
 # a type's name (an annotation under ``from __future__ import annotations``, or a default's type) -> (check, what
 # it expects); an int is a number too, a bool is neither
 KINDS = {"int": (is_int, "an integer"), "float": (is_number, "a number"), "str": (is_str, "text"),

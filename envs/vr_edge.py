@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 from envs import rng
-from envs.arguments import KINDS, finite, is_int, is_number
+from envs.arguments import KINDS, finite, is_int, is_number, kind_of, shown
 from envs.traces import TRACE_SPLITS, TraceSet, load_traces
 
 REGIMES = ("good", "fair", "poor")
@@ -67,7 +67,7 @@ class VREdgeConfig:
             if of_a_number and not finite(getattr(self, name)):  # inf passes most ranges, nan fails them all
                 ok, allowed = False, f"finite and {allowed}"
             if not ok:
-                raise ValueError(f"VR-edge argument {name}={getattr(self, name)!r} is invalid: must be {allowed}")
+                raise ValueError(f"VR-edge argument {name}={shown(getattr(self, name))} is invalid: must be {allowed}")
 
         # types first: a comparison below would otherwise fail with a bare TypeError (segment_s='abc' from
         # --env-kwargs)
@@ -75,10 +75,12 @@ class VREdgeConfig:
             value = getattr(self, f.name)
             if str(f.type) in KINDS:
                 ok, kind = KINDS[str(f.type)]
-                need(ok(value), f.name, f"{kind}, not {type(value).__name__}", of_a_number=False)
-            else:  # the tuples
-                need(isinstance(value, (tuple, list)) and all(map(is_number, value)), f.name,
-                     f"a sequence of numbers, not {type(value).__name__}", of_a_number=False)
+                need(ok(value), f.name, f"{kind}, not {kind_of(value)}", of_a_number=False)
+            else:  # the lists
+                odd = [v for v in value if not is_number(v)] if isinstance(value, (tuple, list)) else [value]
+                if odd:
+                    need(False, f.name, f"a list of numbers, not {kind_of(value)}" if odd == [value] else
+                         f"a list of numbers ({shown(odd[0])} is {kind_of(odd[0])})", of_a_number=False)
         need(is_int(self.num_users) and self.num_users >= 1, "num_users", "an integer >= 1")
         ladder = tuple(self.bitrates_mbps)
         need(len(ladder) >= 1, "bitrates_mbps", "a non-empty, strictly increasing sequence of positive numbers")

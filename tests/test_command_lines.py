@@ -325,9 +325,12 @@ def test_an_env_kwargs_table_in_toml_is_the_env_kwargs_flag(tmp_path, capsys):
                         "without"),
                        ("[env_kwargs]\nbitrates_mbps = [[6]]\n", f"{toml}: [env_kwargs] bitrates_mbps = [[6]]: env "
                                                                 "arguments are numbers, true/false, text without ',', "
-                                                                "'=' or brackets, or arrays of those"),
+                                                                "'=', quotes or brackets, or arrays of those"),
+                       ('[env_kwargs]\nnum_users = "4"\n',  # TOML's text stays text: no silent number
+                        "--env-kwargs: VR-edge argument num_users='4' is invalid: must be an integer, not str "
+                        f"({toml}: env_kwargs = 'num_users=\"4\"')"),
                        ("[env_kwargs]\nnum_users = [6]\n",  # an array where the env takes a number: the env says
-                        "--env-kwargs: VR-edge argument num_users=(6,) is invalid: must be an integer, not tuple "
+                        "--env-kwargs: VR-edge argument num_users=[6] is invalid: must be an integer, not a list "
                         f"({toml}: env_kwargs = 'num_users=[6]')")]:
         toml.write_text(body)
         with pytest.raises(SystemExit) as refused:

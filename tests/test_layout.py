@@ -235,6 +235,9 @@ def test_the_start_method_reaches_the_processes_a_run_starts_and_is_said_ignored
                              Machine(4))
         assert ignored.warnings == (f"--start-method is ignored by --backend {words}: it starts no processes",)
         assert "start_method" not in ignored.collector_kwargs()
+    ray = run_layout(TrainConfig(env="VREdge-v0", backend="ray", num_envs=4, start_method="spawn"),
+                     Machine(4, 0, 4.0, 4.0))
+    assert ray.warnings == ("--start-method is ignored by --backend ray: Ray starts its actors' processes itself",)
 
 
 def test_a_platform_without_a_forkserver_spawns_and_refuses_one_asked_for(monkeypatch):

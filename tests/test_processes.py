@@ -79,7 +79,8 @@ def test_a_start_method_a_collector_cannot_use_is_refused_before_any_process_sta
     refused = (r"start_method='fork' is refused for a collector's processes: a forked copy of a lock .* choose "
                if method == "fork" else
                rf"start_method='{method}' is not a start method this platform offers a collector's processes: choose ")
-    with pytest.raises(ValueError, match=refused + r"('forkserver' or )?'spawn', or None for '(forkserver|spawn)'$"):
+    tail = r"('forkserver' or )?'spawn', or None \(or 'auto'\) for '(forkserver|spawn)'$"
+    with pytest.raises(ValueError, match=refused + tail):
         AsyncBackend([f.cartpole] * 2, num_workers=1, start_method=method)
     assert not mp.active_children()
 

@@ -235,9 +235,13 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
                                           r"level, e.g. bitrates_mbps=\[5,10,20\]"),
                                          ("bitrates_mbps=[[5]]", "has unbalanced or nested brackets"),
                                          ("bitrates_mbps=[5,,10]", "has an empty item"),
-                                         ("bitrates_mbps=[10,5]", r"bitrates_mbps=\(10, 5\) is invalid: must be a "
+                                         ("bitrates_mbps=[10,5]", r"bitrates_mbps=\[10, 5\] is invalid: must be a "
                                           "non-empty, strictly increasing sequence"),
-                                         ("bitrates_mbps=5", "must be a sequence of numbers, not int"),
+                                         ("bitrates_mbps=5", "must be a list of numbers, not int"),
+                                         ("bitrates_mbps=[8,a]", r"bitrates_mbps=\[8, 'a'\] is invalid: must be a list "
+                                          r"of numbers \('a' is str\)"),
+                                         ("num_users=[4]", r"num_users=\[4\] is invalid: must be an integer, not a "
+                                          "list"),
                                          ("regime_multipliers=[1,2]", "must be three positive numbers")])
 def test_bad_env_kwargs_are_one_line_errors(text, words):
     from trainer.config import TrainConfig

@@ -310,8 +310,9 @@ class ConfigError(ValueError):
 
 
 def parse_env_kwargs(text: str) -> dict[str, Any]:
-    """``key=value`` pairs separated by commas; values are ints, floats, ``true``/``false``, text, or a list of
-    those in brackets (a tuple: VR-edge's bitrate ladder).
+    """``key=value`` pairs separated by commas; values are ints, floats, ``true``/``false``, text (in double
+    quotes where it would read as one of the others: ``capacity_trace="2024"``), or a list of those in
+    brackets (a tuple: VR-edge's bitrate ladder).
 
     >>> parse_env_kwargs("num_users=6,trace_split=train,noise_std=0.1,shared=true")
     {'num_users': 6, 'trace_split': 'train', 'noise_std': 0.1, 'shared': True}
@@ -326,7 +327,8 @@ def parse_env_kwargs(text: str) -> dict[str, Any]:
             raise ValueError(f"{key}: env arguments are the constructor's names, with underscores: write "
                              f"{key.replace('-', '_')}={value}")
         if not sep or not key.isidentifier():
-            raise ValueError(f"{item!r} is not key=value (write e.g. num_users=6,trace_split=train)")
+            lists = " (a list goes in brackets: regime_multipliers=[1.3,0.9,0.4])" if "(" in text else ""
+            raise ValueError(f"{item!r} is not key=value (write e.g. num_users=6,trace_split=train){lists}")
         if key in out:
             raise ValueError(f"{key} is given twice")
         out[key] = _value(key, value)
@@ -362,12 +364,14 @@ def _value(key: str, text: str) -> Any:
 def format_env_kwargs(options: dict[str, Any]) -> str:
     """The ``env_kwargs`` text of keyword arguments (what :func:`parse_env_kwargs` reads back).
 
-    >>> format_env_kwargs({"num_users": 6, "shared": True, "bitrates_mbps": (5.0, 10.0)})
-    'num_users=6,shared=true,bitrates_mbps=[5.0,10.0]'
+    >>> format_env_kwargs({"num_users": 6, "shared": True, "bitrates_mbps": (5.0, 10.0), "capacity_trace": "2024"})
+    'num_users=6,shared=true,bitrates_mbps=[5.0,10.0],capacity_trace="2024"'
     """
     def text(v: Any) -> str:
         if isinstance(v, (tuple, list)):
             return f"[{','.join(map(text, v))}]"
+        if isinstance(v, str) and (not isinstance(_scalar(v), str) or v[:1] in '"['):  # text that reads as another type
+            return f'"{v}"'
         return str(v).lower() if isinstance(v, bool) else str(v)
 
     return ",".join(f"{k}={text(v)}" for k, v in options.items())
@@ -405,6 +409,8 @@ def moved_env_files(stored: str, given: str, defaults: dict[str, Any] | None = N
 
 
 def _scalar(text: str) -> Any:
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        return text[1:-1]
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     for kind in (int, float):

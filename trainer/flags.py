@@ -180,7 +180,7 @@ def _toml_values(path: Path) -> dict[str, Any]:
 
 def _env_argument_value(value: Any) -> bool:
     """Whether ``value`` (from TOML) fits the ``--env-kwargs`` text as one value."""
-    return isinstance(value, (bool, int, float)) or isinstance(value, str) and not set(value) & set(",=[]")
+    return isinstance(value, (bool, int, float)) or isinstance(value, str) and not set(value) & set(',="[]')
 
 
 def _env_kwargs_table(path: Path, written: str, table: dict[str, Any], settings: dict[str, type]) -> str:
@@ -191,7 +191,7 @@ def _env_kwargs_table(path: Path, written: str, table: dict[str, Any], settings:
                              f"[{written}] table after every other key")
         if not _env_argument_value(value) and not (isinstance(value, list) and all(map(_env_argument_value, value))):
             raise ValueError(f"{path}: [{written}] {name} = {json.dumps(value, default=str)}: env arguments are "
-                             "numbers, true/false, text without ',', '=' or brackets, or arrays of those")
+                             "numbers, true/false, text without ',', '=', quotes or brackets, or arrays of those")
     return format_env_kwargs(table)
 
 

@@ -331,13 +331,14 @@ def _start_method(cfg: TrainConfig, notes: list[str]) -> str:
     """How the run's processes start: ``--start-method`` (``auto``: forkserver where the platform has one); a method
     the platform lacks is a ``ConfigError``, one given to a run that starts no processes is said to be ignored."""
     try:
-        method = start_method_of(None if cfg.start_method == "auto" else cfg.start_method)
+        method = start_method_of(cfg.start_method)
     except ValueError:
         raise ConfigError("start_method", cfg.start_method,
                           "this platform has no forkserver: use --start-method spawn or auto") from None
     if cfg.start_method != "auto" and not (cfg.backend == "async" or cfg.overlap):
-        notes.append(f"--start-method is ignored by --backend {cfg.backend}"
-                     f"{'' if cfg.backend in ('ray', 'device') else ' without --overlap'}: it starts no processes")
+        notes.append("--start-method is ignored by --backend ray: Ray starts its actors' processes itself"
+                     if cfg.backend == "ray" else f"--start-method is ignored by --backend {cfg.backend}"
+                     f"{'' if cfg.backend == 'device' else ' without --overlap'}: it starts no processes")
     return method
 
 
