@@ -509,7 +509,9 @@ def test_train_longer_names_a_total_that_learns(tmp_path, capsys, save_replay):
                            "--run-dir", str(tmp_path)])
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("train longer:"))
     argv = shlex.split(line.split(":", 1)[1])[3:]  # less the interpreter and -m trainer.train
-    assert argv[argv.index("--total-steps") + 1] == ("600" if save_replay == "true" else str(256 + 600))
+    # at least 600 (or 256 + 600), in whole iterations of 32 env steps
+    assert argv[argv.index("--total-steps") + 1] == ("608" if save_replay == "true" else str(256 + 608))
     train_cli.main(argv)
     rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["learner_steps"] > 0 and "will not learn" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rows[-1]["learner_steps"] > 0 and "will not learn" not in err and "whole number" not in err, err

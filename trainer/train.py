@@ -141,6 +141,8 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         for note in notes:
             print(note, file=sys.stderr)
         summary = _loop(algorithm, iterations, stop, run_dir, signals, writer, progress, source)
+        longer = summary["longer_total_steps"]  # whole iterations: the command it goes into says nothing of rounding
+        summary["longer_total_steps"] = -(-longer // per_iteration) * per_iteration
         signals.finish()  # closing the collector (a rollout may be in flight) must not turn into a stop
         return summary
 
