@@ -25,7 +25,6 @@ from collectors.processes import (
     how_it_ended,
     process_context,
     send_to_parent,
-    start_process,
     starting,
 )
 from collectors.rollout import Rollout
@@ -102,8 +101,7 @@ class BackgroundCollector(Collector):
         self._started = {"ready": False}  # read by _stop: a process still starting gets time to finish
         try:
             # a stop signal is raised after this block, once the process is on record to be stopped
-            with starting(ctx):
-                start_process(self._process, ctx, self.deadline.limit("start"))
+            with starting(self._process, ctx, self.deadline.limit("start")):
                 child.close()
                 self._finalizer = weakref.finalize(self, _stop, self._process, self._conn, self._started)
                 self._closed = False

@@ -110,32 +110,33 @@ def start_method_of(start_method: str | None) -> str:
 
 
 @contextlib.contextmanager
-def starting(ctx: BaseContext) -> Iterator[None]:
-    """Around ``Process.start()``: stop signals held back (:func:`~collectors.stop_signals.stop_signals_blocked`),
-    and the forkserver, if ``ctx`` uses one, started inside that, so that a collector's process forked from it
-    begins with them blocked until it ignores them (the program's own processes get them back as they start).
-    A signal held back is delivered here when the block ends."""
+def starting(process: BaseProcess, ctx: BaseContext, timeout_s: float = START_TIMEOUT_S) -> Iterator[None]:
+    """Start ``process`` (of ``ctx``) with stop signals held back
+    (:func:`~collectors.stop_signals.stop_signals_blocked`) until the block ends: what the block does puts the
+    process on record, to be shut down should a signal held back be delivered when it ends. The forkserver, if
+    ``ctx`` uses one, is started inside that, so that a collector's process forked from it begins with them
+    blocked until it ignores them (the program's own processes get them back as they start).
+
+    The start is bounded: a forkserver's first fork waits for its imports (torch and the rest,
+    :data:`PRELOAD`: seconds), and that wait gets ``timeout_s``. A forkserver that has not forked by then (an
+    import that hangs), or that dies before it forks, is killed and raises :class:`WorkerTimeoutError` /
+    :class:`WorkerDiedError` in one line; a stop signal held back meanwhile stops the wait at once (the
+    forkserver is killed, and the signal is delivered as the block ends). Later starts from a forkserver that
+    has forked, and spawned processes, are ``process.start()``: they wait on nothing that can hang.
+    """
     with stop_signals_blocked():
         if ctx.get_start_method() == "forkserver":
             from multiprocessing import forkserver
 
             forkserver.ensure_running()
+        _start(process, ctx, timeout_s)
         yield
 
 
 _forking: set[int] = set()  # forkservers (by pid) that have forked a process: ready, their imports done
 
 
-def start_process(process: BaseProcess, ctx: BaseContext, timeout_s: float = START_TIMEOUT_S) -> None:
-    """``process.start()`` inside :func:`starting`, bounded: a forkserver's first fork waits for its imports
-    (torch and the rest, :data:`PRELOAD`: seconds), and that wait gets ``timeout_s``.
-
-    A forkserver that has not forked within ``timeout_s`` (an import that hangs), or that dies before it
-    forks, is killed and raises :class:`WorkerTimeoutError` / :class:`WorkerDiedError` in one line; a stop
-    signal held back meanwhile stops the wait at once (the forkserver is killed, and the signal is delivered
-    when :func:`starting` ends). Later starts from a forkserver that has forked, and spawned processes, are
-    ``process.start()``: they wait on nothing that can hang.
-    """
+def _start(process: BaseProcess, ctx: BaseContext, timeout_s: float) -> None:
     if ctx.get_start_method() != "forkserver":
         process.start()
         return
@@ -156,16 +157,12 @@ def start_process(process: BaseProcess, ctx: BaseContext, timeout_s: float = STA
     pid, started_at = server._forkserver_pid, time.monotonic()
     thread = threading.Thread(target=start_it, name=f"start {process.name}", daemon=True)
     thread.start()
-    try:
-        while thread.is_alive() and time.monotonic() - started_at < timeout_s and not held_back():
-            thread.join(0.05)
-    except BaseException:  # a stop signal's handler, run here all the same: another thread of ours took the signal
-        _kill_and_join(pid, thread)
-        raise
+    while thread.is_alive() and time.monotonic() - started_at < timeout_s and not held_back():
+        thread.join(0.05)
     what = f"the forkserver (pid {pid}) that starts this collector's processes (importing torch first)"
     if thread.is_alive():
         _kill_and_join(pid, thread)
-        if held_back():  # raised in place of this when starting() delivers the signal
+        if held_back():  # raised in place of this as the block delivers the signal
             raise WorkerDiedError(f"{what} was stopped by a stop signal before it forked {process.name}")
         raise WorkerTimeoutError(
             f"{what} has not forked {process.name} within {timeout_s:.3g} s (an import that hangs?) and was "
@@ -190,10 +187,10 @@ def _kill_and_join(pid: int, thread: threading.Thread) -> None:
 def _exit_code(pid: int, patience_s: float = 1.0) -> int | None:
     """The exit code (``-signal`` if killed) of this process's child ``pid`` once it has exited, ``None`` if it has not
     within ``patience_s``; the child is left to be reaped by its owner (multiprocessing's forkserver bookkeeping)."""
+    if not hasattr(os, "waitid"):
+        return None
     until = time.monotonic() + patience_s
     while True:
-        if not hasattr(os, "waitid"):
-            return None
         try:
             info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
@@ -232,7 +229,7 @@ def child_main(target: Callable[..., Any]) -> Callable[..., Any]:
 def collector_process(ctx: BaseContext, target: Callable[..., Any], args: tuple, name: str,
                       daemon: bool) -> BaseProcess:
     """A process of ``ctx`` that runs ``target(*args)``, a :func:`child_main`, with this process's environment;
-    start it inside :func:`starting`."""
+    start it with :func:`starting`."""
     if target not in _CHILD_MAINS:
         raise TypeError(f"{target!r} is not decorated with collectors.processes.child_main")
     return ctx.Process(target=target, args=(dict(os.environ), *args), name=name, daemon=daemon)

@@ -37,7 +37,6 @@ from collectors.processes import (
     how_it_ended,
     process_context,
     send_to_parent,
-    start_process,
     starting,
 )
 from collectors.resources import async_workers, usable_cores
@@ -228,8 +227,7 @@ class AsyncBackend:
             p = collector_process(ctx, _worker_main, ([[env_fns[i] for i in r] for r in ranges],
                                                       [r.start for r in ranges], child),
                                   name=f"env-worker-{w}", daemon=True)
-            with starting(ctx):  # a stop signal is raised once the worker is on record, to be shut down
-                start_process(p, ctx, self.deadline.limit("start"))
+            with starting(p, ctx, self.deadline.limit("start")):  # a stop signal is raised once it is on record
                 child.close()
                 self.procs.append(p)
                 self.conns.append(parent)
