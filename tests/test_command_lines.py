@@ -497,6 +497,19 @@ def test_one_episode_has_no_interval_and_its_json_is_still_json(tmp_path, capsys
     assert "nan" not in table and "1 episode on held-out seeds" in table and "95% CI) of the gap" not in table, table
 
 
+def test_the_evaluation_header_names_the_run_env_arguments(tmp_path, capsys):
+    """The episodes are played with the run's env arguments: the table's header says which (it named the env
+    alone, as if its defaults were played)."""
+    run_dir = tmp_path / "run"
+    train_cli.main(["--num-envs", "2", "--num-steps", "16", "--total-steps", "32", "--device", "cpu", "--run-dir",
+                    str(run_dir), "--env-kwargs", "num_users=3,bitrates_mbps=[8,16,32,64]"])
+    capsys.readouterr()
+    evaluate_cli.main(["--checkpoint", str(run_dir), "--episodes", "1", "--baselines", "none", "--reference", "none"])
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith("VREdge-v0 (num_users=3,bitrates_mbps=[8,16,32,64]): 1 episode on held-out seeds"), \
+        header
+
+
 @pytest.mark.parametrize("delay, signum", [pytest.param(0.0, 2, marks=pytest.mark.slow), (1.5, 2),
                                            pytest.param(1.5, 15, marks=pytest.mark.slow)])  # loading; episodes
 def test_ctrl_c_during_an_evaluation_is_one_line(tmp_path, delay, signum):

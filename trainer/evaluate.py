@@ -88,6 +88,7 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
         import checkpoints
         import envs
         from envs.planner import ClairvoyantPlanner
+        from trainer.config import format_env_kwargs
         from trainer.evaluation import (
             gap_closed,
             held_out_env_kwargs,
@@ -157,8 +158,10 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
     whose = "" if args.capacity_trace else " (the run's own)"
     files = ": its held-out test files" if env_kwargs.get("trace_split") == "test" else ""
     trace = f", capacity traces {played_on}{whose}{files}" if played_on else ""
-    print(f"{cfg.env}: {counted(args.episodes, 'episode')} on held-out seeds (seed {args.seed}{trace}), {which} "
-          f"{source}", file=out)
+    others = {k: v for k, v in env_kwargs.items() if k not in ("capacity_trace", "trace_split")}  # traces: above
+    arguments = f" ({format_env_kwargs(others)})" if others else ""
+    print(f"{cfg.env}{arguments}: {counted(args.episodes, 'episode')} on held-out seeds (seed {args.seed}{trace}), "
+          f"{which} {source}", file=out)
     print(format_table(results), file=out)
     if paired:
         print("\npolicy minus baseline, reward/step, paired over the same episodes (mean ± 95% CI, policy better in):",
