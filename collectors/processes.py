@@ -16,7 +16,9 @@ forks begins with them blocked until it ignores them (:func:`child_main`; the pr
 from it get them back at once). A collector's process forked from it closes its copy of the forkserver's
 lifeline (:func:`die_with_parent`): the forkserver then exits as soon as the process that started it dies,
 and takes with it everything it forked, hung or not. (A process the program itself forks later inherits
-the lifeline too, and keeps the forkserver up for as long as it lives.)
+the lifeline too, and keeps the forkserver up for as long as it lives.) A program that ends normally, with
+every process it forked ended, kills its forkserver (:func:`_stop_forkserver`) rather than leave it to tear
+down its torch for a second after the program.
 """
 
 from __future__ import annotations
@@ -175,6 +177,21 @@ def _start(process: BaseProcess, ctx: BaseContext, timeout_s: float) -> None:
                                   f"(--start-method spawn) to import in each of them instead") from None
         raise failed[0]
     _forking.add(pid)
+    # after multiprocessing's own exit work (exit priority < 0: once it has joined this process's children)
+    multiprocessing.util.Finalize(None, _stop_forkserver, args=(pid,), exitpriority=-10)
+
+
+def _stop_forkserver(pid: int) -> None:
+    """At exit, with no child left: kill the forkserver ``pid`` and reap it. Left to end by itself, it would tear
+    down an interpreter that has imported torch, for about a second after the program has ended (reparented,
+    using a core); it holds nothing to clean up, and every process it forked has ended."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if server._forkserver_pid != pid or multiprocessing.active_children():  # replaced, or still serving someone
+        return
+    os.kill(pid, signal.SIGKILL)
+    server._stop()  # reaps it and removes its socket file
 
 
 def _kill_and_join(pid: int, thread: threading.Thread) -> None:

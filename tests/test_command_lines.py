@@ -135,7 +135,7 @@ def test_printed_commands_of_a_trace_run_work_from_another_directory(tmp_path, m
     with pytest.raises(SystemExit) as changed:  # a usage error (exit status 2), as a resume's other changes are
         train_cli.main(["--resume", run, "--env-kwargs", "num_users=3"])
     assert changed.value.code == 2
-    assert "num_users would change the run (it has num_users=2); drop it" in capsys.readouterr().err
+    assert "--env-kwargs: num_users=3 would change the run (it has num_users=2); drop it" in capsys.readouterr().err
     state = checkpoints.latest_loadable(run)[1]
     assert state["iteration"] == 3
     assert state["config"]["env_kwargs"] == f"capacity_trace={tmp_path / 'moved'},trace_split=train,num_users=2"
@@ -348,8 +348,8 @@ def test_a_resume_may_restate_the_runs_env_arguments_but_not_change_them():
     for stored, given, has in [("num_users=6", "num_users=5", "it has num_users=6"),
                                ("", "num_users=5", "it has num_users at the env's default"),
                                ("bitrates_mbps=[5,10]", "bitrates_mbps=[5,20]", r"it has bitrates_mbps=\[5,10\]")]:
-        name = given.split("=")[0]
-        with pytest.raises(ConfigError, match=f"{name} would change the run \\({has}\\); drop it"):
+        with pytest.raises(ConfigError, match=f"^--env-kwargs: {re.escape(given)} would change the run \\({has}\\); "
+                           "drop it, or start a new run"):
             moved_env_files(stored, given, {"num_users": 8, **ladder})
 
 

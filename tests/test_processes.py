@@ -224,6 +224,32 @@ def _no_descendants_after(proc: subprocess.Popen, descendants: list[psutil.Proce
 
 
 @pytest.mark.skipif(not FORKSERVER, reason="this platform has no forkserver")
+def test_the_forkserver_is_gone_when_the_program_has_ended(tmp_path):
+    """A program that has ended leaves no forkserver behind, closed collectors or not: it was left to end by
+    itself, tearing down an interpreter that imported torch for about a second after the program (here its
+    teardown takes 60 s, as an exit handler that waits would make it), and holding the program's output open
+    (``train | tee log`` waited for it)."""
+    pids = tmp_path / "pids"
+    proc = _with_preload(tmp_path, "slow_teardown", "import atexit, time\natexit.register(time.sleep, 60)\n", f"""
+        from multiprocessing import forkserver
+        from pathlib import Path
+        from collectors.backends.async_ import AsyncBackend
+        from tests import factories as f
+        if __name__ == "__main__":
+            closed, left_open = (AsyncBackend([f.cartpole] * 2, num_workers=1) for _ in range(2))
+            closed.close()
+            Path({str(pids)!r}).write_text(f"{{forkserver._forkserver._forkserver_pid}} {{left_open.procs[0].pid}}")
+    """)
+    returncode = proc.wait(timeout=120)
+    left = [pid for pid in map(int, pids.read_text().split())
+            if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=30)
+    assert returncode == 0 and not left, (left, out, err)
+
+
+@pytest.mark.skipif(not FORKSERVER, reason="this platform has no forkserver")
 def test_a_forkserver_whose_imports_hang_is_killed_at_the_start_deadline_and_the_next_collector_starts():
     """The first fork waits for the forkserver's imports: an import that hangs (a dead network filesystem) is a
     one-line WorkerTimeoutError at the start-up deadline, not a wait for ever, and leaves no process behind; a

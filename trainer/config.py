@@ -401,10 +401,11 @@ def moved_env_files(stored: str, given: str, defaults: dict[str, Any] | None = N
                      and old.get(k, defaults.get(k, _UNSET)) != v)
     if changed:  # a usage error, as a resume's other flags that would change the run
         has = ", ".join(format_env_kwargs({k: old[k]}) if k in old else f"{k} at the env's default" for k in changed)
+        asked = format_env_kwargs({k: new[k] for k in changed})
         raise ConfigError("env_kwargs", given, message=(
-            f"--env-kwargs: only the run's own {', '.join(sorted(PATH_ENV_KWARGS))} may point elsewhere (its files "
-            f"moved); {', '.join(changed)} would change the run (it has {has}); drop "
-            f"{'it' if len(changed) == 1 else 'them'}"))
+            f"--env-kwargs: {asked} would change the run (it has {has}); drop "
+            f"{'it' if len(changed) == 1 else 'them'}, or start a new run (only the run's own "
+            f"{', '.join(sorted(PATH_ENV_KWARGS))} may point elsewhere, where its files moved)"))
     return TrainConfig(env_kwargs=format_env_kwargs({**old, **new})).with_absolute_paths().env_kwargs
 
 
