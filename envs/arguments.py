@@ -32,19 +32,23 @@ def finite(value: Any) -> bool:
 
 
 def shown(value: Any) -> str:
-    """``value`` as a user writes it: a list (or tuple) in brackets, anything else as its ``repr``.
+    """``value`` as ``--env-kwargs`` and TOML write it: a list (or tuple) in brackets without spaces, text in
+    double quotes, ``true``/``false``, anything else as its ``repr``.
 
-    >>> shown((8, 16.0, "x"))
-    "[8, 16.0, 'x']"
+    >>> shown((8, 16.0, "x", True))
+    '[8,16.0,"x",true]'
     """
     if isinstance(value, (tuple, list)):
-        return f"[{', '.join(map(shown, value))}]"
-    return repr(value)
+        return f"[{','.join(map(shown, value))}]"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
 def kind_of(value: Any) -> str:
-    """What ``value`` is, in a user's words: ``a list`` for a list or tuple, else its type's name."""
-    return "a list" if isinstance(value, (tuple, list)) else type(value).__name__
+    """What ``value`` is, in a user's words: ``a list`` for a list or tuple, ``text`` for a string, else its type's
+    name."""
+    return "a list" if isinstance(value, (tuple, list)) else "text" if isinstance(value, str) else type(value).__name__
 
 
 # a type's name (an annotation under ``from __future__ import annotations``, or a default's type) -> (check, what

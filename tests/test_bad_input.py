@@ -102,7 +102,7 @@ def test_a_bad_trace_is_refused_at_once(tmp_path, trace, words):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--env-kwargs", "segment_s=abc"], "VR-edge argument segment_s='abc' is invalid: must be a number, not str"),
+    (["--env-kwargs", "segment_s=abc"], "VR-edge argument segment_s=\"abc\" is invalid: must be a number, not text"),
     # inf passed every range check (a non-finite loss much later, blamed on --lr), nan failed one with the wrong rule
     (["--env-kwargs", "noise_std=inf"], "VR-edge argument noise_std=inf is invalid: must be finite and >= 0 (a "
                                         "standard deviation)"),
@@ -141,9 +141,9 @@ class AnyArgumentEnv(FaultyCartPole):
                            "arguments, with values it takes"),
     # a value of another kind than the default's, which the constructor would take as it is
     (PickyEnv, "level=2.5", "Picky-v0's argument level=2.5 is invalid: must be an integer (its default is 1)"),
-    (PickyEnv, "level=true", "Picky-v0's argument level=True is invalid: must be an integer (its default is 1)"),
-    (PickyEnv, "name=3", "Picky-v0's argument name=3 is invalid: must be text (its default is 'x')"),
-    (CartPoleEnv, "sutton_barto_reward=abc", "Picky-v0's argument sutton_barto_reward='abc' is invalid: must be "
+    (PickyEnv, "level=true", "Picky-v0's argument level=true is invalid: must be an integer (its default is 1)"),
+    (PickyEnv, "name=3", "Picky-v0's argument name=3 is invalid: must be text (its default is \"x\")"),
+    (CartPoleEnv, "sutton_barto_reward=abc", "Picky-v0's argument sutton_barto_reward=\"abc\" is invalid: must be "
                                              "true or false (its default is false)"),
     (AnyArgumentEnv, "x=1", "Picky-v0 refused them (unexpected options ['x']); pass only its constructor's "
                             "arguments, with values it takes"),

@@ -327,7 +327,7 @@ def test_an_env_kwargs_table_in_toml_is_the_env_kwargs_flag(tmp_path, capsys):
                                                                 "arguments are numbers, true/false, text without ',', "
                                                                 "'=', quotes or brackets, or arrays of those"),
                        ('[env_kwargs]\nnum_users = "4"\n',  # TOML's text stays text: no silent number
-                        "--env-kwargs: VR-edge argument num_users='4' is invalid: must be an integer, not str "
+                        "--env-kwargs: VR-edge argument num_users=\"4\" is invalid: must be an integer, not text "
                         f"({toml}: env_kwargs = 'num_users=\"4\"')"),
                        ("[env_kwargs]\nnum_users = [6]\n",  # an array where the env takes a number: the env says
                         "--env-kwargs: VR-edge argument num_users=[6] is invalid: must be an integer, not a list "

@@ -225,8 +225,8 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
 @pytest.mark.parametrize("text, words", [("num_users", "is not key=value"), ("a=1,a=2", "a is given twice"),
                                          ("9x=1", "is not key=value"),
                                          ("reveal_hiden_state=true", "VR-edge has no argument reveal_hiden_state"),
-                                         ("segment_s=abc", "VR-edge argument segment_s='abc' is invalid: must be a "
-                                          "number, not str"),
+                                         ("segment_s=abc", "VR-edge argument segment_s=\"abc\" is invalid: must be "
+                                          "a number, not text"),
                                          ("num_users=2.5", "num_users=2.5 is invalid: must be an integer, not float"),
                                          ("reveal_hidden_state=1", "must be true or false, not int"),
                                          ("trace_split=3", "trace_split=3 is invalid: must be text, not int"),
@@ -235,11 +235,11 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
                                           r"level, e.g. bitrates_mbps=\[5,10,20\]"),
                                          ("bitrates_mbps=[[5]]", "has unbalanced or nested brackets"),
                                          ("bitrates_mbps=[5,,10]", "has an empty item"),
-                                         ("bitrates_mbps=[10,5]", r"bitrates_mbps=\[10, 5\] is invalid: must be a "
+                                         ("bitrates_mbps=[10,5]", r"bitrates_mbps=\[10,5\] is invalid: must be a "
                                           "non-empty, strictly increasing sequence"),
                                          ("bitrates_mbps=5", "must be a list of numbers, not int"),
-                                         ("bitrates_mbps=[8,a]", r"bitrates_mbps=\[8, 'a'\] is invalid: must be a list "
-                                          r"of numbers \('a' is str\)"),
+                                         ("bitrates_mbps=[8,a]", r'bitrates_mbps=\[8,"a"\] is invalid: must be a list '
+                                          r'of numbers \("a" is text\)'),
                                          ("num_users=[4]", r"num_users=\[4\] is invalid: must be an integer, not a "
                                           "list"),
                                          ("regime_multipliers=[1,2]", "must be three positive numbers")])

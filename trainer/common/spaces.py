@@ -9,8 +9,8 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 
 import envs  # noqa: F401 - registers VREdge-v0
-from envs.arguments import KINDS
-from trainer.arguments import did_you_mean, spelled
+from envs.arguments import KINDS, shown
+from trainer.arguments import did_you_mean
 from trainer.config import ConfigError, TrainConfig
 
 
@@ -102,7 +102,8 @@ def _mistyped_argument(env: str, given: dict[str, Any], parameters: dict[str, in
         default = parameters[name].default if name in parameters else None
         ok, said = KINDS.get(type(default).__name__, (None, ""))
         if ok is not None and not ok(value):
-            return f"{env}'s argument {name}={value!r} is invalid: must be {said} (its default is {spelled(default)})"
+            return (f"{env}'s argument {name}={shown(value)} is invalid: must be {said} "
+                    f"(its default is {shown(default)})")
     return ""
 
 
