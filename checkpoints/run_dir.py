@@ -58,16 +58,28 @@ def set_best(run_dir: str | os.PathLike, checkpoint: Path, info: dict[str, Any],
 
 def best_info(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """What the ``best`` pointer holds (``file`` and the info given to :func:`set_best`), or ``None`` when
-    the run has no best checkpoint (no pointer, an unreadable one, or its file is gone)."""
-    path = Path(run_dir)
+    the run has no best checkpoint (no pointer, an unreadable one, or its file is gone: :func:`why_no_best`)."""
+    return _best_pointer(Path(run_dir))[0]
+
+
+def why_no_best(run_dir: str | os.PathLike) -> str:
+    """Why :func:`best_checkpoint` is ``None`` for ``run_dir``, in a few words; ``""`` when it is not."""
+    return _best_pointer(Path(run_dir))[1]
+
+
+def _best_pointer(path: Path) -> tuple[dict[str, Any] | None, str]:
     directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    if not (directory / BEST).exists():
+        return None, "the run has no best checkpoint"
     try:
         info = json.loads((directory / BEST).read_text())
     except (OSError, ValueError):
-        return None
-    if not isinstance(info, dict) or not isinstance(info.get("file"), str) or not (directory / info["file"]).is_file():
-        return None
-    return info
+        info = None
+    if not isinstance(info, dict) or not isinstance(info.get("file"), str):
+        return None, f"the run's best pointer {directory / BEST} is unreadable"
+    if not (directory / info["file"]).is_file():
+        return None, f"the best checkpoint, {info['file']}, is gone"
+    return info, ""
 
 
 def best_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -173,7 +185,11 @@ def candidates(path: str | os.PathLike) -> list[Path]:
         files = [named] + [f for f in files if f != named]
     if not files:
         where = directory if directory.name == "checkpoints" else directory / "checkpoints"
-        raise CheckpointError(f"{path}: no checkpoints found (expected {where}/ckpt_*.pt)")
+        runs = sorted(d for d in path.iterdir() if (d / "checkpoints").is_dir())  # runs/, say: a run's parent
+        hint = (f"it holds {len(runs)} run director{'y' if len(runs) == 1 else 'ies'}: pass one, e.g. the newest, "
+                f"{max(runs, key=lambda d: d.stat().st_mtime)}"
+                if runs else "pass a run directory (trainer.train's --run-dir) or a checkpoint file")
+        raise CheckpointError(f"{path}: no checkpoints found (expected {where}/ckpt_*.pt); {hint}")
     return files
 
 

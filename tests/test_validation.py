@@ -2,6 +2,7 @@
 
 import functools
 import json
+import re
 
 import gymnasium as gym
 import pytest
@@ -45,6 +46,56 @@ def test_retention_keeps_the_best_checkpoint_and_a_resume_past_it_drops_the_poin
     checkpoints.set_best(tmp_path, checkpoints.checkpoint_files(tmp_path)[0], {"iteration": 4}, keep=2)
     checkpoints.set_aside_newer(tmp_path, 1)  # resuming from iteration 1 abandons iteration 4, best included
     assert checkpoints.best_checkpoint(tmp_path) is None
+
+
+def _run_with_a_best(run_dir):
+    """Checkpoints 1, 2, 3 (``{"it": i}``), the best pointer at 2."""
+    saved = [checkpoints.save_in_run_dir(run_dir, {"it": torch.tensor(i)}, i, keep=3) for i in (1, 2, 3)]
+    checkpoints.set_best(run_dir, saved[1], {"iteration": 2}, keep=3)
+    return saved
+
+
+@pytest.mark.parametrize("spoil, why", [
+    (lambda best, pointer: best.write_bytes(best.read_bytes()[:100]), "the best checkpoint, ckpt_00000002.pt, does "
+                                                                      "not load"),
+    (lambda best, pointer: pointer.write_text("garbage{"), "the run's best pointer .*best is unreadable"),
+    (lambda best, pointer: best.unlink(), "the best checkpoint, ckpt_00000002.pt, is gone"),
+    (lambda best, pointer: pointer.unlink(), "the run has no best checkpoint"),
+])
+def test_a_best_checkpoint_that_cannot_be_had_gives_the_latest_and_says_why(tmp_path, capsys, spoil, why):
+    """--pick best (evaluate's and export's default) falls back to the newest checkpoint that loads, as a resume
+    does, and says why: a corrupted best file made evaluate refuse the run directory, with advice to pass the
+    directory it had been given."""
+    from trainer.evaluation.policies import picked_checkpoint
+    saved = _run_with_a_best(tmp_path)
+    assert picked_checkpoint(tmp_path, "best").label == "the best checkpoint (validation)"
+    spoil(saved[1], tmp_path / "checkpoints" / "best")
+    source, state, label = picked_checkpoint(tmp_path, "best")
+    assert source == saved[2] and state["it"] == 3 and re.fullmatch(f"the latest checkpoint \\({why}\\)", label)
+    err = capsys.readouterr().err
+    assert err.count("ckpt_00000002.pt: cannot be read") == ("does not load" in why), err  # said once
+
+
+def test_latest_and_a_file_are_labelled_as_such_and_a_bad_file_is_an_error(tmp_path):
+    from trainer.evaluation.policies import picked_checkpoint
+    saved = _run_with_a_best(tmp_path)
+    assert picked_checkpoint(tmp_path, "latest")[::2] == (saved[2], "the latest checkpoint")
+    assert picked_checkpoint(saved[0], "best")[::2] == (saved[0], "the checkpoint file")
+    saved[0].write_bytes(b"PK")
+    with pytest.raises(checkpoints.CheckpointError, match="ckpt_00000001.pt: cannot be read"):
+        picked_checkpoint(saved[0])
+
+
+def test_a_directory_without_checkpoints_says_what_to_pass(tmp_path):
+    """``--checkpoint runs`` (the runs' parent) names a run in it; another directory says what is expected."""
+    from trainer.evaluation.policies import picked_checkpoint
+    with pytest.raises(checkpoints.CheckpointError, match="pass a run directory .trainer.train's --run-dir. or a "
+                                                          "checkpoint file$"):
+        picked_checkpoint(tmp_path)
+    _run_with_a_best(tmp_path / "VREdge-v0-s1")
+    with pytest.raises(checkpoints.CheckpointError, match=f"it holds 1 run directory: pass one, e.g. the newest, "
+                                                          f"{re.escape(str(tmp_path / 'VREdge-v0-s1'))}$"):
+        picked_checkpoint(tmp_path, "best")
 
 
 @pytest.mark.parametrize("keep, former, left", [(1, 1, [4]), (2, 1, [4, 3]),

@@ -99,13 +99,13 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
             validation_seeds,
         )
         from trainer.evaluation.baselines import best_baseline
-        from trainer.evaluation.policies import checkpoint_label, picked_checkpoint, policy_from_state
+        from trainer.evaluation.policies import picked_checkpoint, policy_from_state
         from trainer.evaluation.report import check_writable, format_table, json_ready, plot, plus_minus
         from trainer.registry import algorithm_spec
 
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
     try:
-        source, state = picked_checkpoint(args.checkpoint, args.pick)
+        source, state, which = picked_checkpoint(args.checkpoint, args.pick)
         trained_on = state.get("config", {}).get("env")
         if args.capacity_trace and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
             p.error(f"--capacity-trace applies to VREdge-v0, not {trained_on} ({source}); drop it")
@@ -132,7 +132,6 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
         raise SystemExit(f"error: {e}") from None
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
     label = f"policy ({'greedy' if args.deterministic else 'stochastic'})"
-    which = checkpoint_label(args.checkpoint, source, args.pick)
     print(f"loaded {which}: {source}", file=sys.stderr)
     played = {label: run_episodes(policy_actions(model, args.deterministic), env_fn, args.episodes, args.seed)}
     for name in names:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -44,25 +44,42 @@ def check_weights_fit(cfg: TrainConfig, weights: dict[str, torch.Tensor], source
                      "or env parameters, or a config edited or mixed from two runs?")
 
 
+class PickedCheckpoint(NamedTuple):
+    """A checkpoint picked for a policy (:func:`picked_checkpoint`)."""
+
+    source: Path  # its file
+    state: dict[str, Any]  # what it holds, loaded
+    label: str  # which it is, in words: "the best checkpoint (validation)", "the checkpoint file", ...
+
+
 def load_policy(path: str | Path, pick: str = "latest", env_kwargs: dict[str, Any] | None = None,
                 ) -> tuple[nn.Module, TrainConfig, Path]:
     """The policy of a checkpoint file, or of a run directory's ``pick`` (:func:`picked_checkpoint`), on the CPU,
     frozen; ``env_kwargs`` replace the run's own env arguments (e.g. a trace directory that is elsewhere now)."""
-    source, state = picked_checkpoint(path, pick)
-    model, cfg = policy_from_state(state, source, env_kwargs)
-    return model, cfg, source
+    picked = picked_checkpoint(path, pick)
+    model, cfg = policy_from_state(picked.state, picked.source, env_kwargs)
+    return model, cfg, picked.source
 
 
-def picked_checkpoint(path: str | Path, pick: str = "latest") -> tuple[Path, dict[str, Any]]:
-    """The file and state of a checkpoint file, or of a run directory's ``pick`` (``best``: the ``best``
-    pointer when there is one, else the newest loadable checkpoint; ``latest``: the newest loadable)."""
-    best = checkpoints.best_checkpoint(path) if pick == "best" and Path(path).is_dir() else None
+def picked_checkpoint(path: str | Path, pick: str = "latest") -> PickedCheckpoint:
+    """A checkpoint file, or a run directory's ``pick``: ``best``, the checkpoint the ``best`` pointer names, else
+    (no pointer, an unreadable one, a file gone or that does not load: said on stderr and in the label) the
+    newest loadable, as ``latest`` picks; ``CheckpointError`` when none loads."""
+    if Path(path).is_file():
+        source, state, _ = checkpoints.latest_loadable(path)  # that file or an error: nothing to skip
+        return PickedCheckpoint(source, state, "the checkpoint file")
+    best, instead = checkpoints.best_checkpoint(path) if pick == "best" else None, checkpoints.why_no_best(path)
     if best is not None:
-        path = best
+        try:
+            return PickedCheckpoint(best, checkpoints.load(best), "the best checkpoint (validation)")
+        except checkpoints.CheckpointError as e:  # the newest that loads instead, as a resume takes
+            print(f"skipped the best checkpoint: {e}", file=sys.stderr)
+            instead = f"the best checkpoint, {best.name}, does not load"
     source, state, problems = checkpoints.latest_loadable(path)
     for p in problems:
-        print(f"skipped {p}", file=sys.stderr)
-    return source, state
+        if best is None or not p.startswith(str(best)):  # said once, above
+            print(f"skipped {p}", file=sys.stderr)
+    return PickedCheckpoint(source, state, "the latest checkpoint" + (f" ({instead})" if pick == "best" else ""))
 
 
 def policy_from_state(state: dict[str, Any], source: Path, env_kwargs: dict[str, Any] | None = None,
@@ -89,13 +106,3 @@ def policy_from_state(state: dict[str, Any], source: Path, env_kwargs: dict[str,
     model = make_model(cfg)
     model.load_state_dict(state["model"])
     return model.eval(), cfg
-
-
-def checkpoint_label(given: str | Path, source: Path, pick: str) -> str:
-    """Which checkpoint ``source`` is for the path the user gave: the run's best or latest, or that file."""
-    if Path(given).is_file():
-        return "the checkpoint file"
-    best = checkpoints.best_checkpoint(given)
-    if pick == "best" and best is not None and best.resolve() == source.resolve():
-        return "the best checkpoint (validation)"
-    return "the latest checkpoint" + (" (the run has no best checkpoint)" if pick == "best" else "")

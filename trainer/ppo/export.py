@@ -36,7 +36,7 @@ import checkpoints
 import envs  # noqa: F401  (registers VREdge-v0)
 from trainer import __version__
 from trainer.evaluation.episodes import run_episodes
-from trainer.evaluation.policies import checkpoint_label, picked_checkpoint, policy_from_state
+from trainer.evaluation.policies import picked_checkpoint, policy_from_state
 from trainer.evaluation.report import check_writable
 from trainer.interrupts import StopSignals
 from trainer.ppo.model import ActorCritic
@@ -244,13 +244,13 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     signals = signals or StopSignals()  # (not entered: its sections hold nothing back, for a library caller)
     if "onnx" in formats:
         _need_onnx()
-    source, state = picked_checkpoint(checkpoint, pick)
+    source, state, which = picked_checkpoint(checkpoint, pick)
     model, cfg = policy_from_state(state, source)
     if not isinstance(model, ActorCritic):
         raise ValueError(f"{source} is {algorithm_class(cfg.algo).model_name} (--algo {cfg.algo}); trainer.export "
                          "ships PPO policies (probabilities and values); evaluate it with trainer.evaluate")
     policy = ExportedPolicy(model)  # before any file is written: a Box policy fails here
-    print(f"exporting {checkpoint_label(checkpoint, source, pick)}: {source}", file=sys.stderr)
+    print(f"exporting {which}: {source}", file=sys.stderr)
     run_dir = checkpoints.run_dir_of(source)
     out = Path(out) if out else run_dir / "export"
     evaluation = _evaluation(run_dir, source)  # a malformed file fails here, before the work
