@@ -33,6 +33,7 @@ from envs.vr_edge import (
     REGIMES,
     VREdgeConfig,
     checked_state,
+    torch_env_refusal,
 )
 
 
@@ -70,12 +71,8 @@ def _normals(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
 
 def check_config(cfg: VREdgeConfig) -> None:
     """Raise ``ValueError`` for settings the torch env cannot run, naming the alternative."""
-    if cfg.capacity_trace:
-        raise ValueError("capacity_trace is not supported by the torch VR-edge env (--backend device): replay "
-                         "traces with --backend sync or async")
-    if cfg.step_cost_us:
-        raise ValueError("step_cost_us stands in for a CPU simulator's cost and the torch VR-edge env (--backend "
-                         "device) burns none: leave it at 0, or use --backend sync or async")
+    if why := torch_env_refusal(cfg.capacity_trace, cfg.step_cost_us):
+        raise ValueError(why)
 
 
 class TorchDynamics:

@@ -43,8 +43,15 @@ def test_overlap_is_refused_naming_the_backends_it_works_with():
         TrainConfig(backend="device", overlap=True).validate()
 
 
-def test_capacity_traces_are_refused_on_the_command_line_before_any_write(tmp_path):
-    write_traces(tmp_path / "traces", files=2, seconds=10)
+@pytest.mark.parametrize("traces", ["traces", "no traces"])
+def test_capacity_traces_are_refused_on_the_command_line_before_any_write(tmp_path, traces):
+    """Refused before the files are read: a directory that holds no traces (a typo, /tmp) got a parse error of
+    a file in it rather than the refusal."""
+    if traces == "traces":
+        write_traces(tmp_path / "traces", files=2, seconds=10)
+    else:
+        (tmp_path / "traces").mkdir()
+        (tmp_path / "traces" / "ci.log").write_text("not a trace\n")
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "trainer.train", "--backend", "device", "--device", "cpu",
                           "--env-kwargs", f"capacity_trace={tmp_path / 'traces'}", "--run-dir", str(run_dir)],

@@ -197,12 +197,14 @@ def test_export_ships_the_checkpoint_evaluate_measured_and_says_when_the_evaluat
     err, card = exported(str(run))
     assert card["evaluation"]["same_checkpoint"] and card["evaluation"]["actions"] == "sampled"
     assert "evaluation.json is of sampled actions, where the export acts greedily; the card keeps it" in err
+    assert f"python -m trainer.evaluate --checkpoint {older} (greedy, without --stochastic) describes" in err
     evaluate_main(["--checkpoint", str(run), "--episodes", "3"])
     assert f"replaced the previous {run / 'evaluation.json'} (2 episodes, sampled actions, of {older.name})" in \
         capsys.readouterr().out
     err, card = exported(str(run), "--pick", "latest")
     assert not card["evaluation"]["same_checkpoint"] and card["evaluation"]["actions"] == "greedy"
     assert f"evaluation.json is of another checkpoint ({older.name}); the card keeps it" in err
+    assert f"python -m trainer.evaluate --checkpoint {newest} (greedy" in err
     err, card = exported(str(run))
     assert card["evaluation"]["same_checkpoint"] and "note:" not in err
 

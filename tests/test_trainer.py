@@ -62,7 +62,8 @@ def test_planner_warnings_suggest_better_values(size, words):
 
 
 @pytest.mark.parametrize("n_steps, size, words", [
-    (65, 64, "the last 1 transition of each epoch would be dropped. use --batch-size 65 (1 minibatch)"),
+    (65, 64, "--batch-size 64 does not divide 65: the last 1 transition of each epoch would be dropped; use "
+                "--batch-size 65 (1 minibatch)"),
     (66, 64, "the last 2 transitions of each epoch"),
     (4096, 4096, "1 minibatch per epoch is too coarse"),
     (4096, 2048, "2 minibatches per epoch are too coarse"),
@@ -73,7 +74,7 @@ def test_planner_warnings_count_in_words(n_steps, size, words):
 
 @pytest.mark.parametrize("size", [0, 64 * 2048 + 1])
 def test_planner_rejects_impossible_sizes(size):
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(ValueError, match="^--batch-size="):
         plan_minibatches(64, 2048, size)
 
 

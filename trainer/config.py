@@ -190,10 +190,13 @@ class TrainConfig:
         if self.env == "VREdge-v0":  # a typo would otherwise surface as a TypeError from deep inside gym.make
             from envs import VREdgeConfig
             from envs.traces import TraceNotFoundError
+            from envs.vr_edge import torch_env_refusal
             known = env_argument_defaults(self.env)
             unknown = sorted(set(options) - set(known))
             need(not unknown, "env_kwargs", f"VR-edge has no argument {', '.join(unknown)}"
                  f"{did_you_mean(unknown, known)}; its arguments are {', '.join(known)}")
+            if self.backend == "device" and (why := torch_env_refusal(**options)):  # before traces are read
+                raise ConfigError("env_kwargs", self.env_kwargs, message=f"--backend device: {why}")
             try:  # every value too (types, ranges, traces): a one-line error now, not one from inside gym.make
                 VREdgeConfig(**options)
             except TraceNotFoundError as e:

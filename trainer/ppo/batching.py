@@ -56,15 +56,15 @@ def plan_minibatches(n_envs: int, n_steps: int, batch_size: int | None = None) -
     if batch_size is None:
         return MinibatchPlan(total, total // best, best)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} is invalid: must be an integer >= 1")
+        raise ValueError(f"--batch-size={batch_size!r} is invalid: must be an integer >= 1")
     if batch_size > total:
-        raise ValueError(f"batch_size={batch_size} is larger than the rollout ({n_envs} envs x {n_steps} steps = "
+        raise ValueError(f"--batch-size={batch_size} is larger than the rollout ({n_envs} envs x {n_steps} steps = "
                          f"{total} transitions); use at most {total}, e.g. {total // best}")
     suggestion = f"use --batch-size {total // best} ({counted(best, 'minibatch', 'minibatches')})"
     warnings = []
     if total % batch_size:
-        warnings.append(f"batch_size={batch_size} does not divide {total}; the last "
-                        f"{counted(total % batch_size, 'transition')} of each epoch would be dropped. {suggestion}")
+        warnings.append(f"--batch-size {batch_size} does not divide {total}: the last "
+                        f"{counted(total % batch_size, 'transition')} of each epoch would be dropped; {suggestion}")
     count = total // batch_size
     if batch_size < MIN_MINIBATCH_SIZE:
         warnings.append(f"minibatches of {batch_size} are too small for advantage normalisation; {suggestion}")

@@ -263,7 +263,8 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
         differs.append("of sampled actions, where the export acts greedily")
     if differs:
         print(f"note: {evaluation['file']} is {' and '.join(differs)}; the card keeps it, with same_checkpoint and "
-              "actions saying so (trainer.evaluate this checkpoint to describe it)", file=sys.stderr)
+              f"actions saying so; python -m trainer.evaluate --checkpoint {source} (greedy, without --stochastic) "
+              "describes what is exported", file=sys.stderr)
     for stale in out.glob(".export-*"):  # stage folders of an export that was killed
         shutil.rmtree(stale, ignore_errors=True)
     stage = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
