@@ -497,6 +497,41 @@ def test_one_episode_has_no_interval_and_its_json_is_still_json(tmp_path, capsys
     assert "nan" not in table and "1 episode on held-out seeds" in table and "95% CI) of the gap" not in table, table
 
 
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_a_stop_says_the_same_before_and_in_the_first_iteration_and_names_paths_in_full(tmp_path, monkeypatch,
+                                                                                      capsys, checkpoint):
+    """Stopped before the first iteration or in it: one wording (SIGTERM and SIGINT said it two ways); after one:
+    the checkpoint as an absolute path, as the resume command next to it (a relative --run-dir gave one of each)."""
+    import signal
+
+    monkeypatch.chdir(tmp_path)
+    saved = Path("run/checkpoints/ckpt_00000001.pt") if checkpoint else None
+
+    def stopped(*args, **kwargs):
+        raise train_cli.TrainingStopped(signal.SIGTERM, Path("run"), 1 if checkpoint else 0, saved)
+
+    monkeypatch.setattr(train_cli, "train", stopped)
+    with pytest.raises(SystemExit) as exited:
+        train_cli.main(["--run-dir", "run"])
+    said = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 128 + signal.SIGTERM
+    if checkpoint:
+        assert said == [f"stopped by SIGTERM after iteration 1; checkpoint: {tmp_path / saved}",
+                        f"resume:        {shlex.join([sys.executable, '-m', 'trainer.train', '--resume'])} "
+                        f"{tmp_path / 'run'}"], said
+    else:
+        assert said == ["stopped by SIGTERM before the first iteration completed: nothing to save; run the same "
+                        "command again"], said
+
+    def interrupted(*args, **kwargs):  # before the first iteration
+        raise KeyboardInterrupt("stopped by SIGINT")
+
+    monkeypatch.setattr(train_cli, "train", interrupted)
+    with pytest.raises(SystemExit):
+        train_cli.main(["--run-dir", "run"])
+    assert capsys.readouterr().err.strip() == "stopped by SIGINT " + train_cli.NOTHING_TO_SAVE
+
+
 def test_the_evaluation_header_names_the_run_env_arguments(tmp_path, capsys):
     """The episodes are played with the run's env arguments: the table's header says which (it named the env
     alone, as if its defaults were played)."""

@@ -160,9 +160,35 @@ def test_without_a_compiler_auto_acts_eagerly_with_one_line_and_on_is_refused(mo
     assert "\n" not in str(e.value)
 
 
-def test_a_compile_typo_gets_a_did_you_mean():
-    with pytest.raises(SystemExit):
+def test_without_a_compiler_the_reason_is_the_cause_not_its_header(tmp_path):
+    """torch's error opens with a header ("backend='inductor' raised:"); the one line says what follows it."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "bin").mkdir()  # a PATH without a C++ compiler; a fresh cache, so that nothing built is reused
+    probe = subprocess.run([sys.executable, "-c", "from trainer.common.devices import compile_unavailable; "
+                            "print(compile_unavailable('cpu'))"], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PATH": str(tmp_path / "bin"),
+                                "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")})
+    said = probe.stdout.strip()  # (BackendCompilerFailed or InductorError, as torch's caches stand)
+    assert probe.returncode == 0 and "No working C++ compiler" in said and not said.endswith(":"), \
+        (said, probe.stderr[-2000:])
+    from trainer.common.devices import one_line
+    header = "backend='inductor' raised:\nInvalidCxxCompiler: No working C++ compiler found in ...\n\nSet ..."
+    assert one_line(RuntimeError(header)) == "RuntimeError: InvalidCxxCompiler: No working C++ compiler found in ..."
+
+
+def test_a_compile_typo_gets_a_did_you_mean(capsys):
+    with pytest.raises(SystemExit) as refused:
         parse_args(["--compile", "of"])
+    assert refused.value.code == 2 and "--compile='of' is invalid: choose auto, on or off" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given, meant", [("true", "on"), ("yes", "on"), ("1", "on"), ("false", "off"),
+                                          ("No", "off"), ("0", "off"), ("auto", "auto"), ("on", "on")])
+def test_compile_takes_the_true_and_false_every_switch_takes(given, meant):
+    assert parse_args(["--compile", given]).config.compile == meant
 
 
 # ---------------------------------------------------------------------------- defaults with a GPU

@@ -224,7 +224,7 @@ def test_run_directory_mistakes_are_usage_errors(two_iterations, tmp_path, capfd
     with pytest.raises(SystemExit) as info:
         train_module.main(argv(two_iterations, tmp_path))
     err = capfd.readouterr().err.strip().splitlines()
-    assert info.value.code == 2 and words in err[-1] and "Traceback" not in "".join(err)
+    assert info.value.code == 2 and len(err) == 1 and words in err[0], err  # the one line, not the layout's first
     assert sorted(p.name for p in (two_iterations / "checkpoints").iterdir()) == before
     assert not (tmp_path / "other").exists()
 
@@ -239,12 +239,17 @@ def test_resume_from_an_older_checkpoint_sets_newer_ones_aside(two_iterations, c
     assert "set aside ckpt_00000002.pt" in capsys.readouterr().err
 
 
-def test_a_second_trainer_on_a_run_directory_is_refused(two_iterations):
+def test_a_second_trainer_on_a_run_directory_is_refused(two_iterations, capfd):
     with RunDirLock(two_iterations):  # as if another trainer of this host were running
         with pytest.raises(RunDirLockedError, match=f"in use by pid {os.getpid()}"):
             run(["--resume", str(two_iterations)])
         with pytest.raises(RunDirLockedError, match="in use"):
             run(VR + ["--run-dir", str(two_iterations), "--overwrite"])
+        capfd.readouterr()
+        with pytest.raises(SystemExit) as refused:
+            train_module.main(["--resume", str(two_iterations)])
+        said = [*capfd.readouterr().err.strip().splitlines(), str(refused.value.code)]  # (the exit's, Python's)
+        assert len(said) == 1 and f"in use by pid {os.getpid()}" in said[0], said  # the one line
     assert not (two_iterations / "lock").exists()
     assert run(["--resume", str(two_iterations)])["iterations"] == 4  # free again
 

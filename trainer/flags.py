@@ -10,6 +10,7 @@ and their help starts with its name.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 from collections.abc import Collection
@@ -56,6 +57,13 @@ def _bool(text: str) -> bool:
     if text.lower() in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def _compile_choice(text: str) -> str:
+    """``--compile``: ``auto``, ``on`` or ``off``, and the spellings of true and false that every switch takes."""
+    with contextlib.suppress(argparse.ArgumentTypeError):
+        return "on" if _bool(text) else "off"
+    return text
 
 
 def _of_kind(value: Any, kind: type) -> tuple[bool, Any]:
@@ -128,7 +136,8 @@ def build_parser(prog: str = TRAIN_PROG, description: str = "",
         "the algorithm and the env, its help says so; a new run prints the values it uses."))
     for f in fields(TrainConfig):
         kind = _field_type(f)
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=_bool if kind is bool else kind,
+        p.add_argument(f"--{f.name.replace('_', '-')}",
+                       type=_bool if kind is bool else _compile_choice if f.name == "compile" else kind,
                        default=argparse.SUPPRESS,
                        help=shown(f.name, f"{_help(f.name)} {_default_help(f.name, f.default)}"))
     p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",

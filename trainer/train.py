@@ -87,17 +87,11 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         # the run layout: computed once here; nothing below recomputes it
         layout = run_layout(cfg, machine or Machine.detect(cfg.backend, cfg.ray_address))  # checks the env id
         algorithm = algorithm_class(cfg.algo).new(cfg, layout)  # what the env cannot take fails before any write
-        # said once the run can start: an error of the layout or the env is the one line, not the last of several
-        print(*preface, layout.describe(), *(f"warning: {w}" for w in layout.warnings), *algorithm.start_notes(),
-              sep="\n", file=sys.stderr)
         # a module:id env is named by its id: a colon in a path breaks Windows, and PATH-like lists elsewhere
         run_dir = Path(cfg.run_dir or
                        f"runs/{cfg.env.rpartition(':')[2]}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         iterations = layout.iterations(cfg)
         per_iteration = layout.batch_envs * cfg.num_steps
-        if iterations * per_iteration != cfg.total_steps:  # said, not silently rounded
-            print(f"note: --total-steps {cfg.total_steps:,} is not a whole number of iterations of {per_iteration:,} "
-                  f"env steps: the run makes {iterations} ({iterations * per_iteration:,} env steps)", file=sys.stderr)
         stop = min(iterations, max_iterations or iterations)
         # decided before anything is touched: a resume with nothing to do changes no file of the run
         nothing_to_do = bool(resume) and saved["iteration"] >= stop
@@ -117,6 +111,13 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
                              f"{saved['iteration']} (they are run again)")
         elif not resume:
             notes += claim_new_run_dir(run_dir, overwrite)
+        # said once the run can start: an error of the layout, the env or the run directory (taken by another run,
+        # locked) is the one line, not the last of several
+        print(*preface, layout.describe(), *(f"warning: {w}" for w in layout.warnings), *algorithm.start_notes(),
+              sep="\n", file=sys.stderr)
+        if iterations * per_iteration != cfg.total_steps:  # said, not silently rounded
+            print(f"note: --total-steps {cfg.total_steps:,} is not a whole number of iterations of {per_iteration:,} "
+                  f"env steps: the run makes {iterations} ({iterations * per_iteration:,} env steps)", file=sys.stderr)
         cfg.run_dir = str(run_dir)
         if not nothing_to_do:
             (run_dir / "config.json").write_text(json.dumps({"config": cfg.to_dict(), "layout": layout.to_dict()},
@@ -250,6 +251,11 @@ def _stored_setting(key: str, cli: CommandLine) -> str:
                                            else ")")
 
 
+# (the run directory may hold its config already: the same command takes it over, and a resume starts again from
+# its checkpoint)
+NOTHING_TO_SAVE = "before the first iteration completed: nothing to save; run the same command again"
+
+
 def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
     """``python -m trainer.train``: the command line ``argv`` (or the one already parsed, ``cli``) run."""
     cli = cli or parse_args(argv)
@@ -262,18 +268,14 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
     except TrainingStopped as e:
         run_dir = str(e.run_dir.resolve())
         with contextlib.suppress(OSError):  # a SIGHUP's terminal is gone: what was completed is saved all the same
-            print(f"\n{e} after iteration {e.iteration}" +
-                  (f"; checkpoint: {e.checkpoint}" if e.checkpoint else "; no checkpoint (no iteration completed)"),
-                  file=sys.stderr)
             if e.checkpoint:
-                print(f"resume:        {_command('-m', 'trainer.train', '--resume', run_dir)}", file=sys.stderr)
-            else:
-                print("start again:   the same command (the run directory holds no checkpoint)", file=sys.stderr)
+                print(f"\n{e} after iteration {e.iteration}; checkpoint: {e.checkpoint.resolve()}\n"
+                      f"resume:        {_command('-m', 'trainer.train', '--resume', run_dir)}", file=sys.stderr)
+            else:  # stopped in the first iteration: as before it, below
+                print(f"\n{e} {NOTHING_TO_SAVE}", file=sys.stderr)
         raise SystemExit(e.exit_status) from None
-    except KeyboardInterrupt as e:  # before the first iteration: nothing to save
-        # (the run directory may hold its config already: the same command takes it over, a resume has no checkpoint)
-        print(f"\n{e or 'interrupted'} before the first iteration: nothing to save; run the same command again",
-              file=sys.stderr)
+    except KeyboardInterrupt as e:  # before the first iteration
+        print(f"\n{e or 'interrupted'} {NOTHING_TO_SAVE}", file=sys.stderr)
         raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
     except ConfigError as e:  # a setting this machine cannot run: as the flags' errors, exit status 2
         build_parser().error(f"{cli.error_text(e)}{_stored_setting(e.key, cli)}")

@@ -42,6 +42,17 @@ def compile_unavailable(device: str) -> str | None:
     try:
         torch.compile(_add_one, fullgraph=True, dynamic=False)(torch.zeros(2, device=device))
     except Exception as e:  # noqa: BLE001 (any failure means: act eagerly, or refuse --compile on)
-        line = next((x for x in str(e).splitlines() if x.strip()), "")
-        return f"{type(e).__name__}: {line[:160]}"
+        return one_line(e)
     return None
+
+
+def one_line(error: Exception) -> str:
+    """``error`` in one line: its type and its first line that says something, past a header that only
+    announces the cause (torch's ``backend='inductor' raised:``).
+
+    >>> one_line(RuntimeError("backend='inductor' raised:\\nInvalidCxxCompiler: No working C++ compiler found"))
+    'RuntimeError: InvalidCxxCompiler: No working C++ compiler found'
+    """
+    lines = [x.strip() for x in str(error).splitlines() if x.strip()]
+    line = next((x for x in lines if not x.endswith(":")), lines[0] if lines else "")
+    return f"{type(error).__name__}: {line[:160]}"
