@@ -71,3 +71,43 @@ def test_command_line_signal_then_resume_is_exact_on_the_device_backend(tmp_path
 def test_device_backend_on_cuda_resumes_exactly(tmp_path):
     from benchmarks.device_check import resume_matches
     assert resume_matches("cuda", num_envs=8, n=1, num_steps=16, root=tmp_path, backend="device")
+
+
+def _trained(argv: list[str], **kw) -> dict:
+    cli = parse_args(argv)
+    return train_module.train(cli.config, progress=False, resume=cli.resume, given=cli.given, **kw)
+
+
+def _numbers(run_dir) -> list[dict]:
+    """metrics.jsonl without its timings."""
+    import json
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.endswith(("_s", "sps"))} for r in rows]
+
+
+@pytest.mark.parametrize("first, then", [("sync", "device"), ("device", "async"), ("serial", "sync")])
+def test_a_run_moves_between_backends_on_resume_with_the_same_numbers(tmp_path, first, then):
+    """Started on one backend and resumed on another (a CPU run continued on the GPU's device backend): the same
+    envs, seeds and state, so the same numbers as a run that never moved (eager: a compiled step rounds in its
+    own way)."""
+    import checkpoints
+    flags = ["--num-envs", "4", "--num-steps", "16", "--total-steps", "256", "--device", "cpu", "--seed", "5",
+             "--compile", "off", "--num-workers", "2"]
+    moved, stayed = tmp_path / "moved", tmp_path / "stayed"
+    _trained([*flags, "--backend", first, "--run-dir", str(moved)], max_iterations=2)
+    _trained(["--resume", str(moved), "--backend", then])
+    _trained([*flags, "--backend", then, "--run-dir", str(stayed)])
+    assert [r["iteration"] for r in _numbers(moved)] == [1, 2, 3, 4] and _numbers(moved) == _numbers(stayed)
+    a, b = (checkpoints.latest_loadable(d)[1] for d in (moved, stayed))
+    assert a["config"]["backend"] == then and all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
+
+
+def test_a_resume_does_not_move_a_run_to_or_from_ray(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    _trained(["--num-envs", "4", "--num-steps", "16", "--total-steps", "64", "--device", "cpu", "--run-dir",
+              str(run_dir)])
+    with pytest.raises(SystemExit) as refused:
+        train_module.main(["--resume", str(run_dir), "--backend", "ray"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "--backend='ray' (run has 'sync')" in err, err
+    assert "and --backend between serial, sync, async, device;" in err, err

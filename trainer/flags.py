@@ -23,6 +23,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from collectors.backend_names import LOCAL_BACKENDS
 from trainer.arguments import OneLineParser, did_you_mean
 from trainer.config import (
     PATH_ENV_KWARGS,
@@ -46,6 +47,9 @@ RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "compile", "cuda_grap
                      "tensorboard", "checkpoint_every", "keep_checkpoints", "config", "ray_address", "cpus_per_worker",
                      "eval_every", "eval_episodes", "save_replay", "worker_timeout",
                      "start_method"}
+# backends a resumed run may move between (not Ray's: its actors, and with --ray-async its algorithm, are another
+# run's)
+SWITCHABLE_BACKENDS = (*LOCAL_BACKENDS, "device")
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 _TOML_TYPES = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
                dict: "a table"}
@@ -300,6 +304,8 @@ def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) ->
     moved trace directory does not: ``--env-kwargs capacity_trace=NEW``)."""
     check_owners(given.get("algo", saved.get("algo", "ppo")), given)  # before a clash with a value it ignores
     may_change = set(RESUMABLE_CHANGES)
+    if {saved.get("backend"), given.get("backend", saved.get("backend"))} <= set(SWITCHABLE_BACKENDS):
+        may_change.add("backend")  # the same envs, seeds and numbers, collected elsewhere: the state restores
     if "env_kwargs" in given:  # only file paths may change (checked here): the files moved, the run is the same
         given = {**given, "env_kwargs": moved_env_files(saved.get("env_kwargs", ""), given["env_kwargs"],
                                                         env_argument_defaults(saved.get("env", "")))}
@@ -311,7 +317,7 @@ def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) ->
         raise ConfigError(key, value, "does not match the run being resumed", message=(
             f"{source}: the flags do not match the run being resumed: {detail}. Drop them, or start "
             f"a new run; only {', '.join('--' + k.replace('_', '-') for k in sorted(RESUMABLE_CHANGES - {'config'}))} "
-            "may change (and "
+            f"may change (and --backend between {', '.join(SWITCHABLE_BACKENDS)}; "
             f"--env-kwargs {', '.join(f'{k}=NEW' for k in sorted(PATH_ENV_KWARGS))} where files moved)"))
     types = {f.name: _field_type(f) for f in fields(TrainConfig)}
     stored = {}
