@@ -186,9 +186,14 @@ def candidates(path: str | os.PathLike) -> list[Path]:
     if not files:
         where = directory if directory.name == "checkpoints" else directory / "checkpoints"
         runs = sorted(d for d in path.iterdir() if (d / "checkpoints").is_dir())  # runs/, say: a run's parent
-        hint = (f"it holds {len(runs)} run director{'y' if len(runs) == 1 else 'ies'}: pass one, e.g. the newest, "
-                f"{max(runs, key=lambda d: d.stat().st_mtime)}"
-                if runs else "pass a run directory (trainer.train's --run-dir) or a checkpoint file")
+        if (path / "config.json").is_file():  # what a run writes before its first iteration
+            hint = ("the run has written none yet (it stopped before its first iteration completed, or is still in "
+                    "it): nothing to load; its own command starts it again, taking the directory over")
+        elif runs:
+            hint = (f"it holds {len(runs)} run director{'y' if len(runs) == 1 else 'ies'}: pass one, e.g. the "
+                    f"newest, {max(runs, key=lambda d: d.stat().st_mtime)}")
+        else:
+            hint = "pass a run directory (trainer.train's --run-dir) or a checkpoint file"
         raise CheckpointError(f"{path}: no checkpoints found (expected {where}/ckpt_*.pt); {hint}")
     return files
 

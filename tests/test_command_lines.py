@@ -339,6 +339,25 @@ def test_an_env_kwargs_table_in_toml_is_the_env_kwargs_flag(tmp_path, capsys):
         assert refused.value.code == 2 and f"error: {said}" in err, err
 
 
+def test_a_resume_checks_new_env_arguments_against_the_run_before_reading_their_files(tmp_path, capsys):
+    """``--resume RUN --env-kwargs capacity_trace=/tmp`` on a run without traces would change the run: said so,
+    not a parse error of some file in /tmp; a syntax error is still the flag's."""
+    run_dir = tmp_path / "run"
+    train_cli.main(["--num-envs", "2", "--num-steps", "16", "--total-steps", "32", "--device", "cpu", "--run-dir",
+                    str(run_dir)])
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("not a trace\n")
+    capsys.readouterr()
+    for given, said in [(f"capacity_trace={tmp_path / 'notes'}", "would change the run (it has capacity_trace at "
+                                                                 "the env's default)"),
+                        ("bitrates_mbps=[5,10", "--env-kwargs='bitrates_mbps=[5,10' is invalid: 'bitrates_mbps=[5,10' "
+                                                "has unbalanced or nested brackets")]:
+        with pytest.raises(SystemExit) as refused:
+            train_cli.main(["--resume", str(run_dir), "--env-kwargs", given])
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and said in err, err
+
+
 def test_a_resume_may_restate_the_runs_env_arguments_but_not_change_them():
     from trainer.config import ConfigError, moved_env_files
     assert moved_env_files("num_users=6", "num_users=6") == "num_users=6"

@@ -62,9 +62,9 @@ def test_planner_warnings_suggest_better_values(size, words):
 
 
 @pytest.mark.parametrize("n_steps, size, words", [
-    (65, 64, "--batch-size 64 does not divide 65: the last 1 transition of each epoch would be dropped; use "
+    (65, 64, "--batch-size 64 does not divide 65: the last 1 transition of each epoch is dropped; use "
                 "--batch-size 65 (1 minibatch)"),
-    (66, 64, "the last 2 transitions of each epoch"),
+    (66, 64, "the last 2 transitions of each epoch are dropped"),
     (4096, 4096, "1 minibatch per epoch is too coarse"),
     (4096, 2048, "2 minibatches per epoch are too coarse"),
 ])

@@ -80,6 +80,8 @@ def test_latest_and_a_file_are_labelled_as_such_and_a_bad_file_is_an_error(tmp_p
     from trainer.evaluation.policies import picked_checkpoint
     saved = _run_with_a_best(tmp_path)
     assert picked_checkpoint(tmp_path, "latest")[::2] == (saved[2], "the latest checkpoint")
+    saved[2].write_bytes(b"PK")  # the newest does not load: the one before it is not "the latest"
+    assert picked_checkpoint(tmp_path, "latest")[::2] == (saved[1], "the newest checkpoint that loads")
     assert picked_checkpoint(saved[0], "best")[::2] == (saved[0], "the checkpoint file")
     saved[0].write_bytes(b"PK")
     with pytest.raises(checkpoints.CheckpointError, match="ckpt_00000001.pt: cannot be read"):
@@ -96,6 +98,11 @@ def test_a_directory_without_checkpoints_says_what_to_pass(tmp_path):
     with pytest.raises(checkpoints.CheckpointError, match=f"it holds 1 run directory: pass one, e.g. the newest, "
                                                           f"{re.escape(str(tmp_path / 'VREdge-v0-s1'))}$"):
         picked_checkpoint(tmp_path, "best")
+    (tmp_path / "stopped").mkdir()  # a run stopped before its first iteration completed: its config, no checkpoint
+    (tmp_path / "stopped" / "config.json").write_text("{}")
+    with pytest.raises(checkpoints.CheckpointError, match="the run has written none yet .* its own command starts "
+                                                          "it again"):
+        picked_checkpoint(tmp_path / "stopped")
 
 
 @pytest.mark.parametrize("keep, former, left", [(1, 1, [4]), (2, 1, [4, 3]),

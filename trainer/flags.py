@@ -32,6 +32,7 @@ from trainer.config import (
     env_argument_defaults,
     format_env_kwargs,
     moved_env_files,
+    parse_env_kwargs,
 )
 from trainer.registry import (
     ALGORITHMS,
@@ -253,6 +254,12 @@ def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, descriptio
         from_file = _toml_values(Path(args["config"])) if args.get("config") else {}
         given = {**from_file, **args}
         cfg = new_run_config(given)  # what a resume runs is the checkpoint's config (resumed_config)
+        if resume and "env_kwargs" in given:  # their syntax here; their values against the run's (resumed_config),
+            try:  # before any file they name is read
+                parse_env_kwargs(given["env_kwargs"])
+            except ValueError as e:
+                raise ConfigError("env_kwargs", given["env_kwargs"], str(e)) from None
+            cfg = dataclasses.replace(cfg, env_kwargs="")
         try:
             check_config(cfg, {} if resume else given)  # a resumed run's algorithm: its checkpoint's (resumed_config)
         except ConfigError as e:

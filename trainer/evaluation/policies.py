@@ -79,7 +79,8 @@ def picked_checkpoint(path: str | Path, pick: str = "latest") -> PickedCheckpoin
     for p in problems:
         if best is None or not p.startswith(str(best)):  # said once, above
             print(f"skipped {p}", file=sys.stderr)
-    return PickedCheckpoint(source, state, "the latest checkpoint" + (f" ({instead})" if pick == "best" else ""))
+    latest = "the newest checkpoint that loads" if problems else "the latest checkpoint"
+    return PickedCheckpoint(source, state, latest + (f" ({instead})" if pick == "best" else ""))
 
 
 def policy_from_state(state: dict[str, Any], source: Path, env_kwargs: dict[str, Any] | None = None,

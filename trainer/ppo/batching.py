@@ -64,7 +64,8 @@ def plan_minibatches(n_envs: int, n_steps: int, batch_size: int | None = None) -
     warnings = []
     if total % batch_size:
         warnings.append(f"--batch-size {batch_size} does not divide {total}: the last "
-                        f"{counted(total % batch_size, 'transition')} of each epoch would be dropped; {suggestion}")
+                        f"{counted(total % batch_size, 'transition')} of each epoch "
+                        f"{'is' if total % batch_size == 1 else 'are'} dropped; {suggestion}")
     count = total // batch_size
     if batch_size < MIN_MINIBATCH_SIZE:
         warnings.append(f"minibatches of {batch_size} are too small for advantage normalisation; {suggestion}")
