@@ -9,6 +9,7 @@ from checkpoints.run_dir import (
     RunDirLockedError,
     best_checkpoint,
     best_info,
+    best_or_why_not,
     checkpoint_files,
     latest_loadable,
     remove_partial_saves,
@@ -16,10 +17,10 @@ from checkpoints.run_dir import (
     save_in_run_dir,
     set_aside_newer,
     set_best,
-    why_no_best,
 )
 from checkpoints.store import FORMAT_VERSION, CheckpointError, load, save
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "RunDirLock", "RunDirLockedError", "best_checkpoint", "best_info",
+           "best_or_why_not",
            "checkpoint_files", "latest_loadable", "load", "remove_partial_saves", "run_dir_of", "save",
-           "save_in_run_dir", "set_aside_newer", "set_best", "why_no_best"]
+           "save_in_run_dir", "set_aside_newer", "set_best"]

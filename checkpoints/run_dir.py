@@ -58,17 +58,23 @@ def set_best(run_dir: str | os.PathLike, checkpoint: Path, info: dict[str, Any],
 
 def best_info(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """What the ``best`` pointer holds (``file`` and the info given to :func:`set_best`), or ``None`` when
-    the run has no best checkpoint (no pointer, an unreadable one, or its file is gone: :func:`why_no_best`)."""
-    return _best_pointer(Path(run_dir))[0]
+    the run has no best checkpoint (no pointer, an unreadable one, or its file is gone: :func:`best_or_why_not`)."""
+    return _best_pointer(_checkpoint_dir(Path(run_dir)))[0]
 
 
-def why_no_best(run_dir: str | os.PathLike) -> str:
-    """Why :func:`best_checkpoint` is ``None`` for ``run_dir``, in a few words; ``""`` when it is not."""
-    return _best_pointer(Path(run_dir))[1]
+def best_or_why_not(run_dir: str | os.PathLike) -> tuple[Path | None, str]:
+    """The file the ``best`` pointer of a run directory names and ``""``, or ``None`` and why there is none, in a
+    few words."""
+    directory = _checkpoint_dir(Path(run_dir))
+    info, why = _best_pointer(directory)
+    return (directory / info["file"] if info else None), why
 
 
-def _best_pointer(path: Path) -> tuple[dict[str, Any] | None, str]:
-    directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+def _checkpoint_dir(path: Path) -> Path:
+    return path / "checkpoints" if (path / "checkpoints").is_dir() else path
+
+
+def _best_pointer(directory: Path) -> tuple[dict[str, Any] | None, str]:
     if not (directory / BEST).exists():
         return None, "the run has no best checkpoint"
     try:
@@ -84,11 +90,7 @@ def _best_pointer(path: Path) -> tuple[dict[str, Any] | None, str]:
 
 def best_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     """The file the ``best`` pointer of a run directory names, or ``None`` (see :func:`best_info`)."""
-    info = best_info(run_dir)
-    if info is None:
-        return None
-    path = Path(run_dir)
-    return (path / "checkpoints" if (path / "checkpoints").is_dir() else path) / info["file"]
+    return best_or_why_not(run_dir)[0]
 
 
 def save_in_run_dir(run_dir: str | os.PathLike, state: dict[str, Any], iteration: int, keep: int) -> Path:
@@ -123,7 +125,7 @@ def remove_partial_saves(run_dir: str | os.PathLike) -> list[Path]:
 def checkpoint_files(run_dir: str | os.PathLike) -> list[Path]:
     """A run directory's checkpoint files, newest iteration first (also accepts the ``checkpoints`` folder)."""
     path = Path(run_dir)
-    directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    directory = _checkpoint_dir(path)
     files = [p for p in directory.glob("ckpt_*.pt") if _NAME.search(p.name)]
     return sorted(files, key=checkpoint_iteration, reverse=True)
 
@@ -177,7 +179,7 @@ def candidates(path: str | os.PathLike) -> list[Path]:
         return [_followed(path) if path.name in (LATEST, BEST) and not _is_zip(path) else path]
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint file or run directory")
-    directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    directory = _checkpoint_dir(path)
     files = checkpoint_files(path)
     pointer = directory / LATEST
     if pointer.is_file():
@@ -185,7 +187,7 @@ def candidates(path: str | os.PathLike) -> list[Path]:
         files = [named] + [f for f in files if f != named]
     if not files:
         where = directory if directory.name == "checkpoints" else directory / "checkpoints"
-        runs = sorted(d for d in path.iterdir() if (d / "checkpoints").is_dir())  # runs/, say: a run's parent
+        runs = [d for d in path.iterdir() if (d / "checkpoints").is_dir()]  # runs/, say: a run's parent
         if (path / "config.json").is_file():  # what a run writes before its first iteration
             hint = ("the run has written none yet (it stopped before its first iteration completed, or is still in "
                     "it): nothing to load; its own command starts it again, taking the directory over")

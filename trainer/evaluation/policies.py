@@ -68,7 +68,7 @@ def picked_checkpoint(path: str | Path, pick: str = "latest") -> PickedCheckpoin
     if Path(path).is_file():
         source, state, _ = checkpoints.latest_loadable(path)  # that file or an error: nothing to skip
         return PickedCheckpoint(source, state, "the checkpoint file")
-    best, instead = checkpoints.best_checkpoint(path) if pick == "best" else None, checkpoints.why_no_best(path)
+    best, instead = checkpoints.best_or_why_not(path) if pick == "best" else (None, "")
     if best is not None:
         try:
             return PickedCheckpoint(best, checkpoints.load(best), "the best checkpoint (validation)")
