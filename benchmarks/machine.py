@@ -12,15 +12,12 @@ import gymnasium
 import numpy as np
 import torch
 
+from collectors.resources import cpu_model
+
 
 def machine_info() -> dict[str, str]:
     """Python, NumPy, Gymnasium, torch, CPU and CUDA versions of this machine."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     return {
         "python": platform.python_version(),
         "numpy": np.__version__,

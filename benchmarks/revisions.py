@@ -12,12 +12,14 @@ second over the iterations after the first (warm-up and start-up left out), read
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.machine import print_machine
@@ -40,6 +42,17 @@ def train_rate(source: Path, flags: list[str], run_dir: Path) -> float:
     return steady_rate(run_dir / "metrics.jsonl")
 
 
+@contextlib.contextmanager
+def worktree(revision: str, where: Path) -> Iterator[Path]:
+    """``revision`` checked out at ``where`` (a detached git worktree, removed afterwards)."""
+    subprocess.run(["git", "worktree", "add", "--detach", str(where), revision], cwd=ROOT, check=True,
+                   capture_output=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, capture_output=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.revisions", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,16 +65,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"flags: {' '.join(flags)}")
     rates: dict[str, list[float]] = {"base": [], "head": []}
     with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
-                       capture_output=True)
-        try:
+        with worktree(args.base, Path(tmp) / "base") as base:
             for r in range(args.rounds):
                 for side, source in (("base", base), ("head", ROOT)):
                     rates[side].append(train_rate(source, flags, Path(tmp) / f"{side}{r}"))
                     print(f"round {r + 1} {side}: {rates[side][-1]:,.0f} env steps/s", flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
     med = {side: statistics.median(v) for side, v in rates.items()}
     for side, v in rates.items():
         print(f"{side} ({args.base if side == 'base' else 'this checkout'}): median {med[side]:,.0f} "

@@ -58,7 +58,8 @@ def set_best(run_dir: str | os.PathLike, checkpoint: Path, info: dict[str, Any],
 
 def best_info(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """What the ``best`` pointer holds (``file`` and the info given to :func:`set_best`), or ``None`` when
-    the run has no best checkpoint (no pointer, an unreadable one, or its file is gone: :func:`best_or_why_not`)."""
+    the run has no best checkpoint (no pointer, an unreadable one, one that leads out of the run's checkpoints
+    folder, or its file is gone: :func:`best_or_why_not`)."""
     return _best_pointer(_checkpoint_dir(Path(run_dir)))[0]
 
 
@@ -74,6 +75,17 @@ def _checkpoint_dir(path: Path) -> Path:
     return path / "checkpoints" if (path / "checkpoints").is_dir() else path
 
 
+def _own(directory: Path, path: Path) -> bool:
+    """Whether ``path``, with ``..`` and links resolved, is a file of the checkpoints ``directory`` itself. A pointer
+    or a link that leads elsewhere (another run's checkpoint) is never followed: its state is not this run's, and
+    what a command writes next to the checkpoint it loads would land in the other run."""
+    return Path(os.path.realpath(path)).parent == Path(os.path.realpath(directory))  # (realpath: loops too)
+
+
+def _outside(directory: Path, where: str | Path) -> str:
+    return f"{where}, outside the run's checkpoints folder {directory}: refused"
+
+
 def _best_pointer(directory: Path) -> tuple[dict[str, Any] | None, str]:
     if not (directory / BEST).exists():
         return None, "the run has no best checkpoint"
@@ -81,8 +93,10 @@ def _best_pointer(directory: Path) -> tuple[dict[str, Any] | None, str]:
         info = json.loads((directory / BEST).read_text())
     except (OSError, ValueError):
         info = None
-    if not isinstance(info, dict) or not isinstance(info.get("file"), str):
+    if not isinstance(info, dict) or not isinstance(info.get("file"), str) or not info["file"]:
         return None, f"the run's best pointer {directory / BEST} is unreadable"
+    if not _own(directory, directory / info["file"]):
+        return None, f"the run's best pointer {directory / BEST} names {_outside(directory, info['file'])}"
     if not (directory / info["file"]).is_file():
         return None, f"the best checkpoint, {info['file']}, is gone"
     return info, ""
@@ -143,61 +157,98 @@ def run_dir_of(checkpoint: str | os.PathLike) -> Path:
 
 
 def set_aside_newer(run_dir: str | os.PathLike, iteration: int) -> list[Path]:
-    """Rename checkpoints newer than ``iteration`` to ``*.pt.orphaned``; returns the new names. The pointers
-    stay true to the files: a ``latest`` that named a set-aside file names the newest checkpoint left (or is
-    removed when none is left), and a ``best`` that named one is dropped.
+    """Rename checkpoints newer than ``iteration`` to ``*.orphaned`` names no file has (``ckpt_N.pt.orphaned``,
+    else ``ckpt_N.pt.2.orphaned``, ...: what an earlier rollback set aside is never replaced); returns the new
+    names. The pointers stay true to the files: a ``latest`` that named a set-aside file (or none of the run's)
+    names the newest checkpoint left (or is removed when none is left), and a ``best`` that named one is dropped.
+    Only for the holder of the run directory's lock (:class:`RunDirLock`): nobody else renames its files.
 
     Resuming from an older checkpoint (or past a corrupted newer one) starts a new future:
-    the newer files would otherwise win retention and the ``latest`` order over it.
+    the newer files would otherwise win retention and the newest-first order over it.
     """
     moved = []
     best = best_checkpoint(run_dir)
     for f in checkpoint_files(run_dir):
         if checkpoint_iteration(f) > iteration:
-            target = f.with_name(f.name + ".orphaned")
+            target = _set_aside_name(f)
             os.replace(f, target)
             moved.append(target)
     if not moved:
         return moved
     directory = moved[0].parent
-    pointer = directory / LATEST
-    if pointer.is_file() and not (directory / pointer.read_text().strip()).is_file():
+    if (directory / LATEST).is_file() and _latest_pointer(directory)[0] is None:
         left = checkpoint_files(run_dir)
         if left:
             _write_pointer(directory, left[0].name)
         else:
-            pointer.unlink()
+            (directory / LATEST).unlink()
     if best is not None and checkpoint_iteration(best) > iteration:  # a best from the abandoned future
         (directory / BEST).unlink(missing_ok=True)
     return moved
 
 
-def candidates(path: str | os.PathLike) -> list[Path]:
-    """A checkpoint file itself, or a run directory's checkpoints: ``latest`` first, then newest first."""
-    path = Path(path)
+def _set_aside_name(checkpoint: Path) -> Path:
+    """``ckpt_N.pt.orphaned``, or, where a file of that name exists, the same with the first free counter."""
+    target, n = checkpoint.with_name(checkpoint.name + ".orphaned"), 1
+    while target.exists() or target.is_symlink():
+        n += 1
+        target = checkpoint.with_name(f"{checkpoint.name}.{n}.orphaned")
+    return target
+
+
+def candidates(path: str | os.PathLike) -> tuple[list[Path], list[str]]:
+    """What to load, in order, and what was refused on the way (one line each).
+
+    A checkpoint file is itself. A run directory gives its checkpoint files newest first: the newest that loads
+    holds the run's state, whatever ``latest`` says (a kill between a save and the pointer's update leaves the
+    pointer behind a complete file: :func:`lagging_latest`). Its ``latest`` pointer, passed where a file was meant,
+    stands for the run directory; its ``best`` pointer for the file it names (a rollback to the best, asked for),
+    or, where it names none of the run's, for the run directory. A pointer or a link that leads out of the run's
+    checkpoints folder is refused, never followed.
+    """
+    path, refused = Path(path), []
+    if path.is_file() and not _is_pointer(path):
+        return [path], refused
     if path.is_file():
-        return [_followed(path) if path.name in (LATEST, BEST) and not _is_zip(path) else path]
+        if path.name == BEST:
+            info, why = _best_pointer(path.parent)
+            if info:
+                return [path.parent / info["file"]], refused
+            refused.append(f"{why}; taking the run's newest checkpoint that loads")
+        path = run_dir_of(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint file or run directory")
     directory = _checkpoint_dir(path)
-    files = checkpoint_files(path)
-    pointer = directory / LATEST
-    if pointer.is_file():
-        named = directory / pointer.read_text().strip()
-        files = [named] + [f for f in files if f != named]
-    if not files:
-        where = directory if directory.name == "checkpoints" else directory / "checkpoints"
-        runs = [d for d in path.iterdir() if (d / "checkpoints").is_dir()]  # runs/, say: a run's parent
-        if (path / "config.json").is_file():  # what a run writes before its first iteration
-            hint = ("the run has written none yet (it stopped before its first iteration completed, or is still in "
-                    "it): nothing to load; its own command starts it again, taking the directory over")
-        elif runs:
-            hint = (f"it holds {len(runs)} run director{'y' if len(runs) == 1 else 'ies'}: pass one, e.g. the "
-                    f"newest, {max(runs, key=lambda d: d.stat().st_mtime)}")
-        else:
-            hint = "pass a run directory (trainer.train's --run-dir) or a checkpoint file"
-        raise CheckpointError(f"{path}: no checkpoints found (expected {where}/ckpt_*.pt); {hint}")
-    return files
+    listed = checkpoint_files(path)
+    files = [f for f in listed if _own(directory, f)]
+    refused += [f"{f} is a link to {_outside(directory, os.path.realpath(f))}" for f in listed if f not in files]
+    why = _latest_pointer(directory)[1]
+    refused += [why] if why else []
+    if files:
+        return files, refused
+    if listed:
+        raise CheckpointError("no loadable checkpoint:\n  " + "\n  ".join(refused))
+    raise _none_found(path, directory)
+
+
+def _none_found(path: Path, directory: Path) -> CheckpointError:
+    """The error for a directory without checkpoints, with what to pass instead."""
+    where = directory if directory.name == "checkpoints" else directory / "checkpoints"
+    runs = [d for d in path.iterdir() if (d / "checkpoints").is_dir()]  # runs/, say: a run's parent
+    if (path / "config.json").is_file():  # what a run writes before its first iteration
+        hint = ("the run has written none yet (it stopped before its first iteration completed, or is still in "
+                "it): nothing to load; its own command starts it again, taking the directory over")
+    elif runs:
+        hint = (f"it holds {len(runs)} run director{'y' if len(runs) == 1 else 'ies'}: pass one, e.g. the "
+                f"newest, {max(runs, key=lambda d: d.stat().st_mtime)}")
+    else:
+        hint = "pass a run directory (trainer.train's --run-dir) or a checkpoint file"
+    return CheckpointError(f"{path}: no checkpoints found (expected {where}/ckpt_*.pt); {hint}")
+
+
+def _is_pointer(path: Path) -> bool:
+    """A run's ``latest`` or ``best`` pointer (passed where its file was meant)."""
+    return path.name in (LATEST, BEST) and not _is_zip(path)
 
 
 def _is_zip(path: Path) -> bool:
@@ -205,26 +256,47 @@ def _is_zip(path: Path) -> bool:
         return f.read(2) == b"PK"  # what torch.save writes; a pointer is text
 
 
-def _followed(pointer: Path) -> Path:
-    """The checkpoint that a run's ``latest`` or ``best`` pointer names (passed where its file was meant)."""
-    if pointer.name == BEST:
-        info = best_info(pointer.parent)
-        name = info["file"] if info else ""
-    else:
+def _latest_pointer(directory: Path) -> tuple[Path | None, str]:
+    """The checkpoint file that the ``latest`` pointer in ``directory`` names and ``""``, or ``None`` and why it
+    names none of the run's (``""`` where there is no pointer)."""
+    pointer = directory / LATEST
+    if not pointer.is_file():
+        return None, ""
+    try:
         name = pointer.read_text().strip()
-    if not name or not (pointer.parent / name).is_file():
-        raise CheckpointError(f"{pointer} is the run's {pointer.name} pointer, and names no checkpoint file that "
-                              f"exists; pass the run directory ({pointer.parent.parent}) instead")
-    return pointer.parent / name
+    except (OSError, ValueError):
+        name = ""
+    if not name:
+        return None, f"the run's latest pointer {pointer} is unreadable"
+    if not _own(directory, directory / name):
+        return None, f"the run's latest pointer {pointer} names {_outside(directory, name)}"
+    if not (directory / name).is_file():
+        return None, f"the run's latest pointer {pointer} names {name}, which does not exist"
+    return directory / name, ""
+
+
+def lagging_latest(path: str | os.PathLike, loaded: Path) -> str:
+    """One line where the run at ``path`` (a run directory, or its ``latest`` pointer) has a ``latest`` pointer that
+    names a checkpoint older than ``loaded``, the newest that loads: a save whose pointer update did not happen (a
+    kill between the two), not a rollback; else ``""``. A rollback is asked for by naming the older file."""
+    path = Path(path)
+    if path.is_file() and not (path.name == LATEST and _is_pointer(path)):  # a file named: a rollback, if older
+        return ""
+    named = _latest_pointer(loaded.parent)[0]
+    if named is None or not _NAME.search(named.name) or checkpoint_iteration(named) >= checkpoint_iteration(loaded):
+        return ""
+    return (f"the run's latest pointer names {named.name}, but the newer {loaded.name} is complete and loads: the "
+            f"pointer was not moved after that save (stopped between the two), so {loaded.name} holds the run's "
+            f"newest state (to roll back, name the older file: {named})")
 
 
 def latest_loadable(path: str | os.PathLike, map_location: str = "cpu") -> tuple[Path, dict[str, Any], list[str]]:
-    """Load the newest checkpoint that loads; returns ``(file, state, problems with newer files)``.
+    """Load the newest checkpoint that loads (:func:`candidates`); returns ``(file, state, problems)``: what was
+    refused or did not load on the way, one line each.
 
     Raises :class:`CheckpointError` listing every problem when none loads.
     """
-    problems = []
-    tried = candidates(path)
+    tried, problems = candidates(path)
     for candidate in tried:
         try:
             return candidate, load(candidate, map_location), problems

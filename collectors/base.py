@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -127,6 +128,7 @@ class Collector(ABC):
         self.horizon = horizon
         self.num_threads = num_threads
         self.policy_version = 0
+        self.seconds_collecting = 0.0  # wall clock inside collect(), summed: the trainer times its phases with it
         self._closed = True  # until a subclass has something to close
 
     def collect(self) -> Rollout:
@@ -135,12 +137,15 @@ class Collector(ABC):
         A failed rollout closes the collector: no worker process or actor is left behind.
         """
         self._check_open()
+        start = time.perf_counter()
         try:
             with torch_threads(self.num_threads):
                 return self._collect()
         except BaseException:
             self.close()
             raise
+        finally:
+            self.seconds_collecting += time.perf_counter() - start
 
     @abstractmethod
     def _collect(self) -> Rollout:

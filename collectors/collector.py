@@ -121,7 +121,8 @@ class RolloutCollector(Collector):
             equals lockstep's.
         worker_timeout: async only; seconds a worker may stay silent (a hung env step, a stopped
             process) before ``WorkerTimeoutError`` ends the collector, stretched to 20 times the
-            slowest answer measured (``collectors.deadlines.Deadline``).
+            slowest answer measured (``collectors.deadlines.Deadline``); with ``main_share``, also how
+            long a call of this process's own envs may take (``collectors.watchdog``).
         start_method: async only; how the worker processes start: ``"forkserver"`` (forked from a server
             that has imported torch once: tens of milliseconds each), ``"spawn"`` (a fresh interpreter
             each, importing torch: seconds), or ``None``: forkserver where the platform has one

@@ -11,7 +11,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import platform
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -71,6 +74,16 @@ def usable_cores() -> int:
     return max(1, min(limits))
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere what ``platform`` knows): timings are only comparable on
+    the same one."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def async_workers(cores: int, units: int) -> tuple[int, bool]:
     """Default ``(worker processes, main_share)`` for ``units`` env factories on ``cores`` cores.
 
@@ -90,11 +103,49 @@ def largest_divisor_at_most(n: int, cap: int) -> int:
 def torch_threads(n: int | None) -> Iterator[None]:
     """Run the block with ``n`` torch intra-op threads (``None``: unchanged), then restore the previous count."""
     before = torch.get_num_threads()
-    if n is None or n == before:
+    if n is None:
         yield
         return
-    torch.set_num_threads(n)
+    if n != before:
+        torch.set_num_threads(n)
     try:
         yield
-    finally:
-        torch.set_num_threads(before)
+    finally:  # also where the block changed it (the trainer's thread plan does)
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """CPU seconds spent so far on the CPUs this process may run on, and by this process and its children."""
+
+    wall: float
+    busy: float  # by everything, on the CPUs of this process's affinity mask
+    own: float  # by this process and its live children (worker processes)
+
+
+def cpu_sample() -> CpuSample:
+    """Now's :class:`CpuSample` (a few ms: it lists this process's children)."""
+    per_cpu = psutil.cpu_times(percpu=True)
+    try:
+        allowed = [per_cpu[i] for i in sorted(os.sched_getaffinity(0)) if i < len(per_cpu)]
+    except AttributeError:  # macOS, Windows
+        allowed = per_cpu
+    busy = sum(t.user + t.system + getattr(t, "nice", 0.0) + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+               for t in allowed)
+    me = psutil.Process()
+    own = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):  # a child that ended meanwhile
+            times = proc.cpu_times()
+            own += times.user + times.system
+    return CpuSample(time.perf_counter(), busy, own)
+
+
+def cores_busy_elsewhere(before: CpuSample, after: CpuSample) -> float:
+    """Cores other processes kept busy between two samples (0 on an idle machine; 2 next to two busy loops that
+    had the cores to themselves)."""
+    wall = after.wall - before.wall
+    if wall <= 0:
+        return 0.0
+    return max(0.0, ((after.busy - before.busy) - (after.own - before.own)) / wall)

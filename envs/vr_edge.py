@@ -22,6 +22,13 @@ from envs.traces import TRACE_SPLITS, TraceSet, load_traces
 
 REGIMES = ("good", "fair", "poor")
 USER_FEATURES = ("buffer", "last_level", "throughput", "download_time", "stall", "cum_stall", "channel")
+# the 8-byte leaves of an env's state (initial_state): one per user each, and one per env each (besides the
+# capacity history, a trace's file and window, and the fade flag)
+_STATE_PER_USER = ("channel_logit", "buffer", "level", "throughput", "download_time", "stall", "cum_stall")
+_STATE_PER_ENV = ("key", "counter", "t", "regime", "noise", "ep_quality", "ep_stall", "ep_switches")
+# the arguments that size what a run holds per env: its state and observation (state_bytes, obs_dim), its
+# action (one level per user) and the scores a policy gives the actions (num_users x levels)
+MEMORY_ARGUMENTS = ("num_users", "history", "bitrates_mbps")
 _OBS_HIGH = 10.0
 _THROUGHPUT_EWMA = 0.5
 QOE_LIN_REBUFFER_PENALTY = 4.3  # QoE_lin (Pensieve and successors): Mbps - 4.3 x rebuffer s - |change| Mbps
@@ -136,6 +143,21 @@ class VREdgeConfig:
         """Features of the cell: the capacity history, the episode's progress, and with
         ``reveal_hidden_state`` the regime (one-hot) and the fade flag."""
         return self.history + 1 + (len(REGIMES) + 1 if self.reveal_hidden_state else 0)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one env's state (:func:`initial_state`'s leaves): 8 per user for each of ``_STATE_PER_USER``,
+        8 per step of capacity history, 8 for each of ``_STATE_PER_ENV`` (and a trace's file and window), and the
+        fade flag. Computed, not allocated: a run checks what its envs need against the machine's memory before it
+        builds one.
+
+        >>> cfg = VREdgeConfig(num_users=3, history=5)
+        >>> cfg.state_bytes == sum(v.nbytes for v in initial_state(cfg, np.zeros(1, np.uint64),
+        ...                                                           np.zeros(1, np.uint64)).values())
+        True
+        """
+        per_env = len(_STATE_PER_ENV) + (2 if self.capacity_trace else 0)
+        return 8 * (len(_STATE_PER_USER) * self.num_users + self.history + per_env) + 1
 
     @property
     def block_size(self) -> int:

@@ -72,6 +72,49 @@ def hanging() -> gym.Env:
     return HangingEnv(fail_at=40)
 
 
+def _stepping_a_collectors_own_share() -> bool:
+    """Whether this process steps a collector's own envs (the trainer, or with --overlap its collecting process),
+    not an async worker's."""
+    import multiprocessing
+    return not multiprocessing.current_process().name.startswith("env-worker-")
+
+
+class StuckInPythonEnv(FaultyCartPole):
+    """CartPole whose ``fail_at``-th step hangs for ``hang_s`` seconds in Python (``time.sleep``) in the process that
+    steps a collector's own share of the envs (the async backend's ``main_share``); in an async worker it steps
+    normally."""
+
+    def __init__(self, fail_at: int = 5, hang_s: float = 3600.0) -> None:
+        super().__init__(fail_at)
+        self.hang_s = hang_s
+
+    def step(self, action):
+        import time
+        self.steps += 1
+        if self.steps == self.fail_at and _stepping_a_collectors_own_share():
+            time.sleep(self.hang_s)
+        return self.inner.step(action)
+
+
+class StuckInCEnv(FaultyCartPole):
+    """As :class:`StuckInPythonEnv`, but stuck inside C code that no interrupt ends, with the GIL released: a
+    normal pthread mutex locked twice by one thread (Linux's glibc: a zeroed mutex is an unlocked one)."""
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps >= self.fail_at and _stepping_a_collectors_own_share():
+            import ctypes
+            libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)
+            libc.pthread_mutex_lock(mutex)
+            libc.pthread_mutex_lock(mutex)  # waits for itself, for ever; a signal's handler returns into the wait
+        return self.inner.step(action)
+
+
+def stuck_in_python() -> gym.Env:
+    """Hangs for 30 s at its 40th step: a collector that does not bound the hang fails a test, not hang it."""
+    return StuckInPythonEnv(fail_at=40, hang_s=30.0)
+
+
 class EnvironmentLogger(FaultyCartPole):
     """CartPole whose construction appends ``pid value`` of the environment variable ``name`` to ``log``."""
 
@@ -137,6 +180,12 @@ if "Exploding-v0" not in gym.registry:  # --env tests.factories:Exploding-v0: ea
     gym.register(id="Exploding-v0", entry_point="tests.factories:ExplodingEnv", kwargs={"fail_at": 40})
 if "Hanging-v0" not in gym.registry:  # --env tests.factories:Hanging-v0 on the command line
     gym.register(id="Hanging-v0", entry_point="tests.factories:HangingEnv", kwargs={"fail_at": 40})
+# each env's 40th step hangs in the trainer (or its collecting process); ids that sort after the others, which
+# a test of the layout's error lists
+if "StuckInPython-v0" not in gym.registry:
+    gym.register(id="StuckInPython-v0", entry_point="tests.factories:StuckInPythonEnv", kwargs={"fail_at": 40})
+if "StuckInC-v0" not in gym.registry:  # ... stuck inside C code, where no interrupt reaches it
+    gym.register(id="StuckInC-v0", entry_point="tests.factories:StuckInCEnv", kwargs={"fail_at": 40})
 
 
 def greedy_policy(obs_space, act_space, seed: int = 0):

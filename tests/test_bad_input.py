@@ -17,8 +17,11 @@ from gymnasium.envs.classic_control import CartPoleEnv
 import checkpoints
 from tests.factories import FaultyCartPole
 from trainer import train as train_module
+from trainer.config import MAX_SEED, ConfigError, TrainConfig
 from trainer.flags import parse_args
 from trainer.metrics import MetricsLog, MetricsWriteError
+from trainer.registry import new_run_config
+from trainer.run_layout import Machine
 
 REPO = Path(__file__).resolve().parents[1]
 VR = ["--env", "VREdge-v0", "--num-envs", "4", "--num-steps", "16", "--total-steps", str(4 * 16 * 4),
@@ -197,6 +200,73 @@ def test_a_stored_value_of_the_wrong_type_is_named(vr_run, tmp_path):
     copy = stored(vr_run, tmp_path / "run", num_envs="4")  # it was '>=' not supported between 'str' and 'int'
     line = command(["-m", "trainer.train", "--resume", str(copy)], 1, tmp_path)
     assert "its stored config has num_envs = '4', a str; expected an integer (a config edited by hand?)" in line
+
+
+# ---------------------------------------------------------------------------- sizes, before anything is allocated
+
+@pytest.mark.parametrize("argv, named, limit", [
+    (["--num-steps", "1000000000"], "--num-steps=1000000000", ""),  # 65 TiB of VR-edge rollout
+    (["--env-kwargs", "num_users=1000000000"], "--env-kwargs='num_users=1000000000'", ""),  # 28 GB an observation
+    (["--seed", "99999999999999999999999"], "--seed=99999999999999999999999", str(MAX_SEED)),  # what torch takes
+])
+def test_a_size_no_machine_holds_is_one_line_before_anything_is_allocated_or_written(tmp_path, argv, named, limit):
+    """Issue 43: these were tracebacks (exit status 1), the first after config.json and metrics.jsonl were written,
+    the second after an allocation of 26 GiB; the address space is limited to 8 GB here, so that what is
+    allocated before the check fails as an allocation. (The memory limits are this box's:
+    test_a_run_larger_than_the_memory_... simulates a machine to check them.)"""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "trainer.train", *argv, "--run-dir", str(run_dir)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, preexec_fn=_limit_memory)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert named in proc.stderr and limit in proc.stderr, proc.stderr
+    assert not run_dir.exists()
+
+
+def test_the_largest_seed_is_the_largest_torch_takes(tmp_path):
+    """The seed's limit is the real one: torch seeds a generator with a 64-bit unsigned integer, and PPO's sampling
+    generator takes seed + 1. The largest seed runs; one more is refused, naming --seed."""
+    import torch
+    torch.Generator().manual_seed(MAX_SEED + 1)
+    with pytest.raises(ValueError):  # "Overflow when unpacking long long"
+        torch.Generator().manual_seed(MAX_SEED + 2)
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(seed=MAX_SEED + 1).validate()
+    assert info.value.key == "seed"
+    cli = parse_args(VR + ["--seed", str(MAX_SEED), "--run-dir", str(tmp_path / "run")])
+    assert train_module.train(cli.config, progress=False, max_iterations=1)["iterations"] == 1
+
+
+def test_a_run_larger_than_the_memory_names_the_setting_and_the_most_of_it_that_fits(tmp_path):
+    """The memory is the machine's that the run may use (simulated here, not this box's): 128 VR-edge envs x 1,024
+    steps (two copies of a 73 MB rollout) do not fit in 100 MiB. Refused before anything is written, naming
+    --num-steps (back at its default, it would save more than --num-envs would) with the most steps that fit."""
+    cfg = parse_args(VR + ["--num-envs", "128", "--num-steps", "1024", "--run-dir", str(tmp_path / "run")]).config
+    small = Machine(cores=2, memory=100 << 20)
+    with pytest.raises(ConfigError) as info:
+        train_module.train(cfg, progress=False, machine=small)
+    assert info.value.key == "num_steps" and not (tmp_path / "run").exists()
+
+    def fits(steps: int) -> bool:
+        try:
+            train_module._check_memory(TrainConfig(**{**cfg.to_dict(), "num_steps": steps}), small)
+        except ConfigError:
+            return False
+        return True
+    most = max(steps for steps in range(1, 1024) if fits(steps))
+    assert f"{most:,}" in str(info.value)  # the limit, in the message
+    wide = TrainConfig(**{**cfg.to_dict(), "num_envs": 8192, "num_steps": 16})  # --num-envs, this time
+    with pytest.raises(ConfigError) as info:
+        train_module.train(wide, progress=False, machine=small)
+    assert info.value.key == "num_envs" and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("algo", ["ppo", "apex"])
+@pytest.mark.parametrize("env", ["VREdge-v0", "CartPole-v1"])
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_the_defaults_fit_a_128_gib_server(algo, env, gpus):
+    """Each algorithm's defaults, on a machine with or without a GPU: not refused for memory where it is plenty."""
+    cfg = new_run_config({"algo": algo, "env": env}, gpu=bool(gpus))
+    train_module._check_memory(cfg, Machine(cores=128, gpus=gpus, memory=128 << 30))
 
 
 REPLAY = ["--algo", "apex", "--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--total-steps", "64",

@@ -353,6 +353,39 @@ def test_a_closed_terminal_loses_no_completed_iteration(tmp_path):
     assert not alive, f"processes left behind: {alive}"
 
 
+@pytest.mark.parametrize("backend", ["sync", pytest.param("async", marks=pytest.mark.slow)])
+def test_a_storm_of_signals_after_a_stop_keeps_the_first_ones_exit_status(tmp_path, backend):
+    """Issue 43: Ctrl-C, then a scheduler's SIGTERM every few milliseconds until the process is gone (while the
+    stop's checkpoint is written, the workers shut down, the stop is reported, the interpreter exits). The run
+    ended with the status of a later SIGTERM (143), killed by it; it must be the first signal's, 130, with the last
+    completed iteration saved and nothing left running."""
+    run_dir, log = tmp_path / "run", tmp_path / "stderr"
+    args = [*CLI_VR, "--total-steps", str(4 * 64 * 1000), "--checkpoint-every", "1", "--backend", backend,
+            *(["--num-workers", "1"] if backend == "async" else []), "--run-dir", str(run_dir)]
+    with open(log, "w") as err:  # a file: a pipe that is not read during the storm would fill, and block the run
+        proc = subprocess.Popen([sys.executable, "-m", "trainer.train", *args], cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "latest").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.02)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGINT)
+    storm = 0
+    while proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # (nothing once it has exited)
+        storm += 1
+        assert time.monotonic() < deadline + 120, "the trainer did not stop"
+        time.sleep(0.005)
+    said = log.read_text()
+    assert proc.returncode == 128 + signal.SIGINT and storm > 1, (proc.returncode, storm, said[-2000:])
+    assert "stopped by SIGINT" in said and "Traceback" not in said, said[-2000:]
+    assert final_state(run_dir)["iteration"] == len(metrics(run_dir)) >= 1
+    assert not (run_dir / "lock").exists()
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"processes left behind: {alive}"
+
+
 def test_a_sighup_ignored_at_start_stays_ignored():
     """``nohup python -m trainer.train ...``: the user asked for the run to outlive its terminal."""
     from trainer.interrupts import StopSignals

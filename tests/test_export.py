@@ -209,12 +209,17 @@ def test_export_ships_the_checkpoint_evaluate_measured_and_says_when_the_evaluat
     assert card["evaluation"]["same_checkpoint"] and "note:" not in err
 
 
-def test_a_pointer_that_names_no_checkpoint_is_not_called_corrupted(tmp_path, cartpole):
+def test_a_pointer_that_names_no_checkpoint_is_not_called_corrupted(tmp_path, cartpole, capsys):
+    """Passed as the checkpoint, a run's ``latest`` stands for the run: its newest checkpoint is exported, and a
+    pointer that names no file is said in one line that does not call anything corrupted."""
     run = tmp_path / "run"
     shutil.copytree(cartpole, run)
     (run / "checkpoints" / "latest").write_text("ckpt_00000099.pt\n")
-    message = one_line_error(["--checkpoint", str(run / "checkpoints" / "latest")])
-    assert "is the run's latest pointer, and names no checkpoint file that exists; pass the run directory" in message
+    export_main(["--checkpoint", str(run / "checkpoints" / "latest"), "--format", "torchscript"])
+    said = [line for line in capsys.readouterr().err.splitlines() if "ckpt_00000099.pt" in line]
+    assert len(said) == 1 and "corrupted" not in said[0], said
+    newest = checkpoints.checkpoint_files(run)[0]
+    assert json.loads((run / "export" / "policy.json").read_text())["checkpoint"]["path"] == str(newest.resolve())
 
 
 # ---------------------------------------------------------------------------- bad input: one-line errors

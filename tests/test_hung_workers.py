@@ -1,5 +1,6 @@
 """No wait without a bound (issue 24): hung env steps, stopped workers and a killed trainer, through the
-Python API and the command line with real signals, with a census of the processes left behind."""
+Python API and the command line with real signals, with a census of the processes left behind; and envs stepped
+in the trainer's own process, which hang with no worker to fall silent (issue 43)."""
 
 import os
 import pickle
@@ -8,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -16,17 +18,22 @@ import pytest
 import torch.multiprocessing as tmp
 
 import checkpoints
-from collectors import WorkerTimeoutError, make_collector
+from collectors import WorkerTimeoutError, make_collector, watchdog
 from collectors.backends.async_ import _worker_main
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, MAX_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
 from collectors.processes import collector_process
+from collectors.watchdog import GRACE_S, Watchdog
 from tests import factories as f
 from tests.factories import RandomPolicy
 from trainer.config import TrainConfig
 from trainer.interrupts import Interrupted, StopSignals
+from trainer.run_layout import Machine, run_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 HANGING = "tests.factories:Hanging-v0"  # CartPole whose 40th step hangs in a worker process
+STUCK_IN_PYTHON = "tests.factories:StuckInPython-v0"  # ... in the trainer (with --overlap, its collecting process)
+# 1 worker process + the collecting process stepping envs 0-1, whatever the machine's cores
+OWN_SHARE = ["--backend", "async", "--envs-per-worker", "2", "--worker-timeout", "2"]
 # eager: a run this long would compile under --compile auto, which these tests about hangs need not wait for
 SMALL = ["--num-envs", "4", "--num-steps", "8", "--total-steps", "100000000", "--device", "cpu", "--seed", "3",
          "--checkpoint-every", "1000", "--compile", "off"]
@@ -86,6 +93,107 @@ def test_a_hung_step_in_the_collecting_process_is_named_after_the_deadline():
                 collector.collect()
         assert time.monotonic() - started < 30
     assert not process.is_alive()
+
+
+def test_a_hung_step_of_the_collecting_processs_own_envs_is_named_after_the_deadline():
+    """The async backend's own share (main_share): envs stepped in this process, where no worker falls silent.
+    Past the deadline the step is interrupted; the error names them, this process and the flag; the workers are
+    shut down, and SIGALRM (the trainer's stop signals use it too) is given back."""
+    before = signal.getsignal(signal.SIGALRM)
+    collector = make_collector([f.stuck_in_python] * 4, RandomPolicy(2), backend="async", horizon=8, num_workers=1,
+                               worker_timeout=1.0)
+    procs = list(collector.backend.procs)
+    started = time.monotonic()
+    with pytest.raises(WorkerTimeoutError) as raised:
+        for _ in range(10):
+            collector.collect()
+    assert time.monotonic() - started < 15  # the env's hang (30 s) was cut short
+    assert "envs 0-1" in str(raised.value) and f"pid {os.getpid()}" in str(raised.value)
+    assert "--worker-timeout" in str(raised.value)
+    assert not any(p.is_alive() for p in procs)
+    assert signal.getsignal(signal.SIGALRM) == before
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # pure Python: no system call for a signal to cut short
+        pass
+
+
+def _swallowing(seconds: float) -> None:
+    try:
+        time.sleep(seconds)
+    except Exception:  # an env that hides its errors must not hide the interrupt too
+        time.sleep(seconds)
+
+
+@pytest.mark.parametrize("hang", [time.sleep, _spin, _swallowing])
+def test_a_call_of_this_processs_envs_past_its_deadline_is_interrupted(hang):
+    dog = Watchdog(Deadline(0.5), [], "envs 0-1")
+    try:
+        started = time.monotonic()
+        with pytest.raises(WorkerTimeoutError):
+            dog.call("step", hang, 20.0)
+        assert time.monotonic() - started < 5
+        assert dog.call("step", sum, [1, 2]) == 3  # the next call runs as before
+    finally:
+        dog.close()
+
+
+def test_a_call_from_another_thread_runs_unbounded_and_leaves_the_main_thread_alone():
+    """Only the main thread runs signal handlers: the interrupt of a call made elsewhere would land in whatever
+    the main thread is doing."""
+    dog = Watchdog(Deadline(0.2), [], "envs 0-1")
+    try:
+        elsewhere = threading.Thread(target=dog.call, args=("step", time.sleep, 0.8))
+        elsewhere.start()
+        time.sleep(1.2)  # the main thread, busy with something else the whole time
+        elsewhere.join()
+    finally:
+        dog.close()
+
+
+def test_stop_signals_keep_their_patience_and_their_meaning_while_a_watchdog_is_open():
+    """The watchdog interrupts with SIGALRM, which also carries a stop signal's patience (trainer.interrupts): a
+    stop in a patient section that waits on a hung call still comes within the patience, a Ctrl-C in a watched
+    call is a stop (not a timeout), and the handlers are the trainer's again once the watchdog is closed."""
+    with StopSignals() as signals:
+        theirs = signal.getsignal(signal.SIGALRM)
+        dog = Watchdog(Deadline(60.0), [], "envs 0-1")
+        try:
+            started = time.monotonic()
+            with pytest.raises(Interrupted):
+                with signals.critical(patience_s=0.5):
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    dog.call("get_states", time.sleep, 10)
+            assert time.monotonic() - started < 5
+        finally:
+            dog.close()
+        assert signal.getsignal(signal.SIGALRM) == theirs
+    with StopSignals():
+        dog = Watchdog(Deadline(60.0), [], "envs 0-1")
+        try:
+            with pytest.raises(Interrupted) as stopped:
+                dog.call("step", lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(10)))
+            assert stopped.value.signum == signal.SIGINT
+        finally:
+            dog.close()
+
+
+def test_where_no_thread_can_interrupt_another_the_run_says_its_own_share_is_unbounded(monkeypatch):
+    """Windows has no signal.pthread_kill: the collecting process's envs step unbounded, and the run layout says so,
+    with the flag that puts every env in a worker process."""
+    monkeypatch.setattr(watchdog, "CAN_BOUND", False)
+    before = signal.getsignal(signal.SIGALRM)
+    dog = Watchdog(Deadline(0.1), [], "envs 0-1")
+    assert dog.call("step", time.sleep, 0.3) is None and signal.getsignal(signal.SIGALRM) == before
+    dog.close()
+    shared = run_layout(TrainConfig(env="CartPole-v1", backend="async", num_envs=4), Machine(cores=4))
+    assert shared.main_share
+    assert [w for w in shared.warnings if "--worker-timeout" in w and "--num-workers 4" in w], shared.warnings
+    every_env_in_a_worker = run_layout(TrainConfig(env="CartPole-v1", backend="async", num_envs=4, num_workers=4),
+                                       Machine(cores=4))
+    assert not every_env_in_a_worker.main_share and not every_env_in_a_worker.warnings
 
 
 @pytest.mark.parametrize("call, phase", [("collect", "step"),
@@ -323,3 +431,56 @@ def test_nothing_outlives_a_killed_trainer_with_a_hung_worker(tmp_path):
     proc.kill()
     proc.communicate(timeout=30)  # returns only once every holder of its stdout and stderr is gone
     _assert_none_left(kids)
+
+
+def _stderr_once_ended(proc, timeout):
+    """``proc``'s stderr once it has ended within ``timeout`` s; else it is killed, and the test fails."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"still running after {timeout} s:\n{proc.communicate()[1][-3000:]}")
+
+
+def _assert_stopped_with_its_checkpoint(proc, err, run_dir, kids, here):
+    """Exit status 1, one line naming the envs of process ``here`` and the flag, the last completed iteration saved
+    with the resume line, the run directory given back, and nothing left running."""
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, err
+    assert "envs 0-1" in lines[0] and f"pid {here}" in lines[0] and "--worker-timeout" in lines[0], err
+    assert f"--resume {run_dir.resolve()}" in err
+    state = checkpoints.latest_loadable(run_dir)[1]
+    assert state["iteration"] == (run_dir / "metrics.jsonl").read_text().count("\n") >= 2
+    assert not (run_dir / "lock").exists()
+    _assert_none_left(kids)
+
+
+@pytest.mark.slow  # a trainer's start-up, then the deadline
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_hung_step_in_the_trainers_own_envs_stops_the_run_with_one_line(tmp_path, overlap):
+    """The default async layout steps a share of the envs in the trainer itself (with --overlap, in its collecting
+    process): a step there that never returns is stopped like a worker's, after --worker-timeout."""
+    run_dir = tmp_path / "run"
+    proc = _start(["--env", STUCK_IN_PYTHON, *OWN_SHARE, "--overlap", str(overlap).lower()], run_dir)
+    kids = _descendants_once_running(proc, run_dir, count=3 if overlap else 2)
+    here = next(p.pid for p in kids if p.name() == "collector") if overlap else proc.pid
+    going = time.monotonic()
+    err = _stderr_once_ended(proc, timeout=2 + 60)
+    assert time.monotonic() - going < 2 + 60
+    _assert_stopped_with_its_checkpoint(proc, err, run_dir, kids, here)
+
+
+@pytest.mark.slow  # the deadline, then the interrupt's grace
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the env deadlocks on a glibc mutex")
+def test_an_env_stuck_in_c_code_in_the_trainer_ends_the_run_with_its_checkpoint(tmp_path):
+    """A step stuck inside C code (the GIL released) never comes back to Python, so no interrupt ends it: once the
+    interrupt has had its grace, the watchdog kills the workers, the last completed iteration is saved, and the
+    process ends, with the same line."""
+    run_dir = tmp_path / "run"
+    proc = _start(["--env", "tests.factories:StuckInC-v0", *OWN_SHARE], run_dir)
+    kids = _descendants_once_running(proc, run_dir, count=2)
+    going = time.monotonic()
+    err = _stderr_once_ended(proc, timeout=2 + GRACE_S + 60)
+    assert time.monotonic() - going < 2 + GRACE_S + 60
+    _assert_stopped_with_its_checkpoint(proc, err, run_dir, kids, proc.pid)

@@ -12,20 +12,11 @@ command lines.
 - :mod:`trainer.common`: what the algorithms share (model spaces, devices, RNG capture, CPU copies, flat
   parameters, moments, keyed noise);
 - :mod:`trainer.config` (the settings), :mod:`trainer.flags` (as flags and TOML), :mod:`trainer.run_layout`
-  (the run's shape on the machine), :mod:`trainer.run_files` (claiming and resuming a run directory),
+  (the run's shape on the machine), :mod:`trainer.thread_plan` (its thread counts, chosen by timing),
+  :mod:`trainer.run_files` (claiming and resuming a run directory),
   :mod:`trainer.metrics`, :mod:`trainer.interrupts` (stop signals at safe points), :mod:`trainer.arguments`
   (one-line command-line errors with "did you mean").
 """
-
-import os
-
-# GNU OpenMP's idle threads spin 300,000 times before they sleep, taking the cores from every other process on
-# a shared machine: next to two busy processes on 2 cores, VR-edge training fell from ~14k to 0-3.6k steps/s.
-# A short spin keeps the quiet-machine speed and gives the cores back (docs/benchmarks.md, "A busy machine").
-# OpenMP reads it once, when torch loads it: this runs before any torch import of `python -m trainer.*` (and of
-# `benchmarks`, which imports this package first); a user's own OpenMP wait settings win.
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 
 def __getattr__(name: str) -> str:

@@ -125,7 +125,7 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
                   file=sys.stderr)
         env_kwargs = held_out_env_kwargs(cfg.env_options, args.capacity_trace)
         vr_config = envs.VREdgeConfig(**env_kwargs) if vr_edge else None  # a bad trace fails here, at once
-        run_dir = checkpoints.run_dir_of(source)
+        run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
         out_dir = Path(args.out) if args.out else run_dir
         check_writable(out_dir)  # before minutes of episodes, not after
     except (ValueError, checkpoints.CheckpointError) as e:

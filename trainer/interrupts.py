@@ -7,21 +7,24 @@ other processes (the snapshot asks async workers for their envs' state) is given
 patience: a signal is raised at most that long after it arrived, abandoning the section,
 so that a hung or stopped worker never holds a stop back. Once a stop is under way,
 further signals (a second Ctrl-C while the checkpoint is saved) are noted and otherwise
-ignored.
+ignored; in a command line (``until_exit``), until the process has exited.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import signal
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from collectors.stop_signals import handled_stop_signals
 
 STOP_PATIENCE_S = 5.0  # how long a stop signal waits for a section that waits on other processes
+FINISHED = "after the run finished: nothing to stop"  # what a late signal is told
+STOPPED = "ignored: the run is already stopping"
 _CAN_BOUND = hasattr(signal, "setitimer")  # Windows: no interval timer, a patient section is a plain one
 
 
@@ -37,6 +40,11 @@ class Interrupted(KeyboardInterrupt):
 class StopSignals:
     """Install the stop-signal handlers for a ``with`` block (main thread only; elsewhere a no-op).
 
+    ``until_exit``: the process exits once the block ends (a command line). Where a stop was under way or the
+    work finished, the block then leaves stop signals noted and ignored (:func:`ignore_late_signals`) in place of
+    its handlers, not the handlers from before it: a storm of signals that goes on after the stop's checkpoint is
+    written cannot end the process with a later signal's exit status, or before it has said what was saved.
+
     Example:
         >>> with StopSignals() as signals:
         ...     with signals.critical():
@@ -45,7 +53,8 @@ class StopSignals:
         ...         pass  # ... or 5 s after it arrived, whichever comes first
     """
 
-    def __init__(self) -> None:
+    def __init__(self, until_exit: bool = False) -> None:
+        self.until_exit = until_exit
         self._depth = 0
         self._pending: int | None = None
         self.stopping = False
@@ -63,6 +72,8 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.until_exit and self._previous and (self.stopping or self.finished):  # no moment without a handler
+            ignore_late_signals(STOPPED if self.stopping else FINISHED)
         for signum, handler in self._previous.items():
             if signum == signal.SIGALRM or signal.getsignal(signum) == self._handle:  # still ours (a command line
                 signal.signal(signum, handler)  # may have put ignore_late_signals' in its place: that stays)
@@ -70,11 +81,10 @@ class StopSignals:
 
     def _handle(self, signum: int, frame) -> None:
         if self.finished:
-            _after_the_run(signum, frame)
+            _note(FINISHED, signum, frame)
             return
         if self.stopping:
-            print(f"\n{signal.Signals(signum).name} again: already stopping (what completed is being saved)",
-                  file=sys.stderr)
+            _note("again: already stopping (what completed is being saved)", signum, frame)
             return
         if self._depth:
             if self._patient and self._pending is None:  # the first one sets the patience; others do not extend it
@@ -114,7 +124,7 @@ class StopSignals:
             self._depth -= 1
         if not self._depth and self._pending is not None and not self.stopping:
             if self.finished:  # the section finished the work: the signal that waited for it has nothing to stop
-                _after_the_run(self._pending, None)
+                _note(FINISHED, self._pending, None)
                 self._pending = None
                 return
             self.stopping = True
@@ -129,17 +139,21 @@ class StopSignals:
         self.finished = True
 
 
-def _after_the_run(signum: int, frame) -> None:
-    """After the run finished, a stop signal (a scheduler's early warning) has nothing left to stop."""
-    print(f"\n{signal.Signals(signum).name} after the run finished: nothing to stop", file=sys.stderr)
+def _note(said: str, signum: int, frame) -> None:
+    """A stop signal that stops nothing: ``SIGTERM {said}`` on a line of its own on stderr. Not said where it cannot
+    be: the handler may run inside a write to stderr that the signal interrupted (Python's reentrant call error),
+    or after the terminal is gone."""
+    with suppress(OSError, RuntimeError, ValueError):
+        print(f"\n{signal.Signals(signum).name} {said}", file=sys.stderr)
 
 
-def ignore_late_signals() -> None:
-    """From here on (the run finished and its handlers are gone), note a stop signal instead of stopping; once
-    the interpreter exits, ignore it: Python's finalization puts the default action (death by the signal, exit
-    status 128 + N) back in place of a Python handler, but leaves an ignored signal ignored."""
+def ignore_late_signals(said: str = FINISHED) -> None:
+    """From here on (the run finished, or stopped with what it completed saved), note a stop signal (``said``)
+    instead of stopping; once the interpreter exits, ignore it: Python's finalization puts the default action
+    (death by the signal, exit status 128 + N) back in place of a Python handler, but leaves an ignored signal
+    ignored."""
     for signum in handled_stop_signals():
-        signal.signal(signum, _after_the_run)
+        signal.signal(signum, functools.partial(_note, said))
     atexit.unregister(_ignore_stop_signals_at_exit)  # once, however many runs this process made
     atexit.register(_ignore_stop_signals_at_exit)
 

@@ -44,6 +44,8 @@ def resume_state(resume: str, given: dict[str, Any]) -> tuple[TrainConfig, Path,
     """Load the checkpoint to resume from; returns the resumed config, its file, state and notes."""
     source, saved, problems = checkpoints.latest_loadable(resume)
     notes = [f"skipped {p}" for p in problems]
+    lagging = checkpoints.lagging_latest(resume, source)  # a kill after a save: no rollback, nothing set aside
+    notes += [lagging] if lagging else []
     if saved.get("version") != __version__:
         notes.append(f"{source} was written by parallel-rollouts {saved.get('version')}; this is {__version__}")
     run_dir = checkpoints.run_dir_of(resume)

@@ -4,9 +4,10 @@ The rule: busy processes never outnumber the cores this process may use. ``async
 ``cores - 1`` worker processes next to the collecting process (which steps a share); Ray gets
 as many actors as the cluster's CPUs hold (one CPU kept for the learner where it learns while
 actors on its node collect). Workers and actors use one torch thread each; the collecting
-process uses the cores the workers leave free while it collects, and all of its cores while it
-learns (the workers are idle then). ``--num-workers``, ``--envs-per-worker`` and ``--threads``
-override this; more than the cores is allowed with a warning.
+process may use the cores the workers leave free while it collects, and all of its cores while it
+learns (the workers are idle then): how many of those it uses is measured (``trainer.thread_plan``).
+``--num-workers``, ``--envs-per-worker`` and ``--threads`` override this; more than the cores is allowed with a
+warning.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import psutil
 import torch
 
 import envs
+from collectors import watchdog
 from collectors.processes import start_method_of
 from collectors.resources import async_workers, largest_divisor_at_most, usable_cores
 from trainer.arguments import counted
@@ -37,27 +40,28 @@ TORCH_ENVS = {"VREdge-v0": envs.VREdgeTorchEnv}  # written in torch: --backend d
 
 @dataclass(frozen=True)
 class Machine:
-    """What a run may use: cores (affinity and cgroup quota), GPUs, and for Ray the cluster's CPUs.
+    """What a run may use: cores (affinity and cgroup quota), GPUs, memory, and for Ray the cluster's CPUs.
 
     Tests build one by hand to simulate machines they do not have:
 
-        >>> Machine(cores=16, gpus=1)
-        Machine(cores=16, gpus=1, ray_cpus=None, ray_cpus_here=0.0)
+        >>> Machine(cores=16, gpus=1, memory=128 << 30)
+        Machine(cores=16, gpus=1, ray_cpus=None, ray_cpus_here=0.0, memory=137438953472)
     """
 
     cores: int
     gpus: int = 0
     ray_cpus: float | None = None  # CPUs of the whole Ray cluster (ray backend only)
     ray_cpus_here: float = 0.0  # of those, on this machine: actors there compete with the learner
+    memory: int | None = None  # bytes of memory available to the run (None: not known, and not checked)
 
     @classmethod
     def detect(cls, backend: str = "sync", ray_address: str = "") -> Machine:
         """This machine; for ``backend="ray"`` also connects to (or starts) Ray to read its CPUs."""
-        cores, gpus = usable_cores(), torch.cuda.device_count()
+        cores, gpus, memory = usable_cores(), torch.cuda.device_count(), psutil.virtual_memory().available
         if backend != "ray":
-            return cls(cores, gpus)
+            return cls(cores, gpus, memory=memory)
         from collectors.backends.ray_ import cluster_cpus, connect
-        return cls(cores, gpus, *cluster_cpus(connect(ray_address or None, num_cpus=cores)))
+        return cls(cores, gpus, *cluster_cpus(connect(ray_address or None, num_cpus=cores)), memory=memory)
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ class RunLayout:
     start_method: str  # how async workers and the --overlap collecting process start: forkserver or spawn
     ray_async: bool  # Ray actors collect while the learner learns (the algorithm's keeps_collecting)
     overlap: bool  # a separate collecting process keeps collecting while this one learns
-    collect_threads: int  # torch threads of the collecting process while it collects
+    collect_threads: int  # most torch threads of the collecting process while it collects (trainer.thread_plan)
     learn_threads: int  # ... and while it learns
     worker_threads: int  # torch threads of each worker process or actor
     compile: bool  # the acting step (policy, and a torch env's step) runs torch.compile'd (--compile)
@@ -164,8 +168,8 @@ class RunLayout:
         arguments = f" ({format_env_kwargs(self.env_kwargs)})" if self.env_kwargs else ""  # from flags or TOML
         return (f"layout: {self.env}{arguments}, {counted(self.num_envs, 'env')} as {kind}; {self.backend}: {procs}; "
                 f"{where}; learner on {self.device}\n"
-                f"threads: {f'{self.worker_threads} per worker, ' if self.workers else ''}{here} "
-                f"{self.collect_threads} collecting, this process "
+                f"threads: {f'{self.worker_threads} per worker, ' if self.workers else ''}{here} at most "
+                f"{self.collect_threads} collecting, this process at most "
                 f"{self.learn_threads} learning (override: --num-workers, --envs-per-worker, --threads)")
 
     def iterations(self, cfg: TrainConfig) -> int:
@@ -298,6 +302,10 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
                                       f"with {workers + main_share} processes, but --num-envs={n}; lower --num-splits "
                                       "or --num-workers")
         sizes = [len(a) for a in np.array_split(np.arange(n), parts)] if vectorized else [1] * n
+        if main_share and not watchdog.CAN_BOUND:  # said: the flag's promise does not hold for those envs here
+            notes.append(f"this platform cannot interrupt an env step in the collecting process (no "
+                         f"signal.pthread_kill): --worker-timeout bounds the worker processes' steps only, not its "
+                         f"own share; --num-workers {min(n, collect_cores)} steps every env in a worker process")
         busy_here = workers  # workers step while the collecting process collects; idle while this one learns
         learn_busy = workers + 1 if cfg.overlap else 0
     else:

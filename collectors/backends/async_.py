@@ -3,7 +3,8 @@ through pipes.
 
 The collecting process also steps a share of the envs itself (``main_share=True``):
 while the workers step theirs it would otherwise sit idle, and on a machine with
-few cores an extra busy process only evicts caches (see ``docs/benchmarks.md``).
+few cores an extra busy process only evicts caches (see ``docs/benchmarks.md``). Those
+steps get a worker's deadline all the same (:class:`~collectors.watchdog.Watchdog`).
 
 Double buffering (``num_splits=k > 1``, Sample Factory's ``worker_num_splits``): the env
 factories are split into ``k`` contiguous groups, and each group is spread over every
@@ -16,6 +17,7 @@ contiguous in the rollout's env order, so the policy reads and writes plain slic
 
 from __future__ import annotations
 
+import functools
 import pickle
 import time
 import traceback
@@ -41,6 +43,7 @@ from collectors.processes import (
 )
 from collectors.resources import async_workers, usable_cores
 from collectors.storage import torch_dtype
+from collectors.watchdog import Watchdog
 
 _FIELDS = ("next_obs", "rewards", "terminated", "truncated", "final_obs", "final_mask")  # final_* last
 CLOSE_TIMEOUT_S = 3.0  # workers asked to close get this long before they are killed
@@ -178,6 +181,9 @@ class AsyncBackend:
     Every wait on a worker is bounded by ``worker_timeout`` seconds, stretched to 20 times the
     slowest answer measured (:class:`~collectors.deadlines.Deadline`); a worker silent for longer
     raises :class:`WorkerTimeoutError` naming it and its envs, and all workers are shut down.
+    This process's own share gets the same limit (Linux and macOS: :class:`~collectors.watchdog.Watchdog`,
+    where the backend is made in the main thread): a call of its envs that takes longer is interrupted and
+    raises :class:`WorkerTimeoutError` naming them; they are dropped without being closed.
     Workers are killed when this process dies (Linux), even in the middle of a hung step.
 
     Example (``num_workers`` processes; ``num_envs`` = all envs):
@@ -214,6 +220,10 @@ class AsyncBackend:
         self.local: list[EnvGroup] = []
         self._in_flight: list[int] = []  # groups sent to the workers and not yet finished, oldest first
         self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns)
+        self._watchdog = Watchdog(self.deadline, self.procs, f"env factories {_describe(ranges[0])} (envs not yet "
+                                  "built)") if main_share else None
+        if self._watchdog:
+            weakref.finalize(self, self._watchdog.close)
         try:
             self._start(env_fns, ranges[1:] if main_share else ranges, ranges[0] if main_share else None)
         except BaseException:
@@ -234,7 +244,8 @@ class AsyncBackend:
         self._factory_ranges = worker_ranges
         if local_ranges is not None:  # built while the workers build theirs
             for r in local_ranges:
-                self.local.append(EnvGroup([env_fns[i] for i in r], first_factory=r.start))
+                self.local.append(self._here("start", functools.partial(EnvGroup, [env_fns[i] for i in r],
+                                                                        first_factory=r.start)))
         replies = self._wait_all(phase="start")
         # spaces[process][split]: a list of (obs space, action space, envs) per factory
         spaces = ([[g.spaces for g in self.local]] if self.local else []) + replies
@@ -254,6 +265,8 @@ class AsyncBackend:
         self._local_rows = rows[0] if self.local else []
         for group, r in zip(self.local, self._local_rows):  # rollout indices, for episode records and errors
             group.first_index = r.start
+        if self._watchdog:
+            self._watchdog.hosted = f"envs {_describe([range(r.start, r.stop) for r in self._local_rows])}"
         self._worker_rows = rows[1:] if self.local else rows
         # workers' rows of each group are contiguous: they follow the collecting process's part
         self._group_worker_rows = [slice(self._local_rows[g].stop if self.local else grp.start, grp.stop)
@@ -342,6 +355,17 @@ class AsyncBackend:
             return f"its envs not yet built, from env factories {_describe(self._factory_ranges[w])}"
         return f"envs {_describe([range(r.start, r.stop) for r in rows[w] if r.stop > r.start])}"
 
+    def _here(self, phase: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on this process's envs, under the workers' deadline. Past it, the backend is closed, as for a
+        silent worker; envs that hung are dropped, not closed (a close would hang as well: a hung worker too is
+        killed rather than asked to close)."""
+        try:
+            return self._watchdog.call(phase, fn, *args)
+        except WorkerTimeoutError:
+            self.local = []
+            self.close()
+            raise
+
     def _command(self, cmd: str, args: list | None = None) -> list[Any]:
         for w in range(len(self.conns)):
             self._send(w, (cmd, None if args is None else args[w]))
@@ -361,7 +385,7 @@ class AsyncBackend:
             for w, rows in enumerate(self._worker_rows):
                 self._send(w, ("reset", [seeds_[r] for r in rows]))
             for group, rows in zip(self.local, self._local_rows):
-                group.reset(seeds_[rows], obs_out[rows])
+                self._here("reset", group.reset, seeds_[rows], obs_out[rows])
             self._wait_all(phase="reset")
             for rows in self._worker_rows:
                 for r in rows:
@@ -384,7 +408,7 @@ class AsyncBackend:
             if not self.local:
                 return []
             local = self._local_rows[g]
-            return self.local[g].step(actions[local], out.slice(local))
+            return self._here("step", self.local[g].step, actions[local], out.slice(local))
         return self._guarded(run)
 
     def finish_group(self, g: int, out: StepViews) -> list[EpisodeInfo]:
@@ -416,7 +440,7 @@ class AsyncBackend:
     def get_env_states(self) -> list[Any]:
         states: list[Any] = [None] * self.num_envs
         for group, rows in zip(self.local, self._local_rows):
-            states[rows] = group.get_states()
+            states[rows] = self._here("get_states", group.get_states)
         for reply, worker_rows in zip(self._guarded(self._command, "get_states"), self._worker_rows):
             for part, rows in zip(reply, worker_rows):
                 states[rows] = part
@@ -428,7 +452,7 @@ class AsyncBackend:
             raise ValueError(f"got {len(states)} env states for {self.num_envs} envs")
         states = list(states)
         for group, rows in zip(self.local, self._local_rows):
-            group.set_states(states[rows])
+            self._here("set_states", group.set_states, states[rows])
         self._guarded(self._command, "set_states", [[states[r] for r in rows] for rows in self._worker_rows])
 
     def close(self) -> None:
@@ -437,6 +461,8 @@ class AsyncBackend:
         self.local = []
         self._in_flight.clear()
         self._finalizer()
+        if self._watchdog:
+            self._watchdog.close()
 
 
 def check_num_splits(num_splits: int, num_factories: int, processes: int) -> None:

@@ -63,11 +63,10 @@ def load_policy(path: str | Path, pick: str = "latest", env_kwargs: dict[str, An
 
 def picked_checkpoint(path: str | Path, pick: str = "latest") -> PickedCheckpoint:
     """A checkpoint file, or a run directory's ``pick``: ``best``, the checkpoint the ``best`` pointer names, else
-    (no pointer, an unreadable one, a file gone or that does not load: said on stderr and in the label) the
-    newest loadable, as ``latest`` picks; ``CheckpointError`` when none loads."""
-    if Path(path).is_file():
-        source, state, _ = checkpoints.latest_loadable(path)  # that file or an error: nothing to skip
-        return PickedCheckpoint(source, state, "the checkpoint file")
+    (no pointer, an unreadable one, one that leads out of the run, a file gone or that does not load: said on
+    stderr and in the label) the newest loadable, as ``latest`` picks; ``CheckpointError`` when none loads."""
+    if Path(path).is_file():  # that file, or what a run's pointer passed as the file stands for
+        return _newest(path, "the checkpoint file")
     best, instead = checkpoints.best_or_why_not(path) if pick == "best" else (None, "")
     if best is not None:
         try:
@@ -75,12 +74,18 @@ def picked_checkpoint(path: str | Path, pick: str = "latest") -> PickedCheckpoin
         except checkpoints.CheckpointError as e:  # the newest that loads instead, as a resume takes
             print(f"skipped the best checkpoint: {e}", file=sys.stderr)
             instead = f"the best checkpoint, {best.name}, does not load"
+    picked = _newest(path, "the latest checkpoint", said=best)
+    return picked._replace(label=picked.label + (f" ({instead})" if pick == "best" else ""))
+
+
+def _newest(path: str | Path, label: str, said: Path | None = None) -> PickedCheckpoint:
+    """What ``checkpoints.latest_loadable`` takes from ``path``, labelled ``label`` unless it skipped something; what
+    it skipped is said on stderr (but for ``said``'s problem, said already)."""
     source, state, problems = checkpoints.latest_loadable(path)
     for p in problems:
-        if best is None or not p.startswith(str(best)):  # said once, above
+        if said is None or not p.startswith(str(said)):
             print(f"skipped {p}", file=sys.stderr)
-    latest = "the newest checkpoint that loads" if problems else "the latest checkpoint"
-    return PickedCheckpoint(source, state, latest + (f" ({instead})" if pick == "best" else ""))
+    return PickedCheckpoint(source, state, "the newest checkpoint that loads" if problems else label)
 
 
 def policy_from_state(state: dict[str, Any], source: Path, env_kwargs: dict[str, Any] | None = None,

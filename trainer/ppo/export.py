@@ -251,7 +251,7 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
                          "ships PPO policies (probabilities and values); evaluate it with trainer.evaluate")
     policy = ExportedPolicy(model)  # before any file is written: a Box policy fails here
     print(f"exporting {which}: {source}", file=sys.stderr)
-    run_dir = checkpoints.run_dir_of(source)
+    run_dir = checkpoints.run_dir_of(checkpoint)  # the run given: never one a pointer would lead to
     out = Path(out) if out else run_dir / "export"
     evaluation = _evaluation(run_dir, source)  # a malformed file fails here, before the work
     made = next((d for d in reversed((out, *out.parents)) if not d.exists()), None)  # the first it will make
