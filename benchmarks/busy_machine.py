@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     print_machine()
     print(f"base: {args.base}; {args.busy} busy loops on {os.cpu_count()} cores when busy; {args.seconds:g} s a run")
-    keys = [(w, v, b) for w in args.workloads for v in args.variants for b in (0, args.busy)]
+    keys = [(w, v, b) for w in args.workloads for v in args.variants for b in sorted({0, args.busy})]
     rates: dict[tuple[str, str, int], list[float]] = {k: [] for k in keys}
     with tempfile.TemporaryDirectory() as tmp, worktree(args.base, Path(tmp) / "base") as base:
         for r in range(args.rounds):
