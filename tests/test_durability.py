@@ -400,3 +400,31 @@ def test_a_sighup_ignored_at_start_stays_ignored():
     with pytest.raises(KeyboardInterrupt, match="stopped by SIGHUP"), StopSignals():
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(0.01)
+
+
+@pytest.mark.parametrize("straight", ["sync"], indirect=True)
+def test_a_stop_swallowed_where_it_landed_still_stops_the_run(straight, tmp_path, monkeypatch):
+    """A signal handler raises wherever the main thread is; where that is a ``__del__``, a finaliser or a library's
+    ``except BaseException``, the stop is swallowed, and every later signal only said "already stopping": a run
+    next to busy loops trained on for 15 minutes after its SIGTERM. The stop now takes effect at the next
+    iteration's start, the last completed iteration saved, and the resume is exact."""
+    backend, extra, straight_dir = straight
+    real, calls = EnvGroup.step, []
+
+    def swallowing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 16 + 4:  # iteration 2's fourth step
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler runs here
+            except KeyboardInterrupt:
+                pass  # swallowed
+        return real(*args, **kwargs)
+    monkeypatch.setattr(EnvGroup, "step", swallowing)
+    with pytest.raises(train_module.TrainingStopped) as stopped:
+        run(VR + ["--backend", backend, *extra, "--run-dir", str(tmp_path)])
+    monkeypatch.undo()
+    assert stopped.value.exit_status == 128 + signal.SIGTERM
+    assert final_state(tmp_path)["iteration"] == len(metrics(tmp_path)) == stopped.value.iteration == 2
+    run(["--resume", str(tmp_path)])
+    assert_same_run(straight_dir, tmp_path)

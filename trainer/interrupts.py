@@ -59,6 +59,7 @@ class StopSignals:
         self._pending: int | None = None
         self.stopping = False
         self.finished = False
+        self._raised: int | None = None  # the signal of an Interrupted raised, until the stop is handled
         self._previous: dict[int, object] = {}
         self._patient = False  # inside a section with a patience: a pending signal is raised by SIGALRM
         self._patience_s = 0.0
@@ -91,7 +92,10 @@ class StopSignals:
                 signal.setitimer(signal.ITIMER_REAL, self._patience_s)
             self._pending = self._pending or signum
             return
-        self.stopping = True
+        self._raise(signum)
+
+    def _raise(self, signum: int) -> None:
+        self.stopping, self._raised = True, signum
         raise Interrupted(signum)
 
     def _patience_over(self, signum: int, frame) -> None:
@@ -100,7 +104,7 @@ class StopSignals:
             self.stopping = True
             print(f"\n{signal.Signals(self._pending).name}: the snapshot did not finish within "
                   f"{self._patience_s:g} s (a worker is not answering); stopping at the previous one", file=sys.stderr)
-            raise Interrupted(self._pending)
+            self._raise(self._pending)
 
     @contextmanager
     def critical(self, patience_s: float | None = None) -> Iterator[None]:
@@ -127,12 +131,20 @@ class StopSignals:
                 _note(FINISHED, self._pending, None)
                 self._pending = None
                 return
-            self.stopping = True
-            raise Interrupted(self._pending)
+            self._raise(self._pending)
+
+    def raise_if_lost(self) -> None:
+        """Raise again a stop that was raised but never handled: a handler runs wherever the main thread is, and
+        there the ``Interrupted`` may be swallowed (a ``__del__``, a finaliser, a library's ``except
+        BaseException``); every later signal then only says "already stopping". Called at each iteration's
+        start, so that a stop is late by at most one iteration, never lost (a run next to busy loops once
+        trained on for 15 minutes after its SIGTERM)."""
+        if self._raised is not None:
+            raise Interrupted(self._raised)
 
     def stop(self) -> None:
-        """Mark a stop under way (an error is being handled): further signals wait for the save."""
-        self.stopping = True
+        """Mark a stop under way (an error, or the stop, is being handled): further signals wait for the save."""
+        self.stopping, self._raised = True, None
 
     def finish(self) -> None:
         """The work is done and saved: from here on a signal (a scheduler's early warning) stops nothing."""

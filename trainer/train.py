@@ -222,6 +222,7 @@ def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signa
     try:
         with MetricsLog(run_dir / "metrics.jsonl") as log, last_resort(stuck_in_c):
             while algorithm.iteration < stop:
+                signals.raise_if_lost()
                 counts = threads.apply()
                 row = algorithm.iterate(start)
                 if row is None:  # a rollout it chose not to learn from (PPO: too stale)
