@@ -94,6 +94,23 @@ def test_export_follows_no_pointer_out_of_the_run(attacked):
     assert one_line_naming(done.stderr, str(run_dir / "checkpoints" / "best"), HOSTILE), done.stderr
 
 
+def test_links_planted_where_outputs_go_lead_nothing_out_of_the_run(two_runs, tmp_path):
+    """A link at ``RUN/evaluation.json`` is replaced, not written through; a ``RUN/export`` that links out of the run
+    is refused, naming it, and nothing lands where it leads."""
+    root = shutil.copytree(two_runs, tmp_path / "runs")
+    victim, run_dir = root / "victim", root / "attacked"
+    (run_dir / "evaluation.json").symlink_to(victim / "evaluation.json")
+    (run_dir / "export").symlink_to(victim, target_is_directory=True)
+    before = hashes(victim)
+    evaluated = command("trainer.evaluate", "--checkpoint", str(run_dir), "--episodes", "1", "--baselines", "none",
+                        "--reference", "none")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert not (run_dir / "evaluation.json").is_symlink() and hashes(victim) == before
+    exported = command("trainer.export", "--checkpoint", str(run_dir), "--format", "torchscript")
+    assert exported.returncode != 0 and one_line_naming(exported.stderr, str(run_dir / "export"))
+    assert hashes(victim) == before
+
+
 def test_resume_follows_no_pointer_out_of_the_run(attacked):
     """The resume took the other run's state (iteration 4) and went on from it: rows 1, 2, then 5, 6."""
     victim, run_dir, before = attacked

@@ -100,7 +100,14 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
         )
         from trainer.evaluation.baselines import best_baseline
         from trainer.evaluation.policies import picked_checkpoint, policy_from_state
-        from trainer.evaluation.report import check_writable, format_table, json_ready, plot, plus_minus
+        from trainer.evaluation.report import (
+            check_writable,
+            format_table,
+            json_ready,
+            plot,
+            plus_minus,
+            write_replacing,
+        )
         from trainer.registry import algorithm_spec
 
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
@@ -127,7 +134,7 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
         vr_config = envs.VREdgeConfig(**env_kwargs) if vr_edge else None  # a bad trace fails here, at once
         run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
         out_dir = Path(args.out) if args.out else run_dir
-        check_writable(out_dir)  # before minutes of episodes, not after
+        check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
     except (ValueError, checkpoints.CheckpointError) as e:
         raise SystemExit(f"error: {e}") from None
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
@@ -176,7 +183,7 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
     payload = json_ready(payload)
     replaced = _described(out_dir / "evaluation.json")
     with signals.critical():  # the results, whole: a signal waits for them, then has nothing left to stop
-        (out_dir / "evaluation.json").write_text(json.dumps(payload, indent=2, allow_nan=False))
+        write_replacing(out_dir / "evaluation.json", json.dumps(payload, indent=2, allow_nan=False))
         if replaced:  # a quick look must not pass unnoticed over a long evaluation (export's card reads this file)
             keep = "another --out DIR" if args.out else "--out DIR"
             print(f"replaced the previous {out_dir / 'evaluation.json'} ({replaced}); {keep} keeps both", file=out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -62,13 +63,27 @@ def plot(results: dict[str, dict[str, Any]], run_dir: Path, out: Path) -> Path |
         ax2.set_xlabel("env steps")
         ax2.set_ylabel("training reward per step")
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    tmp = out.with_name(f".{out.name}.tmp")
+    fig.savefig(tmp, dpi=100, format=out.suffix.lstrip(".") or "png")
     plt.close(fig)
+    os.replace(tmp, out)  # a link planted at ``out`` is replaced, not followed
     return out
 
 
-def check_writable(directory: Path, what: str = "the evaluation outputs") -> None:
-    """Raise ``ValueError`` naming ``directory`` when files cannot be created in it."""
+def write_replacing(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file moved into place: whole or not at all, and a link
+    planted at ``path`` is replaced, not followed out of the folder."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def check_writable(directory: Path, what: str = "the evaluation outputs", run_dir: Path | None = None) -> None:
+    """Raise ``ValueError`` naming ``directory`` when files cannot be created in it, or, for a run's own outputs
+    (``run_dir`` given), when a link leads it out of the run: nothing is written outside the run it names."""
+    if run_dir is not None and not directory.resolve().is_relative_to(run_dir.resolve()):
+        raise ValueError(f"cannot write {what} to {directory}: it leads to {directory.resolve()}, outside the run "
+                         f"{run_dir}; remove the link, or pass --out DIR")
     if directory.exists() and not directory.is_dir():  # mkdir's "File exists" would not say which is wrong
         raise ValueError(f"cannot write {what} to {directory}: it is a file, not a directory; pass --out DIR with "
                          "DIR a directory (made if missing)")

@@ -252,10 +252,11 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     policy = ExportedPolicy(model)  # before any file is written: a Box policy fails here
     print(f"exporting {which}: {source}", file=sys.stderr)
     run_dir = checkpoints.run_dir_of(checkpoint)  # the run given: never one a pointer would lead to
+    given_out = out is not None and str(out) != ""
     out = Path(out) if out else run_dir / "export"
     evaluation = _evaluation(run_dir, source)  # a malformed file fails here, before the work
     made = next((d for d in reversed((out, *out.parents)) if not d.exists()), None)  # the first it will make
-    check_writable(out, "the exported policy")
+    check_writable(out, "the exported policy", run_dir=None if given_out else run_dir)
     differs = []
     if evaluation and not evaluation["same_checkpoint"]:
         differs.append(f"of another checkpoint ({Path(evaluation['checkpoint']).name})")
