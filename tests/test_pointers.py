@@ -23,9 +23,11 @@ from tests.test_durability import assert_same_tensors, final_state, metrics, run
 from trainer import train as train_module
 
 STEPS = 2 * 8  # env steps per iteration of TINY
-# VR-edge: its envs' states are in the checkpoint, so a resume is exact (CartPole's episodes would restart)
+# VR-edge: its envs' states are in the checkpoint, so a resume is exact (CartPole's episodes would restart);
+# --threads 1: a run of 100 iterations would plan its threads by timing, and other counts round differently
 TINY = ["--env", "VREdge-v0", "--num-envs", "2", "--num-steps", "8", "--checkpoint-every", "1",
-        "--keep-checkpoints", "10", "--seed", "5", "--device", "cpu", "--backend", "sync", "--compile", "off"]
+        "--keep-checkpoints", "10", "--seed", "5", "--device", "cpu", "--backend", "sync", "--compile", "off",
+        "--threads", "1"]
 HOSTILE = "../../victim/checkpoints/ckpt_00000004.pt"  # from attacked/checkpoints into the other run
 
 
