@@ -132,13 +132,14 @@ def update_rate(device: str, num_envs: int, num_steps: int, epochs: int = 4, com
     """Samples/s of one PPO update (``epochs`` passes) on a real VR-edge rollout of ``num_envs x num_steps``, with
     the trainer's own learner (``compile="on"``: the loss compiled, as ``--compile`` runs it; ``cuda_graphs``:
     each minibatch step replayed as a CUDA graph, as ``--cuda-graphs`` runs it)."""
-    cfg = TrainConfig(num_envs=num_envs, num_steps=num_steps, device=device, compile=compile, epochs=epochs,
-                      target_kl=0.0, cuda_graphs=cuda_graphs)
+    cfg = TrainConfig.from_dict(dict(num_envs=num_envs, num_steps=num_steps, device=device, compile=compile,
+                                     epochs=epochs, target_kl=0.0, cuda_graphs=cuda_graphs))
     run = PPO.new(cfg, run_layout(cfg, Machine.detect()))  # model, fused Adam, plan, minibatch step
     fn = functools.partial(envs.VREdgeVectorEnv, num_envs)
     with RolloutCollector([fn], run.acting, backend="sync", horizon=num_steps, seed=0, device=device) as c:
         rollout = c.collect()
-    adv, ret = advantages_and_returns(run.model, rollout.batch, rollout.next_observations, cfg.gamma, cfg.gae_lambda)
+    adv, ret = advantages_and_returns(run.model, rollout.batch, rollout.next_observations, cfg.gamma,
+                                      cfg.algo_settings.gae_lambda)
     samples = LearnerSamples.from_rollout(rollout.batch, adv, ret)
 
     def update() -> None:
@@ -162,9 +163,9 @@ def resume_matches(device: str, num_envs: int, n: int, num_steps: int, root: Pat
     """Whether N iterations + resume + N iterations give the same weights, bit for bit, as 2N in one go
     (``cuda_graphs``: the update captured, and captured anew after the resume; acting eagerly, so that this
     checks the captured update alone)."""
-    cfg = TrainConfig(num_envs=num_envs, num_steps=num_steps, total_steps=2 * n * num_envs * num_steps,
-                      device=device, checkpoint_every=1, backend=backend, cuda_graphs=cuda_graphs,
-                      compile="off" if cuda_graphs else "auto")
+    cfg = TrainConfig.from_dict(dict(num_envs=num_envs, num_steps=num_steps, total_steps=2 * n * num_envs * num_steps,
+                                     device=device, checkpoint_every=1, backend=backend, cuda_graphs=cuda_graphs,
+                                     compile="off" if cuda_graphs else "auto"))
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)  # a kernel without a deterministic variant warns
     try:

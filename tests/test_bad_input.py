@@ -248,13 +248,13 @@ def test_a_run_larger_than_the_memory_names_the_setting_and_the_most_of_it_that_
 
     def fits(steps: int) -> bool:
         try:
-            train_module._check_memory(TrainConfig(**{**cfg.to_dict(), "num_steps": steps}), small)
+            train_module._check_memory(cfg.replaced(num_steps=steps), small)
         except ConfigError:
             return False
         return True
     most = max(steps for steps in range(1, 1024) if fits(steps))
     assert f"{most:,}" in str(info.value)  # the limit, in the message
-    wide = TrainConfig(**{**cfg.to_dict(), "num_envs": 8192, "num_steps": 16})  # --num-envs, this time
+    wide = cfg.replaced(num_envs=8192, num_steps=16)  # --num-envs, this time
     with pytest.raises(ConfigError) as info:
         train_module.train(wide, progress=False, machine=small)
     assert info.value.key == "num_envs" and not (tmp_path / "run").exists()

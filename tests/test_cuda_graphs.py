@@ -23,11 +23,11 @@ from trainer.ppo.algorithm import PPO
 from trainer.ppo.cuda_graph import CapturedStep, training_state_kept
 from trainer.ppo.model import ActorCritic
 from trainer.ppo.optimizer import fused_adam, load_optimizer_state, set_learning_rate
-from trainer.ppo.update import LearnerSamples, MinibatchStep, PPOSettings, ppo_update
+from trainer.ppo.update import LearnerSamples, MinibatchStep, UpdateSettings, ppo_update
 from trainer.registry import new_run_config
 from trainer.run_layout import Machine, run_layout
 
-SETTINGS = PPOSettings(epochs=2, minibatch_size=16, clip_coef=0.2, clip_value=False, ent_coef=0.01, vf_coef=0.5,
+SETTINGS = UpdateSettings(epochs=2, minibatch_size=16, clip_coef=0.2, clip_value=False, ent_coef=0.01, vf_coef=0.5,
                        max_grad_norm=0.5, norm_adv=True, target_kl=None)
 
 
@@ -133,7 +133,7 @@ def test_a_step_is_captured_only_on_cuda_with_a_capturable_optimizer():
 def test_cuda_graphs_on_a_cpu_learner_is_refused_naming_the_fix():
     with pytest.raises(ValueError, match=r"--cuda-graphs=true is invalid: needs a CUDA learner, but this run learns "
                                          r"on cpu: use --device cuda on a machine with a GPU, or --cuda-graphs false"):
-        run_layout(TrainConfig(device="cpu", cuda_graphs=True), Machine(cores=2))
+        run_layout(TrainConfig.from_dict(dict(device="cpu", cuda_graphs=True)), Machine(cores=2))
 
 
 def test_cuda_graphs_on_the_command_line_without_a_gpu_is_one_line(tmp_path):
@@ -231,8 +231,8 @@ def test_a_captured_run_resumes_exactly(tmp_path):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_ppo_with_cuda_graphs_trains_through_the_command_line(tmp_path):
-    cfg = TrainConfig(backend="device", device="cuda", cuda_graphs=True, compile="off", num_envs=64,
-                      total_steps=3 * 64 * 128, run_dir=str(tmp_path / "r"))
+    cfg = TrainConfig.from_dict(dict(backend="device", device="cuda", cuda_graphs=True, compile="off", num_envs=64,
+                                     total_steps=3 * 64 * 128, run_dir=str(tmp_path / "r")))
     layout = run_layout(cfg, Machine.detect())
     ppo = PPO.new(cfg, layout)
     assert isinstance(ppo.step, CapturedStep) and any("captured (--cuda-graphs)" in n for n in ppo.start_notes())

@@ -143,7 +143,7 @@ def test_detected_machine_is_this_one():
 ])
 def test_impossible_requests_are_one_line_errors_naming_the_flag(flags, machine, words):
     with pytest.raises(ValueError, match=words) as e:
-        run_layout(TrainConfig(**flags), machine)
+        run_layout(TrainConfig.from_dict(flags), machine)
     assert "\n" not in str(e.value)
 
 
@@ -183,14 +183,14 @@ def test_collector_uses_its_thread_count_while_collecting_only():
 @pytest.mark.parametrize("cores, num_envs", [(16, 3), (64, 4)])
 def test_short_async_training_on_simulated_big_machines(tmp_path, capsys, env, cores, num_envs):
     """More worker processes than this box has cores: correctness, not speed."""
-    cfg = TrainConfig(env=env, backend="async", num_envs=num_envs, num_steps=8, total_steps=num_envs * 8 * 2,
-                      epochs=1, run_dir=str(tmp_path), checkpoint_every=2)
+    cfg = TrainConfig.from_dict(dict(env=env, backend="async", num_envs=num_envs, num_steps=8,
+                                     total_steps=num_envs * 8 * 2, epochs=1, run_dir=str(tmp_path), checkpoint_every=2))
     threads = torch.get_num_threads()
     summary = train(cfg, progress=False, machine=Machine(cores=cores))
     assert summary["iterations"] == 2 and summary["env_steps"] == num_envs * 16
     assert torch.get_num_threads() == threads  # the layout's thread counts do not leak out of train()
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert TrainConfig(**saved["config"]) == cfg
+    assert TrainConfig.from_dict(saved["config"]) == cfg
     layout = saved["layout"]
     assert layout["workers"] == num_envs - 1 and layout["machine"]["cores"] == cores
     assert layout["collect_threads"] == cores - (num_envs - 1) and layout["learn_threads"] == cores

@@ -12,13 +12,13 @@ from trainer.common.moments import merged_moments
 from trainer.ppo.model import ActorCritic, RunningNorm
 from trainer.ppo.reward_scaling import ReturnScaler
 from trainer.ppo.targets import advantages_and_returns, vtrace, vtrace_targets
-from trainer.ppo.update import LearnerSamples, MinibatchStep, PPOSettings, ppo_loss, ppo_update
+from trainer.ppo.update import LearnerSamples, MinibatchStep, UpdateSettings, ppo_loss, ppo_update
 
 
-def settings(**kw) -> PPOSettings:
+def settings(**kw) -> UpdateSettings:
     base = dict(epochs=1, minibatch_size=4, clip_coef=0.2, clip_value=False, ent_coef=0.0, vf_coef=0.5,
                 max_grad_norm=0.5, norm_adv=False, target_kl=None)
-    return PPOSettings(**{**base, **kw})
+    return UpdateSettings(**{**base, **kw})
 
 
 class FixedOutputs:

@@ -278,7 +278,7 @@ def test_an_overlapped_checkpoint_resumes_only_overlapped(tmp_path):
 ])
 def test_bad_overlap_settings_are_refused(flags, match):
     with pytest.raises(ValueError, match=match):
-        TrainConfig(**flags).validate()
+        TrainConfig.from_dict(flags).validate()
 
 
 @pytest.mark.parametrize("backend, cores, expected", [

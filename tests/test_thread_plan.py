@@ -138,8 +138,9 @@ def test_a_planned_run_on_a_simulated_machine_records_its_threads(tmp_path):
 
     before = torch.get_num_threads()
     iterations = PLAN_MIN_ITERATIONS + 10
-    cfg = TrainConfig(env="CartPole-v1", backend="sync", num_envs=2, num_steps=4, total_steps=iterations * 8,
-                      epochs=1, batch_size=8, run_dir=str(tmp_path), checkpoint_every=1000)
+    cfg = TrainConfig.from_dict(dict(env="CartPole-v1", backend="sync", num_envs=2, num_steps=4,
+                                     total_steps=iterations * 8, epochs=1, minibatch_size=8, run_dir=str(tmp_path),
+                                     checkpoint_every=1000))
     train(cfg, progress=False, machine=Machine(cores=4))
     assert torch.get_num_threads() == before  # nothing leaks out of train()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

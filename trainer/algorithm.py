@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # torch loads only once a run starts: --help and a bad command line answer before it
@@ -42,6 +43,11 @@ class NonFiniteLossError(RuntimeError):
     iteration and re-raises it, saying where that checkpoint is)."""
 
 
+@dataclass
+class NoSettings:
+    """The settings of an algorithm that has none of its own (it reads only the run's)."""
+
+
 class AlgorithmSpec:
     """What the command line knows of an algorithm before torch loads: its help, the settings only it reads, its
     defaults (per env), its own rules for a config, and where its :class:`Algorithm` lives.
@@ -57,7 +63,9 @@ class AlgorithmSpec:
 
     description: ClassVar[str]  # one line for --algo's help
     model_name: ClassVar[str]  # what its model is, for messages ("an Ape-X Q-network")
-    options: ClassVar[frozenset[str]] = frozenset()  # TrainConfig fields only this algorithm reads
+    # the dataclass of its own settings (TrainConfig.algo_settings; trainer.settings.setting fields), in a module
+    # that imports no torch; old spellings of them in its ``renamed`` (a ClassVar dict), if any
+    Settings: ClassVar[type] = NoSettings
     stochastic: ClassVar[bool] = True  # whether its model samples actions (trainer.evaluate --stochastic)
     # the TrainConfig values it runs with where the user sets none, by env id ("*": every other env), over the
     # fields' own defaults: what learns on VR-edge is not what learns on CartPole
@@ -85,7 +93,8 @@ class AlgorithmSpec:
 
     @classmethod  # not abstract: most algorithms have no rules of their own
     def check_config(cls, cfg: TrainConfig) -> None:
-        """Raise ``ConfigError`` for settings this algorithm cannot run with (beyond ``TrainConfig.validate``)."""
+        """Raise ``ConfigError`` for settings this algorithm cannot run with, beyond their declared limits (a rule
+        between settings)."""
 
     @classmethod
     def keeps_collecting(cls, cfg: TrainConfig) -> bool:

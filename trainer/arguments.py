@@ -91,9 +91,10 @@ class OneLineParser(argparse.ArgumentParser):
 
     typed: list[str] = []  # the words parse_args was given (a required flag's typo leaves its name out)
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, settings_without_flags: Iterable[str] = (), **kwargs) -> None:
         # no abbreviations: --total would silently be --total-steps, and --envs an error about --envs-per-worker
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+        self.settings_without_flags = frozenset(settings_without_flags)
 
     def parse_args(self, args=None, namespace=None):
         self.typed = list(sys.argv[1:] if args is None else args)
@@ -104,6 +105,10 @@ class OneLineParser(argparse.ArgumentParser):
         flags = [o for action in self._actions for o in action.option_strings]
         if message.startswith("unrecognized arguments:"):
             unknown = [w.partition("=")[0] for w in message.split(":", 1)[1].split() if w.startswith("-")]
+            keys = [k for w in unknown if (k := w.lstrip("-").replace("-", "_")) in self.settings_without_flags]
+            if keys:
+                return (f" ({', '.join(keys)} {'has' if len(keys) == 1 else 'have'} no flag: set "
+                        f"{' and '.join(f'{k} = ...' for k in keys)} in a --config TOML file)")
             return did_you_mean(unknown, flags)
         if message.startswith("the following arguments are required:"):  # --chekpoint for --checkpoint
             unknown = sorted({w.partition("=")[0] for w in self.typed if w.startswith("--")} - set(flags))

@@ -1,19 +1,23 @@
-"""Training configuration: one flat record of every setting (its default, what it means, which values are valid),
-stored in every checkpoint. ``trainer.flags`` exposes it as command-line flags and TOML keys; which algorithm
-reads which field is each algorithm's own declaration (``Algorithm.options``)."""
+"""The training run's settings: the run's and the collection's, and the learning settings every algorithm reads,
+each declared once with its help and limits (``trainer.settings.setting``); an algorithm's own settings are its
+package's (``trainer.ppo.settings``, ``trainer.apex.settings``) and ride along in ``algo_settings``. All of it
+is stored in every checkpoint as one flat dict (:meth:`TrainConfig.to_dict`). ``trainer.flags`` exposes the
+settings as command-line flags (grouped by owner) and TOML keys."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from collectors.backend_names import BACKENDS
-from trainer.arguments import choose, counted, did_you_mean, spelled
+from trainer.arguments import counted, did_you_mean
+from trainer.settings import ConfigError, check_limits, setting
+
+__all__ = ["ConfigError", "TrainConfig", "EnvSizes", "memory_needed", "parse_env_kwargs", "format_env_kwargs"]
 
 # env arguments that name files: stored absolute (a run's printed commands work from any directory), and the
 # ones a resumed run or trainer.evaluate may point elsewhere (the files moved; the run is the same)
@@ -23,251 +27,183 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 START_METHOD_CHOICES = ("auto", "forkserver", "spawn")
 # torch seeds a generator with an unsigned 64-bit integer, and PPO's policy samples from one seeded with seed + 1
 MAX_SEED = 2**64 - 2
+# which help group of --help a TrainConfig field is in (the others: "run")
+COLLECTION = frozenset({"backend", "num_envs", "num_steps", "num_workers", "envs_per_worker", "num_splits", "threads",
+                        "compile", "overlap", "ray_async", "ray_address", "cpus_per_worker", "worker_timeout",
+                        "start_method"})
+LEARNING = frozenset({"lr", "anneal_lr", "gamma", "max_grad_norm", "hidden", "policy_arch"})
 
 
 @dataclass
 class TrainConfig:
-    algo: str = "ppo"
-    env: str = "VREdge-v0"
-    env_kwargs: str = ""
-    backend: str = "sync"
-    num_envs: int = 64
-    num_steps: int = 128
-    total_steps: int = 3_000_000
-    seed: int = 1
-    device: str = "auto"
-    compile: str = "auto"
-    cuda_graphs: bool = False
-    run_dir: str = ""
-    num_workers: int = 0
-    num_splits: int = 1
-    threads: int = 0
-    lr: float = 1e-3
-    anneal_lr: bool = True
-    gamma: float = 0.9
-    gae_lambda: float = 0.95
-    epochs: int = 4
-    batch_size: int = 0
-    clip_coef: float = 0.2
-    clip_value: bool = False
-    ent_coef: float = 0.001
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    norm_adv: bool = True
-    target_kl: float = 0.0
-    normalize_obs: bool = True
-    scale_rewards: bool = False
-    hidden: str = "64,64"
-    policy_arch: str = "auto"
-    shared_trunk: bool = False
-    tensorboard: bool = False
-    ray_address: str = ""
-    envs_per_worker: int = 0
-    cpus_per_worker: float = 1.0
-    worker_timeout: float = 60.0  # collectors.deadlines.DEFAULT_WORKER_TIMEOUT_S (not imported: collectors loads torch)
-    start_method: str = "auto"
-    ray_async: bool = False
-    overlap: bool = False
-    overlap_targets: str = "vtrace"
-    max_lag: int = 4
-    rho_bar: float = 1.0
-    c_bar: float = 1.0
-    checkpoint_every: int = 10
-    eval_every: int = 0
-    eval_episodes: int = 16
-    keep_checkpoints: int = 3
-    replay_capacity: int = 100_000
-    replay_alpha: float = 0.6
-    replay_beta: float = 0.4
-    replay_ratio: float = 8.0
-    apex_batch_size: int = 128
-    n_step: int = 3
-    target_update: int = 500
-    weights_every: int = 400
-    learning_starts: int = 2_000
-    eps_base: float = 0.4
-    eps_alpha: float = 7.0
-    save_replay: bool = False
-    config: str = ""
+    """A run's settings. ``algo_settings`` holds its algorithm's own (``PPOSettings``, ``ApeXSettings``: the
+    registered algorithm's ``settings`` class, with its defaults where none are given).
 
-    HELP = {  # (algo's help lists the registered algorithms: trainer.flags)
-        "env": "any registered Gymnasium env id (VREdge-v0 uses the natively batched env)",
-        "env_kwargs": "env constructor arguments, key=value,key=value (numbers, true/false, text or [lists]), e.g. "
-                      "num_users=6, capacity_trace=traces/,trace_split=train or 'bitrates_mbps=[5,10,20,40]' for "
-                      "VR-edge",
-        "backend": "rollout backend: serial, sync, async, device (VR-edge as torch tensors on --device, next to the "
-                   "acting policy) or ray",
-        "num_envs": "parallel envs (with --num-steps, as many as the memory holds: checked at start)",
-        "num_steps": "steps per env per rollout (with --num-envs, as many as the memory holds: checked at start)",
-        "total_steps": "env steps to train for", "seed": f"run seed (envs, init, sampling), 0 to {MAX_SEED}",
-        "device": "auto (cuda when available), cpu or cuda",
-        "compile": "torch.compile the hot paths as fixed-shape graphs (the acting step: policy and torch env; PPO's "
-                   "loss): auto (on for --backend device, and for PPO runs of at least 2M env steps, where it paid "
-                   "for its compile time: 1.39x on 2 cores), on or off; needs a C++ compiler on the CPU (Triton on "
-                   "CUDA): where there is none, auto says so and runs eagerly; Ray actors act eagerly",
-        "cuda_graphs": "on a CUDA learner: capture each minibatch step (loss, backward, clip, Adam) as one CUDA "
-                       "graph, replayed with one launch; with --backend device and --compile, the acting step too "
-                       "(torch.compile's reduce-overhead); measured by benchmarks.device_check, not yet on by "
-                       "default",
-        "run_dir": "run directory of a new run (default runs/<env>-s<seed>-<time>)",
-        "num_workers": "async worker processes or ray actors (0: from the run layout: one busy process per core, "
-                       "or the actors the Ray cluster's CPUs hold)",
-        "worker_timeout": "seconds an async worker, the --overlap collecting process or a Ray actor may stay silent "
-                          "(a hung env step, a stopped process) before the run stops, or the actor is replaced; "
-                          "stretched to 20x the slowest answer measured",
-        "start_method": "how async workers and the --overlap collecting process start: forkserver (forked from a "
-                        "server that has imported torch once: ~30 ms each), spawn (a fresh interpreter each, "
-                        "importing torch: seconds; Windows has only this) or auto (forkserver where the platform "
-                        "has one)",
-        "num_splits": "async: env groups stepped double-buffered (2: the workers step one half of the envs while "
-                      "the policy acts on the other; 1: lockstep); pays off for envs with costly steps",
-        "threads": "torch threads of this process (0: from the run layout: the cores the workers leave free while "
-                   "collecting, all cores while learning)",
-        "lr": "Adam learning rate",
-        "anneal_lr": "linear LR annealing to 0 over total_steps", "gamma": "discount",
-        "gae_lambda": "GAE lambda", "epochs": "PPO epochs per rollout",
-        "batch_size": "minibatch size (0: planner picks from num_envs x num_steps)",
-        "clip_coef": "PPO clip range", "clip_value": "clip the value loss too",
-        "ent_coef": "entropy bonus", "vf_coef": "value loss weight", "max_grad_norm": "global grad-norm clip",
-        "norm_adv": "normalise advantages per minibatch",
-        "target_kl": "early-stop epochs above this KL (0: off)",
-        "normalize_obs": "running observation normalisation",
-        "scale_rewards": "divide rewards by running return std",
-        "hidden": "hidden layer sizes, comma separated",
-        "policy_arch": "actor: flat MLP, per_head (one MLP shared by all action heads; needs an env that declares "
-                       "head_observation_layout, like VR-edge), or auto (per_head where declared)",
-        "shared_trunk": "one trunk for actor and critic",
-        "tensorboard": "also log to TensorBoard (needs the tensorboard extra)",
-        "ray_address": "ray backend: cluster address (empty: reuse a running Ray or start a local one)",
-        "envs_per_worker": "async/ray: envs per process or actor (0: from the run layout)",
-        "cpus_per_worker": "ray backend: CPUs reserved per actor (fractions allowed)",
-        "ray_async": "ray backend: IMPALA-style collection with V-trace correction",
-        "overlap": "collect the next rollout in a separate process while learning on this one (a fixed policy lag "
-                   "of one update; serial, sync and async backends)",
-        "overlap_targets": "overlap: vtrace (V-trace corrects the targets for the one-update lag) or gae (stored "
-                           "values, PPO ratio against the behaviour log-probs)",
-        "max_lag": "ray_async: drop batches collected more than this many policy versions ago",
-        "rho_bar": "V-trace importance-weight clip for the targets and advantages",
-        "c_bar": "V-trace trace-cutting clip",
-        "checkpoint_every": "save a checkpoint every this many iterations (and at the end)",
-        "keep_checkpoints": "how many checkpoint files to keep in <run-dir>/checkpoints",
-        "eval_every": "every this many iterations, play the greedy policy on held-out validation episodes, log it "
-                      "(VR-edge: paired against the best baseline) and point <run-dir>/checkpoints/best at the best "
-                      "(0: off)",
-        "eval_episodes": "validation episodes for --eval-every (seeds disjoint from training and trainer.evaluate)",
-        "replay_capacity": "transitions the replay holds (FIFO); its memory is printed at start",
-        "replay_alpha": "priority exponent (0: uniform sampling)",
-        "replay_beta": "importance-sampling exponent at the start, annealed linearly to 1 over total_steps",
-        "replay_ratio": "transitions the learner samples per transition entering the replay",
-        "apex_batch_size": "learner minibatch size",
-        "n_step": "steps of the n-step return",
-        "target_update": "copy the online network into the target network every this many learner steps",
-        "weights_every": "the actors pull the learner's weights every this many steps per env (rounded up "
-                         "to whole rollouts of num_steps)",
-        "learning_starts": "transitions in the replay before the learner starts",
-        "eps_base": "exploration rate of env i is eps_base^(1 + eps_alpha * i / (num_envs - 1))",
-        "eps_alpha": "see eps_base",
-        "save_replay": "also save the replay's contents in every checkpoint, for an exact resume; it can be "
-                       "gigabytes (replay_capacity x the bytes per transition printed at start), and a run then "
-                       "needs up to 4 times that in memory; without it a resumed run refills the replay",
-        "config": "TOML file with any of these keys (flags override it)",
-    }
+    Example:
+        >>> cfg = TrainConfig.from_dict({"env": "CartPole-v1", "num_envs": 8, "epochs": 2})
+        >>> cfg.num_envs, cfg.algo_settings.epochs, type(cfg.algo_settings).__name__
+        (8, 2, 'PPOSettings')
+        >>> cfg.to_dict()["epochs"]
+        2
+    """
+
+    # the run
+    algo: str = setting("ppo", "the algorithm (trainer.registry)")
+    env: str = setting("VREdge-v0", "any registered Gymnasium env id (VREdge-v0 uses the natively batched env)")
+    env_kwargs: str = setting("", "env constructor arguments, key=value,key=value (numbers, true/false, text or "
+                              "[lists]), e.g. num_users=6, capacity_trace=traces/,trace_split=train or "
+                              "'bitrates_mbps=[5,10,20,40]' for VR-edge")
+    total_steps: int = setting(3_000_000, "env steps to train for", at_least=1)
+    seed: int = setting(1, "run seed (envs, init, sampling)", at_least=0, at_most=MAX_SEED)
+    device: str = setting("auto", "where the learner runs: auto (cuda when available), cpu, cuda or cuda:N")
+    run_dir: str = setting("", "run directory of a new run (default runs/<env>-s<seed>-<time>)")
+    checkpoint_every: int = setting(10, "save a checkpoint every this many iterations (and at the end)", at_least=1)
+    keep_checkpoints: int = setting(3, "how many checkpoint files to keep in <run-dir>/checkpoints", at_least=1)
+    eval_every: int = setting(0, "every this many iterations, play the greedy policy on held-out validation "
+                              "episodes, log it (VR-edge: paired against the best baseline) and point "
+                              "<run-dir>/checkpoints/best at the best", at_least=0, zero="off")
+    eval_episodes: int = setting(16, "validation episodes for --eval-every (seeds disjoint from training and "
+                                 "trainer.evaluate)", at_least=1)
+    tensorboard: bool = setting(False, "also log to TensorBoard (needs the tensorboard extra)")
+    config: str = setting("", "TOML file with any of these keys (flags override it)")
+    # the collection
+    backend: str = setting("sync", "rollout backend: serial, sync, async, device (VR-edge as torch tensors on "
+                           "--device, next to the acting policy) or ray", choices=BACKENDS)
+    num_envs: int = setting(64, "parallel envs (with --num-steps, as many as the memory holds: checked at start)",
+                            at_least=1)
+    num_steps: int = setting(128, "steps per env per rollout (with --num-envs, as many as the memory holds: "
+                             "checked at start)", at_least=1)
+    num_workers: int = setting(0, "async worker processes or ray actors", at_least=0, zero="from the run layout: "
+                               "one busy process per core, or the actors the Ray cluster's CPUs hold")
+    envs_per_worker: int = setting(0, "async/ray: envs per process or actor", at_least=0,
+                                   zero="from the run layout", flag=False)
+    num_splits: int = setting(1, "async: env groups stepped double-buffered (2: the workers step one half of the "
+                              "envs while the policy acts on the other; 1: lockstep); pays off only for envs with "
+                              "costly steps", at_least=1, flag=False)
+    threads: int = setting(0, "torch threads per phase (collecting, learning)", at_least=0, zero="chosen by timing "
+                           "the run's first iterations, for runs of 100 iterations or more (docs/benchmarks.md)")
+    compile: str = setting("auto", "torch.compile the hot paths as fixed-shape graphs (the acting step: policy and "
+                           "torch env; PPO's loss): auto (on for --backend device, and for PPO runs of at least 2M "
+                           "env steps, where it paid for its compile time: 1.39x on 2 cores), on or off; needs a "
+                           "C++ compiler on the CPU (Triton on CUDA): where there is none, auto says so and runs "
+                           "eagerly", choices=COMPILE_CHOICES)
+    overlap: bool = setting(False, "collect the next rollout in a separate process while learning on this one (a "
+                            "fixed policy lag of one update; serial, sync and async backends)")
+    ray_async: bool = setting(False, "ray backend: the actors keep collecting while the learner learns "
+                              "(IMPALA-style, V-trace corrects for the lag)")
+    ray_address: str = setting("", "ray backend: cluster address (empty: reuse a running Ray or start a local one)")
+    cpus_per_worker: float = setting(1.0, "ray backend: CPUs reserved per actor (fractions allowed)", above=0)
+    worker_timeout: float = setting(60.0, "seconds an async worker, the --overlap collecting process or a Ray actor "
+                                    "may stay silent (a hung env step, a stopped process) before the run stops, or "
+                                    "the actor is replaced; stretched to 20x the slowest answer measured",
+                                    above=0, at_most=1e6)
+    start_method: str = setting("auto", "how async workers and the --overlap collecting process start: forkserver "
+                                "(forked from a server that has imported torch once: ~30 ms each), spawn (a fresh "
+                                "interpreter each, importing torch: seconds; Windows has only this) or auto "
+                                "(forkserver where the platform has one)", choices=START_METHOD_CHOICES)
+    # learning, as every algorithm does it
+    lr: float = setting(1e-3, "Adam learning rate", above=0)
+    anneal_lr: bool = setting(True, "linear LR annealing to 0 over total_steps")
+    gamma: float = setting(0.9, "discount", above=0, at_most=1)
+    max_grad_norm: float = setting(0.5, "global grad-norm clip", above=0)
+    hidden: str = setting("64,64", "hidden layer sizes, comma separated")
+    policy_arch: str = setting("auto", "network: flat MLP, per_head (one MLP shared by all action heads; needs an "
+                               "env that declares head_observation_layout, like VR-edge), or auto (per_head where "
+                               "declared)", choices=("auto", "flat", "per_head"), flag=False)
+    # the algorithm's own settings (its package's dataclass); not a flag: its fields are
+    algo_settings: Any = dataclasses.field(default=None, compare=True, metadata={"flag": False})
+
+    def __post_init__(self) -> None:
+        if self.algo_settings is None:
+            from trainer.registry import ALGORITHMS  # (the registry imports this module)
+            if self.algo in ALGORITHMS:  # an unknown one: validate() names the choices
+                self.algo_settings = ALGORITHMS[self.algo].Settings()
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], stored: bool = False) -> TrainConfig:
+        """The config of flat ``values`` (as :meth:`to_dict` writes them, or a TOML file): the run's keys here, the
+        algorithm's in its settings; the algorithm's old spellings read as the new (``renamed``). ``ConfigError`` for
+        a key that neither this config nor the algorithm has, unless ``stored`` (a config stored by an older
+        version, which held every algorithm's settings: the others' are left out)."""
+        from trainer.registry import renamed, settings_class
+        values = renamed(values, values.get("algo", cls.algo))
+        own = {f.name for f in fields(cls)} - {"algo_settings"}
+        settings = settings_class(values.get("algo", cls.algo))
+        theirs = {f.name for f in fields(settings)}
+        unknown = sorted(set(values) - own - theirs)
+        if unknown and not stored:
+            raise ConfigError(unknown[0], values[unknown[0]], message=f"unknown settings {', '.join(unknown)}"
+                              f"{did_you_mean(unknown, own | theirs)}")
+        return cls(**{k: v for k, v in values.items() if k in own},
+                   algo_settings=settings(**{k: v for k, v in values.items() if k in theirs}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting, flat: the run's and the algorithm's (what a checkpoint and ``config.json`` store)."""
+        mine = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "algo_settings"}
+        return {**mine, **(dataclasses.asdict(self.algo_settings) if self.algo_settings is not None else {})}
+
+    def replaced(self, **changes: Any) -> TrainConfig:
+        """This config with ``changes`` (flat keys, the run's or the algorithm's)."""
+        return TrainConfig.from_dict({**self.to_dict(), **changes})
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` (a ``ValueError`` naming the key) for the first invalid value."""
-        def need(ok: bool, name: str, rule: str) -> None:
-            value = getattr(self, name)
-            if isinstance(value, float) and not math.isfinite(value):  # inf passes most ranges, nan fails them all
-                ok, rule = False, "must be finite and " + rule.removeprefix("must be ")  # "... and > 0"
+        """Raise :class:`ConfigError` (a ``ValueError`` naming the key) for the first invalid value: outside its
+        declared limits, or breaking a rule between settings (the algorithm's own: its ``check_config``)."""
+        from trainer.registry import algorithm_spec
+        spec = algorithm_spec(self.algo)
+        check_limits(self)
+        self._check_env_kwargs()
+        rules = [  # (ok, key, rule)
+            (re.fullmatch(r"(ray://)?[\w.\-\[\]:]+:\d+|auto|", self.ray_address) is not None, "ray_address",
+             "must be the HOST:PORT that `ray start --head` printed (e.g. 10.0.0.1:6379), or auto"),
+            (not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray"),
+            (not self.overlap or self.backend not in ("ray", "device"), "overlap",
+             "needs --backend serial, sync or async (ray: --ray-async true keeps the actors collecting while the "
+             "learner learns; device: its env steps on the learner's device, between updates)"),
+            (self.num_splits == 1 or self.backend == "async", "num_splits", "needs --backend async"),
+            (self.device in DEVICE_CHOICES or re.fullmatch(r"cuda:\d+", self.device) is not None, "device",
+             "must be auto, cpu, cuda or cuda:N" + (" (did you mean cuda?)" if self.device.lower() == "gpu" else
+                                                    did_you_mean(self.device, DEVICE_CHOICES))),
+            (re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", self.hidden) is not None, "hidden",
+             "must be comma-separated positive sizes, e.g. 64,64"),
+        ]
+        for ok, key, rule in rules:
             if not ok:
-                raise ConfigError(name, value, rule)
+                raise ConfigError(key, getattr(self, key), rule)
+        check_limits(self.algo_settings)
+        spec.check_config(self)
 
-        def one_of(name: str, choices: tuple[str, ...]) -> None:
-            need(getattr(self, name) in choices, name, choose(getattr(self, name), choices))
-        need(0 <= self.seed <= MAX_SEED, "seed", f"must be >= 0 and at most {MAX_SEED} (2**64 - 2: torch seeds "
-             "its generators with 64-bit unsigned integers, the policy's sampling one with seed + 1)")
+    def _check_env_kwargs(self) -> None:
+        """``env_kwargs``: its syntax, and for VR-edge every argument's name and value (a typo would otherwise
+        surface as a TypeError from deep inside gym.make)."""
         try:
             options = self.env_options
         except ValueError as e:
-            need(False, "env_kwargs", str(e))
-        need("render_mode" not in options, "env_kwargs", "render_mode: training renders no env (they step in "
-             "batches, in this process or in workers); drop it")
-        if self.env == "VREdge-v0":  # a typo would otherwise surface as a TypeError from deep inside gym.make
-            from envs import VREdgeConfig
-            from envs.traces import TraceNotFoundError
-            from envs.vr_edge import torch_env_refusal
-            known = env_argument_defaults(self.env)
-            unknown = sorted(set(options) - set(known))
-            need(not unknown, "env_kwargs", f"VR-edge has no argument {', '.join(unknown)}"
-                 f"{did_you_mean(unknown, known)}; its arguments are {', '.join(known)}")
-            if self.backend == "device" and (why := torch_env_refusal(**options)):  # before traces are read
-                raise ConfigError("env_kwargs", self.env_kwargs, message=f"--backend device: {why}")
-            try:  # every value too (types, ranges, traces): a one-line error now, not one from inside gym.make
-                VREdgeConfig(**options)
-            except TraceNotFoundError as e:
-                need(False, "env_kwargs", f"{e} (traces that moved: --env-kwargs capacity_trace=NEW_DIR with "
-                     "--resume, --capacity-trace NEW_DIR with trainer.evaluate)")
-            except ValueError as e:  # VR-edge names the argument and its rule: not "is invalid" twice
-                raise ConfigError("env_kwargs", self.env_kwargs, message=f"--env-kwargs: {e}") from None
-        need(not self.ray_address or self.ray_address == "auto" or
-             re.fullmatch(r"(ray://)?[\w.\-\[\]:]+:\d+", self.ray_address) is not None, "ray_address",
-             "give the HOST:PORT that `ray start --head` printed (e.g. 10.0.0.1:6379), or auto")
-        need(not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray")
-        need(self.max_lag >= 0, "max_lag", "must be >= 0")
-        need(not self.overlap or self.backend != "ray", "overlap",
-             "works with --backend serial, sync or async; with Ray, --ray-async true keeps the actors collecting "
-             "while the learner learns")
-        need(not self.overlap or self.backend != "device", "overlap",
-             "works with --backend serial, sync or async; --backend device steps its env on the learner's device, "
-             "between updates")
-        one_of("overlap_targets", ("gae", "vtrace"))
-        one_of("policy_arch", ("auto", "flat", "per_head"))
-        need(self.rho_bar > 0, "rho_bar", "must be > 0")
-        need(self.c_bar > 0, "c_bar", "must be > 0")
-        need(self.cpus_per_worker > 0, "cpus_per_worker", "must be > 0")
-        need(0 < self.worker_timeout <= 1e6, "worker_timeout", "must be > 0 and at most 1e6 seconds (11.6 days: "
-             "waits take no longer bound)")
-        need(self.envs_per_worker >= 0, "envs_per_worker", "must be >= 0 (0: split evenly)")
-        need(self.eval_every >= 0, "eval_every", "must be >= 0 (0: off)")
-        for name in ("num_envs", "num_steps", "total_steps", "epochs", "checkpoint_every", "keep_checkpoints",
-                     "eval_episodes"):
-            need(getattr(self, name) >= 1, name, "must be >= 1")
-        need(self.lr > 0, "lr", "must be > 0")
-        need(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
-        need(0 <= self.gae_lambda <= 1, "gae_lambda", "must be in [0, 1]")
-        need(self.clip_coef > 0, "clip_coef", "must be > 0")
-        need(self.max_grad_norm > 0, "max_grad_norm", "must be > 0")
-        need(self.batch_size >= 0, "batch_size", "must be >= 0 (0 lets the planner choose)")
-        need(self.target_kl >= 0, "target_kl", "must be >= 0 (0 disables it)")
-        need(self.num_workers >= 0, "num_workers", "must be >= 0 (0: backend default)")
-        need(self.num_splits >= 1, "num_splits", "must be >= 1 (1: lockstep)")
-        one_of("backend", BACKENDS)
-        need(self.num_splits == 1 or self.backend == "async", "num_splits", "needs --backend async")
-        need(self.threads >= 0, "threads", "must be >= 0 (0: from the run layout)")
-        need(self.device in DEVICE_CHOICES or self.device.startswith("cuda:"), "device",
-             "use auto, cpu, cuda or cuda:N" + (" (did you mean cuda?)" if self.device.lower() == "gpu" else
-                                                 did_you_mean(self.device, DEVICE_CHOICES)))
-        one_of("compile", COMPILE_CHOICES)
-        need(self.start_method != "fork", "start_method", "a forked copy of a lock held by one of this process's "
-             f"threads (torch's) can hang the child; {choose('', START_METHOD_CHOICES)}")
-        one_of("start_method", START_METHOD_CHOICES)
-        try:
-            sizes = self.hidden_sizes
-        except ValueError:
-            sizes = ()
-        need(len(sizes) > 0 and all(s > 0 for s in sizes), "hidden", "comma-separated positive sizes, e.g. 64,64")
-        for name in ("replay_capacity", "apex_batch_size", "n_step", "target_update", "weights_every"):
-            need(getattr(self, name) >= 1, name, "must be >= 1")
-        need(self.learning_starts >= 0, "learning_starts", "must be >= 0 (0: learn from the first transitions)")
-        need(self.replay_alpha >= 0, "replay_alpha", "must be >= 0 (0: uniform sampling)")
-        need(0 <= self.replay_beta <= 1, "replay_beta", "must be in [0, 1]")
-        need(self.replay_ratio > 0, "replay_ratio", "must be > 0")
-        need(0 < self.eps_base <= 1, "eps_base", "must be in (0, 1]")
-        need(self.eps_alpha >= 0, "eps_alpha", "must be >= 0")
-        for f in fields(self):  # a float with no range above: inf or nan would fail much later
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f.name, value, "must be a finite number")
+            raise ConfigError("env_kwargs", self.env_kwargs, message=f"--env-kwargs: {e}") from None
+        if "render_mode" in options:
+            raise ConfigError("env_kwargs", self.env_kwargs, message="--env-kwargs render_mode: training renders "
+                              "no env (they step in batches, in this process or in workers); drop it")
+        if self.env != "VREdge-v0":
+            return
+        from envs import VREdgeConfig
+        from envs.traces import TraceNotFoundError
+        from envs.vr_edge import torch_env_refusal
+        known = env_argument_defaults(self.env)
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ConfigError("env_kwargs", self.env_kwargs, message=f"--env-kwargs: VR-edge has no argument "
+                              f"{', '.join(unknown)}{did_you_mean(unknown, known)}; its arguments are "
+                              f"{', '.join(known)}")
+        if self.backend == "device" and (why := torch_env_refusal(**options)):  # before traces are read
+            raise ConfigError("env_kwargs", self.env_kwargs, message=f"--backend device: {why}")
+        try:  # every value too (types, ranges, traces): a one-line error now, not one from inside gym.make
+            VREdgeConfig(**options)
+        except TraceNotFoundError as e:
+            raise ConfigError("env_kwargs", self.env_kwargs, message=f"--env-kwargs: {e} (traces that moved: "
+                              "--env-kwargs capacity_trace=NEW_DIR with --resume, --capacity-trace NEW_DIR with "
+                              "trainer.evaluate)") from None
+        except ValueError as e:  # VR-edge names the argument and its rule
+            raise ConfigError("env_kwargs", self.env_kwargs, message=f"--env-kwargs: {e}") from None
 
     def check_memory(self, env: EnvSizes, copies: int, available: int) -> None:
         """Raise :class:`ConfigError` where the run would need more than ``available`` bytes of memory
@@ -279,7 +215,7 @@ class TrainConfig:
         >>> TrainConfig(num_steps=10**9).check_memory(vr, copies=2, available=128 << 30)
         Traceback (most recent call last):
         ...
-        trainer.config.ConfigError: --num-steps=1000000000 is invalid: the run would need at least 65.1 TiB of \
+        trainer.settings.ConfigError: --num-steps=1000000000: the run would need at least 65.1 TiB of \
 memory, more than the 128.0 GiB available here (a rollout of 1,000,000,000 x 64 env steps at 559 bytes each, in 2 \
 copies, and 1,225 bytes per env besides); at most 1,920,824 steps fit with --num-envs 64
         """
@@ -314,9 +250,6 @@ copies, and 1,225 bytes per env besides); at most 1,920,824 steps fit with --num
     def hidden_sizes(self) -> tuple[int, ...]:
         return tuple(int(x) for x in self.hidden.split(","))
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     def with_absolute_paths(self) -> TrainConfig:
         """This config with the env arguments that name files (``PATH_ENV_KWARGS``) made absolute.
 
@@ -331,26 +264,6 @@ copies, and 1,225 bytes per env besides); at most 1,920,824 steps fit with --num
         if not paths:
             return self
         return dataclasses.replace(self, env_kwargs=format_env_kwargs({**options, **paths}))
-
-
-class ConfigError(ValueError):
-    """An invalid config value; ``key`` names it (a flag on the command line, a key in a TOML file).
-
-    ``rule`` is what the value breaks (``"must be >= 0"``: the message is ``--key=value is invalid: rule``);
-    a ``message`` of its own replaces that sentence (a rule between several flags), and ``rule`` may then be
-    empty.
-    """
-
-    def __init__(self, key: str, value: Any, rule: str = "", message: str | None = None) -> None:
-        if not (rule or message):
-            raise TypeError("ConfigError needs a rule or a message")
-        super().__init__(message or f"--{key.replace('_', '-')}={spelled(value)} is invalid: {rule}")
-        self.key, self.value, self.rule = key, value, rule
-
-    def in_file(self, path: str) -> str:
-        """The message for a value that the TOML file ``path`` set: the key as the file writes it."""
-        where = f"{path}: {self.key} = {spelled(self.value)}"
-        return f"{where} is invalid: {self.rule}" if self.rule else f"{self} ({where})"
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
-"""``trainer.train``'s command line: every ``TrainConfig`` field as a flag and a TOML key, checked as a whole.
+"""``trainer.train``'s command line: every setting a TOML key, and a flag where it earned one
+(``trainer.settings``), grouped in ``--help`` by owner: the run, the collection, learning, then each algorithm.
 
 Flags override the TOML file (``--config``), which overrides the defaults: the algorithm's for the env
-(``AlgorithmSpec.defaults``: Ape-X on CartPole runs other sizes than PPO on VR-edge), then ``TrainConfig``'s.
+(``AlgorithmSpec.defaults``: Ape-X on CartPole runs other sizes than PPO on VR-edge), then the declared ones.
 A setting only another algorithm reads is refused (a user who sets ``--epochs`` for Ape-X, or ``--n-step`` for
-PPO, would otherwise believe it took effect); each algorithm declares its own settings (``AlgorithmSpec.options``),
-and their help starts with its name.
+PPO, would otherwise believe it took effect); each algorithm declares its own settings (``AlgorithmSpec.Settings``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import json
 from collections.abc import Collection
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,8 @@ except ModuleNotFoundError:  # Python 3.10
 from collectors.backend_names import LOCAL_BACKENDS
 from trainer.arguments import OneLineParser, did_you_mean
 from trainer.config import (
+    COLLECTION,
+    LEARNING,
     PATH_ENV_KWARGS,
     ConfigError,
     TrainConfig,
@@ -39,9 +41,14 @@ from trainer.registry import (
     algorithm_defaults,
     algorithm_spec,
     new_run_config,
-    option_owner,
+    owners,
+    renamed,
+    renamed_names,
+    setting_fields,
+    settings_class,
     takes_gpu_defaults,
 )
+from trainer.settings import flag_name, help_of, limits_of
 
 # keys a resumed run may change; every other key must match the checkpoint's config
 RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "compile", "cuda_graphs", "num_workers", "threads",
@@ -83,14 +90,34 @@ def _field_type(f: dataclasses.Field) -> type:
     return {"bool": bool, "int": int, "float": float, "str": str}.get(str(f.type), f.type)
 
 
-def _help(name: str) -> str:
-    """A field's help: which algorithms ``--algo`` offers, or what it means, prefixed by the algorithm that alone
-    reads it."""
-    if name == "algo":
+def _types(algo: str | None = None) -> dict[str, type]:
+    """Every setting's type by name: the run's and every algorithm's, or only ``algo``'s besides the run's."""
+    return {f.name: _field_type(f) for _, f in setting_fields()
+            if algo is None or algo in (owners(f.name) or (algo,))}
+
+
+def _help(f: dataclasses.Field) -> str:
+    """A setting's help: which algorithms ``--algo`` offers, or what it means, with its limits; each owner's
+    where several algorithms declare it."""
+    if f.name == "algo":
         *others, last = (f"{n} ({cls.description})" for n, cls in ALGORITHMS.items())
         return f"{', '.join(others)} or {last}" if others else last
-    owner, text = option_owner(name), TrainConfig.HELP.get(name, "")
-    return f"{owner}: {text}" if owner else text
+    mine = [settings_class(a).__dataclass_fields__[f.name] for a in owners(f.name)] or [f]
+    texts = [help_of(g) + (f" ({rule})" if (rule := limits_of(g).rule()) and not limits_of(g).choices else "")
+             for g in mine]
+    return texts[0] if len(set(texts)) == 1 else "; ".join(f"{a}: {t}" for a, t in zip(owners(f.name), texts))
+
+
+def _group(owner: str, name: str) -> str:
+    """The ``--help`` group of a setting: its algorithm's, or the run's, the collection's, learning's."""
+    if owner:
+        return f"{owner} ({ALGORITHMS[owner].description})"
+    return "collection" if name in COLLECTION else "learning (every algorithm)" if name in LEARNING else "run"
+
+
+def without_flags() -> list[str]:
+    """The settings that have no flag: a TOML key of a ``--config`` file, or a Python argument."""
+    return [f.name for _, f in setting_fields() if not limits_of(f).flag]
 
 
 def _default_help(name: str, default: Any) -> str:
@@ -99,7 +126,7 @@ def _default_help(name: str, default: Any) -> str:
     if per is None:
         return f"(default: {default!r})"
     parts = []
-    for algo in (a for a in ALGORITHMS if option_owner(name) in (None, a)):  # only those that read it
+    for algo in owners(name) or ALGORITHMS:  # only those that read it
         mine = {env: value for (a, env), value in per.items() if a == algo and not env.endswith(" with a GPU")}
         on_gpu = [f"{v!r} on {env}" for (a, env), v in per.items() if a == algo and env.endswith(" with a GPU")
                   and repr(v) != repr(mine.get(env.removesuffix(" with a GPU"), mine.get("*")))]
@@ -116,10 +143,11 @@ def defaults_used(cfg: TrainConfig, given: dict[str, Any]) -> str:
     user set none: ``--backend async --num-envs 8 ...`` (empty when the user set them all).
 
     >>> defaults_used(new_run_config({"algo": "apex", "env": "CartPole-v1", "gamma": 0.9}), {"gamma": 0.9})[:60]
-    '--backend async --num-envs 8 --num-steps 16 --total-steps 40'
+    '--total-steps 400000 --backend async --num-envs 8 --num-step'
     """
-    values = {name: getattr(cfg, name) for name in algorithm_defaults()
-              if name not in given and option_owner(name) in (None, cfg.algo)}
+    settings = cfg.to_dict()
+    values = {name: settings[name] for name in algorithm_defaults()
+              if name not in given and cfg.algo in (owners(name) or (cfg.algo,))}
     return " ".join(f"--{name.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}"
                     for name, v in values.items())
 
@@ -129,22 +157,30 @@ TRAIN_PROG = "python -m trainer.train"
 
 def build_parser(prog: str = TRAIN_PROG, description: str = "",
                  hidden: Collection[str] = ()) -> argparse.ArgumentParser:
-    """Every config field as a flag. Defaults are left out of the namespace (``SUPPRESS``), so
+    """Every setting that has a flag, grouped by owner. Defaults are left out of the namespace (``SUPPRESS``), so
     that what it holds is exactly what the user typed, whatever the value. ``prog``, ``description`` and
-    ``hidden`` (fields, or ``resume``/``overwrite``, parsed but left out of ``--help``): for another command that
+    ``hidden`` (settings, or ``resume``/``overwrite``, parsed but left out of ``--help``): for another command that
     takes the trainer's flags (a benchmark), and refuses some."""
     def shown(name: str, text: str) -> str:
         return argparse.SUPPRESS if name in hidden else text
 
     p = OneLineParser(prog=prog, description=description or (
         f"Train a policy: --algo {' or '.join(ALGORITHMS)} (default {TrainConfig.algo}). Where a default depends on "
-        "the algorithm and the env, its help says so; a new run prints the values it uses."))
-    for f in fields(TrainConfig):
+        "the algorithm and the env, its help says so; a new run prints the values it uses."), epilog=(
+        f"Settings without a flag (a key of a --config TOML file, or a Python argument; docs/training.md): "
+        f"{', '.join(without_flags())}."), settings_without_flags=without_flags())
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for owner, f in setting_fields():
+        if not limits_of(f).flag:
+            continue
+        group = groups.setdefault(_group(owner, f.name), p.add_argument_group(_group(owner, f.name)))
         kind = _field_type(f)
-        p.add_argument(f"--{f.name.replace('_', '-')}",
-                       type=_bool if kind is bool else _compile_choice if f.name == "compile" else kind,
-                       default=argparse.SUPPRESS,
-                       help=shown(f.name, f"{_help(f.name)} {_default_help(f.name, f.default)}"))
+        group.add_argument(flag_name(f.name), type=_bool if kind is bool else _compile_choice
+                           if f.name == "compile" else kind, default=argparse.SUPPRESS,
+                           help=shown(f.name, f"{_help(f)} {_default_help(f.name, f.default)}"))
+    for old, new in renamed_names().items():  # accepted for a release, not shown
+        p.add_argument(flag_name(old), dest=new, type=_types()[new], default=argparse.SUPPRESS,
+                       help=argparse.SUPPRESS)
     p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
                    help=shown("resume", "continue a run from its newest loadable checkpoint (or from this checkpoint "
                                         "file); writes into that run directory"))
@@ -160,8 +196,9 @@ def _toml_values(path: Path) -> dict[str, Any]:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read config file {path}: {e}") from None
-    types = {f.name: _field_type(f) for f in fields(TrainConfig) if f.name != "config"}
-    keys = {key: key.replace("-", "_") for key in data}  # num-envs as the flag, or num_envs as the field
+    types = {name: kind for name, kind in _types().items() if name != "config"}
+    old = renamed_names()
+    keys = {key: old.get(key.replace("-", "_"), key.replace("-", "_")) for key in data}  # flag or field names
     unknown = sorted(k for k, name in keys.items() if name not in types)
     flags_only = [k for k in unknown if keys[k] in ("config", "resume", "overwrite")]
     if flags_only:  # flag names, but what they do is the command line's, not a run's setting
@@ -238,7 +275,7 @@ def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, descriptio
     """Parse flags over TOML file over defaults; checked (:func:`check_config`). Bad input exits with a
     one-line error (``prog``, ``description``, ``hidden``: :func:`build_parser`'s).
 
-    >>> parse_args(["--algo", "apex", "--env", "CartPole-v1", "--n-step", "5"]).config.n_step
+    >>> parse_args(["--algo", "apex", "--env", "CartPole-v1", "--n-step", "5"]).config.algo_settings.n_step
     5
     """
     parser = build_parser(prog, description, hidden)
@@ -270,8 +307,9 @@ def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, descriptio
         if not resume and takes_gpu_defaults(cfg, given):  # checked first: a bad flag is answered before torch loads
             cfg = new_run_config(given, gpu=True)
             check_config(cfg, given)
-        if not resume and (cfg.device.startswith("cuda") or cfg.cuda_graphs):  # here, not at the layout: before
-            import torch  # any line about the run
+        # here, not at the layout: before any line about the run
+        if not resume and (cfg.device.startswith("cuda") or getattr(cfg.algo_settings, "cuda_graphs", False)):
+            import torch
 
             from trainer.common.devices import learner_device
             from trainer.run_layout import cuda_graphs_on
@@ -297,19 +335,21 @@ def check_config(cfg: TrainConfig, given: dict[str, Any]) -> None:
 def check_owners(algo: str, given: dict[str, Any]) -> None:
     """Raise ``ConfigError`` if ``given`` sets something only another algorithm than ``algo`` reads (a resumed
     run's algorithm is its checkpoint's: known only once that is read)."""
-    ignored = sorted(k for k in given if option_owner(k) not in (None, algo))
+    ignored = sorted(k for k in given if algo not in (owners(k) or (algo,)))
     if ignored:
-        flags = ", ".join("--" + k.replace("_", "-") for k in ignored)
-        owners = " or ".join(sorted({option_owner(k) for k in ignored}))
+        flags = ", ".join(flag_name(k) for k in ignored)
+        readers = " or ".join(sorted({a for k in ignored for a in owners(k)}))
         them = "it" if len(ignored) == 1 else "them"
-        rule = f"for --algo {owners} only, and this run is --algo {algo}, which would ignore {them}; drop {them}"
+        rule = f"for --algo {readers} only, and this run is --algo {algo}, which would ignore {them}; drop {them}"
         raise ConfigError(ignored[0], given[ignored[0]], rule, message=f"{flags}: {rule}")
 
 
 def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) -> TrainConfig:
     """The checkpoint's config with the given flags applied; flags that would change the run are an error (a
     moved trace directory does not: ``--env-kwargs capacity_trace=NEW``)."""
-    check_owners(given.get("algo", saved.get("algo", "ppo")), given)  # before a clash with a value it ignores
+    saved = renamed(saved, saved.get("algo", TrainConfig.algo))
+    check_owners(given.get("algo", saved.get("algo", TrainConfig.algo)), given)  # before a clash with a value it
+    # ignores
     may_change = set(RESUMABLE_CHANGES)
     if {saved.get("backend"), given.get("backend", saved.get("backend"))} <= set(SWITCHABLE_BACKENDS):
         may_change.add("backend")  # the same envs, seeds and numbers, collected elsewhere: the state restores
@@ -326,7 +366,7 @@ def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) ->
             f"a new run; only {', '.join('--' + k.replace('_', '-') for k in sorted(RESUMABLE_CHANGES - {'config'}))} "
             f"may change (and --backend between {', '.join(SWITCHABLE_BACKENDS)}; "
             f"--env-kwargs {', '.join(f'{k}=NEW' for k in sorted(PATH_ENV_KWARGS))} where files moved)"))
-    types = {f.name: _field_type(f) for f in fields(TrainConfig)}
+    types = _types(saved.get("algo", TrainConfig.algo))
     stored = {}
     for key, value in saved.items():
         if key not in types:
@@ -335,6 +375,6 @@ def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) ->
         if not ok:  # a config edited by hand would fail later, as a TypeError from deep inside
             raise ValueError(f"{source}: its stored config has {key} = {value!r}, a {type(value).__name__}; "
                              f"expected {_KINDS[types[key]]} (a config edited by hand?)")
-    cfg = TrainConfig(**{**stored, **given})
+    cfg = TrainConfig.from_dict({**stored, **given})
     check_config(cfg, {})
     return cfg

@@ -252,12 +252,13 @@ def compile_kept_on_resume(cfg: TrainConfig, stored: dict[str, Any],
 
 
 def cuda_graphs_on(cfg: TrainConfig, device: str) -> bool:
-    """Whether PPO's minibatch step is captured as a CUDA graph: ``--cuda-graphs true`` on a CUDA learner (on any
-    other device it is refused, naming the fix)."""
-    if cfg.cuda_graphs and not device.startswith("cuda"):
+    """Whether the algorithm's minibatch step is captured as a CUDA graph: ``--cuda-graphs true`` (a setting of the
+    algorithms that capture one) on a CUDA learner (on any other device it is refused, naming the fix)."""
+    wanted = getattr(cfg.algo_settings, "cuda_graphs", False)
+    if wanted and not device.startswith("cuda"):
         raise ConfigError("cuda_graphs", True, f"needs a CUDA learner, but this run learns on {device}: use --device "
                           "cuda on a machine with a GPU, or --cuda-graphs false")
-    return cfg.cuda_graphs
+    return wanted
 
 
 def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:

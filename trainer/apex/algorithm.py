@@ -40,6 +40,7 @@ from trainer.apex.exploration import EpsilonGreedy, apex_epsilons
 from trainer.apex.nstep import NStepBuilder
 from trainer.apex.q_network import QNetwork, actions_refused
 from trainer.apex.replay import PrioritizedReplay, replay_bytes
+from trainer.apex.settings import ApeXSettings
 from trainer.apex.spec import ApeXSpec
 from trainer.common.devices import resolve_device
 from trainer.common.flat_params import flat_parameters
@@ -93,8 +94,8 @@ class ApeX(ApeXSpec, Algorithm):
     Example (three iterations on CartPole: the replay fills, then the learner starts):
         >>> from collectors import make_collector
         >>> from trainer.run_layout import Machine, run_layout
-        >>> cfg = TrainConfig(algo="apex", env="CartPole-v1", num_envs=2, num_steps=16, learning_starts=64,
-        ...                   apex_batch_size=16, device="cpu")
+        >>> cfg = TrainConfig.from_dict(dict(algo="apex", env="CartPole-v1", num_envs=2, num_steps=16,
+        ...                                  learning_starts=64, minibatch_size=16, device="cpu"))
         >>> layout = run_layout(cfg, Machine(cores=1))
         >>> apex = ApeX.new(cfg, layout)
         >>> with make_collector(layout.env_factories(), apex.acting, horizon=cfg.num_steps, seed=cfg.seed,
@@ -123,6 +124,11 @@ class ApeX(ApeXSpec, Algorithm):
     recent: deque = field(default_factory=lambda: deque(maxlen=100))
     collector: Collector | None = None
 
+    @property
+    def apex(self) -> ApeXSettings:
+        """Ape-X's own settings (``TrainConfig.algo_settings``)."""
+        return self.cfg.algo_settings
+
     @classmethod
     def make_model(cls, cfg: TrainConfig) -> QNetwork:
         """The Q-network for ``cfg.env``: branching with the env's per-head split where it declares one."""
@@ -138,23 +144,23 @@ class ApeX(ApeXSpec, Algorithm):
         """A fresh run: online, target and acting networks from ``cfg.seed``, an empty replay, Adam.
 
         Raises ``ConfigError`` for an action space DQN cannot take (before anything is written)."""
-        device = resolve_device(cfg.device)
+        device, apex = resolve_device(cfg.device), cfg.algo_settings
         acting = cls.make_model(cfg)  # the actors' copy stays on the CPU
         model, target = copy.deepcopy(acting).to(device), copy.deepcopy(acting).to(device)
         keys = torch.tensor(noise_keys(env_seeds(cfg.seed, cfg.num_envs)), dtype=torch.int64)
-        policy = EpsilonGreedy(acting, keys, apex_epsilons(cfg.num_envs, cfg.eps_base, cfg.eps_alpha))
+        policy = EpsilonGreedy(acting, keys, apex_epsilons(cfg.num_envs, apex.eps_base, apex.eps_alpha))
         seed = int(np.random.SeedSequence([cfg.seed, 3]).generate_state(1)[0])  # the replay's own sampling stream
         example = transition_example(acting)
-        check_replay_fits(cfg.replay_capacity, example, cfg.save_replay)
-        replay = PrioritizedReplay(cfg.replay_capacity, example, cfg.replay_alpha, seed=seed)
+        check_replay_fits(apex.replay_capacity, example, apex.save_replay)
+        replay = PrioritizedReplay(apex.replay_capacity, example, apex.replay_alpha, seed=seed)
         # one flat parameter and a fused kernel, as for PPO: Adam and the clip are one op each per learner step;
         # eps 1.5e-4 as in Rainbow and Ape-X: Adam's 1e-8 lets tiny second moments blow up noisy TD gradients
         optimizer = torch.optim.Adam([flat_parameters(model)], lr=cfg.lr, eps=1.5e-4, fused=True)
-        return cls(cfg, device, model, target, policy, optimizer, replay, NStepBuilder(cfg.n_step, cfg.gamma))
+        return cls(cfg, device, model, target, policy, optimizer, replay, NStepBuilder(apex.n_step, cfg.gamma))
 
     def _refill_note(self) -> str:
         """What a resume without the replay means: the learner waits for ``--learning-starts`` new transitions."""
-        starts, left = self.cfg.learning_starts, self.cfg.total_steps - self.env_steps
+        starts, left = self.apex.learning_starts, self.cfg.total_steps - self.env_steps
         note = ("the checkpoint holds no replay (--save-replay false): it refills from new experience, so the "
                 "resumed run is not identical to an uninterrupted one")
         if self.cfg.total_steps < starts:  # the start's note said the run will not learn
@@ -166,14 +172,14 @@ class ApeX(ApeXSpec, Algorithm):
     def longer_total_steps(self) -> int:
         """At least twice the steps so far, and enough for the learner to wait for ``--learning-starts`` transitions
         (from scratch: a resume without the replay refills it) and then learn for as many steps again."""
-        refill_from = self.env_steps if not self.cfg.save_replay else 0
-        return max(super().longer_total_steps(), refill_from + 2 * self.cfg.learning_starts)
+        refill_from = self.env_steps if not self.apex.save_replay else 0
+        return max(super().longer_total_steps(), refill_from + 2 * self.apex.learning_starts)
 
     def start_notes(self) -> list[str]:
         notes = [self.replay.describe()]
-        if self.cfg.total_steps < self.cfg.learning_starts:  # a transition per env step, at most
+        if self.cfg.total_steps < self.apex.learning_starts:  # a transition per env step, at most
             notes.append(f"note: the learner starts once the replay holds --learning-starts "
-                         f"{self.cfg.learning_starts:,} transitions, and --total-steps {self.cfg.total_steps:,} "
+                         f"{self.apex.learning_starts:,} transitions, and --total-steps {self.cfg.total_steps:,} "
                          "collects fewer: this run will not learn; raise --total-steps (or, for a new run, lower "
                          "--learning-starts)")
         return notes
@@ -183,7 +189,8 @@ class ApeX(ApeXSpec, Algorithm):
         options: dict[str, Any] = {"device": "cpu"}
         if self.cfg.backend == "ray":  # the actors build transitions and priorities themselves
             from trainer.apex.ray_worker import ApexWorker  # only here: nothing else loads Ray's plumbing
-            options.update(worker_cls=ApexWorker, worker_kwargs={"n_step": self.cfg.n_step, "gamma": self.cfg.gamma})
+            options.update(worker_cls=ApexWorker, worker_kwargs={"n_step": self.apex.n_step,
+                                                                 "gamma": self.cfg.gamma})
         return options
 
     def attach(self, collector: Collector) -> None:
@@ -193,7 +200,7 @@ class ApeX(ApeXSpec, Algorithm):
     def beta(self) -> float:
         """The importance-sampling exponent: annealed linearly from ``--replay-beta`` to 1 over the run."""
         frac = min(1.0, self.env_steps / self.cfg.total_steps)
-        return self.cfg.replay_beta + (1.0 - self.cfg.replay_beta) * frac
+        return self.apex.replay_beta + (1.0 - self.apex.replay_beta) * frac
 
     def learning_rate(self) -> float:
         """``--lr``, annealed linearly to 0 over the run with ``--anneal-lr``: DQN's greedy policy keeps
@@ -204,7 +211,7 @@ class ApeX(ApeXSpec, Algorithm):
     def learner_step(self) -> dict[str, float]:
         """One prioritized minibatch: double-DQN update, new priorities, the target network when due."""
         cfg = self.cfg
-        batch, slots, ids, weights = self.replay.sample(cfg.apex_batch_size, self.beta())
+        batch, slots, ids, weights = self.replay.sample(self.apex.minibatch_size, self.beta())
         batch.set("weights", weights)
         if self.device.type != "cpu":  # one host-to-device transfer per sampled batch
             batch = batch.consolidate().to(self.device, non_blocking=True)
@@ -224,7 +231,7 @@ class ApeX(ApeXSpec, Algorithm):
         self.replay.update_priorities(slots, ids, priorities(td).cpu())
         self.learner_steps += 1
         self.sampled += len(slots)
-        if self.learner_steps % cfg.target_update == 0:
+        if self.learner_steps % self.apex.target_update == 0:
             self.target.load_state_dict(self.model.state_dict())
         return {"loss": loss_, "q_mean": q_mean, "td_abs": td_abs, "grad_norm": grad_norm_}
 
@@ -247,15 +254,15 @@ class ApeX(ApeXSpec, Algorithm):
             group["lr"] = lr
         stats: list[dict[str, float]] = []
         t1 = time.perf_counter()
-        if self.replay.size >= cfg.learning_starts:
-            self.credit += len(transitions) * cfg.replay_ratio / cfg.apex_batch_size
+        if self.replay.size >= self.apex.learning_starts:
+            self.credit += len(transitions) * self.apex.replay_ratio / self.apex.minibatch_size
             while self.credit >= 1.0:
                 stats.append(self.learner_step())
                 self.credit -= 1.0
         learned = time.perf_counter() - t1
         envs = rollout.envs.stop - rollout.envs.start
         self.iteration, self.env_steps = it, self.env_steps + cfg.num_steps * envs
-        if self.env_steps - self.pulled_at >= cfg.weights_every * cfg.num_envs:
+        if self.env_steps - self.pulled_at >= self.apex.weights_every * cfg.num_envs:
             collector.update_policy(self.model.state_dict())  # the one way in for weights
             self.pulled_at = self.env_steps
             self.version_steps[collector.policy_version] = self.learner_steps
@@ -268,7 +275,7 @@ class ApeX(ApeXSpec, Algorithm):
             **means, "learner_steps": self.learner_steps, "updates": len(stats), "replay_size": self.replay.size,
             "beta": self.beta(), "inserted_per_s": len(transitions) / max(collected, 1e-9),
             "updates_per_s": len(stats) / learned if stats else None,
-            "sampled_per_s": len(stats) * cfg.apex_batch_size / learned if stats else None,
+            "sampled_per_s": len(stats) * self.apex.minibatch_size / learned if stats else None,
         }, rollout, lag)
 
     # ------------------------------------------------------------------ checkpoints
@@ -284,7 +291,7 @@ class ApeX(ApeXSpec, Algorithm):
             "model": self.model.state_dict(), "target_model": self.target.state_dict(),
             "acting_model": self.acting.state_dict(), "optimizer": self.optimizer.state_dict(),
             "nstep": self.builder.state_dict(), "recent_returns": list(self.recent),
-            "replay": self.replay.state_dict() if self.cfg.save_replay else None,
+            "replay": self.replay.state_dict() if self.apex.save_replay else None,
             "rng": {**capture_rng(), "replay": self.replay.generator_state()},
             "collector": collector.get_state(),
         })

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from trainer.algorithm import AlgorithmSpec
+from trainer.apex.settings import ApeXSettings
 from trainer.config import ConfigError, TrainConfig
 
 
@@ -20,9 +21,7 @@ class ApeXSpec(AlgorithmSpec):
 
     description: ClassVar[str] = ("Ape-X: epsilon-greedy actors, prioritized replay, double DQN; Discrete and "
                                   "MultiDiscrete actions")
-    options: ClassVar[frozenset[str]] = frozenset({
-        "replay_capacity", "replay_alpha", "replay_beta", "replay_ratio", "apex_batch_size", "n_step",
-        "target_update", "weights_every", "learning_starts", "eps_base", "eps_alpha", "save_replay"})
+    Settings: ClassVar[type] = ApeXSettings
     model_name: ClassVar[str] = "an Ape-X Q-network"
     stochastic: ClassVar[bool] = False  # greedy: its exploration is the actors' epsilon
     # other envs: the README's CartPole command, 500 on 5 of 5 seeds (docs/benchmarks.md, "CartPole-v1 local
@@ -38,18 +37,21 @@ class ApeXSpec(AlgorithmSpec):
 
     @classmethod
     def check_config(cls, cfg: TrainConfig) -> None:
-        def need(ok: bool, name: str, rule: str) -> None:
+        mine: ApeXSettings = cfg.algo_settings
+        rules = [  # (ok, key, its value, rule)
+            (not cfg.overlap, "overlap", cfg.overlap, "is for --algo ppo: Ape-X's actors already act with stale "
+             "weights"),
+            (not cfg.ray_async, "ray_async", cfg.ray_async, "is for --algo ppo: --algo apex --backend ray collects "
+             "from the actors as they finish by itself"),
+            (mine.learning_starts <= mine.replay_capacity, "learning_starts", mine.learning_starts,
+             f"must be <= --replay-capacity ({mine.replay_capacity}), or learning never starts"),
+            (mine.minibatch_size <= mine.replay_capacity, "minibatch_size", mine.minibatch_size,
+             f"must be <= --replay-capacity ({mine.replay_capacity}): a minibatch larger than the replay would hold "
+             "the same transitions many times over"),
+        ]
+        for ok, key, value, rule in rules:
             if not ok:
-                raise ConfigError(name, getattr(cfg, name), rule)
-        need(not cfg.overlap, "overlap", "is for --algo ppo; Ape-X's actors already act with stale weights")
-        need(not cfg.ray_async, "ray_async", "is for --algo ppo; --algo apex --backend ray collects from the "
-             "actors as they finish by itself")
-        need(not cfg.batch_size, "batch_size", "is for --algo ppo; the Ape-X learner's minibatch is --apex-batch-size")
-        need(cfg.learning_starts <= cfg.replay_capacity, "learning_starts",
-             f"must be <= --replay-capacity ({cfg.replay_capacity}), or learning never starts")
-        need(cfg.apex_batch_size <= cfg.replay_capacity, "apex_batch_size",
-             f"must be <= --replay-capacity ({cfg.replay_capacity}): a minibatch larger than the replay would hold "
-             "the same transitions many times over")
+                raise ConfigError(key, value, rule)
 
     @classmethod
     def keeps_collecting(cls, cfg: TrainConfig) -> bool:

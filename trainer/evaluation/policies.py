@@ -92,7 +92,7 @@ def policy_from_state(state: dict[str, Any], source: Path, env_kwargs: dict[str,
                       ) -> tuple[nn.Module, TrainConfig]:
     """The frozen CPU policy and training config of a loaded checkpoint ``state`` (read from ``source``), with
     ``env_kwargs`` over the run's env arguments."""
-    cfg = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.__dataclass_fields__})
+    cfg = TrainConfig.from_dict(state["config"], stored=True)
     if env_kwargs:
         cfg = dataclasses.replace(cfg, env_kwargs=format_env_kwargs({**cfg.env_options, **env_kwargs}))
     try:

@@ -23,12 +23,13 @@ from trainer.ppo.model import ActorCritic
 from trainer.ppo.optimizer import fused_adam, load_optimizer_state, set_learning_rate
 from trainer.ppo.pipeline import Pipeline, make_pipeline
 from trainer.ppo.reward_scaling import ReturnScaler
+from trainer.ppo.settings import PPOSettings
 from trainer.ppo.spec import PPOSpec
 from trainer.ppo.targets import advantages_and_returns, vtrace_targets
 from trainer.ppo.update import (
     LearnerSamples,
     MinibatchStep,
-    PPOSettings,
+    UpdateSettings,
     UpdateStep,
     compiled_ppo_loss,
     minibatch_generator,
@@ -85,7 +86,8 @@ class PPO(PPOSpec, Algorithm):
         """The actor-critic for ``cfg.env`` (a per-head actor where the env declares the split and
         ``--policy-arch`` allows)."""
         obs_space, act_space, per_head = model_spaces(cfg)
-        return ActorCritic(obs_space, act_space, cfg.hidden_sizes, cfg.shared_trunk, cfg.normalize_obs,
+        ppo = cfg.algo_settings
+        return ActorCritic(obs_space, act_space, cfg.hidden_sizes, ppo.shared_trunk, ppo.normalize_obs,
                            seed=cfg.seed, per_head=per_head)
 
     @classmethod
@@ -93,10 +95,11 @@ class PPO(PPOSpec, Algorithm):
         """A fresh run: model and its acting copy from ``cfg.seed``, fused Adam over one flat parameter, the
         minibatch plan for the layout's batch (a batch size that cannot work fails here), and the minibatch
         step as the layout runs it (the loss compiled; the whole step captured as a CUDA graph)."""
+        ppo: PPOSettings = cfg.algo_settings
         try:
-            plan = plan_minibatches(layout.batch_envs, cfg.num_steps, cfg.batch_size or None)
-        except ValueError as e:  # only a --batch-size can be wrong here: the sizes were checked with the config
-            raise ConfigError("batch_size", cfg.batch_size, message=str(e)) from None
+            plan = plan_minibatches(layout.batch_envs, cfg.num_steps, ppo.minibatch_size or None)
+        except ValueError as e:  # only a --minibatch-size can be wrong here: the sizes were checked with the config
+            raise ConfigError("minibatch_size", ppo.minibatch_size, message=str(e)) from None
         device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         model = cls.make_model(cfg).to(device)
@@ -105,18 +108,23 @@ class PPO(PPOSpec, Algorithm):
         acting.load_state_dict(model.state_dict())
         # one flat tensor and a fused kernel: Adam is a single op per minibatch, not ~10 per parameter
         optimizer = fused_adam(flat_parameters(model), cfg.lr, capturable=layout.cuda_graphs)
-        step = MinibatchStep(model, optimizer, PPOSettings.from_config(cfg, plan.minibatch_size),
+        step = MinibatchStep(model, optimizer, UpdateSettings.from_config(cfg, plan.minibatch_size),
                              compiled_ppo_loss() if layout.compile else ppo_loss)
         if layout.cuda_graphs:
             step = CapturedStep(step)
         return cls(cfg, device, model, acting, optimizer,
-                   ReturnScaler(cfg.num_envs, cfg.gamma, device) if cfg.scale_rewards else None, plan,
+                   ReturnScaler(cfg.num_envs, cfg.gamma, device) if ppo.scale_rewards else None, plan,
                    layout.iterations(cfg), step)
 
     @property
-    def settings(self) -> PPOSettings:
+    def settings(self) -> UpdateSettings:
         """The update's hyperparameters, with the planned minibatch size (the step's)."""
         return self.step.settings
+
+    @property
+    def ppo(self) -> PPOSettings:
+        """PPO's own settings, as the user gave them (``TrainConfig.algo_settings``)."""
+        return self.cfg.algo_settings
 
     def start_notes(self) -> list[str]:
         step = self.step.step if isinstance(self.step, CapturedStep) else self.step
@@ -141,7 +149,7 @@ class PPO(PPOSpec, Algorithm):
         rollout = self.pipeline.next_rollout()
         lag = self.pipeline.collector.policy_version - rollout.policy_version
         self.lags[lag] = self.lags.get(lag, 0) + 1
-        if cfg.ray_async and lag > cfg.max_lag:  # too stale to correct well: the next one is fresher
+        if cfg.ray_async and lag > self.ppo.max_lag:  # too stale to correct well: the next one is fresher
             self.dropped += 1
             return None
         self.recent.extend(e["return"] for e in rollout.episodes)
@@ -163,18 +171,16 @@ class PPO(PPOSpec, Algorithm):
         step more (better in 33/50); CartPole 150k steps, 3 seeds: 133 vs 127 mean greedy return,
         within noise. Hence this order (docs/benchmarks.md).
         """
-        cfg, model, batch = self.cfg, self.model, rollout.batch
+        cfg, ppo, model, batch = self.cfg, self.ppo, self.model, rollout.batch
         set_learning_rate(self.optimizer, lr)
-        if cfg.normalize_obs:
+        if ppo.normalize_obs:
             model.norm.update(batch["observations"])
         scale = (self.scaler.scale(batch["rewards"], batch["final_observation_mask"], rollout.envs)
                  if self.scaler else 1.0)
-        if cfg.ray_async or (cfg.overlap and cfg.overlap_targets == "vtrace"):  # collected by older weights
-            adv, ret = vtrace_targets(model, batch, rollout.next_observations, cfg.gamma, cfg.rho_bar, cfg.c_bar,
-                                      scale)
+        if cfg.ray_async or (cfg.overlap and ppo.overlap_targets == "vtrace"):  # collected by older weights
+            adv, ret = vtrace_targets(model, batch, rollout.next_observations, cfg.gamma, ppo.rho_bar, ppo.c_bar, scale)
         else:
-            adv, ret = advantages_and_returns(model, batch, rollout.next_observations, cfg.gamma, cfg.gae_lambda,
-                                              scale)
+            adv, ret = advantages_and_returns(model, batch, rollout.next_observations, cfg.gamma, ppo.gae_lambda, scale)
         try:
             return ppo_update(self.step, LearnerSamples.from_rollout(batch, adv, ret),
                               minibatch_generator(cfg.seed, iteration, self.device))
@@ -218,4 +224,4 @@ class PPO(PPOSpec, Algorithm):
         if not self.cfg.ray_async:
             return []
         return [f"policy lag (versions behind: batches): {dict(sorted(self.lags.items()))}; dropped {self.dropped} "
-                f"batches older than --max-lag {self.cfg.max_lag}"]
+                f"batches older than --max-lag {self.ppo.max_lag}"]

@@ -23,10 +23,10 @@ def training_state_kept(step: MinibatchStep) -> Iterator[None]:
         >>> from trainer.common.flat_params import flat_parameters
         >>> from trainer.ppo.model import ActorCritic
         >>> from trainer.ppo.optimizer import fused_adam
-        >>> from trainer.ppo.update import PPOSettings
+        >>> from trainer.ppo.update import UpdateSettings
         >>> env = gym.make("CartPole-v1")
         >>> model = ActorCritic(env.observation_space, env.action_space)
-        >>> settings = PPOSettings(epochs=1, minibatch_size=8, clip_coef=0.2, clip_value=False, ent_coef=0.0,
+        >>> settings = UpdateSettings(epochs=1, minibatch_size=8, clip_coef=0.2, clip_value=False, ent_coef=0.0,
         ...                        vf_coef=0.5, max_grad_norm=0.5, norm_adv=True, target_kl=None)
         >>> step = MinibatchStep(model, fused_adam(flat_parameters(model), 1e-3), settings)
         >>> obs = torch.randn(8, 4)

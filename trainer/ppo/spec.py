@@ -1,4 +1,5 @@
-"""PPO as the command line knows it before torch loads: its help, its settings, its defaults per env."""
+"""PPO as the command line knows it before torch loads: its help, its settings (``trainer.ppo.settings``), its
+defaults per env."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any, ClassVar
 
 from trainer.algorithm import AlgorithmSpec
 from trainer.config import TrainConfig
+from trainer.ppo.settings import PPOSettings
 
 
 class PPOSpec(AlgorithmSpec):
@@ -18,10 +20,7 @@ class PPOSpec(AlgorithmSpec):
 
     description: ClassVar[str] = "actor-critic, on-policy"
     model_name: ClassVar[str] = "a PPO actor-critic"
-    options: ClassVar[frozenset[str]] = frozenset({
-        "gae_lambda", "epochs", "batch_size", "clip_coef", "clip_value", "ent_coef", "vf_coef", "norm_adv",
-        "target_kl", "normalize_obs", "scale_rewards", "shared_trunk", "ray_async", "overlap", "overlap_targets",
-        "max_lag", "rho_bar", "c_bar", "cuda_graphs"})
+    Settings: ClassVar[type] = PPOSettings
     # VR-edge: TrainConfig's own defaults (docs/benchmarks.md, "The defaults over 5 seeds"); other envs: the
     # README's CartPole command (8 envs x 128 steps, 200k steps)
     defaults: ClassVar[dict[str, dict[str, Any]]] = {

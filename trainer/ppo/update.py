@@ -33,7 +33,7 @@ STAT_NAMES = ("policy_loss", "value_loss", "entropy", "loss", "approx_kl", "clip
 
 
 @dataclass(frozen=True)
-class PPOSettings:
+class UpdateSettings:
     """The PPO update's hyperparameters (``TrainConfig`` fields of the same names; ``target_kl=None``: no
     early stop)."""
 
@@ -48,11 +48,12 @@ class PPOSettings:
     target_kl: float | None
 
     @classmethod
-    def from_config(cls, cfg: Any, minibatch_size: int) -> PPOSettings:
+    def from_config(cls, cfg: Any, minibatch_size: int) -> UpdateSettings:
         """From a ``TrainConfig`` and the planned minibatch size (``trainer.ppo.batching.plan_minibatches``)."""
-        return cls(epochs=cfg.epochs, minibatch_size=minibatch_size, clip_coef=cfg.clip_coef,
-                   clip_value=cfg.clip_value, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
-                   max_grad_norm=cfg.max_grad_norm, norm_adv=cfg.norm_adv, target_kl=cfg.target_kl or None)
+        ppo = cfg.algo_settings
+        return cls(epochs=ppo.epochs, minibatch_size=minibatch_size, clip_coef=ppo.clip_coef,
+                   clip_value=ppo.clip_value, ent_coef=ppo.ent_coef, vf_coef=ppo.vf_coef,
+                   max_grad_norm=cfg.max_grad_norm, norm_adv=ppo.norm_adv, target_kl=ppo.target_kl or None)
 
 
 class LearnerSamples(NamedTuple):
@@ -86,7 +87,7 @@ class PPOLoss(NamedTuple):
     entropy: torch.Tensor
 
 
-def ppo_loss(model: ActorCritic, mb: LearnerSamples, s: PPOSettings) -> PPOLoss:
+def ppo_loss(model: ActorCritic, mb: LearnerSamples, s: UpdateSettings) -> PPOLoss:
     """The loss of one minibatch: clipped surrogate, (clipped) value loss, entropy bonus."""
     logp, entropy, value = model.evaluate(mb.observations, mb.actions)
     log_ratio = logp - mb.old_log_probs
@@ -105,7 +106,7 @@ def ppo_loss(model: ActorCritic, mb: LearnerSamples, s: PPOSettings) -> PPOLoss:
     return PPOLoss(loss, log_ratio, policy_loss, value_loss, entropy_mean)
 
 
-LossFn = Callable[[ActorCritic, LearnerSamples, PPOSettings], PPOLoss]
+LossFn = Callable[[ActorCritic, LearnerSamples, UpdateSettings], PPOLoss]
 
 
 def compiled_ppo_loss() -> LossFn:
@@ -125,7 +126,7 @@ class MinibatchStep:
         >>> import gymnasium as gym
         >>> env = gym.make("CartPole-v1")
         >>> model = ActorCritic(env.observation_space, env.action_space)
-        >>> settings = PPOSettings(epochs=1, minibatch_size=8, clip_coef=0.2, clip_value=False, ent_coef=0.0,
+        >>> settings = UpdateSettings(epochs=1, minibatch_size=8, clip_coef=0.2, clip_value=False, ent_coef=0.0,
         ...                        vf_coef=0.5, max_grad_norm=0.5, norm_adv=True, target_kl=None)
         >>> step = MinibatchStep(model, torch.optim.Adam(model.parameters()), settings)
         >>> obs = torch.randn(8, 4)
@@ -135,7 +136,7 @@ class MinibatchStep:
         0.0
     """
 
-    def __init__(self, model: ActorCritic, optimizer: torch.optim.Optimizer, settings: PPOSettings,
+    def __init__(self, model: ActorCritic, optimizer: torch.optim.Optimizer, settings: UpdateSettings,
                  loss_fn: LossFn = ppo_loss) -> None:
         self.model, self.optimizer, self.settings, self.loss_fn = model, optimizer, settings, loss_fn
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -154,7 +155,7 @@ class MinibatchStep:
 class UpdateStep(Protocol):
     """What :func:`ppo_update` takes minibatches to: a :class:`MinibatchStep`, or ``CapturedStep``'s replay of one."""
 
-    settings: PPOSettings
+    settings: UpdateSettings
 
     def __call__(self, mb: LearnerSamples) -> PPOLoss: ...
 
