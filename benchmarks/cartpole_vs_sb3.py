@@ -32,9 +32,9 @@ from trainer.evaluation.policies import load_policy
 
 STEPS, ENVS, HORIZON, EPOCHS, MINIBATCH, LR = 200_000, 8, 128, 4, 256, 2.5e-4
 OURS = ["--env", "CartPole-v1", "--num-envs", str(ENVS), "--num-steps", str(HORIZON), "--epochs", str(EPOCHS),
-        "--batch-size", str(MINIBATCH), "--total-steps", str(STEPS), "--lr", str(LR), "--gamma", "0.99",
-        "--gae-lambda", "0.95", "--ent-coef", "0.01", "--clip-coef", "0.2", "--vf-coef", "0.5",
-        "--max-grad-norm", "0.5", "--normalize-obs", "false", "--device", "cpu"]
+        "--minibatch-size", str(MINIBATCH), "--total-steps", str(STEPS), "--lr", str(LR), "--gamma", "0.99",
+        "--gae-lambda", "0.95", "--ent-coef", "0.01", "--clip-coef", "0.2", "--max-grad-norm", "0.5",
+        "--config", str(Path(__file__).with_name("cleanrl_cartpole.toml")), "--device", "cpu"]
 VARIANTS = {"alternating": [], "overlap": ["--overlap", "true"]}
 
 

@@ -1,8 +1,8 @@
 """Where one training iteration's time goes: collecting vs learning, with 1 and 2 learner threads.
 
     python -m benchmarks.iteration_breakdown                 # VR-edge defaults
-    python -m benchmarks.iteration_breakdown --env CartPole-v1 --num-envs 8 --batch-size 256 \\
-        --lr 2.5e-4 --gamma 0.99 --ent-coef 0.01 --normalize-obs false
+    python -m benchmarks.iteration_breakdown --env CartPole-v1 --num-envs 8 --minibatch-size 256 \\
+        --lr 2.5e-4 --gamma 0.99 --ent-coef 0.01 --config benchmarks/cleanrl_cartpole.toml
 
 Runs the trainer's own ``collect()`` (sync backend) and ``PPO.learn`` (``trainer.ppo.algorithm``) alternately
 and prints the median of each over the iterations after the first, per thread count. The

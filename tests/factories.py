@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 import envs
+
+
+def settings_file(name: str) -> str:
+    """``tests/settings/<name>.toml``, for ``--config``: the settings a test sets that have no flag."""
+    return str(Path(__file__).with_name("settings") / f"{name}.toml")
 
 
 def cartpole() -> gym.Env:

@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDict
 
 import checkpoints
+from tests.factories import settings_file
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_module
 from trainer.apex.dqn import double_dqn_targets, dqn_loss, priorities
@@ -273,8 +274,8 @@ def run(argv, **kw):
 
 
 SMALL_VR = ["--algo", "apex", "--env", "VREdge-v0", "--env-kwargs", "num_users=2,max_steps=20", "--num-envs", "4",
-            "--num-steps", "8", "--total-steps", str(4 * 8 * 8), "--learning-starts", "40", "--apex-batch-size", "16",
-            "--replay-capacity", "200", "--replay-ratio", "2", "--target-update", "3", "--weights-every", "16",
+            "--num-steps", "8", "--total-steps", str(4 * 8 * 8), "--learning-starts", "40", "--minibatch-size", "16",
+            "--replay-capacity", "200", "--replay-ratio", "2", "--config", settings_file("apex_small"),
             "--checkpoint-every", "1", "--seed", "4", "--threads", "1", "--save-replay", "true", "--hidden", "16"]
 
 
@@ -356,9 +357,9 @@ def test_evaluate_plays_the_greedy_q_policy_against_the_baselines(tmp_path, caps
                                          (["--algo", "apex", "--learning-starts", "10", "--replay-capacity", "5"],
                                           "--learning-starts"),
                                          (["--algo", "apex", "--learning-starts", "0", "--replay-capacity", "16",
-                                           "--apex-batch-size", "128"],
-                                          "--apex-batch-size=128 is invalid: must be <= --replay-capacity (16)"),
-                                         (["--algo", "apex", "--replay-beta", "2"], "--replay-beta")])
+                                           "--minibatch-size", "128"],
+                                          "--minibatch-size=128 is invalid: must be <= --replay-capacity (16)"),
+                                         (["--algo", "apex", "--n-step", "0"], "--n-step")])
 def test_bad_apex_config_is_a_clear_error(argv, words, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
@@ -368,8 +369,8 @@ def test_bad_apex_config_is_a_clear_error(argv, words, capsys):
 def test_beta_anneals_to_one_over_the_run():
     from trainer.apex.algorithm import ApeX
     from trainer.run_layout import Machine, run_layout
-    cfg = parse_args(["--algo", "apex", "--env", "CartPole-v1", "--total-steps", "1000", "--replay-beta", "0.4",
-                      "--replay-capacity", "5000"]).config
+    cfg = parse_args(["--algo", "apex", "--env", "CartPole-v1", "--total-steps", "1000",
+                      "--replay-capacity", "5000"]).config  # --replay-beta 0.4, the default
     apex = ApeX.new(cfg, run_layout(cfg, Machine(cores=1)))
     betas = []
     for steps in (0, 500, 1000, 5000):
@@ -412,8 +413,8 @@ def local_ray():
 
 RAY_CARTPOLE = ["--algo", "apex", "--env", "CartPole-v1", "--backend", "ray", "--num-envs", "4", "--num-workers",
                 "2", "--cpus-per-worker", "0.5", "--num-steps", "8", "--learning-starts", "32",
-                "--apex-batch-size", "16", "--replay-ratio", "2", "--weights-every", "16", "--hidden", "16",
-                "--threads", "1", "--seed", "2"]
+                "--minibatch-size", "16", "--replay-ratio", "2", "--config", settings_file("apex_weights"),
+                "--hidden", "16", "--threads", "1", "--seed", "2"]
 
 
 @pytest.mark.ray

@@ -22,6 +22,7 @@ import torch
 
 import checkpoints
 from collectors.env_group import EnvGroup
+from tests.factories import settings_file
 from trainer import train as train_module
 from trainer.flags import parse_args
 from trainer.ppo.algorithm import PPO
@@ -182,7 +183,7 @@ def test_resume_with_another_number_of_workers_is_exact(tmp_path):
 def test_resume_of_a_double_buffered_run_is_exact(tmp_path):
     """The keyed-sampling step counters are part of the checkpoint: VR-edge in 2 groups over 2 workers resumes
     over 1 worker (one vector env per process and group, so the groups' envs stay the same)."""
-    argv = VR + ["--backend", "async", "--num-splits", "2", "--num-workers", "1", "--run-dir"]
+    argv = VR + ["--backend", "async", "--config", settings_file("two_splits"), "--num-workers", "1", "--run-dir"]
     run(argv + [str(tmp_path / "straight")])
     run(argv + [str(tmp_path / "split")], max_iterations=3)
     run(["--resume", str(tmp_path / "split")])

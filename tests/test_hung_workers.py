@@ -24,7 +24,7 @@ from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, MAX_WORKER_TIMEOUT_S,
 from collectors.processes import collector_process
 from collectors.watchdog import GRACE_S, Watchdog
 from tests import factories as f
-from tests.factories import RandomPolicy
+from tests.factories import RandomPolicy, settings_file
 from trainer.config import TrainConfig
 from trainer.interrupts import Interrupted, StopSignals
 from trainer.run_layout import Machine, run_layout
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HANGING = "tests.factories:Hanging-v0"  # CartPole whose 40th step hangs in a worker process
 STUCK_IN_PYTHON = "tests.factories:StuckInPython-v0"  # ... in the trainer (with --overlap, its collecting process)
 # 1 worker process + the collecting process stepping envs 0-1, whatever the machine's cores
-OWN_SHARE = ["--backend", "async", "--envs-per-worker", "2", "--worker-timeout", "2"]
+OWN_SHARE = ["--backend", "async", "--config", settings_file("own_share"), "--worker-timeout", "2"]
 # eager: a run this long would compile under --compile auto, which these tests about hangs need not wait for
 SMALL = ["--num-envs", "4", "--num-steps", "8", "--total-steps", "100000000", "--device", "cpu", "--seed", "3",
          "--checkpoint-every", "1000", "--compile", "off"]

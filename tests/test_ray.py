@@ -9,6 +9,7 @@ import torch
 
 from collectors import make_collector
 from tests import factories as f
+from tests.factories import settings_file
 from trainer.ppo.model import ActorCritic
 
 ray = pytest.importorskip("ray")
@@ -111,7 +112,7 @@ def test_bad_worker_layout_is_rejected(cluster):
 
 
 
-@pytest.mark.parametrize("mode", [[], ["--ray-async", "true", "--max-lag", "1", "--scale-rewards", "true"]])
+@pytest.mark.parametrize("mode", [[], ["--ray-async", "true", "--config", settings_file("ray_async_lag1")]])
 def test_training_on_ray_sync_and_async_then_resume(cluster, tmp_path, mode):
     import json
 

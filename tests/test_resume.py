@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import checkpoints
+from tests.factories import settings_file
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_module
 from trainer.flags import parse_args
@@ -20,7 +21,7 @@ def params(run_dir):
 
 
 SMALL_VR = ["--env", "VREdge-v0", "--num-envs", "4", "--num-steps", "16", "--total-steps", str(4 * 16 * 6),
-            "--checkpoint-every", "1", "--seed", "5", "--scale-rewards", "true"]
+            "--checkpoint-every", "1", "--seed", "5", "--config", settings_file("scaled_rewards")]
 
 
 @pytest.mark.parametrize("backend", ["sync", pytest.param("serial", marks=pytest.mark.slow)])

@@ -1,14 +1,17 @@
 """Print PPO's minibatch plan for a rollout size.
 
-    python -m trainer.batching --num-envs 64 --num-steps 2048 --batch-size 4096
+    python -m trainer.batching --num-envs 64 --num-steps 2048 --minibatch-size 4096
 
-The flags are ``trainer.train``'s (``--n-envs`` and ``--n-steps`` are accepted too).
+The flags are ``trainer.train``'s, with their limits (``--n-envs``, ``--n-steps`` and ``--batch-size`` are accepted
+too).
 """
 
 from __future__ import annotations
 
 from trainer.arguments import OneLineParser
+from trainer.config import TrainConfig
 from trainer.ppo.batching import plan_minibatches  # no torch: --help answers at once
+from trainer.settings import ConfigError, check_limits
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -17,16 +20,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-envs", "--n-envs", dest="num_envs", type=int, required=True, help="parallel envs")
     p.add_argument("--num-steps", "--n-steps", dest="num_steps", type=int, required=True,
                    help="steps per env per rollout")
-    p.add_argument("--batch-size", type=int, default=0, help="minibatch size (default 0: the planner picks, as "
-                   "for trainer.train)")
+    p.add_argument("--minibatch-size", "--batch-size", dest="minibatch_size", type=int, default=0,
+                   help="minibatch size (default 0: the planner picks, as for trainer.train)")
     args = p.parse_args(argv)
-    for flag, value, least in (("--num-envs", args.num_envs, 1), ("--num-steps", args.num_steps, 1),
-                               ("--batch-size", args.batch_size, 0)):
-        if value < least:
-            p.error(f"{flag}={value} is invalid: must be >= {least}")
     try:
-        print(plan_minibatches(args.num_envs, args.num_steps, args.batch_size or None).describe())
-    except ValueError as e:
+        cfg = TrainConfig.from_dict(vars(args))
+        check_limits(cfg)
+        check_limits(cfg.algo_settings)
+        print(plan_minibatches(args.num_envs, args.num_steps, args.minibatch_size or None).describe())
+    except ConfigError as e:
         p.error(str(e))
 
 

@@ -15,7 +15,7 @@ from trainer.common.devices import resolve_device
 from trainer.common.flat_params import flat_parameters
 from trainer.common.spaces import model_spaces
 from trainer.common.state import capture_rng, cpu_copy, restore_rng
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import TrainConfig
 from trainer.metrics import metrics_row, steps_per_second
 from trainer.ppo.batching import MinibatchPlan, plan_minibatches
 from trainer.ppo.cuda_graph import CapturedStep
@@ -96,10 +96,7 @@ class PPO(PPOSpec, Algorithm):
         minibatch plan for the layout's batch (a batch size that cannot work fails here), and the minibatch
         step as the layout runs it (the loss compiled; the whole step captured as a CUDA graph)."""
         ppo: PPOSettings = cfg.algo_settings
-        try:
-            plan = plan_minibatches(layout.batch_envs, cfg.num_steps, ppo.minibatch_size or None)
-        except ValueError as e:  # only a --minibatch-size can be wrong here: the sizes were checked with the config
-            raise ConfigError("minibatch_size", ppo.minibatch_size, message=str(e)) from None
+        plan = plan_minibatches(layout.batch_envs, cfg.num_steps, ppo.minibatch_size or None)  # ConfigError
         device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         model = cls.make_model(cfg).to(device)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainer.arguments import counted
+from trainer.settings import ConfigError
 
 MIN_MINIBATCHES = 32  # target range of minibatches per epoch, where the rollout is large enough
 MAX_MINIBATCHES = 256
@@ -41,10 +42,10 @@ def _recommended(total: int) -> int:
     return max(below) if below else 1
 
 
-def plan_minibatches(n_envs: int, n_steps: int, batch_size: int | None = None) -> MinibatchPlan:
+def plan_minibatches(n_envs: int, n_steps: int, minibatch_size: int | None = None) -> MinibatchPlan:
     """Plan minibatches for a rollout of ``n_envs * n_steps`` transitions.
 
-    ``batch_size`` (minibatch size) is optional; without it the planner picks one.
+    ``minibatch_size`` is optional; without it the planner picks one.
     Impossible values raise ``ValueError``; workable but poor ones produce warnings
     that name better values.
     """
@@ -53,26 +54,26 @@ def plan_minibatches(n_envs: int, n_steps: int, batch_size: int | None = None) -
             raise ValueError(f"{name}={v!r} is invalid: must be an integer >= 1")
     total = n_envs * n_steps
     best = _recommended(total)
-    if batch_size is None:
+    if minibatch_size is None:
         return MinibatchPlan(total, total // best, best)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"--batch-size={batch_size!r} is invalid: must be an integer >= 1")
-    if batch_size > total:
-        raise ValueError(f"--batch-size={batch_size} is larger than the rollout ({n_envs} envs x {n_steps} steps = "
-                         f"{total} transitions); use at most {total}, e.g. {total // best}")
-    suggestion = f"use --batch-size {total // best} ({counted(best, 'minibatch', 'minibatches')})"
+    if isinstance(minibatch_size, bool) or not isinstance(minibatch_size, int) or minibatch_size < 1:
+        raise ConfigError("minibatch_size", minibatch_size, "must be an integer >= 1")
+    if minibatch_size > total:
+        raise ConfigError("minibatch_size", minibatch_size, f"must be at most the rollout's {total} transitions "
+                          f"({n_envs} envs x {n_steps} steps; the planner picks {total // best})")
+    suggestion = f"use --minibatch-size {total // best} ({counted(best, 'minibatch', 'minibatches')})"
     warnings = []
-    if total % batch_size:
-        warnings.append(f"--batch-size {batch_size} does not divide {total}: the last "
-                        f"{counted(total % batch_size, 'transition')} of each epoch "
-                        f"{'is' if total % batch_size == 1 else 'are'} dropped; {suggestion}")
-    count = total // batch_size
-    if batch_size < MIN_MINIBATCH_SIZE:
-        warnings.append(f"minibatches of {batch_size} are too small for advantage normalisation; {suggestion}")
+    if total % minibatch_size:
+        warnings.append(f"--minibatch-size {minibatch_size} does not divide {total}: the last "
+                        f"{counted(total % minibatch_size, 'transition')} of each epoch "
+                        f"{'is' if total % minibatch_size == 1 else 'are'} dropped; {suggestion}")
+    count = total // minibatch_size
+    if minibatch_size < MIN_MINIBATCH_SIZE:
+        warnings.append(f"minibatches of {minibatch_size} are too small for advantage normalisation; {suggestion}")
     elif count > MAX_MINIBATCHES:
         warnings.append(f"{count} minibatches per epoch make the update too aggressive; {suggestion}")
     elif count < MIN_MINIBATCHES and best >= MIN_MINIBATCHES:
         warnings.append(f"{counted(count, 'minibatch', 'minibatches')} per epoch "
                         f"{'is' if count == 1 else 'are'} too coarse (target {MIN_MINIBATCHES}-"
                         f"{MAX_MINIBATCHES}); {suggestion}")
-    return MinibatchPlan(total, batch_size, count, warnings)
+    return MinibatchPlan(total, minibatch_size, count, warnings)
