@@ -1,7 +1,8 @@
 """A third algorithm, from outside the package: uniformly random actions, learning nothing.
 
 It exists to show (``tests/test_algorithm.py``) that the loop trains, checkpoints and resumes any
-``trainer.algorithm.Algorithm`` it finds in ``trainer.registry``, without a line of its own for it.
+``trainer.algorithm.Algorithm`` it finds in ``trainer.registry``, without a line of its own for it: its one
+setting, ``hold``, gets a flag, a TOML key, a place in the stored config and a resume from its declaration alone.
 """
 
 from __future__ import annotations
@@ -23,19 +24,25 @@ from trainer.common.state import cpu_copy
 from trainer.config import TrainConfig
 from trainer.metrics import metrics_row, steps_per_second
 from trainer.run_layout import RunLayout
+from trainer.settings import setting
+
+
+@dataclass
+class RandomSettings:
+    hold: int = setting(1, "each random action is held for this many steps", at_least=1)
 
 
 class UniformPolicy(nn.Module):
     """Uniform actions of a ``Discrete`` or ``MultiDiscrete`` space, keyed: env ``i``'s action depends only on its
     noise key and step."""
 
-    def __init__(self, space: gym.Space) -> None:
+    def __init__(self, space: gym.Space, hold: int = 1) -> None:
         super().__init__()
         heads = action_heads(space)
-        self.multi, self.sizes = heads.kind == "multi", torch.tensor(heads.sizes)
+        self.multi, self.sizes, self.hold = heads.kind == "multi", torch.tensor(heads.sizes), hold
 
     def forward(self, obs: torch.Tensor, noise_keys: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-        u = noise.uniform(noise_keys, steps, (len(obs), len(self.sizes)))
+        u = noise.uniform(noise_keys, steps // self.hold, (len(obs), len(self.sizes)))
         actions = torch.minimum((u * self.sizes).long(), self.sizes - 1)
         return actions if self.multi else actions[:, 0]
 
@@ -49,6 +56,7 @@ class RandomActions(Algorithm):
     description: ClassVar[str] = "uniformly random actions; learns nothing (a test)"
     model_name: ClassVar[str] = "a uniformly random policy"
     stochastic: ClassVar[bool] = False
+    Settings: ClassVar[type] = RandomSettings
 
     cfg: TrainConfig
     model: UniformPolicy
@@ -62,7 +70,7 @@ class RandomActions(Algorithm):
     def make_model(cls, cfg: TrainConfig) -> UniformPolicy:
         env = gym.make(cfg.env, **cfg.env_options)
         try:
-            return UniformPolicy(env.action_space)
+            return UniformPolicy(env.action_space, cfg.algo_settings.hold)
         finally:
             env.close()
 

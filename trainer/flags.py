@@ -290,6 +290,9 @@ def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, descriptio
     try:
         from_file = _toml_values(Path(args["config"])) if args.get("config") else {}
         given = {**from_file, **args}
+        algorithm_spec(given.get("algo", TrainConfig.algo))  # an unknown --algo is named first
+        if not resume:  # a setting of another algorithm is named as such, not as an unknown one
+            check_owners(given.get("algo", TrainConfig.algo), given)
         cfg = new_run_config(given)  # what a resume runs is the checkpoint's config (resumed_config)
         if resume and "env_kwargs" in given:  # their syntax here; their values against the run's (resumed_config),
             try:  # before any file they name is read
