@@ -10,7 +10,7 @@ import argparse
 import difflib
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -41,17 +41,6 @@ def _started(word: str, choices: Iterable[str]) -> list[str]:
     """
     begun = [c for c in choices if c.startswith(word) and len(word.lstrip("-")) >= 2]
     return begun if len(begun) == 1 else []
-
-
-def choose(value: str, choices: Sequence[str]) -> str:
-    """The rule for a setting with a few valid values: ``"choose a, b or c"``, with the closest to ``value``.
-
-    >>> choose("Async", ["serial", "sync", "async"])
-    'choose serial, sync or async (did you mean async?)'
-    """
-    *others, last = choices
-    listed = f"{', '.join(others)} or {last}" if others else last
-    return f"choose {listed}{did_you_mean(value, choices)}"
 
 
 def counted(n: int, noun: str, plural: str = "") -> str:

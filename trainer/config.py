@@ -161,15 +161,15 @@ class TrainConfig:
              "needs --backend serial, sync or async (ray: --ray-async true keeps the actors collecting while the "
              "learner learns; device: its env steps on the learner's device, between updates)"),
             (self.num_splits == 1 or self.backend == "async", "num_splits", "needs --backend async"),
-            (self.device in DEVICE_CHOICES or re.fullmatch(r"cuda:\d+", self.device) is not None, "device",
-             "must be auto, cpu, cuda or cuda:N" + (" (did you mean cuda?)" if self.device.lower() == "gpu" else
-                                                    did_you_mean(self.device, DEVICE_CHOICES))),
             (re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", self.hidden) is not None, "hidden",
              "must be comma-separated positive sizes, e.g. 64,64"),
         ]
         for ok, key, rule in rules:
             if not ok:
                 raise ConfigError(key, getattr(self, key), rule)
+        if self.device not in DEVICE_CHOICES and re.fullmatch(r"cuda:\d+", self.device) is None:
+            raise ConfigError("device", self.device, "must be auto, cpu, cuda or cuda:N", hint=(
+                " (did you mean cuda?)" if self.device.lower() == "gpu" else did_you_mean(self.device, DEVICE_CHOICES)))
         check_limits(self.algo_settings)
         spec.check_config(self)
 

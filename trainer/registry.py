@@ -12,9 +12,10 @@ from typing import Any
 
 from trainer.algorithm import Algorithm, AlgorithmSpec
 from trainer.apex.spec import ApeXSpec
-from trainer.arguments import choose
+from trainer.arguments import did_you_mean
 from trainer.config import ConfigError, TrainConfig
 from trainer.ppo.spec import PPOSpec
+from trainer.settings import Limits
 
 ALGORITHMS: dict[str, type[AlgorithmSpec]] = {
     "ppo": PPOSpec,
@@ -30,7 +31,8 @@ def algorithm_spec(name: str) -> type[AlgorithmSpec]:
     'PPOSpec'
     """
     if name not in ALGORITHMS:
-        raise ConfigError("algo", name, choose(name, list(ALGORITHMS)))
+        raise ConfigError("algo", name, f"must be {Limits(choices=tuple(ALGORITHMS)).rule()}",
+                          hint=did_you_mean(name, ALGORITHMS))
     return ALGORITHMS[name]
 
 
