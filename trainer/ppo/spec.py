@@ -23,7 +23,7 @@ class PPOSpec(AlgorithmSpec):
         "target_kl", "normalize_obs", "scale_rewards", "shared_trunk", "ray_async", "overlap", "overlap_targets",
         "max_lag", "rho_bar", "c_bar", "cuda_graphs"})
     # VR-edge: TrainConfig's own defaults (docs/benchmarks.md, "The defaults over 5 seeds"); other envs: the
-    # README's CartPole command (8 envs x 128 steps, 200k steps)
+    # CartPole command of docs/training.md (8 envs x 128 steps, 200k steps)
     defaults: ClassVar[dict[str, dict[str, Any]]] = {
         "VREdge-v0": {},
         "*": {"num_envs": 8, "total_steps": 200_000},
