@@ -31,7 +31,7 @@ from collectors.resources import usable_cores
 from trainer.evaluation import paired_difference, policy_actions, run_episodes, summarize
 from trainer.evaluation.policies import load_policy
 
-# the README's Ape-X CartPole command (tests/test_apex.py trains with it too); n = 5 and lr 1e-3 annealed: with the
+# docs/apex.md's Ape-X CartPole command (tests/test_apex.py trains with it too); n = 5 and lr 1e-3 annealed: with the
 # target network copied every 500 learner steps, values spread only n steps per copy, and n = 3 left some seeds
 # on a ~150 plateau (the cart drifting off) for most of the run (docs/benchmarks.md, "Ape-X")
 CARTPOLE = ["--algo", "apex", "--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "16", "--total-steps", "400000",

@@ -4,7 +4,7 @@ revision against this checkout's default.
     python -m benchmarks.busy_machine --base 72521b6 --busy 2 --rounds 3 --seconds 20
     python -m benchmarks.busy_machine --base 72521b6 --workloads cartpole --variants landed new
 
-Workloads: ``cartpole``, the README's PPO CartPole command (8 envs x 128 steps), and ``vr-edge``, the defaults on
+Workloads: ``cartpole``, docs/training.md's PPO CartPole command (8 envs x 128 steps), and ``vr-edge``, the defaults on
 VREdge-v0 (eagerly). Variants: ``landed`` (``--base`` as it runs: its thread counts and its OpenMP settings),
 ``active`` and ``passive`` (``--base`` with ``OMP_WAIT_POLICY=ACTIVE`` or ``PASSIVE``: idle OpenMP threads spin,
 or sleep at once), ``threads-1`` (``--base --threads 1``), ``new`` (this checkout's default) and ``new-spin-1000``

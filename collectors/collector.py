@@ -117,7 +117,7 @@ class RolloutCollector(Collector):
             ``worker_num_splits``): while the workers step one group, this process runs the policy
             on the next. ``1``: lockstep (all envs, then the policy on all). Every process needs a
             factory in every group (``num_splits x processes <= len(env_fns)``). Pays off when env
-            steps are expensive (see README, Backends); use a keyed policy (below) so that the batch
+            steps are expensive (docs/collectors.md#double-buffered-async); use a keyed policy (below) so that the batch
             equals lockstep's.
         worker_timeout: async only; seconds a worker may stay silent (a hung env step, a stopped
             process) before ``WorkerTimeoutError`` ends the collector, stretched to 20 times the

@@ -386,7 +386,7 @@ def test_apex_refuses_a_continuous_action_space(tmp_path):
 
 @pytest.mark.slow
 def test_cartpole_learns(tmp_path):
-    # The README's command (on sync: deterministic on one machine), with --eval-every. The property is the best
+    # The command of docs/apex.md (on sync: deterministic on one machine), with --eval-every. The property is the best
     # validated checkpoint's greedy return on held-out episodes, not the final network's: which network a seed ends
     # on depends on the CPU's float rounding, and DQN's greedy return can still dip late in a run. Measured with
     # margin over seeds 1-10, 1 and 2 threads and deterministic algorithms (docs/benchmarks.md, "Ape-X").

@@ -36,18 +36,18 @@ def printed_lines(stdout: str) -> dict[str, str]:
 
 # ---------------------------------------------------------------------------- each algorithm owns its defaults
 
-def readme_command(start: str) -> list[str]:
-    """The flags of the README command that starts with ``start`` (continuation lines joined)."""
-    text = (REPO / "README.md").read_text().replace("\\\n", " ")
+def docs_command(page: str, start: str) -> list[str]:
+    """The flags of the command of ``docs/<page>`` that starts with ``start`` (continuation lines joined)."""
+    text = (REPO / "docs" / page).read_text().replace("\\\n", " ")
     line = next(line for line in text.splitlines() if line.startswith(start))
     return shlex.split(line)[3:]  # after `.venv/bin/python -m trainer.train`
 
 
-def test_bare_apex_on_cartpole_runs_the_readme_command():
-    readme = readme_command(".venv/bin/python -m trainer.train --algo apex --env CartPole-v1")
-    assert "--total-steps" in readme and "--n-step" in readme
+def test_bare_apex_on_cartpole_runs_the_documented_command():
+    documented = docs_command("apex.md", ".venv/bin/python -m trainer.train --algo apex --env CartPole-v1")
+    assert "--total-steps" in documented and "--n-step" in documented
     bare = parse_args(["--algo", "apex", "--env", "CartPole-v1"]).config
-    assert bare == parse_args(readme).config
+    assert bare == parse_args(documented).config
     assert (bare.backend, bare.num_envs, bare.num_steps, bare.gamma, bare.n_step) == ("async", 8, 16, 0.99, 5)
 
 

@@ -48,7 +48,7 @@ def assert_same_env_data(a, b, exact_policy_outputs: bool) -> None:
         for k in ("log_probs", "values"):
             if exact_policy_outputs:
                 assert torch.equal(ba[k], bb[k]), k
-            else:  # matrix-multiply kernels may round differently for other batch sizes (README, Backends)
+            else:  # matmul kernels may round differently for other batch sizes (docs/collectors.md#keyed-sampling)
                 torch.testing.assert_close(ba[k], bb[k], rtol=1e-6, atol=1e-6)
 
 

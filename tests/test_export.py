@@ -160,8 +160,8 @@ def test_a_failed_check_writes_nothing(tmp_path, cartpole, monkeypatch, capsys):
     assert [p.name for p in out.iterdir()] == ["notes.txt"]  # a directory the user had stays as it was
 
 
-def test_the_readme_example_runs_without_this_package(tmp_path, cartpole):
-    section = (REPO / "README.md").read_text().split("## Ship a trained policy", 1)[1]
+def test_the_docs_example_runs_without_this_package(tmp_path, cartpole):
+    section = (REPO / "docs" / "evaluation.md").read_text().split("## Ship a trained policy", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     vr = train_tiny(tmp_path / "run", "VREdge-v0", "per_head")
     export_main(["--checkpoint", str(vr), "--format", "onnx"])

@@ -13,7 +13,7 @@ from trainer.config import ConfigError, TrainConfig
 class ApeXSpec(AlgorithmSpec):
     """``--algo apex``; the run itself is :class:`trainer.apex.algorithm.ApeX`.
 
-    Example (the bare ``--algo apex --env CartPole-v1`` runs the README's CartPole command):
+    Example (the bare ``--algo apex --env CartPole-v1`` runs the CartPole command of docs/apex.md):
         >>> d = ApeXSpec.defaults_for("CartPole-v1")
         >>> d["backend"], d["num_envs"], d["num_steps"], d["total_steps"], d["gamma"], d["n_step"]
         ('async', 8, 16, 400000, 0.99, 5)
@@ -24,7 +24,7 @@ class ApeXSpec(AlgorithmSpec):
     Settings: ClassVar[type] = ApeXSettings
     model_name: ClassVar[str] = "an Ape-X Q-network"
     stochastic: ClassVar[bool] = False  # greedy: its exploration is the actors' epsilon
-    # other envs: the README's CartPole command, 500 on 5 of 5 seeds (docs/benchmarks.md, "CartPole-v1 local
+    # other envs: the CartPole command of docs/apex.md, 500 on 5 of 5 seeds (docs/benchmarks.md, "CartPole-v1 local
     # mode over seeds"); VR-edge: the settings `benchmarks.apex vr-edge` measured (docs/benchmarks.md, "Ape-X
     # (issue 16)"; no search was done), with VR-edge's discount and total from PPO's defaults
     defaults: ClassVar[dict[str, dict[str, Any]]] = {

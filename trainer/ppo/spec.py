@@ -22,7 +22,7 @@ class PPOSpec(AlgorithmSpec):
     model_name: ClassVar[str] = "a PPO actor-critic"
     Settings: ClassVar[type] = PPOSettings
     # VR-edge: TrainConfig's own defaults (docs/benchmarks.md, "The defaults over 5 seeds"); other envs: the
-    # README's CartPole command (8 envs x 128 steps, 200k steps)
+    # CartPole command of docs/training.md (8 envs x 128 steps, 200k steps)
     defaults: ClassVar[dict[str, dict[str, Any]]] = {
         "VREdge-v0": {},
         "*": {"num_envs": 8, "total_steps": 200_000},
