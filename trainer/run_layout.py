@@ -6,7 +6,7 @@ as many actors as the cluster's CPUs hold (one CPU kept for the learner where it
 actors on its node collect). Workers and actors use one torch thread each; the collecting
 process may use the cores the workers leave free while it collects, and all of its cores while it
 learns (the workers are idle then): how many of those it uses is measured (``trainer.thread_plan``).
-``--num-workers``, ``--envs-per-worker`` and ``--threads`` override this; more than the cores is allowed with a
+``--num-workers``, ``envs_per_worker`` and ``--threads`` override this; more than the cores is allowed with a
 warning.
 """
 
@@ -170,7 +170,7 @@ class RunLayout:
                 f"{where}; learner on {self.device}\n"
                 f"threads: {f'{self.worker_threads} per worker, ' if self.workers else ''}{here} at most "
                 f"{self.collect_threads} collecting, this process at most "
-                f"{self.learn_threads} learning (override: --num-workers, --envs-per-worker, --threads)")
+                f"{self.learn_threads} learning (override: --num-workers, envs_per_worker, --threads)")
 
     def iterations(self, cfg: TrainConfig) -> int:
         """Iterations of the whole run: ``cfg.total_steps`` in learner batches of ``batch_envs x num_steps``."""
@@ -290,7 +290,7 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
     collect_cores = max(1, cores - 1) if cfg.overlap else cores
     if cfg.backend in ("serial", "sync", "device"):
         if cfg.num_workers or cfg.envs_per_worker:
-            notes.append(f"--num-workers and --envs-per-worker are ignored by --backend {cfg.backend}")
+            notes.append(f"--num-workers and envs_per_worker are ignored by --backend {cfg.backend}")
         sizes = [n] if vectorized else [1] * n
         busy_here = 0  # collecting: only the collecting process works
         learn_busy = 1 if cfg.overlap else 0
@@ -299,8 +299,8 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
         parts = (workers + main_share) * cfg.num_splits  # a factory per process and group
         if parts > n:
             raise ConfigError("num_splits", cfg.num_splits,
-                              message=f"--num-splits={cfg.num_splits} needs a factory per process and group: {parts} "
-                                      f"with {workers + main_share} processes, but --num-envs={n}; lower --num-splits "
+                              message=f"num_splits={cfg.num_splits} needs a factory per process and group: {parts} "
+                                      f"with {workers + main_share} processes, but --num-envs={n}; lower num_splits "
                                       "or --num-workers")
         sizes = [len(a) for a in np.array_split(np.arange(n), parts)] if vectorized else [1] * n
         if main_share and not watchdog.CAN_BOUND:  # said: the flag's promise does not hold for those envs here
@@ -357,15 +357,15 @@ def _async_workers(cfg: TrainConfig, cores: int, notes: list[str]) -> tuple[int,
     if per:
         if n % per:
             raise ConfigError("envs_per_worker", per,
-                              message=f"--envs-per-worker={per} does not divide --num-envs={n}: every process gets the "
+                              message=f"envs_per_worker={per} does not divide --num-envs={n}: every process gets the "
                                       "same number of envs; choose a divisor of --num-envs")
         if n // per < 2:
             raise ConfigError("envs_per_worker", per,
-                              message=f"--envs-per-worker={per} puts all {n} envs in one process; async needs at "
+                              message=f"envs_per_worker={per} puts all {n} envs in one process; async needs at "
                                       "least 2 (the collecting process and a worker): lower it, or use --backend sync")
         if workers and workers != n // per - 1:
             raise ConfigError("num_workers", workers,
-                              message=f"--num-workers={workers} disagrees with --envs-per-worker={per}: {n} envs in "
+                              message=f"--num-workers={workers} disagrees with envs_per_worker={per}: {n} envs in "
                                       f"{n // per} processes means --num-workers={n // per - 1}; give only one of them")
         workers, main_share = n // per - 1, True
     elif workers:
@@ -392,12 +392,12 @@ def _ray_workers(cfg: TrainConfig, machine: Machine, asynchronous: bool) -> tupl
         raise ValueError("--backend ray: the machine has no Ray cluster CPUs (Machine.detect connects to Ray)")
     if cfg.envs_per_worker and n % cfg.envs_per_worker:
         raise ConfigError("envs_per_worker", cfg.envs_per_worker,
-                          message=f"--envs-per-worker={cfg.envs_per_worker} must divide --num-envs={n} for --backend "
+                          message=f"envs_per_worker={cfg.envs_per_worker} must divide --num-envs={n} for --backend "
                                   "ray (equal slices per actor)")
     workers = cfg.num_workers or (n // cfg.envs_per_worker if cfg.envs_per_worker else 0)
     if cfg.num_workers and cfg.envs_per_worker and cfg.num_workers * cfg.envs_per_worker != n:
         raise ConfigError("num_workers", cfg.num_workers,
-                          message=f"--num-workers={cfg.num_workers} x --envs-per-worker={cfg.envs_per_worker} must "
+                          message=f"--num-workers={cfg.num_workers} x envs_per_worker={cfg.envs_per_worker} must "
                                   f"equal --num-envs={n}; give only one of them")
     if workers and n % workers:
         raise ConfigError("num_workers", workers,

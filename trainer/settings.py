@@ -98,20 +98,23 @@ def check_limits(settings: Any) -> None:
             finite = isinstance(value, float) and not math.isfinite(value)
             raise ConfigError(field.name, value, f"must be {rule or 'finite'}" + (" and finite" if finite and rule
                                                                                    else ""),
-                              hint=did_you_mean(str(value), limits.choices) if limits.choices else "")
+                              hint=did_you_mean(str(value), limits.choices) if limits.choices else "",
+                              flag=limits.flag)
 
 
 class ConfigError(ValueError):
     """An invalid setting; ``key`` names it (a flag on the command line, a key in a TOML file), ``value`` is what it
-    was given. The message is ``--key RULE, got VALUE`` for a rule the value breaks (``"must be >= 1"``, ``"needs
+    was given (``flag``: whether the setting has a flag; a message names one without by its TOML key). The
+    message is ``--key RULE, got VALUE`` for a rule the value breaks (``"must be >= 1"``, ``"needs
     --backend ray"``), ``--key=VALUE: REASON`` for another reason it cannot be used, or a ``message`` of its own
     where several settings are named."""
 
-    def __init__(self, key: str, value: Any, rule: str = "", message: str | None = None, hint: str = "") -> None:
+    def __init__(self, key: str, value: Any, rule: str = "", message: str | None = None, hint: str = "",
+                 flag: bool = True) -> None:
         if not (rule or message):
             raise TypeError("ConfigError needs a rule or a message")
         demand = rule.startswith(("must ", "needs ", "is for "))  # "--num-envs must be >= 1, got 0"
-        flag, got = flag_name(key), spelled(value)
+        flag, got = flag_name(key) if flag else key, spelled(value)  # (a setting without a flag: its TOML key)
         text = f"{flag} {rule}, got {got}" if demand else f"{flag}={got}: {rule}"
         super().__init__(message or text + hint)
         self.key, self.value, self.rule, self.hint = key, value, rule, hint

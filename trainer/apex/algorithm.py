@@ -9,8 +9,8 @@ One iteration (``python -m trainer.train --algo apex``):
    copy (``trainer.apex.dqn``), and the transitions enter the replay (``trainer.apex.replay``);
 3. the learner takes ``replay_ratio x new transitions / batch_size`` prioritized minibatches (once the replay
    holds ``--learning-starts``), updates their priorities, and syncs the target network every
-   ``--target-update`` learner steps;
-4. every ``--weights-every`` steps per env, the actors get the learner's weights (``update_policy``).
+   ``target_update`` learner steps;
+4. every ``weights_every`` steps per env, the actors get the learner's weights (``update_policy``).
 
 The actors are the run's collector: ``sync``/``async`` in local mode (``async``: envs in worker processes,
 the acting network in this process), ``ray`` for Ray actors (``trainer.apex.ray_worker.ApexWorker``: each acts with
@@ -198,7 +198,7 @@ class ApeX(ApeXSpec, Algorithm):
 
     # ------------------------------------------------------------------ learning
     def beta(self) -> float:
-        """The importance-sampling exponent: annealed linearly from ``--replay-beta`` to 1 over the run."""
+        """The importance-sampling exponent: annealed linearly from ``replay_beta`` to 1 over the run."""
         frac = min(1.0, self.env_steps / self.cfg.total_steps)
         return self.apex.replay_beta + (1.0 - self.apex.replay_beta) * frac
 

@@ -123,7 +123,7 @@ def _refused_arguments(env: str, given: dict, error: TypeError, parameters: dict
 
 def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int] | None]:
     """``(observation space, action space, per-head observation split or None)`` of ``cfg.env`` as
-    ``--policy-arch`` asks: the env's ``head_observation_layout`` ``(features per head, shared features)``
+    ``policy_arch`` asks: the env's ``head_observation_layout`` ``(features per head, shared features)``
     where it declares one (``auto``, ``per_head``), none for ``flat``."""
     check_env_id(cfg.env)  # a module:id's module imported (gymnasium's own error would be a traceback)
     parameters = constructor_parameters(cfg.env) if cfg.env_options else None
@@ -145,8 +145,8 @@ def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int
                               "take a flat Box: register the env wrapped in gymnasium.wrappers.FlattenObservation")
         split = getattr(env.unwrapped, "head_observation_layout", None)
         if cfg.policy_arch == "per_head" and split is None:
-            raise ConfigError("policy_arch", cfg.policy_arch,
-                              f"{cfg.env} declares no head_observation_layout; use --policy-arch flat or auto")
+            raise ConfigError("policy_arch", cfg.policy_arch, f"{cfg.env} declares no head_observation_layout; use "
+                              "policy_arch = \"flat\" or \"auto\"", flag=False)
         per_head = split if cfg.policy_arch in ("auto", "per_head") else None
         return env.observation_space, env.action_space, per_head
     finally:

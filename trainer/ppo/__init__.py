@@ -9,7 +9,7 @@
 - :mod:`.cuda_graph`: a minibatch step captured as one CUDA graph (``--cuda-graphs``);
 - :mod:`.batching`: the minibatch planner (``python -m trainer.batching``);
 - :mod:`.pipeline`: where each rollout comes from (collected after the update, or during it: ``--overlap``);
-- :mod:`.reward_scaling`: ``--scale-rewards``;
+- :mod:`.reward_scaling`: ``scale_rewards``;
 - :mod:`.export`: a trained policy as a TorchScript / ONNX file (``python -m trainer.export``).
 
 The package imports nothing at import time: ``import trainer.ppo.model`` loads only what the model needs.

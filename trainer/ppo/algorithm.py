@@ -84,7 +84,7 @@ class PPO(PPOSpec, Algorithm):
     @classmethod
     def make_model(cls, cfg: TrainConfig) -> ActorCritic:
         """The actor-critic for ``cfg.env`` (a per-head actor where the env declares the split and
-        ``--policy-arch`` allows)."""
+        ``policy_arch`` allows)."""
         obs_space, act_space, per_head = model_spaces(cfg)
         ppo = cfg.algo_settings
         return ActorCritic(obs_space, act_space, cfg.hidden_sizes, ppo.shared_trunk, ppo.normalize_obs,
@@ -221,4 +221,4 @@ class PPO(PPOSpec, Algorithm):
         if not self.cfg.ray_async:
             return []
         return [f"policy lag (versions behind: batches): {dict(sorted(self.lags.items()))}; dropped {self.dropped} "
-                f"batches older than --max-lag {self.ppo.max_lag}"]
+                f"batches older than max_lag = {self.ppo.max_lag}"]

@@ -1,4 +1,4 @@
-"""PPO's reward scaling by the running standard deviation of the discounted return (``--scale-rewards``)."""
+"""PPO's reward scaling by the running standard deviation of the discounted return (``scale_rewards``)."""
 
 from __future__ import annotations
 
