@@ -81,7 +81,7 @@ class OneLineParser(argparse.ArgumentParser):
     typed: list[str] = []  # the words parse_args was given (a required flag's typo leaves its name out)
 
     def __init__(self, *args, settings_without_flags: Iterable[str] = (), **kwargs) -> None:
-        # no abbreviations: --total would silently be --total-steps, and --num-env an error about --num-envs
+        # no abbreviations: --total would silently be --total-steps
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
         self.settings_without_flags = frozenset(settings_without_flags)
 
