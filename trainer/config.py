@@ -40,11 +40,9 @@ class TrainConfig:
     registered algorithm's ``settings`` class, with its defaults where none are given).
 
     Example:
-        >>> cfg = TrainConfig.from_dict({"env": "CartPole-v1", "num_envs": 8, "epochs": 2})
-        >>> cfg.num_envs, cfg.algo_settings.epochs, type(cfg.algo_settings).__name__
-        (8, 2, 'PPOSettings')
-        >>> cfg.to_dict()["epochs"]
-        2
+        >>> cfg = TrainConfig.from_dict({"env": "CartPole-v1", "num_envs": 8})
+        >>> cfg.num_envs, type(cfg.algo_settings).__name__, cfg.to_dict()["num_envs"]
+        (8, 'PPOSettings', 8)
     """
 
     # the run

@@ -13,9 +13,11 @@ from trainer.settings import setting
 class PPOSettings:
     """What ``--algo ppo`` reads besides the run's settings: the loss, the update, the targets.
 
-    Example:
-        >>> PPOSettings(epochs=2).clip_coef
-        0.2
+    Example (a run's config holds them as ``algo_settings``; flat keys are sorted to their owner):
+        >>> from trainer.config import TrainConfig
+        >>> cfg = TrainConfig.from_dict({"env": "CartPole-v1", "epochs": 2})
+        >>> cfg.algo_settings.epochs, cfg.algo_settings.clip_coef, cfg.to_dict()["epochs"]
+        (2, 0.2, 2)
     """
 
     # old spellings, read from flags, TOML files and stored configs for a release (CHANGELOG)
