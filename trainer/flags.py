@@ -173,11 +173,13 @@ def build_parser(prog: str = TRAIN_PROG, description: str = "",
     for owner, f in setting_fields():
         if not limits_of(f).flag:
             continue
-        group = groups.setdefault(_group(owner, f.name), p.add_argument_group(_group(owner, f.name)))
+        title = _group(owner, f.name)
+        if title not in groups:
+            groups[title] = p.add_argument_group(title)
         kind = _field_type(f)
-        group.add_argument(flag_name(f.name), type=_bool if kind is bool else _compile_choice
-                           if f.name == "compile" else kind, default=argparse.SUPPRESS,
-                           help=shown(f.name, f"{_help(f)} {_default_help(f.name, f.default)}"))
+        parse = _bool if kind is bool else _compile_choice if f.name == "compile" else kind
+        groups[title].add_argument(flag_name(f.name), type=parse, default=argparse.SUPPRESS,
+                                   help=shown(f.name, f"{_help(f)} {_default_help(f.name, f.default)}"))
     for old, new in renamed_names().items():  # accepted for a release, not shown
         p.add_argument(flag_name(old), dest=new, type=_types()[new], default=argparse.SUPPRESS,
                        help=argparse.SUPPRESS)

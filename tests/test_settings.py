@@ -1,0 +1,171 @@
+"""Settings declared once, beside their owner: the flags, TOML keys, limits and old spellings that follow from the
+declarations (``trainer.settings``, ``trainer.config``, ``trainer.ppo.settings``, ``trainer.apex.settings``)."""
+
+import argparse
+import dataclasses
+import math
+
+import pytest
+
+from trainer.config import TrainConfig
+from trainer.flags import build_parser, parse_args, resumed_config, without_flags
+from trainer.registry import ALGORITHMS, owners, setting_fields
+from trainer.settings import ConfigError, limits_of
+
+
+def shown_flags(parser: argparse.ArgumentParser) -> list[str]:
+    return [o for a in parser._actions if a.help != argparse.SUPPRESS for o in a.option_strings if o.startswith("--")]
+
+
+def test_help_shows_at_most_45_flags_grouped_by_owner():
+    parser = build_parser()
+    assert len(shown_flags(parser)) <= 45
+    groups = {g.title: {a.dest for a in g._group_actions} for g in parser._action_groups}
+    assert {"num_envs", "backend", "threads"} <= groups["collection"]
+    assert {"lr", "gamma"} <= groups["learning (every algorithm)"]
+    assert {"epochs", "minibatch_size"} <= groups[f"ppo ({ALGORITHMS['ppo'].description})"]
+    assert {"replay_capacity", "n_step"} <= groups[f"apex ({ALGORITHMS['apex'].description})"]
+    assert set(without_flags()) & {a.dest for a in parser._actions} == set()
+
+
+def test_every_setting_is_documented_and_owned_once():
+    run = {f.name for f in dataclasses.fields(TrainConfig)}
+    for owner, f in setting_fields():
+        assert f.metadata.get("help"), f"{f.name} has no help"
+        if owner:  # an algorithm's: not also the run's
+            assert f.name not in run
+    assert owners("minibatch_size") == ("ppo", "apex")  # one name, each algorithm's own default
+    apex, ppo = TrainConfig.from_dict({"algo": "apex"}), TrainConfig()
+    assert apex.algo_settings.minibatch_size != ppo.algo_settings.minibatch_size
+
+
+def _outside(f: dataclasses.Field):
+    """A value just outside the declared limits of ``f`` (``None`` where it declares none)."""
+    limits, kind = limits_of(f), type(f.default)
+    if limits.choices:
+        return "not-a-choice"
+    if limits.at_least is not None:
+        return kind(limits.at_least - 1) if kind is int else limits.at_least - 0.5
+    if limits.above is not None:
+        return kind(limits.above)
+    if limits.at_most is not None:
+        return kind(limits.at_most + 1) if kind is int else limits.at_most + 0.5
+    return None
+
+
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
+def test_every_declared_limit_refuses_the_value_just_outside_it_naming_the_setting(algo):
+    checked = 0
+    for _, f in setting_fields():
+        if algo not in (owners(f.name) or (algo,)) or (bad := _outside(f)) is None:
+            continue
+        with pytest.raises(ConfigError) as e:
+            TrainConfig.from_dict({"algo": algo, f.name: bad}).validate()
+        assert e.value.key == f.name and e.value.value == bad, f.name
+        assert "\n" not in str(e.value)
+        checked += 1
+    assert checked >= 15
+
+
+@pytest.mark.parametrize("name", ["lr", "gamma", "max_grad_norm", "clip_coef"])
+def test_a_float_that_is_not_finite_is_refused(name):
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.from_dict({name: math.inf}).validate()
+    assert e.value.key == name
+
+
+def test_a_setting_without_a_flag_is_a_toml_key_and_named_so_on_the_command_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--max-lag", "2"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "max_lag" in err and "--config" in err and err.count("\n") == 1
+    (tmp_path / "run.toml").write_text("max_lag = 2\nrho-bar = 0.5\n")
+    cfg = parse_args(["--config", str(tmp_path / "run.toml")]).config
+    assert (cfg.algo_settings.max_lag, cfg.algo_settings.rho_bar) == (2, 0.5)
+    with pytest.raises(ConfigError) as bad:
+        TrainConfig.from_dict({"max_lag": -1}).validate()
+    assert str(bad.value).startswith("max_lag ")  # its TOML key: there is no --max-lag to name
+
+
+def test_old_spellings_are_read_as_the_new_one_for_a_release(tmp_path):
+    assert parse_args(["--batch-size", "256"]).config.algo_settings.minibatch_size == 256
+    assert parse_args(["--algo", "apex", "--apex-batch-size", "64"]).config.algo_settings.minibatch_size == 64
+    (tmp_path / "old.toml").write_text('algo = "apex"\napex_batch_size = 32\n')
+    assert parse_args(["--config", str(tmp_path / "old.toml")]).config.algo_settings.minibatch_size == 32
+
+
+@pytest.mark.parametrize("algo, expected", [("ppo", 256), ("apex", 64)])
+def test_a_config_stored_by_the_previous_version_resumes(algo, expected):
+    """It held every algorithm's settings, flat, with the old names."""
+    stored = {**dataclasses.asdict(OldConfig()), "algo": algo, "batch_size": 256, "apex_batch_size": 64}
+    cfg = resumed_config(stored, {"total_steps": 10**7}, "ckpt_9.pt")
+    assert cfg.algo == algo and cfg.algo_settings.minibatch_size == expected and cfg.total_steps == 10**7
+    assert TrainConfig.from_dict(stored, stored=True) == resumed_config(stored, {}, "ckpt_9.pt")
+
+
+@dataclasses.dataclass
+class OldConfig:
+    """The flat config of the previous version's checkpoints (its keys and defaults)."""
+
+    algo: str = "ppo"
+    env: str = "CartPole-v1"
+    env_kwargs: str = ""
+    backend: str = "sync"
+    num_envs: int = 8
+    num_steps: int = 128
+    total_steps: int = 200_000
+    seed: int = 1
+    device: str = "cpu"
+    compile: str = "off"
+    cuda_graphs: bool = False
+    run_dir: str = ""
+    num_workers: int = 0
+    num_splits: int = 1
+    threads: int = 0
+    lr: float = 1e-3
+    anneal_lr: bool = True
+    gamma: float = 0.9
+    gae_lambda: float = 0.95
+    epochs: int = 4
+    batch_size: int = 0
+    clip_coef: float = 0.2
+    clip_value: bool = False
+    ent_coef: float = 0.001
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    norm_adv: bool = True
+    target_kl: float = 0.0
+    normalize_obs: bool = True
+    scale_rewards: bool = False
+    hidden: str = "64,64"
+    policy_arch: str = "auto"
+    shared_trunk: bool = False
+    tensorboard: bool = False
+    ray_address: str = ""
+    envs_per_worker: int = 0
+    cpus_per_worker: float = 1.0
+    worker_timeout: float = 60.0
+    start_method: str = "auto"
+    ray_async: bool = False
+    overlap: bool = False
+    overlap_targets: str = "vtrace"
+    max_lag: int = 4
+    rho_bar: float = 1.0
+    c_bar: float = 1.0
+    checkpoint_every: int = 10
+    eval_every: int = 0
+    eval_episodes: int = 16
+    keep_checkpoints: int = 3
+    replay_capacity: int = 100_000
+    replay_alpha: float = 0.6
+    replay_beta: float = 0.4
+    replay_ratio: float = 8.0
+    apex_batch_size: int = 128
+    n_step: int = 3
+    target_update: int = 500
+    weights_every: int = 400
+    learning_starts: int = 2_000
+    eps_base: float = 0.4
+    eps_alpha: float = 7.0
+    save_replay: bool = False
+    config: str = ""
