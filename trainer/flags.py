@@ -167,7 +167,7 @@ def build_parser(prog: str = TRAIN_PROG, description: str = "",
     p = OneLineParser(prog=prog, description=description or (
         f"Train a policy: --algo {' or '.join(ALGORITHMS)} (default {TrainConfig.algo}). Where a default depends on "
         "the algorithm and the env, its help says so; a new run prints the values it uses."), epilog=(
-        f"Settings without a flag (a key of a --config TOML file, or a Python argument; docs/training.md): "
+        f"Settings without a flag (a key of a --config TOML file, or a Python argument; docs/training.md#settings): "
         f"{', '.join(without_flags())}."), settings_without_flags=without_flags())
     groups: dict[str, argparse._ArgumentGroup] = {}
     for owner, f in setting_fields():
