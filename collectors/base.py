@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -29,6 +31,23 @@ def check_env_fns(env_fns: Any) -> list[Callable[[], Any]]:
             raise TypeError(f"env_fns[{i}] is {type(fn).__name__}, not callable; pass factories "
                             "(e.g. functools.partial(gymnasium.make, 'CartPole-v1')), not env instances")
     return env_fns
+
+
+def renamed_keywords(**renamed: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Accept each old keyword argument (``old="new"``) for one more release, with a ``DeprecationWarning``."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for old, new in renamed.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{old}= is the old name of {new}=: pass {new}= only")
+                    warnings.warn(f"{old}= is renamed {new}=; {old}= goes in the next release", DeprecationWarning,
+                                  stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+        return call
+    return wrap
 
 
 def _check_positive_int(name: str, value: Any, allow_none: bool = False) -> None:

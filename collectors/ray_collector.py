@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from collectors.backends.ray_ import AsyncRollouts, RayBackend, RolloutWorker
-from collectors.base import Collector, Policy, check_env_fns, check_seeds
+from collectors.base import Collector, Policy, check_env_fns, check_seeds, renamed_keywords
 from collectors.collector import merge_states, split_state
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S
 from collectors.rollout import Rollout
@@ -45,9 +45,10 @@ class RayCollector(Collector):
         ray_address: cluster address (default: reuse a running Ray or start a local one on 127.0.0.1).
         cpus_per_worker: CPUs each actor reserves.
         worker_options: ``.options(...)`` per actor (e.g. ``resources={...}`` to pin nodes).
-        first_ready: IMPALA-style collection: every actor always has a rollout in flight and
-            ``collect()`` returns the first that is ready, a ``[T, K]`` slice (``rollout.envs``)
-            collected with weights ``policy_version - rollout.policy_version`` updates old.
+        keeps_collecting: IMPALA-style collection: the actors keep collecting while the learner learns
+            (every actor always has a rollout in flight) and ``collect()`` returns the first that is ready,
+            a ``[T, K]`` slice (``rollout.envs``) collected with weights ``policy_version - rollout.policy_version``
+            updates old (``first_ready=``, its old name, is accepted until the next release).
             Faster, but a learner must correct for the lag (the trainer uses V-trace).
         worker_cls: the actors' class, a subclass of ``collectors.backends.ray_.RolloutWorker`` whose
             ``rollout`` may return another flat batch (the Ape-X tier's actors return n-step transitions
@@ -56,10 +57,11 @@ class RayCollector(Collector):
             died (stretched to 20 times the slowest rollout measured; an actor's first gets 120 s).
     """
 
+    @renamed_keywords(first_ready="keeps_collecting")
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, horizon: int = 128,
                  seed: int | Sequence[int] = 0, device: str | torch.device = "cpu", num_workers: int | None = None,
                  envs_per_worker: int | None = None, ray_address: str | None = None, cpus_per_worker: float = 1.0,
-                 worker_options: Sequence[dict] | dict | None = None, first_ready: bool = False,
+                 worker_options: Sequence[dict] | dict | None = None, keeps_collecting: bool = False,
                  num_threads: int | None = None, worker_cls: type | None = None,
                  worker_kwargs: dict[str, Any] | None = None,
                  worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S) -> None:
@@ -75,8 +77,8 @@ class RayCollector(Collector):
         self.num_envs = self.backend.num_envs
         self.observation_space = self.backend.observation_space
         self.action_space = self.backend.action_space
-        self.first_ready = first_ready
-        self._in_flight = AsyncRollouts(self.backend) if first_ready else None
+        self.keeps_collecting = keeps_collecting
+        self._in_flight = AsyncRollouts(self.backend) if keeps_collecting else None
         self._weights: tuple[int, Any] | None = None  # (version, object-store ref), put once per version
         self.storage: RolloutStorage | None = None
 
@@ -90,7 +92,7 @@ class RayCollector(Collector):
         return self._weights[1]
 
     def _collect(self) -> Rollout:
-        """All actors' rollouts as one ``[T, N]`` batch (``first_ready``: the first actor's ``[T, K]``)."""
+        """All actors' rollouts as one ``[T, N]`` batch (``keeps_collecting``: the first ready actor's ``[T, K]``)."""
         return self._first_ready() if self._in_flight is not None else self._all()
 
     def _all(self) -> Rollout:
@@ -123,7 +125,7 @@ class RayCollector(Collector):
 
     def get_state(self) -> dict[str, Any]:
         """As ``RolloutCollector.get_state``. Each actor's state comes back with its rollout, so this
-        costs no extra round trip; with ``first_ready`` it is the state after the rollouts received
+        costs no extra round trip; with ``keeps_collecting`` it is the state after the rollouts received
         so far (rollouts still in flight are not part of it)."""
         return merge_states(self.backend.env_states())
 

@@ -328,13 +328,22 @@ def test_make_collector_picks_the_class_and_refuses_options_a_backend_lacks():
     from collectors import make_collector
     with make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="serial", horizon=3) as c:
         assert isinstance(c, RolloutCollector) and c.collect().batch.batch_size == torch.Size([3, 2])
-    for option in ({"first_ready": True}, {"ray_address": "auto"}, {"envs_per_worker": 2}):
+    for option in ({"keeps_collecting": True}, {"ray_address": "auto"}, {"envs_per_worker": 2}):
         with pytest.raises(ValueError, match=f"does not support {next(iter(option))}.*use backend='ray'"):
             make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", **option)
     with pytest.raises(ValueError, match="unknown backend 'threads'"):
         make_collector([f.cartpole], f.RandomPolicy(2), backend="threads")
     with pytest.raises(ValueError, match="has its own collector"):
         RolloutCollector([f.cartpole], f.RandomPolicy(2), backend="ray")
+
+
+def test_renamed_options_are_accepted_for_one_release_with_a_warning():
+    from collectors import make_collector
+    with pytest.warns(DeprecationWarning, match="first_ready= is renamed keeps_collecting="), \
+            pytest.raises(ValueError, match="does not support keeps_collecting"):
+        make_collector([f.cartpole], f.RandomPolicy(2), backend="sync", first_ready=True)
+    with pytest.raises(TypeError, match="pass keeps_collecting= only"):
+        make_collector([f.cartpole], f.RandomPolicy(2), backend="ray", first_ready=True, keeps_collecting=True)
 
 
 def test_the_local_collector_does_not_import_ray_plumbing():

@@ -82,12 +82,12 @@ def test_killed_actor_is_replaced_and_the_rollout_retried(cluster, caplog):
         assert c.collect().batch.batch_size == torch.Size([10, 4])  # and it keeps going
 
 
-def test_first_ready_returns_worker_slices_with_the_versions_that_collected_them(cluster):
+def test_keeps_collecting_returns_worker_slices_with_the_versions_that_collected_them(cluster):
     """Whatever order the actors finish in, a rollout returned after an update was launched before it:
     its lag is at least 1, and it names the version of the weights it was collected with."""
     acting, learner = ActorCritic(*vr_spaces(), seed=0), ActorCritic(*vr_spaces(), seed=1)
     with make_collector([f.vr_edge] * 4, acting, backend="ray", num_workers=2, horizon=8,
-                        cpus_per_worker=0.25, first_ready=True) as c:
+                        cpus_per_worker=0.25, keeps_collecting=True) as c:
         lags = []
         for _ in range(6):
             rollout = c.collect()
@@ -99,9 +99,9 @@ def test_first_ready_returns_worker_slices_with_the_versions_that_collected_them
         assert lags[0] == 0 and all(lag >= 1 for lag in lags[1:])
 
 
-def test_first_ready_is_refused_by_local_backends():
-    with pytest.raises(ValueError, match="does not support first_ready"):
-        make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="async", first_ready=True)
+def test_keeps_collecting_is_refused_by_local_backends():
+    with pytest.raises(ValueError, match="does not support keeps_collecting"):
+        make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="async", keeps_collecting=True)
 
 
 def test_bad_worker_layout_is_rejected(cluster):
