@@ -133,9 +133,9 @@ class Collector(ABC):
     observation_space: gym.Space
     action_space: gym.Space
 
-    def __init__(self, policy: Policy, horizon: int, device: str | torch.device, num_threads: int | None,
+    def __init__(self, policy: Policy, num_steps: int, device: str | torch.device, num_threads: int | None,
                  compile_policy: bool | str = False) -> None:
-        _check_positive_int("horizon", horizon)
+        _check_positive_int("num_steps", num_steps)
         _check_positive_int("num_threads", num_threads, allow_none=True)
         if not callable(policy):
             raise TypeError(f"policy must be callable (obs -> actions), got {type(policy).__name__}")
@@ -144,14 +144,14 @@ class Collector(ABC):
             raise ValueError("device='cuda' but CUDA is not available; use device='cpu'")
         self.compile_policy = check_compile(compile_policy)
         self._set_policy(policy)
-        self.horizon = horizon
+        self.num_steps = num_steps
         self.num_threads = num_threads
         self.policy_version = 0
         self.seconds_collecting = 0.0  # wall clock inside collect(), summed: the trainer times its phases with it
         self._closed = True  # until a subclass has something to close
 
     def collect(self) -> Rollout:
-        """Run the policy for ``horizon`` steps; return the rollout on ``device``.
+        """Run the policy for ``num_steps`` steps; return the rollout on ``device``.
 
         A failed rollout closes the collector: no worker process or actor is left behind.
         """

@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDictBase
 
 from collectors.backend_names import BACKENDS, LOCAL_BACKENDS
-from collectors.base import Collector, Policy, check_env_fns, check_seeds
+from collectors.base import Collector, Policy, check_env_fns, check_seeds, renamed_keywords
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EpisodeInfo
 from collectors.processes import start_method_of
@@ -75,7 +75,7 @@ def check_policy_output(action: torch.Tensor, extras: dict[str, torch.Tensor], n
 
 
 class RolloutCollector(Collector):
-    """Collects fixed-shape ``[horizon, num_envs]`` rollouts from Gymnasium envs, in this process
+    """Collects fixed-shape ``[num_steps, num_envs]`` rollouts from Gymnasium envs, in this process
     (``serial``, ``sync``) or in worker processes (``async``).
 
     Example:
@@ -83,7 +83,7 @@ class RolloutCollector(Collector):
         >>> from collectors import RolloutCollector
         >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 4
         >>> policy = lambda obs: torch.zeros(len(obs), dtype=torch.int64)
-        >>> with RolloutCollector(env_fns, policy, backend="sync", horizon=16, seed=0) as collector:
+        >>> with RolloutCollector(env_fns, policy, backend="sync", num_steps=16, seed=0) as collector:
         ...     rollout = collector.collect()
         >>> rollout.batch.batch_size, rollout.batch["observations"].shape, rollout.next_observations.shape
         (torch.Size([16, 4]), torch.Size([16, 4, 4]), torch.Size([4, 4]))
@@ -103,7 +103,7 @@ class RolloutCollector(Collector):
             It is called once per step, in this process, under ``torch.inference_mode()``.
         backend: ``"serial"``, ``"sync"`` or ``"async"`` (``"ray"``: :class:`collectors.RayCollector`,
             or :func:`collectors.make_collector`, which picks the class).
-        horizon: steps per rollout (``T``).
+        num_steps: steps per rollout (``T``; ``horizon=``, its old name, is accepted until the next release).
         seed: run seed; env ``i`` is reset with the i-th ``SeedSequence(seed).spawn`` seed.
             A sequence gives each env its seed explicitly (one per env).
         device: where ``collect()`` puts the rollout (one transfer per rollout).
@@ -139,8 +139,9 @@ class RolloutCollector(Collector):
     called as ``policy(obs)``.
     """
 
+    @renamed_keywords(horizon="num_steps")
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
-                 horizon: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
+                 num_steps: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_workers: int | None = None, main_share: bool = True, num_threads: int | None = None,
                  num_splits: int = 1, worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S,
                  start_method: str | None = None, compile_policy: bool | str = False) -> None:
@@ -153,7 +154,7 @@ class RolloutCollector(Collector):
         if backend not in LOCAL_BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         env_fns = check_env_fns(env_fns)
-        super().__init__(policy, horizon, device, num_threads, compile_policy)
+        super().__init__(policy, num_steps, device, num_threads, compile_policy)
         explicit = check_seeds(seed)
         if explicit is None:
             env_seeds(seed, 0)  # validates the seed before any worker starts
@@ -191,7 +192,7 @@ class RolloutCollector(Collector):
 
     def _allocate(self, action: torch.Tensor, extras: dict[str, torch.Tensor]) -> RolloutStorage:
         obs_dtype = torch_dtype(self._obs.dtype)
-        return RolloutStorage(self.horizon, self.num_envs, self.observation_space.shape, obs_dtype,
+        return RolloutStorage(self.num_steps, self.num_envs, self.observation_space.shape, obs_dtype,
                               tuple(action.shape[1:]), action.dtype, tuple(extras), self.device)
 
     # ------------------------------------------------------------------ collect
@@ -214,12 +215,12 @@ class RolloutCollector(Collector):
             if self.backend_name == "async":
                 self._async_steps(s, first, episodes)
             else:
-                for t in range(self.horizon):
+                for t in range(self.num_steps):
                     self._act(s, t, everything, first)
                     views = s.views[t]
                     infos = self.backend.step(s.action_steps_np[t], views)
                     self._record_episodes(views, infos, episodes)
-        self._steps += self.horizon
+        self._steps += self.num_steps
         batch, next_obs = s.to_device()
         return Rollout(batch, next_obs, episodes, self.policy_version, everything)
 
@@ -255,7 +256,7 @@ class RolloutCollector(Collector):
         last = len(groups) - 1
         finishing: list[EpisodeInfo] = []  # episode infos of step t - 1
         started: list[EpisodeInfo] = []  # ... and of step t
-        for t in range(self.horizon):
+        for t in range(self.num_steps):
             for g, rows in enumerate(groups):
                 if t:  # group g must have finished step t - 1 before the policy reads its observations
                     finishing += backend.finish_group(g, s.views[t - 1])

@@ -15,7 +15,7 @@ RAY_OPTIONS = frozenset({"envs_per_worker", "ray_address", "cpus_per_worker", "w
                          "worker_cls", "worker_kwargs"})
 
 
-@renamed_keywords(first_ready="keeps_collecting")
+@renamed_keywords(horizon="num_steps", first_ready="keeps_collecting")
 def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
                    background: bool = False, **options: Any) -> Collector:
     """A :class:`~collectors.RolloutCollector` (``serial``, ``sync``, ``async``), a
@@ -28,7 +28,7 @@ def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend
         >>> from collectors import make_collector
         >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 2
         >>> with make_collector(env_fns, lambda obs: torch.zeros(len(obs), dtype=torch.int64),
-        ...                     backend="serial", horizon=8) as c:
+        ...                     backend="serial", num_steps=8) as c:
         ...     print(c.collect().batch["rewards"].shape)
         torch.Size([8, 2])
 

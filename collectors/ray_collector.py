@@ -28,7 +28,7 @@ class RayCollector(Collector):
         >>> env = gym.make("CartPole-v1")
         >>> policy = ActorCritic(env.observation_space, env.action_space)
         >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 4
-        >>> with RayCollector(env_fns, policy, horizon=16, num_workers=2) as collector:  # doctest: +SKIP
+        >>> with RayCollector(env_fns, policy, num_steps=16, num_workers=2) as collector:  # doctest: +SKIP
         ...     rollout = collector.collect()
         >>> rollout.batch.batch_size, rollout.envs  # doctest: +SKIP
         (torch.Size([16, 4]), slice(0, 4, None))
@@ -39,7 +39,7 @@ class RayCollector(Collector):
     ``update_policy`` go out once, with the next rollout of each actor.
 
     Args:
-        env_fns, policy, horizon, seed, device, num_threads: as for ``RolloutCollector``.
+        env_fns, policy, num_steps, seed, device, num_threads: as for ``RolloutCollector``.
         num_workers: actors (default: as many equal slices of the factories as the cluster's CPUs hold).
         envs_per_worker: env factories per actor (default: the factories divided by ``num_workers``).
         ray_address: cluster address (default: reuse a running Ray or start a local one on 127.0.0.1).
@@ -57,8 +57,8 @@ class RayCollector(Collector):
             died (stretched to 20 times the slowest rollout measured; an actor's first gets 120 s).
     """
 
-    @renamed_keywords(first_ready="keeps_collecting")
-    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, horizon: int = 128,
+    @renamed_keywords(horizon="num_steps", first_ready="keeps_collecting")
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, num_steps: int = 128,
                  seed: int | Sequence[int] = 0, device: str | torch.device = "cpu", num_workers: int | None = None,
                  envs_per_worker: int | None = None, ray_address: str | None = None, cpus_per_worker: float = 1.0,
                  worker_options: Sequence[dict] | dict | None = None, keeps_collecting: bool = False,
@@ -66,11 +66,11 @@ class RayCollector(Collector):
                  worker_kwargs: dict[str, Any] | None = None,
                  worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S) -> None:
         env_fns = check_env_fns(env_fns)
-        super().__init__(policy, horizon, device, num_threads)
+        super().__init__(policy, num_steps, device, num_threads)
         explicit = check_seeds(seed)
         if explicit is None:
             env_seeds(seed, 0)  # validates the seed before any actor starts
-        self.backend = RayBackend(env_fns, policy, horizon, seed if explicit is None else explicit, num_workers,
+        self.backend = RayBackend(env_fns, policy, num_steps, seed if explicit is None else explicit, num_workers,
                                   envs_per_worker, ray_address, cpus_per_worker, worker_options,
                                   worker_cls or RolloutWorker, worker_kwargs, worker_timeout)
         self._closed = False
@@ -100,7 +100,7 @@ class RayCollector(Collector):
         if self.storage is None:
             first = results[0]["batch"]
             extras = tuple(k for k in ("log_probs", "values") if k in first)
-            self.storage = RolloutStorage(self.horizon, self.num_envs, self.observation_space.shape,
+            self.storage = RolloutStorage(self.num_steps, self.num_envs, self.observation_space.shape,
                                           torch_dtype(first["observations"].dtype),
                                           first["actions"].shape[2:], torch_dtype(first["actions"].dtype),
                                           extras, self.device)

@@ -174,7 +174,7 @@ def test_collector_uses_its_thread_count_while_collecting_only():
 
     before = torch.get_num_threads()
     want = 3 if before != 3 else 2
-    with RolloutCollector([f.cartpole] * 2, policy, backend="sync", horizon=4, num_threads=want) as c:
+    with RolloutCollector([f.cartpole] * 2, policy, backend="sync", num_steps=4, num_threads=want) as c:
         c.collect()
     assert set(seen) == {want} and torch.get_num_threads() == before
 

@@ -346,11 +346,11 @@ def test_the_start_method_reaches_a_collector_and_its_collecting_process_through
     collecting process's), and a method a collector cannot use is refused on every backend before anything
     starts."""
     with make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="async", num_workers=1,
-                        start_method="spawn", horizon=4) as c:
+                        start_method="spawn", num_steps=4) as c:
         assert psutil.Process(c.backend.procs[0].pid).ppid() == os.getpid()
         assert c.collect().batch.batch_size == (4, 2)
     with make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="async", num_workers=1, background=True,
-                        start_method="spawn", horizon=4) as c:
+                        start_method="spawn", num_steps=4) as c:
         collecting = psutil.Process(c._process.pid)
         assert collecting.ppid() == os.getpid() and collecting.name() == "collector"
         assert [w.name() for w in collecting.children()] == ["env-worker-0"]  # its child: spawned, not forked

@@ -36,7 +36,7 @@ def vr_spaces():
 
 
 def batches(backend, policy_fn, rollouts=2, **kw):
-    with make_collector([f.vr_edge] * 4, policy_fn(), backend=backend, horizon=30, seed=3, **kw) as c:
+    with make_collector([f.vr_edge] * 4, policy_fn(), backend=backend, num_steps=30, seed=3, **kw) as c:
         return [c.collect().batch for _ in range(rollouts)]
 
 
@@ -63,14 +63,14 @@ def test_stochastic_ray_runs_are_reproducible(cluster):
 
 def test_worker_pinned_to_the_second_node(cluster):
     _, second = cluster
-    with make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, horizon=5,
+    with make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, num_steps=5,
                           cpus_per_worker=0.25, worker_options=[{}, {"resources": {"second_node": 0.5}}]) as c:
         c.collect()
         assert ray.get(c.backend.actors[1].node_id.remote()) == second.node_id
 
 
 def test_killed_actor_is_replaced_and_the_rollout_retried(cluster, caplog):
-    with make_collector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, horizon=10,
+    with make_collector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, num_steps=10,
                           cpus_per_worker=0.25) as c:
         c.collect()
         ray.kill(c.backend.actors[1])
@@ -86,7 +86,7 @@ def test_keeps_collecting_returns_worker_slices_with_the_versions_that_collected
     """Whatever order the actors finish in, a rollout returned after an update was launched before it:
     its lag is at least 1, and it names the version of the weights it was collected with."""
     acting, learner = ActorCritic(*vr_spaces(), seed=0), ActorCritic(*vr_spaces(), seed=1)
-    with make_collector([f.vr_edge] * 4, acting, backend="ray", num_workers=2, horizon=8,
+    with make_collector([f.vr_edge] * 4, acting, backend="ray", num_workers=2, num_steps=8,
                         cpus_per_worker=0.25, keeps_collecting=True) as c:
         lags = []
         for _ in range(6):
@@ -139,7 +139,7 @@ def test_training_on_ray_sync_and_async_then_resume(cluster, tmp_path, mode):
 
 def test_default_actor_count_fits_the_cluster_cpus(cluster):
     # one actor per factory at 2 CPUs each would need 16 CPUs of the cluster's 4 and wait forever
-    with make_collector([f.vr_edge] * 8, ActorCritic(*vr_spaces()), backend="ray", horizon=5,
+    with make_collector([f.vr_edge] * 8, ActorCritic(*vr_spaces()), backend="ray", num_steps=5,
                           cpus_per_worker=2) as c:
         assert len(c.backend.actors) == 2 and c.collect().batch.batch_size == torch.Size([5, 8])
 

@@ -118,7 +118,7 @@ class RunLayout:
         return [functools.partial(gym.make, self.env, **self.env_kwargs)] * len(self.factory_envs)
 
     def collector_kwargs(self) -> dict[str, Any]:
-        """The ``make_collector`` options this layout fixes (besides env factories, policy, horizon, seed)."""
+        """The ``make_collector`` options this layout fixes (besides env factories, policy, num_steps, seed)."""
         kw: dict[str, Any] = {"num_threads": self.collect_threads}
         if self.backend != "ray":  # Ray actors act with their own copies, eagerly
             kw["compile_policy"] = self.acting_compile

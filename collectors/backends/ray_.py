@@ -175,12 +175,12 @@ class RolloutWorker:
     ``worker_kwargs`` reach its constructor.
     """
 
-    def __init__(self, env_fns: list, policy: Any, horizon: int, seeds: list[int], first_index: int,
+    def __init__(self, env_fns: list, policy: Any, num_steps: int, seeds: list[int], first_index: int,
                  policy_seed: int) -> None:
         torch.set_num_threads(1)
         if isinstance(getattr(policy, "generator", None), torch.Generator):
             policy.generator.manual_seed(policy_seed)  # sampling streams derived from the run seed
-        self.collector = RolloutCollector(env_fns, policy, backend="sync", horizon=horizon, seed=seeds)
+        self.collector = RolloutCollector(env_fns, policy, backend="sync", num_steps=num_steps, seed=seeds)
         self.first_index = first_index
 
     def rollout(self, weights: dict[str, np.ndarray] | None, version: int) -> dict[str, Any]:
@@ -216,7 +216,7 @@ class RayBackend:
     slowest rollout measured; an actor's first gets at least 120 s) counts as a dead actor: replaced.
     """
 
-    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Any, horizon: int, seed: int | list[int],
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Any, num_steps: int, seed: int | list[int],
                  num_workers: int | None, envs_per_worker: int | None, ray_address: str | None,
                  cpus_per_worker: float = 1.0, worker_options: Sequence[dict] | dict | None = None,
                  worker_cls: type = RolloutWorker, worker_kwargs: dict[str, Any] | None = None,
@@ -235,7 +235,7 @@ class RayBackend:
             raise ValueError(f"num_workers={num_workers!r} x envs_per_worker={envs_per_worker!r} must equal the "
                              f"number of env factories ({n}); e.g. num_workers={n}, envs_per_worker=1")
         self.ray = ray
-        self.horizon, self.policy = horizon, policy
+        self.num_steps, self.policy = num_steps, policy
         self.explicit_seeds = None if isinstance(seed, int) else list(seed)
         self.seed = seed if self.explicit_seeds is None else self.explicit_seeds[0]  # derives restart seeds
         self.cpus_per_worker = cpus_per_worker
@@ -307,7 +307,7 @@ class RayBackend:
         policy_seed = int(np.random.SeedSequence([self.seed, w, self.restarts]).generate_state(1)[0])
         return self.actor_cls.options(num_cpus=self.cpus_per_worker, scheduling_strategy=self._in_bundle(w),
                                       **self.options[w]).remote(
-            self.groups[w], self.policy, self.horizon, list(seeds), self.slices[w].start, policy_seed,
+            self.groups[w], self.policy, self.num_steps, list(seeds), self.slices[w].start, policy_seed,
             **self.worker_kwargs)
 
     def _replace(self, w: int, error: Exception) -> None:

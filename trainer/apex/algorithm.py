@@ -97,7 +97,7 @@ class ApeX(ApeXSpec, Algorithm):
         ...                   apex_batch_size=16, device="cpu")
         >>> layout = run_layout(cfg, Machine(cores=1))
         >>> apex = ApeX.new(cfg, layout)
-        >>> with make_collector(layout.env_factories(), apex.acting, horizon=cfg.num_steps, seed=cfg.seed,
+        >>> with make_collector(layout.env_factories(), apex.acting, num_steps=cfg.num_steps, seed=cfg.seed,
         ...                     **apex.collector_options()) as collector:
         ...     apex.attach(collector)
         ...     rows = [apex.iterate(start=(0, 0.0)) for _ in range(3)]
