@@ -103,6 +103,16 @@ def test_seeds_come_from_seed_sequence_and_neighbouring_runs_share_none():
     assert env_seeds(1, 3) == [int(c.generate_state(1)[0]) for c in np.random.SeedSequence(1).spawn(3)]
 
 
+def test_a_batched_env_reset_with_an_integer_seeds_its_envs_as_a_collector_does():
+    """One derivation: ``reset(seed=s)`` of a natively batched env gives its envs ``env_seeds(s, N)``."""
+    import envs
+    first, _ = envs.VREdgeVectorEnv(5, num_users=2).reset(seed=11)
+    np.testing.assert_array_equal(first, envs.VREdgeVectorEnv(5, num_users=2).reset(seed=env_seeds(11, 5))[0])
+    with RolloutCollector([functools.partial(envs.VREdgeVectorEnv, 5, num_users=2)], f.RandomPolicy([6, 6]),
+                          num_steps=1, seed=11) as c:
+        np.testing.assert_array_equal(c.collect().batch["observations"][0].numpy(), first)
+
+
 def test_episode_returns_are_sums_of_rewards():
     with RolloutCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", num_steps=100, seed=0) as c:
         rollout = c.collect()
