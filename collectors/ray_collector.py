@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from collectors.backends.ray_ import AsyncRollouts, RayBackend, RolloutWorker
+from collectors.backends.ray_ import AsyncRollouts, RayWorkers, RolloutWorker
 from collectors.base import Collector, Policy, check_env_fns, check_seeds, renamed_keywords
 from collectors.collector import merge_states, split_state
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S
@@ -70,25 +70,25 @@ class RayCollector(Collector):
         explicit = check_seeds(seed)
         if explicit is None:
             env_seeds(seed, 0)  # validates the seed before any actor starts
-        self.backend = RayBackend(env_fns, policy, num_steps, seed if explicit is None else explicit, num_workers,
+        self.workers = RayWorkers(env_fns, policy, num_steps, seed if explicit is None else explicit, num_workers,
                                   envs_per_worker, ray_address, cpus_per_worker, worker_options,
                                   worker_cls or RolloutWorker, worker_kwargs, worker_timeout)
         self._closed = False
-        self.num_envs = self.backend.num_envs
-        self.observation_space = self.backend.observation_space
-        self.action_space = self.backend.action_space
+        self.num_envs = self.workers.num_envs
+        self.observation_space = self.workers.observation_space
+        self.action_space = self.workers.action_space
         self.keeps_collecting = keeps_collecting
-        self._in_flight = AsyncRollouts(self.backend) if keeps_collecting else None
+        self._in_flight = AsyncRollouts(self.workers) if keeps_collecting else None
         self._weights: tuple[int, Any] | None = None  # (version, object-store ref), put once per version
         self.storage: RolloutStorage | None = None
 
     def update_policy(self, policy_or_state_dict) -> None:
         super().update_policy(policy_or_state_dict)
-        self.backend.policy = self.policy  # replaced actors start from it
+        self.workers.policy = self.policy  # replaced actors start from it
 
     def _weights_ref(self) -> Any:
         if self._weights is None or self._weights[0] != self.policy_version:
-            self._weights = (self.policy_version, self.backend.put_weights())
+            self._weights = (self.policy_version, self.workers.put_weights())
         return self._weights[1]
 
     def _collect(self) -> Rollout:
@@ -96,7 +96,7 @@ class RayCollector(Collector):
         return self._first_ready() if self._in_flight is not None else self._all()
 
     def _all(self) -> Rollout:
-        results = self.backend.rollout_all(self._weights_ref(), self.policy_version)
+        results = self.workers.rollout_all(self._weights_ref(), self.policy_version)
         if self.storage is None:
             first = results[0]["batch"]
             extras = tuple(k for k in ("log_probs", "values") if k in first)
@@ -105,7 +105,7 @@ class RayCollector(Collector):
                                           first["actions"].shape[2:], torch_dtype(first["actions"].dtype),
                                           extras, self.device)
         self.storage.wait_for_transfer()
-        for r, envs in zip(results, self.backend.slices):
+        for r, envs in zip(results, self.workers.slices):
             self.storage.fill_envs(envs, r["batch"], r["next_observations"])
         episodes = sorted((e for r in results for e in r["episodes"]), key=lambda e: e["env"])
         batch, next_obs = self.storage.to_device()
@@ -121,20 +121,20 @@ class RayCollector(Collector):
             host = host.consolidate()  # one buffer: one transfer
         moved = host if self.device.type == "cpu" else host.to(self.device, non_blocking=True)
         return Rollout(moved["rollout"], moved["next_observations"], r["episodes"], r["version"],
-                       self.backend.slices[worker])
+                       self.workers.slices[worker])
 
     def get_state(self) -> dict[str, Any]:
         """As ``RolloutCollector.get_state``. Each actor's state comes back with its rollout, so this
         costs no extra round trip; with ``keeps_collecting`` it is the state after the rollouts received
         so far (rollouts still in flight are not part of it)."""
-        return merge_states(self.backend.env_states())
+        return merge_states(self.workers.env_states())
 
     def set_state(self, state: dict[str, Any], reseed: int | None = None) -> bool:
         """As ``RolloutCollector.set_state``; each actor restores its slice of the envs."""
         env_states = list(state["env_states"])
         if len(env_states) != self.num_envs:
             raise ValueError(f"collector state has {len(env_states)} env states for {self.num_envs} envs")
-        return self.backend.set_env_states([split_state(state, sl) for sl in self.backend.slices], reseed)
+        return self.workers.set_env_states([split_state(state, sl) for sl in self.workers.slices], reseed)
 
     def _close(self) -> None:
-        self.backend.close()
+        self.workers.close()

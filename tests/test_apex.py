@@ -434,10 +434,10 @@ def test_ray_actor_killed_mid_run_is_replaced_and_learning_goes_on(local_ray, ca
         rows = [run_.iterate(start) for _ in range(8)]
         assert run_.learner_steps > 0 and all(r["policy_lag"] >= 0 for r in rows)
         before = run_.replay.added
-        local_ray.kill(collector.backend.actors[1])
+        local_ray.kill(collector.workers.actors[1])
         with caplog.at_level("WARNING", logger="collectors.ray"):
             rows += [run_.iterate(start) for _ in range(8)]
-        assert collector.backend.restarts == 1 and "replaced" in caplog.text
+        assert collector.workers.restarts == 1 and "replaced" in caplog.text
         assert run_.replay.added > before + 6 * 2 * (8 - 2)  # both actors keep delivering transitions
         assert collector.policy_version >= 2  # and weights kept going out
 

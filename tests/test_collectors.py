@@ -235,7 +235,7 @@ def test_a_worker_killed_between_rollouts_is_named_by_the_next_command(then, sen
     c = RolloutCollector([f.cartpole] * 4, f.RandomPolicy(2), backend="async", num_steps=8, num_workers=2)
     c.collect()
     state = c.get_state()
-    victim = c.backend.procs[1]
+    victim = c.stepper.procs[1]
     victim.kill()
     victim.join(timeout=10)
     with pytest.raises(WorkerDiedError, match=rf"async worker 1 \(pid {victim.pid}, envs [-\d]+\) died during "
@@ -293,7 +293,7 @@ def test_interpreter_exit_without_close_leaves_no_workers(tmp_path):
         "if __name__ == '__main__':\n"
         "    c = RolloutCollector([f.cartpole] * 2, f.RandomPolicy(2), backend='async', num_steps=4, num_workers=1)\n"
         "    c.collect()\n"
-        "    print(' '.join(str(p.pid) for p in c.backend.procs), flush=True)\n"
+        "    print(' '.join(str(p.pid) for p in c.stepper.procs), flush=True)\n"
         "    raise SystemExit(0)  # no close(): the interpreter's exit must clean up\n")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,

@@ -162,7 +162,7 @@ def test_pipelined_groups_step_in_the_workers_while_the_policy_runs(tmp_path):
         with RolloutCollector([env_fn] * 4, slow_policy, backend="async", num_steps=4, num_workers=1,
                               main_share=False, num_splits=num_splits) as c:
             c.collect()
-            worker = c.backend.procs[0].pid
+            worker = c.stepper.procs[0].pid
         steps = [(float(a), float(b)) for pid, a, b in (line.split() for line in log.read_text().splitlines())
                  if int(pid) == worker]
         assert len(steps) == 4 * 4  # 4 steps of the worker's 4 envs

@@ -74,7 +74,7 @@ def test_a_bad_worker_timeout_flag_is_a_one_line_error(value):
 def test_a_hung_async_worker_is_named_after_the_deadline_and_shut_down():
     fns = [f.cartpole, f.cartpole, f.hanging, f.hanging]  # the worker hosts envs 2-3
     collector = make_collector(fns, RandomPolicy(2), backend="async", num_steps=8, num_workers=1, worker_timeout=1.0)
-    procs = list(collector.backend.procs)
+    procs = list(collector.stepper.procs)
     with pytest.raises(WorkerTimeoutError, match=r"async worker 0 \(pid \d+, envs 2-3\) has been silent for "
                                                  r"[\d.]+ s during step \(limit 1 s"):
         for _ in range(10):
@@ -102,7 +102,7 @@ def test_a_hung_step_of_the_collecting_processs_own_envs_is_named_after_the_dead
     before = signal.getsignal(signal.SIGALRM)
     collector = make_collector([f.stuck_in_python] * 4, RandomPolicy(2), backend="async", num_steps=8, num_workers=1,
                                worker_timeout=1.0)
-    procs = list(collector.backend.procs)
+    procs = list(collector.stepper.procs)
     started = time.monotonic()
     with pytest.raises(WorkerTimeoutError) as raised:
         for _ in range(10):

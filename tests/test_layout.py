@@ -49,7 +49,7 @@ def test_default_layout_is_valid_on_every_machine(backend, env, num_envs, machin
     assert layout.worker_threads == 1 and 1 <= layout.collect_threads <= cores and 1 <= layout.learn_threads <= cores
     kw = layout.collector_kwargs()
     if backend == "async":
-        # what AsyncBackend accepts: each process at least one factory
+        # what AsyncStepper accepts: each process at least one factory
         assert 1 <= layout.workers and layout.workers + layout.main_share <= len(layout.factory_envs)
         # the thread budget: workers (one thread each) + the collecting process never exceed the cores
         assert layout.workers + (layout.collect_threads if layout.main_share else 0) <= cores

@@ -66,18 +66,18 @@ def test_worker_pinned_to_the_second_node(cluster):
     with make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, num_steps=5,
                           cpus_per_worker=0.25, worker_options=[{}, {"resources": {"second_node": 0.5}}]) as c:
         c.collect()
-        assert ray.get(c.backend.actors[1].node_id.remote()) == second.node_id
+        assert ray.get(c.workers.actors[1].node_id.remote()) == second.node_id
 
 
 def test_killed_actor_is_replaced_and_the_rollout_retried(cluster, caplog):
     with make_collector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, num_steps=10,
                           cpus_per_worker=0.25) as c:
         c.collect()
-        ray.kill(c.backend.actors[1])
+        ray.kill(c.workers.actors[1])
         with caplog.at_level("WARNING", logger="collectors.ray"):
             batch = c.collect().batch
         assert batch.batch_size == torch.Size([10, 4])
-        assert c.backend.restarts == 1 and "died" in c.backend.events[0]
+        assert c.workers.restarts == 1 and "died" in c.workers.events[0]
         assert "replaced" in caplog.text
         assert c.collect().batch.batch_size == torch.Size([10, 4])  # and it keeps going
 
@@ -141,7 +141,7 @@ def test_default_actor_count_fits_the_cluster_cpus(cluster):
     # one actor per factory at 2 CPUs each would need 16 CPUs of the cluster's 4 and wait forever
     with make_collector([f.vr_edge] * 8, ActorCritic(*vr_spaces()), backend="ray", num_steps=5,
                           cpus_per_worker=2) as c:
-        assert len(c.backend.actors) == 2 and c.collect().batch.batch_size == torch.Size([5, 8])
+        assert len(c.workers.actors) == 2 and c.collect().batch.batch_size == torch.Size([5, 8])
 
 
 @pytest.mark.parametrize("kw, words", [

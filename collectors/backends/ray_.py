@@ -209,7 +209,7 @@ class RolloutWorker:
         return ray.get_runtime_context().get_node_id()
 
 
-class RayBackend:
+class RayWorkers:
     """``num_workers`` Ray actors with ``envs_per_worker`` env factories each.
 
     A rollout that does not come back within ``worker_timeout`` seconds (stretched to 20 times the
@@ -246,7 +246,7 @@ class RayBackend:
         self.options = [dict(o) for o in opts]
         if any("scheduling_strategy" in o for o in self.options):
             raise ValueError("worker_options may not set scheduling_strategy: each worker runs in its bundle of "
-                             "the backend's placement group; use resources={...} to choose nodes")
+                             "the workers' placement group; use resources={...} to choose nodes")
         self.groups = [list(env_fns[w * envs_per_worker:(w + 1) * envs_per_worker]) for w in range(num_workers)]
         self.actors: list = []
         self.pg = self._reserve([_bundle(cpus_per_worker, o) for o in self.options], total)
@@ -415,14 +415,14 @@ class RayBackend:
 class AsyncRollouts:
     """IMPALA-style collection: every worker always has a rollout in flight; the first one ready is returned."""
 
-    def __init__(self, backend: RayBackend) -> None:
-        self.backend = backend
+    def __init__(self, workers: RayWorkers) -> None:
+        self.workers = workers
         self.in_flight: dict[int, Any] = {}
 
     def next_ready(self, weights_ref: Any, version: int) -> tuple[int, dict[str, Any]]:
         """Return ``(worker, result)`` of the first finished rollout; relaunch that worker with the weights
         of ``version`` (``weights_ref``)."""
-        b, ray = self.backend, self.backend.ray
+        b, ray = self.workers, self.workers.ray
         for w in range(len(b.actors)):
             if w not in self.in_flight:
                 self.in_flight[w] = b.launch(w, weights_ref, version)
