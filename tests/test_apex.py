@@ -365,7 +365,7 @@ def test_bad_apex_config_is_a_clear_error(argv, words, capsys):
     assert words in capsys.readouterr().err
 
 
-def test_beta_anneals_to_one_over_the_run():
+def test_replay_beta_anneals_to_one_over_the_run():
     from trainer.apex.algorithm import ApeX
     from trainer.run_layout import Machine, run_layout
     cfg = parse_args(["--algo", "apex", "--env", "CartPole-v1", "--total-steps", "1000", "--replay-beta", "0.4",
@@ -374,7 +374,7 @@ def test_beta_anneals_to_one_over_the_run():
     betas = []
     for steps in (0, 500, 1000, 5000):
         apex.env_steps = steps
-        betas.append(apex.beta())
+        betas.append(apex.replay_beta())
     assert betas == pytest.approx([0.4, 0.7, 1.0, 1.0])
 
 

@@ -190,7 +190,7 @@ class ApeX(ApeXSpec, Algorithm):
         self.collector = collector
 
     # ------------------------------------------------------------------ learning
-    def beta(self) -> float:
+    def replay_beta(self) -> float:
         """The importance-sampling exponent: annealed linearly from ``--replay-beta`` to 1 over the run."""
         frac = min(1.0, self.env_steps / self.cfg.total_steps)
         return self.cfg.replay_beta + (1.0 - self.cfg.replay_beta) * frac
@@ -204,7 +204,7 @@ class ApeX(ApeXSpec, Algorithm):
     def learner_step(self) -> dict[str, float]:
         """One prioritized minibatch: double-DQN update, new priorities, the target network when due."""
         cfg = self.cfg
-        batch, slots, ids, weights = self.replay.sample(cfg.apex_batch_size, self.beta())
+        batch, slots, ids, weights = self.replay.sample(cfg.apex_batch_size, self.replay_beta())
         batch.set("weights", weights)
         if self.device.type != "cpu":  # one host-to-device transfer per sampled batch
             batch = batch.consolidate().to(self.device, non_blocking=True)
@@ -266,7 +266,7 @@ class ApeX(ApeXSpec, Algorithm):
         sps = steps_per_second(start, self.env_steps)
         return metrics_row(it, self.env_steps, sps, lr, {  # policy_lag: in learner steps
             **means, "learner_steps": self.learner_steps, "updates": len(stats), "replay_size": self.replay.size,
-            "beta": self.beta(), "inserted_per_s": len(transitions) / max(collected, 1e-9),
+            "replay_beta": self.replay_beta(), "inserted_per_s": len(transitions) / max(collected, 1e-9),
             "updates_per_s": len(stats) / learned if stats else None,
             "sampled_per_s": len(stats) * cfg.apex_batch_size / learned if stats else None,
         }, rollout, lag)
