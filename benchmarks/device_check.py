@@ -88,7 +88,7 @@ QUICK = Sizes(envs=(8,), num_steps=16, workers=(1, 2), iterations=2, update_batc
               resume_iterations=1, raw_envs=(64,), raw_steps=3, compile=False, device_envs=(16,))
 
 
-def count_h2d_copies(num_envs: int = 64, horizon: int = 128, backend: str = "sync",
+def count_h2d_copies(num_envs: int = 64, num_steps: int = 128, backend: str = "sync",
                      compile: bool | str = False) -> int:
     """Number of host-to-device memcpy kernels during one ``collect()`` on CUDA (``backend``: sync or device;
     ``compile``: the device backend's acting step compiled, or a ``torch.compile`` mode)."""
@@ -99,7 +99,7 @@ def count_h2d_copies(num_envs: int = 64, horizon: int = 128, backend: str = "syn
         policy, options = policy.to("cuda"), {"compile_policy": compile}
     else:
         env_fn, options = functools.partial(envs.VREdgeVectorEnv, num_envs), {}
-    with make_collector([env_fn], policy, backend=backend, horizon=horizon, seed=0, device="cuda", **options) as c:
+    with make_collector([env_fn], policy, backend=backend, num_steps=num_steps, seed=0, device="cuda", **options) as c:
         c.collect()  # warm-up: allocation, pinned storage
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -136,7 +136,7 @@ def update_rate(device: str, num_envs: int, num_steps: int, epochs: int = 4, com
                                      epochs=epochs, target_kl=0.0, cuda_graphs=cuda_graphs))
     run = PPO.new(cfg, run_layout(cfg, Machine.detect()))  # model, fused Adam, plan, minibatch step
     fn = functools.partial(envs.VREdgeVectorEnv, num_envs)
-    with RolloutCollector([fn], run.acting, backend="sync", horizon=num_steps, seed=0, device=device) as c:
+    with RolloutCollector([fn], run.acting, backend="sync", num_steps=num_steps, seed=0, device=device) as c:
         rollout = c.collect()
     adv, ret = advantages_and_returns(run.model, rollout.batch, rollout.next_observations, cfg.gamma,
                                       cfg.algo_settings.gae_lambda)

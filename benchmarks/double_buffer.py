@@ -24,7 +24,7 @@ from collectors.resources import async_workers, usable_cores
 from trainer.ppo.model import ActorCritic
 
 
-def contenders(num_envs: int, horizon: int, step_cost_us: float, cores: int) -> dict:
+def contenders(num_envs: int, num_steps: int, step_cost_us: float, cores: int) -> dict:
     """Name -> (run, close) of every contender; ``sync`` first (the efficiency's reference)."""
     env_fn = functools.partial(make_env, "VREdge-v0", step_cost_us)
     probe = env_fn()
@@ -34,17 +34,17 @@ def contenders(num_envs: int, horizon: int, step_cost_us: float, cores: int) -> 
     # double-buffered needs a factory per process and group: at most num_envs // 2 processes
     processes = max(1, min(cores, num_envs // 2))
     out = {
-        "sync": collector_contender(fns, policy, "sync", horizon),
-        "async, lockstep (default)": collector_contender(fns, policy, "async", horizon, num_splits=1,
+        "sync": collector_contender(fns, policy, "sync", num_steps),
+        "async, lockstep (default)": collector_contender(fns, policy, "async", num_steps, num_splits=1,
                                                          num_workers=workers, main_share=main_share),
         # the trainer's --num-splits 2 layout: a worker per core, the collecting process only runs the policy
-        "async, double-buffered": collector_contender(fns, policy, "async", horizon, num_splits=2,
+        "async, double-buffered": collector_contender(fns, policy, "async", num_steps, num_splits=2,
                                                       num_workers=processes, main_share=False),
     }
     if processes > 1:  # the lockstep layout, double-buffered: this process steps a share too
-        out["async, double-buffered, main share"] = collector_contender(fns, policy, "async", horizon, num_splits=2,
+        out["async, double-buffered, main share"] = collector_contender(fns, policy, "async", num_steps, num_splits=2,
                                                                         num_workers=processes - 1, main_share=True)
-    out["gymnasium AsyncVectorEnv(shm)"] = gymnasium_contender(fns, policy, horizon, "AsyncVectorEnv")
+    out["gymnasium AsyncVectorEnv(shm)"] = gymnasium_contender(fns, policy, num_steps, "AsyncVectorEnv")
     return out
 
 
@@ -64,19 +64,19 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.double_buffer", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-envs", type=int, default=8)
-    p.add_argument("--horizon", type=int, default=64)
+    p.add_argument("--num-steps", type=int, default=64)
     p.add_argument("--step-cost-us", type=float, default=200.0, help="extra CPU work per VR-edge step")
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--quick", action="store_true", help="4 envs, horizon 8, 1 repeat (checks that it runs)")
+    p.add_argument("--quick", action="store_true", help="4 envs, --num-steps 8, 1 repeat (checks that it runs)")
     args = p.parse_args(argv)
     if args.quick:
-        args.num_envs, args.horizon, args.repeats = 4, 8, 1
+        args.num_envs, args.num_steps, args.repeats = 4, 8, 1
     torch.set_num_threads(1)
     print_machine()
     cores = usable_cores()
-    print(f"VR-edge +{args.step_cost_us:g} us/step, {args.num_envs} envs x {args.horizon} steps, {cores} usable "
+    print(f"VR-edge +{args.step_cost_us:g} us/step, {args.num_envs} envs x {args.num_steps} steps, {cores} usable "
           f"cores, {args.repeats} repeats (rounds interleaved); efficiency = rate / ({cores} x sync rate)")
-    report(measure(contenders(args.num_envs, args.horizon, args.step_cost_us, cores), args.repeats), cores)
+    report(measure(contenders(args.num_envs, args.num_steps, args.step_cost_us, cores), args.repeats), cores)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None, iterations: int = 6) -> dict[int, tuple[
         build_parser(PROG).error(str(e))
     print_machine()
     out = {}
-    with make_collector(layout.env_factories(), run.acting, backend="sync", horizon=cfg.num_steps,
+    with make_collector(layout.env_factories(), run.acting, backend="sync", num_steps=cfg.num_steps,
                         seed=cfg.seed) as collector:
         it = 0
         for threads in (1, 2):

@@ -4,7 +4,7 @@
     python -m benchmarks.run_rollout_benchmark --env VREdge-v0 --num-envs 8 --step-cost-us 200 --compare
     python -m benchmarks.run_rollout_benchmark --native-batch 1024
 
-Every contender runs the same policy for ``--horizon`` steps into the same kind of
+Every contender runs the same policy for ``--num-steps`` steps into the same kind of
 preallocated storage; rounds interleave the contenders so machine noise hits all
 of them alike. Reports the median transitions/s, the spread, and ratios to the first.
 """
@@ -35,17 +35,17 @@ def make_vector(num_envs: int, step_cost_us: float) -> gym.vector.VectorEnv:
     return envs.VREdgeVectorEnv(num_envs, step_cost_us=step_cost_us)
 
 
-def collector_contender(env_fns, policy, backend: str, horizon: int, **kw):
-    collector = RolloutCollector(env_fns, policy, backend=backend, horizon=horizon, seed=0, **kw)
+def collector_contender(env_fns, policy, backend: str, num_steps: int, **kw):
+    collector = RolloutCollector(env_fns, policy, backend=backend, num_steps=num_steps, seed=0, **kw)
     collector.collect()  # warm-up: allocation, first resets
 
     def run() -> int:
         collector.collect()
-        return horizon * collector.num_envs
+        return num_steps * collector.num_envs
     return run, collector.close
 
 
-def gymnasium_contender(env_fns, policy, horizon: int, kind: str):
+def gymnasium_contender(env_fns, policy, num_steps: int, kind: str):
     """Gymnasium's vector env driving the same policy into preallocated storage."""
     same_step = gym.vector.AutoresetMode.SAME_STEP
     if kind == "SyncVectorEnv":
@@ -54,18 +54,18 @@ def gymnasium_contender(env_fns, policy, horizon: int, kind: str):
         venv = gym.vector.AsyncVectorEnv(env_fns, shared_memory=True, autoreset_mode=same_step)
     obs, _ = venv.reset(seed=0)
     n = venv.num_envs
-    store_obs = np.zeros((horizon + 1, *obs.shape), dtype=obs.dtype)
-    store_rew = np.zeros((horizon, n), dtype=np.float32)
-    store_done = np.zeros((horizon, 2, n), dtype=bool)
+    store_obs = np.zeros((num_steps + 1, *obs.shape), dtype=obs.dtype)
+    store_rew = np.zeros((num_steps, n), dtype=np.float32)
+    store_done = np.zeros((num_steps, 2, n), dtype=bool)
 
     def run() -> int:
         nonlocal obs
         store_obs[0] = obs
-        for t in range(horizon):
+        for t in range(num_steps):
             action = policy(torch.from_numpy(store_obs[t]))["action"].numpy()
             obs, rew, term, trunc, _ = venv.step(action)
             store_obs[t + 1], store_rew[t], store_done[t, 0], store_done[t, 1] = obs, rew, term, trunc
-        return horizon * n
+        return num_steps * n
     run()
     return run, venv.close
 
@@ -104,7 +104,7 @@ def main() -> None:
     p.add_argument("--backend", nargs="+", default=["serial", "sync", "async"], choices=["serial", "sync", "async"])
     p.add_argument("--env", default="CartPole-v1", help="CartPole-v1, VREdge-v0 or any registered env id")
     p.add_argument("--num-envs", type=int, default=8)
-    p.add_argument("--horizon", type=int, default=128)
+    p.add_argument("--num-steps", type=int, default=128)
     p.add_argument("--step-cost-us", type=float, default=0.0, help="extra CPU work per VR-edge step")
     p.add_argument("--num-workers", type=int, default=None, help="async workers (default: backend's choice)")
     p.add_argument("--no-main-share", action="store_true", help="async: the collecting process steps no envs")
@@ -122,11 +122,11 @@ def main() -> None:
         probe = single()
         policy = ActorCritic(probe.observation_space, probe.action_space)
         contenders = {
-            f"sync, {n} single envs": collector_contender([single] * n, policy, "sync", args.horizon),
+            f"sync, {n} single envs": collector_contender([single] * n, policy, "sync", args.num_steps),
             f"sync, one VREdgeVectorEnv({n})": collector_contender(
-                [functools.partial(make_vector, n, args.step_cost_us)], policy, "sync", args.horizon),
+                [functools.partial(make_vector, n, args.step_cost_us)], policy, "sync", args.num_steps),
         }
-        report(measure(contenders, args.repeats), f"VR-edge, {n} envs, horizon {args.horizon}")
+        report(measure(contenders, args.repeats), f"VR-edge, {n} envs, num_steps {args.num_steps}")
         return
 
     env_fn = functools.partial(make_env, args.env, args.step_cost_us)
@@ -135,14 +135,14 @@ def main() -> None:
     fns = [env_fn] * args.num_envs
     contenders = {}
     if args.compare:
-        contenders["gymnasium SyncVectorEnv"] = gymnasium_contender(fns, policy, args.horizon, "SyncVectorEnv")
+        contenders["gymnasium SyncVectorEnv"] = gymnasium_contender(fns, policy, args.num_steps, "SyncVectorEnv")
     for backend in args.backend:
         kw = dict(num_workers=args.num_workers, main_share=not args.no_main_share) if backend == "async" else {}
-        contenders[backend] = collector_contender(fns, policy, backend, args.horizon, **kw)
+        contenders[backend] = collector_contender(fns, policy, backend, args.num_steps, **kw)
     if args.compare:
-        contenders["gymnasium AsyncVectorEnv(shm)"] = gymnasium_contender(fns, policy, args.horizon,
+        contenders["gymnasium AsyncVectorEnv(shm)"] = gymnasium_contender(fns, policy, args.num_steps,
                                                                          "AsyncVectorEnv")
-    title = (f"{args.env}, {args.num_envs} envs, horizon {args.horizon}, step_cost_us={args.step_cost_us}, "
+    title = (f"{args.env}, {args.num_envs} envs, num_steps {args.num_steps}, step_cost_us={args.step_cost_us}, "
              f"{args.repeats} repeats (rounds interleaved)")
     report(measure(contenders, args.repeats), title)
 

@@ -44,14 +44,14 @@ def workloads(envs_per_worker: int, step_cost_us: float) -> dict[str, tuple[Call
     }
 
 
-def scale(factory: Callable[[], Any], per_worker: int, counts: list[int], horizon: int,
+def scale(factory: Callable[[], Any], per_worker: int, counts: list[int], num_steps: int,
           repeats: int) -> dict[int, float]:
     """Median transitions/s of ``sync`` on one share (key 0) and of ``async`` with each worker count."""
     probe = make_env("VREdge-v0", 0.0)
     policy = ActorCritic(probe.observation_space, probe.action_space)
-    contenders = {0: collector_contender([factory] * per_worker, policy, "sync", horizon)}
+    contenders = {0: collector_contender([factory] * per_worker, policy, "sync", num_steps)}
     for w in counts:
-        contenders[w] = collector_contender([factory] * (per_worker * w), policy, "async", horizon, num_workers=w,
+        contenders[w] = collector_contender([factory] * (per_worker * w), policy, "async", num_steps, num_workers=w,
                                             main_share=False)
     return {w: statistics.median(r) for w, r in measure(contenders, repeats).items()}
 
@@ -62,19 +62,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-workers", type=int, default=0, help="largest worker count (0: the usable cores)")
     p.add_argument("--envs-per-worker", type=int, default=16)
     p.add_argument("--step-cost-us", type=float, default=200.0, help="heavy env: extra CPU work per step")
-    p.add_argument("--horizon", type=int, default=64)
+    p.add_argument("--num-steps", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="1 and 2 workers, tiny sizes (checks that it runs)")
     args = p.parse_args(argv)
     if args.quick:
-        args.max_workers, args.envs_per_worker, args.horizon, args.repeats = 2, 2, 8, 1
+        args.max_workers, args.envs_per_worker, args.num_steps, args.repeats = 2, 2, 8, 1
     torch.set_num_threads(1)  # the collecting process runs a small policy; workers use one thread each
     print_machine()
     cores = usable_cores()
     counts = worker_counts(args.max_workers or cores)
-    print(f"usable cores: {cores}; workers: {counts}; horizon {args.horizon}; {args.repeats} repeats (interleaved)")
+    print(f"usable cores: {cores}; workers: {counts}; num_steps {args.num_steps}; {args.repeats} repeats (interleaved)")
     for name, (factory, per_worker) in workloads(args.envs_per_worker, args.step_cost_us).items():
-        rates = scale(factory, per_worker, counts, args.horizon, args.repeats)
+        rates = scale(factory, per_worker, counts, args.num_steps, args.repeats)
         one = rates.pop(0)
         print(f"\n{name}: one process (sync) {one:,.0f} transitions/s")
         print(f"{'workers':>8} {'transitions/s':>14} {'speed-up':>9} {'efficiency':>11}")

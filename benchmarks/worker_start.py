@@ -31,22 +31,22 @@ METHODS = ("forkserver", "spawn")
 _PROGRAM = textwrap.dedent("""
     import json, sys, time
     import psutil
-    from collectors.backends.async_ import AsyncBackend
+    from collectors.backends.async_ import AsyncStepper
     from envs import SyntheticVREdgeEnv
     if __name__ == "__main__":
         method, workers, collectors = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
         starts, closes, memory = [], [], None
         for _ in range(collectors):
             began = time.perf_counter()
-            backend = AsyncBackend([SyntheticVREdgeEnv] * (2 * (workers + 1)), num_workers=workers, start_method=method)
+            stepper = AsyncStepper([SyntheticVREdgeEnv] * (2 * (workers + 1)), num_workers=workers, start_method=method)
             starts.append(time.perf_counter() - began)
             if memory is None:  # the workers, and the forkserver they were forked from
-                procs = [psutil.Process(p.pid) for p in backend.procs]
+                procs = [psutil.Process(p.pid) for p in stepper.procs]
                 procs += [psutil.Process(pid) for pid in {p.ppid() for p in procs} - {psutil.Process().pid}]
                 info = [p.memory_full_info() for p in procs]
                 memory = {"uss": sum(i.uss for i in info), "pss": sum(i.pss for i in info)}
             began = time.perf_counter()
-            backend.close()
+            stepper.close()
             closes.append(time.perf_counter() - began)
         print(json.dumps({"starts": starts, "closes": closes, **memory}))
 """)

@@ -15,7 +15,7 @@ from tensordict import TensorDict
 
 from collectors.backends.async_ import CLOSE_TIMEOUT_S as WORKER_CLOSE_TIMEOUT_S
 from collectors.backends.async_ import check_picklable, stop_processes
-from collectors.base import Collector, Policy, check_env_fns
+from collectors.base import Collector, Policy, check_env_fns, renamed_keywords
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
 from collectors.processes import (
     WorkerDiedError,
@@ -49,14 +49,14 @@ class BackgroundCollector(Collector):
         >>> from collectors.background import BackgroundCollector
         >>> from tests.factories import RandomPolicy
         >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 2
-        >>> with BackgroundCollector(env_fns, RandomPolicy(2), horizon=8) as c:  # doctest: +SKIP
+        >>> with BackgroundCollector(env_fns, RandomPolicy(2), num_steps=8) as c:  # doctest: +SKIP
         ...     c.start()        # collecting ...
         ...     rollout = c.wait()
         >>> rollout.batch.batch_size  # doctest: +SKIP
         torch.Size([8, 2])
 
     Args:
-        env_fns, policy, backend, horizon, seed, device, num_threads: as for ``RolloutCollector``
+        env_fns, policy, backend, num_steps, seed, device, num_threads: as for ``RolloutCollector``
             (the factories and the policy must be picklable; the policy's copy in the collecting
             process gets its weights through ``update_policy``: an ``nn.Module``'s are written into
             one shared-memory copy, handed over when the process starts, and never sent again).
@@ -75,18 +75,19 @@ class BackgroundCollector(Collector):
     traceback. It is killed when this process dies (Linux), even in the middle of a hung step.
     """
 
+    @renamed_keywords(horizon="num_steps")
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
-                 horizon: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
+                 num_steps: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_threads: int | None = None, worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S,
                  start_method: str | None = None, **options: Any) -> None:
         env_fns = check_env_fns(env_fns)
-        super().__init__(policy, horizon, device, num_threads)
+        super().__init__(policy, num_steps, device, num_threads)
         self.deadline = Deadline(worker_timeout)
         check_picklable(env_fns, "the collecting process (background=True)")
         policy_bytes = _pickled(policy)
         ctx = process_context(start_method)
         self._conn, child = ctx.Pipe()
-        kwargs = dict(backend=backend, horizon=horizon, seed=seed, num_threads=num_threads,
+        kwargs = dict(backend=backend, num_steps=num_steps, seed=seed, num_threads=num_threads,
                       worker_timeout=worker_timeout, start_method=start_method, **options)
         self._weights = _shared_weights(policy)
         self._process = collector_process(ctx, _serve, (child, env_fns, policy_bytes, self._weights, kwargs),

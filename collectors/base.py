@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -29,6 +31,23 @@ def check_env_fns(env_fns: Any) -> list[Callable[[], Any]]:
             raise TypeError(f"env_fns[{i}] is {type(fn).__name__}, not callable; pass factories "
                             "(e.g. functools.partial(gymnasium.make, 'CartPole-v1')), not env instances")
     return env_fns
+
+
+def renamed_keywords(**renamed: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Accept each old keyword argument (``old="new"``) for one more release, with a ``DeprecationWarning``."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for old, new in renamed.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{old}= is the old name of {new}=: pass {new}= only")
+                    warnings.warn(f"{old}= is renamed {new}=; {old}= goes in the next release", DeprecationWarning,
+                                  stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+        return call
+    return wrap
 
 
 def _check_positive_int(name: str, value: Any, allow_none: bool = False) -> None:
@@ -114,9 +133,9 @@ class Collector(ABC):
     observation_space: gym.Space
     action_space: gym.Space
 
-    def __init__(self, policy: Policy, horizon: int, device: str | torch.device, num_threads: int | None,
+    def __init__(self, policy: Policy, num_steps: int, device: str | torch.device, num_threads: int | None,
                  compile_policy: bool | str = False) -> None:
-        _check_positive_int("horizon", horizon)
+        _check_positive_int("num_steps", num_steps)
         _check_positive_int("num_threads", num_threads, allow_none=True)
         if not callable(policy):
             raise TypeError(f"policy must be callable (obs -> actions), got {type(policy).__name__}")
@@ -125,14 +144,14 @@ class Collector(ABC):
             raise ValueError("device='cuda' but CUDA is not available; use device='cpu'")
         self.compile_policy = check_compile(compile_policy)
         self._set_policy(policy)
-        self.horizon = horizon
+        self.num_steps = num_steps
         self.num_threads = num_threads
         self.policy_version = 0
         self.seconds_collecting = 0.0  # wall clock inside collect(), summed: the trainer times its phases with it
         self._closed = True  # until a subclass has something to close
 
     def collect(self) -> Rollout:
-        """Run the policy for ``horizon`` steps; return the rollout on ``device``.
+        """Run the policy for ``num_steps`` steps; return the rollout on ``device``.
 
         A failed rollout closes the collector: no worker process or actor is left behind.
         """

@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDictBase
 
 from collectors.backend_names import BACKENDS, LOCAL_BACKENDS
-from collectors.base import Collector, Policy, check_env_fns, check_seeds
+from collectors.base import Collector, Policy, check_env_fns, check_seeds, renamed_keywords
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EpisodeInfo
 from collectors.processes import start_method_of
@@ -20,18 +20,18 @@ from collectors.seeding import env_seeds, noise_keys
 from collectors.storage import RolloutStorage, torch_dtype
 
 
-def _make_backend(backend: str, env_fns, num_workers: int | None, main_share: bool, num_splits: int,
+def _make_stepper(backend: str, env_fns, num_workers: int | None, main_share: bool, num_splits: int,
                   worker_timeout: float, start_method: str | None):
     if num_splits != 1 and backend != "async":
         raise ValueError(f"num_splits={num_splits!r} needs backend='async' (got {backend!r}); leave it at 1")
     if backend == "serial":
-        from collectors.backends.serial import SerialBackend
-        return SerialBackend(env_fns)
+        from collectors.backends.serial import SerialStepper
+        return SerialStepper(env_fns)
     if backend == "sync":
-        from collectors.backends.sync import SyncBackend
-        return SyncBackend(env_fns)
-    from collectors.backends.async_ import AsyncBackend
-    return AsyncBackend(env_fns, num_workers=num_workers, main_share=main_share, num_splits=num_splits,
+        from collectors.backends.sync import SyncStepper
+        return SyncStepper(env_fns)
+    from collectors.backends.async_ import AsyncStepper
+    return AsyncStepper(env_fns, num_workers=num_workers, main_share=main_share, num_splits=num_splits,
                         worker_timeout=worker_timeout, start_method=start_method)
 
 
@@ -75,7 +75,7 @@ def check_policy_output(action: torch.Tensor, extras: dict[str, torch.Tensor], n
 
 
 class RolloutCollector(Collector):
-    """Collects fixed-shape ``[horizon, num_envs]`` rollouts from Gymnasium envs, in this process
+    """Collects fixed-shape ``[num_steps, num_envs]`` rollouts from Gymnasium envs, in this process
     (``serial``, ``sync``) or in worker processes (``async``).
 
     Example:
@@ -83,7 +83,7 @@ class RolloutCollector(Collector):
         >>> from collectors import RolloutCollector
         >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 4
         >>> policy = lambda obs: torch.zeros(len(obs), dtype=torch.int64)
-        >>> with RolloutCollector(env_fns, policy, backend="sync", horizon=16, seed=0) as collector:
+        >>> with RolloutCollector(env_fns, policy, backend="sync", num_steps=16, seed=0) as collector:
         ...     rollout = collector.collect()
         >>> rollout.batch.batch_size, rollout.batch["observations"].shape, rollout.next_observations.shape
         (torch.Size([16, 4]), torch.Size([16, 4, 4]), torch.Size([4, 4]))
@@ -103,7 +103,7 @@ class RolloutCollector(Collector):
             It is called once per step, in this process, under ``torch.inference_mode()``.
         backend: ``"serial"``, ``"sync"`` or ``"async"`` (``"ray"``: :class:`collectors.RayCollector`,
             or :func:`collectors.make_collector`, which picks the class).
-        horizon: steps per rollout (``T``).
+        num_steps: steps per rollout (``T``; ``horizon=``, its old name, is accepted until the next release).
         seed: run seed; env ``i`` is reset with the i-th ``SeedSequence(seed).spawn`` seed.
             A sequence gives each env its seed explicitly (one per env).
         device: where ``collect()`` puts the rollout (one transfer per rollout).
@@ -139,8 +139,9 @@ class RolloutCollector(Collector):
     called as ``policy(obs)``.
     """
 
+    @renamed_keywords(horizon="num_steps")
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
-                 horizon: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
+                 num_steps: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_workers: int | None = None, main_share: bool = True, num_threads: int | None = None,
                  num_splits: int = 1, worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S,
                  start_method: str | None = None, compile_policy: bool | str = False) -> None:
@@ -153,20 +154,20 @@ class RolloutCollector(Collector):
         if backend not in LOCAL_BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         env_fns = check_env_fns(env_fns)
-        super().__init__(policy, horizon, device, num_threads, compile_policy)
+        super().__init__(policy, num_steps, device, num_threads, compile_policy)
         explicit = check_seeds(seed)
         if explicit is None:
             env_seeds(seed, 0)  # validates the seed before any worker starts
-        self.backend_name = backend
+        self.backend = backend
         Deadline(worker_timeout)  # validated here for every backend, so a bad value never waits for async
         start_method_of(start_method)  # ... and so is this
-        self.backend = _make_backend(backend, env_fns, num_workers, main_share, num_splits, worker_timeout,
+        self.stepper = _make_stepper(backend, env_fns, num_workers, main_share, num_splits, worker_timeout,
                                      start_method)
         self._closed = False
         try:
-            self.num_envs = self.backend.num_envs
-            self.observation_space = self.backend.observation_space
-            self.action_space = self.backend.action_space
+            self.num_envs = self.stepper.num_envs
+            self.observation_space = self.stepper.observation_space
+            self.action_space = self.stepper.action_space
             if explicit is not None and len(explicit) != self.num_envs:
                 raise ValueError(f"seed has {len(explicit)} entries for {self.num_envs} envs; pass one integer "
                                  "or one seed per env")
@@ -174,9 +175,9 @@ class RolloutCollector(Collector):
             self._noise_keys = torch.tensor(noise_keys(self.seeds), dtype=torch.int64)
             self._steps = torch.zeros(self.num_envs, dtype=torch.int64)  # steps each env has taken here
             self._obs = np.zeros((self.num_envs, *self.observation_space.shape), dtype=self.observation_space.dtype)
-            self.backend.reset(self.seeds, self._obs)
+            self.stepper.reset(self.seeds, self._obs)
         except BaseException:
-            self.backend.close()
+            self.stepper.close()
             raise
         self.storage: RolloutStorage | None = None
         self._episode_return = np.zeros(self.num_envs, dtype=np.float64)
@@ -191,7 +192,7 @@ class RolloutCollector(Collector):
 
     def _allocate(self, action: torch.Tensor, extras: dict[str, torch.Tensor]) -> RolloutStorage:
         obs_dtype = torch_dtype(self._obs.dtype)
-        return RolloutStorage(self.horizon, self.num_envs, self.observation_space.shape, obs_dtype,
+        return RolloutStorage(self.num_steps, self.num_envs, self.observation_space.shape, obs_dtype,
                               tuple(action.shape[1:]), action.dtype, tuple(extras), self.device)
 
     # ------------------------------------------------------------------ collect
@@ -202,7 +203,7 @@ class RolloutCollector(Collector):
             obs0 = torch.from_numpy(self._obs)
             # the policy sees the same rows as in every later rollout (async: the first group), so that
             # its outputs round the same way after a resume as in a run that went straight through
-            rows = self.backend.groups[0] if self.backend_name == "async" else everything
+            rows = self.stepper.groups[0] if self.backend == "async" else everything
             first = self._call_policy(obs0[rows], rows, 0)
             check_policy_output(*first, rows.stop - rows.start, self.action_space)
             s = self.storage = self._allocate(*first)
@@ -211,15 +212,15 @@ class RolloutCollector(Collector):
             s.start_rollout()
         episodes: list[dict[str, Any]] = []
         with torch.inference_mode():  # cheaper per op than no_grad; outputs are copied into storage
-            if self.backend_name == "async":
+            if self.backend == "async":
                 self._async_steps(s, first, episodes)
             else:
-                for t in range(self.horizon):
+                for t in range(self.num_steps):
                     self._act(s, t, everything, first)
                     views = s.views[t]
-                    infos = self.backend.step(s.action_steps_np[t], views)
+                    infos = self.stepper.step(s.action_steps_np[t], views)
                     self._record_episodes(views, infos, episodes)
-        self._steps += self.horizon
+        self._steps += self.num_steps
         batch, next_obs = s.to_device()
         return Rollout(batch, next_obs, episodes, self.policy_version, everything)
 
@@ -251,21 +252,21 @@ class RolloutCollector(Collector):
         step), so the batch does not depend on timing. With one group this is lockstep.
         Episodes of step ``t`` are recorded once every group has finished it, in env order.
         """
-        backend, groups = self.backend, self.backend.groups
+        stepper, groups = self.stepper, self.stepper.groups
         last = len(groups) - 1
         finishing: list[EpisodeInfo] = []  # episode infos of step t - 1
         started: list[EpisodeInfo] = []  # ... and of step t
-        for t in range(self.horizon):
+        for t in range(self.num_steps):
             for g, rows in enumerate(groups):
                 if t:  # group g must have finished step t - 1 before the policy reads its observations
-                    finishing += backend.finish_group(g, s.views[t - 1])
+                    finishing += stepper.finish_group(g, s.views[t - 1])
                     if g == last:
                         self._record_episodes(s.views[t - 1], finishing, episodes)
                 self._act(s, t, rows, first)
-                started += backend.start_group(g, s.action_steps_np[t], s.views[t])
+                started += stepper.start_group(g, s.action_steps_np[t], s.views[t])
             finishing, started = started, []
         for g in range(len(groups)):
-            finishing += backend.finish_group(g, s.views[-1])
+            finishing += stepper.finish_group(g, s.views[-1])
         self._record_episodes(s.views[-1], finishing, episodes)
 
     def _record_episodes(self, views, infos, episodes: list[dict[str, Any]]) -> None:
@@ -294,7 +295,7 @@ class RolloutCollector(Collector):
         obs = self.storage.last_obs.numpy() if self.storage is not None else self._obs
         return {"observations": obs.copy(), "episode_return": self._episode_return.copy(),
                 "episode_length": self._episode_length.copy(), "steps": self._steps.numpy().copy(),
-                "env_states": self.backend.get_env_states()}
+                "env_states": self.stepper.get_env_states()}
 
     def set_state(self, state: dict[str, Any], reseed: int | None = None) -> bool:
         """Continue from :meth:`get_state`. Returns ``True`` when every env was restored exactly.
@@ -319,12 +320,12 @@ class RolloutCollector(Collector):
         self._steps.copy_(torch.from_numpy(steps.astype(np.int64)))
         exact = all(s is not None for s in env_states)
         if exact:
-            self.backend.set_env_states(env_states)
+            self.stepper.set_env_states(env_states)
             self._episode_return[:] = state["episode_return"]
             self._episode_length[:] = state["episode_length"]
         else:
             derived = int(np.random.SeedSequence([*self.seeds[:1], reseed or 0]).generate_state(1)[0])
-            self.backend.reset(env_seeds(derived, self.num_envs), obs := self._obs.copy())
+            self.stepper.reset(env_seeds(derived, self.num_envs), obs := self._obs.copy())
             self._episode_return[:] = 0.0
             self._episode_length[:] = 0
         if self.storage is not None:
@@ -334,7 +335,7 @@ class RolloutCollector(Collector):
         return exact
 
     def _close(self) -> None:
-        self.backend.close()
+        self.stepper.close()
 
 
 def merge_states(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from collectors.base import Collector, Policy, check_env_fns, check_seeds
+from collectors.base import Collector, Policy, check_env_fns, check_seeds, renamed_keywords
 from collectors.collector import call_policy, check_policy_output
 from collectors.env_group import build_env, close_envs, env_states, restore_env_states
 from collectors.rollout import Rollout
@@ -18,14 +18,14 @@ from collectors.seeding import env_seeds, noise_keys
 
 
 class DeviceCollector(Collector):
-    """Collects ``[horizon, num_envs]`` rollouts from an env written in torch, stepped on ``device`` next to the policy.
+    """Collects ``[T, N]`` rollouts from an env written in torch, stepped on ``device`` next to the policy.
 
     Example:
         >>> import functools, torch, envs
         >>> from collectors import make_collector
         >>> policy = lambda obs: torch.zeros(len(obs), 8, dtype=torch.int64)
         >>> with make_collector([functools.partial(envs.VREdgeTorchEnv, 4)], policy, backend="device",
-        ...                     horizon=16, seed=0) as collector:
+        ...                     num_steps=16, seed=0) as collector:
         ...     rollout = collector.collect()
         >>> rollout.batch.batch_size, rollout.batch["observations"].device, rollout.next_observations.shape
         (torch.Size([16, 4]), device(type='cpu'), torch.Size([4, 61]))
@@ -43,7 +43,7 @@ class DeviceCollector(Collector):
         env_fns: one zero-argument factory of a torch-batched env (a list of length one).
         policy: as for :class:`~collectors.RolloutCollector`; it is called on tensors on ``device``,
             so it should live there.
-        horizon: steps per rollout (``T``).
+        num_steps: steps per rollout (``T``).
         seed: run seed (env ``i`` gets the i-th ``SeedSequence(seed).spawn`` seed), or one seed per env.
         device: where the env steps, the policy acts and the rollout is written.
         num_threads: torch intra-op threads while ``collect()`` runs (``None``: unchanged).
@@ -52,11 +52,12 @@ class DeviceCollector(Collector):
             to compile (``envs.VREdgeTorchEnv(compile=True)``).
     """
 
-    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, horizon: int = 128,
+    @renamed_keywords(horizon="num_steps")
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, num_steps: int = 128,
                  seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_threads: int | None = None, compile_policy: bool | str = False) -> None:
         env_fns = check_env_fns(env_fns)
-        super().__init__(policy, horizon, device, num_threads, compile_policy)
+        super().__init__(policy, num_steps, device, num_threads, compile_policy)
         if len(env_fns) != 1:
             raise ValueError(f"backend='device' takes one env factory that builds all envs as one torch-batched env "
                              f"(e.g. functools.partial(envs.VREdgeTorchEnv, 64)), got {len(env_fns)} factories")
@@ -104,7 +105,7 @@ class DeviceCollector(Collector):
 
     def _allocate(self, obs: torch.Tensor, action: torch.Tensor, extras: dict[str, torch.Tensor]) -> TensorDict:
         """A ``[T, N]`` batch on the device; every leaf is written at every step, so it starts empty."""
-        t, n, dev = self.horizon, self.num_envs, self.device
+        t, n, dev = self.num_steps, self.num_envs, self.device
         batch = {
             "observations": torch.empty((t, *obs.shape), dtype=obs.dtype, device=dev),
             "actions": torch.empty((t, *action.shape), dtype=action.dtype, device=dev),
@@ -122,7 +123,7 @@ class DeviceCollector(Collector):
         # no_grad, not inference_mode: the env's state and observations stay ordinary tensors, as reset and
         # set_state make them, so a compiled policy and env step see the same kind of input at every call
         with torch.no_grad():
-            for t in range(self.horizon):
+            for t in range(self.num_steps):
                 action, extras = self._act(obs, t)
                 if batch is None:  # a new batch per rollout: the last one may still be in use by the learner
                     batch = self._allocate(obs, action, extras)
@@ -142,7 +143,7 @@ class DeviceCollector(Collector):
                 self._episode_length += 1
                 metrics = info.get("final_info", {}).get("episode_metrics", {})
                 if ended is None:
-                    ended = {k: torch.empty((self.horizon, self.num_envs), dtype=torch.float64, device=self.device)
+                    ended = {k: torch.empty((self.num_steps, self.num_envs), dtype=torch.float64, device=self.device)
                              for k in ("return", "length", *metrics)}
                 ended["return"][t] = self._episode_return
                 ended["length"][t] = self._episode_length
@@ -151,7 +152,7 @@ class DeviceCollector(Collector):
                 self._episode_return.masked_fill_(done, 0.0)
                 self._episode_length.masked_fill_(done, 0)
         self._obs = obs
-        self._steps += self.horizon
+        self._steps += self.num_steps
         return Rollout(batch, obs, self._episodes(batch["final_observation_mask"], ended), self.policy_version,
                        slice(0, self.num_envs))
 

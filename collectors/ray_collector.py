@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from collectors.backends.ray_ import AsyncRollouts, RayBackend, RolloutWorker
-from collectors.base import Collector, Policy, check_env_fns, check_seeds
+from collectors.backends.ray_ import AsyncRollouts, RayWorkers, RolloutWorker
+from collectors.base import Collector, Policy, check_env_fns, check_seeds, renamed_keywords
 from collectors.collector import merge_states, split_state
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S
 from collectors.rollout import Rollout
@@ -28,7 +28,7 @@ class RayCollector(Collector):
         >>> env = gym.make("CartPole-v1")
         >>> policy = ActorCritic(env.observation_space, env.action_space)
         >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 4
-        >>> with RayCollector(env_fns, policy, horizon=16, num_workers=2) as collector:  # doctest: +SKIP
+        >>> with RayCollector(env_fns, policy, num_steps=16, num_workers=2) as collector:  # doctest: +SKIP
         ...     rollout = collector.collect()
         >>> rollout.batch.batch_size, rollout.envs  # doctest: +SKIP
         (torch.Size([16, 4]), slice(0, 4, None))
@@ -39,15 +39,16 @@ class RayCollector(Collector):
     ``update_policy`` go out once, with the next rollout of each actor.
 
     Args:
-        env_fns, policy, horizon, seed, device, num_threads: as for ``RolloutCollector``.
+        env_fns, policy, num_steps, seed, device, num_threads: as for ``RolloutCollector``.
         num_workers: actors (default: as many equal slices of the factories as the cluster's CPUs hold).
         envs_per_worker: env factories per actor (default: the factories divided by ``num_workers``).
         ray_address: cluster address (default: reuse a running Ray or start a local one on 127.0.0.1).
         cpus_per_worker: CPUs each actor reserves.
         worker_options: ``.options(...)`` per actor (e.g. ``resources={...}`` to pin nodes).
-        first_ready: IMPALA-style collection: every actor always has a rollout in flight and
-            ``collect()`` returns the first that is ready, a ``[T, K]`` slice (``rollout.envs``)
-            collected with weights ``policy_version - rollout.policy_version`` updates old.
+        keeps_collecting: IMPALA-style collection: the actors keep collecting while the learner learns
+            (every actor always has a rollout in flight) and ``collect()`` returns the first that is ready,
+            a ``[T, K]`` slice (``rollout.envs``) collected with weights ``policy_version - rollout.policy_version``
+            updates old (``first_ready=``, its old name, is accepted until the next release).
             Faster, but a learner must correct for the lag (the trainer uses V-trace).
         worker_cls: the actors' class, a subclass of ``collectors.backends.ray_.RolloutWorker`` whose
             ``rollout`` may return another flat batch (the Ape-X tier's actors return n-step transitions
@@ -56,54 +57,55 @@ class RayCollector(Collector):
             died (stretched to 20 times the slowest rollout measured; an actor's first gets 120 s).
     """
 
-    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, horizon: int = 128,
+    @renamed_keywords(horizon="num_steps", first_ready="keeps_collecting")
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, num_steps: int = 128,
                  seed: int | Sequence[int] = 0, device: str | torch.device = "cpu", num_workers: int | None = None,
                  envs_per_worker: int | None = None, ray_address: str | None = None, cpus_per_worker: float = 1.0,
-                 worker_options: Sequence[dict] | dict | None = None, first_ready: bool = False,
+                 worker_options: Sequence[dict] | dict | None = None, keeps_collecting: bool = False,
                  num_threads: int | None = None, worker_cls: type | None = None,
                  worker_kwargs: dict[str, Any] | None = None,
                  worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S) -> None:
         env_fns = check_env_fns(env_fns)
-        super().__init__(policy, horizon, device, num_threads)
+        super().__init__(policy, num_steps, device, num_threads)
         explicit = check_seeds(seed)
         if explicit is None:
             env_seeds(seed, 0)  # validates the seed before any actor starts
-        self.backend = RayBackend(env_fns, policy, horizon, seed if explicit is None else explicit, num_workers,
+        self.workers = RayWorkers(env_fns, policy, num_steps, seed if explicit is None else explicit, num_workers,
                                   envs_per_worker, ray_address, cpus_per_worker, worker_options,
                                   worker_cls or RolloutWorker, worker_kwargs, worker_timeout)
         self._closed = False
-        self.num_envs = self.backend.num_envs
-        self.observation_space = self.backend.observation_space
-        self.action_space = self.backend.action_space
-        self.first_ready = first_ready
-        self._in_flight = AsyncRollouts(self.backend) if first_ready else None
+        self.num_envs = self.workers.num_envs
+        self.observation_space = self.workers.observation_space
+        self.action_space = self.workers.action_space
+        self.keeps_collecting = keeps_collecting
+        self._in_flight = AsyncRollouts(self.workers) if keeps_collecting else None
         self._weights: tuple[int, Any] | None = None  # (version, object-store ref), put once per version
         self.storage: RolloutStorage | None = None
 
     def update_policy(self, policy_or_state_dict) -> None:
         super().update_policy(policy_or_state_dict)
-        self.backend.policy = self.policy  # replaced actors start from it
+        self.workers.policy = self.policy  # replaced actors start from it
 
     def _weights_ref(self) -> Any:
         if self._weights is None or self._weights[0] != self.policy_version:
-            self._weights = (self.policy_version, self.backend.put_weights())
+            self._weights = (self.policy_version, self.workers.put_weights())
         return self._weights[1]
 
     def _collect(self) -> Rollout:
-        """All actors' rollouts as one ``[T, N]`` batch (``first_ready``: the first actor's ``[T, K]``)."""
+        """All actors' rollouts as one ``[T, N]`` batch (``keeps_collecting``: the first ready actor's ``[T, K]``)."""
         return self._first_ready() if self._in_flight is not None else self._all()
 
     def _all(self) -> Rollout:
-        results = self.backend.rollout_all(self._weights_ref(), self.policy_version)
+        results = self.workers.rollout_all(self._weights_ref(), self.policy_version)
         if self.storage is None:
             first = results[0]["batch"]
             extras = tuple(k for k in ("log_probs", "values") if k in first)
-            self.storage = RolloutStorage(self.horizon, self.num_envs, self.observation_space.shape,
+            self.storage = RolloutStorage(self.num_steps, self.num_envs, self.observation_space.shape,
                                           torch_dtype(first["observations"].dtype),
                                           first["actions"].shape[2:], torch_dtype(first["actions"].dtype),
                                           extras, self.device)
         self.storage.wait_for_transfer()
-        for r, envs in zip(results, self.backend.slices):
+        for r, envs in zip(results, self.workers.slices):
             self.storage.fill_envs(envs, r["batch"], r["next_observations"])
         episodes = sorted((e for r in results for e in r["episodes"]), key=lambda e: e["env"])
         batch, next_obs = self.storage.to_device()
@@ -119,20 +121,20 @@ class RayCollector(Collector):
             host = host.consolidate()  # one buffer: one transfer
         moved = host if self.device.type == "cpu" else host.to(self.device, non_blocking=True)
         return Rollout(moved["rollout"], moved["next_observations"], r["episodes"], r["version"],
-                       self.backend.slices[worker])
+                       self.workers.slices[worker])
 
     def get_state(self) -> dict[str, Any]:
         """As ``RolloutCollector.get_state``. Each actor's state comes back with its rollout, so this
-        costs no extra round trip; with ``first_ready`` it is the state after the rollouts received
+        costs no extra round trip; with ``keeps_collecting`` it is the state after the rollouts received
         so far (rollouts still in flight are not part of it)."""
-        return merge_states(self.backend.env_states())
+        return merge_states(self.workers.env_states())
 
     def set_state(self, state: dict[str, Any], reseed: int | None = None) -> bool:
         """As ``RolloutCollector.set_state``; each actor restores its slice of the envs."""
         env_states = list(state["env_states"])
         if len(env_states) != self.num_envs:
             raise ValueError(f"collector state has {len(env_states)} env states for {self.num_envs} envs")
-        return self.backend.set_env_states([split_state(state, sl) for sl in self.backend.slices], reseed)
+        return self.workers.set_env_states([split_state(state, sl) for sl in self.workers.slices], reseed)
 
     def _close(self) -> None:
-        self.backend.close()
+        self.workers.close()

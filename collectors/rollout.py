@@ -18,7 +18,7 @@ class Rollout:
         >>> from collectors import make_collector
         >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 4
         >>> policy = lambda obs: torch.zeros(len(obs), dtype=torch.int64)
-        >>> with make_collector(env_fns, policy, backend="sync", horizon=16, seed=0) as collector:
+        >>> with make_collector(env_fns, policy, backend="sync", num_steps=16, seed=0) as collector:
         ...     rollout = collector.collect()
         >>> rollout.batch.batch_size, rollout.next_observations.shape, rollout.policy_version
         (torch.Size([16, 4]), torch.Size([4, 4]), 0)
@@ -34,7 +34,7 @@ class Rollout:
             ``episode_metrics``, in the order they finished.
         policy_version: how many ``update_policy`` calls the weights that collected it had seen.
         envs: which of the collector's envs the batch covers (all of them, except for a Ray
-            collector with ``first_ready=True``, which returns one actor's slice).
+            collector with ``keeps_collecting=True``, which returns one actor's slice).
     """
 
     batch: TensorDictBase

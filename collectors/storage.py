@@ -21,9 +21,9 @@ class RolloutStorage:
     so :meth:`to_device` moves the whole rollout with a single host-to-device copy.
     """
 
-    def __init__(self, horizon: int, num_envs: int, obs_shape: tuple, obs_dtype: torch.dtype,
+    def __init__(self, num_steps: int, num_envs: int, obs_shape: tuple, obs_dtype: torch.dtype,
                  action_shape: tuple, action_dtype: torch.dtype, extras: tuple[str, ...], device: torch.device):
-        t, n = horizon, num_envs
+        t, n = num_steps, num_envs
         rollout = {
             "observations": torch.zeros((t, n, *obs_shape), dtype=obs_dtype),
             "actions": torch.zeros((t, n, *action_shape), dtype=action_dtype),
@@ -38,7 +38,7 @@ class RolloutStorage:
                            "next_observations": torch.zeros((n, *obs_shape), dtype=obs_dtype)}, batch_size=[])
         self.device = torch.device(device)
         self.host = host.consolidate(pin_memory=self.device.type == "cuda")
-        self.horizon = horizon
+        self.num_steps = num_steps
         r = self.host["rollout"]
         self.obs = r["observations"]
         self.final_obs = r["final_observations"]
@@ -49,9 +49,9 @@ class RolloutStorage:
         self._last_obs_np = self.last_obs.numpy()
         self._transfer_done: torch.cuda.Event | None = None
         # per-step views, built once: the hot loop only indexes these lists
-        self.views = [self._step_views(t) for t in range(horizon)]
-        self.obs_steps = [self.obs[t] for t in range(horizon)]
-        self.action_steps = [self.actions[t] for t in range(horizon)]
+        self.views = [self._step_views(t) for t in range(num_steps)]
+        self.obs_steps = [self.obs[t] for t in range(num_steps)]
+        self.action_steps = [self.actions[t] for t in range(num_steps)]
         self.action_steps_np = [a.numpy() for a in self.action_steps]
 
     def start_rollout(self) -> None:
@@ -63,7 +63,7 @@ class RolloutStorage:
     def _step_views(self, t: int) -> StepViews:
         """Where the results of step ``t`` go; the next observation is ``obs[t + 1]`` or ``last_obs``."""
         a = self._np
-        next_obs = a["observations"][t + 1] if t + 1 < self.horizon else self._last_obs_np
+        next_obs = a["observations"][t + 1] if t + 1 < self.num_steps else self._last_obs_np
         return StepViews(next_obs, a["rewards"][t], a["terminated"][t], a["truncated"][t],
                          a["final_observations"][t], a["final_observation_mask"][t])
 

@@ -26,17 +26,6 @@ from envs.vr_edge import (
 )
 
 
-def env_seeds(seed: int | Sequence[int], num_envs: int) -> list[int]:
-    """Per-env seeds of ``reset(seed=...)``: an integer expanded through ``SeedSequence``, or one seed per env."""
-    if isinstance(seed, (int, np.integer)):
-        return [int(s) for s in np.random.SeedSequence(int(seed)).generate_state(num_envs, np.uint64)]
-    seeds = list(seed)
-    if len(seeds) != num_envs:
-        raise ValueError(f"reset(seed=...) got {len(seeds)} seeds for {num_envs} envs; "
-                         "pass one integer, or one seed per env")
-    return seeds
-
-
 def init_batched(env: gym.vector.VectorEnv, num_envs: int, config: VREdgeConfig, seed: int | None) -> None:
     """Give a batched VR-edge env (NumPy's or torch's) what both set alike: config, size, seed and spaces."""
     if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
@@ -56,7 +45,14 @@ def reset_keys(env: gym.vector.VectorEnv, seed: int | Sequence[int] | None) -> n
         seed = env._seed if env._seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
     if seed is None:
         return None
-    return np.array([rng.key_from_seed(s) for s in env_seeds(seed, env.num_envs)], dtype=np.uint64)
+    if isinstance(seed, (int, np.integer)):  # env i's seed: as a collector with run seed ``seed`` gives it
+        seeds = [int(c.generate_state(1)[0]) for c in np.random.SeedSequence(int(seed)).spawn(env.num_envs)]
+    else:
+        seeds = list(seed)
+        if len(seeds) != env.num_envs:
+            raise ValueError(f"reset(seed=...) got {len(seeds)} seeds for {env.num_envs} envs; "
+                             "pass one integer, or one seed per env")
+    return np.array([rng.key_from_seed(s) for s in seeds], dtype=np.uint64)
 
 
 class VREdgeVectorEnv(gym.vector.VectorEnv):
@@ -64,8 +60,9 @@ class VREdgeVectorEnv(gym.vector.VectorEnv):
 
     Env ``i`` reset with ``reset(seed=[s_0, ..., s_{n-1}])`` follows exactly the
     trajectory of ``SyntheticVREdgeEnv`` reset with ``seed=s_i`` (and later reset
-    without a seed) under the same actions. An integer seed is expanded into
-    per-env seeds through ``numpy.random.SeedSequence``.
+    without a seed) under the same actions. An integer seed gives env ``i`` the i-th
+    ``numpy.random.SeedSequence(seed).spawn`` seed, the seed a collector with that run
+    seed gives it (``collectors.env_seeds``).
 
     Example:
         >>> import numpy as np, envs

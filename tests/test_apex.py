@@ -366,7 +366,7 @@ def test_bad_apex_config_is_a_clear_error(argv, words, capsys):
     assert words in capsys.readouterr().err
 
 
-def test_beta_anneals_to_one_over_the_run():
+def test_replay_beta_anneals_to_one_over_the_run():
     from trainer.apex.algorithm import ApeX
     from trainer.run_layout import Machine, run_layout
     cfg = parse_args(["--algo", "apex", "--env", "CartPole-v1", "--total-steps", "1000",
@@ -375,7 +375,7 @@ def test_beta_anneals_to_one_over_the_run():
     betas = []
     for steps in (0, 500, 1000, 5000):
         apex.env_steps = steps
-        betas.append(apex.beta())
+        betas.append(apex.replay_beta())
     assert betas == pytest.approx([0.4, 0.7, 1.0, 1.0])
 
 
@@ -427,18 +427,18 @@ def test_ray_actor_killed_mid_run_is_replaced_and_learning_goes_on(local_ray, ca
     from trainer.run_layout import Machine, run_layout
     cfg = parse_args(RAY_CARTPOLE).config
     run_ = ApeX.new(cfg, run_layout(cfg, Machine(cores=2, ray_cpus=2.0, ray_cpus_here=2.0)))
-    with make_collector([functools.partial(gym.make, "CartPole-v1")] * 4, run_.acting, backend="ray", horizon=8,
-                        seed=cfg.seed, num_workers=2, envs_per_worker=2, cpus_per_worker=0.5, first_ready=True,
+    with make_collector([functools.partial(gym.make, "CartPole-v1")] * 4, run_.acting, backend="ray", num_steps=8,
+                        seed=cfg.seed, num_workers=2, envs_per_worker=2, cpus_per_worker=0.5, keeps_collecting=True,
                         worker_cls=ApexWorker, worker_kwargs={"n_step": 3, "gamma": cfg.gamma}) as collector:
         run_.attach(collector)
         start = (0, 0.0)
         rows = [run_.iterate(start) for _ in range(8)]
         assert run_.learner_steps > 0 and all(r["policy_lag"] >= 0 for r in rows)
         before = run_.replay.added
-        local_ray.kill(collector.backend.actors[1])
+        local_ray.kill(collector.workers.actors[1])
         with caplog.at_level("WARNING", logger="collectors.ray"):
             rows += [run_.iterate(start) for _ in range(8)]
-        assert collector.backend.restarts == 1 and "replaced" in caplog.text
+        assert collector.workers.restarts == 1 and "replaced" in caplog.text
         assert run_.replay.added > before + 6 * 2 * (8 - 2)  # both actors keep delivering transitions
         assert collector.policy_version >= 2  # and weights kept going out
 

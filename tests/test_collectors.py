@@ -12,8 +12,8 @@ from tests import factories as f
 BACKENDS = ["serial", "sync", "async"]
 
 
-def collect_all(env_fns, policy_factory, backend, rollouts=3, horizon=50, seed=7, **kw):
-    with RolloutCollector(env_fns, policy_factory(), backend=backend, horizon=horizon, seed=seed, **kw) as c:
+def collect_all(env_fns, policy_factory, backend, rollouts=3, num_steps=50, seed=7, **kw):
+    with RolloutCollector(env_fns, policy_factory(), backend=backend, num_steps=num_steps, seed=seed, **kw) as c:
         out = []
         for _ in range(rollouts):
             rollout = c.collect()
@@ -51,7 +51,7 @@ def test_async_without_main_share_matches_serial():
 
 def test_batch_layout_and_autoreset_semantics():
     (batch, last, episodes), = collect_all([f.vr_edge] * 3, lambda: f.RandomPolicy([6, 6, 6]), "sync", rollouts=1,
-                                           horizon=120)
+                                           num_steps=120)
     t, n = 120, 3
     assert batch.batch_size == torch.Size([t, n])
     assert batch["observations"].shape == (t, n, 7 * 3 + 5) and batch["observations"].dtype == torch.float32
@@ -75,7 +75,7 @@ def test_batch_layout_and_autoreset_semantics():
 
 def test_final_observation_is_the_true_last_observation():
     # replay one env by hand with the same seed and actions
-    (batch, _, _), = collect_all([f.cartpole], lambda: f.RandomPolicy(2), "sync", rollouts=1, horizon=200, seed=3)
+    (batch, _, _), = collect_all([f.cartpole], lambda: f.RandomPolicy(2), "sync", rollouts=1, num_steps=200, seed=3)
     env = gym.make("CartPole-v1")
     obs, _ = env.reset(seed=env_seeds(3, 1)[0])
     for t in range(200):
@@ -89,7 +89,7 @@ def test_final_observation_is_the_true_last_observation():
 
 
 def test_consecutive_rollouts_continue_episodes():
-    with RolloutCollector([f.vr_edge] * 2, f.RandomPolicy([6, 6, 6]), backend="sync", horizon=10, seed=1) as c:
+    with RolloutCollector([f.vr_edge] * 2, f.RandomPolicy([6, 6, 6]), backend="sync", num_steps=10, seed=1) as c:
         first = c.collect()
         last = first.next_observations.clone()
         second = c.collect().batch
@@ -103,8 +103,18 @@ def test_seeds_come_from_seed_sequence_and_neighbouring_runs_share_none():
     assert env_seeds(1, 3) == [int(c.generate_state(1)[0]) for c in np.random.SeedSequence(1).spawn(3)]
 
 
+def test_a_batched_env_reset_with_an_integer_seeds_its_envs_as_a_collector_does():
+    """One derivation: ``reset(seed=s)`` of a natively batched env gives its envs ``env_seeds(s, N)``."""
+    import envs
+    first, _ = envs.VREdgeVectorEnv(5, num_users=2).reset(seed=11)
+    np.testing.assert_array_equal(first, envs.VREdgeVectorEnv(5, num_users=2).reset(seed=env_seeds(11, 5))[0])
+    with RolloutCollector([functools.partial(envs.VREdgeVectorEnv, 5, num_users=2)], f.RandomPolicy([6, 6]),
+                          num_steps=1, seed=11) as c:
+        np.testing.assert_array_equal(c.collect().batch["observations"][0].numpy(), first)
+
+
 def test_episode_returns_are_sums_of_rewards():
-    with RolloutCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", horizon=100, seed=0) as c:
+    with RolloutCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", num_steps=100, seed=0) as c:
         rollout = c.collect()
         batch, episodes = rollout.batch, rollout.episodes
     # first episode of env 0 starts at t=0 in the first rollout
@@ -130,7 +140,7 @@ def test_update_policy_loads_a_state_dict_swaps_a_callable_and_counts_versions()
     with torch.no_grad():
         learner.net.bias.copy_(torch.tensor([0.0, 1e6]))  # the learner's weights always pick action 1
         acting.net.bias.copy_(torch.tensor([1e6, 0.0]))  # the acting copy's always pick action 0
-    with RolloutCollector([f.cartpole], acting, backend="sync", horizon=4, seed=0) as c:
+    with RolloutCollector([f.cartpole], acting, backend="sync", num_steps=4, seed=0) as c:
         first = c.collect()
         assert (first.batch["actions"] == 0).all() and first.policy_version == 0
         c.update_policy(learner.state_dict())
@@ -148,7 +158,7 @@ def test_update_policy_loads_a_state_dict_swaps_a_callable_and_counts_versions()
 
 @pytest.mark.parametrize("kwargs, exc, match", [
     (dict(env_fns=[]), ValueError, "empty"),
-    (dict(horizon=0), ValueError, "horizon"),
+    (dict(num_steps=0), ValueError, "num_steps"),
     (dict(backend="threads"), ValueError, "unknown backend"),
     (dict(backend="async", num_workers=0), ValueError, "num_workers"),
     (dict(backend="async", num_workers=5), ValueError, "num_workers"),
@@ -158,7 +168,7 @@ def test_update_policy_loads_a_state_dict_swaps_a_callable_and_counts_versions()
     (dict(seed=-1), ValueError, "seed"),
 ])
 def test_bad_arguments_raise_clear_errors(kwargs, exc, match):
-    args = dict(env_fns=[f.cartpole] * 2, policy=lambda o: torch.zeros(len(o), dtype=torch.int64), horizon=4)
+    args = dict(env_fns=[f.cartpole] * 2, policy=lambda o: torch.zeros(len(o), dtype=torch.int64), num_steps=4)
     args.update(kwargs)
     with pytest.raises(exc, match=match):
         RolloutCollector(**args)
@@ -179,7 +189,7 @@ def test_non_picklable_factory_is_rejected_before_workers_start():
 @pytest.mark.parametrize("backend", ["sync", "async"])
 def test_bad_policy_output_raises_and_leaves_no_workers(policy, exc, match, backend):
     import multiprocessing as mp
-    c = RolloutCollector([f.cartpole] * 2, policy, backend=backend, horizon=4, num_workers=1)
+    c = RolloutCollector([f.cartpole] * 2, policy, backend=backend, num_steps=4, num_workers=1)
     with pytest.raises(exc, match=match):
         c.collect()
     assert not mp.active_children()
@@ -189,7 +199,7 @@ def test_bad_policy_output_raises_and_leaves_no_workers(policy, exc, match, back
 def test_env_exception_names_the_env_and_keeps_the_traceback(backend):
     import multiprocessing as mp
     env_fns = [f.cartpole, f.cartpole, f.exploding, f.cartpole]
-    with RolloutCollector(env_fns, f.RandomPolicy(2), backend=backend, horizon=20, num_workers=1) as c:
+    with RolloutCollector(env_fns, f.RandomPolicy(2), backend=backend, num_steps=20, num_workers=1) as c:
         with pytest.raises(EnvError, match="env 2 raised") as info:
             c.collect()
     assert info.value.env_index == 2
@@ -207,7 +217,7 @@ def test_a_worker_killed_while_it_builds_its_envs_is_named_in_words():
 
 def test_dead_worker_is_detected_quickly_and_nothing_is_left_behind():
     import multiprocessing as mp
-    c = RolloutCollector([f.cartpole, f.suicidal], f.RandomPolicy(2), backend="async", horizon=20, num_workers=1)
+    c = RolloutCollector([f.cartpole, f.suicidal], f.RandomPolicy(2), backend="async", num_steps=20, num_workers=1)
     start = time.monotonic()
     with pytest.raises(WorkerDiedError, match="exit code 13"):
         c.collect()
@@ -222,10 +232,10 @@ def test_a_worker_killed_between_rollouts_is_named_by_the_next_command(then, sen
     """Killed while the learner updates (most of an iteration): the next command's send finds its pipe closed
     and says which worker died, as a reply would (it was a ``BrokenPipeError`` traceback)."""
     import multiprocessing as mp
-    c = RolloutCollector([f.cartpole] * 4, f.RandomPolicy(2), backend="async", horizon=8, num_workers=2)
+    c = RolloutCollector([f.cartpole] * 4, f.RandomPolicy(2), backend="async", num_steps=8, num_workers=2)
     c.collect()
     state = c.get_state()
-    victim = c.backend.procs[1]
+    victim = c.stepper.procs[1]
     victim.kill()
     victim.join(timeout=10)
     with pytest.raises(WorkerDiedError, match=rf"async worker 1 \(pid {victim.pid}, envs [-\d]+\) died during "
@@ -243,7 +253,7 @@ def test_keyboard_interrupt_during_collect_closes_workers():
             raise KeyboardInterrupt
         return torch.zeros(len(obs), dtype=torch.int64)
 
-    c = RolloutCollector([f.cartpole] * 2, interrupting, backend="async", horizon=20, num_workers=1)
+    c = RolloutCollector([f.cartpole] * 2, interrupting, backend="async", num_steps=20, num_workers=1)
     with pytest.raises(KeyboardInterrupt):
         c.collect()
     assert not mp.active_children()
@@ -251,7 +261,7 @@ def test_keyboard_interrupt_during_collect_closes_workers():
 
 def test_continuous_actions_and_log_prob_free_policy():
     policy = lambda o: torch.zeros((len(o), 1))  # noqa: E731
-    with RolloutCollector([f.pendulum] * 2, policy, backend="sync", horizon=5) as c:
+    with RolloutCollector([f.pendulum] * 2, policy, backend="sync", num_steps=5) as c:
         batch = c.collect().batch
     assert batch["actions"].shape == (5, 2, 1) and "log_probs" not in batch.keys()
 
@@ -267,7 +277,7 @@ def test_vector_env_with_next_step_autoreset_is_rejected():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_one_host_to_device_copy_per_rollout():
     from benchmarks.device_check import count_h2d_copies
-    assert count_h2d_copies(num_envs=8, horizon=32) == 1
+    assert count_h2d_copies(num_envs=8, num_steps=32) == 1
 
 
 def test_interpreter_exit_without_close_leaves_no_workers(tmp_path):
@@ -281,9 +291,9 @@ def test_interpreter_exit_without_close_leaves_no_workers(tmp_path):
         "from collectors import RolloutCollector\n"
         "from tests import factories as f\n"
         "if __name__ == '__main__':\n"
-        "    c = RolloutCollector([f.cartpole] * 2, f.RandomPolicy(2), backend='async', horizon=4, num_workers=1)\n"
+        "    c = RolloutCollector([f.cartpole] * 2, f.RandomPolicy(2), backend='async', num_steps=4, num_workers=1)\n"
         "    c.collect()\n"
-        "    print(' '.join(str(p.pid) for p in c.backend.procs), flush=True)\n"
+        "    print(' '.join(str(p.pid) for p in c.stepper.procs), flush=True)\n"
         "    raise SystemExit(0)  # no close(): the interpreter's exit must clean up\n")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
@@ -317,7 +327,7 @@ def test_missing_ray_says_how_to_install(monkeypatch):
 
 
 def test_local_rollouts_carry_the_current_policy_version_and_cover_all_envs():
-    with RolloutCollector([f.cartpole] * 3, f.RandomPolicy(2), backend="sync", horizon=4) as c:
+    with RolloutCollector([f.cartpole] * 3, f.RandomPolicy(2), backend="sync", num_steps=4) as c:
         for expected in (0, 1, 2, 3):
             rollout = c.collect()
             assert rollout.policy_version == c.policy_version == expected and rollout.envs == slice(0, 3)
@@ -326,15 +336,34 @@ def test_local_rollouts_carry_the_current_policy_version_and_cover_all_envs():
 
 def test_make_collector_picks_the_class_and_refuses_options_a_backend_lacks():
     from collectors import make_collector
-    with make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="serial", horizon=3) as c:
+    with make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="serial", num_steps=3) as c:
         assert isinstance(c, RolloutCollector) and c.collect().batch.batch_size == torch.Size([3, 2])
-    for option in ({"first_ready": True}, {"ray_address": "auto"}, {"envs_per_worker": 2}):
+    for option in ({"keeps_collecting": True}, {"ray_address": "auto"}, {"envs_per_worker": 2}):
         with pytest.raises(ValueError, match=f"does not support {next(iter(option))}.*use backend='ray'"):
             make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", **option)
     with pytest.raises(ValueError, match="unknown backend 'threads'"):
         make_collector([f.cartpole], f.RandomPolicy(2), backend="threads")
     with pytest.raises(ValueError, match="has its own collector"):
         RolloutCollector([f.cartpole], f.RandomPolicy(2), backend="ray")
+
+
+def test_renamed_options_are_accepted_for_one_release_with_a_warning():
+    from collectors import make_collector
+    from collectors.background import BackgroundCollector
+    from collectors.device import DeviceCollector
+    for build in (RolloutCollector, make_collector):
+        with pytest.warns(DeprecationWarning, match="horizon= is renamed num_steps="), \
+                build([f.cartpole], f.RandomPolicy(2), horizon=3) as c:
+            assert c.num_steps == 3 and c.collect().batch.batch_size == torch.Size([3, 1])
+    for cls in (BackgroundCollector, DeviceCollector):
+        with pytest.warns(DeprecationWarning, match="horizon= is renamed num_steps="), \
+                pytest.raises(ValueError, match="num_steps=0"):
+            cls([f.cartpole], f.RandomPolicy(2), horizon=0)  # renamed, then refused by name
+    with pytest.warns(DeprecationWarning, match="first_ready= is renamed keeps_collecting="), \
+            pytest.raises(ValueError, match="does not support keeps_collecting"):
+        make_collector([f.cartpole], f.RandomPolicy(2), backend="sync", first_ready=True)
+    with pytest.raises(TypeError, match="pass keeps_collecting= only"):
+        make_collector([f.cartpole], f.RandomPolicy(2), backend="ray", first_ready=True, keeps_collecting=True)
 
 
 def test_the_local_collector_does_not_import_ray_plumbing():

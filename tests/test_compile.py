@@ -32,7 +32,7 @@ def test_compiled_noise_has_the_eager_bits():
 
 def _device_collector(compiled: bool, policy: torch.nn.Module):
     return make_collector([functools.partial(envs.VREdgeTorchEnv, 16, compile=compiled)], policy, backend="device",
-                          horizon=24, seed=3, compile_policy=compiled)
+                          num_steps=24, seed=3, compile_policy=compiled)
 
 
 def test_compiled_acting_step_follows_the_eager_one_without_recompiling():
@@ -235,7 +235,7 @@ def test_ppo_learns_the_same_with_a_compiled_loss_without_recompiling():
         cfg = TrainConfig(env="CartPole-v1", num_envs=4, num_steps=32, device="cpu", compile=compile)
         layout = run_layout(cfg, Machine(cores=1))
         ppo = PPO.new(cfg, layout)
-        with collector_for(layout.env_factories(), ppo.acting, horizon=cfg.num_steps, seed=cfg.seed,
+        with collector_for(layout.env_factories(), ppo.acting, num_steps=cfg.num_steps, seed=cfg.seed,
                            **layout.collector_kwargs(), **ppo.collector_options()) as collector:
             ppo.attach(collector)
             return ppo, [ppo.iterate(start=(0, 0.0)) for _ in range(n)]
@@ -246,7 +246,7 @@ def test_ppo_learns_the_same_with_a_compiled_loss_without_recompiling():
     assert eager.start_notes() == []
     graphs = counters["stats"]["unique_graphs"]
     layout = run_layout(compiled.cfg, Machine(cores=1))  # the same threads: dynamo guards on the count
-    with collector_for(layout.env_factories(), compiled.acting, horizon=32, seed=compiled.cfg.seed,
+    with collector_for(layout.env_factories(), compiled.acting, num_steps=32, seed=compiled.cfg.seed,
                        **layout.collector_kwargs()) as collector:
         compiled.attach(collector)
         rows = [compiled.iterate(start=(0, 0.0)) for _ in range(2)]
@@ -279,14 +279,14 @@ def test_a_policy_that_cannot_be_compiled_is_explained_at_its_first_call():
     def untraceable(obs):  # a host round trip (Python lists): a graph break, which fullgraph=True refuses
         return torch.tensor([[int(x > 0.5) for x in row[:8]] for row in obs.tolist()], dtype=torch.int64)
 
-    collector = make_collector([functools.partial(envs.VREdgeTorchEnv, 4)], untraceable, backend="device", horizon=2,
+    collector = make_collector([functools.partial(envs.VREdgeTorchEnv, 4)], untraceable, backend="device", num_steps=2,
                                compile_policy=True)
     with pytest.raises(RuntimeError, match=r"compile_policy: torch.compile could not build the policy \(.*\); .*"
                                            r"pass compile_policy=False to call it as it is") as e:
         collector.collect()
     assert e.value.__cause__ is not None  # the compiler's own error stays attached
     with make_collector([functools.partial(envs.VREdgeTorchEnv, 4)], untraceable, backend="device",
-                        horizon=2) as eager:
+                        num_steps=2) as eager:
         assert eager.collect().batch["actions"].shape == (2, 4, 8)
 
 

@@ -19,7 +19,7 @@ def both(policy_fn, seed=3, rollouts=2):
     """Rollouts of the sync and the device backend over the same envs, seeds and (fresh, equal) policies."""
     out = {}
     for backend, env_cls in (("sync", envs.VREdgeVectorEnv), ("device", envs.VREdgeTorchEnv)):
-        with make_collector([functools.partial(env_cls, N, **ENV)], policy_fn(), backend=backend, horizon=T,
+        with make_collector([functools.partial(env_cls, N, **ENV)], policy_fn(), backend=backend, num_steps=T,
                             seed=seed) as c:
             out[backend] = [c.collect() for _ in range(rollouts)], c.get_state()
     return out
@@ -68,16 +68,16 @@ def test_state_restores_into_a_device_collector_and_from_the_sync_one():
     space = envs.VREdgeVectorEnv(1, **ENV)
     policy = functools.partial(f.greedy_policy, space.single_observation_space, space.single_action_space)
     fn = functools.partial(envs.VREdgeTorchEnv, N, **ENV)
-    with DeviceCollector([fn], policy(), horizon=T, seed=5) as c:
+    with DeviceCollector([fn], policy(), num_steps=T, seed=5) as c:
         c.collect()
         state = c.get_state()
         want = c.collect()
-    with DeviceCollector([fn], policy(), horizon=T, seed=5) as c:
+    with DeviceCollector([fn], policy(), num_steps=T, seed=5) as c:
         assert c.set_state(state)
         got = c.collect()
     assert all(torch.equal(want.batch[k], got.batch[k]) for k in want.batch.keys())
     assert want.episodes == got.episodes
-    with RolloutCollector([functools.partial(envs.VREdgeVectorEnv, N, **ENV)], policy(), horizon=T, seed=5) as c:
+    with RolloutCollector([functools.partial(envs.VREdgeVectorEnv, N, **ENV)], policy(), num_steps=T, seed=5) as c:
         assert c.set_state(state)  # a device state continues on the sync backend
         assert_rollouts_match(want, c.collect())
 
@@ -86,7 +86,7 @@ def test_update_policy_bumps_the_version_and_loads_weights():
     space = envs.VREdgeVectorEnv(1, **ENV)
     policy = f.greedy_policy(space.single_observation_space, space.single_action_space)
     other = f.greedy_policy(space.single_observation_space, space.single_action_space, seed=9)
-    with DeviceCollector([functools.partial(envs.VREdgeTorchEnv, N, **ENV)], policy, horizon=4) as c:
+    with DeviceCollector([functools.partial(envs.VREdgeTorchEnv, N, **ENV)], policy, num_steps=4) as c:
         assert c.collect().policy_version == 0
         c.update_policy(other.state_dict())
         assert c.collect().policy_version == 1
@@ -107,9 +107,9 @@ def test_envs_without_a_torch_implementation_are_refused():
 def test_bad_policy_output_is_a_clear_error():
     fn = functools.partial(envs.VREdgeTorchEnv, 2, num_users=3)
     with pytest.raises(TypeError, match="float32 actions for the discrete space"):
-        DeviceCollector([fn], lambda o: torch.zeros(len(o), 3), horizon=2).collect()
+        DeviceCollector([fn], lambda o: torch.zeros(len(o), 3), num_steps=2).collect()
     with pytest.raises(ValueError, match=r"expected \(2, 3\)"):
-        DeviceCollector([fn], lambda o: torch.zeros(len(o), dtype=torch.int64), horizon=2).collect()
+        DeviceCollector([fn], lambda o: torch.zeros(len(o), dtype=torch.int64), num_steps=2).collect()
 
 
 @pytest.mark.slow  # two compilations, ~30 s with a cold inductor cache
@@ -121,7 +121,7 @@ def test_graphed_acting_and_env_steps_hand_out_copies_and_collect_what_eager_one
     for compile in (False, "reduce-overhead"):
         policy = f.greedy_policy(space.single_observation_space, space.single_action_space)
         env_fn = functools.partial(envs.VREdgeTorchEnv, N, compile=compile, **ENV)
-        with DeviceCollector([env_fn], policy, horizon=T, compile_policy=compile) as c:
+        with DeviceCollector([env_fn], policy, num_steps=T, compile_policy=compile) as c:
             rollouts.append([c.collect() for _ in range(2)])
     for eager, graphed in zip(*rollouts):
         assert_rollouts_match(eager, graphed)
@@ -141,7 +141,7 @@ def test_a_graphed_policys_outputs_are_copies():
 @pytest.mark.parametrize("compile", [False, True, "reduce-overhead"])  # eager, compiled, captured as CUDA graphs
 def test_no_host_to_device_copy_per_rollout_on_cuda(compile):
     from benchmarks.device_check import count_h2d_copies
-    assert count_h2d_copies(num_envs=8, horizon=32, backend="device", compile=compile) == 0
+    assert count_h2d_copies(num_envs=8, num_steps=32, backend="device", compile=compile) == 0
 
 
 @pytest.mark.cuda
@@ -152,7 +152,7 @@ def test_cuda_graphs_collect_what_the_eager_device_collector_collects():
     for compile in (False, "reduce-overhead"):
         policy = f.keyed_policy(space.single_observation_space, space.single_action_space).to("cuda")
         env_fn = functools.partial(envs.VREdgeTorchEnv, N, compile=compile, **ENV)
-        with DeviceCollector([env_fn], policy, horizon=16, device="cuda", compile_policy=compile) as c:
+        with DeviceCollector([env_fn], policy, num_steps=16, device="cuda", compile_policy=compile) as c:
             rollouts.append([c.collect().batch.clone() for _ in range(3)])  # replays reuse the graphs' memory
     for eager, graphed in zip(*rollouts):
         assert (eager["actions"] == graphed["actions"]).float().mean().item() > 0.99
@@ -169,9 +169,9 @@ def test_no_numpy_array_is_made_per_step(monkeypatch):
     monkeypatch.setattr(np, "asarray", lambda *a, **k: made.append(1) or real_asarray(*a, **k))
     space = envs.VREdgeVectorEnv(1, **ENV)
     counts = []
-    for horizon in (4, 32):
+    for num_steps in (4, 32):
         policy = f.keyed_policy(space.single_observation_space, space.single_action_space)
-        with DeviceCollector([functools.partial(envs.VREdgeTorchEnv, N, **ENV)], policy, horizon=horizon) as c:
+        with DeviceCollector([functools.partial(envs.VREdgeTorchEnv, N, **ENV)], policy, num_steps=num_steps) as c:
             c.collect()  # the first rollout fixes the output layout
             made.clear()
             rollout = c.collect()

@@ -25,10 +25,10 @@ def keyed(env_fn):
     return f.keyed_policy(env.observation_space, env.action_space)
 
 
-def run(env_fns, backend, rollouts=3, horizon=30, seed=7, policy=None, state=None, **kw):
+def run(env_fns, backend, rollouts=3, num_steps=30, seed=7, policy=None, state=None, **kw):
     """``[(batch, last observations, episodes)]`` per rollout, and the collector state at the end."""
     policy = policy or keyed(env_fns[0])
-    with RolloutCollector(env_fns, policy, backend=backend, horizon=horizon, seed=seed, **kw) as c:
+    with RolloutCollector(env_fns, policy, backend=backend, num_steps=num_steps, seed=seed, **kw) as c:
         if state is not None:
             assert c.set_state(state)
         out = []
@@ -102,12 +102,12 @@ def test_keyed_policy_gets_env_keys_and_step_counters_which_resume():
         return torch.zeros(len(obs), dtype=torch.int64)
 
     assert takes_noise_keys(policy)
-    _, state = run([f.cartpole] * 3, "sync", rollouts=2, horizon=5, seed=4, policy=policy)
+    _, state = run([f.cartpole] * 3, "sync", rollouts=2, num_steps=5, seed=4, policy=policy)
     keys = torch.tensor(noise_keys(env_seeds(4, 3)))
     assert all(torch.equal(k, keys) for k, _ in calls)
     assert [s.tolist() for _, s in calls] == [[t] * 3 for t in range(10)]
     assert state["steps"].tolist() == [10] * 3
-    with RolloutCollector([f.cartpole] * 2, policy, horizon=2, seed=4) as c:
+    with RolloutCollector([f.cartpole] * 2, policy, num_steps=2, seed=4) as c:
         c.set_state({**c.get_state(), "steps": torch.tensor([7, 9]).numpy()})
         calls.clear()
         c.collect()
@@ -159,10 +159,10 @@ def test_pipelined_groups_step_in_the_workers_while_the_policy_runs(tmp_path):
         log = tmp_path / f"steps{num_splits}.txt"
         calls.clear()
         env_fn = functools.partial(f.TimedEnv, str(log), 0.03)
-        with RolloutCollector([env_fn] * 4, slow_policy, backend="async", horizon=4, num_workers=1,
+        with RolloutCollector([env_fn] * 4, slow_policy, backend="async", num_steps=4, num_workers=1,
                               main_share=False, num_splits=num_splits) as c:
             c.collect()
-            worker = c.backend.procs[0].pid
+            worker = c.stepper.procs[0].pid
         steps = [(float(a), float(b)) for pid, a, b in (line.split() for line in log.read_text().splitlines())
                  if int(pid) == worker]
         assert len(steps) == 4 * 4  # 4 steps of the worker's 4 envs
@@ -179,7 +179,7 @@ def test_pipelined_groups_step_in_the_workers_while_the_policy_runs(tmp_path):
 ])
 def test_faults_during_a_pipelined_step_are_clear_and_leave_no_workers(env_fns, exc, match):
     start = time.monotonic()
-    with RolloutCollector(env_fns, f.RandomPolicy(2), backend="async", horizon=20, num_workers=1,
+    with RolloutCollector(env_fns, f.RandomPolicy(2), backend="async", num_steps=20, num_workers=1,
                           num_splits=2) as c:
         with pytest.raises(exc, match=match):
             c.collect()
@@ -194,7 +194,7 @@ def test_interrupt_while_a_group_is_in_flight_closes_workers():
             raise KeyboardInterrupt
         return torch.zeros(len(obs), dtype=torch.int64)
 
-    c = RolloutCollector([f.cartpole] * 4, interrupting, backend="async", horizon=20, num_workers=1, num_splits=2)
+    c = RolloutCollector([f.cartpole] * 4, interrupting, backend="async", num_steps=20, num_workers=1, num_splits=2)
     with pytest.raises(KeyboardInterrupt):
         c.collect()
     assert not mp.active_children()
@@ -207,4 +207,4 @@ def test_interrupt_while_a_group_is_in_flight_closes_workers():
 ])
 def test_bad_num_splits_is_a_clear_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        RolloutCollector([f.cartpole] * 4, f.RandomPolicy(2), horizon=4, **kwargs)
+        RolloutCollector([f.cartpole] * 4, f.RandomPolicy(2), num_steps=4, **kwargs)

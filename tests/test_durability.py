@@ -148,7 +148,7 @@ def test_a_snapshot_waiting_on_a_stopped_worker_gives_way_to_a_stop_signal(strai
     def stopping_snapshot(self):
         calls.append(1)
         if len(calls) == 3:  # iteration 2's (the first is taken at the start)
-            worker = self.pipeline.collector.backend.procs[0]
+            worker = self.pipeline.collector.stepper.procs[0]
             os.kill(worker.pid, signal.SIGSTOP)
             guards.append(threading.Timer(60, os.kill, (worker.pid, signal.SIGCONT)))  # the old code waited
             guards[-1].start()

@@ -58,7 +58,7 @@ def test_the_trainer_and_the_collectors_default_to_the_same_worker_timeout():
 @pytest.mark.parametrize("bad", [0, -1.0, float("inf"), 3e6, True, "5"])
 def test_a_bad_worker_timeout_is_a_clear_error(bad):
     with pytest.raises(ValueError, match=r"worker_timeout=.* is invalid: seconds > 0 and at most 1e\+06"):
-        make_collector([f.cartpole] * 2, RandomPolicy(2), backend="sync", horizon=4, worker_timeout=bad)
+        make_collector([f.cartpole] * 2, RandomPolicy(2), backend="sync", num_steps=4, worker_timeout=bad)
 
 
 @pytest.mark.parametrize("value", ["0", "3e6"])  # 3e6 s overflowed poll()'s millisecond timeout: a traceback
@@ -73,8 +73,8 @@ def test_a_bad_worker_timeout_flag_is_a_one_line_error(value):
 # ---------------------------------------------------------------------------------------------- the API
 def test_a_hung_async_worker_is_named_after_the_deadline_and_shut_down():
     fns = [f.cartpole, f.cartpole, f.hanging, f.hanging]  # the worker hosts envs 2-3
-    collector = make_collector(fns, RandomPolicy(2), backend="async", horizon=8, num_workers=1, worker_timeout=1.0)
-    procs = list(collector.backend.procs)
+    collector = make_collector(fns, RandomPolicy(2), backend="async", num_steps=8, num_workers=1, worker_timeout=1.0)
+    procs = list(collector.stepper.procs)
     with pytest.raises(WorkerTimeoutError, match=r"async worker 0 \(pid \d+, envs 2-3\) has been silent for "
                                                  r"[\d.]+ s during step \(limit 1 s"):
         for _ in range(10):
@@ -83,7 +83,7 @@ def test_a_hung_async_worker_is_named_after_the_deadline_and_shut_down():
 
 
 def test_a_hung_step_in_the_collecting_process_is_named_after_the_deadline():
-    with make_collector([f.hanging] * 2, RandomPolicy(2), backend="sync", horizon=8, background=True,
+    with make_collector([f.hanging] * 2, RandomPolicy(2), backend="sync", num_steps=8, background=True,
                         worker_timeout=1.0) as collector:
         process = collector._process
         started = time.monotonic()
@@ -100,9 +100,9 @@ def test_a_hung_step_of_the_collecting_processs_own_envs_is_named_after_the_dead
     Past the deadline the step is interrupted; the error names them, this process and the flag; the workers are
     shut down, and SIGALRM (the trainer's stop signals use it too) is given back."""
     before = signal.getsignal(signal.SIGALRM)
-    collector = make_collector([f.stuck_in_python] * 4, RandomPolicy(2), backend="async", horizon=8, num_workers=1,
+    collector = make_collector([f.stuck_in_python] * 4, RandomPolicy(2), backend="async", num_steps=8, num_workers=1,
                                worker_timeout=1.0)
-    procs = list(collector.backend.procs)
+    procs = list(collector.stepper.procs)
     started = time.monotonic()
     with pytest.raises(WorkerTimeoutError) as raised:
         for _ in range(10):
@@ -202,7 +202,7 @@ def test_a_stopped_async_worker_of_the_collecting_process_is_named(call, phase):
     """The collecting process's deadline leaves room for its own deadline on its workers: a worker stopped
     beneath it is named with its envs, in a rollout and in the per-iteration snapshot alike; both deadlines
     share a floor, and the outer one used to fire first."""
-    with make_collector([f.cartpole] * 4, RandomPolicy(2), backend="async", horizon=8, background=True,
+    with make_collector([f.cartpole] * 4, RandomPolicy(2), backend="async", num_steps=8, background=True,
                         num_workers=1, worker_timeout=1.0) as collector:
         for _ in range(3):
             collector.collect()
@@ -217,7 +217,7 @@ def test_a_stopped_async_worker_of_the_collecting_process_is_named(call, phase):
 def test_the_learners_own_time_does_not_stretch_the_collecting_process_deadline():
     """With --overlap the learner reads each rollout after its update: the deadline must measure the collecting
     process's work, not the learner's (a slow or compiling update would make a hang noticed minutes late)."""
-    with make_collector([f.cartpole] * 2, RandomPolicy(2), backend="sync", horizon=8, background=True,
+    with make_collector([f.cartpole] * 2, RandomPolicy(2), backend="sync", num_steps=8, background=True,
                         worker_timeout=1.0) as collector:
         for _ in range(3):  # the first rollout is not measured (start-up)
             collector.start()

@@ -49,7 +49,7 @@ def test_default_layout_is_valid_on_every_machine(backend, env, num_envs, machin
     assert layout.worker_threads == 1 and 1 <= layout.collect_threads <= cores and 1 <= layout.learn_threads <= cores
     kw = layout.collector_kwargs()
     if backend == "async":
-        # what AsyncBackend accepts: each process at least one factory
+        # what AsyncStepper accepts: each process at least one factory
         assert 1 <= layout.workers and layout.workers + layout.main_share <= len(layout.factory_envs)
         # the thread budget: workers (one thread each) + the collecting process never exceed the cores
         assert layout.workers + (layout.collect_threads if layout.main_share else 0) <= cores
@@ -174,7 +174,7 @@ def test_collector_uses_its_thread_count_while_collecting_only():
 
     before = torch.get_num_threads()
     want = 3 if before != 3 else 2
-    with RolloutCollector([f.cartpole] * 2, policy, backend="sync", horizon=4, num_threads=want) as c:
+    with RolloutCollector([f.cartpole] * 2, policy, backend="sync", num_steps=4, num_threads=want) as c:
         c.collect()
     assert set(seen) == {want} and torch.get_num_threads() == before
 

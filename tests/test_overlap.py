@@ -40,10 +40,10 @@ def vr_policy(seed=0):
                                          pytest.param("async", {"num_workers": 1}, marks=pytest.mark.slow)])
 def test_background_rollouts_equal_those_collected_here(backend, kw):
     env_fns = [f.vr_edge, f.vr_edge, f.vr_edge_batch]
-    with RolloutCollector(env_fns, vr_policy(), backend=backend, horizon=25, seed=4, **kw) as here:
+    with RolloutCollector(env_fns, vr_policy(), backend=backend, num_steps=25, seed=4, **kw) as here:
         expected = [here.collect() for _ in range(3)]
         state = here.get_state()
-    with BackgroundCollector(env_fns, vr_policy(), backend=backend, horizon=25, seed=4, **kw) as there:
+    with BackgroundCollector(env_fns, vr_policy(), backend=backend, num_steps=25, seed=4, **kw) as there:
         got = []
         for _ in range(3):
             there.start()
@@ -59,8 +59,8 @@ def test_background_rollouts_equal_those_collected_here(backend, kw):
 
 def test_weights_reach_the_collecting_process_and_versions_count():
     acting, learner = vr_policy(0), vr_policy(1)
-    with RolloutCollector([f.vr_edge] * 2, vr_policy(0), horizon=10, seed=1) as here, \
-            make_collector([f.vr_edge] * 2, acting, background=True, horizon=10, seed=1) as there:
+    with RolloutCollector([f.vr_edge] * 2, vr_policy(0), num_steps=10, seed=1) as here, \
+            make_collector([f.vr_edge] * 2, acting, background=True, num_steps=10, seed=1) as there:
         for c in (here, there):
             c.collect()
             c.update_policy(learner.state_dict())
@@ -76,8 +76,8 @@ def test_a_new_policy_brings_its_own_weights_and_a_state_dict_of_the_wrong_shape
     def narrow(seed):
         return ActorCritic(env.observation_space, env.action_space, hidden=(16,), seed=seed)
 
-    with RolloutCollector([f.vr_edge] * 2, vr_policy(0), horizon=10, seed=1) as here, \
-            BackgroundCollector([f.vr_edge] * 2, vr_policy(0), horizon=10, seed=1) as there:
+    with RolloutCollector([f.vr_edge] * 2, vr_policy(0), num_steps=10, seed=1) as here, \
+            BackgroundCollector([f.vr_edge] * 2, vr_policy(0), num_steps=10, seed=1) as there:
         for c in (here, there):
             c.update_policy(narrow(3))
             c.update_policy(narrow(5).state_dict())  # into the new policy's weights, not the old one's
@@ -99,7 +99,7 @@ def test_weights_updates_go_through_shared_memory_not_the_resource_sharer():
         from tests.test_overlap import vr_policy
         if __name__ == "__main__":
             learner = vr_policy(1)
-            with BackgroundCollector([f.vr_edge] * 2, vr_policy(0), horizon=10, seed=1) as c:
+            with BackgroundCollector([f.vr_edge] * 2, vr_policy(0), num_steps=10, seed=1) as c:
                 for _ in range(3):
                     c.collect()
                     c.update_policy(learner.state_dict())
@@ -111,7 +111,7 @@ def test_weights_updates_go_through_shared_memory_not_the_resource_sharer():
 
 
 def test_misuse_is_refused_with_what_to_do():
-    with BackgroundCollector([f.cartpole] * 2, f.RandomPolicy(2), horizon=5) as c:
+    with BackgroundCollector([f.cartpole] * 2, f.RandomPolicy(2), num_steps=5) as c:
         with pytest.raises(RuntimeError, match="wait\\(\\) without start\\(\\)"):
             c.wait()
         c.start()
@@ -122,13 +122,13 @@ def test_misuse_is_refused_with_what_to_do():
         assert c.policy_version == 0
         c.wait()
     with pytest.raises(TypeError, match="cannot be pickled"):
-        BackgroundCollector([f.cartpole], lambda obs: obs, horizon=5)
+        BackgroundCollector([f.cartpole], lambda obs: obs, num_steps=5)
     with pytest.raises(ValueError, match="background=True is for the serial, sync and async"):
         make_collector([f.cartpole], f.RandomPolicy(2), backend="ray", background=True)
 
 
 def test_an_env_error_in_the_collecting_process_is_raised_here_and_nothing_is_left():
-    c = BackgroundCollector([f.cartpole, f.exploding], f.RandomPolicy(2), horizon=50)
+    c = BackgroundCollector([f.cartpole, f.exploding], f.RandomPolicy(2), num_steps=50)
     c.start()
     with pytest.raises(EnvError, match="env 1 raised") as info:
         c.wait()
@@ -137,7 +137,7 @@ def test_an_env_error_in_the_collecting_process_is_raised_here_and_nothing_is_le
 
 
 def test_a_dead_collecting_process_is_noticed_at_once():
-    c = BackgroundCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="async", num_workers=1, horizon=50)
+    c = BackgroundCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="async", num_workers=1, num_steps=50)
     grandchildren = psutil.Process(c._process.pid).children(recursive=True)
     c._process.kill()
     with pytest.raises(WorkerDiedError, match=rf"collecting process \(pid {c._process.pid}\) died"):
@@ -150,7 +150,7 @@ def test_a_dead_collecting_process_is_noticed_at_once():
 @pytest.mark.parametrize("then", ["update_policy",
                                   *(pytest.param(t, marks=pytest.mark.slow) for t in ("get_state", "start"))])
 def test_a_collecting_process_killed_while_this_one_learns_is_named_by_the_next_command(then):
-    c = BackgroundCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", horizon=8)
+    c = BackgroundCollector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", num_steps=8)
     c.collect()
     pid = c._process.pid
     c._process.kill()
@@ -166,7 +166,7 @@ def test_a_collecting_process_killed_while_this_one_learns_is_named_by_the_next_
 
 
 def test_closing_with_a_rollout_in_flight_stops_everything():
-    c = BackgroundCollector([f.vr_edge] * 2, vr_policy(), backend="async", num_workers=1, horizon=2000)
+    c = BackgroundCollector([f.vr_edge] * 2, vr_policy(), backend="async", num_workers=1, num_steps=2000)
     processes = [psutil.Process(c._process.pid), *psutil.Process(c._process.pid).children(recursive=True)]
     c.start()
     c.close()

@@ -21,7 +21,7 @@ import pytest
 
 import checkpoints
 from collectors import make_collector
-from collectors.backends.async_ import AsyncBackend
+from collectors.backends.async_ import AsyncStepper
 from collectors.processes import process_context
 from tests import factories as f
 
@@ -38,8 +38,8 @@ def _run(script: str, **kwargs) -> subprocess.CompletedProcess:
 def test_workers_are_forked_from_one_forkserver_and_named():
     """Every collector of this process forks its workers from the same forkserver (torch imported once), and
     each worker is named for ps and top, where all of them share the forkserver's command line."""
-    first = AsyncBackend([f.cartpole] * 3, num_workers=2)
-    second = AsyncBackend([f.cartpole] * 2, num_workers=1)
+    first = AsyncStepper([f.cartpole] * 3, num_workers=2)
+    second = AsyncStepper([f.cartpole] * 2, num_workers=1)
     try:
         workers = [psutil.Process(p.pid) for p in (*first.procs, *second.procs)]
         servers = {w.ppid() for w in workers}
@@ -62,14 +62,14 @@ def test_spawn_where_asked_gives_the_same_envs_and_workers_that_die_with_this_pr
     methods = ["spawn", *(["forkserver"] if FORKSERVER else [])]
     observations = []
     for method in methods:
-        backend = AsyncBackend([f.cartpole] * 2, num_workers=1, start_method=method)
+        stepper = AsyncStepper([f.cartpole] * 2, num_workers=1, start_method=method)
         try:
-            parent = psutil.Process(backend.procs[0].pid).ppid()
+            parent = psutil.Process(stepper.procs[0].pid).ppid()
             assert (parent == os.getpid()) == (method == "spawn")
-            backend.reset([7, 8], backend.shared["next_obs"].numpy())
-            observations.append(backend.shared["next_obs"].clone())
+            stepper.reset([7, 8], stepper.shared["next_obs"].numpy())
+            observations.append(stepper.shared["next_obs"].clone())
         finally:
-            backend.close()
+            stepper.close()
     assert all((o == observations[0]).all() for o in observations)
     assert not mp.active_children()
 
@@ -81,7 +81,7 @@ def test_a_start_method_a_collector_cannot_use_is_refused_before_any_process_sta
                rf"start_method='{method}' is not a start method this platform offers a collector's processes: choose ")
     tail = r"('forkserver' or )?'spawn', or None \(or 'auto'\) for '(forkserver|spawn)'$"
     with pytest.raises(ValueError, match=refused + tail):
-        AsyncBackend([f.cartpole] * 2, num_workers=1, start_method=method)
+        AsyncStepper([f.cartpole] * 2, num_workers=1, start_method=method)
     assert not mp.active_children()
 
 
@@ -93,12 +93,12 @@ def test_the_forkserver_holds_stop_signals_back_for_collectors_processes_only():
     is restored."""
     out = _run("""
         import multiprocessing, signal, time
-        from collectors.backends.async_ import AsyncBackend
+        from collectors.backends.async_ import AsyncStepper
         from tests import factories as f
         if __name__ == "__main__":
-            backend = AsyncBackend([f.cartpole] * 2, num_workers=1)
+            stepper = AsyncStepper([f.cartpole] * 2, num_workers=1)
             import psutil
-            pid = psutil.Process(backend.procs[0].pid).ppid()
+            pid = psutil.Process(stepper.procs[0].pid).ppid()
             print("server", open(f"/proc/{pid}/status").read().split("SigBlk:")[1].split()[0], flush=True)
             ctx = multiprocessing.get_context("forkserver")
             own = ctx.Process(target=f.print_blocked_signals)
@@ -110,7 +110,7 @@ def test_the_forkserver_holds_stop_signals_back_for_collectors_processes_only():
             sleeper.join(10)
             print("terminated", sleeper.exitcode, flush=True)
             print("here", sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])), flush=True)
-            backend.close()
+            stepper.close()
     """)
     lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.stdout.splitlines() if " " in line}
     assert out.returncode == 0 and {"server", "blocked", "terminated", "here"} <= set(lines), out
@@ -124,11 +124,11 @@ def test_the_forkserver_holds_stop_signals_back_for_collectors_processes_only():
 def test_a_worker_takes_the_environment_its_collector_has_when_it_starts(tmp_path, monkeypatch):
     """Forked from a forkserver started earlier, a worker would have the forkserver's environment: a variable
     set between two collectors (CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS, an env's setting) must reach it."""
-    first = AsyncBackend([f.cartpole] * 2, num_workers=1)  # the forkserver is up
+    first = AsyncStepper([f.cartpole] * 2, num_workers=1)  # the forkserver is up
     first.close()
     monkeypatch.setenv("PARALLEL_ROLLOUTS_TEST", "set after the forkserver started")
     log = tmp_path / "env.log"
-    second = AsyncBackend([functools.partial(f.EnvironmentLogger, str(log), "PARALLEL_ROLLOUTS_TEST")] * 2,
+    second = AsyncStepper([functools.partial(f.EnvironmentLogger, str(log), "PARALLEL_ROLLOUTS_TEST")] * 2,
                           num_workers=1)
     second.close()
     seen = dict(line.split(" ", 1) for line in log.read_text().splitlines())
@@ -143,16 +143,16 @@ def test_a_killed_collector_takes_its_hung_workers_and_forkserver_with_it(method
     parent-death signal can end it; for a forked one, through the forkserver, which exits once nothing holds
     its lifeline (each forked process closes the copy it inherits)."""
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        from collectors.backends.async_ import _FIELDS, AsyncBackend
+        from collectors.backends.async_ import _FIELDS, AsyncStepper
         from collectors.env_group import StepViews
         from tests import factories as f
         if __name__ == "__main__":
-            backend = AsyncBackend([f.hanging] * 2, num_workers=1, start_method={method!r})
-            backend.reset([1, 2], backend.shared["next_obs"].numpy())
-            views = StepViews(*(backend.shared[k].numpy() for k in _FIELDS))
+            stepper = AsyncStepper([f.hanging] * 2, num_workers=1, start_method={method!r})
+            stepper.reset([1, 2], stepper.shared["next_obs"].numpy())
+            views = StepViews(*(stepper.shared[k].numpy() for k in _FIELDS))
             print("stepping", flush=True)
             for _ in range(60):  # the worker's env hangs in its 40th step, and this process waits on it
-                backend.step(backend.shared["actions"].numpy(), views)
+                stepper.step(stepper.shared["actions"].numpy(), views)
         """)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "stepping\n", proc.communicate()
@@ -181,19 +181,19 @@ def test_a_worker_whose_collector_is_gone_before_its_answer_leaves_quietly(tmp_p
     check's report when its timeout stopped it) and with its envs closed."""
     out = _run(f"""
         import functools
-        from collectors.backends.async_ import _FIELDS, AsyncBackend
+        from collectors.backends.async_ import _FIELDS, AsyncStepper
         from collectors.env_group import StepViews
         from tests import factories as f
         if __name__ == "__main__":
             env = functools.partial(f.TimedEnv, {str(tmp_path / "steps.log")!r}, 0.5)
-            backend = AsyncBackend([env] * 2, num_workers=1, start_method={method!r})
-            backend.reset([1, 2], backend.shared["next_obs"].numpy())
-            views = StepViews(*(backend.shared[k].numpy() for k in _FIELDS))
-            backend.start_group(0, backend.shared["actions"].numpy(), views)  # the worker's step takes 0.5 s
-            for conn in backend.conns:  # as if this process were gone: nothing reads the answer
+            stepper = AsyncStepper([env] * 2, num_workers=1, start_method={method!r})
+            stepper.reset([1, 2], stepper.shared["next_obs"].numpy())
+            views = StepViews(*(stepper.shared[k].numpy() for k in _FIELDS))
+            stepper.start_group(0, stepper.shared["actions"].numpy(), views)  # the worker's step takes 0.5 s
+            for conn in stepper.conns:  # as if this process were gone: nothing reads the answer
                 conn.close()
-            backend.procs[0].join(timeout=30)
-            print("exit code", backend.procs[0].exitcode, flush=True)
+            stepper.procs[0].join(timeout=30)
+            print("exit code", stepper.procs[0].exitcode, flush=True)
     """)
     assert "exit code 0" in out.stdout, out
     assert "Traceback" not in out.stderr and "Error" not in out.stderr, out.stderr
@@ -233,10 +233,10 @@ def test_the_forkserver_is_gone_when_the_program_has_ended(tmp_path):
     proc = _with_preload(tmp_path, "slow_teardown", "import atexit, time\natexit.register(time.sleep, 60)\n", f"""
         from multiprocessing import forkserver
         from pathlib import Path
-        from collectors.backends.async_ import AsyncBackend
+        from collectors.backends.async_ import AsyncStepper
         from tests import factories as f
         if __name__ == "__main__":
-            closed, left_open = (AsyncBackend([f.cartpole] * 2, num_workers=1) for _ in range(2))
+            closed, left_open = (AsyncStepper([f.cartpole] * 2, num_workers=1) for _ in range(2))
             closed.close()
             Path({str(pids)!r}).write_text(f"{{forkserver._forkserver._forkserver_pid}} {{left_open.procs[0].pid}}")
     """)
@@ -261,19 +261,19 @@ def test_a_forkserver_whose_imports_hang_is_killed_at_the_start_deadline_and_the
             import time
             import collectors.processes
             from collectors import WorkerTimeoutError
-            from collectors.backends.async_ import AsyncBackend
+            from collectors.backends.async_ import AsyncStepper
             from tests import factories as f
             if __name__ == "__main__":
                 began = time.monotonic()
                 try:
-                    AsyncBackend([f.cartpole] * 2, num_workers=1, worker_timeout=1.0)
+                    AsyncStepper([f.cartpole] * 2, num_workers=1, worker_timeout=1.0)
                 except WorkerTimeoutError as e:
                     print(f"after {time.monotonic() - began:.1f} s: {e}", flush=True)
                 collectors.processes.PRELOAD = collectors.processes.PRELOAD[:-1]
-                backend = AsyncBackend([f.cartpole] * 2, num_workers=1)
-                backend.reset([1, 2], backend.shared["next_obs"].numpy())
-                print("started", backend.shared["next_obs"].any().item(), flush=True)
-                backend.close()
+                stepper = AsyncStepper([f.cartpole] * 2, num_workers=1)
+                stepper.reset([1, 2], stepper.shared["next_obs"].numpy())
+                print("started", stepper.shared["next_obs"].any().item(), flush=True)
+                stepper.close()
         """)
         out, err = proc.communicate(timeout=120)
     after = re.search(r"after (\S+) s: the forkserver \(pid \d+\) that starts this collector's processes "
@@ -292,11 +292,11 @@ def test_a_forkserver_that_dies_in_its_imports_is_one_line_with_its_exit():
     with tempfile.TemporaryDirectory() as tmp:
         proc = _with_preload(Path(tmp), "raises_on_import", "raise RuntimeError('no licence server')\n", """
             from collectors import WorkerDiedError
-            from collectors.backends.async_ import AsyncBackend
+            from collectors.backends.async_ import AsyncStepper
             from tests import factories as f
             if __name__ == "__main__":
                 try:
-                    AsyncBackend([f.cartpole] * 2, num_workers=1)
+                    AsyncStepper([f.cartpole] * 2, num_workers=1)
                 except WorkerDiedError as e:
                     print(f"{type(e).__name__}: {e}", flush=True)
         """)
@@ -317,12 +317,12 @@ def test_ctrl_c_while_the_forkserver_imports_stops_at_once_and_leaves_nothing():
     with tempfile.TemporaryDirectory() as tmp:
         proc = _with_preload(Path(tmp), "hangs_on_import", "import time\ntime.sleep(60)\n", """
             import collectors.deadlines
-            from collectors.backends.async_ import AsyncBackend
+            from collectors.backends.async_ import AsyncStepper
             from tests import factories as f
             if __name__ == "__main__":
                 collectors.deadlines.START_TIMEOUT_S = 60.0
                 print("starting", flush=True)
-                AsyncBackend([f.cartpole] * 2, num_workers=1)
+                AsyncStepper([f.cartpole] * 2, num_workers=1)
         """)
         assert proc.stdout.readline() == "starting\n", proc.communicate()
         deadline = time.monotonic() + 30
@@ -346,11 +346,11 @@ def test_the_start_method_reaches_a_collector_and_its_collecting_process_through
     collecting process's), and a method a collector cannot use is refused on every backend before anything
     starts."""
     with make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="async", num_workers=1,
-                        start_method="spawn", horizon=4) as c:
-        assert psutil.Process(c.backend.procs[0].pid).ppid() == os.getpid()
+                        start_method="spawn", num_steps=4) as c:
+        assert psutil.Process(c.stepper.procs[0].pid).ppid() == os.getpid()
         assert c.collect().batch.batch_size == (4, 2)
     with make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="async", num_workers=1, background=True,
-                        start_method="spawn", horizon=4) as c:
+                        start_method="spawn", num_steps=4) as c:
         collecting = psutil.Process(c._process.pid)
         assert collecting.ppid() == os.getpid() and collecting.name() == "collector"
         assert [w.name() for w in collecting.children()] == ["env-worker-0"]  # its child: spawned, not forked

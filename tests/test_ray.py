@@ -37,7 +37,7 @@ def vr_spaces():
 
 
 def batches(backend, policy_fn, rollouts=2, **kw):
-    with make_collector([f.vr_edge] * 4, policy_fn(), backend=backend, horizon=30, seed=3, **kw) as c:
+    with make_collector([f.vr_edge] * 4, policy_fn(), backend=backend, num_steps=30, seed=3, **kw) as c:
         return [c.collect().batch for _ in range(rollouts)]
 
 
@@ -64,31 +64,31 @@ def test_stochastic_ray_runs_are_reproducible(cluster):
 
 def test_worker_pinned_to_the_second_node(cluster):
     _, second = cluster
-    with make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, horizon=5,
+    with make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, num_steps=5,
                           cpus_per_worker=0.25, worker_options=[{}, {"resources": {"second_node": 0.5}}]) as c:
         c.collect()
-        assert ray.get(c.backend.actors[1].node_id.remote()) == second.node_id
+        assert ray.get(c.workers.actors[1].node_id.remote()) == second.node_id
 
 
 def test_killed_actor_is_replaced_and_the_rollout_retried(cluster, caplog):
-    with make_collector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, horizon=10,
+    with make_collector([f.vr_edge] * 4, ActorCritic(*vr_spaces()), backend="ray", num_workers=2, num_steps=10,
                           cpus_per_worker=0.25) as c:
         c.collect()
-        ray.kill(c.backend.actors[1])
+        ray.kill(c.workers.actors[1])
         with caplog.at_level("WARNING", logger="collectors.ray"):
             batch = c.collect().batch
         assert batch.batch_size == torch.Size([10, 4])
-        assert c.backend.restarts == 1 and "died" in c.backend.events[0]
+        assert c.workers.restarts == 1 and "died" in c.workers.events[0]
         assert "replaced" in caplog.text
         assert c.collect().batch.batch_size == torch.Size([10, 4])  # and it keeps going
 
 
-def test_first_ready_returns_worker_slices_with_the_versions_that_collected_them(cluster):
+def test_keeps_collecting_returns_worker_slices_with_the_versions_that_collected_them(cluster):
     """Whatever order the actors finish in, a rollout returned after an update was launched before it:
     its lag is at least 1, and it names the version of the weights it was collected with."""
     acting, learner = ActorCritic(*vr_spaces(), seed=0), ActorCritic(*vr_spaces(), seed=1)
-    with make_collector([f.vr_edge] * 4, acting, backend="ray", num_workers=2, horizon=8,
-                        cpus_per_worker=0.25, first_ready=True) as c:
+    with make_collector([f.vr_edge] * 4, acting, backend="ray", num_workers=2, num_steps=8,
+                        cpus_per_worker=0.25, keeps_collecting=True) as c:
         lags = []
         for _ in range(6):
             rollout = c.collect()
@@ -100,9 +100,9 @@ def test_first_ready_returns_worker_slices_with_the_versions_that_collected_them
         assert lags[0] == 0 and all(lag >= 1 for lag in lags[1:])
 
 
-def test_first_ready_is_refused_by_local_backends():
-    with pytest.raises(ValueError, match="does not support first_ready"):
-        make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="async", first_ready=True)
+def test_keeps_collecting_is_refused_by_local_backends():
+    with pytest.raises(ValueError, match="does not support keeps_collecting"):
+        make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="async", keeps_collecting=True)
 
 
 def test_bad_worker_layout_is_rejected(cluster):
@@ -140,9 +140,9 @@ def test_training_on_ray_sync_and_async_then_resume(cluster, tmp_path, mode):
 
 def test_default_actor_count_fits_the_cluster_cpus(cluster):
     # one actor per factory at 2 CPUs each would need 16 CPUs of the cluster's 4 and wait forever
-    with make_collector([f.vr_edge] * 8, ActorCritic(*vr_spaces()), backend="ray", horizon=5,
+    with make_collector([f.vr_edge] * 8, ActorCritic(*vr_spaces()), backend="ray", num_steps=5,
                           cpus_per_worker=2) as c:
-        assert len(c.backend.actors) == 2 and c.collect().batch.batch_size == torch.Size([5, 8])
+        assert len(c.workers.actors) == 2 and c.collect().batch.batch_size == torch.Size([5, 8])
 
 
 @pytest.mark.parametrize("kw, words", [

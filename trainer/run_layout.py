@@ -89,14 +89,14 @@ class RunLayout:
     ray_address: str
     worker_timeout: float  # seconds a worker process, the collecting process or an actor may stay silent
     start_method: str  # how async workers and the --overlap collecting process start: forkserver or spawn
-    ray_async: bool  # Ray actors collect while the learner learns (the algorithm's keeps_collecting)
+    keeps_collecting: bool  # Ray actors keep collecting while the learner learns (AlgorithmSpec.keeps_collecting)
     overlap: bool  # a separate collecting process keeps collecting while this one learns
     collect_threads: int  # most torch threads of the collecting process while it collects (trainer.thread_plan)
     learn_threads: int  # ... and while it learns
     worker_threads: int  # torch threads of each worker process or actor
     compile: bool  # the acting step (policy, and a torch env's step) runs torch.compile'd (--compile)
     cuda_graphs: bool  # PPO's minibatch step captured as a CUDA graph, and a compiled acting step on CUDA too
-    batch_envs: int  # envs in one learner batch (ray_async: one actor's slice)
+    batch_envs: int  # envs in one learner batch (keeps_collecting: one actor's slice)
     machine: Machine
     warnings: tuple[str, ...] = ()
 
@@ -118,7 +118,7 @@ class RunLayout:
         return [functools.partial(gym.make, self.env, **self.env_kwargs)] * len(self.factory_envs)
 
     def collector_kwargs(self) -> dict[str, Any]:
-        """The ``make_collector`` options this layout fixes (besides env factories, policy, horizon, seed)."""
+        """The ``make_collector`` options this layout fixes (besides env factories, policy, num_steps, seed)."""
         kw: dict[str, Any] = {"num_threads": self.collect_threads}
         if self.backend != "ray":  # Ray actors act with their own copies, eagerly
             kw["compile_policy"] = self.acting_compile
@@ -130,7 +130,7 @@ class RunLayout:
         elif self.backend == "ray":
             kw.update(num_workers=self.workers, envs_per_worker=self.factories_per_worker,
                       ray_address=self.ray_address or None, cpus_per_worker=self.cpus_per_worker,
-                      first_ready=self.ray_async, worker_timeout=self.worker_timeout)
+                      keeps_collecting=self.keeps_collecting, worker_timeout=self.worker_timeout)
         return kw
 
     def describe(self) -> str:
@@ -266,7 +266,7 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
     check_env_id(cfg.env)
     n, cores, notes = cfg.num_envs, machine.cores, []
     # the algorithm decides whether its Ray actors keep collecting while it learns (IMPALA's and Ape-X's do)
-    asynchronous = cfg.backend == "ray" and algorithm_spec(cfg.algo).keeps_collecting(cfg)
+    keeps_collecting = cfg.backend == "ray" and algorithm_spec(cfg.algo).keeps_collecting(cfg)
     if cfg.backend == "device":
         if cfg.env not in TORCH_ENVS:
             raise ConfigError("backend", cfg.backend,
@@ -310,10 +310,10 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
         busy_here = workers  # workers step while the collecting process collects; idle while this one learns
         learn_busy = workers + 1 if cfg.overlap else 0
     else:
-        workers, cpus, busy_here = _ray_workers(cfg, machine, asynchronous)
+        workers, cpus, busy_here = _ray_workers(cfg, machine, keeps_collecting)
         sizes = [n // workers] * workers if vectorized else [1] * n
         per_worker = len(sizes) // workers
-        learn_busy = busy_here if asynchronous else 0  # IMPALA-style actors keep collecting while we learn
+        learn_busy = busy_here if keeps_collecting else 0  # IMPALA-style actors keep collecting while we learn
     collect_threads, learn_threads = max(1, collect_cores - busy_here), max(1, cores - learn_busy)
     if cfg.overlap:  # collecting and learning run at once: the learner takes the threads
         collect_threads = 1
@@ -330,9 +330,9 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
                      num_splits=cfg.num_splits,
                      factories_per_worker=per_worker, cpus_per_worker=cpus, ray_address=cfg.ray_address,
                      worker_timeout=cfg.worker_timeout, start_method=_start_method(cfg, notes),
-                     ray_async=asynchronous, overlap=cfg.overlap, collect_threads=collect_threads,
+                     keeps_collecting=keeps_collecting, overlap=cfg.overlap, collect_threads=collect_threads,
                      learn_threads=learn_threads,
-                     worker_threads=1, batch_envs=n // workers if asynchronous else n, machine=machine,
+                     worker_threads=1, batch_envs=n // workers if keeps_collecting else n, machine=machine,
                      warnings=tuple(notes))
 
 
@@ -385,7 +385,7 @@ def _async_workers(cfg: TrainConfig, cores: int, notes: list[str]) -> tuple[int,
     return workers, main_share
 
 
-def _ray_workers(cfg: TrainConfig, machine: Machine, asynchronous: bool) -> tuple[int, float, int]:
+def _ray_workers(cfg: TrainConfig, machine: Machine, keeps_collecting: bool) -> tuple[int, float, int]:
     """Ray actors, CPUs per actor, and how many of this machine's cores the actors keep busy."""
     n, cpus, total = cfg.num_envs, cfg.cpus_per_worker, machine.ray_cpus
     if total is None:
@@ -405,7 +405,7 @@ def _ray_workers(cfg: TrainConfig, machine: Machine, asynchronous: bool) -> tupl
                                   "slices per actor)")
     if not workers:
         # a learner sharing a node with IMPALA-style actors learns while they collect: keep a CPU for it
-        spare = 1.0 if asynchronous and machine.ray_cpus_here > 0 else 0.0
+        spare = 1.0 if keeps_collecting and machine.ray_cpus_here > 0 else 0.0
         fit = math.floor((total - spare) / cpus + 1e-9) or math.floor(total / cpus + 1e-9)
         if fit < 1:
             raise ConfigError("cpus_per_worker", cpus,

@@ -139,8 +139,8 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         if writer:
             stack.callback(writer.close)
         collector = stack.enter_context(make_collector(
-            layout.env_factories(), algorithm.acting, backend=cfg.backend, horizon=cfg.num_steps, seed=cfg.seed,
-            **layout.collector_kwargs(), **algorithm.collector_options()))  # ray_async: one actor's slice
+            layout.env_factories(), algorithm.acting, backend=cfg.backend, num_steps=cfg.num_steps, seed=cfg.seed,
+            **layout.collector_kwargs(), **algorithm.collector_options()))  # keeps_collecting: one actor's slice
         algorithm.attach(collector)
         stack.enter_context(torch_threads(layout.learn_threads))  # restored at the end: RunThreads sets it anew
         threads = RunThreads.for_run(layout, cfg.threads, collector, iterations,

@@ -11,7 +11,7 @@ factories are split into ``k`` contiguous groups, and each group is spread over 
 process (the collecting process first), so a process hosts one contiguous sub-range of
 each group. The collector then pipelines the groups: while the workers step group ``g``,
 the collecting process runs the policy on group ``g + 1`` and steps its own part of it
-(:meth:`AsyncBackend.start_group` / :meth:`AsyncBackend.finish_group`). Groups are
+(:meth:`AsyncStepper.start_group` / :meth:`AsyncStepper.finish_group`). Groups are
 contiguous in the rollout's env order, so the policy reads and writes plain slices.
 """
 
@@ -168,7 +168,7 @@ def stop_processes(procs: list, patience: float) -> None:
             p.join()
 
 
-class AsyncBackend:
+class AsyncStepper:
     """Envs split over ``num_workers`` worker processes, plus a share in this process.
 
     Workers are forked from a forkserver that has imported torch and the collectors once, or spawned where
@@ -182,16 +182,16 @@ class AsyncBackend:
     slowest answer measured (:class:`~collectors.deadlines.Deadline`); a worker silent for longer
     raises :class:`WorkerTimeoutError` naming it and its envs, and all workers are shut down.
     This process's own share gets the same limit (Linux and macOS: :class:`~collectors.watchdog.Watchdog`,
-    where the backend is made in the main thread): a call of its envs that takes longer is interrupted and
+    where the stepper is made in the main thread): a call of its envs that takes longer is interrupted and
     raises :class:`WorkerTimeoutError` naming them; they are dropped without being closed.
     Workers are killed when this process dies (Linux), even in the middle of a hung step.
 
     Example (``num_workers`` processes; ``num_envs`` = all envs):
         >>> import functools, gymnasium as gym
-        >>> from collectors.backends.async_ import AsyncBackend
-        >>> backend = AsyncBackend([functools.partial(gym.make, "CartPole-v1")] * 4, num_workers=1,
+        >>> from collectors.backends.async_ import AsyncStepper
+        >>> stepper = AsyncStepper([functools.partial(gym.make, "CartPole-v1")] * 4, num_workers=1,
         ...                        worker_timeout=30.0)  # doctest: +SKIP
-        >>> backend.num_envs, backend.groups  # doctest: +SKIP
+        >>> stepper.num_envs, stepper.groups  # doctest: +SKIP
         (4, [slice(0, 4, None)])
     """
 
@@ -356,7 +356,7 @@ class AsyncBackend:
         return f"envs {_describe([range(r.start, r.stop) for r in rows[w] if r.stop > r.start])}"
 
     def _here(self, phase: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on this process's envs, under the workers' deadline. Past it, the backend is closed, as for a
+        """``fn(*args)`` on this process's envs, under the workers' deadline. Past it, the stepper is closed, as for a
         silent worker; envs that hung are dropped, not closed (a close would hang as well: a hung worker too is
         killed rather than asked to close)."""
         try:

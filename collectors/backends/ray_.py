@@ -175,12 +175,12 @@ class RolloutWorker:
     ``worker_kwargs`` reach its constructor.
     """
 
-    def __init__(self, env_fns: list, policy: Any, horizon: int, seeds: list[int], first_index: int,
+    def __init__(self, env_fns: list, policy: Any, num_steps: int, seeds: list[int], first_index: int,
                  policy_seed: int) -> None:
         torch.set_num_threads(1)
         if isinstance(getattr(policy, "generator", None), torch.Generator):
             policy.generator.manual_seed(policy_seed)  # sampling streams derived from the run seed
-        self.collector = RolloutCollector(env_fns, policy, backend="sync", horizon=horizon, seed=seeds)
+        self.collector = RolloutCollector(env_fns, policy, backend="sync", num_steps=num_steps, seed=seeds)
         self.first_index = first_index
 
     def rollout(self, weights: dict[str, np.ndarray] | None, version: int) -> dict[str, Any]:
@@ -209,14 +209,14 @@ class RolloutWorker:
         return ray.get_runtime_context().get_node_id()
 
 
-class RayBackend:
+class RayWorkers:
     """``num_workers`` Ray actors with ``envs_per_worker`` env factories each.
 
     A rollout that does not come back within ``worker_timeout`` seconds (stretched to 20 times the
     slowest rollout measured; an actor's first gets at least 120 s) counts as a dead actor: replaced.
     """
 
-    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Any, horizon: int, seed: int | list[int],
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Any, num_steps: int, seed: int | list[int],
                  num_workers: int | None, envs_per_worker: int | None, ray_address: str | None,
                  cpus_per_worker: float = 1.0, worker_options: Sequence[dict] | dict | None = None,
                  worker_cls: type = RolloutWorker, worker_kwargs: dict[str, Any] | None = None,
@@ -235,7 +235,7 @@ class RayBackend:
             raise ValueError(f"num_workers={num_workers!r} x envs_per_worker={envs_per_worker!r} must equal the "
                              f"number of env factories ({n}); e.g. num_workers={n}, envs_per_worker=1")
         self.ray = ray
-        self.horizon, self.policy = horizon, policy
+        self.num_steps, self.policy = num_steps, policy
         self.explicit_seeds = None if isinstance(seed, int) else list(seed)
         self.seed = seed if self.explicit_seeds is None else self.explicit_seeds[0]  # derives restart seeds
         self.cpus_per_worker = cpus_per_worker
@@ -246,7 +246,7 @@ class RayBackend:
         self.options = [dict(o) for o in opts]
         if any("scheduling_strategy" in o for o in self.options):
             raise ValueError("worker_options may not set scheduling_strategy: each worker runs in its bundle of "
-                             "the backend's placement group; use resources={...} to choose nodes")
+                             "the workers' placement group; use resources={...} to choose nodes")
         self.groups = [list(env_fns[w * envs_per_worker:(w + 1) * envs_per_worker]) for w in range(num_workers)]
         self.actors: list = []
         self.pg = self._reserve([_bundle(cpus_per_worker, o) for o in self.options], total)
@@ -307,7 +307,7 @@ class RayBackend:
         policy_seed = int(np.random.SeedSequence([self.seed, w, self.restarts]).generate_state(1)[0])
         return self.actor_cls.options(num_cpus=self.cpus_per_worker, scheduling_strategy=self._in_bundle(w),
                                       **self.options[w]).remote(
-            self.groups[w], self.policy, self.horizon, list(seeds), self.slices[w].start, policy_seed,
+            self.groups[w], self.policy, self.num_steps, list(seeds), self.slices[w].start, policy_seed,
             **self.worker_kwargs)
 
     def _replace(self, w: int, error: Exception) -> None:
@@ -415,14 +415,14 @@ class RayBackend:
 class AsyncRollouts:
     """IMPALA-style collection: every worker always has a rollout in flight; the first one ready is returned."""
 
-    def __init__(self, backend: RayBackend) -> None:
-        self.backend = backend
+    def __init__(self, workers: RayWorkers) -> None:
+        self.workers = workers
         self.in_flight: dict[int, Any] = {}
 
     def next_ready(self, weights_ref: Any, version: int) -> tuple[int, dict[str, Any]]:
         """Return ``(worker, result)`` of the first finished rollout; relaunch that worker with the weights
         of ``version`` (``weights_ref``)."""
-        b, ray = self.backend, self.backend.ray
+        b, ray = self.workers, self.workers.ray
         for w in range(len(b.actors)):
             if w not in self.in_flight:
                 self.in_flight[w] = b.launch(w, weights_ref, version)

@@ -25,7 +25,7 @@ from collectors.env_group import (
 )
 
 
-class SerialBackend:
+class SerialStepper:
     """Steps each env (or each natively batched env) in turn in this process."""
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]]) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 from collectors.env_group import EnvGroup, EpisodeInfo, StepViews
 
 
-class SyncBackend:
+class SyncStepper:
     """One :class:`EnvGroup` holding every env; no copies beyond the envs' own outputs."""
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]]) -> None:

@@ -98,7 +98,7 @@ class ApeX(ApeXSpec, Algorithm):
         ...                                  learning_starts=64, minibatch_size=16, device="cpu"))
         >>> layout = run_layout(cfg, Machine(cores=1))
         >>> apex = ApeX.new(cfg, layout)
-        >>> with make_collector(layout.env_factories(), apex.acting, horizon=cfg.num_steps, seed=cfg.seed,
+        >>> with make_collector(layout.env_factories(), apex.acting, num_steps=cfg.num_steps, seed=cfg.seed,
         ...                     **apex.collector_options()) as collector:
         ...     apex.attach(collector)
         ...     rows = [apex.iterate(start=(0, 0.0)) for _ in range(3)]
@@ -197,8 +197,8 @@ class ApeX(ApeXSpec, Algorithm):
         self.collector = collector
 
     # ------------------------------------------------------------------ learning
-    def beta(self) -> float:
-        """The importance-sampling exponent: annealed linearly from ``replay_beta`` to 1 over the run."""
+    def replay_beta(self) -> float:
+        """The importance-sampling exponent: annealed linearly from the setting ``replay_beta`` to 1 over the run."""
         frac = min(1.0, self.env_steps / self.cfg.total_steps)
         return self.apex.replay_beta + (1.0 - self.apex.replay_beta) * frac
 
@@ -211,7 +211,7 @@ class ApeX(ApeXSpec, Algorithm):
     def learner_step(self) -> dict[str, float]:
         """One prioritized minibatch: double-DQN update, new priorities, the target network when due."""
         cfg = self.cfg
-        batch, slots, ids, weights = self.replay.sample(self.apex.minibatch_size, self.beta())
+        batch, slots, ids, weights = self.replay.sample(self.apex.minibatch_size, self.replay_beta())
         batch.set("weights", weights)
         if self.device.type != "cpu":  # one host-to-device transfer per sampled batch
             batch = batch.consolidate().to(self.device, non_blocking=True)
@@ -273,7 +273,7 @@ class ApeX(ApeXSpec, Algorithm):
         sps = steps_per_second(start, self.env_steps)
         return metrics_row(it, self.env_steps, sps, lr, {  # policy_lag: in learner steps
             **means, "learner_steps": self.learner_steps, "updates": len(stats), "replay_size": self.replay.size,
-            "beta": self.beta(), "inserted_per_s": len(transitions) / max(collected, 1e-9),
+            "replay_beta": self.replay_beta(), "inserted_per_s": len(transitions) / max(collected, 1e-9),
             "updates_per_s": len(stats) / learned if stats else None,
             "sampled_per_s": len(stats) * self.apex.minibatch_size / learned if stats else None,
         }, rollout, lag)

@@ -79,7 +79,7 @@ class NStepBuilder:
         >>> from collectors import make_collector
         >>> policy = lambda obs: torch.zeros(len(obs), dtype=torch.int64)
         >>> builder = NStepBuilder(n=3, gamma=0.99)
-        >>> with make_collector([functools.partial(gym.make, "CartPole-v1")] * 2, policy, horizon=8) as c:
+        >>> with make_collector([functools.partial(gym.make, "CartPole-v1")] * 2, policy, num_steps=8) as c:
         ...     first, second = builder.add(c.collect()), builder.add(c.collect())
         >>> first.batch_size, second.batch_size
         (torch.Size([12]), torch.Size([16]))

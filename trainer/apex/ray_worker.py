@@ -24,9 +24,9 @@ class ApexWorker(RolloutWorker):
     dead actors are replaced and their envs reseeded by the ``ray`` backend, as for any worker.
     """
 
-    def __init__(self, env_fns: list, policy: EpsilonGreedy, horizon: int, seeds: list[int], first_index: int,
+    def __init__(self, env_fns: list, policy: EpsilonGreedy, num_steps: int, seeds: list[int], first_index: int,
                  policy_seed: int, n_step: int, gamma: float) -> None:
-        super().__init__(env_fns, policy, horizon, seeds, first_index, policy_seed)
+        super().__init__(env_fns, policy, num_steps, seeds, first_index, policy_seed)
         # the envs of a replaced actor are reseeded, so their noise keys are new: they keep their slots' epsilons
         keys = policy.keys.clone()
         keys[first_index:first_index + len(seeds)] = torch.tensor(noise_keys(seeds), dtype=torch.int64)

@@ -57,7 +57,7 @@ class PPO(PPOSpec, Algorithm):
         >>> cfg = TrainConfig(env="CartPole-v1", num_envs=2, num_steps=32, total_steps=64, device="cpu")
         >>> layout = run_layout(cfg, Machine(cores=1))
         >>> ppo = PPO.new(cfg, layout)
-        >>> with make_collector(layout.env_factories(), ppo.acting, horizon=cfg.num_steps, seed=cfg.seed,
+        >>> with make_collector(layout.env_factories(), ppo.acting, num_steps=cfg.num_steps, seed=cfg.seed,
         ...                     **ppo.collector_options()) as collector:
         ...     ppo.attach(collector)
         ...     row = ppo.iterate(start=(0, 0.0))

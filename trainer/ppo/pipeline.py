@@ -53,7 +53,7 @@ class Overlapped:
         >>> env = gym.make("CartPole-v1")
         >>> policy = ActorCritic(env.observation_space, env.action_space)
         >>> env_fns = [functools.partial(gym.make, "CartPole-v1")] * 2
-        >>> with make_collector(env_fns, policy, horizon=8, background=True) as collector:
+        >>> with make_collector(env_fns, policy, num_steps=8, background=True) as collector:
         ...     pipeline = Overlapped(collector, policy.state_dict())
         ...     first = pipeline.next_rollout()  # the next one is being collected from here on
         ...     pipeline.learned(policy.state_dict())  # sent out once the rollout in flight is in
