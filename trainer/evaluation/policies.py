@@ -13,7 +13,7 @@ from torch import nn
 import checkpoints
 from trainer.common.spaces import check_env_id
 from trainer.config import ConfigError, TrainConfig, format_env_kwargs
-from trainer.registry import ALGORITHMS, algorithm_class
+from trainer.registry import ALGORITHMS, algorithm_class, algorithm_spec
 
 
 def make_model(cfg: TrainConfig) -> nn.Module:
@@ -42,6 +42,14 @@ def check_weights_fit(cfg: TrainConfig, weights: dict[str, torch.Tensor], source
     raise ValueError(f"{source}: its network does not fit {cfg.env} as this process builds it from the stored "
                      f"config (hidden={cfg.hidden!r}, policy_arch={cfg.policy_arch!r}): {detail}; different spaces "
                      "or env parameters, or a config edited or mixed from two runs?")
+
+
+def sampling_refused(cfg: TrainConfig, source: Path) -> str | None:
+    """Why the policy of ``source`` (trained as ``cfg`` says) cannot sample actions, or ``None`` where it can."""
+    algorithm = algorithm_spec(cfg.algo)
+    if algorithm.stochastic:
+        return None
+    return f"{source} holds {algorithm.model_name}, whose policy is greedy (it explored only while collecting)"
 
 
 class PickedCheckpoint(NamedTuple):
