@@ -29,7 +29,7 @@ import envs
 from benchmarks.machine import print_machine
 from collectors.resources import usable_cores
 from trainer.evaluation import paired_difference, policy_actions, run_episodes, summarize
-from trainer.evaluation.policies import load_policy
+from trainer.evaluation.policies import trained_model
 
 # docs/apex.md's Ape-X CartPole command (tests/test_apex.py trains with it too); n = 5 and lr 1e-3 annealed: with the
 # target network copied every 500 learner steps, values spread only n steps per copy, and n = 3 left some seeds
@@ -70,7 +70,7 @@ def _rows(run_dir: Path) -> list[dict]:
 
 def greedy_return(run_dir: Path, pick: str, episodes: int) -> float:
     """Mean greedy return of a run's ``pick`` checkpoint on ``episodes`` held-out CartPole episodes."""
-    model, _, _ = load_policy(run_dir, pick)
+    model, _, _ = trained_model(run_dir, pick)
     records = run_episodes(policy_actions(model, True), functools.partial(gym.make, "CartPole-v1"), episodes, seed=0)
     return summarize(records)["mean_return"]
 
@@ -133,7 +133,7 @@ def vr_edge(seconds: float, episodes: int, seed: int) -> None:
         config = envs.VREdgeConfig()
         played = {}
         for name, run_dir in runs.items():
-            model, _, _ = load_policy(run_dir, "latest")
+            model, _, _ = trained_model(run_dir, "latest")
             played[name] = run_episodes(policy_actions(model, True), env_fn, episodes, seed=0)
             last = _rows(run_dir)[-1]
             print(f"{name}: {walls[name]:.0f} s wall clock, {last['env_steps']:,} env steps"

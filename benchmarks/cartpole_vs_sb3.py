@@ -28,7 +28,7 @@ import gymnasium as gym
 
 from benchmarks.machine import print_machine
 from trainer.evaluation import policy_actions, run_episodes, summarize
-from trainer.evaluation.policies import load_policy
+from trainer.evaluation.policies import trained_model
 
 STEPS, ENVS, HORIZON, EPOCHS, MINIBATCH, LR = 200_000, 8, 128, 4, 256, 2.5e-4
 OURS = ["--env", "CartPole-v1", "--num-envs", str(ENVS), "--num-steps", str(HORIZON), "--epochs", str(EPOCHS),
@@ -62,7 +62,7 @@ def ours(variant: str, seed: int, episodes: int, root: Path) -> tuple[float, flo
     """(env steps per second of the whole process, mean greedy evaluation return)."""
     run_dir = root / f"{variant}-{seed}"
     seconds = timed(["-m", "trainer.train", *OURS, *VARIANTS[variant], "--seed", str(seed), "--run-dir", str(run_dir)])
-    model, _, _ = load_policy(run_dir)
+    model, _, _ = trained_model(run_dir)
     act = policy_actions(model, deterministic=True)
     return STEPS / seconds, summarize(run_episodes(act, functools.partial(gym.make, "CartPole-v1"), episodes,
                                                    seed))["mean_return"]

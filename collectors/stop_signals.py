@@ -45,8 +45,13 @@ def exiting_at_once_on_stop_signals(said: str) -> Iterator[None]:
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        restore_handlers(previous)
+
+
+def restore_handlers(previous: dict[int, Any]) -> None:
+    """Put back the signal handlers :func:`exit_at_once_on_stop_signals` replaced (what it returned)."""
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 _held: list[int] = []  # stop signals caught while held back (:func:`stop_signals_blocked`), to be delivered after

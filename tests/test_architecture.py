@@ -148,3 +148,43 @@ def test_the_ape_x_ray_worker_imports_only_what_an_actor_needs():
     learner_side |= loaded & {"trainer.apex.algorithm", "trainer.apex.replay", "trainer.registry", "trainer.train",
                               "trainer.run_files", "trainer.evaluation", "ray"}
     assert learner_side == set()
+
+
+MAX_FUNCTION_LINES = 60  # a function longer than a screen is split into named parts that say what they return
+
+
+def function_lengths(path: Path) -> dict[str, int]:
+    """Each function of the module at ``path`` (methods and nested functions too), by qualified name: its length
+    in lines, from ``def`` to its last line (the docstring included)."""
+    lengths = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                if not isinstance(child, ast.ClassDef):
+                    lengths[name] = child.end_lineno - child.lineno + 1
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text()), "")
+    return lengths
+
+
+def too_long_functions() -> dict[str, int]:
+    """The library's functions over ``MAX_FUNCTION_LINES``, as ``path:name`` -> lines."""
+    return {f"{path.relative_to(REPO).as_posix()}:{name}": lines
+            for package in LIBRARIES for path in sorted((REPO / package).rglob("*.py"))
+            for name, lines in function_lengths(path).items() if lines > MAX_FUNCTION_LINES}
+
+
+def test_no_library_function_is_longer_than_a_screen():
+    assert too_long_functions() == {}
+
+
+def test_a_long_function_would_be_found(tmp_path):
+    module = tmp_path / "module.py"
+    body = "".join(f"        x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    module.write_text(f"class C:\n    def long(self):\n{body}\n\ndef short():\n    def inner():\n        pass\n")
+    assert function_lengths(module) == {"C.long": MAX_FUNCTION_LINES + 1, "short": 3, "short.inner": 2}

@@ -19,6 +19,7 @@ from tests.factories import FaultyCartPole
 from trainer import train as train_module
 from trainer.config import MAX_SEED, ConfigError, TrainConfig
 from trainer.flags import parse_args
+from trainer.memory import check_memory
 from trainer.metrics import MetricsLog, MetricsWriteError
 from trainer.registry import new_run_config
 from trainer.run_layout import Machine
@@ -248,7 +249,7 @@ def test_a_run_larger_than_the_memory_names_the_setting_and_the_most_of_it_that_
 
     def fits(steps: int) -> bool:
         try:
-            train_module._check_memory(cfg.replaced(num_steps=steps), small)
+            check_memory(cfg.replaced(num_steps=steps), small)
         except ConfigError:
             return False
         return True
@@ -266,7 +267,7 @@ def test_a_run_larger_than_the_memory_names_the_setting_and_the_most_of_it_that_
 def test_the_defaults_fit_a_128_gib_server(algo, env, gpus):
     """Each algorithm's defaults, on a machine with or without a GPU: not refused for memory where it is plenty."""
     cfg = new_run_config({"algo": algo, "env": env}, gpu=bool(gpus))
-    train_module._check_memory(cfg, Machine(cores=128, gpus=gpus, memory=128 << 30))
+    check_memory(cfg, Machine(cores=128, gpus=gpus, memory=128 << 30))
 
 
 REPLAY = ["--algo", "apex", "--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--total-steps", "64",

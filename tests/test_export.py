@@ -18,7 +18,7 @@ from torch import nn
 import checkpoints
 from trainer import train as train_module
 from trainer.evaluate import main as evaluate_main
-from trainer.evaluation.policies import load_policy
+from trainer.evaluation.policies import trained_model
 from trainer.export import main as export_main
 from trainer.flags import parse_args
 from trainer.ppo import export as export_cli
@@ -98,7 +98,7 @@ def test_exports_match_the_trained_model_in_a_process_without_this_package(tmp_p
     export_main(["--checkpoint", str(run_dir), "--format", "both"])
     out = run_dir / "export"
     card = json.loads((out / "policy.json").read_text())
-    model, cfg, source = load_policy(run_dir)
+    model, cfg, source = trained_model(run_dir)
     assert cfg.policy_arch == arch and bool(model.per_head) == (arch == "per_head")
     obs = export_cli.verification_observations(model, env, seed=11,  # not the seed the command verified on
                                                env_kwargs=env_kwargs)
@@ -132,7 +132,7 @@ def _no_norm(model):
 
 
 def test_an_export_without_the_normaliser_fails_the_check(tmp_path, cartpole):
-    model, cfg, _ = load_policy(cartpole)
+    model, cfg, _ = trained_model(cartpole)
     assert isinstance(model.norm, RunningNorm)
     path = tmp_path / "policy.pt"
     export_cli.export_file(export_cli.ExportedPolicy(_no_norm(model)), "torchscript", path, obs_dim=4)

@@ -16,12 +16,29 @@ command lines.
   :mod:`trainer.run_files` (claiming and resuming a run directory),
   :mod:`trainer.metrics`, :mod:`trainer.interrupts` (stop signals at safe points), :mod:`trainer.arguments`
   (one-line command-line errors with "did you mean").
+
+A trained policy in three lines (:func:`trainer.load_policy`, a run directory or a checkpoint file)::
+
+    import trainer
+    policy = trainer.load_policy("runs/my-run")
+    action = policy(observation)  # NumPy in, NumPy out: one observation or a batch
 """
 
+from typing import Any
 
-def __getattr__(name: str) -> str:
-    """``__version__``, read on first use: importlib.metadata takes half of this package's import time, and
-    ``python -m trainer.train`` handles Ctrl-C only once its imports are done (the shorter, the better)."""
+__all__ = ["TrainedPolicy", "load_policy"]
+_POLICIES = {"TrainedPolicy", "load_policy"}  # trainer.evaluation.policies's: torch loads on first use
+
+
+def __getattr__(name: str) -> Any:
+    """``load_policy`` and ``TrainedPolicy``, imported on first use: the package's import must not load torch
+    (``python -m trainer.train --help`` answers before it does). ``__version__``, read on first use:
+    importlib.metadata takes half of this package's import time, and ``python -m trainer.train`` handles Ctrl-C
+    only once its imports are done (the shorter, the better)."""
+    if name in _POLICIES:
+        from trainer.evaluation import policies
+
+        return getattr(policies, name)
     if name != "__version__":
         raise AttributeError(f"module 'trainer' has no attribute {name!r}")
     from importlib.metadata import PackageNotFoundError, version

@@ -15,11 +15,20 @@ import json
 import multiprocessing
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from collectors.stop_signals import exiting_at_once_on_stop_signals
 from trainer.arguments import OneLineParser, counted, did_you_mean, not_a_directory
 from trainer.interrupts import StopSignals, ignore_late_signals
+
+if TYPE_CHECKING:  # (torch loads once the command line is checked)
+    import gymnasium as gym
+    from torch import nn
+
+    from envs import VREdgeConfig
+    from trainer.config import TrainConfig
 
 REFERENCE = "clairvoyant"
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
@@ -39,6 +48,30 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
+    """Evaluate as ``argv`` asks: the checkpoint's policy and the baselines over the same held-out episodes, the
+    table on stdout (stderr with ``--json``), ``evaluation.json`` and its plot written whole."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    asked_baselines = _checked_before_torch(parser, args)
+    _import_the_evaluation()
+    import checkpoints
+
+    out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
+    try:
+        setup = _setup(parser, args, asked_baselines)
+    except (ValueError, checkpoints.CheckpointError) as e:
+        raise SystemExit(f"error: {e}") from None
+    label = f"policy ({'greedy' if args.deterministic else 'stochastic'})"
+    print(f"loaded {setup.which}: {setup.source}", file=sys.stderr)
+    played = _played(args, setup, label)
+    comparison = _compared(played, label, setup)
+    payload = _payload(args, setup, label, comparison)
+    _print_results(args, setup, comparison, out)
+    _write_results(args, setup, payload, comparison.results, signals, out)
+
+
+def _parser() -> OneLineParser:
+    """The command line's flags."""
     p = OneLineParser(prog="python -m trainer.evaluate", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True,
@@ -70,124 +103,191 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
                    help="print the results as JSON to stdout, and nothing else (the table goes to stderr), so "
                         "that `--json > f` and `--json | jq` work")
     p.add_argument("--out", default="", help="where evaluation.json/.png go (default: the run directory)")
-    args = p.parse_args(argv)
-    _check_numbers(p, args)
+    return p
+
+
+def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> list[str]:
+    """The baselines asked for, once what needs no checkpoint is checked: a mistake is a usage error, answered at
+    once, before torch loads."""
+    _check_numbers(parser, args)
     if args.capacity_trace and not Path(args.capacity_trace).exists():
-        p.error(f"--capacity-trace={args.capacity_trace}: no such file or directory")
-    asked_baselines = _asked_baselines(p, args.baselines)
-    if not Path(args.checkpoint).exists():  # before torch loads: a typo is answered at once, as a usage error
-        p.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
+        parser.error(f"--capacity-trace={args.capacity_trace}: no such file or directory")
+    asked_baselines = _asked_baselines(parser, args.baselines)
+    if not Path(args.checkpoint).exists():  # a typo is answered at once, as a usage error
+        parser.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
     if args.out and (problem := not_a_directory("--out", args.out)):
-        p.error(problem)
-    # imported once the command line is checked: --help and a typo answer before torch loads
+        parser.error(problem)
+    return asked_baselines
+
+
+def _import_the_evaluation() -> None:
+    """Load torch and what the evaluation runs on (seconds), once the command line is checked (``--help`` and a
+    typo answer before it); a stop signal meanwhile is one line and an exit, not an import traceback."""
     with exiting_at_once_on_stop_signals("nothing was evaluated; run the same command again"):
-        import functools
+        # (the functions below import what they use again: from memory, once it is loaded here)
+        import checkpoints  # noqa: F401
+        import envs.planner  # noqa: F401
+        import trainer.evaluation.baselines  # noqa: F401
+        import trainer.evaluation.policies  # noqa: F401
+        import trainer.evaluation.report  # noqa: F401
 
-        import gymnasium as gym
 
-        import checkpoints
-        import envs
-        from envs.planner import ClairvoyantPlanner
-        from trainer.config import format_env_kwargs
-        from trainer.evaluation import (
-            gap_closed,
-            held_out_env_kwargs,
-            paired_difference,
-            policy_actions,
-            run_episodes,
-            summarize,
-            validation_seeds,
-        )
-        from trainer.evaluation.baselines import best_baseline
-        from trainer.evaluation.policies import picked_checkpoint, policy_from_state
-        from trainer.evaluation.report import (
-            check_writable,
-            format_table,
-            json_ready,
-            plot,
-            plus_minus,
-            write_replacing,
-        )
-        from trainer.registry import algorithm_spec
+class _Setup(NamedTuple):
+    """What is evaluated, and where the results go (:func:`_setup`)."""
 
-    out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
-    try:
-        source, state, which = picked_checkpoint(args.checkpoint, args.pick)
-        trained_on = state.get("config", {}).get("env")
-        if args.capacity_trace and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
-            p.error(f"--capacity-trace applies to VREdge-v0, not {trained_on} ({source}); drop it")
-        # the given traces with the split they are played with (a file: all of it), not the run's own split
-        moved = held_out_env_kwargs({}, str(Path(args.capacity_trace).resolve())) if args.capacity_trace else {}
-        model, cfg = policy_from_state(state, source, moved)  # the run's own traces may be gone
-        algorithm = algorithm_spec(cfg.algo)
-        if not args.deterministic and not algorithm.stochastic:
-            p.error(f"--stochastic: {source} holds {algorithm.model_name}, whose policy is greedy (it explored "
-                    "only while collecting); drop --stochastic")
-        if args.env and args.env != cfg.env:
-            p.error(f"--env {args.env}: {source} was trained on {cfg.env}")
-        vr_edge = cfg.env == "VREdge-v0"
-        names = asked_baselines if vr_edge else []  # the baselines are VR-edge's
-        if asked_baselines and not vr_edge and args.baselines != "all":  # named ones: say why none is played
-            print(f"note: --baselines are VR-edge's; {cfg.env} has none, so the policy is evaluated alone",
-                  file=sys.stderr)
-        env_kwargs = held_out_env_kwargs(cfg.env_options, args.capacity_trace)
-        vr_config = envs.VREdgeConfig(**env_kwargs) if vr_edge else None  # a bad trace fails here, at once
-        run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
-        out_dir = Path(args.out) if args.out else run_dir
-        check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
-    except (ValueError, checkpoints.CheckpointError) as e:
-        raise SystemExit(f"error: {e}") from None
+    source: Path  # the checkpoint file
+    which: str  # which checkpoint it is, in words
+    model: nn.Module  # its policy
+    cfg: TrainConfig  # its run's
+    names: list[str]  # the baselines played
+    env_kwargs: dict[str, Any]  # the env arguments every policy is played with
+    env_fn: Callable[[], gym.Env]  # the env they are played in
+    vr_config: VREdgeConfig | None  # VR-edge's config (None: another env)
+    run_dir: Path  # the run given
+    out_dir: Path  # where evaluation.json/.png go
+
+
+def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: list[str]) -> _Setup:
+    """The checkpoint's policy and what it is played against; what the checkpoint cannot do with these flags is a
+    usage error, a checkpoint or config that does not load a ``ValueError`` (``CheckpointError``)."""
+    import functools
+
+    import gymnasium as gym
+
+    import checkpoints
+    import envs
+    from trainer.evaluation import held_out_env_kwargs
+    from trainer.evaluation.policies import picked_checkpoint, policy_from_state, sampling_refused
+    from trainer.evaluation.report import check_writable
+
+    source, state, which = picked_checkpoint(args.checkpoint, args.pick)
+    trained_on = state.get("config", {}).get("env")
+    if args.capacity_trace and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
+        parser.error(f"--capacity-trace applies to VREdge-v0, not {trained_on} ({source}); drop it")
+    # the given traces with the split they are played with (a file: all of it), not the run's own split
+    moved = held_out_env_kwargs({}, str(Path(args.capacity_trace).resolve())) if args.capacity_trace else {}
+    model, cfg = policy_from_state(state, source, moved)  # the run's own traces may be gone
+    if not args.deterministic and (refused := sampling_refused(cfg, source)):
+        parser.error(f"--stochastic: {refused}; drop --stochastic")
+    if args.env and args.env != cfg.env:
+        parser.error(f"--env {args.env}: {source} was trained on {cfg.env}")
+    vr_edge = cfg.env == "VREdge-v0"
+    names = asked_baselines if vr_edge else []  # the baselines are VR-edge's
+    if asked_baselines and not vr_edge and args.baselines != "all":  # named ones: say why none is played
+        print(f"note: --baselines are VR-edge's; {cfg.env} has none, so the policy is evaluated alone",
+              file=sys.stderr)
+    env_kwargs = held_out_env_kwargs(cfg.env_options, args.capacity_trace)
+    vr_config = envs.VREdgeConfig(**env_kwargs) if vr_edge else None  # a bad trace fails here, at once
+    run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
+    out_dir = Path(args.out) if args.out else run_dir
+    check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
-    label = f"policy ({'greedy' if args.deterministic else 'stochastic'})"
-    print(f"loaded {which}: {source}", file=sys.stderr)
-    played = {label: run_episodes(policy_actions(model, args.deterministic), env_fn, args.episodes, args.seed)}
-    for name in names:
-        played[name] = run_episodes(envs.make_baseline(name, vr_config), env_fn, args.episodes, args.seed)
-    reference = vr_edge and args.reference == REFERENCE
-    if reference:
-        played[REFERENCE] = run_episodes(ClairvoyantPlanner(vr_config), env_fn, args.episodes, args.seed,
+    return _Setup(source, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir)
+
+
+def _played(args: argparse.Namespace, setup: _Setup, label: str) -> dict[str, list[dict[str, float]]]:
+    """The records of the episodes each player played, by name: the policy (``label``), the baselines, the
+    clairvoyant reference where asked for; the same held-out seeds for each."""
+    import envs
+    from envs.planner import ClairvoyantPlanner
+    from trainer.evaluation import policy_actions, run_episodes
+
+    env_fn = setup.env_fn
+    played = {label: run_episodes(policy_actions(setup.model, args.deterministic), env_fn, args.episodes, args.seed)}
+    for name in setup.names:
+        played[name] = run_episodes(envs.make_baseline(name, setup.vr_config), env_fn, args.episodes, args.seed)
+    if _with_reference(args, setup):
+        played[REFERENCE] = run_episodes(ClairvoyantPlanner(setup.vr_config), env_fn, args.episodes, args.seed,
                                          num_envs=64, with_envs=True)
+    return played
+
+
+def _with_reference(args: argparse.Namespace, setup: _Setup) -> bool:
+    """Whether the clairvoyant reference is played: asked for (the default), on VR-edge."""
+    return setup.vr_config is not None and args.reference == REFERENCE
+
+
+class _Comparison(NamedTuple):
+    """The players' results and how the policy compares (:func:`_compared`)."""
+
+    results: dict[str, dict[str, Any]]  # each player's summary, by name
+    paired: dict[str, dict[str, Any]]  # policy minus each baseline (and the reference), paired over episodes
+    best: str | None  # the best baseline, picked on validation episodes
+    gap: dict[str, Any] | None  # the fraction of the gap from it to the reference that the policy closes
+
+
+def _compared(played: dict[str, list[dict[str, float]]], label: str, setup: _Setup) -> _Comparison:
+    """The statistics of what each player scored, and the policy (``label``) against the others."""
+    from trainer.evaluation import gap_closed, paired_difference, summarize, validation_seeds
+    from trainer.evaluation.baselines import best_baseline
+
     results = {name: summarize(records) for name, records in played.items()}
-    compared = names + ([REFERENCE] if reference else [])
+    compared = setup.names + ([REFERENCE] if REFERENCE in played else [])
     paired = {name: paired_difference(played[label], played[name]) for name in compared}
-    best, _ = best_baseline(names, vr_config, env_fn, validation_seeds(cfg.seed, SELECTION_EPISODES))
-    gap = gap_closed(played[label], played[best], played[REFERENCE]) if reference and best else None
-    payload = {"checkpoint": str(source.resolve()), "checkpoint_kind": which, "env": cfg.env,
-               "env_kwargs": env_kwargs, "episodes": args.episodes, "seed": args.seed,
-               "actions": "greedy" if args.deterministic else "sampled",
-               "policy": results[label], "baselines": {n: results[n] for n in names},
-               "reference": {REFERENCE: results[REFERENCE]} if reference else {},
-               "paired_reward_per_step": paired, "best_baseline": best,
-               "best_baseline_picked_on": f"{SELECTION_EPISODES} validation episodes" if best else None,
-               "gap_closed": gap}
+    seeds = validation_seeds(setup.cfg.seed, SELECTION_EPISODES)
+    best, _ = best_baseline(setup.names, setup.vr_config, setup.env_fn, seeds)
+    gap = gap_closed(played[label], played[best], played[REFERENCE]) if REFERENCE in played and best else None
+    return _Comparison(results, paired, best, gap)
+
+
+def _payload(args: argparse.Namespace, setup: _Setup, label: str, comparison: _Comparison) -> dict[str, Any]:
+    """What ``evaluation.json`` holds (and ``--json`` prints)."""
+    results, best, reference = comparison.results, comparison.best, REFERENCE in comparison.results
+    return {"checkpoint": str(setup.source.resolve()), "checkpoint_kind": setup.which, "env": setup.cfg.env,
+            "env_kwargs": setup.env_kwargs, "episodes": args.episodes, "seed": args.seed,
+            "actions": "greedy" if args.deterministic else "sampled",
+            "policy": results[label], "baselines": {n: results[n] for n in setup.names},
+            "reference": {REFERENCE: results[REFERENCE]} if reference else {},
+            "paired_reward_per_step": comparison.paired, "best_baseline": best,
+            "best_baseline_picked_on": f"{SELECTION_EPISODES} validation episodes" if best else None,
+            "gap_closed": comparison.gap}
+
+
+def _print_results(args: argparse.Namespace, setup: _Setup, comparison: _Comparison, out: TextIO) -> None:
+    """The results as a table on ``out``: what was played, each player's statistics, the paired differences and
+    the gap closed."""
+    from trainer.config import format_env_kwargs
+    from trainer.evaluation.report import format_table, plus_minus
+
+    env_kwargs = setup.env_kwargs
     played_on = env_kwargs.get("capacity_trace")  # the run's own traces, where --capacity-trace gave none
     whose = "" if args.capacity_trace else " (the run's own)"
     files = ": its held-out test files" if env_kwargs.get("trace_split") == "test" else ""
     trace = f", capacity traces {played_on}{whose}{files}" if played_on else ""
     others = {k: v for k, v in env_kwargs.items() if k not in ("capacity_trace", "trace_split")}  # traces: above
     arguments = f" ({format_env_kwargs(others)})" if others else ""
-    print(f"{cfg.env}{arguments}: {counted(args.episodes, 'episode')} on held-out seeds (seed {args.seed}{trace}), "
-          f"{which} {source}", file=out)
-    print(format_table(results), file=out)
-    if paired:
+    print(f"{setup.cfg.env}{arguments}: {counted(args.episodes, 'episode')} on held-out seeds (seed {args.seed}"
+          f"{trace}), {setup.which} {setup.source}", file=out)
+    print(format_table(comparison.results), file=out)
+    if comparison.paired:
         print("\npolicy minus baseline, reward/step, paired over the same episodes (mean ± 95% CI, policy better in):",
               file=out)
-        for name, d in paired.items():
+        for name, d in comparison.paired.items():
             print(f"  vs {name:<14}{d['mean']:+.3f} {plus_minus(d['ci95']):<9}{d['wins']}/{d['episodes']} "
                   "episodes", file=out)
+    gap = comparison.gap
     if gap:
         interval = f" {plus_minus(gap['ci95'])} (95% CI)" if plus_minus(gap["ci95"]) else ""
         print(f"\ngap closed: the policy closes {gap['fraction']:.3f}{interval} of the gap "
-              f"between the best baseline ({best}, picked on {SELECTION_EPISODES} validation episodes) and the "
-              f"clairvoyant reference ({gap['gap']:+.3f} reward/step)", file=out)
+              f"between the best baseline ({comparison.best}, picked on {SELECTION_EPISODES} validation episodes) "
+              f"and the clairvoyant reference ({gap['gap']:+.3f} reward/step)", file=out)
+
+
+def _write_results(args: argparse.Namespace, setup: _Setup, payload: dict[str, Any],
+                   results: dict[str, dict[str, Any]], signals: StopSignals, out: TextIO) -> None:
+    """Write ``evaluation.json`` (replaced whole, said when it replaces one) and its plot, under ``signals``: a
+    stop signal waits for them, then has nothing left to stop."""
+    from trainer.evaluation.report import json_ready, plot, write_replacing
+
     payload = json_ready(payload)
+    out_dir = setup.out_dir
     replaced = _described(out_dir / "evaluation.json")
-    with signals.critical():  # the results, whole: a signal waits for them, then has nothing left to stop
+    with signals.critical():
         write_replacing(out_dir / "evaluation.json", json.dumps(payload, indent=2, allow_nan=False))
         if replaced:  # a quick look must not pass unnoticed over a long evaluation (export's card reads this file)
             keep = "another --out DIR" if args.out else "--out DIR"
             print(f"replaced the previous {out_dir / 'evaluation.json'} ({replaced}); {keep} keeps both", file=out)
-        png = plot(results, run_dir, out_dir / "evaluation.png")
+        png = plot(results, setup.run_dir, out_dir / "evaluation.png")
         print(f"\nwrote {out_dir / 'evaluation.json'}" +
               (f" and {png}" if png else " (pip install matplotlib for a plot)"), file=out)
         if args.json:

@@ -268,22 +268,9 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
     # the algorithm decides whether its Ray actors keep collecting while it learns (IMPALA's and Ape-X's do)
     keeps_collecting = cfg.backend == "ray" and algorithm_spec(cfg.algo).keeps_collecting(cfg)
     if cfg.backend == "device":
-        if cfg.env not in TORCH_ENVS:
-            raise ConfigError("backend", cfg.backend,
-                              message=f"--backend device needs an env written in torch; {cfg.env} has none (these do: "
-                                      f"{', '.join(TORCH_ENVS)}): use --backend sync or async")
-        try:  # settings the torch env cannot run fail here, before any write
-            TORCH_ENVS[cfg.env](1, **cfg.env_options)
-        except ValueError as e:
-            raise ConfigError("env_kwargs", cfg.env_kwargs, message=f"--backend device: {e}") from None
+        _check_torch_env(cfg)
     vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
-    ray_only = [flag for flag, given in (("--ray-address", bool(cfg.ray_address)),
-                                         ("--cpus-per-worker", cfg.cpus_per_worker != TrainConfig.cpus_per_worker))
-                if given]
-    if ray_only and cfg.backend != "ray":  # said, as --num-workers on sync is: a run meant for a cluster runs here
-        one = len(ray_only) == 1
-        notes.append(f"{' and '.join(ray_only)} {'is' if one else 'are'} ignored by --backend {cfg.backend}: "
-                     f"{'it is' if one else 'they are'} for --backend ray")
+    notes += _ray_flags_ignored(cfg)
     workers, main_share, per_worker, cpus = 0, False, 0, 0.0
     # --overlap: the collecting process (and its workers) keep collecting while this one learns,
     # so collection gets the cores but one, and learning the cores collection leaves
@@ -334,6 +321,32 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
                      learn_threads=learn_threads,
                      worker_threads=1, batch_envs=n // workers if keeps_collecting else n, machine=machine,
                      warnings=tuple(notes))
+
+
+def _check_torch_env(cfg: TrainConfig) -> None:
+    """``ConfigError`` unless ``--backend device`` can step ``cfg``'s env: one written in torch, with settings it
+    can run (checked here, before any write)."""
+    if cfg.env not in TORCH_ENVS:
+        raise ConfigError("backend", cfg.backend,
+                          message=f"--backend device needs an env written in torch; {cfg.env} has none (these do: "
+                                  f"{', '.join(TORCH_ENVS)}): use --backend sync or async")
+    try:
+        TORCH_ENVS[cfg.env](1, **cfg.env_options)
+    except ValueError as e:
+        raise ConfigError("env_kwargs", cfg.env_kwargs, message=f"--backend device: {e}") from None
+
+
+def _ray_flags_ignored(cfg: TrainConfig) -> list[str]:
+    """A note where Ray's flags are given to another backend: said, as --num-workers on sync is (a run meant for a
+    cluster runs here)."""
+    ray_only = [flag for flag, given in (("--ray-address", bool(cfg.ray_address)),
+                                         ("--cpus-per-worker", cfg.cpus_per_worker != TrainConfig.cpus_per_worker))
+                if given]
+    if not ray_only or cfg.backend == "ray":
+        return []
+    one = len(ray_only) == 1
+    return [f"{' and '.join(ray_only)} {'is' if one else 'are'} ignored by --backend {cfg.backend}: "
+            f"{'it is' if one else 'they are'} for --backend ray"]
 
 
 def _start_method(cfg: TrainConfig, notes: list[str]) -> str:

@@ -12,7 +12,7 @@ import signal
 import sys
 
 if __name__ == "__main__":  # first of all: the window for an import traceback is Python's own start-up alone
-    from collectors.stop_signals import exit_at_once_on_stop_signals
+    from collectors.stop_signals import exit_at_once_on_stop_signals, restore_handlers
 
     # a stop signal while torch and the rest load: one line, not an import traceback (handlers restored below)
     _STARTING = exit_at_once_on_stop_signals("nothing to save, nothing was written; run the same command again")
@@ -23,15 +23,16 @@ if __name__ == "__main__":
     COMMAND_LINE = parse_args()  # the command line checked (--help answered) before torch loads: seconds, not ten
 
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import json
-import math
 import multiprocessing
 import shlex
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -40,18 +41,16 @@ import checkpoints
 from collectors import EnvError, RayConnectError, WorkerDiedError, make_collector
 from collectors.resources import torch_threads
 from collectors.watchdog import last_resort
-from envs.vr_edge import MEMORY_ARGUMENTS, VREdgeConfig
 from trainer.algorithm import Algorithm, NonFiniteLossError
 from trainer.arguments import counted
-from trainer.common.devices import learner_device
-from trainer.common.spaces import action_heads, model_spaces
-from trainer.config import ConfigError, EnvSizes, TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.evaluation.validation import Validator
 from trainer.interrupts import STOP_PATIENCE_S, Interrupted, StopSignals
+from trainer.memory import check_memory
 from trainer.metrics import MetricsLog, keep_metrics_until
 from trainer.registry import algorithm_class
 from trainer.run_files import claim_new_run_dir, resume_state
-from trainer.run_layout import Machine, compile_kept_on_resume, run_layout
+from trainer.run_layout import Machine, RunLayout, compile_kept_on_resume, run_layout
 from trainer.thread_plan import RunThreads
 
 
@@ -83,185 +82,267 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
     """
     with contextlib.ExitStack() as stack:
         signals = stack.enter_context(StopSignals(until_exit))
-        saved, source, notes = None, None, []
-        if resume:  # read before the lock is taken: files are replaced atomically, and a typo creates nothing
-            cfg, source, saved, notes = resume_state(resume, given or {})
-            cfg, kept = compile_kept_on_resume(cfg, saved["config"], given or {})
-            notes += [kept] if kept else []
-        # the extras the run needs, before any line about it
-        if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
-            raise ConfigError("tensorboard", True, "needs the tensorboard extra: pip install -e '.[tensorboard]'")
-        if cfg.backend == "ray" and importlib.util.find_spec("ray") is None:
-            raise ConfigError("backend", "ray", "needs the ray extra: pip install -e '.[ray]'")
-        # the run layout: computed once here; nothing below recomputes it
-        machine = machine or Machine.detect(cfg.backend, cfg.ray_address)
-        _check_memory(cfg, machine)  # before the layout (its lists grow with --num-envs), any env and any buffer
-        layout = run_layout(cfg, machine)  # checks the env id
-        algorithm = algorithm_class(cfg.algo).new(cfg, layout)  # what the env cannot take fails before any write
-        # a module:id env is named by its id: a colon in a path breaks Windows, and PATH-like lists elsewhere
-        run_dir = Path(cfg.run_dir or
-                       f"runs/{cfg.env.rpartition(':')[2]}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
-        iterations = layout.iterations(cfg)
-        per_iteration = layout.batch_envs * cfg.num_steps
-        stop = min(iterations, max_iterations or iterations)
-        # decided before anything is touched: a resume with nothing to do changes no file of the run
-        nothing_to_do = bool(resume) and saved["iteration"] >= stop
-        lock = stack.enter_context(checkpoints.RunDirLock(run_dir))
-        stack.enter_context(last_resort(functools.partial(_say_and_unlock, lock)))  # an env stuck in C ends the process
-        if lock.stale:
-            notes.append(lock.stale)
-        partial = [] if nothing_to_do else checkpoints.remove_partial_saves(run_dir)  # ours now that the lock is
-        if partial:
-            notes.append(f"removed {counted(len(partial), 'partial checkpoint file')} of a save that never finished "
-                         f"({', '.join(p.name for p in partial)})")
-        if resume and not nothing_to_do:
-            moved = checkpoints.set_aside_newer(run_dir, saved["iteration"])
-            if moved:  # named as they are now: each has a name of its own, never one set aside before
-                notes.append(f"set aside {', '.join(p.name for p in moved)} in {moved[0].parent}: newer than the "
-                             "checkpoint resumed from")
-            dropped = keep_metrics_until(run_dir / "metrics.jsonl", saved["iteration"])
-            if dropped:
-                notes.append(f"metrics.jsonl: dropped {counted(dropped, 'row')} of iterations after "
-                             f"{saved['iteration']} (they are run again)")
-        elif not resume:
-            notes += claim_new_run_dir(run_dir, overwrite)
-        # said once the run can start: an error of the layout, the env or the run directory (taken by another run,
-        # locked) is the one line, not the last of several
-        print(*preface, layout.describe(), *(f"warning: {w}" for w in layout.warnings), *algorithm.start_notes(),
-              sep="\n", file=sys.stderr)
-        if iterations * per_iteration != cfg.total_steps:  # said, not silently rounded
-            print(f"note: --total-steps {cfg.total_steps:,} is not a whole number of iterations of {per_iteration:,} "
-                  f"env steps: the run makes {iterations} ({iterations * per_iteration:,} env steps)", file=sys.stderr)
-        cfg.run_dir = str(run_dir)
-        if not nothing_to_do:
-            _write_config(run_dir, cfg, layout.to_dict(), saved.get("thread_plan") if saved else None)
-        writer = _tensorboard(run_dir) if cfg.tensorboard else None
-        if writer:
-            stack.callback(writer.close)
-        collector = stack.enter_context(make_collector(
-            layout.env_factories(), algorithm.acting, backend=cfg.backend, num_steps=cfg.num_steps, seed=cfg.seed,
-            **layout.collector_kwargs(), **algorithm.collector_options()))  # keeps_collecting: one actor's slice
-        algorithm.attach(collector)
-        stack.enter_context(torch_threads(layout.learn_threads))  # restored at the end: RunThreads sets it anew
-        threads = RunThreads.for_run(layout, cfg.threads, collector, iterations,
-                                     saved.get("thread_plan") if saved else None)
-        if saved is not None:
-            differs = algorithm.restore(saved)  # how the resumed run will differ: nothing, where none is to come
-            notes += [f"resumed from {source} at iteration {algorithm.iteration}",
-                      *(differs if algorithm.iteration < stop else [])]
-        if algorithm.iteration >= stop:
-            where = f"iteration {algorithm.iteration} of {iterations}" if algorithm.iteration <= iterations else \
-                f"iteration {algorithm.iteration}, past the {iterations} that --total-steps {cfg.total_steps:,} makes"
-            notes.append(f"the run is already at {where}: nothing to do (pass a larger --total-steps to train "
-                         "longer)")
-        for note in notes + [threads.describe()]:
+        run, writer, threads = _started_run(stack, cfg, resume, given or {}, max_iterations, overwrite, machine,
+                                            preface)
+        algorithm, stop, every = run.algorithm, run.stop, run.algorithm.cfg.checkpoint_every
+        last = _LastCompleted(algorithm, threads, signals, run.run_dir, run.source)
+        validator = Validator(algorithm.cfg, run.run_dir, algorithm.iteration)  # --eval-every: the best checkpoint
+        bar = tqdm(total=stop, initial=algorithm.iteration, disable=not progress or algorithm.iteration >= stop,
+                   unit="it", dynamic_ncols=True)
+        stuck_in_c = functools.partial(_stuck_in_c, bar, last)
+        start = (algorithm.env_steps, time.perf_counter())
+        try:
+            with MetricsLog(run.run_dir / "metrics.jsonl") as log, last_resort(stuck_in_c):
+                while algorithm.iteration < stop:
+                    signals.raise_if_lost()
+                    counts = threads.apply()
+                    row = algorithm.iterate(start)  # a rollout, then the update on it
+                    if row is None:  # a rollout it chose not to learn from (PPO: too stale)
+                        continue
+                    _say_thread_plan(threads, run.run_dir, bar)  # the iteration's own time: before validation
+                    row.update(collect_threads=counts["collect"], learn_threads=counts["learn"])
+                    row.update(validator.evaluate(algorithm.iteration, algorithm.model))
+                    last.complete(row, log)  # logged and snapshotted: the iteration is complete
+                    _show(row, algorithm.recent, bar, writer)
+                    if algorithm.iteration % every == 0 or algorithm.iteration == stop or validator.improved:
+                        validator.saved(last.save())
+        except BaseException as e:
+            error = last.failed(e)
+            if error is not e:
+                raise error from None
+            raise
+        finally:
+            with contextlib.suppress(OSError):  # after any save: the terminal may be gone (SIGHUP)
+                bar.close()
+        for note in algorithm.end_notes():
             print(note, file=sys.stderr)
-        summary = _loop(algorithm, iterations, stop, run_dir, signals, writer, progress, source, threads)
-        longer = summary["longer_total_steps"]  # whole iterations: the command it goes into says nothing of rounding
-        summary["longer_total_steps"] = -(-longer // per_iteration) * per_iteration
+        summary = _summary(run, last.last_saved)
         signals.finish()  # closing the collector (a rollout may be in flight) must not turn into a stop
         return summary
 
 
-def _loop(algorithm: Algorithm, iterations: int, stop: int, run_dir: Path, signals: StopSignals, writer,
-          progress: bool, resumed_from: Path | None, threads: RunThreads) -> dict:
-    """Iterate until ``stop``; snapshot after each completed iteration; on any exit, save the newest snapshot."""
-    cfg = algorithm.cfg
+@dataclasses.dataclass
+class _Run:
+    """A run as planned before any file is touched (:func:`_planned_run`)."""
 
-    def snapshot_now() -> dict:
-        with signals.critical(patience_s=STOP_PATIENCE_S):  # may wait on workers: a stop never waits for a hung one
-            return {**algorithm.snapshot(), "thread_plan": threads.state()}
+    cfg: TrainConfig
+    layout: RunLayout
+    algorithm: Algorithm
+    run_dir: Path
+    iterations: int  # all of them: what --total-steps makes
+    stop: int  # where this call stops (max_iterations)
+    source: Path | None  # the checkpoint resumed from
+    saved: dict | None  # what it holds (None: a new run)
+    nothing_to_do: bool  # a resume already at stop: it changes no file of the run
+    notes: list[str]  # said once the run can start
 
-    snapshot = snapshot_now()
-    saved_at = algorithm.iteration if algorithm.iteration else None  # resumed: that state is on disk already
-    last_saved = resumed_from
+    @property
+    def per_iteration(self) -> int:
+        """Env steps per iteration."""
+        return self.layout.batch_envs * self.cfg.num_steps
 
-    def save() -> Path:
-        nonlocal saved_at, last_saved
-        with signals.critical():
-            last_saved = checkpoints.save_in_run_dir(run_dir, snapshot, snapshot["iteration"], cfg.keep_checkpoints)
-            saved_at = snapshot["iteration"]
-        return last_saved
 
-    def failed(e: BaseException) -> BaseException:
+def _started_run(stack: contextlib.ExitStack, cfg: TrainConfig, resume: str, given: dict, max_iterations: int | None,
+                 overwrite: bool, machine: Machine | None, preface: Sequence[str]) -> tuple[_Run, Any, RunThreads]:
+    """The run ready for its first iteration, with its tensorboard writer (or ``None``) and its threads: planned,
+    its directory claimed and its config written, its lines said, its collector started, a resumed run's state
+    restored (the lock, the collector and the rest are closed by ``stack``)."""
+    run = _planned_run(cfg, resume, given, max_iterations, machine)
+    notes = run.notes + _claimed_run_dir(stack, run, overwrite)
+    _say_start(preface, run)
+    cfg, layout, thread_plan = run.cfg, run.layout, run.saved.get("thread_plan") if run.saved else None
+    cfg.run_dir = str(run.run_dir)
+    if not run.nothing_to_do:
+        _write_config(run.run_dir, cfg, layout.to_dict(), thread_plan)
+    writer = _tensorboard(run.run_dir) if cfg.tensorboard else None
+    if writer:
+        stack.callback(writer.close)
+    collector = stack.enter_context(make_collector(
+        layout.env_factories(), run.algorithm.acting, backend=cfg.backend, num_steps=cfg.num_steps, seed=cfg.seed,
+        **layout.collector_kwargs(), **run.algorithm.collector_options()))  # keeps_collecting: one actor's slice
+    run.algorithm.attach(collector)
+    stack.enter_context(torch_threads(layout.learn_threads))  # restored at the end: RunThreads sets it anew
+    threads = RunThreads.for_run(layout, cfg.threads, collector, run.iterations, thread_plan)
+    for note in notes + _restored(run) + [threads.describe()]:
+        print(note, file=sys.stderr)
+    return run, writer, threads
+
+
+def _planned_run(cfg: TrainConfig, resume: str, given: dict, max_iterations: int | None,
+                 machine: Machine | None) -> _Run:
+    """The run ``cfg`` (or the one at ``resume``) makes on ``machine``: what fails (a missing extra, memory, the
+    layout, what the env cannot take) fails here, before any file is touched."""
+    saved, source, notes = None, None, []
+    if resume:  # read before the lock is taken: files are replaced atomically, and a typo creates nothing
+        cfg, source, saved, notes = resume_state(resume, given)
+        cfg, kept = compile_kept_on_resume(cfg, saved["config"], given)
+        notes += [kept] if kept else []
+    # the extras the run needs, before any line about it
+    if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("tensorboard", True, "needs the tensorboard extra: pip install -e '.[tensorboard]'")
+    if cfg.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("backend", "ray", "needs the ray extra: pip install -e '.[ray]'")
+    # the run layout: computed once here; nothing below recomputes it
+    machine = machine or Machine.detect(cfg.backend, cfg.ray_address)
+    check_memory(cfg, machine)  # before the layout (its lists grow with --num-envs), any env and any buffer
+    layout = run_layout(cfg, machine)  # checks the env id
+    algorithm = algorithm_class(cfg.algo).new(cfg, layout)  # what the env cannot take fails before any write
+    # a module:id env is named by its id: a colon in a path breaks Windows, and PATH-like lists elsewhere
+    run_dir = Path(cfg.run_dir or f"runs/{cfg.env.rpartition(':')[2]}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+    iterations = layout.iterations(cfg)
+    stop = min(iterations, max_iterations or iterations)
+    return _Run(cfg, layout, algorithm, run_dir, iterations, stop, source, saved,
+                nothing_to_do=bool(resume) and saved["iteration"] >= stop, notes=notes)
+
+
+def _claimed_run_dir(stack: contextlib.ExitStack, run: _Run, overwrite: bool) -> list[str]:
+    """Lock the run directory (until ``stack`` closes) and make it this run's: a partial save removed, a resumed
+    run's newer checkpoints set aside and its later metrics dropped, a new run's directory claimed; what was done,
+    in notes."""
+    lock = stack.enter_context(checkpoints.RunDirLock(run.run_dir))
+    stack.enter_context(last_resort(functools.partial(_say_and_unlock, lock)))  # an env stuck in C ends the process
+    notes = [lock.stale] if lock.stale else []
+    partial = [] if run.nothing_to_do else checkpoints.remove_partial_saves(run.run_dir)  # ours now that the lock is
+    if partial:
+        notes.append(f"removed {counted(len(partial), 'partial checkpoint file')} of a save that never finished "
+                     f"({', '.join(p.name for p in partial)})")
+    if run.saved is not None and not run.nothing_to_do:
+        moved = checkpoints.set_aside_newer(run.run_dir, run.saved["iteration"])
+        if moved:  # named as they are now: each has a name of its own, never one set aside before
+            notes.append(f"set aside {', '.join(p.name for p in moved)} in {moved[0].parent}: newer than the "
+                         "checkpoint resumed from")
+        dropped = keep_metrics_until(run.run_dir / "metrics.jsonl", run.saved["iteration"])
+        if dropped:
+            notes.append(f"metrics.jsonl: dropped {counted(dropped, 'row')} of iterations after "
+                         f"{run.saved['iteration']} (they are run again)")
+    elif run.saved is None:
+        notes += claim_new_run_dir(run.run_dir, overwrite)
+    return notes
+
+
+def _say_start(preface: Sequence[str], run: _Run) -> None:
+    """The run's first lines on stderr, said once the run can start: an error of the layout, the env or the run
+    directory (taken by another run, locked) is the one line, not the last of several."""
+    print(*preface, run.layout.describe(), *(f"warning: {w}" for w in run.layout.warnings),
+          *run.algorithm.start_notes(), sep="\n", file=sys.stderr)
+    iterations, per_iteration, total = run.iterations, run.per_iteration, run.cfg.total_steps
+    if iterations * per_iteration != total:  # said, not silently rounded
+        print(f"note: --total-steps {total:,} is not a whole number of iterations of {per_iteration:,} env steps: "
+              f"the run makes {iterations} ({iterations * per_iteration:,} env steps)", file=sys.stderr)
+
+
+def _restored(run: _Run) -> list[str]:
+    """Notes on where the run starts: a resumed run's state restored into its algorithm (and how it will differ:
+    nothing, where no iteration is to come), and whether any iteration is left to do."""
+    algorithm, notes = run.algorithm, []
+    if run.saved is not None:
+        differs = algorithm.restore(run.saved)
+        notes += [f"resumed from {run.source} at iteration {algorithm.iteration}",
+                  *(differs if algorithm.iteration < run.stop else [])]
+    if algorithm.iteration >= run.stop:
+        iterations, total = run.iterations, run.cfg.total_steps
+        where = f"iteration {algorithm.iteration} of {iterations}" if algorithm.iteration <= iterations else \
+            f"iteration {algorithm.iteration}, past the {iterations} that --total-steps {total:,} makes"
+        notes.append(f"the run is already at {where}: nothing to do (pass a larger --total-steps to train longer)")
+    return notes
+
+
+class _LastCompleted:
+    """The state at the end of the last completed iteration, in memory, and the newest checkpoint: what any end of
+    the run saves, never a half-done iteration."""
+
+    def __init__(self, algorithm: Algorithm, threads: RunThreads, signals: StopSignals, run_dir: Path,
+                 resumed_from: Path | None) -> None:
+        self.algorithm, self.threads, self.signals, self.run_dir = algorithm, threads, signals, run_dir
+        self.snapshot = self.taken()
+        self.saved_at = algorithm.iteration if algorithm.iteration else None  # resumed: that state is on disk already
+        self.last_saved = resumed_from
+
+    def taken(self) -> dict:
+        """The whole state now, with the thread plan (it may wait on workers: a stop never waits for a hung one)."""
+        with self.signals.critical(patience_s=STOP_PATIENCE_S):
+            return {**self.algorithm.snapshot(), "thread_plan": self.threads.state()}
+
+    def complete(self, row: dict, log: MetricsLog) -> None:
+        """Complete the iteration: it is complete once its snapshot and its metrics ``row`` exist."""
+        with self.signals.critical():
+            completed = self.taken()  # abandoned if it waits too long: the previous one is saved
+            log.append(row)  # whole or not at all: if it fails, the previous iteration is the last completed
+            self.snapshot = completed
+
+    def save(self) -> Path:
+        """The checkpoint the last completed iteration is saved in now."""
+        with self.signals.critical():
+            self.last_saved = checkpoints.save_in_run_dir(self.run_dir, self.snapshot, self.snapshot["iteration"],
+                                                          self.algorithm.cfg.keep_checkpoints)
+            self.saved_at = self.snapshot["iteration"]
+        return self.last_saved
+
+    def failed(self, e: BaseException) -> BaseException:
         """What ends the run, once the last completed iteration is saved: ``e`` with notes saying where it is (a stop
         signal: :class:`TrainingStopped`)."""
-        signals.stop()  # a signal from here on waits: the snapshot is saved first
-        done = snapshot["iteration"]
-        if done and saved_at != done and not isinstance(e, checkpoints.CheckpointError):  # (that save just failed)
+        self.signals.stop()  # a signal from here on waits: the snapshot is saved first
+        done = self.snapshot["iteration"]
+        if done and self.saved_at != done and not isinstance(e, checkpoints.CheckpointError):  # (that save failed)
             try:
-                save()
+                self.save()
             except checkpoints.CheckpointError as why:
                 print(f"could not save the last completed iteration: {why}", file=sys.stderr)
-        where = (f"the newest checkpoint {last_saved} holds iteration {saved_at}" if last_saved
+        where = (f"the newest checkpoint {self.last_saved} holds iteration {self.saved_at}" if self.last_saved
                  else "no iteration was completed, nothing to save" if not done
                  else f"iteration {done} completed but no checkpoint could be written")
         if isinstance(e, KeyboardInterrupt):
             signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
-            return TrainingStopped(signum, run_dir, saved_at or 0, last_saved)
+            return TrainingStopped(signum, self.run_dir, self.saved_at or 0, self.last_saved)
         if isinstance(e, NonFiniteLossError):
             return NonFiniteLossError(f"{e}; {where}")
         # notes (PEP 678), so that they follow the error's own line, wherever it is printed
         _add_note(e, f"training failed: {where}")
-        if last_saved:  # an env error, a dead or silent worker: what was completed is saved, and resumes
-            _add_note(e, f"resume:        {_command('-m', 'trainer.train', '--resume', str(Path(run_dir).resolve()))}")
+        if self.last_saved:  # an env error, a dead or silent worker: what was completed is saved, and resumes
+            resume = _command("-m", "trainer.train", "--resume", str(Path(self.run_dir).resolve()))
+            _add_note(e, f"resume:        {resume}")
         return e
 
-    def stuck_in_c(error: Exception) -> None:
-        """The last resort (``collectors.watchdog``): an env of this process is stuck where no interrupt reaches it,
-        and the process is about to end. Run in the watchdog's thread, this one being stuck: what the error path
-        below does, but for raising (``train``'s own last resort prints the error)."""
-        with contextlib.suppress(OSError):
-            bar.close()
-        failed(error)
 
-    validator = Validator(cfg, run_dir, algorithm.iteration)  # --eval-every: validation episodes, the best checkpoint
-    bar = tqdm(total=stop, initial=algorithm.iteration, disable=not progress or algorithm.iteration >= stop, unit="it",
-               dynamic_ncols=True)
-    start = (algorithm.env_steps, time.perf_counter())
-    try:
-        with MetricsLog(run_dir / "metrics.jsonl") as log, last_resort(stuck_in_c):
-            while algorithm.iteration < stop:
-                signals.raise_if_lost()
-                counts = threads.apply()
-                row = algorithm.iterate(start)
-                if row is None:  # a rollout it chose not to learn from (PPO: too stale)
-                    continue
-                changed = threads.record()  # the iteration's own time: before validation and saves
-                if changed:
-                    bar.write(changed, file=sys.stderr)
-                    if threads.state()["chosen"]:  # a plan made (not one begun): config.json keeps the last one
-                        _record_thread_plan(run_dir / "config.json", threads.state())
-                row.update(collect_threads=counts["collect"], learn_threads=counts["learn"])
-                row.update(validator.evaluate(algorithm.iteration, algorithm.model))
-                with signals.critical():  # the iteration is complete once its snapshot and its row exist
-                    completed = snapshot_now()  # abandoned if it waits too long: the previous one is saved
-                    log.append(row)  # whole or not at all: if it fails, the previous iteration is the last completed
-                    snapshot = completed
-                if writer:
-                    for k, v in row.items():
-                        if isinstance(v, (int, float)):
-                            writer.add_scalar(k, v, row["env_steps"])
-                bar.update(1)
-                recent = algorithm.recent
-                bar.set_postfix(sps=f"{row['sps']:,.0f}", ret=f"{np.mean(recent):.2f}" if recent else "-")
-                if algorithm.iteration % cfg.checkpoint_every == 0 or algorithm.iteration == stop or validator.improved:
-                    validator.saved(save())
-    except BaseException as e:
-        error = failed(e)
-        if error is not e:
-            raise error from None
-        raise
-    finally:
-        with contextlib.suppress(OSError):  # after any save: the terminal may be gone (SIGHUP)
-            bar.close()
-    for note in algorithm.end_notes():
-        print(note, file=sys.stderr)
-    return {"run_dir": str(run_dir), "iterations": algorithm.iteration, "env_steps": algorithm.env_steps,
-            "checkpoint": str(last_saved) if last_saved else None, **algorithm.summary(),
-            "longer_total_steps": algorithm.longer_total_steps(),
+def _stuck_in_c(bar: tqdm, last: _LastCompleted, error: Exception) -> None:
+    """The last resort (``collectors.watchdog``): an env of this process is stuck where no interrupt reaches it,
+    and the process is about to end. Run in the watchdog's thread, this one being stuck: what the error path
+    of :func:`train` does, but for raising (``train``'s own last resort prints the error)."""
+    with contextlib.suppress(OSError):
+        bar.close()
+    last.failed(error)
+
+
+def _say_thread_plan(threads: RunThreads, run_dir: Path, bar: tqdm) -> None:
+    """Record the iteration's time in the thread plan; a change of plan is said, and a plan made (not one begun)
+    is kept in ``config.json`` (which keeps the last one)."""
+    changed = threads.record()
+    if changed:
+        bar.write(changed, file=sys.stderr)
+        if threads.state()["chosen"]:
+            _record_thread_plan(run_dir / "config.json", threads.state())
+
+
+def _show(row: dict, recent: Sequence[float], bar: tqdm, writer) -> None:
+    """A completed iteration's metrics ``row`` on the progress bar and, with --tensorboard, in ``writer``."""
+    if writer:
+        for k, v in row.items():
+            if isinstance(v, (int, float)):
+                writer.add_scalar(k, v, row["env_steps"])
+    bar.update(1)
+    bar.set_postfix(sps=f"{row['sps']:,.0f}", ret=f"{np.mean(recent):.2f}" if recent else "-")
+
+
+def _summary(run: _Run, checkpoint: Path | None) -> dict:
+    """What :func:`train` returns: where the run is, its newest ``checkpoint``, the algorithm's own figures, and the
+    --total-steps that trains it longer (whole iterations: the command it goes into says nothing of rounding)."""
+    algorithm = run.algorithm
+    longer = algorithm.longer_total_steps()
+    return {"run_dir": str(run.run_dir), "iterations": algorithm.iteration, "env_steps": algorithm.env_steps,
+            "checkpoint": str(checkpoint) if checkpoint else None, **algorithm.summary(),
+            "longer_total_steps": -(-longer // run.per_iteration) * run.per_iteration,
             "recent_return": float(np.mean(algorithm.recent)) if algorithm.recent else None,
-            "finished": algorithm.iteration >= iterations}
+            "finished": algorithm.iteration >= run.iterations}
 
 
 def _write_config(run_dir: Path, cfg: TrainConfig, layout: dict, thread_plan: dict | None) -> None:
@@ -288,44 +369,6 @@ def _say_and_unlock(lock: checkpoints.RunDirLock, error: Exception) -> None:
 def _error_text(error: BaseException) -> str:
     """An error as the command line prints it: ``error: ...``, then its notes (where the run stands, the resume)."""
     return "\n".join([f"error: {error}".rstrip(), *getattr(error, "__notes__", ())])
-
-
-def _check_memory(cfg: TrainConfig, machine: Machine) -> None:
-    """``ConfigError`` where the run would need more memory than ``machine`` has available
-    (``TrainConfig.check_memory``); nothing is checked where that is not known (a machine a test simulates)."""
-    if machine.memory is not None:
-        copies = _rollout_copies(cfg, learner_device(cfg.device, machine.gpus))
-        cfg.check_memory(_env_sizes(cfg), copies, machine.memory)
-
-
-def _env_sizes(cfg: TrainConfig) -> EnvSizes:
-    """What one env of the run holds, in bytes: VR-edge's from its arguments (nothing is built: its observation may
-    be what does not fit), any other env's from the spaces of one built."""
-    if cfg.env == "VREdge-v0":
-        vr = VREdgeConfig(**cfg.env_options)
-        observation = 4 * vr.obs_dim  # float32
-        return EnvSizes(observation, action=8 * vr.num_users, scores=vr.num_users * vr.num_levels,
-                        own=vr.state_bytes + 2 * observation, scaled_by=MEMORY_ARGUMENTS)  # (+ its space's bounds)
-    observations, actions, _ = model_spaces(cfg)
-    observation = observations.dtype.itemsize * math.prod(observations.shape)
-    heads = action_heads(actions)
-    if heads is None:  # no policy here acts in it: the algorithm says so once the layout is made
-        return EnvSizes(observation, action=0, scores=0)
-    action = 4 * heads.sizes[0] if heads.kind == "box" else 8 * len(heads.sizes)  # float32 reals, int64 choices
-    return EnvSizes(observation, action, scores=sum(heads.sizes))
-
-
-def _rollout_copies(cfg: TrainConfig, device: str) -> int:
-    """Copies of a rollout in this machine's memory: the collector's, and on a CPU learner the one it learns on
-    (``RolloutStorage.to_device`` copies); with ``--overlap``, the collecting process's two, the shared buffer it
-    hands them over in and this process's own; ``--backend device`` writes its one on the learner's device, not
-    here when that is a GPU."""
-    on_cpu = device == "cpu"
-    if cfg.backend == "device":
-        return int(on_cpu)
-    if cfg.overlap:
-        return 4
-    return 2 if on_cpu else 1
 
 
 def _add_note(error: BaseException, note: str) -> None:
@@ -388,6 +431,11 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
     except (ValueError, TypeError, NonFiniteLossError, WorkerDiedError, EnvError, RayConnectError) as e:
         # an env's error carries the env's own traceback; the trainer's frames above it would only be noise
         raise SystemExit(_error_text(e)) from None
+    _say_summary(summary)
+
+
+def _say_summary(summary: dict) -> None:
+    """Where a finished (or stopped early) run's files are, on stdout, and the commands that go on from it."""
     run_dir = str(Path(summary["run_dir"]).resolve())
     print(f"run directory: {run_dir} ({counted(summary['iterations'], 'iteration')}, {summary['env_steps']:,} env "
           "steps)")
@@ -408,7 +456,6 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
 
 
 if __name__ == "__main__":
-    for _signum, _handler in _STARTING.items():
-        signal.signal(_signum, _handler)
+    restore_handlers(_STARTING)  # torch has loaded: from here on, a stop is train's (StopSignals)
     multiprocessing.freeze_support()
     main(cli=COMMAND_LINE)

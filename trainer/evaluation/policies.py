@@ -1,4 +1,5 @@
-"""A trained policy from a checkpoint: the run's best or latest, built by the algorithm that trained it."""
+"""A trained policy from a checkpoint: the run's best or latest, built by the algorithm that trained it; and
+:func:`load_policy` (``trainer.load_policy``), that policy ready to act on NumPy observations."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
 import checkpoints
-from trainer.common.spaces import check_env_id
+from trainer.common.spaces import check_env_id, model_spaces
 from trainer.config import ConfigError, TrainConfig, format_env_kwargs
-from trainer.registry import ALGORITHMS, algorithm_class
+from trainer.evaluation.episodes import policy_actions
+from trainer.registry import ALGORITHMS, algorithm_class, algorithm_spec
 
 
 def make_model(cfg: TrainConfig) -> nn.Module:
@@ -44,6 +47,14 @@ def check_weights_fit(cfg: TrainConfig, weights: dict[str, torch.Tensor], source
                      "or env parameters, or a config edited or mixed from two runs?")
 
 
+def sampling_refused(cfg: TrainConfig, source: Path) -> str | None:
+    """Why the policy of ``source`` (trained as ``cfg`` says) cannot sample actions, or ``None`` where it can."""
+    algorithm = algorithm_spec(cfg.algo)
+    if algorithm.stochastic:
+        return None
+    return f"{source} holds {algorithm.model_name}, whose policy is greedy (it explored only while collecting)"
+
+
 class PickedCheckpoint(NamedTuple):
     """A checkpoint picked for a policy (:func:`picked_checkpoint`)."""
 
@@ -52,13 +63,73 @@ class PickedCheckpoint(NamedTuple):
     label: str  # which it is, in words: "the best checkpoint (validation)", "the checkpoint file", ...
 
 
-def load_policy(path: str | Path, pick: str = "latest", env_kwargs: dict[str, Any] | None = None,
-                ) -> tuple[nn.Module, TrainConfig, Path]:
-    """The policy of a checkpoint file, or of a run directory's ``pick`` (:func:`picked_checkpoint`), on the CPU,
-    frozen; ``env_kwargs`` replace the run's own env arguments (e.g. a trace directory that is elsewhere now)."""
+def trained_model(path: str | Path, pick: str = "latest", env_kwargs: dict[str, Any] | None = None,
+                  ) -> tuple[nn.Module, TrainConfig, Path]:
+    """The model, training config and checkpoint file of a checkpoint file, or of a run directory's ``pick``
+    (:func:`picked_checkpoint`), on the CPU, frozen; ``env_kwargs`` replace the run's own env arguments (e.g. a
+    trace directory that is elsewhere now). :func:`load_policy` wraps it, ready to act."""
     picked = picked_checkpoint(path, pick)
     model, cfg = policy_from_state(picked.state, picked.source, env_kwargs)
     return model, cfg, picked.source
+
+
+class TrainedPolicy:
+    """A trained policy, ready to act (:func:`load_policy`): ``policy(observation)`` returns its action.
+
+    It takes NumPy observations as the env gives them, one (``[*obs]``) or a batch (``[n, *obs]``, as a
+    Gymnasium ``SyncVectorEnv`` gives them), and returns NumPy actions as the env takes them: for one
+    observation, one action (a scalar for ``Discrete``, ``[heads]`` for ``MultiDiscrete``, ``[dims]`` for
+    ``Box``); for a batch, ``[n]``, ``[n, heads]`` or ``[n, dims]``. The run's observation normaliser is applied
+    (it is part of the model); acting is on the CPU, without gradients: greedy, or sampled where
+    ``stochastic``.
+
+    Example: a CartPole run trained in a few seconds, then loaded and played (``run`` may be any run directory or
+    checkpoint file)::
+
+        >>> import tempfile, gymnasium as gym, numpy as np, trainer
+        >>> from trainer.flags import parse_args
+        >>> from trainer.train import train
+        >>> run = tempfile.mkdtemp()
+        >>> _ = train(parse_args(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--total-steps",
+        ...                       "16", "--threads", "1", "--run-dir", run]).config, progress=False)
+        >>> policy = trainer.load_policy(run)
+        >>> observation, _ = gym.make(policy.config.env).reset(seed=0)
+        >>> policy(observation).shape, policy(np.stack([observation] * 3)).shape  # one action; three
+        ((), (3,))
+        >>> import shutil; shutil.rmtree(run)  # (the example's run)
+
+    Attributes: ``config`` (the run's ``TrainConfig``), ``source`` (the checkpoint file), ``observation_space``
+    and ``action_space`` (the env's), ``model`` (the network, a ``torch.nn.Module``), ``stochastic``.
+    """
+
+    def __init__(self, model: nn.Module, config: TrainConfig, source: Path, stochastic: bool = False) -> None:
+        self.model, self.config, self.source, self.stochastic = model, config, source, stochastic
+        self.observation_space, self.action_space, _ = model_spaces(config)
+        self._act = policy_actions(model, deterministic=not stochastic)  # what trainer.evaluate plays
+
+    def __call__(self, observation: np.ndarray) -> np.ndarray:
+        """The action for one observation ``[*obs]``, or the actions ``[n, ...]`` for a batch ``[n, *obs]``."""
+        observations = np.asarray(observation, dtype=self.observation_space.dtype)  # (the model's float32)
+        shape = self.observation_space.shape
+        if observations.shape == shape:
+            return self._act(observations[None])[0]
+        if observations.shape[1:] == shape:
+            return self._act(observations)
+        raise ValueError(f"an observation of shape {list(observations.shape)}: {self.config.env}'s are "
+                         f"{list(shape)}, one, or [n, {', '.join(map(str, shape))}] for a batch")
+
+
+def load_policy(path: str | Path, *, pick: str = "best", stochastic: bool = False) -> TrainedPolicy:
+    """The policy of a checkpoint file or of a run directory, ready to act (:class:`TrainedPolicy`), as
+    ``trainer.evaluate`` plays it: from a run directory, its ``best`` checkpoint (validation, ``--eval-every``), or
+    its newest loadable one where it has none (or with ``pick="latest"``); what was skipped on the way is said on
+    stderr. ``stochastic``: sample actions rather than act greedily (a ``ValueError`` for a policy that is greedy
+    only, as Ape-X's is). A path with no checkpoint to load is a ``checkpoints.CheckpointError`` (a
+    ``ValueError``) naming it."""
+    model, cfg, source = trained_model(path, pick)
+    if stochastic and (refused := sampling_refused(cfg, source)):
+        raise ValueError(f"stochastic=True: {refused}; pass stochastic=False")
+    return TrainedPolicy(model, cfg, source, stochastic)
 
 
 def picked_checkpoint(path: str | Path, pick: str = "latest") -> PickedCheckpoint:

@@ -35,6 +35,7 @@ from torch import nn
 import checkpoints
 import envs  # noqa: F401  (registers VREdge-v0)
 from trainer import __version__
+from trainer.config import TrainConfig
 from trainer.evaluation.episodes import run_episodes
 from trainer.evaluation.policies import picked_checkpoint, policy_from_state
 from trainer.evaluation.report import check_writable
@@ -257,45 +258,12 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     evaluation = _evaluation(run_dir, source)  # a malformed file fails here, before the work
     made = next((d for d in reversed((out, *out.parents)) if not d.exists()), None)  # the first it will make
     check_writable(out, "the exported policy", run_dir=None if given_out else run_dir)
-    differs = []
-    if evaluation and not evaluation["same_checkpoint"]:
-        differs.append(f"of another checkpoint ({Path(evaluation['checkpoint']).name})")
-    if evaluation and evaluation.get("actions") == "sampled":  # (files of older versions do not say)
-        differs.append("of sampled actions, where the export acts greedily")
-    if differs:
-        print(f"note: {evaluation['file']} is {' and '.join(differs)}; the card keeps it, with same_checkpoint and "
-              f"actions saying so; python -m trainer.evaluate --checkpoint {source} (greedy, without --stochastic) "
-              "describes what is exported", file=sys.stderr)
+    _say_evaluation_differs(evaluation, source)
     for stale in out.glob(".export-*"):  # stage folders of an export that was killed
         shutil.rmtree(stale, ignore_errors=True)
     stage = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
-        env_card = _env_card(cfg.env, cfg.env_options)
-        obs_dim = env_card["observation_space"]["shape"][0]
-        obs = verification_observations(model, cfg.env, seed, env_kwargs=cfg.env_options)
-        files = {}
-        for fmt in formats:
-            path = stage / FILES[fmt]
-            export_file(policy, fmt, path, obs_dim)
-            files[fmt] = {"file": FILES[fmt], "sha256": _sha256(path), "verification": verify(model, path, obs, atol),
-                          **({"opset": OPSET, "load": "onnxruntime.InferenceSession"} if fmt == "onnx"
-                             else {"load": "torch.jit.load"})}
-        card = {
-            "files": files,
-            "inputs": {"obs": f"float32 [batch, {obs_dim}]: raw observations (the normaliser is inside)"},
-            "outputs": {"action": "int64 greedy action, [batch] (Discrete) or [batch, heads] (MultiDiscrete)",
-                        "probs": "float32 [batch, heads, max actions]: action probabilities per head",
-                        "value": "float32 [batch]: the critic's value"},
-            "env": env_card,
-            "training": cfg.to_dict(),
-            "checkpoint": {"path": str(source.resolve()), "iteration": state["iteration"],
-                           "env_steps": state["env_steps"], "version": state.get("version")},
-            "evaluation": evaluation,
-            "verification": {"seed": seed, "atol": atol, "observations": len(obs),
-                             "edge_bound": EDGE_BOUND},
-            "versions": {"parallel-rollouts": __version__, "torch": torch.__version__},
-        }
-        (stage / CARD).write_text(json.dumps(card, indent=2, default=list))
+        card = _staged_card(stage, model, policy, formats, cfg, state, source, evaluation, seed, atol)
         with signals.critical():
             for fmt in FILES:
                 if fmt not in formats:  # the card describes every policy file next to it
@@ -305,13 +273,66 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
             signals.finish()
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-        for made_here in (out, *out.parents) if made else ():  # the directories it made, if a failure left them empty
-            with contextlib.suppress(OSError):
-                made_here.rmdir()
-            if made_here == made:
-                break
+        _remove_if_empty(out, made)
     print(f"wrote {', '.join(str(out / FILES[f]) for f in formats)} and {out / CARD}")
     return card
+
+
+def _say_evaluation_differs(evaluation: dict[str, Any] | None, source: Path) -> None:
+    """A note on stderr where the run's ``evaluation.json`` (which the card keeps) is not of what is exported."""
+    differs = []
+    if evaluation and not evaluation["same_checkpoint"]:
+        differs.append(f"of another checkpoint ({Path(evaluation['checkpoint']).name})")
+    if evaluation and evaluation.get("actions") == "sampled":  # (files of older versions do not say)
+        differs.append("of sampled actions, where the export acts greedily")
+    if differs:
+        print(f"note: {evaluation['file']} is {' and '.join(differs)}; the card keeps it, with same_checkpoint and "
+              f"actions saying so; python -m trainer.evaluate --checkpoint {source} (greedy, without --stochastic) "
+              "describes what is exported", file=sys.stderr)
+
+
+def _staged_card(stage: Path, model: ActorCritic, policy: ExportedPolicy, formats: list[str], cfg: TrainConfig,
+                 state: dict[str, Any], source: Path, evaluation: dict[str, Any] | None, seed: int,
+                 atol: float) -> dict[str, Any]:
+    """The card of the policy files written in ``stage``, each verified against ``model``; the card is written
+    there too, last."""
+    env_card = _env_card(cfg.env, cfg.env_options)
+    obs_dim = env_card["observation_space"]["shape"][0]
+    obs = verification_observations(model, cfg.env, seed, env_kwargs=cfg.env_options)
+    files = {}
+    for fmt in formats:
+        path = stage / FILES[fmt]
+        export_file(policy, fmt, path, obs_dim)
+        files[fmt] = {"file": FILES[fmt], "sha256": _sha256(path), "verification": verify(model, path, obs, atol),
+                      **({"opset": OPSET, "load": "onnxruntime.InferenceSession"} if fmt == "onnx"
+                         else {"load": "torch.jit.load"})}
+    card = {
+        "files": files,
+        "inputs": {"obs": f"float32 [batch, {obs_dim}]: raw observations (the normaliser is inside)"},
+        "outputs": {"action": "int64 greedy action, [batch] (Discrete) or [batch, heads] (MultiDiscrete)",
+                    "probs": "float32 [batch, heads, max actions]: action probabilities per head",
+                    "value": "float32 [batch]: the critic's value"},
+        "env": env_card,
+        "training": cfg.to_dict(),
+        "checkpoint": {"path": str(source.resolve()), "iteration": state["iteration"],
+                       "env_steps": state["env_steps"], "version": state.get("version")},
+        "evaluation": evaluation,
+        "verification": {"seed": seed, "atol": atol, "observations": len(obs),
+                         "edge_bound": EDGE_BOUND},
+        "versions": {"parallel-rollouts": __version__, "torch": torch.__version__},
+    }
+    (stage / CARD).write_text(json.dumps(card, indent=2, default=list))
+    return card
+
+
+def _remove_if_empty(out: Path, made: Path | None) -> None:
+    """Remove the directories the export made (``out`` up to ``made``, the first of them), where a failure left
+    them empty."""
+    for made_here in (out, *out.parents) if made else ():
+        with contextlib.suppress(OSError):
+            made_here.rmdir()
+        if made_here == made:
+            break
 
 
 def _evaluation(run_dir: Path, source: Path) -> dict[str, Any] | None:
