@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import checkpoints
+from tests.factories import settings_file
 from trainer import train as train_module
 from trainer.evaluate import main as evaluate_main
 from trainer.evaluation.policies import trained_model
@@ -71,7 +72,8 @@ def fresh_python(code: str, *args: str, cwd: Path) -> subprocess.CompletedProces
 
 
 def train_tiny(run_dir: Path, env: str, arch: str, *flags: str) -> Path:
-    cli = parse_args(["--env", env, "--policy-arch", arch, "--run-dir", str(run_dir), *TINY, *flags])
+    cli = parse_args(["--env", env, "--config", settings_file(f"policy_arch_{arch}"), "--run-dir", str(run_dir), *TINY,
+                      *flags])
     train_module.train(cli.config, progress=False)
     return run_dir
 

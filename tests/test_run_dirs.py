@@ -17,6 +17,7 @@ import checkpoints
 import trainer.evaluation
 import trainer.evaluation.report
 from checkpoints import CheckpointError, RunDirLock, RunDirLockedError
+from tests.factories import settings_file
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_module
 from trainer.flags import parse_args
@@ -90,11 +91,12 @@ def test_toml_values_are_type_checked_before_anything_is_written(tmp_path, capsy
     (["--lr", "inf"], "--lr=inf is invalid: must be finite and > 0"),  # with its range, as for --lr 0
     (["--gamma", "nan"], "--gamma=nan is invalid: must be finite and in (0, 1]"),
     (["--ent-coef", "inf"], "--ent-coef=inf is invalid: must be a finite number"),  # a float with no range
-    (["--c-bar", "nan"], "--c-bar=nan is invalid: must be finite and > 0"),  # named: not --rho-bar=1.0
+    (["--gae-lambda", "nan"], "--gae-lambda=nan is invalid: must be finite and > 0"),  # named: not --clip-coef=0.2
     (["--seed", "-1"], "--seed=-1 is invalid: must be >= 0"),
     (["--hidden", "64,,64"], "--hidden='64,,64' is invalid"),
     (["--num-envs", "abc"], "--num-envs: invalid int value: 'abc'"),
-    (["--env", "CartPole-v1", "--policy-arch", "per_head"], "declares no head_observation_layout"),
+    (["--env", "CartPole-v1", "--config", settings_file("policy_arch_per_head")],
+     "declares no head_observation_layout"),
     # found once the run's layout or its first env is built: usage errors all the same
     (["--env", "CartPol-v1"], "unknown env id 'CartPol-v1' (did you mean CartPole-v1?)"),
     (["--algo", "apex", "--env", "Pendulum-v1"], "--algo apex needs a Discrete or a 1-D MultiDiscrete"),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from trainer.batching import main as batching_main
+from trainer.config import TrainConfig
 from trainer.flags import parse_args
 from trainer.ppo.batching import plan_minibatches
 from trainer.ppo.targets import compute_gae, next_values
@@ -246,10 +247,10 @@ def test_per_head_actor_shares_one_network_across_heads():
 def test_policy_arch_auto_uses_the_env_layout_where_declared():
     from trainer.evaluation.policies import make_model
     assert make_model(parse_args(["--env", "VREdge-v0"]).config).per_head == (7, 5)
-    assert make_model(parse_args(["--env", "VREdge-v0", "--policy-arch", "flat"]).config).per_head is None
+    assert make_model(TrainConfig.from_dict({"env": "VREdge-v0", "policy_arch": "flat"})).per_head is None
     assert make_model(parse_args(["--env", "CartPole-v1"]).config).per_head is None
     with pytest.raises(ValueError, match="declares no head_observation_layout"):
-        make_model(parse_args(["--env", "CartPole-v1", "--policy-arch", "per_head"]).config)
+        make_model(TrainConfig.from_dict({"env": "CartPole-v1", "policy_arch": "per_head"}))
 
 
 def test_flat_parameters_give_the_same_gradients_and_updates_reach_the_module():
