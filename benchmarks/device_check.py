@@ -57,13 +57,12 @@ from benchmarks.env_steps import rates as raw_rates
 from benchmarks.machine import print_machine
 from collectors import RolloutCollector, make_collector
 from trainer import train as train_module
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, new_run_config
 from trainer.interrupts import Interrupted
 from trainer.ppo.algorithm import PPO
 from trainer.ppo.model import ActorCritic
 from trainer.ppo.targets import advantages_and_returns
 from trainer.ppo.update import LearnerSamples, minibatch_generator, ppo_update
-from trainer.registry import new_run_config
 from trainer.run_layout import Machine, run_layout
 
 

@@ -16,8 +16,9 @@ import statistics
 import sys
 import time
 
+from trainer.config import setting_fields
 from trainer.flags import build_parser, parse_args
-from trainer.registry import owners, setting_fields
+from trainer.registry import reads
 
 PROG = "python -m benchmarks.iteration_breakdown"
 # trainer flags about the run, its processes and Ray: this benchmark times one process's collect() and learn()
@@ -28,7 +29,7 @@ RUN_FLAGS = ("algo", "backend", "total_steps", "run_dir", "num_workers", "num_sp
              "keep_checkpoints")
 
 # another algorithm's settings (it times PPO): refused by the trainer's parser as such, and left out of --help
-OTHER_ALGORITHMS_FLAGS = sorted(f.name for _, f in setting_fields() if "ppo" not in (owners(f.name) or ("ppo",)))
+OTHER_ALGORITHMS_FLAGS = sorted(f.name for _, f in setting_fields() if not reads("ppo", f.name))
 
 
 def main(argv: list[str] | None = None, iterations: int = 6) -> dict[int, tuple[float, float]]:

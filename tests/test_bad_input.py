@@ -17,11 +17,10 @@ from gymnasium.envs.classic_control import CartPoleEnv
 import checkpoints
 from tests.factories import FaultyCartPole
 from trainer import train as train_module
-from trainer.config import MAX_SEED, ConfigError, TrainConfig
+from trainer.config import MAX_SEED, ConfigError, TrainConfig, new_run_config
 from trainer.flags import parse_args
 from trainer.memory import check_memory
 from trainer.metrics import MetricsLog, MetricsWriteError
-from trainer.registry import new_run_config
 from trainer.run_layout import Machine
 
 REPO = Path(__file__).resolve().parents[1]

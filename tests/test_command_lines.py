@@ -17,8 +17,8 @@ import checkpoints
 from envs.make_traces import write_traces
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_cli
+from trainer.config import new_run_config
 from trainer.flags import parse_args
-from trainer.registry import new_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**{k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}, "PATH": "/usr/bin:/bin"}

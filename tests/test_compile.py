@@ -12,10 +12,9 @@ import envs
 import trainer.run_layout as run_layout_module
 from collectors import make_collector
 from trainer.common import noise
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, new_run_config
 from trainer.flags import parse_args
 from trainer.ppo.algorithm import PPO
-from trainer.registry import new_run_config
 from trainer.run_layout import Machine, run_layout
 
 

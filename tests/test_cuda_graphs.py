@@ -17,14 +17,13 @@ import torch
 
 import trainer.run_layout as run_layout_module
 from trainer.common.flat_params import flat_parameters
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, new_run_config
 from trainer.flags import parse_args
 from trainer.ppo.algorithm import PPO
 from trainer.ppo.cuda_graph import CapturedStep, training_state_kept
 from trainer.ppo.model import ActorCritic
 from trainer.ppo.optimizer import fused_adam, load_optimizer_state, set_learning_rate
 from trainer.ppo.update import LearnerSamples, MinibatchStep, UpdateSettings, ppo_update
-from trainer.registry import new_run_config
 from trainer.run_layout import Machine, run_layout
 
 SETTINGS = UpdateSettings(epochs=2, minibatch_size=16, clip_coef=0.2, clip_value=False, ent_coef=0.01, vf_coef=0.5,

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from collectors.backend_names import BACKENDS
+from trainer.algorithm import AlgorithmSpec
 from trainer.arguments import counted, did_you_mean
+from trainer.registry import ALGORITHMS, algorithm_spec, default_settings, owners, renamed, settings_class
 from trainer.settings import ConfigError, check_limits, setting
 
 __all__ = ["ConfigError", "TrainConfig", "EnvSizes", "memory_needed", "parse_env_kwargs", "format_env_kwargs"]
@@ -112,10 +114,8 @@ class TrainConfig:
     algo_settings: Any = dataclasses.field(default=None, compare=True, metadata={"flag": False})
 
     def __post_init__(self) -> None:
-        if self.algo_settings is None:
-            from trainer.registry import ALGORITHMS  # (the registry imports this module)
-            if self.algo in ALGORITHMS:  # an unknown one: validate() names the choices
-                self.algo_settings = ALGORITHMS[self.algo].Settings()
+        if self.algo_settings is None:  # (an unknown algorithm has none: validate() names the choices)
+            self.algo_settings = default_settings(self.algo)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], stored: bool = False) -> TrainConfig:
@@ -123,7 +123,6 @@ class TrainConfig:
         algorithm's in its settings; the algorithm's old spellings read as the new (``renamed``). ``ConfigError`` for
         a key that neither this config nor the algorithm has, unless ``stored`` (a config stored by an older
         version, which held every algorithm's settings: the others' are left out)."""
-        from trainer.registry import renamed, settings_class
         values = renamed(values, values.get("algo", cls.algo))
         own = {f.name for f in fields(cls)} - {"algo_settings"}
         settings = settings_class(values.get("algo", cls.algo))
@@ -147,7 +146,6 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` (a ``ValueError`` naming the key) for the first invalid value: outside its
         declared limits, or breaking a rule between settings (the algorithm's own: its ``check_config``)."""
-        from trainer.registry import algorithm_spec
         spec = algorithm_spec(self.algo)
         check_limits(self)
         self._check_env_kwargs()
@@ -262,6 +260,57 @@ copies, and 1,225 bytes per env besides); at most 1,920,824 steps fit with --num
         if not paths:
             return self
         return dataclasses.replace(self, env_kwargs=format_env_kwargs({**options, **paths}))
+
+
+def setting_fields() -> list[tuple[str, dataclasses.Field]]:
+    """Every setting as ``(owner, field)``: the run's (owner ``""``) then each algorithm's, in declaration order;
+    a setting two algorithms declare comes once, with the first's field."""
+    out = [("", f) for f in dataclasses.fields(TrainConfig) if f.name != "algo_settings"]
+    seen = {f.name for _, f in out}
+    for name, spec in ALGORITHMS.items():
+        out += [(name, f) for f in dataclasses.fields(spec.Settings) if f.name not in seen]
+        seen |= {f.name for f in dataclasses.fields(spec.Settings)}
+    return out
+
+
+def new_run_config(given: dict[str, Any], gpu: bool = False) -> TrainConfig:
+    """The config of a new run from the settings the user gave (flags, TOML keys): those win over the
+    algorithm's defaults for the env, which win over ``TrainConfig``'s own; env file paths made absolute, so
+    that the commands a run prints work from any directory (``TrainConfig.with_absolute_paths``).
+
+    >>> cfg = new_run_config({"algo": "apex", "env": "CartPole-v1", "gamma": 0.95})
+    >>> cfg.num_envs, cfg.algo_settings.n_step, cfg.gamma
+    (8, 5, 0.95)
+    """
+    algo, env = given.get("algo", TrainConfig.algo), given.get("env", TrainConfig.env)
+    return TrainConfig.from_dict({**algorithm_spec(algo).defaults_for(env, gpu), **given}).with_absolute_paths()
+
+
+def algorithm_defaults() -> dict[str, dict[tuple[str, str], Any]]:
+    """For each setting (in :func:`setting_fields`' order) whose default depends on the algorithm or the env:
+    its default per ``(algo, env)`` (env ``"*"``: every env the algorithm names no defaults for).
+
+    >>> algorithm_defaults()["num_envs"][("apex", "*")], algorithm_defaults()["num_envs"][("ppo", "VREdge-v0")]
+    (8, 64)
+    """
+    envs = [(env, False) for env in sorted({e for spec in ALGORITHMS.values() for e in spec.defaults} - {"*"})]
+    envs += [("*", False)] + [(env, True) for env in sorted({e for s in ALGORITHMS.values() for e in s.gpu_defaults})]
+    out = {}
+    for _, f in setting_fields():
+        readers = owners(f.name) or tuple(ALGORITHMS)
+        per = {(algo, f"{env} with a GPU" if gpu else env): spec.defaults_for(env, gpu).get(f.name, _default(spec, f))
+               for algo, spec in ALGORITHMS.items() if algo in readers
+               for env, gpu in envs if not gpu or env in spec.gpu_defaults}
+        if len(set(map(repr, per.values()))) > 1:
+            out[f.name] = per
+    return out
+
+
+def _default(spec: type[AlgorithmSpec], f: dataclasses.Field) -> Any:
+    """The declared default of the setting ``f`` for the algorithm ``spec`` (its own field's, where it declares
+    one of that name)."""
+    own = spec.Settings.__dataclass_fields__.get(f.name)
+    return (own or f).default
 
 
 @dataclass(frozen=True)

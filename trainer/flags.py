@@ -31,20 +31,21 @@ from trainer.config import (
     PATH_ENV_KWARGS,
     ConfigError,
     TrainConfig,
+    algorithm_defaults,
     env_argument_defaults,
     format_env_kwargs,
     moved_env_files,
+    new_run_config,
     parse_env_kwargs,
+    setting_fields,
 )
 from trainer.registry import (
     ALGORITHMS,
-    algorithm_defaults,
     algorithm_spec,
-    new_run_config,
     owners,
+    reads,
     renamed,
     renamed_names,
-    setting_fields,
     settings_class,
     takes_gpu_defaults,
 )
@@ -93,7 +94,7 @@ def _field_type(f: dataclasses.Field) -> type:
 def _types(algo: str | None = None) -> dict[str, type]:
     """Every setting's type by name: the run's and every algorithm's, or only ``algo``'s besides the run's."""
     return {f.name: _field_type(f) for _, f in setting_fields()
-            if algo is None or algo in (owners(f.name) or (algo,))}
+            if algo is None or reads(algo, f.name)}
 
 
 def _help(f: dataclasses.Field) -> str:
@@ -147,7 +148,7 @@ def defaults_used(cfg: TrainConfig, given: dict[str, Any]) -> str:
     """
     settings = cfg.to_dict()
     values = {name: settings[name] for name in algorithm_defaults()
-              if name not in given and cfg.algo in (owners(name) or (cfg.algo,))}
+              if name not in given and reads(cfg.algo, name)}
     return " ".join(f"--{name.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}"
                     for name, v in values.items())
 
@@ -340,7 +341,7 @@ def check_config(cfg: TrainConfig, given: dict[str, Any]) -> None:
 def check_owners(algo: str, given: dict[str, Any]) -> None:
     """Raise ``ConfigError`` if ``given`` sets something only another algorithm than ``algo`` reads (a resumed
     run's algorithm is its checkpoint's: known only once that is read)."""
-    ignored = sorted(k for k in given if algo not in (owners(k) or (algo,)))
+    ignored = sorted(k for k in given if not reads(algo, k))
     if ignored:
         flags = ", ".join(flag_name(k) for k in ignored)
         readers = " or ".join(sorted({a for k in ignored for a in owners(k)}))

@@ -6,16 +6,17 @@ answers before torch loads, its ``AlgorithmSpec`` in a module that imports no to
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.algorithm import Algorithm, AlgorithmSpec
 from trainer.apex.spec import ApeXSpec
 from trainer.arguments import did_you_mean
-from trainer.config import ConfigError, TrainConfig
 from trainer.ppo.spec import PPOSpec
-from trainer.settings import Limits
+from trainer.settings import ConfigError, Limits
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
 ALGORITHMS: dict[str, type[AlgorithmSpec]] = {
     "ppo": PPOSpec,
@@ -51,6 +52,12 @@ def settings_class(name: str) -> type:
     return algorithm_spec(name).Settings
 
 
+def default_settings(name: str) -> Any:
+    """The settings of the algorithm registered as ``name`` at their defaults; ``None`` for a name that is not
+    registered (``TrainConfig.validate`` names the choices)."""
+    return ALGORITHMS[name].Settings() if name in ALGORITHMS else None
+
+
 def owners(key: str) -> tuple[str, ...]:
     """The algorithms that declare the setting ``key`` as their own (``()``: it is the run's, every algorithm's).
 
@@ -58,6 +65,15 @@ def owners(key: str) -> tuple[str, ...]:
     (('ppo',), ('ppo', 'apex'), ())
     """
     return tuple(name for name, spec in ALGORITHMS.items() if key in spec.Settings.__dataclass_fields__)
+
+
+def reads(algo: str, key: str) -> bool:
+    """Whether the algorithm ``algo`` reads the setting ``key``: the run's settings, and its own.
+
+    >>> reads("apex", "num_envs"), reads("apex", "epochs"), reads("ppo", "epochs")
+    (True, False, True)
+    """
+    return not owners(key) or algo in owners(key)
 
 
 def renamed(values: Mapping[str, Any], algo: str | None = None) -> dict[str, Any]:
@@ -77,30 +93,6 @@ def renamed_names(algo: str | None = None) -> dict[str, str]:
             for old, new in getattr(spec.Settings, "renamed", {}).items()}
 
 
-def setting_fields() -> list[tuple[str, dataclasses.Field]]:
-    """Every setting as ``(owner, field)``: the run's (owner ``""``) then each algorithm's, in declaration order;
-    a setting two algorithms declare comes once, with the first's field."""
-    out = [("", f) for f in dataclasses.fields(TrainConfig) if f.name != "algo_settings"]
-    seen = {f.name for _, f in out}
-    for name, spec in ALGORITHMS.items():
-        out += [(name, f) for f in dataclasses.fields(spec.Settings) if f.name not in seen]
-        seen |= {f.name for f in dataclasses.fields(spec.Settings)}
-    return out
-
-
-def new_run_config(given: dict[str, Any], gpu: bool = False) -> TrainConfig:
-    """The config of a new run from the settings the user gave (flags, TOML keys): those win over the
-    algorithm's defaults for the env, which win over ``TrainConfig``'s own; env file paths made absolute, so
-    that the commands a run prints work from any directory (``TrainConfig.with_absolute_paths``).
-
-    >>> cfg = new_run_config({"algo": "apex", "env": "CartPole-v1", "gamma": 0.95})
-    >>> cfg.num_envs, cfg.algo_settings.n_step, cfg.gamma
-    (8, 5, 0.95)
-    """
-    algo, env = given.get("algo", TrainConfig.algo), given.get("env", TrainConfig.env)
-    return TrainConfig.from_dict({**algorithm_spec(algo).defaults_for(env, gpu), **given}).with_absolute_paths()
-
-
 def takes_gpu_defaults(cfg: TrainConfig, given: dict[str, Any]) -> bool:
     """Whether a new run of ``cfg`` takes its algorithm's GPU defaults for its env: it learns on CUDA and the user
     chose no other backend than theirs. Torch is imported (to count GPUs) only where the answer depends on it."""
@@ -111,30 +103,3 @@ def takes_gpu_defaults(cfg: TrainConfig, given: dict[str, Any]) -> bool:
         return True
     import torch
     return torch.cuda.device_count() > 0
-
-
-def algorithm_defaults() -> dict[str, dict[tuple[str, str], Any]]:
-    """For each setting (in :func:`setting_fields`' order) whose default depends on the algorithm or the env:
-    its default per ``(algo, env)`` (env ``"*"``: every env the algorithm names no defaults for).
-
-    >>> algorithm_defaults()["num_envs"][("apex", "*")], algorithm_defaults()["num_envs"][("ppo", "VREdge-v0")]
-    (8, 64)
-    """
-    envs = [(env, False) for env in sorted({e for spec in ALGORITHMS.values() for e in spec.defaults} - {"*"})]
-    envs += [("*", False)] + [(env, True) for env in sorted({e for s in ALGORITHMS.values() for e in s.gpu_defaults})]
-    out = {}
-    for _, f in setting_fields():
-        readers = owners(f.name) or tuple(ALGORITHMS)
-        per = {(algo, f"{env} with a GPU" if gpu else env): spec.defaults_for(env, gpu).get(f.name, _default(spec, f))
-               for algo, spec in ALGORITHMS.items() if algo in readers
-               for env, gpu in envs if not gpu or env in spec.gpu_defaults}
-        if len(set(map(repr, per.values()))) > 1:
-            out[f.name] = per
-    return out
-
-
-def _default(spec: type[AlgorithmSpec], f: dataclasses.Field) -> Any:
-    """The declared default of the setting ``f`` for the algorithm ``spec`` (its own field's, where it declares
-    one of that name)."""
-    own = spec.Settings.__dataclass_fields__.get(f.name)
-    return (own or f).default

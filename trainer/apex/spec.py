@@ -3,11 +3,14 @@ rules for a config."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainer.algorithm import AlgorithmSpec
 from trainer.apex.settings import ApeXSettings
-from trainer.config import ConfigError, TrainConfig
+from trainer.settings import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
 
 class ApeXSpec(AlgorithmSpec):

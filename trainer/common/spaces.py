@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
 
 import envs  # noqa: F401 - registers VREdge-v0
 from envs.arguments import KINDS, shown
 from trainer.arguments import did_you_mean
-from trainer.config import ConfigError, TrainConfig
+from trainer.settings import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
 
 def check_env_id(env: str) -> None:

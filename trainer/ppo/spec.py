@@ -3,11 +3,13 @@ defaults per env."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainer.algorithm import AlgorithmSpec
-from trainer.config import TrainConfig
 from trainer.ppo.settings import PPOSettings
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
 
 class PPOSpec(AlgorithmSpec):
