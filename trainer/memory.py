@@ -1,23 +1,27 @@
-"""Whether a run fits the machine's memory: what one env of it holds, and how many copies of its rollout the machine
-keeps (the arithmetic and the message are ``TrainConfig.check_memory``'s)."""
+"""Whether a run fits the machine's memory: what one env of it holds, how many copies of its rollout the machine
+keeps, the bytes that makes, and which setting to lower when it does not fit."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from envs.vr_edge import MEMORY_ARGUMENTS, VREdgeConfig
+from trainer.arguments import counted
 from trainer.common.devices import learner_device
 from trainer.common.spaces import action_heads, model_spaces
-from trainer.config import EnvSizes, TrainConfig
+from trainer.config import TrainConfig
 from trainer.run_layout import Machine
+from trainer.settings import ConfigError
 
 
 def check_memory(cfg: TrainConfig, machine: Machine) -> None:
     """``ConfigError`` where the run would need more memory than ``machine`` has available
-    (``TrainConfig.check_memory``); nothing is checked where that is not known (a machine a test simulates)."""
+    (:func:`check_fits`); nothing is checked where that is not known (a machine a test simulates)."""
     if machine.memory is not None:
         copies = _rollout_copies(cfg, learner_device(cfg.device, machine.gpus))
-        cfg.check_memory(_env_sizes(cfg), copies, machine.memory)
+        check_fits(cfg, _env_sizes(cfg), copies, machine.memory)
 
 
 def _env_sizes(cfg: TrainConfig) -> EnvSizes:
@@ -48,3 +52,90 @@ def _rollout_copies(cfg: TrainConfig, device: str) -> int:
     if cfg.overlap:
         return 4
     return 2 if on_cpu else 1
+
+
+def check_fits(cfg: TrainConfig, env: EnvSizes, copies: int, available: int) -> None:
+    """Raise :class:`ConfigError` where the run would need more than ``available`` bytes of memory
+    (:func:`memory_needed`), naming the setting that makes it so: the env's arguments where it would not fit
+    even at the default sizes, else ``num_steps`` or ``num_envs``, whichever back at its default would
+    save more, with the most of it that fits. ``copies``: of the rollout, in this memory.
+
+    >>> vr = EnvSizes(observation=244, action=64, scores=48, own=1033)
+    >>> check_fits(TrainConfig(num_steps=10**9), vr, copies=2, available=128 << 30)
+    Traceback (most recent call last):
+    ...
+    trainer.settings.ConfigError: --num-steps=1000000000: the run would need at least 65.1 TiB of \
+memory, more than the 128.0 GiB available here (a rollout of 1,000,000,000 x 64 env steps at 559 bytes each, in 2 \
+copies, and 1,225 bytes per env besides); at most 1,920,824 steps fit with --num-envs 64
+    """
+    needed = memory_needed(cfg.num_steps, cfg.num_envs, env, copies)
+    if needed <= available:
+        return
+    steps, envs = min(cfg.num_steps, TrainConfig.num_steps), min(cfg.num_envs, TrainConfig.num_envs)
+    why = (f"the run would need at least {_bytes(needed)} of memory, more than the {_bytes(available)} available "
+           f"here (a rollout of {cfg.num_steps:,} x {cfg.num_envs:,} env steps at {rollout_step_bytes(env):,} "
+           f"bytes each, in {counted(copies, 'copy', 'copies')}, and {env.per_env:,} bytes per env besides)")
+    if memory_needed(steps, envs, env, copies) > available:  # the env's own sizes
+        scaling = [name for name in env.scaled_by if name in cfg.env_options]
+        key = "env_kwargs" if cfg.env_kwargs else "env"
+        raise ConfigError(key, getattr(cfg, key), f"{why}; not even {steps:,} x {envs:,} env steps fit"
+                          + (f": lower {' or '.join(scaling)}" if scaling else ""))
+    if memory_needed(steps, cfg.num_envs, env, copies) <= memory_needed(cfg.num_steps, envs, env, copies):
+        most = _most_that_fits(available, lambda t: memory_needed(t, cfg.num_envs, env, copies), cfg.num_steps)
+        raise ConfigError("num_steps", cfg.num_steps, f"{why}; " + (
+            f"at most {most:,} steps fit with --num-envs {cfg.num_envs}" if most else
+            f"not one step fits with --num-envs {cfg.num_envs}: lower both"))
+    most = _most_that_fits(available, lambda n: memory_needed(cfg.num_steps, n, env, copies), cfg.num_envs)
+    raise ConfigError("num_envs", cfg.num_envs, f"{why}; " + (
+        f"at most {most:,} envs fit with --num-steps {cfg.num_steps}" if most else
+        f"not one env fits with --num-steps {cfg.num_steps}: lower both"))
+
+
+@dataclass(frozen=True)
+class EnvSizes:
+    """What one env of a run holds, in bytes, for the memory the run needs (:func:`memory_needed`)."""
+
+    observation: int  # one observation
+    action: int  # one action, as the policy returns it
+    scores: int  # the numbers a policy scores one env's actions with (float32 each): the actions of all its heads
+    own: int = 0  # what the env holds itself (its state, its spaces' bounds), where it says
+    scaled_by: tuple[str, ...] = ()  # the env's arguments that scale these
+
+    @property
+    def per_env(self) -> int:
+        """Bytes per env besides the rollout: the env's own and the policy's scores."""
+        return self.own + 4 * self.scores
+
+
+def rollout_step_bytes(env: EnvSizes) -> int:
+    """Bytes of one env's step in a rollout (``collectors.storage``): its observation, its final observation, its
+    action, the reward (float32) and three flags (terminated, truncated, the final observation's mask)."""
+    return 2 * env.observation + env.action + 4 + 3
+
+
+def memory_needed(num_steps: int, num_envs: int, env: EnvSizes, copies: int) -> int:
+    """Bytes a run needs at least: ``copies`` of its ``[num_steps, num_envs]`` rollout with the observations that
+    follow it, and per env what :attr:`EnvSizes.per_env` says (what more the run holds, its network and
+    interpreters, is not counted: a run refused for memory would not have fitted).
+
+    >>> memory_needed(128, 64, EnvSizes(observation=244, action=64, scores=48, own=1033), copies=2)
+    9268288
+    """
+    return num_envs * (copies * (num_steps * rollout_step_bytes(env) + env.observation) + env.per_env)
+
+
+def _most_that_fits(available: int, needed: Callable[[int], int], over: int) -> int:
+    """The largest count below ``over`` whose ``needed`` bytes are at most ``available`` (0: not even one); the
+    need grows with the count."""
+    low, high = 0, over
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if needed(middle) <= available else (low, middle)
+    return low
+
+
+def _bytes(n: int) -> str:
+    """``n`` bytes in the largest unit from MiB to EiB that it holds once: ``65.1 TiB``, ``100.0 MiB``."""
+    units = ("MiB", "GiB", "TiB", "PiB", "EiB")
+    power = min(max((n.bit_length() - 1) // 10 - 2, 0), len(units) - 1)
+    return f"{n / 2 ** (20 + 10 * power):,.1f} {units[power]}"
