@@ -115,8 +115,12 @@ class ConfigError(ValueError):
             raise TypeError("ConfigError needs a rule or a message")
         demand = rule.startswith(("must ", "needs ", "is for "))  # "--num-envs must be >= 1, got 0"
         flag, got = flag_name(key) if flag else key, spelled(value)  # (a setting without a flag: its TOML key)
-        text = f"{flag} {rule}, got {got}" if demand else f"{flag}={got}: {rule}"
-        super().__init__(message or text + hint)
+        demanded, _, why = rule.partition(": ")  # the value comes right after the demand, before any reason
+        if demand:
+            text = f"{flag} {demanded}, got {got}{hint}" + (f": {why}" if why else "")
+        else:
+            text = f"{flag}={got}: {rule}{hint}"
+        super().__init__(message or text)
         self.key, self.value, self.rule, self.hint = key, value, rule, hint
 
     def in_file(self, path: str) -> str:
