@@ -126,3 +126,13 @@ def test_the_package_loads_torch_only_when_load_policy_is_used():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_readmes_three_lines_act_on_a_trained_run(run):
+    code = re.search(r"<!-- docs-test: run by tests/test_load_policy.py -->\n```python\n(.*?)```",
+                     (REPO / "README.md").read_text(), re.S).group(1)
+    example_run = re.search(r'"(runs/[^"]+)"', code).group(1)
+    observation = played_observations(1)[0]
+    scope = {"observation": observation}
+    exec(code.replace(example_run, str(run)), scope)
+    assert scope["action"] == evaluated_actions(run, observation[None])[0]
