@@ -24,7 +24,7 @@ _UNSET = object()
 def _pattern(thing: Any) -> re.Pattern:
     text = str(thing)
     assert text, "an empty thing names nothing"
-    left = r"(?<![\w.-])" if re.match(r"[\w-]", text) else ""
+    left = r"(?<![\w-])(?<!\d\.)" if re.match(r"[\w-]", text) else ""
     right = r"(?![\w-]|\.\d)" if re.search(r"\w$", text) else ""
     return re.compile(left + re.escape(text) + right)
 

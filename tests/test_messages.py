@@ -55,3 +55,4 @@ def test_a_thing_is_named_whole_whatever_the_sentence_around_it():
     assert suggestion("--num-envs must be >= 1, got 0") is None
     with pytest.raises(AssertionError):
         one_line("first\nsecond")
+    names("autoreset_mode=AutoresetMode.NEXT_STEP", "NEXT_STEP")  # a name after a dot is a name
