@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["names", "not_names", "one_line", "suggestion", "raises", "error_line", "usage_error", "exits"]
+__all__ = ["mentions", "names", "not_names", "one_line", "suggestion", "raises", "error_line", "usage_error", "exits"]
 
 _UNSET = object()
 
@@ -29,10 +29,16 @@ def _pattern(thing: Any) -> re.Pattern:
     return re.compile(left + re.escape(text) + right)
 
 
+def mentions(text: str, *things: Any) -> bool:
+    """Whether ``text`` names each of ``things`` (for a test that looks for the one message, among several, that
+    does; :func:`names` asserts it)."""
+    return all(_pattern(t).search(text) for t in things)
+
+
 def names(text: str, *things: Any) -> str:
     """Assert that ``text`` names each of ``things`` (a flag, key, path, value or number: str() of it), as a
     whole token; return ``text``."""
-    missing = [str(t) for t in things if not _pattern(t).search(text)]
+    missing = [str(t) for t in things if not mentions(text, t)]
     assert not missing, f"{missing} not named in: {text!r}"
     return text
 
