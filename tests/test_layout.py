@@ -14,7 +14,7 @@ import torch
 from collectors import RolloutCollector
 from collectors.resources import cgroup_cpu_limit, usable_cores
 from tests import factories as f
-from tests.messages import raises, suggestion
+from tests.messages import names, raises, suggestion
 from trainer.config import TrainConfig
 from trainer.run_layout import Machine, run_layout
 from trainer.train import train
@@ -220,11 +220,11 @@ def test_openmp_wait_settings_are_the_users(given):
 @pytest.mark.parametrize("backend", ["sync", "async", "device"])
 def test_ray_flags_on_another_backend_are_said_to_be_ignored(backend):
     cfg = TrainConfig(env="VREdge-v0", backend=backend, num_envs=4, ray_address="10.0.0.1:6379")
-    assert run_layout(cfg, Machine(4)).warnings == (f"--ray-address is ignored by --backend {backend}: it is for "
-                                                    "--backend ray",)
+    [warning] = run_layout(cfg, Machine(4)).warnings
+    names(warning, "--ray-address", f"--backend {backend}", "--backend ray")  # ignored where, and what it is for
     both = TrainConfig(env="VREdge-v0", backend=backend, num_envs=4, ray_address="auto", cpus_per_worker=2.0)
-    assert run_layout(both, Machine(4)).warnings == (f"--ray-address and --cpus-per-worker are ignored by --backend "
-                                                     f"{backend}: they are for --backend ray",)
+    [warning] = run_layout(both, Machine(4)).warnings  # one warning for both
+    names(warning, "--ray-address", "--cpus-per-worker", f"--backend {backend}", "--backend ray")
 
 
 def test_the_start_method_reaches_the_processes_a_run_starts_and_is_said_ignored_where_none_start():
@@ -240,11 +240,13 @@ def test_the_start_method_reaches_the_processes_a_run_starts_and_is_said_ignored
     for backend, words in [("sync", "sync without --overlap"), ("device", "device")]:
         ignored = run_layout(TrainConfig(env="VREdge-v0", backend=backend, num_envs=4, start_method="spawn"),
                              Machine(4))
-        assert ignored.warnings == (f"--start-method is ignored by --backend {words}: it starts no processes",)
+        [warning] = ignored.warnings
+        names(warning, "--start-method", f"--backend {words}")
         assert "start_method" not in ignored.collector_kwargs()
     ray = run_layout(TrainConfig(env="VREdge-v0", backend="ray", num_envs=4, start_method="spawn"),
                      Machine(4, 0, 4.0, 4.0))
-    assert ray.warnings == ("--start-method is ignored by --backend ray: Ray starts its actors' processes itself",)
+    [warning] = ray.warnings
+    names(warning, "--start-method", "--backend ray")
 
 
 def test_a_platform_without_a_forkserver_spawns_and_refuses_one_asked_for(monkeypatch):

@@ -416,10 +416,8 @@ def test_evaluate_checks_that_it_can_write_before_it_computes(two_iterations, tm
     monkeypatch.setattr(trainer.evaluation, "run_episodes", lambda *a, **k: pytest.fail("computed before checking"))
     denied = OSError(errno.EACCES, os.strerror(errno.EACCES))  # (chmod would not stop root)
     monkeypatch.setattr(trainer.evaluation.report.tempfile, "NamedTemporaryFile", mock.Mock(side_effect=denied))
-    with pytest.raises(SystemExit) as info:  # (a file in the way is a usage error: test_command_lines)
-        evaluate_cli.main(["--checkpoint", str(two_iterations), "--out", str(tmp_path / "out")])
-    assert str(info.value) == (f"error: cannot write the evaluation outputs to {tmp_path / 'out'}: Permission "
-                               "denied; pass --out DIR")
+    with exits(1, tmp_path / "out", os.strerror(errno.EACCES), "--out"):  # (a file in the way is a usage error:
+        evaluate_cli.main(["--checkpoint", str(two_iterations), "--out", str(tmp_path / "out")])  # test_command_lines)
 
 
 # ---------------------------------------------------------------------------- resume on another device
