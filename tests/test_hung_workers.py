@@ -192,7 +192,7 @@ def test_where_no_thread_can_interrupt_another_the_run_says_its_own_share_is_unb
 
 
 @pytest.mark.parametrize("call, phase", [("collect", "step"),
-                                         pytest.param("get_state", "get_state", marks=pytest.mark.slow)])
+                                         pytest.param("get_state", "get_states", marks=pytest.mark.slow)])
 def test_a_stopped_async_worker_of_the_collecting_process_is_named(call, phase):
     """The collecting process's deadline leaves room for its own deadline on its workers: a worker stopped
     beneath it is named with its envs, in a rollout and in the per-iteration snapshot alike; both deadlines
