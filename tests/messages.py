@@ -45,7 +45,7 @@ def names(text: str, *things: Any) -> str:
 
 def not_names(text: str, *things: Any) -> str:
     """Assert that ``text`` names none of ``things`` (as whole tokens); return ``text``."""
-    there = [str(t) for t in things if _pattern(t).search(text)]
+    there = [str(t) for t in things if mentions(text, t)]
     assert not there, f"{there} named in: {text!r}"
     return text
 
