@@ -258,9 +258,8 @@ def test_a_platform_without_a_forkserver_spawns_and_refuses_one_asked_for(monkey
 
 
 def test_a_start_method_that_is_not_one_is_a_config_error():
-    with raises(ValueError, "--start-method", "'fork'", "auto", "forkserver", "spawn", key="start_method") as e:
+    with raises(ValueError, "--start-method", "'fork'", "auto", "forkserver", "spawn", key="start_method"):
         TrainConfig(start_method="fork").validate()
-    assert suggestion(str(e.value)) is None  # a start method, refused: no typo
     with raises(ValueError, "--start-method", "'spwan'", "auto", "forkserver", key="start_method") as e:
         TrainConfig(start_method="spwan").validate()
     assert suggestion(str(e.value)) == "spawn"

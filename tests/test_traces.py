@@ -224,7 +224,7 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
 
 @pytest.mark.parametrize("text, named, suggested", [
     ("num_users", ["'num_users'", "num_users=6"], None),  # and an example
-    ("a=1,a=2", ["'a=1,a=2'", "a"], None),
+    ("a=1,a=2", ["a"], None),  # the key given twice
     ("9x=1", ["'9x=1'"], None),
     ("reveal_hiden_state=true", ["reveal_hiden_state", "num_users"], "reveal_hidden_state"),  # and its arguments
     ("segment_s=abc", ['segment_s="abc"'], None),
