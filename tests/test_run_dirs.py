@@ -17,7 +17,7 @@ import checkpoints
 import trainer.evaluation
 import trainer.evaluation.report
 from checkpoints import CheckpointError, RunDirLock, RunDirLockedError
-from tests.messages import exits, names, not_names, raises, usage_error
+from tests.messages import exits, names, not_names, raises, suggestion, usage_error
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_module
 from trainer.flags import parse_args
@@ -67,51 +67,49 @@ def test_flags_win_over_the_toml_file_even_at_their_default_value(tmp_path):
     assert cfg.num_envs == 64 and cfg.lr == 3e-4
 
 
-@pytest.mark.parametrize("line, words", [
-    ('anneal_lr = "false"', 'anneal_lr = "false" is a string, expected true or false'),
-    ('num_envs = "4"', 'num_envs = "4" is a string, expected an integer'),
-    ("num_envs = 4.5", "num_envs = 4.5 is a float, expected an integer"),
-    ("num_envs = true", "num_envs = true is a boolean, expected an integer"),
-    ("hidden = [64, 64]", 'hidden = [64, 64] is an array, expected a string (e.g. hidden = "64,64")'),
-    ("device = 3", "device = 3 is an integer, expected a string"),
-    ("no_such_key = 1", "unknown keys"),
+@pytest.mark.parametrize("line, named", [  # the key as the file writes it, the kind found, the kind expected
+    ('anneal_lr = "false"', ['anneal_lr = "false"', "string"]),
+    ('num_envs = "4"', ['num_envs = "4"', "string", "integer"]),
+    ("num_envs = 4.5", ["num_envs = 4.5", "float", "integer"]),
+    ("num_envs = true", ["num_envs = true", "boolean", "integer"]),
+    ("hidden = [64, 64]", ["hidden = [64, 64]", "array", 'hidden = "64,64"']),  # and the value as it is written
+    ("device = 3", ["device = 3", "integer", "string"]),
+    ("no_such_key = 1", ["no_such_key"]),
 ])
-def test_toml_values_are_type_checked_before_anything_is_written(tmp_path, capsys, line, words):
+def test_toml_values_are_type_checked_before_anything_is_written(tmp_path, capsys, line, named):
     toml = tmp_path / "run.toml"
     toml.write_text(line + "\n")
-    with pytest.raises(SystemExit) as info:
+    with exits(2, toml, *named, capsys=capsys):
         train_module.main(["--config", str(toml), "--run-dir", str(tmp_path / "run")])
-    assert info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert words in err
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--lr", "inf"], "--lr=inf is invalid: must be finite and > 0"),  # with its range, as for --lr 0
-    (["--gamma", "nan"], "--gamma=nan is invalid: must be finite and in (0, 1]"),
-    (["--ent-coef", "inf"], "--ent-coef=inf is invalid: must be a finite number"),  # a float with no range
-    (["--c-bar", "nan"], "--c-bar=nan is invalid: must be finite and > 0"),  # named: not --rho-bar=1.0
-    (["--seed", "-1"], "--seed=-1 is invalid: must be >= 0"),
-    (["--hidden", "64,,64"], "--hidden='64,,64' is invalid"),
-    (["--num-envs", "abc"], "--num-envs: invalid int value: 'abc'"),
-    (["--env", "CartPole-v1", "--policy-arch", "per_head"], "declares no head_observation_layout"),
+@pytest.mark.parametrize("argv, named, suggested", [
+    (["--lr", "inf"], ["--lr", "inf", "0"], None),  # with its range, as for --lr 0
+    (["--gamma", "nan"], ["--gamma", "nan", "0", "1"], None),
+    (["--ent-coef", "inf"], ["--ent-coef", "inf"], None),  # a float with no range
+    (["--c-bar", "nan"], ["--c-bar", "nan"], None),  # named: not --rho-bar=1.0
+    (["--seed", "-1"], ["--seed", "-1", "0"], None),
+    (["--hidden", "64,,64"], ["--hidden", "'64,,64'"], None),
+    (["--num-envs", "abc"], ["--num-envs", "'abc'"], None),
+    (["--env", "CartPole-v1", "--policy-arch", "per_head"], ["--policy-arch", "'per_head'", "CartPole-v1"], None),
     # found once the run's layout or its first env is built: usage errors all the same
-    (["--env", "CartPol-v1"], "unknown env id 'CartPol-v1' (did you mean CartPole-v1?)"),
-    (["--algo", "apex", "--env", "Pendulum-v1"], "--algo apex needs a Discrete or a 1-D MultiDiscrete"),
-    (["--env", "CartPole-v1", "--env-kwargs", "num_users=3"], "is invalid: CartPole-v1 has no argument num_users; "
-     "its arguments are sutton_barto_reward (drop it)"),
-    (["--env", "CartPole-v1", "--batch-size", "100000"], "is larger than the rollout (8 envs x 128 steps"),
-    (["--env", "CartPole-v1", "--env-kwargs", "render_mode=human"], "render_mode: training renders no env"),
-    (["--env", "CartPole-v1", "--backend", "async", "--num-workers", "99"], "--num-workers=99 is more than"),
+    (["--env", "CartPol-v1"], ["'CartPol-v1'"], "CartPole-v1"),
+    (["--algo", "apex", "--env", "Pendulum-v1"], ["--algo apex", "Box", "--algo ppo"], None),
+    (["--env", "CartPole-v1", "--env-kwargs", "num_users=3"], ["--env-kwargs", "CartPole-v1", "num_users",
+                                                               "sutton_barto_reward"], None),  # the arguments it has
+    (["--env", "CartPole-v1", "--batch-size", "100000"], ["--batch-size", "100000", "1024"], None),  # the rollout's
+    (["--env", "CartPole-v1", "--env-kwargs", "render_mode=human"], ["--env-kwargs", "render_mode"], None),
+    (["--env", "CartPole-v1", "--backend", "async", "--num-workers", "99"], ["--num-workers", "99", "--num-envs",
+                                                                             "8"], None),
 ])
-def test_bad_values_are_one_line_errors_and_write_nothing(tmp_path, capfd, argv, words):
+def test_bad_values_are_one_line_errors_and_write_nothing(tmp_path, capfd, argv, named, suggested):
     with pytest.raises(SystemExit) as info:
         train_module.main(argv + ["--run-dir", str(tmp_path / "run")])
     err = capfd.readouterr().err.strip()
-    assert info.value.code == 2  # a usage error, as a bad flag's
     # one line: the defaults and layout lines come once the run can start, not before an error of the layout or env
-    assert len(err.splitlines()) == 1 and words in err, err
+    assert len(err.splitlines()) == 1, err
+    assert suggestion(usage_error(info.value.code, err, *named)) == suggested  # a usage error, as a bad flag's
     assert not (tmp_path / "run").exists()
 
 
