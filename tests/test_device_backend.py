@@ -40,7 +40,7 @@ def test_what_the_device_backend_cannot_run_is_a_one_line_error(argv, key, named
 
 
 def test_overlap_is_refused_naming_the_backends_it_works_with():
-    with raises(ValueError, "--overlap", "serial", "sync", "async", "--backend device", key="overlap"):
+    with raises(ValueError, "--overlap", "serial", "sync", "async", "device", key="overlap"):
         TrainConfig(backend="device", overlap=True).validate()
 
 
