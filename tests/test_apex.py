@@ -11,6 +11,7 @@ from tensordict import TensorDict
 
 import checkpoints
 from tests.factories import settings_file
+from tests.messages import exits, names, raises
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_module
 from trainer.apex.dqn import double_dqn_targets, dqn_loss, priorities
@@ -125,8 +126,7 @@ def test_the_memory_check_counts_the_copies_a_saved_replay_makes(monkeypatch, sa
     if not save_replay:
         apex.check_replay_fits(10**6, example(), save_replay)
         return
-    with pytest.raises(ConfigError, match=r"would take 4 x .* GiB with --save-replay .* lower it or drop "
-                                          r"--save-replay"):
+    with raises(ConfigError, "4 x", "--save-replay", key="replay_capacity", value=10**6):  # the copies counted
         apex.check_replay_fits(10**6, example(), save_replay)
 
 
@@ -262,7 +262,7 @@ def test_branching_network_shares_its_advantage_across_heads():
     # the trunk sees the users in another order, so only the shapes and the dueling identity are fixed
     value = out.mean(-1)  # mean_a Q = V for every head
     assert torch.allclose(value[:, 0], value[:, 1], atol=1e-6) and out_swapped.shape == out.shape
-    with pytest.raises(TypeError, match="--algo ppo"):
+    with raises(TypeError, "--algo ppo"):  # the way out
         QNetwork(gym.spaces.Box(0, 1, (3,)), gym.spaces.Box(0, 1, (2,)))
 
 
@@ -307,10 +307,9 @@ def test_learning_rate_anneals_and_a_resume_may_switch_it_off(tmp_path):
 
 
 @pytest.mark.parametrize("learning_starts, said", [
-    (40, "--learning-starts is 40 transitions, and the learner waits until it holds them"),
+    (40, ["--learning-starts", "40 transitions"]),
     # 256 env steps in all, 64 before the stop: the 192 left cannot refill 200
-    (200, "--learning-starts is 200 transitions, and this resumed run's 192 env steps are fewer: it will not learn; "
-          "raise --total-steps"),
+    (200, ["--learning-starts", "200 transitions", "192 env steps", "--total-steps"]),  # and what to raise
 ])
 def test_resume_without_the_replay_says_it_refills(tmp_path, capsys, learning_starts, said):
     argv = [a for a in SMALL_VR if a not in ("--save-replay", "true")] + ["--run-dir", str(tmp_path),
@@ -319,8 +318,7 @@ def test_resume_without_the_replay_says_it_refills(tmp_path, capsys, learning_st
     assert checkpoints.latest_loadable(tmp_path)[1]["replay"] is None
     capsys.readouterr()
     assert run(["--resume", str(tmp_path)])["iterations"] == 8
-    assert "holds no replay (--save-replay false): it refills from new experience" in (err := capsys.readouterr().err)
-    assert said in err, err
+    names(capsys.readouterr().err, "--save-replay false", *said)  # why it holds no replay
 
 
 def test_a_resume_takes_the_flags_of_the_runs_own_algorithm(tmp_path, capsys):
@@ -331,13 +329,12 @@ def test_a_resume_takes_the_flags_of_the_runs_own_algorithm(tmp_path, capsys):
     assert run(["--resume", str(tmp_path), "--save-replay", "true"], max_iterations=3)["iterations"] == 3
     assert checkpoints.latest_loadable(tmp_path)[1]["replay"] is not None
     capsys.readouterr()
-    for flags, said in ((["--replay-ratio", "4"], "the flags do not match the run being resumed: --replay-ratio="),
-                        # below the default --learning-starts, not the run's: a mismatch, not a learning-starts error
-                        (["--replay-capacity", "100"], "do not match the run being resumed: --replay-capacity=100 "),
-                        (["--epochs", "2"], "--epochs: for --algo ppo only, and this run is --algo apex")):
-        with pytest.raises(SystemExit) as stop:
+    for flags, named in ((["--replay-ratio", "4"], ["--replay-ratio", "4.0", "2.0"]),  # given, and the run's
+                         # below the default --learning-starts, not the run's: a mismatch, not a learning-starts error
+                         (["--replay-capacity", "100"], ["--replay-capacity", "100", "200"]),
+                         (["--epochs", "2"], ["--epochs", "ppo", "apex"])):  # whose flag, and this run's algorithm
+        with exits(2, *named, capsys=capsys):
             train_module.main(["--resume", str(tmp_path), *flags])
-        assert stop.value.code == 2 and said in capsys.readouterr().err
 
 
 def test_evaluate_plays_the_greedy_q_policy_against_the_baselines(tmp_path, capsys):
@@ -347,23 +344,21 @@ def test_evaluate_plays_the_greedy_q_policy_against_the_baselines(tmp_path, caps
     payload = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert payload["policy"]["episodes"] == 3
     assert set(payload["paired_reward_per_step"]) == {"throughput", "fair_share"}
-    with pytest.raises(SystemExit) as refused:  # a Q policy has no sampling: refused (a usage error), not mislabelled
-        evaluate_cli.main(["--checkpoint", str(tmp_path), "--episodes", "3", "--stochastic"])
-    assert refused.value.code == 2 and "error: --stochastic: " in capsys.readouterr().err
+    with exits(2, "--stochastic", capsys=capsys):  # a Q policy has no sampling: refused (a usage error), not
+        evaluate_cli.main(["--checkpoint", str(tmp_path), "--episodes", "3", "--stochastic"])  # mislabelled
 
 
-@pytest.mark.parametrize("argv, words", [(["--algo", "dqn"], "--algo"),
-                                         (["--algo", "apex", "--overlap", "true"], "--overlap"),
+@pytest.mark.parametrize("argv, named", [(["--algo", "dqn"], ["--algo", "dqn"]),
+                                         (["--algo", "apex", "--overlap", "true"], ["--overlap", "true"]),
                                          (["--algo", "apex", "--learning-starts", "10", "--replay-capacity", "5"],
-                                          "--learning-starts"),
+                                          ["--learning-starts", "10"]),
                                          (["--algo", "apex", "--learning-starts", "0", "--replay-capacity", "16",
                                            "--minibatch-size", "128"],
-                                          "--minibatch-size=128 is invalid: must be <= --replay-capacity (16)"),
-                                         (["--algo", "apex", "--n-step", "0"], "--n-step")])
-def test_bad_apex_config_is_a_clear_error(argv, words, capsys):
-    with pytest.raises(SystemExit):
+                                          ["--minibatch-size", "128", "--replay-capacity", "16"]),
+                                         (["--algo", "apex", "--n-step", "0"], ["--n-step", "0"])])
+def test_bad_apex_config_is_a_clear_error(argv, named, capsys):
+    with exits(2, *named, capsys=capsys):
         parse_args(argv)
-    assert words in capsys.readouterr().err
 
 
 def test_replay_beta_anneals_to_one_over_the_run():
@@ -380,7 +375,7 @@ def test_replay_beta_anneals_to_one_over_the_run():
 
 
 def test_apex_refuses_a_continuous_action_space(tmp_path):
-    with pytest.raises(ConfigError, match="Discrete or a 1-D MultiDiscrete"):
+    with raises(ConfigError, "--algo apex", "Box", "--algo ppo"):  # the space it got, and the way out
         run(["--algo", "apex", "--env", "Pendulum-v1", "--run-dir", str(tmp_path)])
 
 
@@ -458,7 +453,7 @@ def test_export_refuses_a_q_network_clearly(tmp_path, capsys):
     from trainer import export
     run(SMALL_VR + ["--run-dir", str(tmp_path)], max_iterations=1)
     capsys.readouterr()
-    with pytest.raises(SystemExit, match="Ape-X Q-network"):
+    with exits(1, tmp_path, "--algo apex"):
         export.main(["--checkpoint", str(tmp_path), "--format", "torchscript"])
     assert "exporting" not in capsys.readouterr().err  # refused before it says it is exporting
 
@@ -486,14 +481,12 @@ def test_n_step_longer_than_a_rollout_waits_for_enough_steps(tmp_path):
 
 def test_flags_of_the_other_algorithm_are_refused(capsys, tmp_path):
     for argv, flag in ((["--algo", "apex", "--epochs", "3"], "--epochs"), (["--n-step", "5"], "--n-step"),
-                       (["--algo", "apex", "--batch-size", "64"], "--apex-batch-size")):
-        with pytest.raises(SystemExit):
+                       (["--algo", "apex", "--gae-lambda", "0.9"], "--gae-lambda")):
+        with exits(2, flag, capsys=capsys):
             parse_args(argv)
-        assert flag in capsys.readouterr().err
     (tmp_path / "run.toml").write_text('algo = "apex"\nenv = "CartPole-v1"\nepochs = 2\n')
-    with pytest.raises(SystemExit):  # a key of the file is named as the file spells it, with the file
-        parse_args(["--config", str(tmp_path / "run.toml")])
-    assert f"{tmp_path / 'run.toml'}: epochs = 2 is invalid: for --algo ppo only" in capsys.readouterr().err
+    with exits(2, tmp_path / "run.toml", "epochs = 2", "ppo", capsys=capsys):  # a key of the file is named as the
+        parse_args(["--config", str(tmp_path / "run.toml")])                 # file spells it, with the file
 
 
 @pytest.mark.parametrize("save_replay", ["false", "true"])

@@ -16,6 +16,7 @@ from gymnasium.envs.classic_control import CartPoleEnv
 
 import checkpoints
 from tests.factories import FaultyCartPole
+from tests.messages import exits, names, not_names, raises, suggestion, usage_error
 from trainer import train as train_module
 from trainer.config import MAX_SEED, ConfigError, TrainConfig, new_run_config
 from trainer.flags import parse_args
@@ -89,35 +90,34 @@ def stored(run_dir: Path, copy: Path, **config) -> Path:
 SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("trace, words", [
-    (b"0 5\n1e9 6\n", ":2: the trace spans 1e+09 s by this line, more than the 4194304 windows"),
-    pytest.param(b"1600000000000\n1600000000002\n", ":1: the trace spans 1.6e+12 ms", marks=SLOW),
-    pytest.param(b"0 5\n1 1e308\n", ":2: throughput 1e+308 Mbit/s is above 1e+06 Mbit/s", marks=SLOW),
-    pytest.param(b"\x89PNG\r\n\x1a\n\x00\xff", ":1: not a text file", marks=SLOW),
+@pytest.mark.parametrize("trace, where, facts", [  # the file's line, the number read there, the limit
+    (b"0 5\n1e9 6\n", 2, ["1e+09 s", "4194304"]),
+    pytest.param(b"1600000000000\n1600000000002\n", 1, ["1.6e+12 ms"], marks=SLOW),
+    pytest.param(b"0 5\n1 1e308\n", 2, ["1e+308 Mbit/s", "1e+06 Mbit/s"], marks=SLOW),
+    pytest.param(b"\x89PNG\r\n\x1a\n\x00\xff", 1, [], marks=SLOW),
 ])
-def test_a_bad_trace_is_refused_at_once(tmp_path, trace, words):
+def test_a_bad_trace_is_refused_at_once(tmp_path, trace, where, facts):
     path = tmp_path / "trace.log"
     path.write_bytes(trace)
     line = command(["-m", "trainer.train", "--env-kwargs", f"capacity_trace={path}", "--run-dir",
                     str(tmp_path / "run")], 2, tmp_path)
-    assert f"{path}{words}" in line
+    names(line, f"{path}:{where}", *facts)
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--env-kwargs", "segment_s=abc"], "VR-edge argument segment_s=\"abc\" is invalid: must be a number, not text"),
+@pytest.mark.parametrize("argv, named, suggested", [
+    (["--env-kwargs", "segment_s=abc"], ["segment_s", "abc"], None),
     # inf passed every range check (a non-finite loss much later, blamed on --lr), nan failed one with the wrong rule
-    (["--env-kwargs", "noise_std=inf"], "VR-edge argument noise_std=inf is invalid: must be finite and >= 0 (a "
-                                        "standard deviation)"),
-    (["--env-kwargs", "fade_prob=nan"], "VR-edge argument fade_prob=nan is invalid: must be finite and in [0, 1]"),
-    (["--env-kwargs", "num-users=6"], "num-users: env arguments are the constructor's names, with underscores: "
-                                      "write num_users=6"),
-    (["--env-kwargs", "num_userz=6"], "VR-edge has no argument num_userz (did you mean num_users?); its arguments"),
+    (["--env-kwargs", "noise_std=inf"], ["noise_std", "inf"], None),
+    (["--env-kwargs", "fade_prob=nan"], ["fade_prob", "nan", "[0, 1]"], None),
+    (["--env-kwargs", "num-users=6"], ["num-users", "num_users=6"], None),  # what to write instead
+    (["--env-kwargs", "num_userz=6"], ["num_userz"], "num_users"),
     (["--algo", "apex", "--env", "CartPole-v1", "--learning-starts", "0", "--replay-capacity", "16",
-      "--apex-batch-size", "128"], "--apex-batch-size=128 is invalid: must be <= --replay-capacity (16)"),
+      "--minibatch-size", "128"], ["--minibatch-size", "128", "--replay-capacity", "16"], None),
 ])
-def test_bad_flags_are_refused_at_once(tmp_path, argv, words):
-    assert words in command(["-m", "trainer.train", *argv, "--run-dir", str(tmp_path / "run")], 2, tmp_path)
+def test_bad_flags_are_refused_at_once(tmp_path, argv, named, suggested):
+    line = command(["-m", "trainer.train", *argv, "--run-dir", str(tmp_path / "run")], 2, tmp_path)
+    assert suggestion(names(line, *named)) == suggested
     assert not (tmp_path / "run").exists()
 
 
@@ -137,28 +137,24 @@ class AnyArgumentEnv(FaultyCartPole):
         super().__init__()
 
 
-@pytest.mark.parametrize("entry_point, env_kwargs, said", [
-    (PickyEnv, "levl=2", "Picky-v0 has no argument levl (did you mean level?); its arguments are fail_at, level, "
-                         "name (drop it)"),
-    (PickyEnv, "level=12", "Picky-v0 refused them (level must be at most 9); pass only its constructor's "
-                           "arguments, with values it takes"),
-    # a value of another kind than the default's, which the constructor would take as it is
-    (PickyEnv, "level=2.5", "Picky-v0's argument level=2.5 is invalid: must be an integer (its default is 1)"),
-    (PickyEnv, "level=true", "Picky-v0's argument level=true is invalid: must be an integer (its default is 1)"),
-    (PickyEnv, "name=3", "Picky-v0's argument name=3 is invalid: must be text (its default is \"x\")"),
-    (CartPoleEnv, "sutton_barto_reward=abc", "Picky-v0's argument sutton_barto_reward=\"abc\" is invalid: must be "
-                                             "true or false (its default is false)"),
-    (AnyArgumentEnv, "x=1", "Picky-v0 refused them (unexpected options ['x']); pass only its constructor's "
-                            "arguments, with values it takes"),
+@pytest.mark.parametrize("entry_point, env_kwargs, named, suggested", [
+    (PickyEnv, "levl=2", ["levl", "fail_at", "level", "name"], "level"),  # and the arguments it has
+    (PickyEnv, "level=12", ["level must be at most 9"], None),  # the constructor's own words
+    # a value of another kind than the default's, which the constructor would take as it is: the default named
+    (PickyEnv, "level=2.5", ["level=2.5", "1"], None),
+    (PickyEnv, "level=true", ["level=true", "1"], None),
+    (PickyEnv, "name=3", ["name=3", '"x"'], None),
+    (CartPoleEnv, "sutton_barto_reward=abc", ['sutton_barto_reward="abc"', "false"], None),
+    (AnyArgumentEnv, "x=1", ["unexpected options ['x']"], None),
 ])
-def test_env_arguments_the_constructor_does_not_take_are_named(monkeypatch, entry_point, env_kwargs, said):
+def test_env_arguments_the_constructor_does_not_take_are_named(monkeypatch, entry_point, env_kwargs, named,
+                                                               suggested):
     from trainer.common.spaces import model_spaces
     from trainer.config import ConfigError, TrainConfig
     monkeypatch.setitem(gym.registry, "Picky-v0", gym.envs.registration.EnvSpec("Picky-v0", entry_point))
-    with pytest.raises(ConfigError) as info:
+    with raises(ConfigError, "--env-kwargs", "Picky-v0", *named, key="env_kwargs") as info:
         model_spaces(TrainConfig(env="Picky-v0", env_kwargs=env_kwargs))
-    checked = "'s argument " in said  # a value's kind, checked before the env is built; else the constructor's call
-    assert str(info.value) == ("--env-kwargs: " if checked else f"--env-kwargs={env_kwargs!r} is invalid: ") + said
+    assert suggestion(str(info.value)) == suggested
 
 
 # ---------------------------------------------------------------------------- a checkpoint's stored config
@@ -170,46 +166,44 @@ def test_env_arguments_the_constructor_does_not_take_are_named(monkeypatch, entr
 def test_a_stored_network_size_that_does_not_fit_the_weights_allocates_nothing(vr_run, tmp_path, args):
     copy = stored(vr_run, tmp_path / "run", hidden="60000,60000")  # 14.4 GB for its middle layer
     line = command(["-m", *args, str(copy)], 1, tmp_path)
-    assert "its network does not fit VREdge-v0" in line and "hidden='60000,60000'" in line
-    assert "is [64, 12] in the file but [60000, 12] here" in line
+    names(line, "VREdge-v0", "hidden", "60000,60000", "[64, 12]", "[60000, 12]")  # the shapes: file's, config's
 
 
 def test_a_stored_env_count_that_does_not_fit_the_collector_state_allocates_nothing(vr_run, tmp_path):
     copy = stored(vr_run, tmp_path / "run", num_envs=10**9)  # 244 GB of VR-edge observations
     line = command(["-m", "trainer.train", "--resume", str(copy)], 1, tmp_path)
-    assert "its config asks for num_envs=1,000,000,000 but its collector state holds 4 envs" in line
+    names(line, "num_envs", "1,000,000,000", "4")  # the stored setting, and the envs the state holds
 
 
 def test_a_stored_setting_this_machine_cannot_run_is_a_usage_error_that_says_where_it_came_from(vr_run, tmp_path):
     """A GPU run resumed on a machine without one: exit status 2 as for the flag, naming the stored setting."""
     copy = stored(vr_run, tmp_path / "run", device="cuda")
     line = command(["-m", "trainer.train", "--resume", str(copy)], 2, tmp_path)
-    assert line.endswith("error: --device cuda requested but CUDA is not available here; use --device cpu or auto "
-                         "(the run's stored --device; pass --device to change it on resume) (see --help)"), line
+    names(line, "--device", "cuda", "stored")  # where the setting came from
     line = command(["-m", "trainer.train", "--resume", str(copy), "--cuda-graphs", "true", "--device", "cpu"], 2,
                    tmp_path)
-    assert "--cuda-graphs=true is invalid: needs a CUDA learner" in line and "stored" not in line
+    not_names(names(line, "--cuda-graphs", "true"), "stored")
 
 
 def test_a_flag_that_would_change_the_resumed_run_is_a_usage_error(vr_run, tmp_path):
     line = command(["-m", "trainer.train", "--resume", str(vr_run), "--num-envs", "8"], 2, tmp_path)
-    assert "the flags do not match the run being resumed: --num-envs=8 (run has 4). Drop them" in line
+    names(line, "--num-envs", "8", "4")  # given, and the run's
 
 
 def test_a_stored_value_of_the_wrong_type_is_named(vr_run, tmp_path):
     copy = stored(vr_run, tmp_path / "run", num_envs="4")  # it was '>=' not supported between 'str' and 'int'
     line = command(["-m", "trainer.train", "--resume", str(copy)], 1, tmp_path)
-    assert "its stored config has num_envs = '4', a str; expected an integer (a config edited by hand?)" in line
+    names(line, "num_envs", "'4'", "str")
 
 
 # ---------------------------------------------------------------------------- sizes, before anything is allocated
 
-@pytest.mark.parametrize("argv, named, limit", [
-    (["--num-steps", "1000000000"], "--num-steps=1000000000", ""),  # 65 TiB of VR-edge rollout
-    (["--env-kwargs", "num_users=1000000000"], "--env-kwargs='num_users=1000000000'", ""),  # 28 GB an observation
-    (["--seed", "99999999999999999999999"], "--seed=99999999999999999999999", str(MAX_SEED)),  # what torch takes
+@pytest.mark.parametrize("argv, named", [
+    (["--num-steps", "1000000000"], ["--num-steps", "1000000000"]),  # 65 TiB of VR-edge rollout
+    (["--env-kwargs", "num_users=1000000000"], ["--env-kwargs", "num_users=1000000000"]),  # 28 GB an observation
+    (["--seed", "99999999999999999999999"], ["--seed", "99999999999999999999999", MAX_SEED]),  # what torch takes
 ])
-def test_a_size_no_machine_holds_is_one_line_before_anything_is_allocated_or_written(tmp_path, argv, named, limit):
+def test_a_size_no_machine_holds_is_one_line_before_anything_is_allocated_or_written(tmp_path, argv, named):
     """Issue 43: these were tracebacks (exit status 1), the first after config.json and metrics.jsonl were written,
     the second after an allocation of 26 GiB; the address space is limited to 8 GB here, so that what is
     allocated before the check fails as an allocation. (The memory limits are this box's:
@@ -217,8 +211,8 @@ def test_a_size_no_machine_holds_is_one_line_before_anything_is_allocated_or_wri
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "trainer.train", *argv, "--run-dir", str(run_dir)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, preexec_fn=_limit_memory)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert named in proc.stderr and limit in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    usage_error(proc.returncode, proc.stderr, *named)
     assert not run_dir.exists()
 
 
@@ -281,13 +275,12 @@ def test_a_replay_larger_than_the_memory_is_refused_before_it_is_allocated(tmp_p
         train_module.main([*REPLAY, "--replay-capacity", "1000", "--run-dir", str(run_dir)])
         line = command(["-m", "trainer.train", "--resume", str(stored(run_dir, tmp_path / "copy",
                                                                       replay_capacity=int(big)))], 2, tmp_path)
-        assert line.endswith("lower it (the run's stored --replay-capacity) (see --help)"), line
+        names(line, "stored")  # where the setting came from
     else:
         line = command(["-m", "trainer.train", *REPLAY, "--replay-capacity", big, "--run-dir", str(run_dir)], 2,
                        tmp_path)
         assert not run_dir.exists()
-    assert f"--replay-capacity={big} is invalid: the replay would take 223.3 GiB (79 bytes per transition), more " \
-           "than the" in line and "GiB of memory available here; lower it" in line
+    names(line, "--replay-capacity", big, "223.3 GiB", "79 bytes")  # what it would take, and per transition
 
 
 def test_a_stored_trace_path_is_named_but_its_file_is_not_quoted(vr_run, tmp_path):
@@ -295,7 +288,7 @@ def test_a_stored_trace_path_is_named_but_its_file_is_not_quoted(vr_run, tmp_pat
     private.write_text("root:x:0:0:secret:/root:/bin/bash\n")
     copy = stored(vr_run, tmp_path / "run", env_kwargs=f"capacity_trace={private}")
     line = command(["-m", "trainer.evaluate", "--episodes", "1", "--checkpoint", str(copy)], 1, tmp_path)
-    assert f"{private}:1: field 1 is not a number" in line
+    names(line, f"{private}:1")
     assert "secret" not in line.replace(str(tmp_path), "")
 
 
@@ -303,13 +296,13 @@ def test_evaluate_names_its_own_capacity_trace_when_that_is_what_is_wrong(vr_run
     missing = tmp_path / "nowhere"
     line = command(["-m", "trainer.evaluate", "--checkpoint", str(vr_run), "--capacity-trace", str(missing)], 2,
                    tmp_path)  # a usage error, before torch loads
-    assert f"error: --capacity-trace={missing}: no such file or directory" in line, line
+    names(line, "--capacity-trace", missing)
     bad = tmp_path / "trace.log"
     bad.write_bytes(b"0 5\n1e9 6\n")
     line = command(["-m", "trainer.evaluate", "--checkpoint", str(vr_run), "--capacity-trace", str(bad)], 1,
                    tmp_path)  # the given trace is wrong, not the run's stored config
-    assert f": with capacity_trace={bad},trace_split=all in place of its own env arguments: " in line, line
-    assert "stored config" not in line and f"{bad}:2: the trace spans" in line, line
+    names(line, f"capacity_trace={bad},trace_split=all", f"{bad}:2")  # the env arguments played, the bad line
+    not_names(line, "stored")
 
 
 def test_evaluate_refuses_a_capacity_trace_for_an_env_without_one(tmp_path):
@@ -319,9 +312,7 @@ def test_evaluate_refuses_a_capacity_trace_for_an_env_without_one(tmp_path):
     (tmp_path / "trace.log").write_text("0 5\n1 6\n")
     line = command(["-m", "trainer.evaluate", "--checkpoint", str(run_dir), "--capacity-trace",
                     str(tmp_path / "trace.log")], 2, tmp_path)  # it was a TypeError traceback from gym.make
-    assert line.startswith("python -m trainer.evaluate: error: --capacity-trace applies to VREdge-v0, not "
-                           "CartPole-v1 ("), line
-    assert line.endswith("; drop it (see --help)"), line
+    names(line, "--capacity-trace", "VREdge-v0", "CartPole-v1")
 
 
 # ---------------------------------------------------------------------------- evaluation.json, as export reads it
@@ -332,7 +323,7 @@ def test_export_names_a_malformed_evaluation_json(vr_run, tmp_path, payload):
     copy = stored(vr_run, tmp_path / "run")
     (copy / "evaluation.json").write_text(payload)
     line = command(["-m", "trainer.export", "--format", "torchscript", "--checkpoint", str(copy)], 1, tmp_path)
-    assert f"{copy / 'evaluation.json'} is not an evaluation trainer.evaluate wrote" in line
+    names(line, copy / "evaluation.json")
     assert not (copy / "export" / "policy.pt").exists()
 
 
@@ -359,9 +350,9 @@ def test_a_row_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     with MetricsLog(path) as log:
         log.append({"iteration": 1})
         log.append({"iteration": 2})
-        with pytest.raises(MetricsWriteError, match=f"cannot write {path}: No space left on device; row 3"):
+        with raises(MetricsWriteError, path, os.strerror(errno.ENOSPC), "row 3"):
             log.append({"iteration": 3, "sps": 1.5})
-        with pytest.raises(MetricsWriteError, match="row 3"):  # still full: the file stays as it was
+        with raises(MetricsWriteError, "row 3"):  # still full: the file stays as it was
             log.append({"iteration": 3, "sps": 1.5})
     monkeypatch.undo()
     assert path.read_text() == '{"iteration": 1}\n{"iteration": 2}\n'
@@ -371,7 +362,7 @@ def test_a_row_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
 def test_a_full_disk_under_metrics_stops_the_run_with_one_line_and_the_last_row_saved(tmp_path):
     run_dir = tmp_path / "run"
     line = command(["-c", FULL_DISK, *VR, "--run-dir", str(run_dir)], 1, REPO)
-    assert line.startswith(f"error: cannot write {run_dir / 'metrics.jsonl'}: No space left on device; row 3")
+    names(line, run_dir / "metrics.jsonl", os.strerror(errno.ENOSPC), "row 3")
     rows = [json.loads(r)["iteration"] for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows == [1, 2]  # the torn third row was cut off
     assert checkpoints.latest_loadable(run_dir)[1]["iteration"] == 2  # iteration 3 has no row: not completed
@@ -393,13 +384,9 @@ def test_a_ray_address_where_nothing_listens_is_one_line_not_a_wait_for_ever(tmp
     """ray.init retries an address where nothing answers without a bound (and logs every 40 s)."""
     pytest.importorskip("ray")
     port = _closed_port()
-    with pytest.raises(SystemExit) as info:
+    with exits(1, f"127.0.0.1:{port}", "Connection refused", f"ray start --head --port={port}", "--ray-address"):
         train_module.main(["--backend", "ray", "--ray-address", f"127.0.0.1:{port}", "--env", "CartPole-v1",
                            "--run-dir", str(tmp_path / "run")])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert info.value.code == f"error: no Ray cluster answers at 127.0.0.1:{port} ([Errno 111] Connection " \
-        f"refused): start its head there (ray start --head --port={port}), or give the address that `ray start` " \
-        "printed (--ray-address)", err
     assert not (tmp_path / "run").exists()
 
 
@@ -427,16 +414,13 @@ def test_a_ray_cluster_that_refuses_this_process_names_token_authentication(monk
         assert type(info.value) is ConnectionError
     else:
         assert isinstance(info.value, ray_.RayConnectError)
-        assert f"the Ray cluster at {address} refused this process" in str(info.value)
-        assert "run with RAY_AUTH_MODE=token" in str(info.value)
+        names(str(info.value), address, "RAY_AUTH_MODE=token")  # where, and what to set
 
 
 def test_the_ray_backend_without_its_extra_is_one_line(tmp_path, capsys, monkeypatch):
     import importlib.util
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
-    with pytest.raises(SystemExit) as info:
+    with exits(2, "--backend", "ray", "pip install -e '.[ray]'", capsys=capsys):
         train_module.main(["--backend", "ray", "--env", "CartPole-v1", "--run-dir", str(tmp_path / "run")])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and "--backend='ray' is invalid: needs the ray extra: pip install -e '.[ray]'" in err
-    assert "Traceback" not in err and not (tmp_path / "run").exists()
+    assert not (tmp_path / "run").exists()

@@ -8,6 +8,7 @@ import torch
 
 from collectors import EnvError, RolloutCollector, WorkerDiedError, env_seeds
 from tests import factories as f
+from tests.messages import not_names, raises
 
 BACKENDS = ["serial", "sync", "async"]
 
@@ -149,48 +150,48 @@ def test_update_policy_loads_a_state_dict_swaps_a_callable_and_counts_versions()
         assert c.policy is acting  # weights were copied in, the module kept
         c.update_policy(lambda obs: torch.zeros(len(obs), dtype=torch.int64))
         assert (c.collect().batch["actions"] == 0).all() and c.policy_version == 2
-        with pytest.raises(TypeError, match="not a torch.nn.Module"):
+        with raises(TypeError, "state_dict", "torch.nn.Module"):  # what it got, what the policy is not
             c.update_policy(learner.state_dict())
-        with pytest.raises(TypeError, match="policy callable or a state_dict"):
+        with raises(TypeError, "update_policy", "int"):
             c.update_policy(3)
         assert c.policy_version == 2  # refused updates count nothing
 
 
-@pytest.mark.parametrize("kwargs, exc, match", [
-    (dict(env_fns=[]), ValueError, "empty"),
-    (dict(num_steps=0), ValueError, "num_steps"),
-    (dict(backend="threads"), ValueError, "unknown backend"),
-    (dict(backend="async", num_workers=0), ValueError, "num_workers"),
-    (dict(backend="async", num_workers=5), ValueError, "num_workers"),
-    (dict(env_fns=[f.cartpole, f.pendulum]), ValueError, "observation space"),
-    (dict(env_fns=[gym.make("CartPole-v1")]), TypeError, "not callable"),
-    (dict(env_fns=[lambda: 3]), TypeError, "not a gymnasium.Env"),
-    (dict(seed=-1), ValueError, "seed"),
+@pytest.mark.parametrize("kwargs, exc, named", [
+    (dict(env_fns=[]), ValueError, ["env_fns"]),
+    (dict(num_steps=0), ValueError, ["num_steps", "0", "1"]),
+    (dict(backend="threads"), ValueError, ["threads", "sync"]),  # and the backends there are
+    (dict(backend="async", num_workers=0), ValueError, ["num_workers", "0", "[1, 1]"]),  # the range, computed
+    (dict(backend="async", num_workers=5), ValueError, ["num_workers", "5", "[1, 1]"]),
+    (dict(env_fns=[f.cartpole, f.pendulum]), ValueError, ["observation", "(3,)", "(4,)"]),  # the two spaces
+    (dict(env_fns=[gym.make("CartPole-v1")]), TypeError, ["env_fns[0]", "TimeLimit"]),
+    (dict(env_fns=[lambda: 3]), TypeError, ["int", "gymnasium.Env"]),
+    (dict(seed=-1), ValueError, ["seed", "-1"]),
 ])
-def test_bad_arguments_raise_clear_errors(kwargs, exc, match):
+def test_bad_arguments_raise_clear_errors(kwargs, exc, named):
     args = dict(env_fns=[f.cartpole] * 2, policy=lambda o: torch.zeros(len(o), dtype=torch.int64), num_steps=4)
     args.update(kwargs)
-    with pytest.raises(exc, match=match):
+    with raises(exc, *named):
         RolloutCollector(**args)
 
 
 def test_non_picklable_factory_is_rejected_before_workers_start():
-    with pytest.raises(TypeError, match="top-level function, or functools.partial"):
+    with raises(TypeError, "env factory 0", "functools.partial"):  # which factory, and the way out
         RolloutCollector([lambda: gym.make("CartPole-v1")] * 2, lambda o: o, backend="async", num_workers=1)
 
 
-@pytest.mark.parametrize("policy, exc, match", [
-    (lambda o: torch.zeros(len(o) + 1, dtype=torch.int64), ValueError, "shape"),
-    (lambda o: torch.zeros(len(o)), TypeError, "integer"),
-    (lambda o: {"act": torch.zeros(len(o))}, ValueError, "without 'action'"),
+@pytest.mark.parametrize("policy, exc, named", [
+    (lambda o: torch.zeros(len(o) + 1, dtype=torch.int64), ValueError, ["(3,)", "(2,)"]),  # got, expected
+    (lambda o: torch.zeros(len(o)), TypeError, ["torch.float32", "Discrete(2)"]),
+    (lambda o: {"act": torch.zeros(len(o))}, ValueError, ["'action'", "['act']"]),  # missing, and the keys there
     (lambda o: {"action": torch.zeros(len(o), dtype=torch.int64), "value": torch.zeros(len(o), 2)},
-     ValueError, "value"),
+     ValueError, ["value", "(2, 2)", "(2,)"]),
 ])
 @pytest.mark.parametrize("backend", ["sync", "async"])
-def test_bad_policy_output_raises_and_leaves_no_workers(policy, exc, match, backend):
+def test_bad_policy_output_raises_and_leaves_no_workers(policy, exc, named, backend):
     import multiprocessing as mp
     c = RolloutCollector([f.cartpole] * 2, policy, backend=backend, num_steps=4, num_workers=1)
-    with pytest.raises(exc, match=match):
+    with raises(exc, *named):
         c.collect()
     assert not mp.active_children()
 
@@ -200,17 +201,15 @@ def test_env_exception_names_the_env_and_keeps_the_traceback(backend):
     import multiprocessing as mp
     env_fns = [f.cartpole, f.cartpole, f.exploding, f.cartpole]
     with RolloutCollector(env_fns, f.RandomPolicy(2), backend=backend, num_steps=20, num_workers=1) as c:
-        with pytest.raises(EnvError, match="env 2 raised") as info:
+        with raises(EnvError, "env 2", "simulator exploded", lines=None) as info:  # the env's own error, traceback
             c.collect()
     assert info.value.env_index == 2
-    assert "simulator exploded" in str(info.value)
     assert not mp.active_children()
 
 
 def test_a_worker_killed_while_it_builds_its_envs_is_named_in_words():
     import multiprocessing as mp
-    with pytest.raises(WorkerDiedError, match=r"async worker 0 \(pid \d+, its envs not yet built, from env "
-                       r"factories 1\) died during start: killed by SIGKILL \(the kernel's out-of-memory killer"):
+    with raises(WorkerDiedError, "worker 0", "factories 1", "start", "SIGKILL", "out-of-memory"):  # who, when, how
         RolloutCollector([f.cartpole, f.killed_while_built], f.RandomPolicy(2), backend="async", num_workers=1)
     assert not mp.active_children()
 
@@ -219,7 +218,7 @@ def test_dead_worker_is_detected_quickly_and_nothing_is_left_behind():
     import multiprocessing as mp
     c = RolloutCollector([f.cartpole, f.suicidal], f.RandomPolicy(2), backend="async", num_steps=20, num_workers=1)
     start = time.monotonic()
-    with pytest.raises(WorkerDiedError, match="exit code 13"):
+    with raises(WorkerDiedError, "exit code 13"):
         c.collect()
     assert time.monotonic() - start < 10
     assert not mp.active_children()
@@ -238,8 +237,7 @@ def test_a_worker_killed_between_rollouts_is_named_by_the_next_command(then, sen
     victim = c.stepper.procs[1]
     victim.kill()
     victim.join(timeout=10)
-    with pytest.raises(WorkerDiedError, match=rf"async worker 1 \(pid {victim.pid}, envs [-\d]+\) died during "
-                                              rf"{sent}: killed by SIGKILL \(the kernel's out-of-memory killer"):
+    with raises(WorkerDiedError, "worker 1", f"pid {victim.pid}", sent, "SIGKILL", "out-of-memory"):
         c.collect() if then == "collect" else c.get_state() if then == "get_state" else c.set_state(state)
     assert not mp.active_children()
 
@@ -269,7 +267,7 @@ def test_continuous_actions_and_log_prob_free_policy():
 def test_vector_env_with_next_step_autoreset_is_rejected():
     def make_vec():
         return gym.vector.SyncVectorEnv([f.cartpole])
-    with pytest.raises(ValueError, match="same-step autoreset"):
+    with raises(ValueError, "NEXT_STEP", "SAME_STEP"):  # the mode it has, the one to pass
         RolloutCollector([make_vec], lambda o: o, backend="sync")
 
 
@@ -322,7 +320,7 @@ def test_missing_ray_says_how_to_install(monkeypatch):
 
     from collectors.backends import ray_
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(ImportError, match=r"pip install -e '\.\[ray\]'"):
+    with raises(ImportError, "pip install -e '.[ray]'"):
         ray_.require_ray()
 
 
@@ -339,11 +337,11 @@ def test_make_collector_picks_the_class_and_refuses_options_a_backend_lacks():
     with make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="serial", num_steps=3) as c:
         assert isinstance(c, RolloutCollector) and c.collect().batch.batch_size == torch.Size([3, 2])
     for option in ({"keeps_collecting": True}, {"ray_address": "auto"}, {"envs_per_worker": 2}):
-        with pytest.raises(ValueError, match=f"does not support {next(iter(option))}.*use backend='ray'"):
+        with raises(ValueError, "backend='sync'", next(iter(option)), "backend='ray'"):
             make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", **option)
-    with pytest.raises(ValueError, match="unknown backend 'threads'"):
+    with raises(ValueError, "'threads'"):
         make_collector([f.cartpole], f.RandomPolicy(2), backend="threads")
-    with pytest.raises(ValueError, match="has its own collector"):
+    with raises(ValueError, "backend='ray'", "make_collector"):  # the way to it
         RolloutCollector([f.cartpole], f.RandomPolicy(2), backend="ray")
 
 
@@ -379,6 +377,6 @@ def test_the_local_collector_does_not_import_ray_plumbing():
 
 def test_a_typo_is_refused_without_a_ray_hint():
     from collectors import make_collector
-    with pytest.raises(ValueError, match="does not support horzon; its options") as info:
+    with raises(ValueError, "backend='sync'", "horzon", "horizon") as info:  # and the options it has
         make_collector([f.cartpole], f.RandomPolicy(2), backend="sync", horzon=4)
-    assert "Ray only" not in str(info.value)
+    not_names(str(info.value), "backend='ray'")

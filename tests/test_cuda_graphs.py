@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import trainer.run_layout as run_layout_module
+from tests.messages import raises, usage_error
 from trainer.common.flat_params import flat_parameters
 from trainer.config import TrainConfig, new_run_config
 from trainer.flags import parse_args
@@ -123,15 +124,14 @@ def test_steps_inside_training_state_kept_leave_no_trace(steps_before):
 
 def test_a_step_is_captured_only_on_cuda_with_a_capturable_optimizer():
     _, step = learner()
-    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device; this step's parameters are on cpu"):
+    with raises(ValueError, "CUDA", "cpu"):  # what it needs, where the parameters are
         CapturedStep(step)
 
 
 # ---------------------------------------------------------------------------- what the layout and the CLI decide
 
 def test_cuda_graphs_on_a_cpu_learner_is_refused_naming_the_fix():
-    with pytest.raises(ValueError, match=r"--cuda-graphs=true is invalid: needs a CUDA learner, but this run learns "
-                                         r"on cpu: use --device cuda on a machine with a GPU, or --cuda-graphs false"):
+    with raises(ValueError, "--cuda-graphs", "true", "cpu", "--device cuda", "--cuda-graphs false", key="cuda_graphs"):
         run_layout(TrainConfig.from_dict(dict(device="cpu", cuda_graphs=True)), Machine(cores=2))
 
 
@@ -139,15 +139,15 @@ def test_cuda_graphs_on_the_command_line_without_a_gpu_is_one_line(tmp_path):
     run = subprocess.run([sys.executable, "-m", "trainer.train", "--device", "cpu", "--cuda-graphs", "true",
                           "--total-steps", "1024", "--run-dir", str(tmp_path / "r")],
                          capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2, run.stderr
     lines = [line for line in run.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "--cuda-graphs=true is invalid: needs a CUDA learner" in lines[0], run.stderr
+    assert len(lines) == 1, run.stderr
+    usage_error(run.returncode, run.stderr, "--cuda-graphs", "true", "cpu")
     assert not (tmp_path / "r" / "checkpoints").exists()
     toml = tmp_path / "run.toml"
     toml.write_text("cuda-graphs = true\n")
     run = subprocess.run([sys.executable, "-m", "trainer.train", "--device", "cpu", "--config", str(toml)],
                          capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2 and f"{toml}: cuda_graphs = true is invalid: needs a CUDA learner" in run.stderr
+    usage_error(run.returncode, run.stderr, toml, "cuda_graphs = true", "cpu")
 
 
 def test_cuda_graphs_are_ppos_setting():
@@ -216,7 +216,7 @@ def test_replacing_the_optimizer_state_after_the_capture_is_refused():
     batch = samples(model, 64)
     captured(batch.index(slice(0, 16)))
     step.optimizer.load_state_dict(step.optimizer.state_dict())  # new state tensors: the graph's are stale
-    with pytest.raises(RuntimeError, match="replaced after its step was captured"):
+    with raises(RuntimeError, "load_state_dict", "CapturedStep"):  # what replaced it, and the way out
         captured(batch.index(slice(16, 32)))
 
 

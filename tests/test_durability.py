@@ -23,6 +23,7 @@ import torch
 import checkpoints
 from collectors.env_group import EnvGroup
 from tests.factories import settings_file
+from tests.messages import names, raises
 from trainer import train as train_module
 from trainer.flags import parse_args
 from trainer.ppo.algorithm import PPO
@@ -199,7 +200,7 @@ def test_an_env_error_keeps_the_last_completed_iteration(tmp_path, monkeypatch):
             raise RuntimeError("simulated env bug")
         return real(self, *args)
     monkeypatch.setattr(EnvGroup, "step", failing)
-    with pytest.raises(Exception, match="simulated env bug"):
+    with raises(Exception, "simulated env bug", lines=None):  # the env's own error
         run(VR + ["--run-dir", str(tmp_path), "--checkpoint-every", "10"])
     assert final_state(tmp_path)["iteration"] == 2 == len(metrics(tmp_path))
 
@@ -239,8 +240,7 @@ def test_a_resume_removes_the_partial_file_of_a_save_that_was_killed(tmp_path, c
     capsys.readouterr()
     run(["--resume", str(tmp_path)], max_iterations=4)
     assert not Path(partial).exists() and final_state(tmp_path)["iteration"] == 4
-    assert f"removed 1 partial checkpoint file of a save that never finished ({Path(partial).name})" in \
-        capsys.readouterr().err
+    names(capsys.readouterr().err, Path(partial).name)  # the partial file removed, named
 
 
 def test_after_a_crash_resume_runs_lost_iterations_once(tmp_path):
@@ -380,7 +380,8 @@ def test_a_storm_of_signals_after_a_stop_keeps_the_first_ones_exit_status(tmp_pa
         time.sleep(0.005)
     said = log.read_text()
     assert proc.returncode == 128 + signal.SIGINT and storm > 1, (proc.returncode, storm, said[-2000:])
-    assert "stopped by SIGINT" in said and "Traceback" not in said, said[-2000:]
+    assert "Traceback" not in said, said[-2000:]
+    names(said, "SIGINT")  # the first signal's
     assert final_state(run_dir)["iteration"] == len(metrics(run_dir)) >= 1
     assert not (run_dir / "lock").exists()
     _, alive = psutil.wait_procs(children, timeout=10)
@@ -398,7 +399,7 @@ def test_a_sighup_ignored_at_start_stays_ignored():
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, previous)
-    with pytest.raises(KeyboardInterrupt, match="stopped by SIGHUP"), StopSignals():
+    with raises(KeyboardInterrupt, "SIGHUP"), StopSignals():
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(0.01)
 

@@ -1,6 +1,7 @@
 """trainer.export: exported files match the trained model in a process that cannot import this package."""
 
 import copy
+import errno
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from torch import nn
 
 import checkpoints
 from tests.factories import settings_file
+from tests.messages import exits, names, not_names, raises, usage_error
 from trainer import train as train_module
 from trainer.evaluate import main as evaluate_main
 from trainer.evaluation.policies import trained_model
@@ -139,7 +141,7 @@ def test_an_export_without_the_normaliser_fails_the_check(tmp_path, cartpole):
     path = tmp_path / "policy.pt"
     export_cli.export_file(export_cli.ExportedPolicy(_no_norm(model)), "torchscript", path, obs_dim=4)
     obs = export_cli.verification_observations(model, cfg.env, seed=0)
-    with pytest.raises(export_cli.ExportError, match="disagrees with the trained model"):
+    with raises(export_cli.ExportError, "policy.pt", f"{len(obs)} observations", f"/{len(obs)}"):  # how many agree
         export_cli.verify(model, path, obs)
 
 
@@ -150,14 +152,14 @@ def test_a_failed_check_writes_nothing(tmp_path, cartpole, monkeypatch, capsys):
 
     monkeypatch.setattr(export_cli, "ExportedPolicy", WithoutNormaliser)
     out = tmp_path / "out"
-    with pytest.raises(SystemExit, match=r"^error: policy\.pt disagrees with the trained model: \d+ observations, "
-                                         r"greedy actions identical on \d+/\d+"):  # the numbers, said once
+    with exits(1, "policy.pt") as info:
         export_main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(out / "a" / "b")])
+    assert re.search(r"\d+ observations\b.*\b\d+/\d+", info.value.code)  # the numbers, said once
     assert not out.exists()  # the directories it made, left empty, are gone too
     assert "policy.pt:" not in capsys.readouterr().out  # no line that reads as if it had passed
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(SystemExit, match="disagrees"):
+    with exits(1, "policy.pt"):
         export_main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(out)])
     assert [p.name for p in out.iterdir()] == ["notes.txt"]  # a directory the user had stays as it was
 
@@ -190,7 +192,7 @@ def test_export_ships_the_checkpoint_evaluate_measured_and_says_when_the_evaluat
 
     err, card = exported(str(run))
     assert card["checkpoint"]["path"] == str(older.resolve())
-    assert f"exporting the best checkpoint (validation): {older}" in err
+    names(err, "best", older)  # which pick, which file
     assert exported(str(run), "--pick", "latest")[1]["checkpoint"]["path"] == str(newest.resolve())
     assert exported(str(run / "checkpoints" / "best"))[1]["checkpoint"]["path"] == str(older.resolve())
     assert exported(str(run / "checkpoints" / "latest"))[1]["checkpoint"]["path"] == str(newest.resolve())
@@ -198,15 +200,12 @@ def test_export_ships_the_checkpoint_evaluate_measured_and_says_when_the_evaluat
     evaluate_main(["--checkpoint", str(run), "--episodes", "2", "--stochastic"])  # the best, sampled
     err, card = exported(str(run))
     assert card["evaluation"]["same_checkpoint"] and card["evaluation"]["actions"] == "sampled"
-    assert "evaluation.json is of sampled actions, where the export acts greedily; the card keeps it" in err
-    assert f"python -m trainer.evaluate --checkpoint {older} (greedy, without --stochastic) describes" in err
+    names(err, "evaluation.json", "sampled", f"python -m trainer.evaluate --checkpoint {older}", "--stochastic")
     evaluate_main(["--checkpoint", str(run), "--episodes", "3"])
-    assert f"replaced the previous {run / 'evaluation.json'} (2 episodes, sampled actions, of {older.name})" in \
-        capsys.readouterr().out
+    names(capsys.readouterr().out, run / "evaluation.json", "2 episodes", "sampled", older.name)  # what it was
     err, card = exported(str(run), "--pick", "latest")
     assert not card["evaluation"]["same_checkpoint"] and card["evaluation"]["actions"] == "greedy"
-    assert f"evaluation.json is of another checkpoint ({older.name}); the card keeps it" in err
-    assert f"python -m trainer.evaluate --checkpoint {newest} (greedy" in err
+    names(err, "evaluation.json", older.name, f"python -m trainer.evaluate --checkpoint {newest}")
     err, card = exported(str(run))
     assert card["evaluation"]["same_checkpoint"] and "note:" not in err
 
@@ -237,7 +236,7 @@ def one_line_error(argv) -> str:
 def test_a_checkpoint_of_another_format_version(tmp_path):
     path = tmp_path / "ckpt_00000001.pt"
     torch.save({"format_version": 2, "state": {}}, path)
-    assert "format version 2 is not supported" in one_line_error(["--checkpoint", str(path)])
+    names(one_line_error(["--checkpoint", str(path)]), path, "format version 2")
 
 
 def test_an_unreadable_checkpoint_file_is_one_line_that_lists_what_was_tried(tmp_path, cartpole):
@@ -245,62 +244,60 @@ def test_an_unreadable_checkpoint_file_is_one_line_that_lists_what_was_tried(tmp
     newest = checkpoints.checkpoint_files(run)[0]
     shutil.copy(newest, run / "checkpoints" / "ckpt_00000001.pt")  # an older one that loads
     newest.write_bytes(b"")
-    assert one_line_error(["--checkpoint", str(newest)]) == (
-        f"error: no loadable checkpoint: {newest}: cannot be read as a checkpoint (truncated or corrupted?): the "
-        f"file is empty; its run directory {run} holds 1 other checkpoint (newest ckpt_00000001.pt): pass the "
-        "directory instead of the file to take the newest that loads")
+    said = one_line_error(["--checkpoint", str(newest)])
+    names(said, newest, "empty", run, "1", "ckpt_00000001.pt")  # what is wrong, and the run's others to try
 
 
 def test_a_run_without_checkpoints(tmp_path):
     (tmp_path / "run").mkdir()
-    assert "no checkpoints found" in one_line_error(["--checkpoint", str(tmp_path / "run")])
+    names(one_line_error(["--checkpoint", str(tmp_path / "run")]), tmp_path / "run")
 
 
 def test_an_env_not_registered_in_this_process(tmp_path, cartpole):
     source, state, _ = checkpoints.latest_loadable(cartpole)
     state["config"]["env"] = "Unregistered-v0"
     path = checkpoints.save(tmp_path / "ckpt_00000001.pt", state)
-    assert "trained on Unregistered-v0, which this process cannot make: unknown env id 'Unregistered-v0'" in \
-        one_line_error(["--checkpoint", str(path)])
+    names(one_line_error(["--checkpoint", str(path)]), path, "Unregistered-v0")
 
 
 def test_an_unwritable_output_directory_is_refused_before_exporting(tmp_path, cartpole, monkeypatch):
     monkeypatch.setattr(export_cli.ExportedPolicy, "forward", lambda *a: pytest.fail("exported before checking"))
     blocker = tmp_path / "file"  # (on the command line, a usage error: test_command_lines)
     blocker.write_text("")
-    with pytest.raises(ValueError) as info:
+    with raises(ValueError, blocker / "export", os.strerror(errno.ENOTDIR), "--out"):  # the way out
         export_cli.export(cartpole, ["torchscript"], blocker / "export")
-    assert str(info.value) == (f"cannot write the exported policy to {blocker / 'export'}: Not a directory; pass "
-                               "--out DIR")
-    with pytest.raises(ValueError, match="it is a file, not a directory"):
+    with raises(ValueError, blocker) as info:
         export_cli.export(cartpole, ["torchscript"], blocker)
+    not_names(str(info.value), blocker / "export")
 
 
 def test_onnx_without_the_export_extra(cartpole, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
     message = one_line_error(["--checkpoint", str(cartpole), "--format", "onnx"])
-    assert "onnxruntime" in message and "pip install -e '.[export]'" in message
+    names(message, "onnxruntime", "pip install -e '.[export]'")
 
 
 def test_a_checkpoint_whose_network_does_not_fit_its_env(tmp_path, cartpole):
     source, state, _ = checkpoints.latest_loadable(cartpole)
     state["config"]["env"] = "Acrobot-v1"  # 6 observations, 3 actions: CartPole's network does not fit
     path = checkpoints.save(tmp_path / "ckpt_00000001.pt", state)
-    assert "its network does not fit Acrobot-v1" in one_line_error(["--checkpoint", str(path)])
+    names(one_line_error(["--checkpoint", str(path)]), path, "Acrobot-v1", "[4]", "[6]")  # the file's, the env's
 
 
-@pytest.mark.parametrize("flag", [["--atol", "inf"], ["--atol", "-1"], ["--seed", "-5"]])
-def test_bad_numbers_are_usage_errors(cartpole, flag, capsys):
+@pytest.mark.parametrize("flag, value", [(["--atol", "inf"], "inf"), (["--atol", "-1"], "-1.0"),
+                                         (["--seed", "-5"], "-5")])
+def test_bad_numbers_are_usage_errors(cartpole, flag, value, capsys):
     with pytest.raises(SystemExit) as info:
         export_main(["--checkpoint", str(cartpole), *flag])
     err = capsys.readouterr().err
-    assert info.value.code == 2 and f"error: {flag[0]}=" in err and err.count("\n") == 1, err
+    assert err.count("\n") == 1, err
+    usage_error(info.value.code, err, flag[0], value)
 
 
 def test_an_exported_file_passed_as_a_checkpoint_is_named(tmp_path, cartpole):
     export_main(["--checkpoint", str(cartpole), "--format", "torchscript", "--out", str(tmp_path)])
     message = one_line_error(["--checkpoint", str(tmp_path / "policy.pt")])
-    assert "an exported TorchScript policy, not a training checkpoint" in message and "weights_only" not in message
+    not_names(names(message, tmp_path / "policy.pt", "TorchScript"), "weights_only")  # what it is; not torch's words
 
 
 def test_stage_folders_of_a_killed_export_are_swept(tmp_path, cartpole):

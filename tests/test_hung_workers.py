@@ -4,7 +4,6 @@ in the trainer's own process, which hang with no worker to fall silent (issue 43
 
 import os
 import pickle
-import re
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from collectors.processes import collector_process
 from collectors.watchdog import GRACE_S, Watchdog
 from tests import factories as f
 from tests.factories import RandomPolicy, settings_file
+from tests.messages import error_line, names, raises, usage_error
 from trainer.config import TrainConfig
 from trainer.interrupts import Interrupted, StopSignals
 from trainer.run_layout import Machine, run_layout
@@ -57,7 +57,7 @@ def test_the_trainer_and_the_collectors_default_to_the_same_worker_timeout():
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("inf"), 3e6, True, "5"])
 def test_a_bad_worker_timeout_is_a_clear_error(bad):
-    with pytest.raises(ValueError, match=r"worker_timeout=.* is invalid: seconds > 0 and at most 1e\+06"):
+    with raises(ValueError, "worker_timeout", "1e+06"):  # and the limit
         make_collector([f.cartpole] * 2, RandomPolicy(2), backend="sync", num_steps=4, worker_timeout=bad)
 
 
@@ -65,9 +65,7 @@ def test_a_bad_worker_timeout_is_a_clear_error(bad):
 def test_a_bad_worker_timeout_flag_is_a_one_line_error(value):
     out = subprocess.run([sys.executable, "-m", "trainer.train", "--worker-timeout", value], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and f"--worker-timeout={float(value)} is invalid: must be > 0 and at most 1e6" \
-        in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr
+    usage_error(out.returncode, out.stderr, "--worker-timeout", float(value), "1e6")  # the value, the limit
 
 
 # ---------------------------------------------------------------------------------------------- the API
@@ -75,8 +73,7 @@ def test_a_hung_async_worker_is_named_after_the_deadline_and_shut_down():
     fns = [f.cartpole, f.cartpole, f.hanging, f.hanging]  # the worker hosts envs 2-3
     collector = make_collector(fns, RandomPolicy(2), backend="async", num_steps=8, num_workers=1, worker_timeout=1.0)
     procs = list(collector.stepper.procs)
-    with pytest.raises(WorkerTimeoutError, match=r"async worker 0 \(pid \d+, envs 2-3\) has been silent for "
-                                                 r"[\d.]+ s during step \(limit 1 s"):
+    with raises(WorkerTimeoutError, "worker 0", "envs 2-3", "step", "1 s"):  # who, doing what, the limit
         for _ in range(10):
             collector.collect()
     assert not any(p.is_alive() for p in procs)
@@ -87,8 +84,7 @@ def test_a_hung_step_in_the_collecting_process_is_named_after_the_deadline():
                         worker_timeout=1.0) as collector:
         process = collector._process
         started = time.monotonic()
-        with pytest.raises(WorkerTimeoutError, match=r"the collecting process \(pid \d+, envs 0-1\) has been "
-                                                     r"silent for [\d.]+ s during collect"):
+        with raises(WorkerTimeoutError, "collecting process", f"pid {process.pid}", "envs 0-1", "collect"):
             for _ in range(10):
                 collector.collect()
         assert time.monotonic() - started < 30
@@ -108,8 +104,7 @@ def test_a_hung_step_of_the_collecting_processs_own_envs_is_named_after_the_dead
         for _ in range(10):
             collector.collect()
     assert time.monotonic() - started < 15  # the env's hang (30 s) was cut short
-    assert "envs 0-1" in str(raised.value) and f"pid {os.getpid()}" in str(raised.value)
-    assert "--worker-timeout" in str(raised.value)
+    names(str(raised.value), "envs 0-1", f"pid {os.getpid()}", "--worker-timeout")
     assert not any(p.is_alive() for p in procs)
     assert signal.getsignal(signal.SIGALRM) == before
 
@@ -197,7 +192,7 @@ def test_where_no_thread_can_interrupt_another_the_run_says_its_own_share_is_unb
 
 
 @pytest.mark.parametrize("call, phase", [("collect", "step"),
-                                         pytest.param("get_state", "get_state", marks=pytest.mark.slow)])
+                                         pytest.param("get_state", "get_states", marks=pytest.mark.slow)])
 def test_a_stopped_async_worker_of_the_collecting_process_is_named(call, phase):
     """The collecting process's deadline leaves room for its own deadline on its workers: a worker stopped
     beneath it is named with its envs, in a rollout and in the per-iteration snapshot alike; both deadlines
@@ -208,8 +203,7 @@ def test_a_stopped_async_worker_of_the_collecting_process_is_named(call, phase):
             collector.collect()
         worker = _newest_worker(psutil.Process(collector._process.pid).children(recursive=True))
         os.kill(worker.pid, signal.SIGSTOP)
-        with pytest.raises(WorkerTimeoutError, match=rf"async worker 0 \(pid {worker.pid}, envs 2-3\) has been "
-                                                     rf"silent for [\d.]+ s during {phase}"):
+        with raises(WorkerTimeoutError, "worker 0", f"pid {worker.pid}", "envs 2-3", phase):
             getattr(collector, call)()
     _assert_none_left([worker])
 
@@ -359,12 +353,9 @@ def test_a_killed_worker_stops_the_run_with_one_line_whatever_it_was_doing(tmp_p
     time.sleep(random.uniform(0.0, 1.0))
     victim.kill()
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.startswith("error: ")]
-    killed = r"killed by SIGKILL \(the kernel's out-of-memory killer, or kill -9\)"
-    named = (rf"error: the collecting process \(pid {victim.pid}\) died during \w+: {killed}" if overlap
-             else rf"error: async worker 0 \(pid {victim.pid}, envs 2-3\) died during \w+: {killed}")
-    assert len(lines) == 1 and re.fullmatch(named, lines[0]), err
+    assert proc.returncode == 1, err
+    line = error_line(err, f"pid {victim.pid}", "SIGKILL", "out-of-memory", "kill -9")  # who, how, what may have
+    names(line, "collecting process") if overlap else names(line, "worker 0", "envs 2-3")  # done it
     assert err.rstrip().endswith(f"--resume {run_dir.resolve()}"), err
     state = checkpoints.latest_loadable(run_dir)[1]
     assert state["iteration"] == (run_dir / "metrics.jsonl").read_text().count("\n") >= 2
@@ -409,10 +400,8 @@ def test_a_hung_env_step_stops_the_run_with_one_line(tmp_path, overlap):
     kids = psutil.Process(proc.pid).children(recursive=True)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error: ")]
     # with --overlap too: the worker that hosts the hung envs, not the collecting process waiting on it
-    assert len(lines) == 1 and "async worker 0 (pid" in lines[0] and "has been silent for" in lines[0], err
+    error_line(err, "worker 0", "2 s")  # and the limit
     assert f"--resume {run_dir.resolve()}" in err  # what was completed is saved, and says how to go on
     state = checkpoints.latest_loadable(run_dir)[1]
     assert state["iteration"] == (run_dir / "metrics.jsonl").read_text().count("\n") >= 1
@@ -445,10 +434,8 @@ def _stderr_once_ended(proc, timeout):
 def _assert_stopped_with_its_checkpoint(proc, err, run_dir, kids, here):
     """Exit status 1, one line naming the envs of process ``here`` and the flag, the last completed iteration saved
     with the resume line, the run directory given back, and nothing left running."""
-    assert proc.returncode == 1 and "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, err
-    assert "envs 0-1" in lines[0] and f"pid {here}" in lines[0] and "--worker-timeout" in lines[0], err
+    assert proc.returncode == 1, err
+    error_line(err, "envs 0-1", f"pid {here}", "--worker-timeout")
     assert f"--resume {run_dir.resolve()}" in err
     state = checkpoints.latest_loadable(run_dir)[1]
     assert state["iteration"] == (run_dir / "metrics.jsonl").read_text().count("\n") >= 2

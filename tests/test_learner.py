@@ -8,6 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from tests.messages import raises
 from trainer.common.moments import merged_moments
 from trainer.ppo.model import ActorCritic, RunningNorm
 from trainer.ppo.reward_scaling import ReturnScaler
@@ -120,7 +121,7 @@ def test_a_remainder_smaller_than_a_minibatch_is_left_for_the_next_epoch(monkeyp
 def test_fewer_samples_than_a_minibatch_are_refused_not_reported_as_a_non_finite_loss():
     model, optimizer, obs, out = cartpole_learner()
     before = [p.clone() for p in model.parameters()]
-    with pytest.raises(ValueError, match="ppo_update: 10 samples make no minibatch of 16; collect at least 16"):
+    with raises(ValueError, "ppo_update", "10", "16"):  # the samples, and the minibatch
         ppo_update(MinibatchStep(model, optimizer, settings(minibatch_size=16)),
                    learner_samples(obs[:10], {k: v[:10] for k, v in out.items()}), torch.Generator().manual_seed(0))
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -130,7 +131,7 @@ def test_ppo_update_refuses_a_non_finite_loss_and_names_it():
     from trainer.algorithm import NonFiniteLossError
     model, optimizer, obs, out = cartpole_learner()
     bad = learner_samples(obs, out)._replace(returns=torch.full((16,), float("nan")))
-    with pytest.raises(NonFiniteLossError, match="non-finite loss"):
+    with raises(NonFiniteLossError, "value_loss", "nan"):  # the term that is not finite
         ppo_update(MinibatchStep(model, optimizer, settings(minibatch_size=16)), bad, torch.Generator().manual_seed(0))
 
 

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.messages import raises
 from trainer.common import noise
 from trainer.ppo.model import ActorCritic
 
@@ -83,7 +84,7 @@ def test_actor_critic_keyed_actions_depend_only_on_own_row():
     assert torch.equal(ac.act(obs, keys, steps)["action"], first["action"])  # no hidden state
     unkeyed = [ac.act(obs)["action"] for _ in range(2)]
     assert not torch.equal(*unkeyed)  # the generator path draws fresh noise
-    with pytest.raises(ValueError, match="together"):
+    with raises(ValueError, "noise_keys", "steps"):  # the two that go together
         ac.act(obs, noise_keys=keys)
 
 

@@ -24,6 +24,7 @@ from collectors import make_collector
 from collectors.backends.async_ import AsyncStepper
 from collectors.processes import process_context
 from tests import factories as f
+from tests.messages import raises
 
 ROOT = Path(__file__).resolve().parents[1]
 FORKSERVER = "forkserver" in mp.get_all_start_methods()
@@ -76,11 +77,8 @@ def test_spawn_where_asked_gives_the_same_envs_and_workers_that_die_with_this_pr
 
 @pytest.mark.parametrize("method", ["fork", "threads", ""])
 def test_a_start_method_a_collector_cannot_use_is_refused_before_any_process_starts(method):
-    refused = (r"start_method='fork' is refused for a collector's processes: a forked copy of a lock .* choose "
-               if method == "fork" else
-               rf"start_method='{method}' is not a start method this platform offers a collector's processes: choose ")
-    tail = r"('forkserver' or )?'spawn', or None \(or 'auto'\) for '(forkserver|spawn)'$"
-    with pytest.raises(ValueError, match=refused + tail):
+    offered = ["'forkserver'"] if FORKSERVER else []
+    with raises(ValueError, "start_method", repr(method), *offered, "'spawn'", "None"):  # and what it takes
         AsyncStepper([f.cartpole] * 2, num_workers=1, start_method=method)
     assert not mp.active_children()
 
@@ -356,9 +354,9 @@ def test_the_start_method_reaches_a_collector_and_its_collecting_process_through
         assert [w.name() for w in collecting.children()] == ["env-worker-0"]  # its child: spawned, not forked
         assert c.collect().batch.batch_size == (4, 2)
     for backend in ("serial", "sync"):
-        with pytest.raises(ValueError, match=r"^start_method='fork' is refused"):
+        with raises(ValueError, "start_method", "'fork'"):
             make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend=backend, start_method="fork")
-    with pytest.raises(ValueError, match=r"^backend='device' does not support start_method"):
+    with raises(ValueError, "backend='device'", "start_method"):
         make_collector([f.cartpole], f.RandomPolicy(2), backend="device", start_method="spawn")
     assert not mp.active_children()
 

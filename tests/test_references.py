@@ -11,6 +11,7 @@ import envs
 from envs.baselines import bola_parameters, mpc_levels, robust_capacity
 from envs.planner import ClairvoyantPlanner
 from envs.vr_edge import observe
+from tests.messages import raises
 from trainer.evaluation import gap_closed, jain_index, run_episodes, summarize, t_quantile_975
 
 SMALL = dict(bitrates_mbps=(1.0, 2.0, 4.0), max_buffer_s=4.0, segment_s=1.0)  # quality 0, 0.5, 1
@@ -58,7 +59,7 @@ def test_bola_parameters_and_decisions_hand_computed():
     state["buffer"][:] = [[0.5, 2.0, 3.5]]  # at 2 s the scores are 1, 1.5, 1.25: level 1
     got = envs.make_baseline("bola", cfg, low_s=1.0, high_s=3.0)(observe(cfg, state))
     assert got.tolist() == [[0, 1, 2]]
-    with pytest.raises(ValueError, match="low_s"):
+    with raises(ValueError, "low_s=3.0", "high_s=1.0"):
         bola_parameters(cfg, low_s=3.0, high_s=1.0)
 
 
@@ -132,7 +133,7 @@ def test_gap_closed_hand_computed():
     # t(1) 12.706 * 0.1414 / (1.414 * 0.2)
     full = gap_closed(rec([0.5, 0.9]), base, ref)
     assert full["fraction"] == pytest.approx(1.0) and full["ci95"] == pytest.approx(12.7062 * 0.5, rel=1e-4)
-    with pytest.raises(ValueError, match="same episodes"):
+    with raises(ValueError, "gap_closed", "1", "2"):  # the episode counts that differ
         gap_closed(rec([0.5]), base, ref)
 
 

@@ -158,7 +158,7 @@ def test_a_resumed_run_goes_on_with_its_stored_plan_through_the_command_line(tmp
     iteration (no new trials) and says so."""
     run = tmp_path / "run"
     base = [sys.executable, "-m", "trainer.train", "--env", "CartPole-v1", "--backend", "sync", "--num-envs", "2",
-            "--num-steps", "4", "--epochs", "1", "--batch-size", "8", "--run-dir", str(run)]
+            "--num-steps", "4", "--epochs", "1", "--minibatch-size", "8", "--run-dir", str(run)]
     total = (PLAN_MIN_ITERATIONS + 20) * 8
     first = subprocess.run([*base, "--total-steps", str(total), "--checkpoint-every", "1"], capture_output=True,
                            text=True, timeout=300)

@@ -5,6 +5,7 @@ import gymnasium as gym
 import pytest
 import torch
 
+from tests.messages import exits, mentions, raises
 from trainer.batching import main as batching_main
 from trainer.config import TrainConfig
 from trainer.flags import parse_args
@@ -55,41 +56,40 @@ def test_planner_default_aims_at_32_to_256_minibatches_when_large_enough():
     assert 32 <= plan.num_minibatches <= 256 and plan.minibatch_size >= 64
 
 
-@pytest.mark.parametrize("size, words", [(1000, "does not divide"), (16, "too small"), (65536, "too coarse"),
-                                         (256, "too aggressive")])
-def test_planner_warnings_suggest_better_values(size, words):
+@pytest.mark.parametrize("size, word", [(1000, "divide"), (16, "small"), (65536, "coarse"),  # what is wrong
+                                        (256, "aggressive")])
+def test_planner_warnings_suggest_better_values(size, word):
     plan = plan_minibatches(64, 2048, size)
-    assert any(words in w and "--batch-size" in w for w in plan.warnings), plan.warnings
+    assert any(mentions(w, word, "--minibatch-size 4096") for w in plan.warnings), plan.warnings  # the better value
 
 
-@pytest.mark.parametrize("n_steps, size, words", [
-    (65, 64, "--batch-size 64 does not divide 65: the last 1 transition of each epoch is dropped; use "
-                "--batch-size 65 (1 minibatch)"),
-    (66, 64, "the last 2 transitions of each epoch are dropped"),
-    (4096, 4096, "1 minibatch per epoch is too coarse"),
-    (4096, 2048, "2 minibatches per epoch are too coarse"),
+@pytest.mark.parametrize("n_steps, size, named", [  # the counts, singular or plural as they come
+    (65, 64, ["--minibatch-size 64", "65", "1 transition", "--minibatch-size 65", "1 minibatch"]),
+    (66, 64, ["2 transitions"]),
+    (4096, 4096, ["1 minibatch", "coarse"]),
+    (4096, 2048, ["2 minibatches", "coarse"]),
 ])
-def test_planner_warnings_count_in_words(n_steps, size, words):
-    assert any(words in w for w in plan_minibatches(1, n_steps, size).warnings)
+def test_planner_warnings_count_in_words(n_steps, size, named):
+    assert any(mentions(w, *named) for w in plan_minibatches(1, n_steps, size).warnings)
 
 
 @pytest.mark.parametrize("size", [0, 64 * 2048 + 1])
 def test_planner_rejects_impossible_sizes(size):
-    with pytest.raises(ValueError, match="^--batch-size="):
+    with raises(ValueError, "--minibatch-size", size):
         plan_minibatches(64, 2048, size)
 
 
 def test_planner_command(capsys):
-    batching_main(["--n-envs", "64", "--n-steps", "2048", "--batch-size", "4096"])
+    batching_main(["--n-envs", "64", "--n-steps", "2048", "--minibatch-size", "4096"])
     assert "32 minibatches of 4096" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, words", [(["--lr", "0"], "--lr"), (["--num-envs", "0"], "--num-envs"),
-                                         (["--backend", "gpu"], "--backend"), (["--hidden", "a,b"], "--hidden")])
-def test_bad_config_is_a_clear_error(argv, words, capsys):
-    with pytest.raises(SystemExit):
+@pytest.mark.parametrize("argv, named", [(["--lr", "0"], ["--lr", "0.0"]), (["--num-envs", "0"], ["--num-envs", "0"]),
+                                         (["--backend", "gpu"], ["--backend", "'gpu'"]),
+                                         (["--hidden", "a,b"], ["--hidden", "'a,b'"])])
+def test_bad_config_is_a_clear_error(argv, named, capsys):
+    with exits(2, *named, capsys=capsys):
         parse_args(argv)
-    assert words in capsys.readouterr().err
 
 
 def test_toml_config_and_flags_override(tmp_path):
@@ -104,9 +104,9 @@ def test_unknown_env_and_unsupported_action_space(tmp_path):
 
     from trainer.ppo.model import ActorCritic
     from trainer.train import train
-    with pytest.raises(ValueError, match="unknown env id"):
+    with raises(ValueError, "'NoSuchEnv-v9'", key="env"):
         train(parse_args(["--env", "NoSuchEnv-v9", "--run-dir", str(tmp_path)]).config, progress=False)
-    with pytest.raises(TypeError, match="unsupported action space"):
+    with raises(TypeError, "Tuple(Discrete(2))", "Discrete"):  # the space, and the ones it takes
         ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Tuple([gym.spaces.Discrete(2)]))
 
 
@@ -240,7 +240,7 @@ def test_per_head_actor_shares_one_network_across_heads():
     assert torch.allclose(logp[:, 0], logp_swapped[:, 2]) and torch.allclose(logp[:, 2], logp_swapped[:, 0])
     out = ac.act(obs)
     assert torch.allclose(ac.evaluate(obs, out["action"])[0], out["log_prob"], atol=1e-5)
-    with pytest.raises(ValueError, match="does not match the observation size"):
+    with raises(ValueError, f"{f + 1} per head", env.observation_space.shape[0]):  # the layout, the size
         ActorCritic(env.observation_space, env.action_space, per_head=(f + 1, 5))
 
 
@@ -249,7 +249,7 @@ def test_policy_arch_auto_uses_the_env_layout_where_declared():
     assert make_model(parse_args(["--env", "VREdge-v0"]).config).per_head == (7, 5)
     assert make_model(TrainConfig.from_dict({"env": "VREdge-v0", "policy_arch": "flat"})).per_head is None
     assert make_model(parse_args(["--env", "CartPole-v1"]).config).per_head is None
-    with pytest.raises(ValueError, match="declares no head_observation_layout"):
+    with raises(ValueError, "policy_arch", "'per_head'", "CartPole-v1", key="policy_arch"):
         make_model(TrainConfig.from_dict({"env": "CartPole-v1", "policy_arch": "per_head"}))
 
 
@@ -313,5 +313,5 @@ def test_paired_difference_by_hand():
     d = paired_difference(a, b)  # differences 0.5, -0.5, 1.0, 1.0: mean 0.5, sample std sqrt(0.5)
     assert d["mean"] == pytest.approx(0.5) and d["wins"] == 3 and d["episodes"] == 4
     assert d["ci95"] == pytest.approx(3.1824 * math.sqrt(0.5) / 2, rel=1e-4)  # t quantile, 3 degrees of freedom
-    with pytest.raises(ValueError, match="same episodes"):
+    with raises(ValueError, "4", "3"):  # the episode counts that differ
         paired_difference(a, b[:3])

@@ -2,7 +2,6 @@
 
 import functools
 import json
-import re
 
 import gymnasium as gym
 import pytest
@@ -11,6 +10,7 @@ import torch
 import checkpoints
 import envs
 from collectors.seeding import env_seeds
+from tests.messages import mentions, names, raises
 from trainer.evaluation import evaluation_seeds, run_episodes, summarize, validation_seeds
 from trainer.flags import parse_args, resumed_config
 
@@ -55,14 +55,14 @@ def _run_with_a_best(run_dir):
     return saved
 
 
-@pytest.mark.parametrize("spoil, why", [
-    (lambda best, pointer: best.write_bytes(best.read_bytes()[:100]), "the best checkpoint, ckpt_00000002.pt, does "
-                                                                      "not load"),
-    (lambda best, pointer: pointer.write_text("garbage{"), "the run's best pointer .*best is unreadable"),
-    (lambda best, pointer: best.unlink(), "the best checkpoint, ckpt_00000002.pt, is gone"),
-    (lambda best, pointer: pointer.unlink(), "the run has no best checkpoint"),
+@pytest.mark.parametrize("spoil, why, unreadable", [  # why: what the label names (the pointer: {pointer})
+    (lambda best, pointer: best.write_bytes(best.read_bytes()[:100]), ["ckpt_00000002.pt"], True),
+    (lambda best, pointer: pointer.write_text("garbage{"), ["{pointer}"], False),
+    (lambda best, pointer: best.unlink(), ["ckpt_00000002.pt"], False),
+    (lambda best, pointer: pointer.unlink(), ["best"], False),
 ])
-def test_a_best_checkpoint_that_cannot_be_had_gives_the_latest_and_says_why(tmp_path, capsys, spoil, why):
+def test_a_best_checkpoint_that_cannot_be_had_gives_the_latest_and_says_why(tmp_path, capsys, spoil, why,
+                                                                            unreadable):
     """--pick best (evaluate's and export's default) falls back to the newest checkpoint that loads, as a resume
     does, and says why: a corrupted best file made evaluate refuse the run directory, with advice to pass the
     directory it had been given."""
@@ -71,9 +71,10 @@ def test_a_best_checkpoint_that_cannot_be_had_gives_the_latest_and_says_why(tmp_
     assert picked_checkpoint(tmp_path, "best").label == "the best checkpoint (validation)"
     spoil(saved[1], tmp_path / "checkpoints" / "best")
     source, state, label = picked_checkpoint(tmp_path, "best")
-    assert source == saved[2] and state["it"] == 3 and re.fullmatch(f"the latest checkpoint \\({why}\\)", label)
+    assert source == saved[2] and state["it"] == 3 and label.startswith("the latest checkpoint (")
+    names(label, *[w.format(pointer=tmp_path / "checkpoints" / "best") for w in why])
     err = capsys.readouterr().err
-    assert err.count("ckpt_00000002.pt: cannot be read") == ("does not load" in why), err  # said once
+    assert sum(mentions(line, saved[1]) for line in err.splitlines()) == unreadable, err  # its problem, said once
 
 
 def test_latest_and_a_file_are_labelled_as_such_and_a_bad_file_is_an_error(tmp_path):
@@ -84,24 +85,21 @@ def test_latest_and_a_file_are_labelled_as_such_and_a_bad_file_is_an_error(tmp_p
     assert picked_checkpoint(tmp_path, "latest")[::2] == (saved[1], "the newest checkpoint that loads")
     assert picked_checkpoint(saved[0], "best")[::2] == (saved[0], "the checkpoint file")
     saved[0].write_bytes(b"PK")
-    with pytest.raises(checkpoints.CheckpointError, match="ckpt_00000001.pt: cannot be read"):
+    with raises(checkpoints.CheckpointError, saved[0], lines=None):  # and its run's other checkpoints
         picked_checkpoint(saved[0])
 
 
 def test_a_directory_without_checkpoints_says_what_to_pass(tmp_path):
     """``--checkpoint runs`` (the runs' parent) names a run in it; another directory says what is expected."""
     from trainer.evaluation.policies import picked_checkpoint
-    with pytest.raises(checkpoints.CheckpointError, match="pass a run directory .trainer.train's --run-dir. or a "
-                                                          "checkpoint file$"):
+    with raises(checkpoints.CheckpointError, tmp_path, "--run-dir"):  # what to pass
         picked_checkpoint(tmp_path)
     _run_with_a_best(tmp_path / "VREdge-v0-s1")
-    with pytest.raises(checkpoints.CheckpointError, match=f"it holds 1 run directory: pass one, e.g. the newest, "
-                                                          f"{re.escape(str(tmp_path / 'VREdge-v0-s1'))}$"):
+    with raises(checkpoints.CheckpointError, "1", tmp_path / "VREdge-v0-s1"):  # how many runs, and one to pass
         picked_checkpoint(tmp_path, "best")
     (tmp_path / "stopped").mkdir()  # a run stopped before its first iteration completed: its config, no checkpoint
     (tmp_path / "stopped" / "config.json").write_text("{}")
-    with pytest.raises(checkpoints.CheckpointError, match="the run has written none yet .* its own command starts "
-                                                          "it again"):
+    with raises(checkpoints.CheckpointError, tmp_path / "stopped", "first iteration"):  # when it stopped
         picked_checkpoint(tmp_path / "stopped")
 
 
@@ -137,7 +135,7 @@ def test_training_with_eval_every_logs_validation_and_evaluate_loads_the_best(tm
     assert checkpoints.best_checkpoint(run).is_file()  # kept although --keep-checkpoints 1
     evaluate(["--checkpoint", str(run), "--episodes", "2", "--baselines", "fair_share,bola"])
     out, err = capsys.readouterr()
-    assert f"loaded the best checkpoint (validation): {checkpoints.best_checkpoint(run)}" in err
+    names(err, "best", checkpoints.best_checkpoint(run))
     payload = json.loads((run / "evaluation.json").read_text())
     assert payload["checkpoint_kind"] == "the best checkpoint (validation)"
     reference, best = payload["reference"]["clairvoyant"], payload["best_baseline"]
@@ -152,7 +150,7 @@ def test_training_with_eval_every_logs_validation_and_evaluate_loads_the_best(tm
     assert payload["gap_closed"]["gap"] == pytest.approx(gap) and "gap closed" in out and "clairvoyant" in out
     evaluate(["--checkpoint", str(run), "--episodes", "2", "--baselines", "none", "--reference", "none",
               "--pick", "latest"])
-    assert "loaded the latest checkpoint" in capsys.readouterr().err
+    names(capsys.readouterr().err, "latest", checkpoints.checkpoint_files(run)[0])
     assert json.loads((run / "evaluation.json").read_text())["checkpoint_kind"] == "the latest checkpoint"
 
 

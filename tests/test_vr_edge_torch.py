@@ -8,6 +8,7 @@ import envs
 from envs import rng
 from envs.make_traces import write_traces
 from envs.vr_edge_torch import uniform_block
+from tests.messages import raises
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -132,19 +133,17 @@ def test_state_round_trips_through_cpu_tensors_and_from_the_numpy_env():
 
 def test_unsupported_settings_are_refused_naming_the_alternative(tmp_path):
     write_traces(tmp_path, files=2, seconds=10)
-    for kwargs, words in (({"capacity_trace": str(tmp_path)}, "capacity_trace is not supported"),
-                          ({"step_cost_us": 5.0}, "step_cost_us stands in for a CPU simulator")):
-        with pytest.raises(ValueError, match=words) as e:
+    for kwargs in ({"capacity_trace": str(tmp_path)}, {"step_cost_us": 5.0}):
+        with raises(ValueError, *kwargs, "--backend sync"):  # the argument, and the way out
             envs.VREdgeTorchEnv(2, **kwargs)
-        assert "--backend sync" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_bad_actions_are_a_one_line_error():
     env = envs.VREdgeTorchEnv(2)
     env.reset(seed=0)
-    with pytest.raises(ValueError, match=r"int64 tensor of shape \(2, 8\)"):
+    with raises(ValueError, "int64", "(2, 8)", "ndarray"):  # what it takes, what it got
         env.step(np.zeros((2, 8), dtype=np.int64))
-    with pytest.raises(ValueError, match="got \\(2, 8\\) torch.float32"):
+    with raises(ValueError, "int64", "(2, 8)", "torch.float32"):
         env.step(torch.zeros(2, 8))
 
 
