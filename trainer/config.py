@@ -147,6 +147,9 @@ class TrainConfig:
         """Raise :class:`ConfigError` (a ``ValueError`` naming the key) for the first invalid value: outside its
         declared limits, or breaking a rule between settings (the algorithm's own: its ``check_config``)."""
         spec = algorithm_spec(self.algo)
+        if self.start_method == "fork":  # a choice that is not one, for a reason worth saying
+            raise ConfigError("start_method", "fork", "must not be fork: a forked copy of a lock held by one of this "
+                              "process's threads (torch's) can hang the child; use forkserver or spawn")
         check_limits(self)
         self._check_env_kwargs()
         rules = [  # (ok, key, rule)
