@@ -96,76 +96,9 @@ def test_old_spellings_are_read_as_the_new_one_for_a_release(tmp_path):
 
 @pytest.mark.parametrize("algo, expected", [("ppo", 256), ("apex", 64)])
 def test_a_config_stored_by_the_previous_version_resumes(algo, expected):
-    """It held every algorithm's settings, flat, with the old names."""
-    stored = {**dataclasses.asdict(OldConfig()), "algo": algo, "batch_size": 256, "apex_batch_size": 64}
+    """It held every algorithm's settings, flat, with the old names of the minibatch sizes."""
+    every = {f.name: f.default for _, f in setting_fields() if f.name != "minibatch_size"}
+    stored = {**every, "algo": algo, "env": "CartPole-v1", "device": "cpu", "batch_size": 256, "apex_batch_size": 64}
     cfg = resumed_config(stored, {"total_steps": 10**7}, "ckpt_9.pt")
     assert cfg.algo == algo and cfg.algo_settings.minibatch_size == expected and cfg.total_steps == 10**7
     assert TrainConfig.from_dict(stored, stored=True) == resumed_config(stored, {}, "ckpt_9.pt")
-
-
-@dataclasses.dataclass
-class OldConfig:
-    """The flat config of the previous version's checkpoints (its keys and defaults)."""
-
-    algo: str = "ppo"
-    env: str = "CartPole-v1"
-    env_kwargs: str = ""
-    backend: str = "sync"
-    num_envs: int = 8
-    num_steps: int = 128
-    total_steps: int = 200_000
-    seed: int = 1
-    device: str = "cpu"
-    compile: str = "off"
-    cuda_graphs: bool = False
-    run_dir: str = ""
-    num_workers: int = 0
-    num_splits: int = 1
-    threads: int = 0
-    lr: float = 1e-3
-    anneal_lr: bool = True
-    gamma: float = 0.9
-    gae_lambda: float = 0.95
-    epochs: int = 4
-    batch_size: int = 0
-    clip_coef: float = 0.2
-    clip_value: bool = False
-    ent_coef: float = 0.001
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    norm_adv: bool = True
-    target_kl: float = 0.0
-    normalize_obs: bool = True
-    scale_rewards: bool = False
-    hidden: str = "64,64"
-    policy_arch: str = "auto"
-    shared_trunk: bool = False
-    tensorboard: bool = False
-    ray_address: str = ""
-    envs_per_worker: int = 0
-    cpus_per_worker: float = 1.0
-    worker_timeout: float = 60.0
-    start_method: str = "auto"
-    ray_async: bool = False
-    overlap: bool = False
-    overlap_targets: str = "vtrace"
-    max_lag: int = 4
-    rho_bar: float = 1.0
-    c_bar: float = 1.0
-    checkpoint_every: int = 10
-    eval_every: int = 0
-    eval_episodes: int = 16
-    keep_checkpoints: int = 3
-    replay_capacity: int = 100_000
-    replay_alpha: float = 0.6
-    replay_beta: float = 0.4
-    replay_ratio: float = 8.0
-    apex_batch_size: int = 128
-    n_step: int = 3
-    target_update: int = 500
-    weights_every: int = 400
-    learning_starts: int = 2_000
-    eps_base: float = 0.4
-    eps_alpha: float = 7.0
-    save_replay: bool = False
-    config: str = ""
