@@ -377,6 +377,6 @@ def test_the_local_collector_does_not_import_ray_plumbing():
 
 def test_a_typo_is_refused_without_a_ray_hint():
     from collectors import make_collector
-    with raises(ValueError, "backend='sync'", "horzon", "horizon") as info:  # and the options it has
-        make_collector([f.cartpole], f.RandomPolicy(2), backend="sync", horzon=4)
+    with raises(ValueError, "backend='sync'", "num_stpes", "num_steps") as info:  # and the options it has
+        make_collector([f.cartpole], f.RandomPolicy(2), backend="sync", num_stpes=4)
     not_names(str(info.value), "backend='ray'")

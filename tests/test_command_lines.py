@@ -48,21 +48,23 @@ def test_bare_apex_on_cartpole_runs_the_documented_command():
     assert "--total-steps" in documented and "--n-step" in documented
     bare = parse_args(["--algo", "apex", "--env", "CartPole-v1"]).config
     assert bare == parse_args(documented).config
-    assert (bare.backend, bare.num_envs, bare.num_steps, bare.gamma, bare.n_step) == ("async", 8, 16, 0.99, 5)
+    assert (bare.backend, bare.num_envs, bare.num_steps, bare.gamma, bare.algo_settings.n_step) == (
+        "async", 8, 16, 0.99, 5)
 
 
 def test_flags_and_toml_win_over_the_algorithm_defaults(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text('algo = "apex"\nenv = "CartPole-v1"\nnum-envs = 4\n')  # a flag's spelling, hyphenated
     cli = parse_args(["--config", str(toml), "--gamma", "0.95", "--backend", "sync"])
-    assert (cli.config.num_envs, cli.config.gamma, cli.config.backend, cli.config.n_step) == (4, 0.95, "sync", 5)
+    assert (cli.config.num_envs, cli.config.gamma, cli.config.backend, cli.config.algo_settings.n_step) == (
+        4, 0.95, "sync", 5)
     ppo_vr = parse_args([]).config  # PPO on VR-edge keeps the defaults its benchmarks measured
     assert (ppo_vr.num_envs, ppo_vr.num_steps, ppo_vr.gamma, ppo_vr.max_grad_norm) == (64, 128, 0.9, 0.5)
     apex_vr = new_run_config({"algo": "apex"})  # the Python API gives what the command line gives
     assert (apex_vr.max_grad_norm, apex_vr.gamma) == (10.0, 0.9)
     # on VR-edge, Ape-X runs what benchmarks.apex vr-edge measured
-    assert (apex_vr.num_envs, apex_vr.num_steps, apex_vr.lr, apex_vr.anneal_lr, apex_vr.learning_starts,
-            apex_vr.replay_capacity) == (16, 16, 5e-4, False, 5000, 200_000)
+    assert (apex_vr.num_envs, apex_vr.num_steps, apex_vr.lr, apex_vr.anneal_lr, apex_vr.algo_settings.learning_starts,
+            apex_vr.algo_settings.replay_capacity) == (16, 16, 5e-4, False, 5000, 200_000)
 
 
 def test_help_says_which_defaults_depend_on_the_algorithm_and_torch_is_not_imported(tmp_path):
@@ -73,7 +75,8 @@ def test_help_says_which_defaults_depend_on_the_algorithm_and_torch_is_not_impor
            "envs)" in text
     assert "(default: ppo 64 on VREdge-v0, 8 on other envs, 4096 on VREdge-v0 with a GPU; apex 16 on VREdge-v0, 8 " \
            "on other envs)" in text
-    assert "n-step return (default: apex 3 on VREdge-v0, 5 on other envs)" in text  # PPO reads no --n-step
+    assert "n-step return (>= 1) (default: apex 3 on VREdge-v0, 5 on other envs)" in text  # PPO reads no --n-step
+    assert "(default: ppo 0; apex 128)" in text  # one flag, each algorithm's own default
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert "trainer.flags" in imported and not imported & {"torch", "tensordict", "ray"}
 
@@ -85,7 +88,8 @@ def test_a_new_run_prints_the_defaults_it_uses_and_a_resume_keeps_its_config(tmp
     printed = capsys.readouterr()
     # what was typed (--learning-starts, --backend) is not listed
     assert ("defaults for --algo apex on CartPole-v1: --num-envs 8 --num-steps 16 --lr 0.001 --anneal-lr true "
-            "--gamma 0.99 --max-grad-norm 10.0 --replay-capacity 100000 --n-step 5\n") in printed.err
+            "--gamma 0.99 --max-grad-norm 10.0 --minibatch-size 128 --replay-capacity 100000 --n-step 5\n"
+            ) in printed.err
     stored = json.loads((run_dir / "config.json").read_text())["config"]
     assert {k: stored[k] for k in ("num_envs", "num_steps", "n_step", "learning_starts")} == {
         "num_envs": 8, "num_steps": 16, "n_step": 5, "learning_starts": 64}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import replace
 
 import gymnasium as gym
 import pytest
@@ -172,7 +171,7 @@ def test_the_layout_on_a_gpu_captures_the_update_and_a_compiled_acting_step_on_t
     described = "acting step and PPO minibatch step captured" if acting == "reduce-overhead" else \
         ", PPO minibatch step captured"
     assert f"{described} as CUDA graphs (--cuda-graphs)" in layout.describe()
-    assert not run_layout(replace(cfg, cuda_graphs=False), Machine(cores=16, gpus=1)).cuda_graphs
+    assert not run_layout(cfg.replaced(cuda_graphs=False), Machine(cores=16, gpus=1)).cuda_graphs
 
 
 def test_cuda_graphs_may_change_on_resume():

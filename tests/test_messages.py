@@ -11,9 +11,10 @@ TRAIN = "python -m trainer.train: error: "
 
 @pytest.mark.parametrize("argv, line", [
     (["--num-evns", "8"], "unrecognized arguments: --num-evns 8 (did you mean --num-envs?) (see --help)"),
-    (["--num-envs", "0"], "--num-envs=0 is invalid: must be >= 1 (see --help)"),
-    (["--device", "gpu"], "--device='gpu' is invalid: use auto, cpu, cuda or cuda:N (did you mean cuda?) "
-                          "(see --help)"),
+    (["--num-envs", "0"], "--num-envs must be >= 1, got 0 (see --help)"),
+    (["--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N, got 'gpu' (did you mean cuda?) (see --help)"),
+    (["--max-lag", "2"], "unrecognized arguments: --max-lag 2 (max_lag has no flag: set max_lag = ... in a --config "
+                         "TOML file) (see --help)"),
     (["--resume", "{tmp}/nowhere"], "--resume {tmp}/nowhere: no such checkpoint file or run directory (see --help)"),
 ])
 def test_flag_errors_word_for_word(tmp_path, capsys, argv, line):
@@ -29,7 +30,7 @@ def test_flag_errors_word_for_word(tmp_path, capsys, argv, line):
     ('num_envs = "8"\n', '{toml}: num_envs = "8" is a string, expected an integer (e.g. num_envs = 4) (see --help)'),
     ("total-steps = 1e6\n", "{toml}: total_steps = 1000000.0 is a float, expected an integer (e.g. total_steps = "
                             "1_000_000) (see --help)"),
-    ("num_envs = 0\n", "{toml}: num_envs = 0 is invalid: must be >= 1 (see --help)"),
+    ("num_envs = 0\n", "{toml}: num_envs = 0: must be >= 1 (see --help)"),
 ])
 def test_config_file_errors_word_for_word(tmp_path, capsys, body, line):
     toml = tmp_path / "run.toml"

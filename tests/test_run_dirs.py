@@ -159,7 +159,7 @@ def test_toml_integers_are_accepted_for_float_keys(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text("lr = 1\nclip_coef = 0.1\n")
     cfg = parse_args(["--config", str(toml)]).config
-    assert cfg.lr == 1.0 and isinstance(cfg.lr, float) and cfg.clip_coef == 0.1
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float) and cfg.algo_settings.clip_coef == 0.1
 
 
 # ---------------------------------------------------------------------------- one run per directory

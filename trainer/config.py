@@ -17,7 +17,7 @@ from collectors.backend_names import BACKENDS
 from trainer.algorithm import AlgorithmSpec
 from trainer.arguments import did_you_mean
 from trainer.registry import ALGORITHMS, algorithm_spec, default_settings, owners, renamed, settings_class
-from trainer.settings import ConfigError, check_limits, setting
+from trainer.settings import ConfigError, check_limits, limits_of, setting
 
 __all__ = ["ConfigError", "TrainConfig", "parse_env_kwargs", "format_env_kwargs"]
 
@@ -149,7 +149,7 @@ class TrainConfig:
         spec = algorithm_spec(self.algo)
         if self.start_method == "fork":  # a choice that is not one, for a reason worth saying
             raise ConfigError("start_method", "fork", "must not be fork: a forked copy of a lock held by one of this "
-                              "process's threads (torch's) can hang the child; use forkserver or spawn")
+                              "process's threads (torch's) can hang the child; use auto, forkserver or spawn")
         check_limits(self)
         self._check_env_kwargs()
         rules = [  # (ok, key, rule)
@@ -165,7 +165,7 @@ class TrainConfig:
         ]
         for ok, key, rule in rules:
             if not ok:
-                raise ConfigError(key, getattr(self, key), rule)
+                raise ConfigError(key, getattr(self, key), rule, flag=limits_of(self.__dataclass_fields__[key]).flag)
         if self.device not in DEVICE_CHOICES and re.fullmatch(r"cuda:\d+", self.device) is None:
             raise ConfigError("device", self.device, "must be auto, cpu, cuda or cuda:N", hint=(
                 " (did you mean cuda?)" if self.device.lower() == "gpu" else did_you_mean(self.device, DEVICE_CHOICES)))

@@ -296,7 +296,8 @@ def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, descriptio
         algorithm_spec(given.get("algo", TrainConfig.algo))  # an unknown --algo is named first
         if not resume:  # a setting of another algorithm is named as such, not as an unknown one
             check_owners(given.get("algo", TrainConfig.algo), given)
-        cfg = new_run_config(given)  # what a resume runs is the checkpoint's config (resumed_config)
+        # what a resume runs is the checkpoint's config, whose algorithm reads the given keys (resumed_config)
+        cfg = TrainConfig.from_dict(given, stored=True) if resume else new_run_config(given)
         if resume and "env_kwargs" in given:  # their syntax here; their values against the run's (resumed_config),
             try:  # before any file they name is read
                 parse_env_kwargs(given["env_kwargs"])

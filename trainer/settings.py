@@ -130,5 +130,5 @@ class ConfigError(ValueError):
 
 
 def _number(bound: float) -> str:
-    """A bound as the user would write it: ``1``, ``0.5``, ``1e+06``."""
-    return str(bound) if isinstance(bound, int) else f"{bound:g}"
+    """A bound as the user would write it: ``1``, ``0.5``, ``1e6``."""
+    return str(bound) if isinstance(bound, int) else f"{bound:g}".replace("e+0", "e").replace("e+", "e")
