@@ -246,8 +246,8 @@ def new_run_config(given: dict[str, Any], gpu: bool = False) -> TrainConfig:
     that the commands a run prints work from any directory (``TrainConfig.with_absolute_paths``).
 
     >>> cfg = new_run_config({"algo": "apex", "env": "CartPole-v1", "gamma": 0.95})
-    >>> cfg.num_envs, cfg.algo_settings.n_step, cfg.gamma
-    (8, 5, 0.95)
+    >>> cfg.num_envs, cfg.gamma, type(cfg.algo_settings).__name__
+    (8, 0.95, 'ApeXSettings')
     """
     algo, env = given.get("algo", TrainConfig.algo), given.get("env", TrainConfig.env)
     return TrainConfig.from_dict({**algorithm_spec(algo).defaults_for(env, gpu), **given}).with_absolute_paths()
