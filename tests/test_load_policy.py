@@ -136,3 +136,9 @@ def test_the_readmes_three_lines_act_on_a_trained_run(run):
     scope = {"observation": observation}
     exec(code.replace(example_run, str(run)), scope)
     assert scope["action"] == evaluated_actions(run, observation[None])[0]
+
+
+def test_a_pick_that_is_not_one_is_refused(run):
+    with pytest.raises(ValueError) as e:
+        trainer.load_policy(run, pick="newest")
+    assert "newest" in str(e.value) and "latest" in str(e.value)

@@ -87,11 +87,30 @@ def test_a_setting_without_a_flag_is_a_toml_key_and_named_so_on_the_command_line
     assert str(bad.value).startswith("max_lag ")  # its TOML key: there is no --max-lag to name
 
 
-def test_old_spellings_are_read_as_the_new_one_for_a_release(tmp_path):
+def test_old_spellings_are_read_as_the_new_one_for_a_release_by_their_own_algorithm(tmp_path, capsys):
     assert parse_args(["--batch-size", "256"]).config.algo_settings.minibatch_size == 256
     assert parse_args(["--algo", "apex", "--apex-batch-size", "64"]).config.algo_settings.minibatch_size == 64
     (tmp_path / "old.toml").write_text('algo = "apex"\napex_batch_size = 32\n')
     assert parse_args(["--config", str(tmp_path / "old.toml")]).config.algo_settings.minibatch_size == 32
+    for argv, named in ((["--apex-batch-size", "64"], "--apex-batch-size"),  # Ape-X's old name, on a PPO run
+                        (["--algo", "apex", "--batch-size", "64"], "--batch-size"),
+                        (["--batch-size", "256", "--minibatch-size", "128"], "--minibatch-size")):  # both: which?
+        with pytest.raises(SystemExit) as e:
+            parse_args(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and named in err and err.count("\n") == 1, argv
+
+
+def test_python_takes_the_keys_a_toml_file_takes_and_names_another_algorithms():
+    assert TrainConfig.from_dict({"num-envs": 8, "max-lag": 2}).algo_settings.max_lag == 2
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.from_dict({"algo": "apex", "epochs": 3})
+    assert e.value.key == "epochs" and "ppo" in str(e.value)
+
+
+def test_a_switch_alone_means_true():
+    cfg = parse_args(["--overlap", "--tensorboard", "false"]).config
+    assert (cfg.overlap, cfg.tensorboard) == (True, False)
 
 
 @pytest.mark.parametrize("algo, expected", [("ppo", 256), ("apex", 64)])

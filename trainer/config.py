@@ -16,8 +16,8 @@ from typing import Any
 from collectors.backend_names import BACKENDS
 from trainer.algorithm import AlgorithmSpec
 from trainer.arguments import did_you_mean
-from trainer.registry import ALGORITHMS, algorithm_spec, default_settings, owners, renamed, settings_class
-from trainer.settings import ConfigError, check_limits, limits_of, setting
+from trainer.registry import ALGORITHMS, algorithm_spec, default_settings, owners, reads, renamed, settings_class
+from trainer.settings import ConfigError, check_limits, flag_name, limits_of, setting
 
 __all__ = ["ConfigError", "TrainConfig", "parse_env_kwargs", "format_env_kwargs"]
 
@@ -123,9 +123,13 @@ class TrainConfig:
         algorithm's in its settings; the algorithm's old spellings read as the new (``renamed``). ``ConfigError`` for
         a key that neither this config nor the algorithm has, unless ``stored`` (a config stored by an older
         version, which held every algorithm's settings: the others' are left out)."""
-        values = renamed(values, values.get("algo", cls.algo))
+        algo = values.get("algo", cls.algo)
+        values = {k.replace("-", "_"): v for k, v in values.items()}  # as a TOML file may spell them
+        if not stored:  # a stored config of an older version held every algorithm's settings
+            check_owners(algo, values)  # another algorithm's setting is named as such, not as unknown
+        values = renamed(values, algo)
         own = {f.name for f in fields(cls)} - {"algo_settings"}
-        settings = settings_class(values.get("algo", cls.algo))
+        settings = settings_class(algo)
         theirs = {f.name for f in fields(settings)}
         unknown = sorted(set(values) - own - theirs)
         if unknown and not stored:
@@ -227,6 +231,18 @@ class TrainConfig:
         if not paths:
             return self
         return dataclasses.replace(self, env_kwargs=format_env_kwargs({**options, **paths}))
+
+
+def check_owners(algo: str, given: dict[str, Any]) -> None:
+    """Raise ``ConfigError`` if ``given`` sets something only another algorithm than ``algo`` reads (a resumed
+    run's algorithm is its checkpoint's: known only once that is read)."""
+    ignored = sorted(k for k in given if not reads(algo, k))
+    if ignored:
+        flags = ", ".join(flag_name(k) for k in ignored)
+        readers = " or ".join(sorted({a for k in ignored for a in owners(k)}))
+        them = "it" if len(ignored) == 1 else "them"
+        rule = f"for --algo {readers} only, and this run is --algo {algo}, which would ignore {them}; drop {them}"
+        raise ConfigError(ignored[0], given[ignored[0]], rule, message=f"{flags}: {rule}")
 
 
 def setting_fields() -> list[tuple[str, dataclasses.Field]]:

@@ -24,7 +24,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from collectors.backend_names import LOCAL_BACKENDS
-from trainer.arguments import OneLineParser, did_you_mean
+from trainer.arguments import OneLineParser, did_you_mean, spelled
 from trainer.config import (
     COLLECTION,
     LEARNING,
@@ -32,6 +32,7 @@ from trainer.config import (
     ConfigError,
     TrainConfig,
     algorithm_defaults,
+    check_owners,
     env_argument_defaults,
     format_env_kwargs,
     moved_env_files,
@@ -92,9 +93,10 @@ def _field_type(f: dataclasses.Field) -> type:
 
 
 def _types(algo: str | None = None) -> dict[str, type]:
-    """Every setting's type by name: the run's and every algorithm's, or only ``algo``'s besides the run's."""
-    return {f.name: _field_type(f) for _, f in setting_fields()
-            if algo is None or reads(algo, f.name)}
+    """Every setting's type by name: the run's and every algorithm's (with their old names), or only ``algo``'s
+    besides the run's."""
+    types = {f.name: _field_type(f) for _, f in setting_fields() if algo is None or reads(algo, f.name)}
+    return types if algo else {**types, **{old: types[new] for old, new in renamed_names().items()}}
 
 
 def _help(f: dataclasses.Field) -> str:
@@ -179,10 +181,11 @@ def build_parser(prog: str = TRAIN_PROG, description: str = "",
             groups[title] = p.add_argument_group(title)
         kind = _field_type(f)
         parse = _bool if kind is bool else _compile_choice if f.name == "compile" else kind
-        groups[title].add_argument(flag_name(f.name), type=parse, default=argparse.SUPPRESS,
+        switch = {"nargs": "?", "const": True} if kind is bool else {}  # --overlap alone means --overlap true
+        groups[title].add_argument(flag_name(f.name), type=parse, default=argparse.SUPPRESS, **switch,
                                    help=shown(f.name, f"{_help(f)} {_default_help(f.name, f.default)}"))
-    for old, new in renamed_names().items():  # accepted for a release, not shown
-        p.add_argument(flag_name(old), dest=new, type=_types()[new], default=argparse.SUPPRESS,
+    for old, new in renamed_names().items():  # accepted for a release, for its own algorithm; not shown
+        p.add_argument(flag_name(old), dest=old, type=_types()[new], default=argparse.SUPPRESS,
                        help=argparse.SUPPRESS)
     p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
                    help=shown("resume", "continue a run from its newest loadable checkpoint (or from this checkpoint "
@@ -200,8 +203,7 @@ def _toml_values(path: Path) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read config file {path}: {e}") from None
     types = {name: kind for name, kind in _types().items() if name != "config"}
-    old = renamed_names()
-    keys = {key: old.get(key.replace("-", "_"), key.replace("-", "_")) for key in data}  # flag or field names
+    keys = {key: key.replace("-", "_") for key in data}  # the flag's spelling or the field's
     unknown = sorted(k for k, name in keys.items() if name not in types)
     flags_only = [k for k in unknown if keys[k] in ("config", "resume", "overwrite")]
     if flags_only:  # flag names, but what they do is the command line's, not a run's setting
@@ -339,24 +341,12 @@ def check_config(cfg: TrainConfig, given: dict[str, Any]) -> None:
     check_owners(cfg.algo, given)
 
 
-def check_owners(algo: str, given: dict[str, Any]) -> None:
-    """Raise ``ConfigError`` if ``given`` sets something only another algorithm than ``algo`` reads (a resumed
-    run's algorithm is its checkpoint's: known only once that is read)."""
-    ignored = sorted(k for k in given if not reads(algo, k))
-    if ignored:
-        flags = ", ".join(flag_name(k) for k in ignored)
-        readers = " or ".join(sorted({a for k in ignored for a in owners(k)}))
-        them = "it" if len(ignored) == 1 else "them"
-        rule = f"for --algo {readers} only, and this run is --algo {algo}, which would ignore {them}; drop {them}"
-        raise ConfigError(ignored[0], given[ignored[0]], rule, message=f"{flags}: {rule}")
-
-
 def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) -> TrainConfig:
     """The checkpoint's config with the given flags applied; flags that would change the run are an error (a
     moved trace directory does not: ``--env-kwargs capacity_trace=NEW``)."""
-    saved = renamed(saved, saved.get("algo", TrainConfig.algo))
-    check_owners(given.get("algo", saved.get("algo", TrainConfig.algo)), given)  # before a clash with a value it
-    # ignores
+    algo = given.get("algo", saved.get("algo", TrainConfig.algo))
+    check_owners(algo, given)  # before a clash with a value it ignores
+    saved, given = renamed(saved, saved.get("algo", TrainConfig.algo)), renamed(given, algo)
     may_change = set(RESUMABLE_CHANGES)
     if {saved.get("backend"), given.get("backend", saved.get("backend"))} <= set(SWITCHABLE_BACKENDS):
         may_change.add("backend")  # the same envs, seeds and numbers, collected elsewhere: the state restores
@@ -367,8 +357,9 @@ def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) ->
     clash = {k: (saved.get(k), v) for k, v in given.items() if k not in may_change and saved.get(k) != v}
     if clash:  # a usage error, as a bad flag's
         detail = ", ".join(f"--{k.replace('_', '-')}={new!r} (run has {old!r})" for k, (old, new) in clash.items())
-        key, (_, value) = next(iter(clash.items()))
-        raise ConfigError(key, value, "does not match the run being resumed", message=(
+        key, (old, value) = next(iter(clash.items()))
+        rule = f"the run being resumed has {spelled(old)}: drop it, or start a new run"  # (a TOML key's message)
+        raise ConfigError(key, value, rule, message=(
             f"{source}: the flags do not match the run being resumed: {detail}. Drop them, or start "
             f"a new run; only {', '.join('--' + k.replace('_', '-') for k in sorted(RESUMABLE_CHANGES - {'config'}))} "
             f"may change (and --backend between {', '.join(SWITCHABLE_BACKENDS)}; "

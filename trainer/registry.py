@@ -13,7 +13,7 @@ from trainer.algorithm import Algorithm, AlgorithmSpec
 from trainer.apex.spec import ApeXSpec
 from trainer.arguments import did_you_mean
 from trainer.ppo.spec import PPOSpec
-from trainer.settings import ConfigError, Limits
+from trainer.settings import ConfigError, Limits, flag_name
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -59,12 +59,14 @@ def default_settings(name: str) -> Any:
 
 
 def owners(key: str) -> tuple[str, ...]:
-    """The algorithms that declare the setting ``key`` as their own (``()``: it is the run's, every algorithm's).
+    """The algorithms that declare the setting ``key`` as their own, or had it under that old name (``()``: it is
+    the run's, every algorithm's).
 
-    >>> owners("epochs"), owners("minibatch_size"), owners("num_envs")
-    (('ppo',), ('ppo', 'apex'), ())
+    >>> owners("epochs"), owners("minibatch_size"), owners("apex_batch_size"), owners("num_envs")
+    (('ppo',), ('ppo', 'apex'), ('apex',), ())
     """
-    return tuple(name for name, spec in ALGORITHMS.items() if key in spec.Settings.__dataclass_fields__)
+    return tuple(name for name, spec in ALGORITHMS.items()
+                 if key in spec.Settings.__dataclass_fields__ or key in renamed_names(name))
 
 
 def reads(algo: str, key: str) -> bool:
@@ -76,14 +78,20 @@ def reads(algo: str, key: str) -> bool:
     return not owners(key) or algo in owners(key)
 
 
-def renamed(values: Mapping[str, Any], algo: str | None = None) -> dict[str, Any]:
-    """``values`` with the old spellings of settings (each algorithm's ``Settings.renamed``) read as the new: of
-    ``algo`` (a stored config, whose algorithm is known), or of every algorithm (``None``: a command line).
+def renamed(values: Mapping[str, Any], algo: str) -> dict[str, Any]:
+    """``values`` with ``algo``'s old spellings of its settings (its ``Settings.renamed``) read as the new; the
+    other algorithms' old names are left as they are (theirs, not this one's). ``ConfigError`` where an old and a
+    new name are both given.
 
-    >>> renamed({"batch_size": 256, "num_envs": 8}, "ppo")
-    {'minibatch_size': 256, 'num_envs': 8}
+    >>> renamed({"batch_size": 256, "num_envs": 8}, "ppo"), renamed({"batch_size": 256}, "apex")
+    ({'minibatch_size': 256, 'num_envs': 8}, {'batch_size': 256})
     """
     names = renamed_names(algo)
+    both = sorted(old for old in values if old in names and names[old] in values)
+    if both:
+        old, new = flag_name(both[0]), flag_name(names[both[0]])
+        raise ConfigError(both[0], values[both[0]], message=f"{old} is the old name of {new}, which is given too: "
+                          f"give only {new}")
     return {names.get(k, k): v for k, v in values.items()}
 
 

@@ -48,7 +48,7 @@ from trainer.evaluation.validation import Validator
 from trainer.interrupts import STOP_PATIENCE_S, Interrupted, StopSignals
 from trainer.memory import check_memory
 from trainer.metrics import MetricsLog, keep_metrics_until
-from trainer.registry import algorithm_class
+from trainer.registry import algorithm_class, renamed
 from trainer.run_files import claim_new_run_dir, resume_state
 from trainer.run_layout import Machine, RunLayout, compile_kept_on_resume, run_layout
 from trainer.thread_plan import RunThreads
@@ -393,7 +393,7 @@ def _command(*args: str) -> str:
 
 def _stored_setting(key: str, cli: CommandLine) -> str:
     """Where a resumed run's setting came from, when the command line did not give it: its checkpoint."""
-    if not cli.resume or key in cli.given:
+    if not cli.resume or key in renamed(cli.given, cli.config.algo):  # (given under an old name: given)
         return ""
     flag = "--" + key.replace("_", "-")
     return f" (the run's stored {flag}" + (f"; pass {flag} to change it on resume)" if key in RESUMABLE_CHANGES

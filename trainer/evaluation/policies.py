@@ -119,6 +119,9 @@ class TrainedPolicy:
                          f"{list(shape)}, one, or [n, {', '.join(map(str, shape))}] for a batch")
 
 
+PICKS = ("best", "latest")  # which checkpoint of a run directory: load_policy(pick=), as trainer.evaluate --pick
+
+
 def load_policy(path: str | Path, *, pick: str = "best", stochastic: bool = False) -> TrainedPolicy:
     """The policy of a checkpoint file or of a run directory, ready to act (:class:`TrainedPolicy`), as
     ``trainer.evaluate`` plays it: from a run directory, its ``best`` checkpoint (validation, ``--eval-every``), or
@@ -126,6 +129,8 @@ def load_policy(path: str | Path, *, pick: str = "best", stochastic: bool = Fals
     stderr. ``stochastic``: sample actions rather than act greedily (a ``ValueError`` for a policy that is greedy
     only, as Ape-X's is). A path with no checkpoint to load is a ``checkpoints.CheckpointError`` (a
     ``ValueError``) naming it."""
+    if pick not in PICKS:
+        raise ValueError(f"pick={pick!r}: use {' or '.join(map(repr, PICKS))}")
     model, cfg, source = trained_model(path, pick)
     if stochastic and (refused := sampling_refused(cfg, source)):
         raise ValueError(f"stochastic=True: {refused}; pass stochastic=False")
