@@ -362,7 +362,7 @@ class Check:
             measured = []
             # beyond the GPU default's size, eagerly only where the check is quick: the compiled runs are the target's
             for name, compile, graphs in variants if n == sizes.device_envs[0] or self.quick else variants[1:]:
-                cfg = replace(gpu_defaults, num_envs=n, num_steps=sizes.num_steps, compile=compile,
+                cfg = gpu_defaults.replaced(num_envs=n, num_steps=sizes.num_steps, compile=compile,
                               cuda_graphs=graphs, total_steps=10**12, run_dir=str(root / f"f-{n}-{name}"))
                 rate = self.attempt(f"(f) {n} envs {name}", functools.partial(training_rate, cfg, sizes.iterations))
                 measured.append(f"{name} {rate[0]:,.0f}" if rate else f"{name} FAILED")
