@@ -13,7 +13,15 @@ from trainer.common.moments import merged_moments
 from trainer.ppo.model import ActorCritic, RunningNorm
 from trainer.ppo.reward_scaling import ReturnScaler
 from trainer.ppo.targets import advantages_and_returns, vtrace, vtrace_targets
-from trainer.ppo.update import LearnerSamples, MinibatchStep, UpdateSettings, ppo_loss, ppo_update
+from trainer.ppo.update import (
+    LearnerSamples,
+    MinibatchStep,
+    PPOLoss,
+    UpdateSettings,
+    epoch_order,
+    ppo_loss,
+    ppo_update,
+)
 
 
 def settings(**kw) -> UpdateSettings:
@@ -62,11 +70,52 @@ def test_value_clipping_takes_the_worse_of_the_clipped_and_unclipped_errors():
     assert plain == pytest.approx(0.5 * (1.0**2 + 1.9**2) / 2)
 
 
-def test_advantage_normalisation_is_per_minibatch():
-    model = FixedOutputs([0.0, 0.0], [0.0, 0.0], [0.0, 0.0])  # ratio 1: the policy loss is -mean(advantage)
-    raw = ppo_loss(model, samples(2, advantages=[3.0, 5.0]), settings(norm_adv=False)).policy_loss
-    normed = ppo_loss(model, samples(2, advantages=[3.0, 5.0]), settings(norm_adv=True)).policy_loss
-    assert raw.item() == pytest.approx(-4.0) and normed.item() == pytest.approx(0.0, abs=1e-6)
+class RecordingStep:
+    """A minibatch step that records which samples (by observation id) and advantages each minibatch holds."""
+
+    def __init__(self, **kw):
+        self.settings, self.seen = settings(**kw), []
+
+    def __call__(self, mb):
+        self.seen.append((mb.observations[:, 0].long(), mb.advantages.clone()))
+        zero = torch.zeros(())
+        return PPOLoss(zero, torch.zeros(len(mb.advantages)), zero, zero, zero)
+
+
+def rollout_samples(num_steps, num_envs, advantages):
+    """``[T, N]`` samples whose observation is the sample's index ``t * N + n``."""
+    zeros = torch.zeros(num_steps, num_envs)
+    ids = torch.arange(num_steps * num_envs, dtype=torch.float32).view(num_steps, num_envs, 1)
+    return LearnerSamples(ids, zeros.long(), zeros, zeros, advantages, zeros)
+
+
+def test_advantages_are_normalised_over_each_minibatch_of_whole_slots():
+    adv = torch.randn(8, 4, generator=torch.Generator().manual_seed(0)) * 3 + 2
+    step = RecordingStep(epochs=2, minibatch_size=8, norm_adv=True)
+    ppo_update(step, rollout_samples(8, 4, adv), torch.Generator().manual_seed(1))
+    assert len(step.seen) == 2 * 4
+    for epoch in (step.seen[:4], step.seen[4:]):  # every sample once per epoch
+        assert sorted(torch.cat([ids for ids, _ in epoch]).tolist()) == list(range(32))
+    for ids, got in step.seen:
+        raw = adv.flatten()[ids]
+        assert torch.allclose(got, (raw - raw.mean()) / (raw.std() + 1e-8), atol=1e-6)
+        assert sorted((ids % 4).tolist()) == [0, 0, 1, 1, 2, 2, 3, 3]  # two steps of each env
+    plain = RecordingStep(minibatch_size=8, norm_adv=False)
+    ppo_update(plain, rollout_samples(8, 4, adv), torch.Generator().manual_seed(1))
+    assert all(torch.equal(got, adv.flatten()[ids]) for ids, got in plain.seen)
+
+
+def test_the_shuffle_of_a_share_of_the_envs_is_that_share_of_the_whole_shuffle():
+    """What a rank of a data-parallel run takes (envs 4-7 of 8) is exactly its envs' part of each minibatch one
+    process takes: the same samples, in the same minibatches."""
+    whole, share = epoch_order(torch.Generator().manual_seed(3), 6, 8, slice(0, 8), torch.device("cpu"))
+    mine, everyone = epoch_order(torch.Generator().manual_seed(3), 6, 8, slice(4, 8), torch.device("cpu"))
+    assert torch.equal(whole, share) and torch.equal(everyone, share)
+    minibatch = 16  # two slots of 8 envs; the rank's share: two slots of its 4
+    for k in range(3):
+        theirs = [int(i) for i in everyone[k * minibatch:(k + 1) * minibatch] if i % 8 >= 4]
+        ours = [int(i) // 4 * 8 + int(i) % 4 + 4 for i in mine[k * 8:(k + 1) * 8]]  # [T, 4] index -> [T, 8]
+        assert ours == theirs
 
 
 def cartpole_learner(seed=0):

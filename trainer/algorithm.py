@@ -76,6 +76,9 @@ class AlgorithmSpec:
     # --compile auto on a CPU backend: the run length (env steps) from which compiling its hot paths was measured
     # to pay for the compile time (None: not measured, so auto compiles only for --backend device)
     compile_pays_after: ClassVar[int | None] = None
+    # whether it learns data-parallel under torchrun (each rank its share of the envs, the update averaged over
+    # the ranks: trainer.common.world); one that does not is refused there in one line
+    data_parallel: ClassVar[bool] = False
 
     @classmethod
     def defaults_for(cls, env: str, gpu: bool = False) -> dict[str, Any]:

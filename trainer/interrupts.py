@@ -19,8 +19,12 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING
 
 from collectors.stop_signals import handled_stop_signals
+
+if TYPE_CHECKING:
+    from trainer.common.world import World
 
 STOP_PATIENCE_S = 5.0  # how long a stop signal waits for a section that waits on other processes
 FINISHED = "after the run finished: nothing to stop"  # what a late signal is told
@@ -40,6 +44,9 @@ class Interrupted(KeyboardInterrupt):
 class StopSignals:
     """Install the stop-signal handlers for a ``with`` block (main thread only; elsewhere a no-op).
 
+    ``agreed``: a rank of a data-parallel run; a signal is only noted, and raised on every rank at the next
+    :meth:`agree` (one rank alone must not leave the others waiting in a collective).
+
     ``until_exit``: the process exits once the block ends (a command line). Where a stop was under way or the
     work finished, the block then leaves stop signals noted and ignored (:func:`ignore_late_signals`) in place of
     its handlers, not the handlers from before it: a storm of signals that goes on after the stop's checkpoint is
@@ -53,8 +60,8 @@ class StopSignals:
         ...         pass  # ... or 5 s after it arrived, whichever comes first
     """
 
-    def __init__(self, until_exit: bool = False) -> None:
-        self.until_exit = until_exit
+    def __init__(self, until_exit: bool = False, agreed: bool = False) -> None:
+        self.until_exit, self.agreed = until_exit, agreed
         self._depth = 0
         self._pending: int | None = None
         self.stopping = False
@@ -87,7 +94,7 @@ class StopSignals:
         if self.stopping:
             _note("again: already stopping (what completed is being saved)", signum, frame)
             return
-        if self._depth:
+        if self._depth or self.agreed:
             if self._patient and self._pending is None:  # the first one sets the patience; others do not extend it
                 signal.setitimer(signal.ITIMER_REAL, self._patience_s)
             self._pending = self._pending or signum
@@ -113,7 +120,7 @@ class StopSignals:
         ``patience_s``: the section waits on other processes, and is abandoned (the signal raised
         inside it) once a signal has waited that long; the caller must then drop what it made.
         """
-        patient = patience_s is not None and _CAN_BOUND and not self._patient
+        patient = patience_s is not None and _CAN_BOUND and not self._patient and not self.agreed
         self._depth += 1
         if patient:
             self._patient, self._patience_s = True, patience_s
@@ -126,21 +133,32 @@ class StopSignals:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 self._patient = False
             self._depth -= 1
-        if not self._depth and self._pending is not None and not self.stopping:
+        if not self._depth and self._pending is not None and not self.stopping and not self.agreed:
             if self.finished:  # the section finished the work: the signal that waited for it has nothing to stop
                 _note(FINISHED, self._pending, None)
                 self._pending = None
                 return
             self._raise(self._pending)
 
-    def raise_if_lost(self) -> None:
+    def raise_if_lost(self, world: World | None = None) -> None:
         """Raise again a stop that was raised but never handled: a handler runs wherever the main thread is, and
         there the ``Interrupted`` may be swallowed (a ``__del__``, a finaliser, a library's ``except
         BaseException``); every later signal then only says "already stopping". Called at each iteration's
         start, so that a stop is late by at most one iteration, never lost (a run next to busy loops once
-        trained on for 15 minutes after its SIGTERM)."""
+        trained on for 15 minutes after its SIGTERM). Under torchrun (``agreed``), the ranks then :meth:`agree`."""
         if self._raised is not None:
             raise Interrupted(self._raised)
+        if world is not None:
+            self.agree(world)
+
+    def agree(self, world: World) -> None:
+        """Under torchrun (``agreed``): raise, on every rank, the stop any rank has received (the ranks stop at
+        the same iteration boundary, where none is inside a collective); alone, nothing."""
+        if self.agreed and not self.stopping:
+            signum = world.most(self._pending or 0)
+            if signum:
+                self._pending = None
+                self._raise(signum)
 
     def stop(self) -> None:
         """Mark a stop under way (an error, or the stop, is being handled): further signals wait for the save."""

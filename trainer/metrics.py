@@ -12,24 +12,35 @@ from typing import Any
 import numpy as np
 
 from collectors import Rollout
+from trainer.common.world import ALONE, World
 
 QOE_KEYS = ("quality", "stall_s", "switches")  # per-episode metrics VR-edge reports (envs/README.md)
 
 
-def metrics_row(iteration: int, env_steps: int, sps: float, lr: float, stats: dict[str, float], rollout: Rollout,
-                lag: int) -> dict[str, Any]:
-    """The row of one iteration: counters, the update's statistics, and what the rollout's episodes scored."""
-    episodes = rollout.episodes
+def metrics_row(iteration: int, env_steps: int, sps: float, lr: float, stats: dict[str, float],
+                episodes: list[dict[str, Any]], reward_per_step: float, lag: int) -> dict[str, Any]:
+    """The row of one iteration: counters, the update's statistics, and what the rollout's ``episodes`` scored
+    (:func:`run_episodes_and_reward`)."""
     row = {"iteration": iteration, "env_steps": env_steps, "sps": sps, "lr": lr, **stats,
            "episodes": len(episodes),
            "episode_return": float(np.mean([e["return"] for e in episodes])) if episodes else None,
            "episode_length": float(np.mean([e["length"] for e in episodes])) if episodes else None,
-           "reward_per_step": float(rollout.batch["rewards"].mean()), "policy_lag": lag}
+           "reward_per_step": reward_per_step, "policy_lag": lag}
     for k in QOE_KEYS:
         vals = [e[k] for e in episodes if k in e]
         if vals:
             row[k] = float(np.mean(vals))
     return row
+
+
+def run_episodes_and_reward(rollout: Rollout, world: World = ALONE) -> tuple[list[dict[str, Any]], float]:
+    """The episodes that ended in ``rollout`` and its mean reward per step, over every rank's share of the run's
+    envs (each episode's ``env`` the run's index), the same on every rank."""
+    offset = world.envs(rollout.batch.shape[1] * world.size).start
+    mine = [{**e, "env": e["env"] + offset} for e in rollout.episodes]
+    reward = world.mean_(rollout.batch["rewards"].mean().double()[None]) if world.size > 1 else \
+        rollout.batch["rewards"].mean()
+    return [e for part in world.gather_objects(mine) for e in part], float(reward)
 
 
 def steps_per_second(start: tuple[int, float], env_steps: int) -> float:

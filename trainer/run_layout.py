@@ -28,9 +28,11 @@ import envs
 from collectors import watchdog
 from collectors.processes import start_method_of
 from collectors.resources import async_workers, largest_divisor_at_most, usable_cores
+from collectors.seeding import env_seeds
 from trainer.arguments import counted
 from trainer.common.devices import compile_unavailable, learner_device
 from trainer.common.spaces import check_env_id
+from trainer.common.world import ALONE, World
 from trainer.config import ConfigError, TrainConfig, format_env_kwargs
 from trainer.registry import algorithm_spec
 
@@ -62,6 +64,15 @@ class Machine:
             return cls(cores, gpus, memory=memory)
         from collectors.backends.ray_ import cluster_cpus, connect
         return cls(cores, gpus, *cluster_cpus(connect(ray_address or None, num_cpus=cores)), memory=memory)
+
+    def share(self, world: World) -> Machine:
+        """What one rank of ``world`` may use of this node: its share of the cores and the memory, and one GPU
+        (``cuda:LOCAL_RANK``) where there are any."""
+        if world.size == 1:
+            return self
+        per_node = world.local_size
+        return dataclasses.replace(self, cores=max(1, self.cores // per_node), gpus=min(self.gpus, 1),
+                                   memory=self.memory // per_node if self.memory is not None else None)
 
 
 @dataclass(frozen=True)
@@ -96,9 +107,10 @@ class RunLayout:
     worker_threads: int  # torch threads of each worker process or actor
     compile: bool  # the acting step (policy, and a torch env's step) runs torch.compile'd (--compile)
     cuda_graphs: bool  # PPO's minibatch step captured as a CUDA graph, and a compiled acting step on CUDA too
-    batch_envs: int  # envs in one learner batch (keeps_collecting: one actor's slice)
-    machine: Machine
+    batch_envs: int  # envs in one learner batch of the run, every rank's (keeps_collecting: one actor's slice)
+    machine: Machine  # this rank's share of its node
     warnings: tuple[str, ...] = ()
+    world: World = ALONE  # torchrun's ranks: this one steps num_envs of them, world.envs(batch_envs)
 
     @property
     def acting_compile(self) -> bool | str:
@@ -116,6 +128,13 @@ class RunLayout:
         if self.vectorized:
             return [functools.partial(VECTOR_ENVS[self.env], n, **self.env_kwargs) for n in self.factory_envs]
         return [functools.partial(gym.make, self.env, **self.env_kwargs)] * len(self.factory_envs)
+
+    def env_seeds(self, seed: int) -> int | list[int]:
+        """The collector's ``seed``: the run seed, or under torchrun the seeds this rank's envs have in the run (the
+        ones they get in one process: no two ranks share one, on any node)."""
+        if self.world.size == 1:
+            return seed
+        return env_seeds(seed, self.batch_envs)[self.world.envs(self.batch_envs)]
 
     def collector_kwargs(self) -> dict[str, Any]:
         """The ``make_collector`` options this layout fixes (besides env factories, policy, num_steps, seed)."""
@@ -166,11 +185,14 @@ class RunLayout:
             procs += (", acting step and " if self.acting_compile == "reduce-overhead" else ", ") + \
                 "PPO minibatch step captured as CUDA graphs (--cuda-graphs)"
         arguments = f" ({format_env_kwargs(self.env_kwargs)})" if self.env_kwargs else ""  # from flags or TOML
-        return (f"layout: {self.env}{arguments}, {counted(self.num_envs, 'env')} as {kind}; {self.backend}: {procs}; "
+        envs = counted(self.num_envs, "env") + (f" on each of {self.world.size} ranks" if self.world.size > 1 else "")
+        world = f"\n{self.world.describe()}" if self.world.size > 1 else ""
+        where += " per rank" if self.world.size > 1 else ""
+        return (f"layout: {self.env}{arguments}, {envs} as {kind}; {self.backend}: {procs}; "
                 f"{where}; learner on {self.device}\n"
                 f"threads: {f'{self.worker_threads} per worker, ' if self.workers else ''}{here} at most "
                 f"{self.collect_threads} collecting, this process at most "
-                f"{self.learn_threads} learning (override: --num-workers, envs_per_worker, --threads)")
+                f"{self.learn_threads} learning (override: --num-workers, envs_per_worker, --threads){world}")
 
     def iterations(self, cfg: TrainConfig) -> int:
         """Iterations of the whole run: ``cfg.total_steps`` in learner batches of ``batch_envs x num_steps``."""
@@ -261,14 +283,14 @@ def cuda_graphs_on(cfg: TrainConfig, device: str) -> bool:
     return wanted
 
 
-def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
-    """Decide the layout of ``cfg`` on ``machine``; an impossible request is a ``ConfigError`` naming the flag."""
+def run_layout(cfg: TrainConfig, machine: Machine, world: World = ALONE) -> RunLayout:
+    """The layout of ``cfg`` on ``machine`` (this rank's share under torchrun: ``world``); ``ConfigError`` if not."""
     check_env_id(cfg.env)
-    n, cores, notes = cfg.num_envs, machine.cores, []
+    machine = _rank_share(cfg, machine, world)
+    n, cores, notes = cfg.num_envs // world.size, machine.cores, []
     # the algorithm decides whether its Ray actors keep collecting while it learns (IMPALA's and Ape-X's do)
     keeps_collecting = cfg.backend == "ray" and algorithm_spec(cfg.algo).keeps_collecting(cfg)
-    if cfg.backend == "device":
-        _check_torch_env(cfg)
+    _check_torch_env(cfg)
     vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
     notes += _ray_flags_ignored(cfg)
     workers, main_share, per_worker, cpus = 0, False, 0, 0.0
@@ -319,13 +341,35 @@ def run_layout(cfg: TrainConfig, machine: Machine) -> RunLayout:
                      worker_timeout=cfg.worker_timeout, start_method=_start_method(cfg, notes),
                      keeps_collecting=keeps_collecting, overlap=cfg.overlap, collect_threads=collect_threads,
                      learn_threads=learn_threads,
-                     worker_threads=1, batch_envs=n // workers if keeps_collecting else n, machine=machine,
-                     warnings=tuple(notes))
+                     worker_threads=1, batch_envs=n // workers if keeps_collecting else cfg.num_envs,
+                     machine=machine, warnings=tuple(notes), world=world)
+
+
+def _rank_share(cfg: TrainConfig, machine: Machine, world: World) -> Machine:
+    """This rank's share of ``machine`` (torchrun), once what a data-parallel run cannot do is refused."""
+    if world.size == 1:
+        return machine
+    launched = f"under torchrun ({world.size} ranks)"
+    if not algorithm_spec(cfg.algo).data_parallel:
+        raise ConfigError("algo", cfg.algo, f"does not run {launched}: --algo ppo does, or one process (no torchrun)")
+    if cfg.backend == "ray":
+        raise ConfigError("backend", "ray", f"does not combine with torchrun ({world.size} ranks): each rank "
+                          "collects with --backend sync, async or device; Ray spreads one process's rollouts instead")
+    if getattr(cfg.algo_settings, "cuda_graphs", False):  # an all-reduce inside the captured step: not measured
+        raise ConfigError("cuda_graphs", True, f"does not combine with torchrun yet ({world.size} ranks): pass "
+                          "--cuda-graphs false")
+    if cfg.num_envs % world.size:
+        lower, upper = cfg.num_envs // world.size * world.size, -(-cfg.num_envs // world.size) * world.size
+        raise ConfigError("num_envs", cfg.num_envs, f"must be a multiple of the {world.size} ranks: each steps an "
+                          f"equal share; use --num-envs {upper}" + (f" or {lower}" if lower else ""))
+    return machine.share(world)
 
 
 def _check_torch_env(cfg: TrainConfig) -> None:
-    """``ConfigError`` unless ``--backend device`` can step ``cfg``'s env: one written in torch, with settings it
-    can run (checked here, before any write)."""
+    """With ``--backend device``, ``ConfigError`` unless it can step ``cfg``'s env: one written in torch, with
+    settings it can run (checked here, before any write)."""
+    if cfg.backend != "device":
+        return
     if cfg.env not in TORCH_ENVS:
         raise ConfigError("backend", cfg.backend,
                           message=f"--backend device needs an env written in torch; {cfg.env} has none (these do: "

@@ -43,6 +43,8 @@ from collectors.resources import torch_threads
 from collectors.watchdog import last_resort
 from trainer.algorithm import Algorithm, NonFiniteLossError
 from trainer.arguments import counted
+from trainer.common.devices import resolve_device
+from trainer.common.world import ALONE, RankLostError, World, joined_world
 from trainer.config import ConfigError, TrainConfig
 from trainer.evaluation.validation import Validator
 from trainer.interrupts import STOP_PATIENCE_S, Interrupted, StopSignals
@@ -81,30 +83,32 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
     :class:`TrainingStopped` (a ``KeyboardInterrupt``) once the checkpoint is on disk.
     """
     with contextlib.ExitStack() as stack:
-        signals = stack.enter_context(StopSignals(until_exit))
+        world = stack.enter_context(joined_world(str(resolve_device(cfg.device)), cfg.worker_timeout))  # torchrun's
+        signals = stack.enter_context(StopSignals(until_exit, agreed=world.size > 1))  # ranks stop together
         run, writer, threads = _started_run(stack, cfg, resume, given or {}, max_iterations, overwrite, machine,
-                                            preface)
+                                            preface, world)
         algorithm, stop, every = run.algorithm, run.stop, run.algorithm.cfg.checkpoint_every
-        last = _LastCompleted(algorithm, threads, signals, run.run_dir, run.source)
-        validator = Validator(algorithm.cfg, run.run_dir, algorithm.iteration)  # --eval-every: the best checkpoint
-        bar = tqdm(total=stop, initial=algorithm.iteration, disable=not progress or algorithm.iteration >= stop,
-                   unit="it", dynamic_ncols=True)
+        last = _LastCompleted(algorithm, threads, signals, run.run_dir, run.source, world)
+        validator = _validator(algorithm, run.run_dir, world)  # --eval-every: the best checkpoint
+        bar = tqdm(total=stop, initial=algorithm.iteration, unit="it", dynamic_ncols=True,  # rank 0's
+                   disable=not progress or algorithm.iteration >= stop or not world.lead)
         stuck_in_c = functools.partial(_stuck_in_c, bar, last)
         start = (algorithm.env_steps, time.perf_counter())
         try:
-            with MetricsLog(run.run_dir / "metrics.jsonl") as log, last_resort(stuck_in_c):
+            with _metrics_log(run.run_dir, world) as log, last_resort(stuck_in_c):
                 while algorithm.iteration < stop:
-                    signals.raise_if_lost()
+                    signals.raise_if_lost(world)  # (and under torchrun, a stop any rank received)
                     counts = threads.apply()
                     row = algorithm.iterate(start)  # a rollout, then the update on it
                     if row is None:  # a rollout it chose not to learn from (PPO: too stale)
                         continue
-                    _say_thread_plan(threads, run.run_dir, bar)  # the iteration's own time: before validation
+                    _say_thread_plan(threads, run.run_dir, bar, world.lead)  # its own time: before validation
                     row.update(collect_threads=counts["collect"], learn_threads=counts["learn"])
                     row.update(validator.evaluate(algorithm.iteration, algorithm.model))
                     last.complete(row, log)  # logged and snapshotted: the iteration is complete
                     _show(row, algorithm.recent, bar, writer)
-                    if algorithm.iteration % every == 0 or algorithm.iteration == stop or validator.improved:
+                    if world.lead and (algorithm.iteration % every == 0 or algorithm.iteration == stop
+                                       or validator.improved):
                         validator.saved(last.save())
         except BaseException as e:
             error = last.failed(e)
@@ -114,7 +118,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         finally:
             with contextlib.suppress(OSError):  # after any save: the terminal may be gone (SIGHUP)
                 bar.close()
-        for note in algorithm.end_notes():
+        for note in algorithm.end_notes() if world.lead else ():
             print(note, file=sys.stderr)
         summary = _summary(run, last.last_saved)
         signals.finish()  # closing the collector (a rollout may be in flight) must not turn into a stop
@@ -143,38 +147,44 @@ class _Run:
 
 
 def _started_run(stack: contextlib.ExitStack, cfg: TrainConfig, resume: str, given: dict, max_iterations: int | None,
-                 overwrite: bool, machine: Machine | None, preface: Sequence[str]) -> tuple[_Run, Any, RunThreads]:
+                 overwrite: bool, machine: Machine | None, preface: Sequence[str],
+                 world: World) -> tuple[_Run, Any, RunThreads]:
     """The run ready for its first iteration, with its tensorboard writer (or ``None``) and its threads: planned,
     its directory claimed and its config written, its lines said, its collector started, a resumed run's state
-    restored (the lock, the collector and the rest are closed by ``stack``)."""
-    run = _planned_run(cfg, resume, given, max_iterations, machine)
-    notes = run.notes + _claimed_run_dir(stack, run, overwrite)
-    _say_start(preface, run)
+    restored (the lock, the collector and the rest are closed by ``stack``). Under torchrun, rank 0 alone
+    claims, writes and says; every rank starts its collector on its share of the envs."""
+    run = _planned_run(cfg, resume, given, max_iterations, machine, world)
+    notes = run.notes + world.from_lead(lambda: _claimed_run_dir(stack, run, overwrite))
+    lead = world.lead
+    if lead:
+        _say_start(preface, run)
     cfg, layout, thread_plan = run.cfg, run.layout, run.saved.get("thread_plan") if run.saved else None
     cfg.run_dir = str(run.run_dir)
-    if not run.nothing_to_do:
+    if lead and not run.nothing_to_do:
         _write_config(run.run_dir, cfg, layout.to_dict(), thread_plan)
-    writer = _tensorboard(run.run_dir) if cfg.tensorboard else None
+    writer = _tensorboard(run.run_dir) if cfg.tensorboard and lead else None
     if writer:
         stack.callback(writer.close)
     collector = stack.enter_context(make_collector(
-        layout.env_factories(), run.algorithm.acting, backend=cfg.backend, num_steps=cfg.num_steps, seed=cfg.seed,
-        **layout.collector_kwargs(), **run.algorithm.collector_options()))  # keeps_collecting: one actor's slice
+        layout.env_factories(), run.algorithm.acting, backend=cfg.backend, num_steps=cfg.num_steps,
+        seed=layout.env_seeds(cfg.seed), **layout.collector_kwargs(), **run.algorithm.collector_options()))
     run.algorithm.attach(collector)
     stack.enter_context(torch_threads(layout.learn_threads))  # restored at the end: RunThreads sets it anew
     threads = RunThreads.for_run(layout, cfg.threads, collector, run.iterations, thread_plan)
-    for note in notes + _restored(run) + [threads.describe()]:
+    said = notes + _restored(run) + [threads.describe()]  # every rank restores its share of a resumed run
+    for note in said if lead else ():
         print(note, file=sys.stderr)
     return run, writer, threads
 
 
 def _planned_run(cfg: TrainConfig, resume: str, given: dict, max_iterations: int | None,
-                 machine: Machine | None) -> _Run:
+                 machine: Machine | None, world: World = ALONE) -> _Run:
     """The run ``cfg`` (or the one at ``resume``) makes on ``machine``: what fails (a missing extra, memory, the
-    layout, what the env cannot take) fails here, before any file is touched."""
+    layout, what the env cannot take) fails here, before any file is touched. Under torchrun, rank 0 reads the
+    checkpoint and names a new run's directory, for every rank."""
     saved, source, notes = None, None, []
     if resume:  # read before the lock is taken: files are replaced atomically, and a typo creates nothing
-        cfg, source, saved, notes = resume_state(resume, given)
+        cfg, source, saved, notes = world.from_lead(lambda: resume_state(resume, given))
         cfg, kept = compile_kept_on_resume(cfg, saved["config"], given)
         notes += [kept] if kept else []
     # the extras the run needs, before any line about it
@@ -185,10 +195,11 @@ def _planned_run(cfg: TrainConfig, resume: str, given: dict, max_iterations: int
     # the run layout: computed once here; nothing below recomputes it
     machine = machine or Machine.detect(cfg.backend, cfg.ray_address)
     check_memory(cfg, machine)  # before the layout (its lists grow with --num-envs), any env and any buffer
-    layout = run_layout(cfg, machine)  # checks the env id
+    layout = run_layout(cfg, machine, world)  # checks the env id
     algorithm = algorithm_class(cfg.algo).new(cfg, layout)  # what the env cannot take fails before any write
     # a module:id env is named by its id: a colon in a path breaks Windows, and PATH-like lists elsewhere
-    run_dir = Path(cfg.run_dir or f"runs/{cfg.env.rpartition(':')[2]}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(cfg.run_dir or world.from_lead(
+        lambda: f"runs/{cfg.env.rpartition(':')[2]}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"))
     iterations = layout.iterations(cfg)
     stop = min(iterations, max_iterations or iterations)
     return _Run(cfg, layout, algorithm, run_dir, iterations, stop, source, saved,
@@ -249,11 +260,13 @@ def _restored(run: _Run) -> list[str]:
 
 class _LastCompleted:
     """The state at the end of the last completed iteration, in memory, and the newest checkpoint: what any end of
-    the run saves, never a half-done iteration."""
+    the run saves, never a half-done iteration. Under torchrun every rank takes the snapshot (it gathers every
+    rank's envs) and rank 0 alone saves it."""
 
     def __init__(self, algorithm: Algorithm, threads: RunThreads, signals: StopSignals, run_dir: Path,
-                 resumed_from: Path | None) -> None:
+                 resumed_from: Path | None, world: World) -> None:
         self.algorithm, self.threads, self.signals, self.run_dir = algorithm, threads, signals, run_dir
+        self.world = world
         self.snapshot = self.taken()
         self.saved_at = algorithm.iteration if algorithm.iteration else None  # resumed: that state is on disk already
         self.last_saved = resumed_from
@@ -283,7 +296,7 @@ class _LastCompleted:
         signal: :class:`TrainingStopped`)."""
         self.signals.stop()  # a signal from here on waits: the snapshot is saved first
         done = self.snapshot["iteration"]
-        if done and self.saved_at != done and not isinstance(e, checkpoints.CheckpointError):  # (that save failed)
+        if done and self.saved_at != done and self.world.lead and not isinstance(e, checkpoints.CheckpointError):
             try:
                 self.save()
             except checkpoints.CheckpointError as why:
@@ -304,6 +317,24 @@ class _LastCompleted:
         return e
 
 
+def _validator(algorithm: Algorithm, run_dir: Path, world: World) -> Validator:
+    """The run's validation, from where the run starts (rank 0's alone: it writes the run's files)."""
+    cfg = algorithm.cfg if world.lead else dataclasses.replace(algorithm.cfg, eval_every=0)
+    return Validator(cfg, run_dir, algorithm.iteration)
+
+
+class _NoMetrics:
+    """A rank's metrics under torchrun, other than rank 0's: every rank computes the same rows, rank 0 writes them."""
+
+    def append(self, row: dict) -> None:
+        pass
+
+
+def _metrics_log(run_dir: Path, world: World) -> contextlib.AbstractContextManager:
+    """``metrics.jsonl``, open for appending (rank 0's alone)."""
+    return MetricsLog(run_dir / "metrics.jsonl") if world.lead else contextlib.nullcontext(_NoMetrics())
+
+
 def _stuck_in_c(bar: tqdm, last: _LastCompleted, error: Exception) -> None:
     """The last resort (``collectors.watchdog``): an env of this process is stuck where no interrupt reaches it,
     and the process is about to end. Run in the watchdog's thread, this one being stuck: what the error path
@@ -313,11 +344,11 @@ def _stuck_in_c(bar: tqdm, last: _LastCompleted, error: Exception) -> None:
     last.failed(error)
 
 
-def _say_thread_plan(threads: RunThreads, run_dir: Path, bar: tqdm) -> None:
+def _say_thread_plan(threads: RunThreads, run_dir: Path, bar: tqdm, lead: bool) -> None:
     """Record the iteration's time in the thread plan; a change of plan is said, and a plan made (not one begun)
-    is kept in ``config.json`` (which keeps the last one)."""
+    is kept in ``config.json`` (which keeps the last one), by rank 0 (``lead``) under torchrun."""
     changed = threads.record()
-    if changed:
+    if changed and lead:
         bar.write(changed, file=sys.stderr)
         if threads.state()["chosen"]:
             _record_thread_plan(run_dir / "config.json", threads.state())
@@ -411,12 +442,15 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
     defaults = "" if cli.resume else defaults_used(cli.config, cli.given)
     # next to the run layout's lines: what the bare command runs is not the same for every algo
     preface = [f"defaults for --algo {cli.config.algo} on {cli.config.env}: {defaults}"] if defaults else []
+    rank = World.from_environment().rank  # under torchrun, rank 0 says what every rank did; the others, their own
     try:
         summary = train(cli.config, resume=cli.resume, given=cli.given, overwrite=cli.overwrite, preface=preface,
                         until_exit=True)  # a storm of signals after the stop's checkpoint changes no exit status
     except TrainingStopped as e:
         run_dir = str(e.run_dir.resolve())
         with contextlib.suppress(OSError):  # a SIGHUP's terminal is gone: what was completed is saved all the same
+            if rank:  # rank 0 says where the run is
+                raise SystemExit(e.exit_status) from None
             if e.checkpoint:
                 print(f"\n{e} after iteration {e.iteration}; checkpoint: {e.checkpoint.resolve()}\n"
                       f"resume:        {_command('-m', 'trainer.train', '--resume', run_dir)}", file=sys.stderr)
@@ -424,14 +458,21 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
                 print(f"\n{e} {NOTHING_TO_SAVE}", file=sys.stderr)
         raise SystemExit(e.exit_status) from None
     except KeyboardInterrupt as e:  # before the first iteration
-        print(f"\n{e or 'interrupted'} {NOTHING_TO_SAVE}", file=sys.stderr)
+        if not rank:
+            print(f"\n{e or 'interrupted'} {NOTHING_TO_SAVE}", file=sys.stderr)
         raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
     except ConfigError as e:  # a setting this machine cannot run: as the flags' errors, exit status 2
+        if rank:  # every rank meets it: rank 0 says it
+            raise SystemExit(2) from None
         build_parser().error(f"{cli.error_text(e)}{_stored_setting(e.key, cli)}")
-    except (ValueError, TypeError, NonFiniteLossError, WorkerDiedError, EnvError, RayConnectError) as e:
+    except (ValueError, TypeError, NonFiniteLossError, WorkerDiedError, EnvError, RayConnectError,
+            RankLostError) as e:
         # an env's error carries the env's own traceback; the trainer's frames above it would only be noise
-        raise SystemExit(_error_text(e)) from None
-    _say_summary(summary)
+        if rank and isinstance(e, RankLostError) and 0 not in e.lost:  # rank 0 lives, and says it
+            raise SystemExit(1) from None
+        raise SystemExit(f"rank {rank}: " * bool(rank) + _error_text(e)) from None
+    if not rank:
+        _say_summary(summary)
 
 
 def _say_summary(summary: dict) -> None:

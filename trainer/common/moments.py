@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from trainer.common.world import ALONE, World
 
-def merged_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor,
-                   samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+
+def merged_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, samples: torch.Tensor,
+                   world: World = ALONE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mean, (population) variance and count of the data summarised by ``(mean, var, count)``
-    together with ``samples`` (``[B, *mean.shape]``, reduced over its first axis).
+    together with ``samples`` (``[B, *mean.shape]``, reduced over its first axis; in a data-parallel run,
+    every rank's ``samples``: ``world``).
 
     Example:
         >>> x = torch.arange(6.0, dtype=torch.float64)
@@ -16,7 +19,7 @@ def merged_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor,
         >>> (m.item(), v.item(), c.item()) == (x.mean().item(), x.var(unbiased=False).item(), 6.0)
         True
     """
-    n = samples.shape[0]
-    delta, total = samples.mean(0) - mean, count + n
-    new_var = (var * count + samples.var(0, unbiased=False) * n + delta**2 * count * n / total) / total
+    batch_mean, batch_var, n = world.batch_moments(samples)
+    delta, total = batch_mean - mean, count + n
+    new_var = (var * count + batch_var * n + delta**2 * count * n / total) / total
     return mean + delta * n / total, new_var, total

@@ -9,15 +9,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from collectors.collector import merge_states, split_state
 from trainer import __version__
 from trainer.algorithm import ENVS_NOT_RESTORED, Algorithm, NonFiniteLossError
 from trainer.common.devices import resolve_device
 from trainer.common.flat_params import flat_parameters
 from trainer.common.spaces import model_spaces
 from trainer.common.state import capture_rng, cpu_copy, restore_rng
+from trainer.common.world import World
 from trainer.config import TrainConfig
-from trainer.metrics import metrics_row, steps_per_second
-from trainer.ppo.batching import MinibatchPlan, plan_minibatches
+from trainer.metrics import metrics_row, run_episodes_and_reward, steps_per_second
+from trainer.ppo.batching import MinibatchPlan, plan_minibatches, rank_minibatch_size
 from trainer.ppo.cuda_graph import CapturedStep
 from trainer.ppo.model import ActorCritic
 from trainer.ppo.optimizer import fused_adam, load_optimizer_state, set_learning_rate
@@ -74,6 +76,7 @@ class PPO(PPOSpec, Algorithm):
     plan: MinibatchPlan
     iterations: int  # of the whole run: the learning rate anneals over them
     step: UpdateStep  # one minibatch's update: the loss compiled with --compile, captured with --cuda-graphs
+    world: World  # torchrun's ranks (alone: World()): this one learns on its share of the envs, in step
     iteration: int = 0
     env_steps: int = 0
     dropped: int = 0
@@ -94,9 +97,12 @@ class PPO(PPOSpec, Algorithm):
     def new(cls, cfg: TrainConfig, layout: RunLayout) -> PPO:
         """A fresh run: model and its acting copy from ``cfg.seed``, fused Adam over one flat parameter, the
         minibatch plan for the layout's batch (a batch size that cannot work fails here), and the minibatch
-        step as the layout runs it (the loss compiled; the whole step captured as a CUDA graph)."""
+        step as the layout runs it (the loss compiled; the whole step captured as a CUDA graph). Under torchrun
+        every rank makes the same model and takes its share of every minibatch (``layout.world``)."""
         ppo: PPOSettings = cfg.algo_settings
+        world = layout.world
         plan = plan_minibatches(layout.batch_envs, cfg.num_steps, ppo.minibatch_size or None)  # ConfigError
+        share = rank_minibatch_size(plan, layout.batch_envs, cfg.num_steps, world.size)  # ConfigError
         device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         model = cls.make_model(cfg).to(device)
@@ -105,13 +111,13 @@ class PPO(PPOSpec, Algorithm):
         acting.load_state_dict(model.state_dict())
         # one flat tensor and a fused kernel: Adam is a single op per minibatch, not ~10 per parameter
         optimizer = fused_adam(flat_parameters(model), cfg.lr, capturable=layout.cuda_graphs)
-        step = MinibatchStep(model, optimizer, UpdateSettings.from_config(cfg, plan.minibatch_size),
-                             compiled_ppo_loss() if layout.compile else ppo_loss)
+        step = MinibatchStep(model, optimizer, UpdateSettings.from_config(cfg, share),
+                             compiled_ppo_loss() if layout.compile else ppo_loss, world)
         if layout.cuda_graphs:
             step = CapturedStep(step)
         return cls(cfg, device, model, acting, optimizer,
-                   ReturnScaler(cfg.num_envs, cfg.gamma, device) if ppo.scale_rewards else None, plan,
-                   layout.iterations(cfg), step)
+                   ReturnScaler(cfg.num_envs, cfg.gamma, device, world) if ppo.scale_rewards else None, plan,
+                   layout.iterations(cfg), step, world)
 
     @property
     def settings(self) -> UpdateSettings:
@@ -136,7 +142,16 @@ class PPO(PPOSpec, Algorithm):
         return {"device": self.device}  # the rollout lands where the learner learns
 
     def attach(self, collector: Collector) -> None:
+        self._same_weights_on_every_rank()
         self.pipeline = make_pipeline(collector, self.acting.state_dict(), self.cfg.overlap)
+
+    def _same_weights_on_every_rank(self) -> None:
+        """Rank 0's weights and normaliser on every rank (torchrun; alone, nothing): from here the ranks take the
+        same steps, and stay identical."""
+        if self.world.size > 1:
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            self.world.broadcast_([*params, *self.model.buffers()])
+            self.acting.load_state_dict(self.model.state_dict())
 
     # ------------------------------------------------------------------ learning
     def iterate(self, start: tuple[int, float]) -> dict[str, Any] | None:
@@ -149,12 +164,14 @@ class PPO(PPOSpec, Algorithm):
         if cfg.ray_async and lag > self.ppo.max_lag:  # too stale to correct well: the next one is fresher
             self.dropped += 1
             return None
-        self.recent.extend(e["return"] for e in rollout.episodes)
+        episodes, reward_per_step = run_episodes_and_reward(rollout, self.world)
+        self.recent.extend(e["return"] for e in episodes)
         lr = cfg.lr * (1 - (it - 1) / self.iterations) if cfg.anneal_lr else cfg.lr
         stats = self.learn(rollout, it, lr)
         self.pipeline.learned(self.model.state_dict())
-        self.iteration, self.env_steps = it, self.env_steps + rollout.numel()
-        return metrics_row(it, self.env_steps, steps_per_second(start, self.env_steps), lr, stats, rollout, lag)
+        self.iteration, self.env_steps = it, self.env_steps + rollout.numel() * self.world.size
+        return metrics_row(it, self.env_steps, steps_per_second(start, self.env_steps), lr, stats, episodes,
+                           reward_per_step, lag)
 
     def learn(self, rollout: Rollout, iteration: int, lr: float) -> dict[str, float]:
         """Update ``model`` on one rollout (on the learner's device) as iteration ``iteration``; returns the
@@ -171,7 +188,7 @@ class PPO(PPOSpec, Algorithm):
         cfg, ppo, model, batch = self.cfg, self.ppo, self.model, rollout.batch
         set_learning_rate(self.optimizer, lr)
         if ppo.normalize_obs:
-            model.norm.update(batch["observations"])
+            model.norm.update(batch["observations"], self.world)
         scale = (self.scaler.scale(batch["rewards"], batch["final_observation_mask"], rollout.envs)
                  if self.scaler else 1.0)
         if cfg.ray_async or (cfg.overlap and ppo.overlap_targets == "vtrace"):  # collected by older weights
@@ -180,7 +197,7 @@ class PPO(PPOSpec, Algorithm):
             adv, ret = advantages_and_returns(model, batch, rollout.next_observations, cfg.gamma, ppo.gae_lambda, scale)
         try:
             return ppo_update(self.step, LearnerSamples.from_rollout(batch, adv, ret),
-                              minibatch_generator(cfg.seed, iteration, self.device))
+                              minibatch_generator(cfg.seed, iteration, self.device), self.world)
         except NonFiniteLossError as e:
             raise NonFiniteLossError(f"iteration {iteration}: {e}; training stopped (try a lower --lr)") from None
 
@@ -197,8 +214,16 @@ class PPO(PPOSpec, Algorithm):
             "reward_scaler": self.scaler.state_dict() if self.scaler else None,
             "recent_returns": list(self.recent),
             "rng": {**capture_rng(), "acting": self.acting.generator.get_state()},
-            **self.pipeline.state(),  # "collector" (and, with --overlap, "acting_model")
+            **self._pipeline_state(),  # "collector" (and, with --overlap, "acting_model")
         })
+
+    def _pipeline_state(self) -> dict[str, Any]:
+        """The pipeline's state, its collector's for the run's envs (under torchrun, every rank's share, by global
+        env index: a checkpoint resumes at any world size)."""
+        state = self.pipeline.state()
+        if self.world.size > 1:
+            state["collector"] = merge_states(self.world.gather_objects(state["collector"]))
+        return state
 
     def restore(self, state: dict[str, Any]) -> list[str]:
         """Load a checkpoint's state; a note when the envs could not be restored exactly."""
@@ -210,6 +235,9 @@ class PPO(PPOSpec, Algorithm):
         self.recent.extend(state["recent_returns"])
         restore_rng(state["rng"])
         self.acting.generator.set_state(state["rng"]["acting"])
+        if self.world.size > 1:  # this rank's envs of the run's
+            state = {**state, "collector": split_state(state["collector"], self.world.envs(self.cfg.num_envs))}
+        self._same_weights_on_every_rank()
         exact = self.pipeline.restore(state, self.model.state_dict(), reseed=self.iteration)
         return [] if exact else [ENVS_NOT_RESTORED]
 

@@ -77,3 +77,23 @@ def plan_minibatches(n_envs: int, n_steps: int, minibatch_size: int | None = Non
                         f"{'is' if count == 1 else 'are'} too coarse (target {MIN_MINIBATCHES}-"
                         f"{MAX_MINIBATCHES}); {suggestion}")
     return MinibatchPlan(total, minibatch_size, count, warnings)
+
+
+def rank_minibatch_size(plan: MinibatchPlan, n_envs: int, n_steps: int, world_size: int) -> int:
+    """Each rank's share of the plan's minibatch in a data-parallel run of ``world_size`` ranks (alone: the whole
+    minibatch). A minibatch is then whole slots of the shuffle, ``minibatch / n_envs`` steps of every env
+    (``trainer.ppo.update.epoch_order``), so that every rank holds an equal share of each: a minibatch size that
+    is not a multiple of ``n_envs`` is refused, naming the sizes that are.
+
+    >>> rank_minibatch_size(plan_minibatches(64, 128), 64, 128, world_size=2)
+    128
+    """
+    if world_size == 1:
+        return plan.minibatch_size
+    if plan.minibatch_size % n_envs:
+        whole = [n_envs * d for d in _divisors(n_steps)]
+        near = sorted(whole, key=lambda m: abs(m - plan.minibatch_size))[:2]
+        raise ConfigError("minibatch_size", plan.minibatch_size, f"must be a multiple of --num-envs {n_envs} under "
+                          f"torchrun, so that each of the {world_size} ranks holds an equal share of every minibatch; "
+                          f"use --minibatch-size {' or '.join(str(m) for m in sorted(near))}")
+    return plan.minibatch_size // world_size

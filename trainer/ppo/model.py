@@ -11,6 +11,7 @@ from torch import nn
 from trainer.common import noise
 from trainer.common.moments import merged_moments
 from trainer.common.spaces import action_heads
+from trainer.common.world import ALONE, World
 
 
 class RunningNorm(nn.Module):
@@ -38,10 +39,10 @@ class RunningNorm(nn.Module):
         self._scale.copy_(torch.rsqrt(self.var + 1e-8))
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        """Add observations ``[..., *shape]`` to the statistics."""
+    def update(self, x: torch.Tensor, world: World = ALONE) -> None:
+        """Add observations ``[..., *shape]`` to the statistics (every rank's, in a data-parallel run)."""
         mean, var, count = merged_moments(self.mean, self.var, self.count,
-                                          x.reshape(-1, *self.mean.shape).to(torch.float64))
+                                          x.reshape(-1, *self.mean.shape).to(torch.float64), world)
         self.mean.copy_(mean)
         self.var.copy_(var)
         self.count.copy_(count)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from trainer.common.moments import merged_moments
+from trainer.common.world import ALONE, World
 
 
 class ReturnScaler:
@@ -17,12 +18,14 @@ class ReturnScaler:
         (torch.Size([]), torch.float32)
 
     The return of each env runs on across rollouts (reset where an episode ends), so a
-    checkpoint holds it (``state_dict``). Statistics are float64.
+    checkpoint holds it (``state_dict``: the run's envs, whatever ``world`` stepped them). Statistics are
+    float64, over every rank's returns.
     """
 
-    def __init__(self, num_envs: int, gamma: float, device: torch.device) -> None:
-        self.gamma = gamma
-        self.ret = torch.zeros(num_envs, dtype=torch.float64, device=device)
+    def __init__(self, num_envs: int, gamma: float, device: torch.device, world: World = ALONE) -> None:
+        """``num_envs``: the run's; this rank keeps the returns of its share (``world.envs``)."""
+        self.gamma, self.world, self.envs = gamma, world, world.envs(num_envs)
+        self.ret = torch.zeros(self.envs.stop - self.envs.start, dtype=torch.float64, device=device)
         self.moments = torch.tensor([0.0, 1.0, 1e-4], dtype=torch.float64, device=device)  # mean, var, count
 
     def scale(self, rewards: torch.Tensor, done: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
@@ -36,12 +39,12 @@ class ReturnScaler:
             rets[t] = ret
             ret = torch.where(done[t], torch.zeros_like(ret), ret)
         self.ret[rows] = ret
-        self.moments = torch.stack(merged_moments(*self.moments, rets.reshape(-1)))
+        self.moments = torch.stack(merged_moments(*self.moments, rets.reshape(-1), self.world))
         return (1.0 / torch.sqrt(self.moments[1] + 1e-8)).float()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"ret": self.ret.cpu(), "moments": self.moments.cpu()}
+        return {"ret": self.world.gather_envs(self.ret).cpu(), "moments": self.moments.cpu()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.ret = state["ret"].to(self.ret.device)
+        self.ret = state["ret"][self.envs].to(self.ret.device)
         self.moments = state["moments"].to(self.moments.device)

@@ -38,6 +38,7 @@ class PPOSpec(AlgorithmSpec):
     # compiled, VR-edge defaults ran 1.39x faster on 2 cores after ~23 s of compiling with a cold cache (1 s warm):
     # it pays from ~2M env steps (docs/benchmarks.md, "Compiling the acting step and the loss")
     compile_pays_after: ClassVar[int | None] = 2_000_000
+    data_parallel: ClassVar[bool] = True  # torchrun: gradients, normaliser and figures averaged over the ranks
 
     @classmethod
     def keeps_collecting(cls, cfg: TrainConfig) -> bool:

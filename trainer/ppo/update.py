@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from tensordict import TensorDictBase
 
 from trainer.algorithm import NonFiniteLossError
+from trainer.common.world import ALONE, World
 from trainer.ppo.model import ActorCritic
 
 
@@ -57,7 +58,8 @@ class UpdateSettings:
 
 
 class LearnerSamples(NamedTuple):
-    """One flat ``[B]`` batch of what the PPO loss reads, by name (a rollout flattened, or a minibatch of it)."""
+    """What the PPO loss reads, by name: a rollout's ``[T, N]`` samples (:meth:`from_rollout`), or a flat ``[B]``
+    batch (a minibatch, whose advantages :func:`ppo_update` has normalised where ``norm_adv`` says so)."""
 
     observations: torch.Tensor
     actions: torch.Tensor
@@ -68,9 +70,12 @@ class LearnerSamples(NamedTuple):
 
     @classmethod
     def from_rollout(cls, batch: TensorDictBase, advantages: torch.Tensor, returns: torch.Tensor) -> LearnerSamples:
-        """A ``[T, N]`` batch and its targets, flattened to ``T x N`` samples (views, no copy)."""
-        return cls(batch["observations"].flatten(0, 1), batch["actions"].flatten(0, 1), batch["log_probs"].flatten(),
-                   batch["values"].flatten(), advantages.flatten(), returns.flatten())
+        """A ``[T, N]`` batch and its targets, as ``[T, N]`` samples (views, no copy)."""
+        return cls(batch["observations"], batch["actions"], batch["log_probs"], batch["values"], advantages, returns)
+
+    def flat(self) -> LearnerSamples:
+        """``[T, N]`` samples as ``T x N`` (time-major; views): sample ``t * N + n`` is env ``n``'s step ``t``."""
+        return LearnerSamples(*(x.flatten(0, 1) for x in self))
 
     def index(self, rows: torch.Tensor | slice) -> LearnerSamples:
         """The samples at ``rows`` (a permutation gathers copies; a slice gives views)."""
@@ -88,13 +93,12 @@ class PPOLoss(NamedTuple):
 
 
 def ppo_loss(model: ActorCritic, mb: LearnerSamples, s: UpdateSettings) -> PPOLoss:
-    """The loss of one minibatch: clipped surrogate, (clipped) value loss, entropy bonus."""
+    """The loss of one minibatch: clipped surrogate, (clipped) value loss, entropy bonus (its advantages as given:
+    :func:`ppo_update` normalises them over the whole minibatch, which may span ranks)."""
     logp, entropy, value = model.evaluate(mb.observations, mb.actions)
     log_ratio = logp - mb.old_log_probs
     ratio = log_ratio.exp()
     adv = mb.advantages
-    if s.norm_adv:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     policy_loss = -torch.min(adv * ratio, adv * ratio.clamp(1 - s.clip_coef, 1 + s.clip_coef)).mean()
     if s.clip_value:
         v_clipped = mb.old_values + (value - mb.old_values).clamp(-s.clip_coef, s.clip_coef)
@@ -116,8 +120,9 @@ def compiled_ppo_loss() -> LossFn:
 
 
 class MinibatchStep:
-    """One optimiser step on one minibatch: gradients zeroed in place, the loss forward and backward, the global
-    gradient norm clipped, one optimiser step. Returns the minibatch's :class:`PPOLoss` (from before the step).
+    """One optimiser step on one minibatch: gradients zeroed in place, the loss forward and backward, the
+    gradients averaged over the ranks of a data-parallel run (``world``), the global gradient norm clipped, one
+    optimiser step. Returns the minibatch's :class:`PPOLoss` (from before the step).
 
     ``loss_fn``: :func:`ppo_loss`, or :func:`compiled_ppo_loss`'s; ``trainer.ppo.cuda_graph.CapturedStep``
     replays the same step as one CUDA graph.
@@ -137,9 +142,10 @@ class MinibatchStep:
     """
 
     def __init__(self, model: ActorCritic, optimizer: torch.optim.Optimizer, settings: UpdateSettings,
-                 loss_fn: LossFn = ppo_loss) -> None:
+                 loss_fn: LossFn = ppo_loss, world: World = ALONE) -> None:
         self.model, self.optimizer, self.settings, self.loss_fn = model, optimizer, settings, loss_fn
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.world = world
 
     def __call__(self, mb: LearnerSamples) -> PPOLoss:
         out = self.loss_fn(self.model, mb, self.settings)
@@ -147,6 +153,8 @@ class MinibatchStep:
             if p.grad is not None:  # graph keeps its addresses), without optimizer.zero_grad()'s bookkeeping
                 p.grad.zero_()
         out.loss.backward()
+        for p in self.params:  # data-parallel: the gradient of the whole minibatch, every rank's share averaged
+            self.world.mean_(p.grad)  # (one flat parameter: one all-reduce per step; alone, nothing)
         torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm, foreach=True)
         self.optimizer.step()
         return out
@@ -160,31 +168,79 @@ class UpdateStep(Protocol):
     def __call__(self, mb: LearnerSamples) -> PPOLoss: ...
 
 
-def ppo_update(step: UpdateStep, samples: LearnerSamples, generator: torch.Generator) -> dict[str, float]:
-    """Clipped-surrogate PPO over ``step.settings.epochs`` random permutations of ``samples``.
+def epoch_order(generator: torch.Generator, num_steps: int, num_envs: int, envs: slice,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One epoch's shuffle of a ``[num_steps, num_envs]`` rollout: each env's steps in an order of their own, the
+    samples then taken one slot at a time (slot 0 of every env, slot 1 of every env, ...). Returns the order of
+    the envs ``envs`` (indices into their ``[T, n]`` samples, flattened) and of all envs (into ``[T, N]``).
 
-    Each epoch shuffles every per-sample tensor once on the device; its minibatches are
-    then contiguous slices (views, no copy), each taken by ``step``. A remainder smaller
-    than a minibatch waits for the next epoch's shuffle, so every minibatch has the planned
-    size (one compiled graph, one captured CUDA graph). Each minibatch stores its
-    log-ratios, and the approximate KL (k3 estimator) and clip fraction are computed from
-    them once per epoch; with ``target_kl``, the epochs stop after the first whose KL
-    exceeds it. Diagnostics stay on the device until the end (plus one KL read per epoch
-    when ``target_kl`` is set).
+    Why by env: the shuffle is drawn for the run's envs, so a rank that steps ``envs`` finds its share of every
+    minibatch in its own samples (a minibatch of whole slots holds ``minibatch / N`` steps of each env), and
+    ranks together take exactly the minibatches one process takes, whatever the world size.
+
+    Example:
+        >>> mine, everyone = epoch_order(torch.Generator().manual_seed(0), 3, 4, slice(2, 4), torch.device("cpu"))
+        >>> sorted(mine.tolist()) == list(range(6)), sorted(everyone.tolist()) == list(range(12))
+        (True, True)
+        >>> bool(((everyone[:4] % 4) == torch.arange(4)).all())  # the first slot: one step of every env
+        True
     """
-    s = step.settings
-    mbs = s.minibatch_size
-    total, device = samples.observations.shape[0], samples.observations.device
+    slots = torch.rand(num_envs, num_steps, generator=generator, device=device).argsort(dim=1, stable=True)
+    everyone = (slots * num_envs + torch.arange(num_envs, device=device)[:, None]).T.reshape(-1)
+    mine = slots[envs]
+    n = mine.shape[0]
+    return (mine * n + torch.arange(n, device=device)[:, None]).T.reshape(-1), everyone
+
+
+def minibatch_normalised(advantages: torch.Tensor, everyone: torch.Tensor) -> torch.Tensor:
+    """Advantages ``[K, m]`` (this rank's share of K minibatches) normalised by the mean and standard deviation
+    of their whole minibatches, ``everyone`` ``[K, M]`` (every rank's share; alone, the same tensor).
+
+    Example:
+        >>> adv = torch.tensor([[1.0, 3.0], [0.0, 4.0]])
+        >>> minibatch_normalised(adv[:, :1], adv).tolist()  # the first of each minibatch, normalised by both
+        [[-0.7071067690849304], [-0.7071067690849304]]
+    """
+    return (advantages - everyone.mean(1, keepdim=True)) / (everyone.std(1, keepdim=True) + 1e-8)
+
+
+def ppo_update(step: UpdateStep, samples: LearnerSamples, generator: torch.Generator,
+               world: World = ALONE) -> dict[str, float]:
+    """Clipped-surrogate PPO over ``step.settings.epochs`` shuffles of ``samples`` (``[T, n]``: this rank's
+    envs of the run's ``n x world.size``; ``[B]``: one env's ``B`` steps).
+
+    Each epoch shuffles every per-sample tensor once on the device (:func:`epoch_order`); its
+    minibatches are then contiguous slices (views, no copy), each taken by ``step``. A remainder
+    smaller than a minibatch waits for the next epoch's shuffle, so every minibatch has the planned
+    size (one compiled graph, one captured CUDA graph). With ``norm_adv``, advantages are normalised
+    per minibatch (the whole one: every rank's share). Each minibatch stores its log-ratios, and the
+    approximate KL (k3 estimator) and clip fraction are computed from them once per epoch; with
+    ``target_kl``, the epochs stop after the first whose KL exceeds it. Diagnostics stay on the device
+    until the end (plus one KL read per epoch when ``target_kl`` is set). Data-parallel, ``minibatch_size``
+    is this rank's share, and gradients, KL and figures are averaged over the ranks (``world``).
+    """
+    s, mbs = step.settings, step.settings.minibatch_size
+    if samples.advantages.dim() == 1:
+        samples = LearnerSamples(*(x.unsqueeze(1) for x in samples))
+    num_steps, n = samples.advantages.shape
+    total, device, envs = num_steps * n, samples.advantages.device, world.envs(n * world.size)
     used = total - total % mbs
     if not used:  # not one step to take: the statistics below would be 0/0
         raise ValueError(f"ppo_update: {total} samples make no minibatch of {mbs}; collect at least "
                          f"{mbs} (num_envs x num_steps) or lower minibatch_size")
+    targets = world.gather_envs(torch.stack([samples.advantages, samples.old_values, samples.returns]), dim=2)
+    flat = samples.flat()
     losses = torch.zeros(4, device=device)  # policy, value, entropy, total: summed over minibatches
     log_ratios = torch.empty(used, device=device)
-    kl_sum, clip_sum = torch.zeros((), device=device), torch.zeros((), device=device)
+    kl_and_clip = torch.zeros(2, device=device)  # the epochs' KL and clip fraction, summed
     updates = epochs_run = 0
     for _ in range(s.epochs):
-        shuffled = samples.index(torch.randperm(total, device=device, generator=generator))
+        mine, everyone = epoch_order(generator, num_steps, n * world.size, envs, device)
+        shuffled = flat.index(mine)
+        if s.norm_adv:  # over each whole minibatch: every rank's advantages are in targets[0]
+            whole = targets[0].flatten()[everyone[:used * world.size]].view(-1, mbs * world.size)
+            shuffled = shuffled._replace(advantages=minibatch_normalised(shuffled.advantages[:used].view(-1, mbs),
+                                                                         whole).flatten())
         for start in range(0, used, mbs):
             out = step(shuffled.index(slice(start, start + mbs)))
             with torch.no_grad():  # read before the next step (a CUDA graph's outputs are overwritten)
@@ -194,16 +250,17 @@ def ppo_update(step: UpdateStep, samples: LearnerSamples, generator: torch.Gener
         epochs_run += 1
         with torch.no_grad():
             ratio_m1 = log_ratios.exp() - 1
-            epoch_kl = (ratio_m1 - log_ratios).mean()  # low-variance KL estimator, k3
-            kl_sum += epoch_kl
-            clip_sum += (ratio_m1.abs() > s.clip_coef).float().mean()
-        if s.target_kl is not None and epoch_kl.item() > s.target_kl:
+            # low-variance KL estimator, k3, and the clip fraction: over the whole epoch, every rank's
+            epoch = world.mean_(torch.stack([(ratio_m1 - log_ratios).mean(),
+                                             (ratio_m1.abs() > s.clip_coef).float().mean()]))
+            kl_and_clip += epoch
+        if s.target_kl is not None and epoch[0].item() > s.target_kl:
             break
-    out = dict(zip(STAT_NAMES, [*(losses / updates).tolist(), (kl_sum / epochs_run).item(),
-                                (clip_sum / epochs_run).item()]))
+    figures = world.mean_(torch.cat([losses / updates, kl_and_clip / epochs_run]))
+    out = dict(zip(STAT_NAMES, figures.tolist()))
     if not all(math.isfinite(v) for v in out.values()):
         raise NonFiniteLossError(f"non-finite loss ({out})")
     with torch.no_grad():
-        out["explained_variance"] = explained_variance(samples.old_values, samples.returns).item()
+        out["explained_variance"] = explained_variance(targets[1].flatten(), targets[2].flatten()).item()
     out["epochs"] = epochs_run
     return out
