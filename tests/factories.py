@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import os
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import envs
 
@@ -246,3 +248,27 @@ def contend_for_lock(run_dir: str, trials: int, barrier, results) -> None:
         barrier.wait()  # every contender has tried while the winner holds the lock
         lock.release()
         barrier.wait()  # released: the test writes the next stale lock
+
+
+class HostSyncs(TorchDispatchMode):
+    """Counts, by op, what makes the host wait for a device while it is active: a tensor read as a Python number
+    (``_local_scalar_dense``: ``.item()``, ``float()``), a shape that depends on values (``nonzero``), a truth
+    value (``is_nonzero``), and copies between devices. On the CPU these cost nothing, but each would be a wait
+    on a GPU: counting them here keeps a later change from adding one unseen."""
+
+    SYNCS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name
+        if name in self.SYNCS:
+            self.count[name] += 1
+        elif name == "aten::_to_copy" and isinstance(out, torch.Tensor) and args[0].device != out.device:
+            self.count["copy across devices"] += 1
+        elif name == "aten::copy_" and args[0].device != args[1].device:
+            self.count["copy across devices"] += 1
+        return out

@@ -23,10 +23,12 @@ import pytest
 import torch
 
 import checkpoints
-from collectors import env_seeds
+from collectors import env_seeds, make_collector
+from tests.factories import HostSyncs
 from tests.messages import names
 from trainer.common.world import World
 from trainer.config import ConfigError, TrainConfig
+from trainer.ppo.update import LearnerSamples
 from trainer.registry import algorithm_class
 from trainer.run_layout import Machine, run_layout
 from trainer.train import train
@@ -44,7 +46,9 @@ def free_port() -> int:
 
 
 def _rank(rank: int, size: int, port: int, values: dict, kw: dict, results) -> None:
-    """A spawned rank, with the environment torchrun gives it: trains, then reports its final weights."""
+    """A spawned rank, with the environment torchrun gives it: trains, then reports its final weights (and, with
+    ``kw["syncs"]``, the host synchronisations of one more rollout and minibatch step)."""
+    syncs = kw.pop("syncs", False)
     os.environ.update(WORLD_SIZE=str(size), RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -55,10 +59,12 @@ def _rank(rank: int, size: int, port: int, values: dict, kw: dict, results) -> N
 
     def keeping_weights(run, checkpoint):
         seen["weights"] = torch.cat([p.detach().flatten() for p in run.algorithm.model.state_dict().values()])
+        seen["syncs"] = syncs_of_a_rollout_and_a_step(run.algorithm) if syncs else None
         return summary_of(run, checkpoint)
 
     loop._summary = keeping_weights
     summary = loop.train(TrainConfig.from_dict(values), progress=False, **kw)
+    summary["syncs"] = seen["syncs"]
     results.put((rank, summary, seen["weights"].numpy()))  # by value: a tensor would be shared, and this ends
 
 
@@ -112,6 +118,37 @@ def test_two_ranks_learn_what_one_process_learns_and_hold_identical_weights(stra
     saved = checkpoints.latest_loadable(run_dir)[1]
     assert torch.equal(torch.cat([t.flatten() for t in saved["model"].values()]), w0)
     assert np.asarray(saved["collector"]["steps"]).shape == (8,)  # every rank's envs, by global index
+
+
+def syncs_of_a_rollout_and_a_step(algorithm) -> dict:
+    """The host synchronisations (``tests.factories.HostSyncs``) of one more rollout of ``algorithm``'s collector
+    and of one minibatch step of its update."""
+    with HostSyncs() as rollout_syncs:
+        rollout = algorithm.pipeline.collector.collect()
+    zeros = torch.zeros(rollout.batch.shape, device=algorithm.device)
+    minibatch = LearnerSamples.from_rollout(rollout.batch, zeros, zeros).flat()
+    with HostSyncs() as step_syncs:
+        algorithm.step(minibatch.index(slice(0, algorithm.step.settings.minibatch_size)))
+    return {"rollout": dict(rollout_syncs.count), "step": dict(step_syncs.count)}
+
+
+@pytest.mark.parametrize("num_steps", [8, 16])
+def test_the_device_backend_rollout_and_the_minibatch_step_wait_on_no_device_per_step(num_steps):
+    cfg = TrainConfig.from_dict({**RUN, "backend": "device", "num_steps": num_steps})
+    layout = run_layout(cfg, Machine(cores=1))
+    algorithm = algorithm_class("ppo").new(cfg, layout)
+    with make_collector(layout.env_factories(), algorithm.acting, backend="device", num_steps=num_steps, seed=1,
+                        **algorithm.collector_options()) as collector:
+        algorithm.attach(collector)
+        syncs = syncs_of_a_rollout_and_a_step(algorithm)
+    # one per rollout (the episodes that ended: nonzero), whatever its length; none in the update's step
+    assert syncs == {"rollout": {"aten::nonzero": 1}, "step": {}}
+
+
+def test_under_torchrun_too_the_rollout_and_the_step_wait_on_no_device_per_step(tmp_path):
+    run = {**RUN, "backend": "device", "total_steps": 8 * 32, "run_dir": str(tmp_path / "run")}
+    for summary, _ in ranks(2, run, syncs=True):  # the step's gradient all-reduce adds none
+        assert summary["syncs"] == {"rollout": {"aten::nonzero": 1}, "step": {}}
 
 
 @pytest.mark.slow

@@ -312,7 +312,7 @@ class _LastCompleted:
         # notes (PEP 678), so that they follow the error's own line, wherever it is printed
         _add_note(e, f"training failed: {where}")
         if self.last_saved:  # an env error, a dead or silent worker: what was completed is saved, and resumes
-            resume = _command("-m", "trainer.train", "--resume", str(Path(self.run_dir).resolve()))
+            resume = _train_command("--resume", str(Path(self.run_dir).resolve()))
             _add_note(e, f"resume:        {resume}")
         return e
 
@@ -422,6 +422,16 @@ def _command(*args: str) -> str:
     return " ".join(shlex.quote(a) for a in (sys.executable, *args))
 
 
+def _train_command(*args: str) -> str:
+    """``python -m trainer.train ARGS`` as :func:`_command` prints it; under torchrun on one node, the torchrun
+    command with as many ranks (a run resumes at any world size: docs/distributed.md)."""
+    world = World.from_environment()
+    if world.size > 1 and world.nodes == 1:
+        return _command("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world.local_size),
+                        "-m", "trainer.train", *args)
+    return _command("-m", "trainer.train", *args)
+
+
 def _stored_setting(key: str, cli: CommandLine) -> str:
     """Where a resumed run's setting came from, when the command line did not give it: its checkpoint."""
     if not cli.resume or key in renamed(cli.given, cli.config.algo):  # (given under an old name: given)
@@ -453,7 +463,7 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
                 raise SystemExit(e.exit_status) from None
             if e.checkpoint:
                 print(f"\n{e} after iteration {e.iteration}; checkpoint: {e.checkpoint.resolve()}\n"
-                      f"resume:        {_command('-m', 'trainer.train', '--resume', run_dir)}", file=sys.stderr)
+                      f"resume:        {_train_command('--resume', run_dir)}", file=sys.stderr)
             else:  # stopped in the first iteration: as before it, below
                 print(f"\n{e} {NOTHING_TO_SAVE}", file=sys.stderr)
         raise SystemExit(e.exit_status) from None
@@ -490,10 +500,10 @@ def _say_summary(summary: dict) -> None:
         target = run_dir if newest else checkpoint
         print(f"evaluate:      {_command('-m', 'trainer.evaluate', '--checkpoint', target)}")
         if not summary["finished"]:
-            print(f"resume:        {_command('-m', 'trainer.train', '--resume', target)}")
+            print(f"resume:        {_train_command('--resume', target)}")
         else:
             longer = str(summary["longer_total_steps"])  # a value to paste, not a placeholder
-            print(f"train longer:  {_command('-m', 'trainer.train', '--resume', target, '--total-steps', longer)}")
+            print(f"train longer:  {_train_command('--resume', target, '--total-steps', longer)}")
 
 
 if __name__ == "__main__":
