@@ -200,10 +200,10 @@ def test_a_minibatch_that_ranks_cannot_share_equally_is_refused_with_sizes_that_
 
 
 # ---------------------------------------------------------------------- torchrun through the command line
-def torchrun(args: list[str], **kw) -> subprocess.Popen:
+def torchrun(args: list[str], launcher: tuple[str, ...] = (), **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             "-m", "trainer.train", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             *launcher, "-m", "trainer.train", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -305,3 +305,28 @@ def test_torchrun_trains_and_a_resume_in_one_process_continues(tmp_path):
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert rows(run_dir) == ITERATIONS
+
+
+@pytest.mark.slow
+def test_torchrun_max_restarts_resumes_the_run_by_itself_after_a_rank_dies(straight_long, tmp_path):
+    run_dir = tmp_path / "run"
+    launcher = torchrun(flags(run_dir, LONG), launcher=("--max-restarts", "1"))
+    try:
+        wait_for_rows(run_dir, 3, launcher)
+        os.kill(rank_pids(launcher)[1], signal.SIGKILL)
+        out, err = launcher.communicate(timeout=300)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, err
+    assert "resumed from" in err and rows(run_dir) == LONG
+    assert (final_weights(run_dir) - straight_long).abs().max().item() < 1e-5
+
+
+@pytest.mark.slow
+def test_torchrun_max_restarts_without_a_run_dir_is_refused(tmp_path):
+    args = [a for a in flags(tmp_path, 2) if a not in ("--run-dir", str(tmp_path))]
+    launcher = torchrun(args, launcher=("--max-restarts", "1"))
+    out, err = launcher.communicate(timeout=300)
+    assert launcher.returncode != 0
+    assert names(err, "--run-dir")
+    assert not (REPO / "runs").exists() or not list((REPO / "runs").glob("VREdge-v0-s3-*"))

@@ -28,6 +28,7 @@ import functools
 import importlib.util
 import json
 import multiprocessing
+import os
 import shlex
 import time
 from collections.abc import Sequence
@@ -432,6 +433,20 @@ def _train_command(*args: str) -> str:
     return _command("-m", "trainer.train", *args)
 
 
+def _restarted_run(cli: CommandLine) -> str:
+    """The run a torchrun restart (``--max-restarts``) resumes: the same command's ``--run-dir``, once it holds a
+    checkpoint; ``""`` otherwise. A run that torchrun may restart needs a ``--run-dir`` to be found again."""
+    if cli.resume or "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        return ""
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if restarts and not cli.config.run_dir:
+        raise ConfigError("run_dir", "", f"is needed under torchrun --max-restarts {restarts}: a restart resumes the "
+                          "run there; pass --run-dir DIR")
+    if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) and checkpoints.checkpoint_files(cli.config.run_dir or "."):
+        return cli.config.run_dir
+    return ""
+
+
 def _stored_setting(key: str, cli: CommandLine) -> str:
     """Where a resumed run's setting came from, when the command line did not give it: its checkpoint."""
     if not cli.resume or key in renamed(cli.given, cli.config.algo):  # (given under an old name: given)
@@ -454,6 +469,7 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
     preface = [f"defaults for --algo {cli.config.algo} on {cli.config.env}: {defaults}"] if defaults else []
     rank = World.from_environment().rank  # under torchrun, rank 0 says what every rank did; the others, their own
     try:
+        cli = dataclasses.replace(cli, resume=cli.resume or _restarted_run(cli))  # torchrun --max-restarts
         summary = train(cli.config, resume=cli.resume, given=cli.given, overwrite=cli.overwrite, preface=preface,
                         until_exit=True)  # a storm of signals after the stop's checkpoint changes no exit status
     except TrainingStopped as e:

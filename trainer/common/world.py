@@ -105,7 +105,9 @@ class World:
             # a collective that times out raises here (RankLostError) instead of NCCL's watchdog ending the
             # process: rank 0 then saves what was completed
             os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s),
+        timeout = datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group("nccl" if cuda else "gloo", store=_attempt_store(self, timeout), rank=self.rank,
+                                world_size=self.size, timeout=timeout,
                                 **({"device_id": torch.device("cuda", self.local_rank)} if cuda else {}))
         return replace(self, hosts=tuple(self.gather_objects(socket.gethostname())))
 
@@ -216,6 +218,16 @@ class World:
     def _device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
             else torch.device("cpu")
+
+
+def _attempt_store(world: World, timeout: datetime.timedelta) -> dist.Store:
+    """The rendezvous store (torchrun's agent hosts it; without one, rank 0), its keys under this attempt's name:
+    after a ``--max-restarts`` restart, the agent's store still holds the dead attempt's addresses, and a rank that
+    read one would connect to a process that is gone."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world.size,
+                          is_master=not agent and world.lead, timeout=timeout, multi_tenant=not agent)
+    return dist.PrefixStore(f"parallel_rollouts/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def _why(error: RuntimeError) -> str:
