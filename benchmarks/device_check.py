@@ -4,7 +4,7 @@
     python -m benchmarks.device_check --parts bg     # only the parts a timeout cut off
     python -m benchmarks.device_check --quick        # tiny sizes; what CI runs on the CPU
 
-The parts run in the order of ``--parts`` (default ``adfecgb``: the targets first, so that a
+The parts run in the order of ``--parts`` (default ``adfecghb``: the targets first, so that a
 timeout cuts off the comparisons, not the checks), each followed by its time:
 (a) host-to-device copies per rollout, counted with the PyTorch profiler (``sync``: must be 1;
 ``device``: must be 0, eager, compiled and captured as CUDA graphs);
@@ -21,10 +21,14 @@ CUDA, eager, and at 65,536 also compiled and captured as CUDA graphs (``benchmar
 (f) end-to-end training steps/s on CUDA with the GPU defaults (``--device cuda``: ``--backend
 device``, 4,096 envs): eager, compiled, and compiled with ``--cuda-graphs`` (target: >= 1M env
 steps/s); at 65,536 envs compiled, and compiled with ``--cuda-graphs``;
-(g) the CUDA-marked tests (``pytest -m cuda``).
+(g) the CUDA-marked tests (``pytest -m cuda``);
+(h) data-parallel training under ``torchrun --standalone --nproc-per-node K`` for K = 1, 2, 4, ... up to the
+node's GPUs, ``device_envs[0]`` envs per rank with the GPU defaults: env steps/s and the speed-up over one
+GPU (targets: >= 1.9x on 2 GPUs, >= 3.6x on 4).
 
 Without CUDA, (a) and (g) are skipped with the reason, (b) and (c) run on the CPU alone, and (d),
-(e) and (f) run on the CPU so that their code paths stay tested. Exits 1 when (a), (d) or (g) fails.
+(e), (f) and (h, with 1 and 2 gloo ranks) run on the CPU so that their code paths stay tested. Exits 1
+when (a), (d) or (g) fails.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ import checkpoints
 import envs
 from benchmarks.env_steps import rates as raw_rates
 from benchmarks.machine import print_machine
+from benchmarks.revisions import steady_rate
 from collectors import RolloutCollector, make_collector
 from trainer import train as train_module
 from trainer.config import TrainConfig, new_run_config
@@ -181,7 +186,7 @@ def resume_matches(device: str, num_envs: int, n: int, num_steps: int, root: Pat
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-PARTS = "adfecgb"
+PARTS = "adfecghb"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,6 +386,38 @@ class Check:
             print(f"    {line}")
         if run.returncode:
             self.failures.append("(g) CUDA-marked tests failed")
+
+
+    def part_h(self, root: Path) -> None:
+        sizes, per_rank = self.sizes, self.sizes.device_envs[0]
+        gpus = torch.cuda.device_count() if self.cuda else 0
+        counts = sorted({1, gpus, *(2**i for i in range(1, 8) if 2**i <= gpus)}) if gpus else [1, 2]
+        print(f"\n(h) data-parallel training under torchrun, {per_rank} envs per rank, env steps/s by ranks ("
+              + (f"GPUs of this node: {gpus}; targets >= 1.9x on 2, >= 3.6x on 4)" if gpus else
+                 f"gloo ranks on the CPU; CUDA {NO_CUDA})"))
+        one = None
+        for k in counts:
+            rate = self.attempt(f"(h) {k} ranks", functools.partial(
+                torchrun_rate, k, self.device, per_rank, sizes.num_steps, sizes.iterations,
+                "on" if sizes.compile else "off", root / f"h-{k}"))
+            if rate:
+                one = one or rate
+                print(f"    {k} rank{'s' if k > 1 else ''}: {rate:,.0f} env steps/s ({rate / one:.2f}x one)",
+                      flush=True)
+
+
+def torchrun_rate(ranks: int, device: str, per_rank: int, num_steps: int, iterations: int, compile: str,
+                  run_dir: Path) -> float:
+    """Env steps/s (after the first iteration) of VR-edge trained by ``ranks`` torchrun ranks, ``per_rank`` envs
+    each, with the GPU defaults on ``device``."""
+    envs_ = per_rank * ranks
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+                    "-m", "trainer.train", "--env", "VREdge-v0", "--device", device, "--num-envs", str(envs_),
+                    "--num-steps", str(num_steps), "--total-steps", str(envs_ * num_steps * iterations),
+                    "--compile", compile, "--run-dir", str(run_dir)],
+                   check=True, capture_output=True, text=True, timeout=CUDA_TESTS_TIMEOUT_S,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    return steady_rate(run_dir / "metrics.jsonl")
 
 
 if __name__ == "__main__":

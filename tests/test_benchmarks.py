@@ -18,7 +18,7 @@ PASSED = "device check: OK" if torch.cuda.is_available() else \
 def test_device_check_quick_runs_every_part(capsys):
     assert device_check.main(["--quick"]) == 0
     out = capsys.readouterr().out
-    for part in "abcdefg":  # each section, and its time
+    for part in "abcdefgh":  # each section, and its time
         assert f"\n({part}) " in out and re.search(rf"^    \({part}: \d+ s\)$", out, re.M), part
     assert "sync: OK: identical weights" in out and "device: OK: identical weights" in out
     assert out.rstrip().endswith(PASSED)
@@ -29,6 +29,8 @@ def test_device_check_quick_runs_every_part(capsys):
     raw = re.search(r"^\s+64: numpy ([\d,]+), torch eager ([\d,]+)$", out, re.M)
     assert raw and all(int(r.replace(",", "")) > 0 for r in raw.groups())
     assert re.search(r"^\s+16 envs: eager [1-9][\d,]*, compiled [1-9][\d,]*$", out, re.M)
+    ranks = re.findall(r"^\s+([12]) ranks?: ([1-9][\d,]*) env steps/s \(([\d.]+)x one\)$", out, re.M)
+    assert [k for k, _, _ in ranks] == ["1", "2"] and ranks[0][2] == "1.00"  # (h): torchrun with 1 and 2 ranks
 
 
 def test_device_check_runs_the_parts_asked_for_in_their_order(capsys):
