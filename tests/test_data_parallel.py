@@ -330,3 +330,13 @@ def test_torchrun_max_restarts_without_a_run_dir_is_refused(tmp_path):
     assert launcher.returncode != 0
     assert names(err, "--run-dir")
     assert not (REPO / "runs").exists() or not list((REPO / "runs").glob("VREdge-v0-s3-*"))
+
+
+@pytest.mark.slow
+def test_what_rank_0_finds_wrong_for_every_rank_is_said_once(tmp_path):
+    launcher = torchrun(["--resume", str(tmp_path / "no-such-run")])
+    out, err = launcher.communicate(timeout=300)
+    assert launcher.returncode != 0
+    ours = [line for line in err.splitlines() if "error:" in line and "torch.distributed" not in line]
+    assert len(ours) == 1 and names(ours[0], "--resume"), err
+    assert "trainer/" not in err  # no traceback of ours (torchrun prints its own report)

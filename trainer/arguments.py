@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 import sys
 from collections.abc import Iterable
@@ -110,4 +111,6 @@ class OneLineParser(argparse.ArgumentParser):
         return ""
 
     def error(self, message: str):
+        if os.environ.get("RANK", "0") != "0":  # torchrun: every rank meets the same mistake, and rank 0 says it
+            self.exit(2)
         self.exit(2, f"{self.prog}: error: {message}{self.suggestion(message)} (see --help)\n")

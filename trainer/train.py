@@ -45,7 +45,7 @@ from collectors.watchdog import last_resort
 from trainer.algorithm import Algorithm, NonFiniteLossError
 from trainer.arguments import counted
 from trainer.common.devices import resolve_device
-from trainer.common.world import ALONE, RankLostError, World, joined_world
+from trainer.common.world import ALONE, LeadFailedError, RankLostError, World, joined_world
 from trainer.config import ConfigError, TrainConfig
 from trainer.evaluation.validation import Validator
 from trainer.interrupts import STOP_PATIENCE_S, Interrupted, StopSignals
@@ -492,10 +492,10 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
             raise SystemExit(2) from None
         build_parser().error(f"{cli.error_text(e)}{_stored_setting(e.key, cli)}")
     except (ValueError, TypeError, NonFiniteLossError, WorkerDiedError, EnvError, RayConnectError,
-            RankLostError) as e:
+            RankLostError, LeadFailedError) as e:
         # an env's error carries the env's own traceback; the trainer's frames above it would only be noise
-        if rank and isinstance(e, RankLostError) and 0 not in e.lost:  # rank 0 lives, and says it
-            raise SystemExit(1) from None
+        if rank and (isinstance(e, LeadFailedError) or isinstance(e, RankLostError) and 0 not in e.lost):
+            raise SystemExit(1) from None  # rank 0 lives, and says it
         raise SystemExit(f"rank {rank}: " * bool(rank) + _error_text(e)) from None
     if not rank:
         _say_summary(summary)

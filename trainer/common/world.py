@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import pickle
 import re
 import socket
 import time
@@ -33,8 +32,9 @@ class RankLostError(RuntimeError):
         super().__init__(message)
         self.lost = list(lost)
 
-    def __reduce__(self):
-        return type(self), (str(self), self.lost)
+
+class LeadFailedError(RuntimeError):
+    """What rank 0 was doing for every rank (:meth:`World.from_lead`) failed; rank 0 says why."""
 
 
 @dataclass(frozen=True)
@@ -154,20 +154,21 @@ class World:
 
     def from_lead(self, make: Callable[[], T]) -> T:
         """What ``make()`` returns on rank 0, on every rank (``make`` runs on rank 0 only); an exception it raises
-        is raised on every rank."""
+        is raised on rank 0, and on the others as :class:`LeadFailedError` (rank 0 says it; they stop with it)."""
         if self.size == 1:
             return make()
         box: list[Any] = [None]
         if self.lead:
             try:
                 box[0] = ("value", make())
-            except Exception as e:  # raised on every rank, so that they stop together
-                box[0] = ("error", e if _picklable(e) else RuntimeError(str(e)))
+            except Exception as e:
+                dist.broadcast_object_list([("error", f"{type(e).__name__}: {e}")], src=0)  # all stop together
+                raise
         with self._answered():
             dist.broadcast_object_list(box, src=0)
         kind, value = box[0]
         if kind == "error":
-            raise value
+            raise LeadFailedError(f"rank 0 stopped the run ({value})")
         return value
 
     def broadcast_(self, tensors: Sequence[torch.Tensor]) -> None:
@@ -235,14 +236,6 @@ def _why(error: RuntimeError) -> str:
     peer [10.0.0.2]:4312"``, ``"Timed out waiting 60000ms for recv operation to complete"``."""
     text = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip().splitlines()[0] if str(error).strip() else "")
     return text.split(". ")[0] or type(error).__name__
-
-
-def _picklable(e: BaseException) -> bool:
-    try:
-        pickle.loads(pickle.dumps(e))
-    except Exception:
-        return False
-    return True
 
 
 @contextlib.contextmanager
