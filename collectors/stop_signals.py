@@ -32,7 +32,8 @@ def exit_at_once_on_stop_signals(said: str) -> dict[int, Any]:
     C++ initialisation, break numpy's import, or be printed and ignored inside a finalizer while the command
     goes on; until the command starts its work nothing is open that an exit must close."""
     def stopped_while_starting(signum: int, frame: Any) -> None:
-        print(f"\n{signal.Signals(signum).name} while starting: {said}", file=sys.stderr, flush=True)
+        if said:  # (empty: another process says it)
+            print(f"\n{signal.Signals(signum).name} while starting: {said}", file=sys.stderr, flush=True)
         os._exit(128 + signum)
 
     return {s: signal.signal(s, stopped_while_starting) for s in handled_stop_signals()}

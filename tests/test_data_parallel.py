@@ -340,3 +340,78 @@ def test_what_rank_0_finds_wrong_for_every_rank_is_said_once(tmp_path):
     ours = [line for line in err.splitlines() if "error:" in line and "torch.distributed" not in line]
     assert len(ours) == 1 and names(ours[0], "--resume"), err
     assert "trainer/" not in err  # no traceback of ours (torchrun prints its own report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM to rank 1", "SIGUSR1 to torchrun"])
+def test_a_stop_under_max_restarts_stays_a_stop_and_leaves_no_rank(tmp_path, how):
+    """A signal to one rank stops the run (torchrun --max-restarts does not undo it); a SIGUSR1 that ends torchrun
+    itself (its default action) still stops the ranks it leaves behind, each saving as for any stop."""
+    run_dir = tmp_path / "run"
+    launcher = torchrun(flags(run_dir, LONG * 10), launcher=("--max-restarts", "2"))
+    try:
+        wait_for_rows(run_dir, 3, launcher)
+        pids = rank_pids(launcher)
+        if how.endswith("torchrun"):
+            os.kill(launcher.pid, signal.SIGUSR1)
+        else:
+            os.kill(pids[1], signal.SIGTERM)
+        launcher.communicate(timeout=120)
+        deadline = time.monotonic() + 60
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            assert time.monotonic() < deadline, "a rank is still running"
+            time.sleep(0.2)
+    finally:
+        launcher.kill()
+    saved = checkpoints.latest_loadable(run_dir)[1]
+    assert 3 <= saved["iteration"] == rows(run_dir) < LONG * 10
+    time.sleep(3)  # no restart comes to train on
+    assert rows(run_dir) == saved["iteration"]
+
+
+@pytest.mark.slow
+def test_under_max_restarts_a_directory_that_holds_another_run_is_refused_not_resumed(tmp_path):
+    run_dir = tmp_path / "run"
+    alone({**RUN, "total_steps": 256 * 2, "run_dir": str(run_dir)})
+    launcher = torchrun(flags(run_dir, LONG), launcher=("--max-restarts", "1"))
+    out, err = launcher.communicate(timeout=300)
+    assert launcher.returncode != 0 and rows(run_dir) == 2
+    assert "resumed from" not in err
+    assert len([line for line in err.splitlines() if "error:" in line and "--run-dir" in line]) == 1, err
+
+
+@pytest.mark.slow
+def test_when_rank_0_dies_the_others_say_where_to_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    args = flags(run_dir, 400)
+    args[args.index("--checkpoint-every") + 1] = "2"
+    launcher = torchrun(args)
+    try:
+        wait_for_rows(run_dir, 5, launcher)
+        os.kill(rank_pids(launcher)[0], signal.SIGKILL)
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    mine = [line for line in err.splitlines() if line.startswith(("rank 1: error:", "resume:"))]
+    assert len(mine) == 2 and names(mine[0], "rank 0") and str(run_dir) in mine[1], err
+    assert checkpoints.latest_loadable(run_dir)[1]["iteration"] >= 2
+
+
+@pytest.mark.slow
+def test_help_under_torchrun_is_printed_once():
+    launcher = torchrun(["--help"])
+    out, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0 and out.count("usage:") == 1
+
+
+def test_ray_under_torchrun_is_refused_before_ray_is_started(monkeypatch):
+    import trainer.train as loop
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Machine.detect was called: it starts Ray")
+
+    monkeypatch.setattr(loop.Machine, "detect", no_ray)
+    with pytest.raises(ConfigError) as refused:
+        loop._planned_run(TrainConfig.from_dict({**RUN, "backend": "ray"}), "", {}, None, None,
+                          World(size=2, local_size=2))
+    assert refused.value.key == "backend"

@@ -110,6 +110,10 @@ class OneLineParser(argparse.ArgumentParser):
             return did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
         return ""
 
+    def print_help(self, file=None) -> None:
+        if os.environ.get("RANK", "0") == "0":  # torchrun: every rank is asked, rank 0 answers
+            super().print_help(file)
+
     def error(self, message: str):
         if os.environ.get("RANK", "0") != "0":  # torchrun: every rank meets the same mistake, and rank 0 says it
             self.exit(2)

@@ -347,8 +347,14 @@ def run_layout(cfg: TrainConfig, machine: Machine, world: World = ALONE) -> RunL
 
 def _rank_share(cfg: TrainConfig, machine: Machine, world: World) -> Machine:
     """This rank's share of ``machine`` (torchrun), once what a data-parallel run cannot do is refused."""
+    check_world(cfg, world)
+    return machine.share(world)
+
+
+def check_world(cfg: TrainConfig, world: World) -> None:
+    """``ConfigError`` for what a data-parallel run (``torchrun``, more than one rank) cannot do."""
     if world.size == 1:
-        return machine
+        return
     launched = f"under torchrun ({world.size} ranks)"
     if not algorithm_spec(cfg.algo).data_parallel:
         raise ConfigError("algo", cfg.algo, f"does not run {launched}: --algo ppo does, or one process (no torchrun)")
@@ -362,7 +368,6 @@ def _rank_share(cfg: TrainConfig, machine: Machine, world: World) -> Machine:
         lower, upper = cfg.num_envs // world.size * world.size, -(-cfg.num_envs // world.size) * world.size
         raise ConfigError("num_envs", cfg.num_envs, f"must be a multiple of the {world.size} ranks: each steps an "
                           f"equal share; use --num-envs {upper}" + (f" or {lower}" if lower else ""))
-    return machine.share(world)
 
 
 def _check_torch_env(cfg: TrainConfig) -> None:

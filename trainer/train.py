@@ -8,14 +8,17 @@ ends the run. Which algorithm runs is ``trainer.registry``'s business alone.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
 if __name__ == "__main__":  # first of all: the window for an import traceback is Python's own start-up alone
     from collectors.stop_signals import exit_at_once_on_stop_signals, restore_handlers
 
-    # a stop signal while torch and the rest load: one line, not an import traceback (handlers restored below)
-    _STARTING = exit_at_once_on_stop_signals("nothing to save, nothing was written; run the same command again")
+    # a stop signal while torch and the rest load: one line, not an import traceback (handlers restored below);
+    # under torchrun, rank 0's
+    _STARTING = exit_at_once_on_stop_signals("nothing to save, nothing was written; run the same command again"
+                                             if os.environ.get("RANK", "0") == "0" else "")
 
 from trainer.flags import RESUMABLE_CHANGES, CommandLine, build_parser, defaults_used, parse_args
 
@@ -28,7 +31,6 @@ import functools
 import importlib.util
 import json
 import multiprocessing
-import os
 import shlex
 import time
 from collections.abc import Sequence
@@ -53,7 +55,7 @@ from trainer.memory import check_memory
 from trainer.metrics import MetricsLog, keep_metrics_until
 from trainer.registry import algorithm_class, renamed
 from trainer.run_files import claim_new_run_dir, resume_state
-from trainer.run_layout import Machine, RunLayout, compile_kept_on_resume, run_layout
+from trainer.run_layout import Machine, RunLayout, check_world, compile_kept_on_resume, run_layout
 from trainer.thread_plan import RunThreads
 
 
@@ -194,6 +196,7 @@ def _planned_run(cfg: TrainConfig, resume: str, given: dict, max_iterations: int
     if cfg.backend == "ray" and importlib.util.find_spec("ray") is None:
         raise ConfigError("backend", "ray", "needs the ray extra: pip install -e '.[ray]'")
     # the run layout: computed once here; nothing below recomputes it
+    check_world(cfg, world)  # before Machine.detect, which may start Ray
     machine = machine or Machine.detect(cfg.backend, cfg.ray_address)
     check_memory(cfg, machine)  # before the layout (its lists grow with --num-envs), any env and any buffer
     layout = run_layout(cfg, machine, world)  # checks the env id
@@ -304,7 +307,8 @@ class _LastCompleted:
                 print(f"could not save the last completed iteration: {why}", file=sys.stderr)
         where = (f"the newest checkpoint {self.last_saved} holds iteration {self.saved_at}" if self.last_saved
                  else "no iteration was completed, nothing to save" if not done
-                 else f"iteration {done} completed but no checkpoint could be written")
+                 else f"rank 0 writes the checkpoints: the newest is {Path(self.run_dir) / 'checkpoints' / 'latest'}"
+                 if not self.world.lead else f"iteration {done} completed but no checkpoint could be written")
         if isinstance(e, KeyboardInterrupt):
             signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
             return TrainingStopped(signum, self.run_dir, self.saved_at or 0, self.last_saved)
@@ -312,7 +316,7 @@ class _LastCompleted:
             return NonFiniteLossError(f"{e}; {where}")
         # notes (PEP 678), so that they follow the error's own line, wherever it is printed
         _add_note(e, f"training failed: {where}")
-        if self.last_saved:  # an env error, a dead or silent worker: what was completed is saved, and resumes
+        if self.last_saved or done and not self.world.lead:  # an env error, a dead worker or rank: what was saved
             resume = _train_command("--resume", str(Path(self.run_dir).resolve()))
             _add_note(e, f"resume:        {resume}")
         return e
@@ -433,6 +437,16 @@ def _train_command(*args: str) -> str:
     return _command("-m", "trainer.train", *args)
 
 
+def _no_torchrun_restart() -> None:
+    """Under ``torchrun --max-restarts``, end this node's torchrun (the ranks' parent) rather than let it restart
+    the ranks: for a stop signal, or a setting a restart would refuse again. torchrun then passes SIGTERM to the
+    ranks, which are exiting already, and stops."""
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's SIGTERM to this rank: it is on its way out
+        if os.environ.get("LOCAL_RANK") == "0":
+            os.kill(os.getppid(), signal.SIGTERM)
+
+
 def _restarted_run(cli: CommandLine) -> str:
     """The run a torchrun restart (``--max-restarts``) resumes: the same command's ``--run-dir``, once it holds a
     checkpoint; ``""`` otherwise. A run that torchrun may restart needs a ``--run-dir`` to be found again."""
@@ -473,6 +487,7 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
         summary = train(cli.config, resume=cli.resume, given=cli.given, overwrite=cli.overwrite, preface=preface,
                         until_exit=True)  # a storm of signals after the stop's checkpoint changes no exit status
     except TrainingStopped as e:
+        _no_torchrun_restart()  # a stop is a stop: torchrun --max-restarts must not undo it
         run_dir = str(e.run_dir.resolve())
         with contextlib.suppress(OSError):  # a SIGHUP's terminal is gone: what was completed is saved all the same
             if rank:  # rank 0 says where the run is
@@ -484,10 +499,12 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
                 print(f"\n{e} {NOTHING_TO_SAVE}", file=sys.stderr)
         raise SystemExit(e.exit_status) from None
     except KeyboardInterrupt as e:  # before the first iteration
+        _no_torchrun_restart()
         if not rank:
             print(f"\n{e or 'interrupted'} {NOTHING_TO_SAVE}", file=sys.stderr)
         raise SystemExit(getattr(e, "exit_status", 128 + signal.SIGINT)) from None
     except ConfigError as e:  # a setting this machine cannot run: as the flags' errors, exit status 2
+        _no_torchrun_restart()  # a restart would meet it again
         if rank:  # every rank meets it: rank 0 says it
             raise SystemExit(2) from None
         build_parser().error(f"{cli.error_text(e)}{_stored_setting(e.key, cli)}")

@@ -11,7 +11,9 @@ import contextlib
 import datetime
 import os
 import re
+import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -99,6 +101,7 @@ class World:
         Returns the world with every rank's host."""
         if self.size == 1 or dist.is_initialized():
             return self if self.size == 1 else replace(self, hosts=tuple(self.gather_objects(socket.gethostname())))
+        _sigterm_when_torchrun_dies()
         cuda = device.startswith("cuda")
         if cuda:
             torch.cuda.set_device(self.local_rank)
@@ -219,6 +222,21 @@ class World:
     def _device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
             else torch.device("cpu")
+
+
+def _sigterm_when_torchrun_dies() -> None:
+    """A SIGTERM to this rank if its torchrun (its parent, the elastic agent) dies (Linux): torchrun starts each
+    rank in a session of its own, so a signal that ends torchrun without being passed on (SIGUSR1 to its group,
+    its default action) would leave the ranks training with no one to stop them. With it they agree, save and
+    exit."""
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() == 1:  # it died before the line above: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _attempt_store(world: World, timeout: datetime.timedelta) -> dist.Store:
