@@ -276,7 +276,7 @@ class ApeX(ApeXSpec, Algorithm):
             "replay_beta": self.replay_beta(), "inserted_per_s": len(transitions) / max(collected, 1e-9),
             "updates_per_s": len(stats) / learned if stats else None,
             "sampled_per_s": len(stats) * self.apex.minibatch_size / learned if stats else None,
-        }, rollout.episodes, float(rollout.batch["rewards"].mean()), lag)
+        }, rollout, lag)
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self) -> dict[str, Any]:

@@ -164,14 +164,13 @@ class PPO(PPOSpec, Algorithm):
         if cfg.ray_async and lag > self.ppo.max_lag:  # too stale to correct well: the next one is fresher
             self.dropped += 1
             return None
-        episodes, reward_per_step = run_episodes_and_reward(rollout, self.world)
-        self.recent.extend(e["return"] for e in episodes)
+        self.recent.extend(e["return"] for e in run_episodes_and_reward(rollout, self.world)[0])  # every rank's
         lr = cfg.lr * (1 - (it - 1) / self.iterations) if cfg.anneal_lr else cfg.lr
         stats = self.learn(rollout, it, lr)
         self.pipeline.learned(self.model.state_dict())
         self.iteration, self.env_steps = it, self.env_steps + rollout.numel() * self.world.size
-        return metrics_row(it, self.env_steps, steps_per_second(start, self.env_steps), lr, stats, episodes,
-                           reward_per_step, lag)
+        return metrics_row(it, self.env_steps, steps_per_second(start, self.env_steps), lr, stats, rollout, lag,
+                           self.world)
 
     def learn(self, rollout: Rollout, iteration: int, lr: float) -> dict[str, float]:
         """Update ``model`` on one rollout (on the learner's device) as iteration ``iteration``; returns the
