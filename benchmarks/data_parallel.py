@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.machine import print_machine
+from benchmarks.machine import print_machine, side_by_side
 from benchmarks.revisions import ROOT, steady_rate
 
 STEPS = 200  # minibatch steps per timing
@@ -138,12 +138,8 @@ def main(argv: list[str] | None = None) -> None:
                 rates[ranks].append(end_to_end(flags, Path(tmp) / f"{ranks}-{r}", ranks))
                 print(f"round {r + 1}, {'2 ranks x 1 thread' if ranks == 2 else '1 process x 2 threads'}: "
                       f"{rates[ranks][-1]:,.0f} env steps/s", flush=True)
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    for k, v in rates.items():
-        print(f"{'2 ranks x 1 thread ' if k == 2 else '1 process x 2 threads'}: median {med[k]:,.0f} "
-              f"[{min(v):,.0f} - {max(v):,.0f}]")
-    print(f"2 ranks / 1 process: {med[2] / med[1]:.3f} (per round: "
-          f"{', '.join(f'{b / a:.3f}' for a, b in zip(rates[1], rates[2]))})")
+    labels = {"1 process": "1 process x 2 threads", "2 ranks": "2 ranks x 1 thread"}
+    print("\n".join(side_by_side({"1 process": rates[1], "2 ranks": rates[2]}, labels, ("2 ranks", "1 process"))))
     times, share = step_times()
     print(f"(2) one minibatch step, {share} samples per rank (median of 5 x {STEPS} steps, rank 0):")
     for name, label in (("alone", "no all-reduce"), ("flat", "one all-reduce of the flat gradient (the trainer)"),

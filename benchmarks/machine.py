@@ -43,3 +43,14 @@ def timed(fn: Callable[[], int]) -> float:
 def summary(rates: list[float]) -> str:
     """Median and spread (min-max) of repeated rates."""
     return f"{statistics.median(rates):>12,.0f}  [{min(rates):,.0f} - {max(rates):,.0f}]"
+
+
+def side_by_side(rates: dict[str, list[float]], labels: dict[str, str], ratio: tuple[str, str]) -> list[str]:
+    """Lines for rounds of two ways of running measured alternately: each way's median [min - max] of ``rates``
+    (by key, named by ``labels``), then the ratio ``ratio[0] / ratio[1]`` of the medians and per round."""
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    top, bottom = ratio
+    width = max(len(label) for label in labels.values())
+    return [*(f"{labels[k]:<{width}}: median {med[k]:,.0f} [{min(v):,.0f} - {max(v):,.0f}]" for k, v in rates.items()),
+            f"{top} / {bottom}: {med[top] / med[bottom]:.3f} (per round: "
+            f"{', '.join(f'{a / b:.3f}' for a, b in zip(rates[top], rates[bottom]))})"]

@@ -15,14 +15,13 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.machine import print_machine
+from benchmarks.machine import print_machine, side_by_side
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,12 +69,8 @@ def main(argv: list[str] | None = None) -> None:
                 for side, source in (("base", base), ("head", ROOT)):
                     rates[side].append(train_rate(source, flags, Path(tmp) / f"{side}{r}"))
                     print(f"round {r + 1} {side}: {rates[side][-1]:,.0f} env steps/s", flush=True)
-    med = {side: statistics.median(v) for side, v in rates.items()}
-    for side, v in rates.items():
-        print(f"{side} ({args.base if side == 'base' else 'this checkout'}): median {med[side]:,.0f} "
-              f"[{min(v):,.0f} - {max(v):,.0f}]")
-    print(f"head / base: {med['head'] / med['base']:.3f} (per round: "
-          f"{', '.join(f'{h / b:.3f}' for h, b in zip(rates['head'], rates['base']))})")
+    labels = {"base": f"base ({args.base})", "head": "head (this checkout)"}
+    print("\n".join(side_by_side(rates, labels, ("head", "base"))))
 
 
 if __name__ == "__main__":

@@ -236,6 +236,22 @@ def wait_for_rows(run_dir: Path, n: int, launcher: subprocess.Popen) -> None:
         time.sleep(0.1)
 
 
+def interrupted(args: list[str], after: int, send, launcher: tuple[str, ...] = (), timeout: float = 120,
+                **kw) -> tuple[subprocess.Popen, str, list[int]]:
+    """torchrun with ``args``; once ``after`` iterations are logged, ``send(torchrun, rank_pids)``; returns torchrun
+    (ended), its stderr and the ranks' pids."""
+    run_dir = Path(args[args.index("--run-dir") + 1])
+    proc = torchrun(args, launcher, **kw)
+    try:
+        wait_for_rows(run_dir, after, proc)
+        pids = rank_pids(proc)
+        send(proc, pids)
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc, err, pids
+
+
 LONG = 40  # iterations of the command-line runs: long enough to be stopped in the middle
 
 
@@ -254,16 +270,14 @@ def final_weights(run_dir: Path) -> torch.Tensor:
 @pytest.mark.parametrize("to", ["rank 0", "rank 1", "the group"])
 def test_sigterm_stops_every_rank_with_a_checkpoint_and_the_run_resumes_exactly(straight_long, tmp_path, to):
     run_dir = tmp_path / "run"
-    launcher = torchrun(flags(run_dir, LONG), start_new_session=True)
-    try:
-        wait_for_rows(run_dir, 3, launcher)
+
+    def send(launcher, pids):
         if to == "the group":  # as a scheduler or a terminal's Ctrl-C does: torchrun and every rank
             os.killpg(launcher.pid, signal.SIGTERM)
         else:
-            os.kill(rank_pids(launcher)[int(to[-1])], signal.SIGTERM)
-        out, err = launcher.communicate(timeout=120)
-    finally:
-        launcher.kill()
+            os.kill(pids[int(to[-1])], signal.SIGTERM)
+
+    _, err, _ = interrupted(flags(run_dir, LONG), 3, send, start_new_session=True)
     saved = checkpoints.latest_loadable(run_dir)[1]
     assert 3 <= saved["iteration"] == rows(run_dir) < LONG  # the last completed iteration, saved
     assert len(re.findall(r"^resume: ", err, re.M)) == 1, err  # said once, by rank 0
@@ -277,14 +291,7 @@ def test_sigterm_stops_every_rank_with_a_checkpoint_and_the_run_resumes_exactly(
 @pytest.mark.slow
 def test_a_killed_rank_stops_the_other_with_one_line_naming_it_and_nothing_left(tmp_path):
     run_dir = tmp_path / "run"
-    launcher = torchrun(flags(run_dir, 400))
-    try:
-        wait_for_rows(run_dir, 3, launcher)
-        pids = rank_pids(launcher)
-        os.kill(pids[1], signal.SIGKILL)
-        out, err = launcher.communicate(timeout=60)
-    finally:
-        launcher.kill()
+    launcher, err, pids = interrupted(flags(run_dir, 400), 3, lambda _, pids: os.kill(pids[1], signal.SIGKILL))
     assert launcher.returncode != 0
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     saved = checkpoints.latest_loadable(run_dir)[1]
@@ -310,13 +317,8 @@ def test_torchrun_trains_and_a_resume_in_one_process_continues(tmp_path):
 @pytest.mark.slow
 def test_torchrun_max_restarts_resumes_the_run_by_itself_after_a_rank_dies(straight_long, tmp_path):
     run_dir = tmp_path / "run"
-    launcher = torchrun(flags(run_dir, LONG), launcher=("--max-restarts", "1"))
-    try:
-        wait_for_rows(run_dir, 3, launcher)
-        os.kill(rank_pids(launcher)[1], signal.SIGKILL)
-        out, err = launcher.communicate(timeout=300)
-    finally:
-        launcher.kill()
+    launcher, err, _ = interrupted(flags(run_dir, LONG), 3, lambda _, pids: os.kill(pids[1], signal.SIGKILL),
+                                   launcher=("--max-restarts", "1"), timeout=300)
     assert launcher.returncode == 0, err
     assert "resumed from" in err and rows(run_dir) == LONG
     assert (final_weights(run_dir) - straight_long).abs().max().item() < 1e-5
@@ -348,21 +350,18 @@ def test_a_stop_under_max_restarts_stays_a_stop_and_leaves_no_rank(tmp_path, how
     """A signal to one rank stops the run (torchrun --max-restarts does not undo it); a SIGUSR1 that ends torchrun
     itself (its default action) still stops the ranks it leaves behind, each saving as for any stop."""
     run_dir = tmp_path / "run"
-    launcher = torchrun(flags(run_dir, LONG * 10), launcher=("--max-restarts", "2"))
-    try:
-        wait_for_rows(run_dir, 3, launcher)
-        pids = rank_pids(launcher)
+
+    def send(launcher, pids):
         if how.endswith("torchrun"):
             os.kill(launcher.pid, signal.SIGUSR1)
         else:
             os.kill(pids[1], signal.SIGTERM)
-        launcher.communicate(timeout=120)
-        deadline = time.monotonic() + 60
-        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
-            assert time.monotonic() < deadline, "a rank is still running"
-            time.sleep(0.2)
-    finally:
-        launcher.kill()
+
+    _, _, pids = interrupted(flags(run_dir, LONG * 10), 3, send, launcher=("--max-restarts", "2"))
+    deadline = time.monotonic() + 60
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, "a rank is still running"
+        time.sleep(0.2)
     saved = checkpoints.latest_loadable(run_dir)[1]
     assert 3 <= saved["iteration"] == rows(run_dir) < LONG * 10
     time.sleep(3)  # no restart comes to train on
@@ -385,13 +384,7 @@ def test_when_rank_0_dies_the_others_say_where_to_resume(tmp_path):
     run_dir = tmp_path / "run"
     args = flags(run_dir, 400)
     args[args.index("--checkpoint-every") + 1] = "2"
-    launcher = torchrun(args)
-    try:
-        wait_for_rows(run_dir, 5, launcher)
-        os.kill(rank_pids(launcher)[0], signal.SIGKILL)
-        out, err = launcher.communicate(timeout=120)
-    finally:
-        launcher.kill()
+    _, err, _ = interrupted(args, 5, lambda _, pids: os.kill(pids[0], signal.SIGKILL))
     mine = [line for line in err.splitlines() if line.startswith(("rank 1: error:", "resume:"))]
     assert len(mine) == 2 and names(mine[0], "rank 0") and str(run_dir) in mine[1], err
     assert checkpoints.latest_loadable(run_dir)[1]["iteration"] >= 2
@@ -415,3 +408,18 @@ def test_ray_under_torchrun_is_refused_before_ray_is_started(monkeypatch):
         loop._planned_run(TrainConfig.from_dict({**RUN, "backend": "ray"}), "", {}, None, None,
                           World(size=2, local_size=2))
     assert refused.value.key == "backend"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_gpus_under_nccl_learn_what_one_gpu_learns(tmp_path):
+    """Run by benchmarks.device_check (part g) on a machine with 2 GPUs: NCCL, the device backend, one rank per
+    GPU; the GPU's kernels reduce in other orders than the CPU's, hence the looser bound."""
+    run = {**RUN, "device": "cuda", "backend": "device", "run_dir": str(tmp_path / "one")}
+    one = alone(run)
+    launcher = torchrun([*flags(tmp_path / "two", ITERATIONS)[:-2], "--run-dir", str(tmp_path / "two"),
+                         "--device", "cuda", "--backend", "device", "--checkpoint-every", "1"])
+    _, err = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, err
+    assert "world: 2 ranks" in err
+    assert (final_weights(tmp_path / "two") - one).abs().max().item() < 1e-4

@@ -37,10 +37,11 @@ def metrics_row(iteration: int, env_steps: int, sps: float, lr: float, stats: di
 def run_episodes_and_reward(rollout: Rollout, world: World = ALONE) -> tuple[list[dict[str, Any]], float]:
     """The episodes that ended in ``rollout`` and its mean reward per step, over every rank's share of the run's
     envs (each episode's ``env`` the run's index), the same on every rank."""
+    if world.size == 1:  # (a Ray actor's rollout may hold transitions, not [T, N] steps)
+        return rollout.episodes, float(rollout.batch["rewards"].mean())
     offset = world.envs(rollout.batch.shape[1] * world.size).start
     mine = [{**e, "env": e["env"] + offset} for e in rollout.episodes]
-    reward = world.mean_(rollout.batch["rewards"].mean().double()[None]) if world.size > 1 else \
-        rollout.batch["rewards"].mean()
+    reward = world.mean_(rollout.batch["rewards"].mean().double()[None])
     return [e for part in world.gather_objects(mine) for e in part], float(reward)
 
 
