@@ -22,7 +22,7 @@ from trainer.common import noise
 from trainer.common.spaces import action_heads
 from trainer.common.state import cpu_copy
 from trainer.config import TrainConfig
-from trainer.metrics import metrics_row, steps_per_second
+from trainer.metrics import metrics_row, run_episodes_and_reward, steps_per_second
 from trainer.run_layout import RunLayout
 from trainer.settings import setting
 
@@ -86,8 +86,8 @@ class RandomActions(Algorithm):
         rollout = self.collector.collect()
         self.iteration, self.env_steps = self.iteration + 1, self.env_steps + rollout.numel()
         self.recent.extend(e["return"] for e in rollout.episodes)
-        return metrics_row(self.iteration, self.env_steps, steps_per_second(start, self.env_steps), 0.0, {}, rollout,
-                           0)
+        return metrics_row(self.iteration, self.env_steps, steps_per_second(start, self.env_steps), 0.0, {},
+                           *run_episodes_and_reward(rollout), 0)
 
     def snapshot(self) -> dict[str, Any]:
         return cpu_copy({"version": __version__, "config": self.cfg.to_dict(), "iteration": self.iteration,

@@ -17,11 +17,10 @@ from trainer.common.world import ALONE, World
 QOE_KEYS = ("quality", "stall_s", "switches")  # per-episode metrics VR-edge reports (envs/README.md)
 
 
-def metrics_row(iteration: int, env_steps: int, sps: float, lr: float, stats: dict[str, float], rollout: Rollout,
-                lag: int, world: World = ALONE) -> dict[str, Any]:
-    """The row of one iteration: counters, the update's statistics, and what the rollout's episodes scored (under
-    torchrun, every rank's: ``world``, :func:`run_episodes_and_reward`)."""
-    episodes, reward_per_step = run_episodes_and_reward(rollout, world)
+def metrics_row(iteration: int, env_steps: int, sps: float, lr: float, stats: dict[str, float],
+                episodes: list[dict[str, Any]], reward_per_step: float, lag: int) -> dict[str, Any]:
+    """The row of one iteration: counters, the update's statistics, and what the rollout's ``episodes`` scored
+    (both from :func:`run_episodes_and_reward`)."""
     row = {"iteration": iteration, "env_steps": env_steps, "sps": sps, "lr": lr, **stats,
            "episodes": len(episodes),
            "episode_return": float(np.mean([e["return"] for e in episodes])) if episodes else None,

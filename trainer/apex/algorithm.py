@@ -47,7 +47,7 @@ from trainer.common.flat_params import flat_parameters
 from trainer.common.spaces import model_spaces
 from trainer.common.state import capture_rng, cpu_copy, restore_rng
 from trainer.config import ConfigError, TrainConfig
-from trainer.metrics import metrics_row, steps_per_second
+from trainer.metrics import metrics_row, run_episodes_and_reward, steps_per_second
 
 if TYPE_CHECKING:
     from collectors import Collector
@@ -276,7 +276,7 @@ class ApeX(ApeXSpec, Algorithm):
             "replay_beta": self.replay_beta(), "inserted_per_s": len(transitions) / max(collected, 1e-9),
             "updates_per_s": len(stats) / learned if stats else None,
             "sampled_per_s": len(stats) * self.apex.minibatch_size / learned if stats else None,
-        }, rollout, lag)
+        }, *run_episodes_and_reward(rollout), lag)
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self) -> dict[str, Any]:

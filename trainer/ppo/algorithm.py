@@ -164,13 +164,14 @@ class PPO(PPOSpec, Algorithm):
         if cfg.ray_async and lag > self.ppo.max_lag:  # too stale to correct well: the next one is fresher
             self.dropped += 1
             return None
-        self.recent.extend(e["return"] for e in run_episodes_and_reward(rollout, self.world)[0])  # every rank's
+        episodes, reward_per_step = run_episodes_and_reward(rollout, self.world)  # every rank's
+        self.recent.extend(e["return"] for e in episodes)
         lr = cfg.lr * (1 - (it - 1) / self.iterations) if cfg.anneal_lr else cfg.lr
         stats = self.learn(rollout, it, lr)
         self.pipeline.learned(self.model.state_dict())
         self.iteration, self.env_steps = it, self.env_steps + rollout.numel() * self.world.size
-        return metrics_row(it, self.env_steps, steps_per_second(start, self.env_steps), lr, stats, rollout, lag,
-                           self.world)
+        return metrics_row(it, self.env_steps, steps_per_second(start, self.env_steps), lr, stats, episodes,
+                           reward_per_step, lag)
 
     def learn(self, rollout: Rollout, iteration: int, lr: float) -> dict[str, float]:
         """Update ``model`` on one rollout (on the learner's device) as iteration ``iteration``; returns the
