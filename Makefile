@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= dev,ray,export
+EXTRAS ?= dev,ray,export,experiments
 space := $(subst ,, )
 
 .PHONY: setup train resume evaluate need-run test lint wheels clean
