@@ -11,6 +11,7 @@ from checkpoints.run_dir import (
     best_info,
     best_or_why_not,
     checkpoint_files,
+    checkpoint_iteration,
     lagging_latest,
     latest_loadable,
     remove_partial_saves,
@@ -23,5 +24,6 @@ from checkpoints.store import FORMAT_VERSION, CheckpointError, load, save
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "RunDirLock", "RunDirLockedError", "best_checkpoint", "best_info",
            "best_or_why_not",
-           "checkpoint_files", "lagging_latest", "latest_loadable", "load", "remove_partial_saves", "run_dir_of",
+           "checkpoint_files", "checkpoint_iteration",
+           "lagging_latest", "latest_loadable", "load", "remove_partial_saves", "run_dir_of",
            "save", "save_in_run_dir", "set_aside_newer", "set_best"]

@@ -145,6 +145,7 @@ def checkpoint_files(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def checkpoint_iteration(path: Path) -> int:
+    """The iteration a checkpoint file holds, from its name."""
     return int(_NAME.search(path.name).group(1))
 
 

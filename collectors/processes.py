@@ -270,9 +270,10 @@ def show_name() -> None:
     _prctl(_PR_SET_NAME, ctypes.c_char_p(multiprocessing.current_process().name.encode()[:15]))
 
 
-def die_with_parent() -> bool:
+def die_with_parent(signum: int = signal.SIGKILL) -> bool:
     """In a process a collector started: be killed when that collector's process dies, even mid-way through a
-    hung env step (Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``). Elsewhere the parent's end of the pipe closing
+    hung env step (Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``; a training job of ``trainer.experiments.jobs``
+    asks for SIGTERM, on which it saves and stops). Elsewhere the parent's end of the pipe closing
     ends the command loop, the fallback liveness check. Returns ``False`` when the collector's process is
     already gone (then exit).
 
@@ -284,7 +285,7 @@ def die_with_parent() -> bool:
     multiprocessing's resource tracker goes with the workers: it exits once every process holding its pipe
     (the parent, which was killed, and its workers, which this kills) is gone.
     """
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _prctl(_PR_SET_PDEATHSIG, signum)
     parent = multiprocessing.parent_process()
     if parent is None:
         return True

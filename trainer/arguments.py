@@ -55,6 +55,40 @@ def spelled(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
+def seed_list(text: str) -> tuple[int, ...]:
+    """The seeds of ``--seeds``: ranges and single seeds separated by commas, each once, in order; an
+    ``argparse.ArgumentTypeError`` saying what is wrong otherwise.
+
+    >>> seed_list("1-3,7"), seed_list("5")
+    ((1, 2, 3, 7), (5,))
+    """
+    seeds: list[int] = []
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not (low.isdigit() and (high.isdigit() or not dash)) or dash and int(high) < int(low):
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a seed or a range of seeds (e.g. 1-5 or 1,3,7)")
+        seeds += range(int(low), int(high or low) + 1)
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"seed {twice[0]} is given twice")
+    return tuple(seeds)
+
+
+def seeds_text(seeds: tuple[int, ...]) -> str:
+    """``seeds`` as ``--seeds`` takes them, runs of consecutive seeds as ranges.
+
+    >>> seeds_text((1, 2, 3, 7))
+    '1-3,7'
+    """
+    runs: list[list[int]] = []
+    for s in seeds:
+        if runs and s == runs[-1][-1] + 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
 def not_a_directory(flag: str, value: str) -> str:
     """What is wrong with ``value`` as ``flag``'s output directory when a file stands in its way (it, or the
     nearest of its parents that exists, is a file), for ``parser.error``; ``""`` otherwise. Checked before torch

@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import sys
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +25,11 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from collectors.backend_names import LOCAL_BACKENDS
-from trainer.arguments import OneLineParser, did_you_mean, spelled
+from trainer.arguments import OneLineParser, did_you_mean, seed_list, spelled
 from trainer.config import (
     COLLECTION,
     LEARNING,
+    MAX_SEED,
     PATH_ENV_KWARGS,
     ConfigError,
     TrainConfig,
@@ -60,6 +62,8 @@ RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "compile", "cuda_grap
 # backends a resumed run may move between (not Ray's: its actors, and with --ray-async its algorithm, are another
 # run's)
 SWITCHABLE_BACKENDS = (*LOCAL_BACKENDS, "device")
+# what the command line does, not a setting of the run: no key of a config file
+COMMAND_ONLY = ("config", "resume", "overwrite", "seeds", "jobs")
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 _TOML_TYPES = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
                dict: "a table"}
@@ -193,6 +197,12 @@ def build_parser(prog: str = TRAIN_PROG, description: str = "",
     p.add_argument("--overwrite", action="store_true",
                    help=shown("overwrite", "start a new run in a --run-dir that holds another run, deleting its "
                                            "checkpoints and metrics"))
+    p.add_argument("--seeds", type=seed_list, default=(), metavar="LIST",
+                   help=shown("seeds", "train the same setup once per seed (e.g. 1-5 or 1,3,7), one run directory "
+                                       "each in one folder (--run-dir); the same command again resumes the "
+                                       "unfinished seeds (docs/experiments.md#seeds)"))
+    p.add_argument("--jobs", type=int, default=1, metavar="J",
+                   help=shown("jobs", "with --seeds: train J seeds at once, each with 1/J of the cores (default 1)"))
     return p
 
 
@@ -205,10 +215,11 @@ def _toml_values(path: Path) -> dict[str, Any]:
     types = {name: kind for name, kind in _types().items() if name != "config"}
     keys = {key: key.replace("-", "_") for key in data}  # the flag's spelling or the field's
     unknown = sorted(k for k, name in keys.items() if name not in types)
-    flags_only = [k for k in unknown if keys[k] in ("config", "resume", "overwrite")]
+    flags_only = [k for k in unknown if keys[k] in COMMAND_ONLY]
     if flags_only:  # flag names, but what they do is the command line's, not a run's setting
         raise ValueError(f"{path}: {', '.join(flags_only)}: command-line flags only (--config FILE, --resume RUN, "
-                         f"--overwrite), not keys of a config file; drop {'it' if len(flags_only) == 1 else 'them'}")
+                         f"--overwrite, --seeds, --jobs), not keys of a config file; drop "
+                         f"{'it' if len(flags_only) == 1 else 'them'}")
     if unknown:
         hints = did_you_mean(unknown, [*types, *(k.replace("_", "-") for k in types)])
         raise ValueError(f"unknown keys in {path}: {', '.join(unknown)}{hints} (keys are the flag names, with "
@@ -260,6 +271,9 @@ class CommandLine:
     resume: str
     overwrite: bool
     from_file: frozenset[str] = frozenset()  # the keys of given that the TOML file set (and no flag)
+    seeds: tuple[int, ...] = ()  # --seeds: one run per seed (trainer.experiments.seeds)
+    jobs: int = 1  # --jobs: that many of them at once
+    argv: tuple[str, ...] = ()  # the command line as given (the same command again resumes --seeds)
 
     def error_text(self, error: ConfigError) -> str:
         """``error`` as the user gave the value: a key of the TOML file is named as the file writes it."""
@@ -286,6 +300,8 @@ def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, descriptio
     parser = build_parser(prog, description, hidden)
     args = vars(parser.parse_args(argv))
     resume, overwrite = args.pop("resume"), args.pop("overwrite")
+    seeds, jobs = args.pop("seeds"), args.pop("jobs")
+    _check_seeds(parser, seeds, jobs, args, resume, overwrite)
     if resume is not None and not resume.strip():  # `--resume "$RUN"` with RUN unset must not start a new run
         parser.error("--resume needs a run directory or checkpoint file; it was given an empty string")
     resume = resume or ""
@@ -329,7 +345,27 @@ def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, descriptio
         parser.error(str(e))
     if resume and overwrite:
         parser.error("--overwrite starts a new run; it cannot be combined with --resume")
-    return CommandLine(cfg, given, resume, overwrite, _file_only(from_file, args))
+    return CommandLine(cfg, given, resume, overwrite, _file_only(from_file, args), seeds, jobs,
+                       tuple(sys.argv[1:] if argv is None else argv))
+
+
+def _check_seeds(parser: argparse.ArgumentParser, seeds: tuple[int, ...], jobs: int, args: dict[str, Any],
+                 resume: str | None, overwrite: bool) -> None:
+    """``--seeds`` and ``--jobs`` against the flags they cannot go with."""
+    if jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {jobs}")
+    if not seeds:
+        if jobs != 1:
+            parser.error(f"--jobs {jobs} trains several seeds at once: pass --seeds too (e.g. --seeds 1-{jobs}); "
+                         "a sweep's trials: python -m trainer.sweep --jobs")
+        return
+    clash = next((flag for flag, given in (("--seed", "seed" in args), ("--resume", resume),
+                                           ("--overwrite", overwrite)) if given), None)
+    if clash:
+        parser.error(f"--seeds cannot be combined with {clash}: --seeds sets each run's seed, and the same "
+                     "command again resumes the unfinished ones (to start afresh, delete their folder)")
+    if any(s > MAX_SEED for s in seeds):
+        parser.error(f"--seeds must be <= {MAX_SEED}, got {max(seeds)}")
 
 
 def check_config(cfg: TrainConfig, given: dict[str, Any]) -> None:

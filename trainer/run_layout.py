@@ -70,9 +70,17 @@ class Machine:
         (``cuda:LOCAL_RANK``) where there are any."""
         if world.size == 1:
             return self
-        per_node = world.local_size
-        return dataclasses.replace(self, cores=max(1, self.cores // per_node), gpus=min(self.gpus, 1),
-                                   memory=self.memory // per_node if self.memory is not None else None)
+        return dataclasses.replace(self.split(world.local_size), gpus=min(self.gpus, 1))
+
+    def split(self, parts: int) -> Machine:
+        """What one of ``parts`` processes sharing this node may use: its share of the cores (at least one) and
+        of the memory; the GPUs are theirs to share.
+
+        >>> Machine(cores=16, gpus=1, memory=64 << 30).split(4)
+        Machine(cores=4, gpus=1, ray_cpus=None, ray_cpus_here=0.0, memory=17179869184)
+        """
+        return dataclasses.replace(self, cores=max(1, self.cores // parts),
+                                   memory=self.memory // parts if self.memory is not None else None)
 
 
 @dataclass(frozen=True)

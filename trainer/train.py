@@ -317,7 +317,7 @@ class _LastCompleted:
         # notes (PEP 678), so that they follow the error's own line, wherever it is printed
         _add_note(e, f"training failed: {where}")
         if self.last_saved or done and not self.world.lead:  # an env error, a dead worker or rank: what was saved
-            resume = _train_command("--resume", str(Path(self.run_dir).resolve()))
+            resume = train_command("--resume", str(Path(self.run_dir).resolve()))
             _add_note(e, f"resume:        {resume}")
         return e
 
@@ -427,7 +427,7 @@ def _command(*args: str) -> str:
     return " ".join(shlex.quote(a) for a in (sys.executable, *args))
 
 
-def _train_command(*args: str) -> str:
+def train_command(*args: str) -> str:
     """``python -m trainer.train ARGS`` as :func:`_command` prints it; under torchrun on one node, the torchrun
     command with as many ranks (a run resumes at any world size: docs/distributed.md)."""
     world = World.from_environment()
@@ -483,6 +483,9 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
     preface = [f"defaults for --algo {cli.config.algo} on {cli.config.env}: {defaults}"] if defaults else []
     rank = World.from_environment().rank  # under torchrun, rank 0 says what every rank did; the others, their own
     try:
+        if cli.seeds:
+            from trainer.experiments.seeds import train_seeds
+            raise SystemExit(train_seeds(cli, preface))
         cli = dataclasses.replace(cli, resume=cli.resume or _restarted_run(cli))  # torchrun --max-restarts
         summary = train(cli.config, resume=cli.resume, given=cli.given, overwrite=cli.overwrite, preface=preface,
                         until_exit=True)  # a storm of signals after the stop's checkpoint changes no exit status
@@ -494,7 +497,7 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
                 raise SystemExit(e.exit_status) from None
             if e.checkpoint:
                 print(f"\n{e} after iteration {e.iteration}; checkpoint: {e.checkpoint.resolve()}\n"
-                      f"resume:        {_train_command('--resume', run_dir)}", file=sys.stderr)
+                      f"resume:        {train_command('--resume', run_dir)}", file=sys.stderr)
             else:  # stopped in the first iteration: as before it, below
                 print(f"\n{e} {NOTHING_TO_SAVE}", file=sys.stderr)
         raise SystemExit(e.exit_status) from None
@@ -533,10 +536,10 @@ def _say_summary(summary: dict) -> None:
         target = run_dir if newest else checkpoint
         print(f"evaluate:      {_command('-m', 'trainer.evaluate', '--checkpoint', target)}")
         if not summary["finished"]:
-            print(f"resume:        {_train_command('--resume', target)}")
+            print(f"resume:        {train_command('--resume', target)}")
         else:
             longer = str(summary["longer_total_steps"])  # a value to paste, not a placeholder
-            print(f"train longer:  {_train_command('--resume', target, '--total-steps', longer)}")
+            print(f"train longer:  {train_command('--resume', target, '--total-steps', longer)}")
 
 
 if __name__ == "__main__":
