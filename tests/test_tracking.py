@@ -202,6 +202,8 @@ def test_a_resumed_run_continues_its_wandb_run_and_may_turn_it_off(tmp_path, off
     run(["--resume", str(run_dir), "--wandb", ""])  # off: the last iteration tracked nowhere
     assert len(offline_runs(run_dir)) == 2
     assert len(metrics_rows(run_dir)) == 4
+    run(["--resume", str(run_dir), "--wandb", "myproj"])  # nothing to do: no W&B run, no file changed
+    assert len(offline_runs(run_dir)) == 2
     assert wandb_services_of(os.getpid()) == []  # each run's service ended with it, not at this process's exit
 
 

@@ -145,16 +145,17 @@ class _WandB:
             wandb.teardown()  # the service process it may have started
             if isinstance(e, wandb.Error):  # not logged in, no network: one line, as a setting this machine cannot run
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise ConfigError("wandb", cfg.wandb, f"could not start a W&B run: {first} (wandb login, or "
-                                  "WANDB_MODE=offline)") from None
+                raise ConfigError("wandb", cfg.wandb, f"could not start a W&B run: {first} (without a network: "
+                                  "WANDB_MODE=offline, then wandb sync)") from None
             raise
 
     def describe(self) -> str:
         """Where the run logs: its page, or the offline files and the command that uploads them."""
-        if self.run.settings.mode == "offline":
+        mode = self.run.settings.mode
+        if mode == "offline":
             files = Path(self.run.settings.sync_dir).resolve()
             return f"wandb: offline run {self.run.id} (upload: {sys.executable} -m wandb sync {files})"
-        return f"wandb: {self.run.url}"
+        return f"wandb: {self.run.url}" if mode != "disabled" else "wandb: off (WANDB_MODE=disabled)"
 
     def log(self, numbers: dict[str, float], step: int) -> None:
         self.run.log(numbers, step=step)
