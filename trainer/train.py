@@ -35,7 +35,6 @@ import shlex
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -57,6 +56,7 @@ from trainer.registry import algorithm_class, renamed
 from trainer.run_files import claim_new_run_dir, resume_state
 from trainer.run_layout import Machine, RunLayout, check_world, compile_kept_on_resume, run_layout
 from trainer.thread_plan import RunThreads
+from trainer.tracking import Trackers, check_trackers
 
 
 class TrainingStopped(Interrupted):
@@ -88,8 +88,8 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
     with contextlib.ExitStack() as stack:
         world = stack.enter_context(joined_world(str(resolve_device(cfg.device)), cfg.worker_timeout))  # torchrun's
         signals = stack.enter_context(StopSignals(until_exit, agreed=world.size > 1))  # ranks stop together
-        run, writer, threads = _started_run(stack, cfg, resume, given or {}, max_iterations, overwrite, machine,
-                                            preface, world)
+        run, trackers, threads = _started_run(stack, cfg, resume, given or {}, max_iterations, overwrite, machine,
+                                              preface, world)
         algorithm, stop, every = run.algorithm, run.stop, run.algorithm.cfg.checkpoint_every
         last = _LastCompleted(algorithm, threads, signals, run.run_dir, run.source, world)
         validator = _validator(algorithm, run.run_dir, world)  # --eval-every: the best checkpoint
@@ -109,7 +109,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
                     row.update(collect_threads=counts["collect"], learn_threads=counts["learn"])
                     row.update(validator.evaluate(algorithm.iteration, algorithm.model))
                     last.complete(row, log)  # logged and snapshotted: the iteration is complete
-                    _show(row, algorithm.recent, bar, writer)
+                    _show(row, algorithm.recent, bar, trackers)
                     if world.lead and (algorithm.iteration % every == 0 or algorithm.iteration == stop
                                        or validator.improved):
                         validator.saved(last.save())
@@ -151,11 +151,11 @@ class _Run:
 
 def _started_run(stack: contextlib.ExitStack, cfg: TrainConfig, resume: str, given: dict, max_iterations: int | None,
                  overwrite: bool, machine: Machine | None, preface: Sequence[str],
-                 world: World) -> tuple[_Run, Any, RunThreads]:
-    """The run ready for its first iteration, with its tensorboard writer (or ``None``) and its threads: planned,
-    its directory claimed and its config written, its lines said, its collector started, a resumed run's state
-    restored (the lock, the collector and the rest are closed by ``stack``). Under torchrun, rank 0 alone
-    claims, writes and says; every rank starts its collector on its share of the envs."""
+                 world: World) -> tuple[_Run, Trackers, RunThreads]:
+    """The run ready for its first iteration, with its trackers and its threads: planned, its directory claimed
+    and its config written, its lines said, its collector started, a resumed run's state restored (the lock, the
+    trackers, the collector and the rest are closed by ``stack``). Under torchrun, rank 0 alone claims, writes,
+    tracks and says; every rank starts its collector on its share of the envs."""
     run = _planned_run(cfg, resume, given, max_iterations, machine, world)
     notes = run.notes + world.from_lead(lambda: _claimed_run_dir(stack, run, overwrite))
     lead = world.lead
@@ -165,19 +165,17 @@ def _started_run(stack: contextlib.ExitStack, cfg: TrainConfig, resume: str, giv
     cfg.run_dir = str(run.run_dir)
     if lead and not run.nothing_to_do:
         _write_config(run.run_dir, cfg, layout.to_dict(), thread_plan)
-    writer = _tensorboard(run.run_dir) if cfg.tensorboard and lead else None
-    if writer:
-        stack.callback(writer.close)
+    trackers = stack.enter_context(Trackers.for_run(cfg, run.run_dir, lead and not run.nothing_to_do))
     collector = stack.enter_context(make_collector(
         layout.env_factories(), run.algorithm.acting, backend=cfg.backend, num_steps=cfg.num_steps,
         seed=layout.env_seeds(cfg.seed), **layout.collector_kwargs(), **run.algorithm.collector_options()))
     run.algorithm.attach(collector)
     stack.enter_context(torch_threads(layout.learn_threads))  # restored at the end: RunThreads sets it anew
     threads = RunThreads.for_run(layout, cfg.threads, collector, run.iterations, thread_plan)
-    said = notes + _restored(run) + [threads.describe()]  # every rank restores its share of a resumed run
+    said = notes + _restored(run) + [threads.describe(), *trackers.describe()]  # every rank restores its share
     for note in said if lead else ():
         print(note, file=sys.stderr)
-    return run, writer, threads
+    return run, trackers, threads
 
 
 def _planned_run(cfg: TrainConfig, resume: str, given: dict, max_iterations: int | None,
@@ -191,8 +189,7 @@ def _planned_run(cfg: TrainConfig, resume: str, given: dict, max_iterations: int
         cfg, kept = compile_kept_on_resume(cfg, saved["config"], given)
         notes += [kept] if kept else []
     # the extras the run needs, before any line about it
-    if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError("tensorboard", True, "needs the tensorboard extra: pip install -e '.[tensorboard]'")
+    check_trackers(cfg)
     if cfg.backend == "ray" and importlib.util.find_spec("ray") is None:
         raise ConfigError("backend", "ray", "needs the ray extra: pip install -e '.[ray]'")
     # the run layout: computed once here; nothing below recomputes it
@@ -359,12 +356,9 @@ def _say_thread_plan(threads: RunThreads, run_dir: Path, bar: tqdm, lead: bool) 
             _record_thread_plan(run_dir / "config.json", threads.state())
 
 
-def _show(row: dict, recent: Sequence[float], bar: tqdm, writer) -> None:
-    """A completed iteration's metrics ``row`` on the progress bar and, with --tensorboard, in ``writer``."""
-    if writer:
-        for k, v in row.items():
-            if isinstance(v, (int, float)):
-                writer.add_scalar(k, v, row["env_steps"])
+def _show(row: dict, recent: Sequence[float], bar: tqdm, trackers: Trackers) -> None:
+    """A completed iteration's metrics ``row`` on the progress bar and in the run's ``trackers``."""
+    trackers.log(row)
     bar.update(1)
     bar.set_postfix(sps=f"{row['sps']:,.0f}", ret=f"{np.mean(recent):.2f}" if recent else "-")
 
@@ -413,12 +407,6 @@ def _add_note(error: BaseException, note: str) -> None:
         error.add_note(note)
     else:
         error.__notes__ = [*getattr(error, "__notes__", ()), note]
-
-
-def _tensorboard(run_dir: Path):
-    from torch.utils.tensorboard import SummaryWriter  # (the extra is there: checked before the run began)
-
-    return SummaryWriter(str(run_dir / "tb"))
 
 
 def _command(*args: str) -> str:
