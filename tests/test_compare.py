@@ -145,9 +145,9 @@ def test_the_command_writes_the_table_the_json_and_the_plots_and_gives_the_same_
     out_dir = runs / "compare-default-vs-flat-s"  # next to the first group
     payload = _json(out_dir / "compare.json")
     assert json.loads(done.stdout) == payload  # stdout holds the JSON alone
-    assert {"env", "env_kwargs", "episodes", "seed", "pick", "scores", "bootstrap", "groups", "pairs",
+    assert {"env", "env_kwargs", "episodes", "seed", "pick", "scored_by", "bootstrap", "groups", "pairs",
             "curves"} <= payload.keys()
-    assert payload["env"] == "VREdge-v0" and payload["scores"] == ["return", "reward_per_step"]
+    assert payload["env"] == "VREdge-v0" and payload["scored_by"] == ["return", "reward_per_step"]
     assert list(payload["groups"]) == ["default", "flat-s*"]
     default = payload["groups"]["default"]
     assert [Path(r["run"]).name for r in default["runs"]] == ["s1", "s2"]

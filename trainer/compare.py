@@ -272,7 +272,7 @@ def _payload(args: argparse.Namespace, groups: list[_Group], loaded: dict[Path, 
                 "env_steps": run.env_steps}
 
     return {"env": first.cfg.env, "env_kwargs": first.env_kwargs, "episodes": args.episodes, "seed": args.seed,
-            "actions": "greedy", "pick": args.pick, "scores": list(keys),
+            "actions": "greedy", "pick": args.pick, "scored_by": list(keys),
             "bootstrap": {"method": "stratified bootstrap over runs, percentile interval", "reps": aggregate.REPS,
                           "seed": aggregate.SEED, "confidence": aggregate.CONFIDENCE},
             "groups": {g.label: {"path": g.path, "runs": [run_entry(loaded[r.resolve()]) for r in g.runs],
@@ -291,7 +291,7 @@ def _print_results(args: argparse.Namespace, payload: dict[str, Any], out: TextI
     runs = sum(len(g["runs"]) for g in payload["groups"].values())
     print(f"\n{payload['env']}{arguments}: {counted(len(payload['groups']), 'group')}, {counted(runs, 'run')}, each "
           f"played greedily on the same {counted(args.episodes, 'held-out episode')} (seed {args.seed})\n", file=out)
-    print(format_comparison(payload, tuple(payload["scores"])), file=out)
+    print(format_comparison(payload, tuple(payload["scored_by"])), file=out)
 
 
 def _write_results(args: argparse.Namespace, payload: dict[str, Any], out_dir: Path, signals: StopSignals,
@@ -307,7 +307,7 @@ def _write_results(args: argparse.Namespace, payload: dict[str, Any], out_dir: P
         out_dir.mkdir(parents=True, exist_ok=True)
         metric = payload["curves"]["metric"]
         plots = plot_curves(payload["curves"]["groups"], f"{CURVES[metric]} ({metric})", out_dir / "curves")
-        plots += plot_scores(payload, tuple(payload["scores"]), out_dir / "scores")
+        plots += plot_scores(payload, tuple(payload["scored_by"]), out_dir / "scores")
         write_replacing(out_dir / "compare.json", json.dumps(payload, indent=2, allow_nan=False))
         print(f"\nwrote {out_dir / 'compare.json'} and {', '.join(p.name for p in plots)}", file=out)
         if args.json:

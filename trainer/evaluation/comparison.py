@@ -15,10 +15,9 @@ from torch import nn
 
 from trainer.config import TrainConfig
 from trainer.evaluation import aggregate
-from trainer.evaluation.curves import FORMATS
 from trainer.evaluation.episodes import held_out_env_kwargs, policy_actions, run_episodes
 from trainer.evaluation.policies import picked_checkpoint, policy_from_state
-from trainer.evaluation.report import plus_minus, pyplot, write_figure
+from trainer.evaluation.report import plus_minus, pyplot, write_figures
 from trainer.evaluation.statistics import paired_difference
 
 SCORES = {"return": "return", "reward_per_step": "reward/step"}  # what a run can be scored by, as the table says it
@@ -27,7 +26,24 @@ Records = list[dict[str, float]]  # one per episode (run_episodes)
 
 
 class LoadedRun(NamedTuple):
-    """A run's policy, ready to play (:func:`load_run`)."""
+    """A run's policy, ready to play (:func:`load_run`), and which checkpoint it is.
+
+    Example: a CartPole run trained in a few seconds, loaded and played on 2 held-out episodes::
+
+        >>> import tempfile
+        >>> from trainer.flags import parse_args
+        >>> from trainer.train import train
+        >>> run = Path(tempfile.mkdtemp())
+        >>> _ = train(parse_args(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--total-steps",
+        ...                       "16", "--threads", "1", "--run-dir", str(run)]).config, progress=False)
+        >>> loaded = load_run(run, "best")  # no --eval-every, so no best: its newest checkpoint
+        >>> loaded.which, loaded.env_steps, loaded.cfg.env
+        ('the latest checkpoint (the run has no best checkpoint)', 16, 'CartPole-v1')
+        >>> records = play(loaded, episodes=2, seed=0)  # what each episode scored
+        >>> len(records), sorted(records[0])
+        (2, ['length', 'return', 'reward_per_step'])
+        >>> import shutil; shutil.rmtree(run)  # (the example's run)
+    """
 
     run: Path  # the run directory
     source: Path  # its checkpoint file
@@ -119,9 +135,10 @@ def format_comparison(comparison: dict[str, Any], keys: tuple[str, ...]) -> str:
         for pair in comparison["pairs"]:
             a, b, p = pair["a"], pair["b"], pair[k]
             d, improvement = p["paired_difference"], p["probability_of_improvement"]
+            interval = f" {plus_minus(d['ci95'])} (95% CI)" if plus_minus(d["ci95"]) else ""  # (one episode: none)
             lines.append(f"P({a} > {b}) = {_interval(improvement, p['probability_of_improvement_ci95'], 2)}; "
-                         f"{a} - {b} per episode {d['mean']:+.3f} {plus_minus(d['ci95'])} (95% CI), {a} higher in "
-                         f"{d['wins']}/{d['episodes']} episodes")
+                         f"{a} - {b} per episode {d['mean']:+.3f}{interval}, {a} higher in {d['wins']}/"
+                         f"{d['episodes']} episodes")
     return "\n".join(lines[1:])
 
 
@@ -133,7 +150,7 @@ def _interval(value: float, ci95: list[float], digits: int = 3) -> str:
 def plot_scores(comparison: dict[str, Any], keys: tuple[str, ...], out: Path) -> list[Path]:
     """Per score of ``keys``, a panel of :func:`compared`'s groups: each group's runs as dots, its IQM with its 95% CI
     as a bar, one colour per group (as in :func:`trainer.evaluation.curves.plot_curves`); written as
-    ``out`` with each suffix of :data:`~trainer.evaluation.curves.FORMATS`; returns the files."""
+    ``out``.png and .svg; returns the files."""
     plt = pyplot()
     labels = list(comparison["groups"])
     fig, axes = plt.subplots(1, len(keys), figsize=((2 + 1.2 * len(labels)) * len(keys), 4.5), squeeze=False)
@@ -152,6 +169,4 @@ def plot_scores(comparison: dict[str, Any], keys: tuple[str, ...], out: Path) ->
         ax.grid(axis="y", alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    written = [write_figure(fig, out.with_suffix(f".{f}")) for f in FORMATS]
-    plt.close(fig)
-    return written
+    return write_figures(fig, out)

@@ -11,11 +11,10 @@ from typing import Any
 import numpy as np
 
 from trainer.evaluation import aggregate
-from trainer.evaluation.report import pyplot, write_figure
+from trainer.evaluation.report import pyplot, write_figures
 
 POINTS = 100  # at most, on a group's grid
 BAND_REPS = 2_000  # a band drawn, not a number compared: 2,000 replicates put its edges within ~2% of its width
-FORMATS = ("png", "svg")
 
 
 def learning_curve(run_dir: Path, metric: str) -> tuple[np.ndarray, np.ndarray]:
@@ -68,7 +67,7 @@ def group_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
 def plot_curves(groups: dict[str, dict[str, Any]], metric: str, out: Path) -> list[Path]:
     """Each group's curve (:func:`group_curve`, by label) with its band, against env steps, ``metric`` (in words) on
     the other axis, one colour per group (as in :func:`trainer.evaluation.comparison.plot_scores`); written as
-    ``out`` with each suffix of :data:`FORMATS`; returns the files."""
+    ``out``.png and .svg; returns the files."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, (label, curve) in enumerate(groups.items()):
@@ -81,6 +80,4 @@ def plot_curves(groups: dict[str, dict[str, Any]], metric: str, out: Path) -> li
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    written = [write_figure(fig, out.with_suffix(f".{f}")) for f in FORMATS]
-    plt.close(fig)
-    return written
+    return write_figures(fig, out)

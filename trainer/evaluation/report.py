@@ -84,6 +84,14 @@ def write_figure(fig: Any, path: Path) -> Path:
     return path
 
 
+def write_figures(fig: Any, out: Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+    """Save the figure ``fig`` as ``out`` with each suffix of ``formats`` (:func:`write_figure`: each file whole or
+    not at all), then close it; returns the files."""
+    written = [write_figure(fig, out.with_suffix(f".{f}")) for f in formats]
+    pyplot().close(fig)
+    return written
+
+
 def write_replacing(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file moved into place: whole or not at all, and a link
     planted at ``path`` is replaced, not followed out of the folder."""
