@@ -1,14 +1,19 @@
 """Evaluation: playing a policy over whole held-out episodes, and the statistics of what it scored.
 
-The words: *evaluation* plays a trained policy on test episodes (``python -m trainer.evaluate``);
+The words: *evaluation* plays a trained policy on test episodes (``python -m trainer.evaluate``, and every run's in
+``python -m trainer.compare``);
 *validation* plays it on validation episodes during training (``--eval-every``, :mod:`.validation`) to pick
 the best checkpoint. Each has its own seeds, and training never uses either.
 
 - :mod:`.episodes`: the held-out seeds and env arguments, :func:`run_episodes`, one record per episode;
 - :mod:`.statistics`: means with 95% CIs, paired differences, the gap closed, Jain's index;
+- :mod:`.aggregate`: over runs, as rliable: the interquartile mean, the probability of improvement, stratified
+  bootstrap CIs;
 - :mod:`.policies`: a checkpoint's policy (the run's best or latest), built by its algorithm;
 - :mod:`.baselines`: the heuristic baselines a policy is compared with, and the best of them;
 - :mod:`.report`: the results table and plot;
+- :mod:`.comparison` and :mod:`.curves`: groups of runs compared (``python -m trainer.compare``), their learning
+  curves;
 - :mod:`.validation`: validation during training and the ``best`` checkpoint pointer.
 """
 

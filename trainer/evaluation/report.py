@@ -45,9 +45,7 @@ def json_ready(value: Any) -> Any:
 def plot(results: dict[str, dict[str, Any]], run_dir: Path, out: Path) -> Path | None:
     """Reward per step of each policy, next to the run's training curve; ``None`` without matplotlib."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
@@ -63,11 +61,35 @@ def plot(results: dict[str, dict[str, Any]], run_dir: Path, out: Path) -> Path |
         ax2.set_xlabel("env steps")
         ax2.set_ylabel("training reward per step")
     fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp")
-    fig.savefig(tmp, dpi=100, format=out.suffix.lstrip(".") or "png")
+    write_figure(fig, out)
     plt.close(fig)
-    os.replace(tmp, out)  # a link planted at ``out`` is replaced, not followed
     return out
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot``, drawing to files (the Agg backend: no display needed); ``ImportError`` without
+    matplotlib."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def write_figure(fig: Any, path: Path) -> Path:
+    """Save the matplotlib figure ``fig`` as ``path``, in the format its suffix names (``.png``, ``.svg``), through a
+    temporary file moved into place (as :func:`write_replacing`); returns ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".") or "png")
+    os.replace(tmp, path)  # a link planted at ``path`` is replaced, not followed
+    return path
+
+
+def write_figures(fig: Any, out: Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+    """Save the figure ``fig`` as ``out`` with each suffix of ``formats`` (:func:`write_figure`: each file whole or
+    not at all), then close it; returns the files."""
+    written = [write_figure(fig, out.with_suffix(f".{f}")) for f in formats]
+    pyplot().close(fig)
+    return written
 
 
 def write_replacing(path: Path, text: str) -> None:
