@@ -9,7 +9,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("envs", "collectors", "trainer", "checkpoints", "benchmarks")
 LIBRARIES = ("envs", "collectors", "trainer", "checkpoints")  # what the command lines and benchmarks build on
-COMMAND_LINES = {"trainer.train", "trainer.evaluate", "trainer.export", "trainer.batching"}
+COMMAND_LINES = {"trainer.train", "trainer.evaluate", "trainer.export", "trainer.batching", "trainer.compare",
+                 "trainer.sweep"}
 
 
 def modules() -> dict[str, Path]:
