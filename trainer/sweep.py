@@ -91,8 +91,9 @@ def _train_flags(parser: OneLineParser, flags: list[str]) -> CommandLine:
 
 def _checked_storage(parser: OneLineParser, url: str | None) -> None:
     """A ``--storage`` URL whose database driver is missing is named, with the extra that brings it."""
-    if url and url.startswith("postgresql") and importlib.util.find_spec("psycopg2") is None:
-        parser.error(f"--storage {url.split('@')[-1]}: PostgreSQL needs psycopg2: pip install -e '.[postgresql]'")
+    drivers = ("psycopg2", "psycopg")
+    if url and url.startswith("postgresql") and not any(importlib.util.find_spec(d) for d in drivers):
+        parser.error("--storage postgresql://...: PostgreSQL needs psycopg2: pip install -e '.[postgresql]'")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     sweep = _sweep(parser, args, train, space, argv)
     try:
         status = study.run_sweep(sweep)
-    except study.StudyMismatchError as e:
+    except (study.StudyMismatchError, study.StorageError) as e:
         parser.error(str(e))
     _said_end(sweep, status, study, study_report)
 
@@ -181,12 +182,13 @@ def _report(parser: OneLineParser, args: argparse.Namespace) -> int:
     if not args.storage and not (folder / STUDY_FILE).is_file():
         parser.error(f"--dir {folder}: no sweep there (no {STUDY_FILE}); pass the sweep's --dir, or its --storage")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    name = args.study or folder.resolve().name
+    name, url = args.study or folder.resolve().name, args.storage or _default_storage(folder)
     try:
-        opened = optuna.load_study(study_name=name, storage=study.study_storage(args.storage or
-                                                                                _default_storage(folder)))
+        opened = optuna.load_study(study_name=name, storage=study.study_storage(url))
+    except study.StorageError as e:
+        parser.error(str(e))
     except KeyError:
-        parser.error(f"--study {name}: no such study in {args.storage or _default_storage(folder)}")
+        parser.error(f"--study {name}: no such study in {study.shown_url(url)}")
     study_report.report(opened, folder)
     return 0
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import socket
 import sys
 import traceback
@@ -120,10 +121,35 @@ def default_eval_every(cfg: TrainConfig) -> int:
     return max(1, trial_iterations(cfg) // VALIDATIONS)
 
 
+class StorageError(ValueError):
+    """The study's database cannot be opened (``--storage``)."""
+
+
 def study_storage(url: str) -> optuna.storages.RDBStorage:
-    """The study's database at ``url``; SQLite waits for its lock (several processes write to one file)."""
+    """The study's database at ``url``; SQLite waits for its lock (several processes write to one file), and a
+    ``postgresql://`` URL without a driver uses psycopg2 where psycopg (3, SQLAlchemy's default) is missing.
+    :class:`StorageError` names the URL (without its password) where it cannot be opened."""
+    import sqlalchemy
+
+    shown = shown_url(url)
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None:
+        url = "postgresql+psycopg2://" + url.removeprefix("postgresql://")
     engine = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as e:
+        why = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        raise StorageError(f"--storage {shown}: cannot open the study's database: {why}") from None
+
+
+def shown_url(url: str) -> str:
+    """A database URL as it may be printed: its password hidden."""
+    import sqlalchemy
+
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except sqlalchemy.exc.ArgumentError:
+        return url
 
 
 def pruner_of(sweep: Sweep) -> optuna.pruners.BasePruner:
@@ -153,9 +179,9 @@ def opened_study(sweep: Sweep) -> optuna.Study:
         if stored is None:
             study.set_user_attr("setup", setup)
         elif stored != setup:
-            raise StudyMismatchError(f"study {sweep.study_name} in {sweep.storage} holds the trials of another sweep "
-                                     f"({_difference(stored, setup)}): run its own command again to go on with it, "
-                                     "or pass another --dir or --study")
+            raise StudyMismatchError(f"study {sweep.study_name} in {shown_url(sweep.storage)} holds the trials of "
+                                     f"another sweep ({_difference(stored, setup)}): run its own command again to go "
+                                     "on with it, or pass another --dir or --study")
     return study
 
 
@@ -202,7 +228,7 @@ def _say_start(sweep: Sweep, study: optuna.Study, machine: Machine) -> None:
     cfg = sweep.train.config
     lines = [f"sweep: {counted(sweep.trials, 'trial')} of --algo {cfg.algo} on {cfg.env} in {sweep.dir}, "
              f"{sweep.space.describe()}",
-             f"study {sweep.study_name} in {sweep.storage}" + (f": {stands}" if stands else ": new"),
+             f"study {sweep.study_name} in {shown_url(sweep.storage)}" + (f": {stands}" if stands else ": new"),
              f"objective: each trial's best validation return, every {counted(sweep.eval_every, 'iteration')}"
              + ("" if "eval_every" in sweep.train.given else f" (--eval-every not given: about {VALIDATIONS} "
                                                               "validations per trial)")
