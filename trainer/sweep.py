@@ -73,7 +73,7 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 def _train_flags(parser: OneLineParser, flags: list[str]) -> CommandLine:
     """The train flags after ``--``, as ``trainer.train`` parses them (its one-line errors), less what a sweep
     does itself."""
-    train = parse_args(flags, prog=f"{PROG} ... --", hidden=("resume", "overwrite", "seeds", "jobs"))
+    train = parse_args(flags, prog=PROG, hidden=("resume", "overwrite", "seeds", "jobs"))
     refused = {"run_dir": "each trial's run directory is DIR/trial-NNNN: pass --dir DIR before --",
                "resume": "the same sweep command resumes its trials: run it again",
                "overwrite": "a sweep's trials are its own; for a fresh sweep, pass another --dir",
@@ -141,7 +141,7 @@ def _sweep(parser: OneLineParser, args: argparse.Namespace, train: CommandLine, 
     """The sweep the command line asks for (``trainer.experiments.study.Sweep``), its defaults filled in."""
     from trainer.experiments import study
 
-    folder = Path(args.dir) if args.dir else study.default_dir(args.space)
+    folder = _folder(args)
     every = train.config.eval_every or study.default_eval_every(train.config)
     iterations = study.trial_iterations(train.config)
     if every > iterations:
@@ -150,6 +150,11 @@ def _sweep(parser: OneLineParser, args: argparse.Namespace, train: CommandLine, 
     return study.Sweep(folder, args.storage or _default_storage(folder), args.study or folder.resolve().name,
                        args.trials, space, train, every, args.pruner,
                        train.config.seed if args.sampler_seed is None else args.sampler_seed, args.jobs, tuple(argv))
+
+
+def _folder(args: argparse.Namespace) -> Path:
+    """The sweep's folder: ``--dir``, else ``runs/sweep-<the space file's name>``."""
+    return Path(args.dir) if args.dir else Path("runs") / f"sweep-{Path(args.space).stem}"
 
 
 def _default_storage(folder: Path) -> str:
@@ -174,13 +179,13 @@ def _said_end(sweep, status: int, study, study_report) -> None:
 
 def _report(parser: OneLineParser, args: argparse.Namespace) -> int:
     """``--report``: the sweep's table, ``best.toml`` and plots, from its study."""
+    folder = _folder(args)
+    if not args.storage and not (folder / STUDY_FILE).is_file():
+        parser.error(f"--dir {folder}: no sweep there (no {STUDY_FILE}); pass the sweep's --dir, or its --storage")
     with exiting_at_once_on_stop_signals("nothing was written"):
         import optuna
 
         from trainer.experiments import study, study_report
-    folder = Path(args.dir) if args.dir else study.default_dir(args.space)
-    if not args.storage and not (folder / STUDY_FILE).is_file():
-        parser.error(f"--dir {folder}: no sweep there (no {STUDY_FILE}); pass the sweep's --dir, or its --storage")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     name, url = args.study or folder.resolve().name, args.storage or _default_storage(folder)
     try:

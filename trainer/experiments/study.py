@@ -105,11 +105,6 @@ class Sweep:
         return cfg
 
 
-def default_dir(space: str | Path) -> Path:
-    """A sweep's folder where ``--dir`` is not given: ``runs/sweep-<the space file's name>``."""
-    return Path("runs") / f"sweep-{Path(space).stem}"
-
-
 def trial_iterations(cfg: TrainConfig) -> int:
     """Iterations of a trial of ``cfg`` (one process: a batch of ``num_envs x num_steps`` each)."""
     return whole_iterations(cfg.total_steps, cfg.num_envs * cfg.num_steps)
