@@ -191,9 +191,10 @@ def test_on_iteration_true_ends_the_run_with_that_iteration_saved(tmp_path):
     assert [r["iteration"] for r in metrics(tmp_path / "run")] == [1, 2, 3]
 
 
-def tiny_sweep(tmp_path: Path, trials: int, pruner: str = "median", total_steps: int = 320) -> Sweep:
+def tiny_sweep(tmp_path: Path, trials: int, pruner: str = "median", total_steps: int = 320,
+               env: str = "CartPole-v1") -> Sweep:
     """CartPole trials of 20 iterations of 16 env steps, validated every 2 (at 32, 64, ... env steps)."""
-    train_cli = parse_args(CARTPOLE[:2] + ["--num-envs", "2", "--num-steps", "8"] + CARTPOLE[6:] +
+    train_cli = parse_args(["--env", env, "--num-envs", "2", "--num-steps", "8"] + CARTPOLE[6:] +
                            ["--total-steps", str(total_steps), "--seed", "3"])
     space = SearchSpace.read(space_file(tmp_path, SPACE), train_cli.config, train_cli.given)
     folder = tmp_path / "sweep"
@@ -228,6 +229,36 @@ def test_a_trial_below_the_median_of_the_finished_ones_is_pruned_with_its_checkp
     assert (best.lr, best.algo_settings.ent_coef, best.env, best.num_steps, best.seed) == (1e-3, 0.01, "CartPole-v1",
                                                                                            8, 3)
     assert (sweep.dir / "history.png").stat().st_size > 0 and (sweep.dir / "importances.svg").stat().st_size > 0
+
+
+def test_a_trial_that_fails_is_told_fail_and_named_and_the_sweep_goes_on(tmp_path, capsys):
+    sweep = tiny_sweep(tmp_path, trials=2, env="tests.factories:Exploding-v0")  # each env raises on its 40th step
+    assert run_sweep(sweep, Machine(cores=1)) == 1
+    trials = trials_of(opened_study(sweep))
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL]
+    assert all(names(t.user_attrs["error"], "simulator exploded") for t in trials)
+    said = capsys.readouterr().err
+    assert events(said, "failed") == [0, 1] and events(said, "starts") == [0, 1]
+
+
+def test_a_trial_left_running_is_taken_over_only_when_its_claim_is_stale(tmp_path, capsys):
+    """A trial RUNNING in the study whose claim is held by a live process (here, this one) is that process's: the
+    sweep leaves it, and stops, the study holding --trials trials. Once its claim's process is gone (a kill -9),
+    the same sweep takes the trial over: the same trial number, run once, complete."""
+    sweep = tiny_sweep(tmp_path, trials=1, total_steps=64)
+    study = opened_study(sweep)
+    left = study.ask()
+    sweep.space.sample(left)
+    claim = sweep.dir / study_module.CLAIMS / "trial-0000"
+    with checkpoints.RunDirLock(claim):  # a live holder
+        assert run_sweep(sweep, Machine(cores=1)) == 0
+        assert [t.state for t in trials_of(opened_study(sweep))] == [TrialState.RUNNING]
+    code = f"import checkpoints, os; checkpoints.RunDirLock({str(claim)!r}).acquire(); os._exit(9)"
+    assert subprocess.run([sys.executable, "-c", code], env=ENV).returncode == 9  # killed: its lock stays, stale
+    capsys.readouterr()
+    assert run_sweep(sweep, Machine(cores=1)) == 0
+    assert [(t.number, t.state) for t in trials_of(opened_study(sweep))] == [(0, TrialState.COMPLETE)]
+    assert events(capsys.readouterr().err, "starts") == [0]  # (no checkpoint to resume from: started afresh)
 
 
 @pytest.mark.slow
@@ -283,7 +314,7 @@ def test_jobs_run_trials_side_by_side_with_their_output_in_each_trial_log(tmp_pa
 
 VR_SWEEP = ["--space", "space.toml", "--trials", "3", "--dir", "sweep", "--", "--env", "VREdge-v0", "--num-envs", "4",
             "--num-steps", "16", "--total-steps", str(4 * 16 * 12), "--eval-every", "3", "--eval-episodes", "2",
-            "--device", "cpu", "--seed", "5"]
+            "--device", "cpu", "--seed", "5", "--env-kwargs", "num_users=3,max_steps=40"]
 
 
 def final_weights(run_dir: Path) -> dict:
