@@ -21,11 +21,15 @@ import multiprocessing
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from collectors.stop_signals import exiting_at_once_on_stop_signals
 from trainer.arguments import OneLineParser, not_a_directory
 from trainer.experiments.space import SearchSpace, SpaceError
 from trainer.flags import CommandLine, parse_args
+
+if TYPE_CHECKING:  # (torch and Optuna load once the command line is checked)
+    from trainer.experiments.study import Sweep
 
 PROG = "python -m trainer.sweep"
 STUDY_FILE = "study.db"
@@ -128,17 +132,18 @@ def main(argv: list[str] | None = None) -> None:
     except SpaceError as e:
         parser.error(str(e))
     with exiting_at_once_on_stop_signals("nothing was run; run the same command again"):
-        from trainer.experiments import study, study_report
+        from trainer.experiments import study
     sweep = _sweep(parser, args, train, space, argv)
     try:
         status = study.run_sweep(sweep)
     except (study.StudyMismatchError, study.StorageError) as e:
         parser.error(str(e))
-    _said_end(sweep, status, study, study_report)
+    raise SystemExit(_said_end(sweep, status))
 
 
-def _sweep(parser: OneLineParser, args: argparse.Namespace, train: CommandLine, space: SearchSpace, argv: list[str]):
-    """The sweep the command line asks for (``trainer.experiments.study.Sweep``), its defaults filled in."""
+def _sweep(parser: OneLineParser, args: argparse.Namespace, train: CommandLine, space: SearchSpace,
+           argv: list[str]) -> Sweep:
+    """The sweep the command line asks for, its defaults filled in."""
     from trainer.experiments import study
 
     folder = _folder(args)
@@ -161,20 +166,23 @@ def _default_storage(folder: Path) -> str:
     return f"sqlite:///{(folder / STUDY_FILE).resolve()}"
 
 
-def _said_end(sweep, status: int, study, study_report) -> None:
-    """The report, where the sweep stands, and the exit ``status``."""
+def _said_end(sweep: Sweep, status: int) -> int:
+    """Say the report and where the sweep stands; the exit status (``status``, the trials')."""
+    from trainer.experiments import study, study_report
+
     try:
         opened = study.opened_study(sweep)
         study_report.report(opened, sweep.dir)
         left = [t.number for t in study_report.trials_of(opened) if t.state.name == "RUNNING"]
         made = len(study_report.trials_of(opened))
-    except KeyboardInterrupt:
-        raise SystemExit(status or 130) from None
+    except KeyboardInterrupt:  # a stop while the report is written: the trials are all told already
+        return status or 130
     if left or made < sweep.trials:
-        running = f"trial {', '.join(map(str, left))} running or stopped; " if left else ""
+        running = f"{'trial' if len(left) == 1 else 'trials'} {', '.join(map(str, left))} running or stopped; " \
+            if left else ""
         print(f"{running}{made} of {sweep.trials} trials exist\n"
               f"resume:        {shlex.join([sys.executable, '-m', 'trainer.sweep', *sweep.argv])}")
-    raise SystemExit(status)
+    return status
 
 
 def _report(parser: OneLineParser, args: argparse.Namespace) -> int:

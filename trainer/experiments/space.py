@@ -5,7 +5,7 @@
     high = 3e-3
     log = true
 
-    [num-epochs]            # an integer setting takes an integer range
+    [epochs]                # an integer setting takes an integer range
     low = 2
     high = 8
 
@@ -111,10 +111,10 @@ class SearchSpace:
         >>> import tempfile
         >>> from trainer.config import new_run_config
         >>> path = Path(tempfile.mkdtemp()) / "space.toml"
-        >>> _ = path.write_text('[lr]\\nlow = 1e-4\\nhigh = 3e-3\\nlog = true\\n[num-epochs]\\nlow = 2\\nhigh = 8\\n')
+        >>> _ = path.write_text('[lr]\\nlow = 1e-4\\nhigh = 3e-3\\nlog = true\\n[epochs]\\nlow = 2\\nhigh = 8\\n')
         >>> space = SearchSpace.read(path, new_run_config({"env": "CartPole-v1"}), {"env": "CartPole-v1"})
         >>> [d.describe() for d in space.dimensions]
-        ['lr in [0.0001, 0.003] (log)', 'num_epochs in [2, 8]']
+        ['lr in [0.0001, 0.003] (log)', 'epochs in [2, 8]']
     """
 
     path: Path
@@ -157,7 +157,7 @@ class SearchSpace:
         return [d.to_dict() for d in self.dimensions]
 
     def describe(self) -> str:
-        """``lr in [0.0001, 0.003] (log); num_epochs in [2, 8]``."""
+        """``lr in [0.0001, 0.003] (log); epochs in [2, 8]``."""
         return "; ".join(d.describe() for d in self.dimensions)
 
 

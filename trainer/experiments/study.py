@@ -20,6 +20,7 @@ new trials.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import socket
@@ -48,7 +49,6 @@ try:
 except ImportError:  # Windows: no flock (see _asking_alone)
     fcntl = None
 
-STUDY_FILE = "study.db"
 CLAIMS = ".claims"
 VALIDATIONS = 10  # per trial, where the train flags give no --eval-every
 # no trial is pruned before this many have finished: the median of fewer trials' RL curves is noise
@@ -208,6 +208,8 @@ def run_sweep(sweep: Sweep, machine: Machine | None = None) -> int:
     cfg = sweep.train.config
     machine = machine or Machine.detect(cfg.backend, cfg.ray_address)
     study = opened_study(sweep)
+    ended = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False) if t.number < sweep.trials)
+    sweep = dataclasses.replace(sweep, jobs=max(1, min(sweep.jobs, sweep.trials - ended)))  # none left idle
     _say_start(sweep, study, machine)
     statuses = run_jobs(functools.partial(sweep_job, sweep=sweep), sweep.jobs, machine)
     stopped = [s for s in statuses if s >= 128]

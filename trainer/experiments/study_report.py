@@ -106,8 +106,11 @@ def write_plots(study: optuna.Study, sweep_dir: Path) -> list[str]:
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Optuna's: its matplotlib plots are "experimental"
-            axes = (plots.plot_optimization_history(study) if name == "history"
-                    else plots.plot_param_importances(study, evaluator=_importance_evaluator()))
+            if name == "history":
+                axes = plots.plot_optimization_history(study, target_name="best validation return")
+            else:
+                axes = plots.plot_param_importances(study, evaluator=_importance_evaluator(),
+                                                    target_name="best validation return")
         figure = axes.figure
         figure.set_size_inches(8, 5)
         figure.tight_layout()
