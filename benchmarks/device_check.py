@@ -113,7 +113,7 @@ def count_h2d_copies(num_envs: int = 64, num_steps: int = 128, backend: str = "s
 
 
 def _train(cfg: TrainConfig, **kw) -> dict:
-    """``trainer.train.train`` quietly (its layout lines and warnings would interleave with the report)."""
+    """``trainer.loop.train`` quietly (its layout lines and warnings would interleave with the report)."""
     with contextlib.redirect_stderr(io.StringIO()):
         return train_module.train(cfg, progress=False, **kw)
 

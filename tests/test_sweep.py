@@ -28,8 +28,8 @@ from trainer.experiments.space import SearchSpace, SpaceError
 from trainer.experiments.study import Sweep, opened_study, run_sweep
 from trainer.experiments.study_report import env_steps_line, report, trials_of
 from trainer.flags import parse_args
+from trainer.loop import train
 from trainer.run_layout import Machine
-from trainer.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}

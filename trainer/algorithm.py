@@ -166,7 +166,7 @@ class Algorithm(AlgorithmSpec, ABC):
 
     # ------------------------------------------------------------------ the end
     def summary(self) -> dict[str, Any]:
-        """Entries it adds to ``trainer.train.train``'s summary."""
+        """Entries it adds to ``trainer.loop.train``'s summary."""
         return {}
 
     def end_notes(self) -> list[str]:

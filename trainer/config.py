@@ -64,7 +64,10 @@ class TrainConfig:
                               "<run-dir>/checkpoints/best at the best", at_least=0, zero="off")
     eval_episodes: int = setting(16, "validation episodes for --eval-every (seeds disjoint from training and "
                                  "trainer.evaluate)", at_least=1)
-    tensorboard: bool = setting(False, "also log to TensorBoard (needs the tensorboard extra)")
+    tensorboard: bool = setting(False, "also log to TensorBoard, in <run-dir>/tb (needs the tensorboard extra)")
+    wandb: str = setting("", "also log to Weights & Biases, in this project (empty: off; needs the wandb extra): "
+                         "the run named for its directory, its files in <run-dir>/wandb; WANDB_ENTITY picks the "
+                         "team, WANDB_MODE=offline needs no network")
     config: str = setting("", "TOML file with any of these keys (flags override it)")
     # the collection
     backend: str = setting("sync", "rollout backend: serial, sync, async, device (VR-edge as torch tensors on "
@@ -166,6 +169,8 @@ class TrainConfig:
             (self.num_splits == 1 or self.backend == "async", "num_splits", "needs --backend async"),
             (re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", self.hidden) is not None, "hidden",
              "must be comma-separated positive sizes, e.g. 64,64"),
+            (re.fullmatch(r"[^/\\#?%:]{0,128}", self.wandb) is not None, "wandb",
+             "must be a W&B project name: at most 128 characters, none of / \\ # ? % :"),
         ]
         for ok, key, rule in rules:
             if not ok:

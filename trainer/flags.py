@@ -56,8 +56,8 @@ from trainer.settings import flag_name, help_of, limits_of
 
 # keys a resumed run may change; every other key must match the checkpoint's config
 RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "compile", "cuda_graphs", "num_workers", "threads",
-                     "tensorboard", "checkpoint_every", "keep_checkpoints", "config", "ray_address", "cpus_per_worker",
-                     "eval_every", "eval_episodes", "save_replay", "worker_timeout",
+                     "tensorboard", "wandb", "checkpoint_every", "keep_checkpoints", "config", "ray_address",
+                     "cpus_per_worker", "eval_every", "eval_episodes", "save_replay", "worker_timeout",
                      "start_method"}
 # backends a resumed run may move between (not Ray's: its actors, and with --ray-async its algorithm, are another
 # run's)

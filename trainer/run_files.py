@@ -13,7 +13,8 @@ from trainer.config import ConfigError, TrainConfig
 from trainer.evaluation.policies import check_weights_fit
 from trainer.flags import resumed_config
 
-RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "evaluation.json", "evaluation.png", "tb")
+RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "evaluation.json", "evaluation.png", "tb", "wandb",
+             "wandb_id")
 
 
 def claim_new_run_dir(run_dir: Path, overwrite: bool) -> list[str]:

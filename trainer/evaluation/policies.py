@@ -88,7 +88,7 @@ class TrainedPolicy:
 
         >>> import tempfile, gymnasium as gym, numpy as np, trainer
         >>> from trainer.flags import parse_args
-        >>> from trainer.train import train
+        >>> from trainer.loop import train
         >>> run = tempfile.mkdtemp()
         >>> _ = train(parse_args(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--total-steps",
         ...                       "16", "--threads", "1", "--run-dir", run]).config, progress=False)

@@ -149,7 +149,7 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
     """Train (or resume) one seed's run; its exit status (:func:`train_seeds`'). ``alone``: the only job, its
     progress on the terminal; otherwise its output goes to the run's ``train.log`` and one line says what became
     of it."""
-    from trainer.train import TrainingStopped, train  # (torch: once the command line is checked)
+    from trainer.loop import TrainingStopped, train  # (torch: once the command line is checked)
 
     cfg = dataclasses.replace(cli.config, seed=run.seed, run_dir=str(run.run_dir))
     resume = str(run.run_dir) if run.done else ""
@@ -188,7 +188,7 @@ def _said_end(folder: Path, cfg: TrainConfig, cli: CommandLine, statuses: list[i
     for r in runs:
         print(f"  s{r.seed}: {'finished' if r.todo == 'finished' else f'at iteration {r.done} of {r.iterations}'}")
     if unfinished:
-        from trainer.train import train_command
+        from trainer.loop import train_command
 
         print(f"resume:        {train_command(*cli.argv)}")
     else:

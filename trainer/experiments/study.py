@@ -364,7 +364,7 @@ def _trial_run(claimed: _Claimed, sweep: Sweep, share: Machine, signals: StopSig
     """Train (or resume) a claimed trial and tell the study how it ended; the exit status: 0, 1 (it failed), or a
     stop signal's (it stays RUNNING, its checkpoint written). One line on the terminal says each event; with
     several jobs, the training's own output goes to the run directory's ``train.log``."""
-    from trainer.train import TrainingStopped, train  # (torch: once the command line is checked)
+    from trainer.loop import TrainingStopped, train  # (torch: once the command line is checked)
 
     trial, number = claimed.trial, claimed.trial.number
     run_dir, alone = sweep.trial_dir(number), sweep.jobs == 1
