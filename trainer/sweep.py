@@ -1,4 +1,4 @@
-"""Tune a training's settings with Optuna: ``python -m trainer.sweep --space space.toml --trials N -- TRAIN FLAGS``.
+"""Tune a training's settings with Optuna: trials of trainer.train with the values a search space samples.
 
     python -m trainer.sweep --space SPACE.toml --trials N [--jobs J] [--dir DIR] [--storage URL] [--study NAME]
                             [--pruner median|none] [--sampler-seed S] -- [trainer.train flags]
@@ -38,6 +38,7 @@ STUDY_FILE = "study.db"
 def _parser() -> OneLineParser:
     """The sweep's own flags (those before ``--``)."""
     p = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                      epilog="The train flags after -- are trainer.train's: python -m trainer.train --help",
                       usage=f"{PROG} --space SPACE.toml --trials N [options] -- [trainer.train flags]\n"
                             f"       {PROG} --report --dir DIR [--storage URL] [--study NAME]")
     p.add_argument("--space", metavar="SPACE.toml",
@@ -56,7 +57,7 @@ def _parser() -> OneLineParser:
     p.add_argument("--study", metavar="NAME", help="the study's name in its database (default DIR's name)")
     p.add_argument("--pruner", choices=("median", "none"), default="median",
                    help="median: stop a trial whose best validation return is below the median of the finished "
-                        "trials' at the same env steps (from the 4th finished trial and the trial's 2nd "
+                        "trials' at the same env steps (once 4 trials have finished, from the trial's 2nd "
                         "validation on); none: every trial runs to its end (default median)")
     p.add_argument("--sampler-seed", type=int, metavar="S",
                    help="seed of the TPE sampler (default the train flags' --seed): with --jobs 1 the same command "
