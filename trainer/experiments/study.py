@@ -387,6 +387,8 @@ def _trial_run(claimed: _Claimed, sweep: Sweep, share: Machine, signals: StopSig
                     traceback.print_exc()
                 raise
     except TrainingStopped as e:
+        with signals.critical():  # what it spent until the stop (a validation said it last)
+            trial.set_user_attr("env_steps", e.iteration * cfg.num_envs * cfg.num_steps)
         _say(f"trial {number}: {e} after iteration {e.iteration}; it stays RUNNING in the study, and the same "
              "command resumes it")
         return e.exit_status

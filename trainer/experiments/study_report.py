@@ -4,7 +4,7 @@ machine of a shared study can write it):
     trials table              on stdout: each trial's state, best validation return, env steps, values, run dir
     env steps                 spent by all trials, against running every trial to its end: what pruning saved
     SWEEP_DIR/best.toml       the best trial's settings: python -m trainer.train --config SWEEP_DIR/best.toml
-    SWEEP_DIR/history.png     Optuna's optimization history (and .svg)
+    SWEEP_DIR/history.png     Optuna's optimization history (and .svg), once a trial has completed
     SWEEP_DIR/importances.png Optuna's parameter importances (and .svg), from 2 completed trials on
 """
 
@@ -101,8 +101,10 @@ def write_plots(study: optuna.Study, sweep_dir: Path) -> list[str]:
     complete = [t for t in trials_of(study) if t.state == TrialState.COMPLETE]
     said = []
     for name, what in PLOTS.items():
-        if name == "importances" and len(complete) < 2:
-            said.append(f"{what}: none yet (it needs 2 completed trials; the study has {len(complete)})")
+        needs = 2 if name == "importances" else 1
+        if len(complete) < needs:
+            said.append(f"{what}: none yet (it needs {counted(needs, 'completed trial')}; the study has "
+                        f"{len(complete)})")
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Optuna's: its matplotlib plots are "experimental"
