@@ -17,7 +17,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -53,10 +53,16 @@ class TrainingStopped(Interrupted):
 
 def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict | None = None,
           max_iterations: int | None = None, overwrite: bool = False, machine: Machine | None = None,
-          preface: Sequence[str] = (), until_exit: bool = False) -> dict:
+          preface: Sequence[str] = (), until_exit: bool = False,
+          on_iteration: Callable[[dict], bool] | None = None) -> dict:
     """Run ``cfg.algo`` (``trainer.registry``) as configured (or continue the run at ``resume``); returns a
     summary. ``preface``: lines printed before the run layout's, once the run can start (the command line's
     defaults line).
+
+    ``on_iteration(row)`` is called with each completed iteration's metrics row, once it is logged and any
+    checkpoint due is written (a sweep's pruner: ``trainer.experiments.study``); ``True`` ends the run there, its
+    checkpoint written (the summary says ``finished`` only if that was the last iteration). A stop signal waits
+    for its answer. Under torchrun, every rank asks it and must get the same answer.
 
     ``max_iterations`` stops early after that many iterations in total (the LR schedule
     still follows ``total_steps``), leaving a checkpoint to resume from. ``machine``
@@ -97,6 +103,8 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
                     if world.lead and (algorithm.iteration % every == 0 or algorithm.iteration == stop
                                        or validator.improved):
                         validator.saved(last.save())
+                    if last.ended_by(on_iteration, row):
+                        break
         except BaseException as e:
             error = last.failed(e)
             if error is not e:
@@ -275,6 +283,17 @@ class _LastCompleted:
                                                           self.algorithm.cfg.keep_checkpoints)
             self.saved_at = self.snapshot["iteration"]
         return self.last_saved
+
+    def ended_by(self, on_iteration: Callable[[dict], bool] | None, row: dict) -> bool:
+        """Whether ``on_iteration`` (:func:`train`'s caller) ends the run after the completed iteration ``row``; if it
+        does, that iteration is saved first."""
+        if on_iteration is None:
+            return False
+        with self.signals.critical():  # a caller's bookkeeping (a study's database) is never cut in two
+            end = on_iteration(row)
+        if end and self.world.lead and self.saved_at != self.snapshot["iteration"]:
+            self.save()
+        return bool(end)
 
     def failed(self, e: BaseException) -> BaseException:
         """What ends the run, once the last completed iteration is saved: ``e`` with notes saying where it is (a stop
