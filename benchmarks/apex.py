@@ -105,9 +105,10 @@ def ingestion(actors: list[int], steps: int, replay_ratio: float) -> None:
           f"chunk, replay ratio {replay_ratio:g}, {steps:,} env steps per run")
     with tempfile.TemporaryDirectory() as tmp:
         for n in actors:
-            run_dir = Path(tmp) / f"a{n}"
+            run_dir, settings = Path(tmp) / f"a{n}", Path(tmp) / f"a{n}.toml"
+            settings.write_text(f"cpus_per_worker = {min(1.0, cores / n)!r}\n")  # more actors than cores share them
             args = ["--algo", "apex", "--env", "CartPole-v1", "--backend", "ray", "--num-envs", str(4 * n),
-                    "--num-workers", str(n), "--cpus-per-worker", f"{min(1.0, cores / n):g}", "--num-steps", "32",
+                    "--num-workers", str(n), "--config", str(settings), "--num-steps", "32",
                     "--total-steps", str(steps), "--gamma", "0.99",
                     "--replay-ratio", str(replay_ratio), "--learning-starts", "1000", "--threads", "1",
                     "--checkpoint-every", "100000", "--device", "cpu"]

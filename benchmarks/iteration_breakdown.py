@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from trainer.config import setting_fields
+from trainer.config import named, setting_fields
 from trainer.flags import build_parser, parse_args
 from trainer.registry import reads
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None, iterations: int = 6) -> dict[int, tuple[
                      "those about the run, its processes and Ray are refused.",
                      hidden=(*RUN_FLAGS, *OTHER_ALGORITHMS_FLAGS, "resume", "overwrite"))
     what_it_does = {("algo", "ppo"), ("backend", "sync")}  # these two may be said, if they say what it does
-    refused = ["--" + key.replace("_", "-") for key in RUN_FLAGS
+    refused = [named(key) for key in RUN_FLAGS
                if key in cli.given and (key, cli.given[key]) not in what_it_does]
     refused += [flag for flag, given in (("--resume", bool(cli.resume)), ("--overwrite", cli.overwrite)) if given]
     if refused:  # taken by the parser (they are trainer flags), not by this benchmark: refused, not ignored

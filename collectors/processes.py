@@ -91,7 +91,7 @@ def process_context(start_method: str | None = None) -> BaseContext:
 
 def start_method_of(start_method: str | None) -> str:
     """``start_method`` checked: ``"forkserver"``, ``"spawn"``, or for ``None`` (or ``"auto"``, as the trainer's
-    ``--start-method`` says it) forkserver where the platform has one and spawn elsewhere. ``"fork"`` is
+    ``start_method`` setting says it) forkserver where the platform has one and spawn elsewhere. ``"fork"`` is
     refused: this process runs threads (torch's, a resource sharer's), and a forked copy of a lock one of them
     held can hang the child for ever.
 
@@ -169,12 +169,13 @@ def _start(process: BaseProcess, ctx: BaseContext, timeout_s: float) -> None:
         raise WorkerTimeoutError(
             f"{what} has not forked {process.name} within {timeout_s:.3g} s (an import that hangs?) and was "
             f"killed; look at what those imports load (a slow shared filesystem?), or start the processes with "
-            f"start_method='spawn' (--start-method spawn)")
+            f"start_method='spawn' (the trainer: start_method = \"spawn\" in a --config TOML file)")
     if failed:
         if isinstance(failed[0], (OSError, EOFError)):  # its pipe closed: the forkserver is gone
             raise WorkerDiedError(f"{what} ended before it forked {process.name} ({how_it_ended(_exit_code(pid))}; "
                                   f"what it printed is above); start the processes with start_method='spawn' "
-                                  f"(--start-method spawn) to import in each of them instead") from None
+                                  f"(the trainer: start_method = \"spawn\" in a --config TOML file) to import in "
+                                  f"each of them instead") from None
         raise failed[0]
     _forking.add(pid)
     # after multiprocessing's own exit work (exit priority < 0: once it has joined this process's children)

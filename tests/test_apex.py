@@ -126,7 +126,7 @@ def test_the_memory_check_counts_the_copies_a_saved_replay_makes(monkeypatch, sa
     if not save_replay:
         apex.check_replay_fits(10**6, example(), save_replay)
         return
-    with raises(ConfigError, "4 x", "--save-replay", key="replay_capacity", value=10**6):  # the copies counted
+    with raises(ConfigError, "4 x", "save_replay", key="replay_capacity", value=10**6):  # the copies counted
         apex.check_replay_fits(10**6, example(), save_replay)
 
 
@@ -145,7 +145,8 @@ def test_a_saved_replay_peaks_within_the_copies_the_memory_check_counts(tmp_path
         code = ("import resource, sys; from trainer import train; train.main(sys.argv[1:]); "
                 "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")  # KiB on Linux
         args = ["--algo", "apex", "--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--total-steps",
-                "64", "--learning-starts", "16", "--device", "cpu", "--backend", "sync", "--save-replay", "true",
+                "64", "--learning-starts", "16", "--device", "cpu", "--backend", "sync",
+                "--config", settings_file("save_replay"),
                 "--checkpoint-every", "1", "--replay-capacity", str(capacity),
                 "--run-dir", str(tmp_path / str(capacity))]
         done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
@@ -273,10 +274,13 @@ def run(argv, **kw):
                               overwrite=cli.overwrite, **kw)
 
 
+# a small Ape-X run whose every checkpoint holds the replay (save_replay = true, in its TOML file): resumes are exact
 SMALL_VR = ["--algo", "apex", "--env", "VREdge-v0", "--env-kwargs", "num_users=2,max_steps=20", "--num-envs", "4",
             "--num-steps", "8", "--total-steps", str(4 * 8 * 8), "--learning-starts", "40", "--minibatch-size", "16",
-            "--replay-capacity", "200", "--replay-ratio", "2", "--config", settings_file("apex_small"),
-            "--checkpoint-every", "1", "--seed", "4", "--threads", "1", "--save-replay", "true", "--hidden", "16"]
+            "--replay-capacity", "200", "--replay-ratio", "2", "--checkpoint-every", "1", "--seed", "4",
+            "--threads", "1", "--hidden", "16", "--config", settings_file("apex_small_saved_replay")]
+# ... and one whose checkpoints hold no replay (save_replay's default): a resume refills it
+REFILLED = [*SMALL_VR[:-1], settings_file("apex_small")]
 
 
 def test_stop_and_resume_of_a_learner_run_is_exact_with_the_replay_saved(tmp_path):
@@ -312,21 +316,21 @@ def test_learning_rate_anneals_and_a_resume_may_switch_it_off(tmp_path):
     (200, ["--learning-starts", "200 transitions", "192 env steps", "--total-steps"]),  # and what to raise
 ])
 def test_resume_without_the_replay_says_it_refills(tmp_path, capsys, learning_starts, said):
-    argv = [a for a in SMALL_VR if a not in ("--save-replay", "true")] + ["--run-dir", str(tmp_path),
-                                                                          "--learning-starts", str(learning_starts)]
+    argv = REFILLED + ["--run-dir", str(tmp_path), "--learning-starts", str(learning_starts)]
     run(argv, max_iterations=2)
     assert checkpoints.latest_loadable(tmp_path)[1]["replay"] is None
     capsys.readouterr()
     assert run(["--resume", str(tmp_path)])["iterations"] == 8
-    names(capsys.readouterr().err, "--save-replay false", *said)  # why it holds no replay
+    names(capsys.readouterr().err, "save_replay = false", *said)  # why it holds no replay
 
 
 def test_a_resume_takes_the_flags_of_the_runs_own_algorithm(tmp_path, capsys):
     """Which algorithm owns a flag is the resumed run's (its checkpoint's), not the default --algo's: an Ape-X
-    run's --save-replay may change on resume, its --replay-ratio may not, and PPO's --epochs is not its own."""
-    argv = [a for a in SMALL_VR if a not in ("--save-replay", "true")] + ["--run-dir", str(tmp_path)]
-    run(argv, max_iterations=2)
-    assert run(["--resume", str(tmp_path), "--save-replay", "true"], max_iterations=3)["iterations"] == 3
+    run's save_replay (a key of the --config file) may change on resume, its --replay-ratio may not, and PPO's
+    --epochs is not its own."""
+    run(REFILLED + ["--run-dir", str(tmp_path)], max_iterations=2)
+    resumed = run(["--resume", str(tmp_path), "--config", settings_file("save_replay")], max_iterations=3)
+    assert resumed["iterations"] == 3
     assert checkpoints.latest_loadable(tmp_path)[1]["replay"] is not None
     capsys.readouterr()
     for flags, named in ((["--replay-ratio", "4"], ["--replay-ratio", "4.0", "2.0"]),  # given, and the run's
@@ -407,8 +411,8 @@ def local_ray():
 
 
 RAY_CARTPOLE = ["--algo", "apex", "--env", "CartPole-v1", "--backend", "ray", "--num-envs", "4", "--num-workers",
-                "2", "--cpus-per-worker", "0.5", "--num-steps", "8", "--learning-starts", "32",
-                "--minibatch-size", "16", "--replay-ratio", "2", "--config", settings_file("apex_weights"),
+                "2", "--num-steps", "8", "--learning-starts", "32",
+                "--minibatch-size", "16", "--replay-ratio", "2", "--config", settings_file("apex_ray"),
                 "--hidden", "16", "--threads", "1", "--seed", "2"]
 
 
@@ -460,8 +464,8 @@ def test_export_refuses_a_q_network_clearly(tmp_path, capsys):
 
 @pytest.mark.parametrize("learning_starts, said", [(40, False), (300, True)])  # 256 env steps in all
 def test_a_run_too_short_to_start_learning_says_so_at_its_start(tmp_path, capsys, learning_starts, said):
-    summary = run(SMALL_VR + ["--learning-starts", str(learning_starts), "--replay-capacity", "400",
-                              "--save-replay", "false", "--run-dir", str(tmp_path)], max_iterations=1)
+    summary = run(REFILLED + ["--learning-starts", str(learning_starts), "--replay-capacity", "400",
+                              "--run-dir", str(tmp_path)], max_iterations=1)
     err = capsys.readouterr().err
     assert ("this run will not learn; raise --total-steps (or, for a new run, lower --learning-starts)" in err) \
         == said, err
@@ -489,7 +493,7 @@ def test_flags_of_the_other_algorithm_are_refused(capsys, tmp_path):
         parse_args(["--config", str(tmp_path / "run.toml")])                 # file spells it, with the file
 
 
-@pytest.mark.parametrize("save_replay", ["false", "true"])
+@pytest.mark.parametrize("save_replay", [False, True])
 def test_train_longer_names_a_total_that_learns(tmp_path, capsys, save_replay):
     """A finished run too short to learn prints a "train longer" total that lets the learner wait for
     --learning-starts (refilled from scratch where the replay was not saved) and then learn; twice the steps
@@ -498,13 +502,12 @@ def test_train_longer_names_a_total_that_learns(tmp_path, capsys, save_replay):
 
     from trainer import train as train_cli
 
-    argv = [a for a in SMALL_VR if a not in ("--save-replay", "true")]
-    train_cli.main(argv + ["--save-replay", save_replay, "--learning-starts", "300", "--replay-capacity", "400",
-                           "--run-dir", str(tmp_path)])
+    train_cli.main((SMALL_VR if save_replay else REFILLED) + ["--learning-starts", "300", "--replay-capacity", "400",
+                                                              "--run-dir", str(tmp_path)])
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("train longer:"))
     argv = shlex.split(line.split(":", 1)[1])[3:]  # less the interpreter and -m trainer.train
     # at least 600 (or 256 + 600), in whole iterations of 32 env steps
-    assert argv[argv.index("--total-steps") + 1] == ("608" if save_replay == "true" else str(256 + 608))
+    assert argv[argv.index("--total-steps") + 1] == ("608" if save_replay else str(256 + 608))
     train_cli.main(argv)
     rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     err = capsys.readouterr().err

@@ -188,7 +188,7 @@ def test_iteration_breakdown_help_lists_only_the_flags_it_takes(capsys):
         iteration_breakdown.main(["--help"])
     listed = set(re.findall(r"^  (--[a-z-]+)", capsys.readouterr().out, re.MULTILINE))
     refused = {"--" + key.replace("_", "-") for key in iteration_breakdown.RUN_FLAGS} | {"--resume", "--overwrite"}
-    refused |= {"--replay-capacity", "--n-step", "--learning-starts", "--save-replay"}  # Ape-X's: it times PPO
+    refused |= {"--replay-capacity", "--n-step", "--learning-starts", "--replay-ratio"}  # Ape-X's: it times PPO
     assert {"--num-envs", "--num-steps", "--lr", "--env", "--env-kwargs"} <= listed and not listed & refused, listed
 
 

@@ -14,6 +14,7 @@ import pytest
 
 import checkpoints
 from envs.make_traces import write_traces
+from tests.factories import settings_file
 from tests.messages import exits, names, not_names, raises, suggestion, usage_error
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_cli
@@ -248,7 +249,8 @@ def test_setting_checkpoints_aside_keeps_the_pointers_true(tmp_path):
     (["-m", "trainer.train", "--backend", "sycn"], ["--backend", "sycn", "serial", "ray"], "sync"),
     (["-m", "trainer.train", "--backend", "Async"], ["--backend", "Async"], "async"),  # case counts: not "sync"
     (["-m", "trainer.train", "--compile", "auot"], ["--compile", "auot", "off"], "auto"),
-    (["-m", "trainer.train", "--start-method", "spwan"], ["--start-method", "spwan", "forkserver"], "spawn"),
+    (["-m", "trainer.train", "--config", settings_file("start_method_typo")], ["start_method", "spwan", "forkserver"],
+     "spawn"),  # a key without a flag: named as its TOML file spells it
     (["-m", "trainer.train", "--backend", "device", "--overlap", "true"], ["--overlap", "true"], None),
     # no abbreviations: --envs would be taken as an abbreviation, and --total silently as --total-steps
     (["-m", "trainer.train", "--envs", "CartPole-v1"], ["--envs", "CartPole-v1"], "--env"),

@@ -136,9 +136,9 @@ def test_detected_machine_is_this_one():
     (dict(backend="ray", num_workers=3, num_envs=8), Machine(4, 0, 64.0), "num_workers",
      ["--num-workers", "3", "--num-envs", "8"], None),
     (dict(backend="ray", num_workers=8, num_envs=8), Machine(4, 0, 4.0), "num_workers",
-     ["--num-workers", "--cpus-per-worker", "8", "4"], None),  # CPUs needed, and the cluster's
+     ["--num-workers", "cpus_per_worker", "8", "4"], None),  # CPUs needed, and the cluster's
     (dict(backend="ray", cpus_per_worker=8.0), Machine(4, 0, 4.0), "cpus_per_worker",
-     ["--cpus-per-worker", "8", "4"], None),
+     ["cpus_per_worker", "8", "4"], None),
     (dict(backend="ray", envs_per_worker=5), Machine(4, 0, 4.0), "envs_per_worker",
      ["envs_per_worker", "5", "--num-envs", "64"], None),
     (dict(device="cuda"), Machine(4, 0), "device", ["--device", "cuda", "cpu"], None),
@@ -224,7 +224,7 @@ def test_ray_flags_on_another_backend_are_said_to_be_ignored(backend):
     names(warning, "--ray-address", f"--backend {backend}", "--backend ray")  # ignored where, and what it is for
     both = TrainConfig(env="VREdge-v0", backend=backend, num_envs=4, ray_address="auto", cpus_per_worker=2.0)
     [warning] = run_layout(both, Machine(4)).warnings  # one warning for both
-    names(warning, "--ray-address", "--cpus-per-worker", f"--backend {backend}", "--backend ray")
+    names(warning, "--ray-address", "cpus_per_worker", f"--backend {backend}", "--backend ray")  # its TOML key
 
 
 def test_the_start_method_reaches_the_processes_a_run_starts_and_is_said_ignored_where_none_start():
@@ -241,25 +241,25 @@ def test_the_start_method_reaches_the_processes_a_run_starts_and_is_said_ignored
         ignored = run_layout(TrainConfig(env="VREdge-v0", backend=backend, num_envs=4, start_method="spawn"),
                              Machine(4))
         [warning] = ignored.warnings
-        names(warning, "--start-method", f"--backend {words}")
+        names(warning, "start_method", f"--backend {words}")
         assert "start_method" not in ignored.collector_kwargs()
     ray = run_layout(TrainConfig(env="VREdge-v0", backend="ray", num_envs=4, start_method="spawn"),
                      Machine(4, 0, 4.0, 4.0))
     [warning] = ray.warnings
-    names(warning, "--start-method", "--backend ray")
+    names(warning, "start_method", "--backend ray")
 
 
 def test_a_platform_without_a_forkserver_spawns_and_refuses_one_asked_for(monkeypatch):
     monkeypatch.setattr(mp, "get_all_start_methods", lambda: ["spawn"])  # Windows
     cfg = TrainConfig(env="VREdge-v0", backend="async", num_envs=4)
     assert run_layout(cfg, Machine(4)).start_method == "spawn"
-    with raises(ValueError, "--start-method", "'forkserver'", "spawn", "auto", key="start_method"):  # what to use
+    with raises(ValueError, "start_method", "'forkserver'", "spawn", "auto", key="start_method"):  # what to use
         run_layout(dataclasses.replace(cfg, start_method="forkserver"), Machine(4))
 
 
 def test_a_start_method_that_is_not_one_is_a_config_error():
-    with raises(ValueError, "--start-method", "'fork'", "auto", "forkserver", "spawn", key="start_method"):
+    with raises(ValueError, "start_method", "'fork'", "auto", "forkserver", "spawn", key="start_method"):
         TrainConfig(start_method="fork").validate()
-    with raises(ValueError, "--start-method", "'spwan'", "auto", "forkserver", key="start_method") as e:
+    with raises(ValueError, "start_method", "'spwan'", "auto", "forkserver", key="start_method") as e:
         TrainConfig(start_method="spwan").validate()
     assert suggestion(str(e.value)) == "spawn"

@@ -276,7 +276,8 @@ def test_a_forkserver_whose_imports_hang_is_killed_at_the_start_deadline_and_the
         out, err = proc.communicate(timeout=120)
     after = re.search(r"after (\S+) s: the forkserver \(pid \d+\) that starts this collector's processes "
                       r"\(importing torch first\) has not forked env-worker-0 within 3 s \(an import that hangs\?\) "
-                      r"and was killed; .* start_method='spawn' \(--start-method spawn\)$", out, re.M)
+                      r"and was killed; .* start_method='spawn' \(.*start_method = \"spawn\".*--config.*\)$", out,
+                      re.M)  # the collector's argument, and the trainer's TOML key
     assert proc.returncode == 0 and after and 3.0 <= float(after.group(1)) < 20, (out, err)
     assert "started True" in out, (out, err)
 
@@ -362,16 +363,17 @@ def test_the_start_method_reaches_a_collector_and_its_collecting_process_through
 
 
 def test_a_run_spawns_its_workers_with_start_method_spawn_and_a_resume_may_change_it(tmp_path, capsys):
-    """The command line: ``--start-method spawn`` is in the layout line and the stored layout; how processes
-    start changes no number, so a resume may change it (and stores the change)."""
+    """The command line: ``start_method = "spawn"`` (a key of the ``--config`` file) is in the layout line and the
+    stored layout; how processes start changes no number, so a resume may change it (and stores the change)."""
     from trainer import train as train_cli
 
     run_dir = tmp_path / "run"
     train_cli.main(["--backend", "async", "--num-envs", "2", "--num-workers", "1", "--num-steps", "8",
-                    "--total-steps", "16", "--device", "cpu", "--start-method", "spawn", "--run-dir", str(run_dir)])
+                    "--total-steps", "16", "--device", "cpu", "--config", f.settings_file("start_spawn"),
+                    "--run-dir", str(run_dir)])
     assert "1 worker process (spawned) + this process" in capsys.readouterr().err
     assert json.loads((run_dir / "config.json").read_text())["layout"]["start_method"] == "spawn"
-    train_cli.main(["--resume", str(run_dir), "--total-steps", "32", "--start-method", "auto"])
+    train_cli.main(["--resume", str(run_dir), "--total-steps", "32", "--config", f.settings_file("start_auto")])
     assert "1 worker process + this process" in capsys.readouterr().err
     state = checkpoints.latest_loadable(run_dir)[1]
     assert state["env_steps"] == 32 and state["config"]["start_method"] == "auto"

@@ -113,16 +113,17 @@ def test_bad_worker_layout_is_rejected(cluster):
 
 
 
-@pytest.mark.parametrize("mode", [[], ["--ray-async", "true", "--config", settings_file("ray_async_lag1")]])
+@pytest.mark.parametrize("mode", [["--config", settings_file("ray_quarter_cpu")],
+                                  ["--ray-async", "true", "--config", settings_file("ray_async_lag1")]])
 def test_training_on_ray_sync_and_async_then_resume(cluster, tmp_path, mode):
     import json
 
     import checkpoints
     from trainer.flags import parse_args
     from trainer.train import train
-    cli = parse_args(["--backend", "ray", "--num-workers", "2", "--cpus-per-worker", "0.25",
-                      "--num-envs", "4", "--num-steps", "16", "--total-steps", "512", "--checkpoint-every", "2",
-                      "--run-dir", str(tmp_path), *mode])
+    keeps_collecting = "--ray-async" in mode
+    cli = parse_args(["--backend", "ray", "--num-workers", "2", "--num-envs", "4", "--num-steps", "16",
+                      "--total-steps", "512", "--checkpoint-every", "2", "--run-dir", str(tmp_path), *mode])
     summary = train(cli.config, progress=False, max_iterations=4)
     assert summary["iterations"] == 4
     saved = checkpoints.latest_loadable(tmp_path)[1]["collector"]
@@ -132,8 +133,8 @@ def test_training_on_ray_sync_and_async_then_resume(cluster, tmp_path, mode):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
     last = rows[-1]["env_steps"]
-    assert summary["env_steps"] == last and last == (512 if not mode else len(rows) * 2 * 16)
-    if mode:
+    assert summary["env_steps"] == last and last == (512 if not keeps_collecting else len(rows) * 2 * 16)
+    if keeps_collecting:
         assert all(r["policy_lag"] <= 1 for r in rows)
     else:
         assert summary["lags"] == {0: len(rows) - 4}

@@ -95,7 +95,8 @@ class TrainConfig:
     ray_async: bool = setting(False, "ray backend: the actors keep collecting while the learner learns "
                               "(IMPALA-style, V-trace corrects for the lag)")
     ray_address: str = setting("", "ray backend: cluster address (empty: reuse a running Ray or start a local one)")
-    cpus_per_worker: float = setting(1.0, "ray backend: CPUs reserved per actor (fractions allowed)", above=0)
+    cpus_per_worker: float = setting(1.0, "ray backend: CPUs reserved per actor (fractions allowed)", above=0,
+                                     flag=False)
     worker_timeout: float = setting(60.0, "seconds an async worker, the --overlap collecting process or a Ray actor "
                                     "may stay silent (a hung env step, a stopped process) before the run stops, or "
                                     "the actor is replaced; stretched to 20x the slowest answer measured",
@@ -103,7 +104,7 @@ class TrainConfig:
     start_method: str = setting("auto", "how async workers and the --overlap collecting process start: forkserver "
                                 "(forked from a server that has imported torch once: ~30 ms each), spawn (a fresh "
                                 "interpreter each, importing torch: seconds; Windows has only this) or auto "
-                                "(forkserver where the platform has one)", choices=START_METHOD_CHOICES)
+                                "(forkserver where the platform has one)", choices=START_METHOD_CHOICES, flag=False)
     # learning, as every algorithm does it
     lr: float = setting(1e-3, "Adam learning rate", above=0)
     anneal_lr: bool = setting(True, "linear LR annealing to 0 over total_steps")
@@ -156,7 +157,8 @@ class TrainConfig:
         spec = algorithm_spec(self.algo)
         if self.start_method == "fork":  # a choice that is not one, for a reason worth saying
             raise ConfigError("start_method", "fork", "must not be fork: a forked copy of a lock held by one of this "
-                              "process's threads (torch's) can hang the child; use auto, forkserver or spawn")
+                              "process's threads (torch's) can hang the child; use auto, forkserver or spawn",
+                              flag=False)
         check_limits(self)
         self._check_env_kwargs()
         rules = [  # (ok, key, rule)
@@ -243,7 +245,7 @@ def check_owners(algo: str, given: dict[str, Any]) -> None:
     run's algorithm is its checkpoint's: known only once that is read)."""
     ignored = sorted(k for k in given if not reads(algo, k))
     if ignored:
-        flags = ", ".join(flag_name(k) for k in ignored)
+        flags = ", ".join(named(k) for k in ignored)
         readers = " or ".join(sorted({a for k in ignored for a in owners(k)}))
         them = "it" if len(ignored) == 1 else "them"
         rule = f"for --algo {readers} only, and this run is --algo {algo}, which would ignore {them}; drop {them}"
@@ -259,6 +261,16 @@ def setting_fields() -> list[tuple[str, dataclasses.Field]]:
         out += [(name, f) for f in dataclasses.fields(spec.Settings) if f.name not in seen]
         seen |= {f.name for f in dataclasses.fields(spec.Settings)}
     return out
+
+
+def named(key: str) -> str:
+    """A setting as a message names it: its flag, or its TOML key where it has none.
+
+    >>> named("num_envs"), named("max_lag")
+    ('--num-envs', 'max_lag')
+    """
+    flagless = {f.name for _, f in setting_fields() if not limits_of(f).flag}
+    return key if key in flagless else flag_name(key)
 
 
 def new_run_config(given: dict[str, Any], gpu: bool = False) -> TrainConfig:

@@ -38,6 +38,7 @@ from trainer.config import (
     env_argument_defaults,
     format_env_kwargs,
     moved_env_files,
+    named,
     new_run_config,
     parse_env_kwargs,
     setting_fields,
@@ -392,12 +393,12 @@ def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) ->
         may_change.add("env_kwargs")
     clash = {k: (saved.get(k), v) for k, v in given.items() if k not in may_change and saved.get(k) != v}
     if clash:  # a usage error, as a bad flag's
-        detail = ", ".join(f"--{k.replace('_', '-')}={new!r} (run has {old!r})" for k, (old, new) in clash.items())
+        detail = ", ".join(f"{named(k)}={new!r} (run has {old!r})" for k, (old, new) in clash.items())
         key, (old, value) = next(iter(clash.items()))
         rule = f"the run being resumed has {spelled(old)}: drop it, or start a new run"  # (a TOML key's message)
         raise ConfigError(key, value, rule, message=(
             f"{source}: the flags do not match the run being resumed: {detail}. Drop them, or start "
-            f"a new run; only {', '.join('--' + k.replace('_', '-') for k in sorted(RESUMABLE_CHANGES - {'config'}))} "
+            f"a new run; only {', '.join(named(k) for k in sorted(RESUMABLE_CHANGES - {'config'}))} "
             f"may change (and --backend between {', '.join(SWITCHABLE_BACKENDS)}; "
             f"--env-kwargs {', '.join(f'{k}=NEW' for k in sorted(PATH_ENV_KWARGS))} where files moved)"))
     types = _types(saved.get("algo", TrainConfig.algo))

@@ -300,7 +300,7 @@ def run_layout(cfg: TrainConfig, machine: Machine, world: World = ALONE) -> RunL
     keeps_collecting = cfg.backend == "ray" and algorithm_spec(cfg.algo).keeps_collecting(cfg)
     _check_torch_env(cfg)
     vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
-    notes += _ray_flags_ignored(cfg)
+    notes += _ray_settings_ignored(cfg)
     workers, main_share, per_worker, cpus = 0, False, 0, 0.0
     # --overlap: the collecting process (and its workers) keep collecting while this one learns,
     # so collection gets the cores but one, and learning the cores collection leaves
@@ -393,11 +393,11 @@ def _check_torch_env(cfg: TrainConfig) -> None:
         raise ConfigError("env_kwargs", cfg.env_kwargs, message=f"--backend device: {e}") from None
 
 
-def _ray_flags_ignored(cfg: TrainConfig) -> list[str]:
-    """A note where Ray's flags are given to another backend: said, as --num-workers on sync is (a run meant for a
-    cluster runs here)."""
-    ray_only = [flag for flag, given in (("--ray-address", bool(cfg.ray_address)),
-                                         ("--cpus-per-worker", cfg.cpus_per_worker != TrainConfig.cpus_per_worker))
+def _ray_settings_ignored(cfg: TrainConfig) -> list[str]:
+    """A note where Ray's settings are given to another backend: said, as --num-workers on sync is (a run meant for
+    a cluster runs here)."""
+    ray_only = [name for name, given in (("--ray-address", bool(cfg.ray_address)),
+                                         ("cpus_per_worker", cfg.cpus_per_worker != TrainConfig.cpus_per_worker))
                 if given]
     if not ray_only or cfg.backend == "ray":
         return []
@@ -407,16 +407,16 @@ def _ray_flags_ignored(cfg: TrainConfig) -> list[str]:
 
 
 def _start_method(cfg: TrainConfig, notes: list[str]) -> str:
-    """How the run's processes start: ``--start-method`` (``auto``: forkserver where the platform has one); a method
+    """How the run's processes start: ``start_method`` (``auto``: forkserver where the platform has one); a method
     the platform lacks is a ``ConfigError``, one given to a run that starts no processes is said to be ignored."""
     try:
         method = start_method_of(cfg.start_method)
     except ValueError:
-        raise ConfigError("start_method", cfg.start_method,
-                          "this platform has no forkserver: use --start-method spawn or auto") from None
+        raise ConfigError("start_method", cfg.start_method, "this platform has no forkserver: use spawn or auto",
+                          flag=False) from None
     if cfg.start_method != "auto" and not (cfg.backend == "async" or cfg.overlap):
-        notes.append("--start-method is ignored by --backend ray: Ray starts its actors' processes itself"
-                     if cfg.backend == "ray" else f"--start-method is ignored by --backend {cfg.backend}"
+        notes.append("start_method is ignored by --backend ray: Ray starts its actors' processes itself"
+                     if cfg.backend == "ray" else f"start_method is ignored by --backend {cfg.backend}"
                      f"{'' if cfg.backend == 'device' else ' without --overlap'}: it starts no processes")
     return method
 
@@ -479,12 +479,12 @@ def _ray_workers(cfg: TrainConfig, machine: Machine, keeps_collecting: bool) -> 
         fit = math.floor((total - spare) / cpus + 1e-9) or math.floor(total / cpus + 1e-9)
         if fit < 1:
             raise ConfigError("cpus_per_worker", cpus,
-                              message=f"--cpus-per-worker={cpus:g} is more than the Ray cluster's {total:g} CPUs; "
-                                      "lower --cpus-per-worker or add nodes")
+                              message=f"cpus_per_worker={cpus:g} is more than the Ray cluster's {total:g} CPUs; "
+                                      "lower cpus_per_worker or add nodes")
         workers = largest_divisor_at_most(n, fit)
     if workers * cpus > total + 1e-9:
         raise ConfigError("num_workers", workers,
-                          message=f"--num-workers={workers} x --cpus-per-worker={cpus:g} need {workers * cpus:g} CPUs "
-                                  f"but the Ray cluster has {total:g}; lower --num-workers or --cpus-per-worker, or "
-                                  "add nodes")
+                          message=f"--num-workers={workers} x cpus_per_worker={cpus:g} need {workers * cpus:g} CPUs "
+                                  f"but the Ray cluster has {total:g}; lower --num-workers or cpus_per_worker, or add "
+                                  "nodes")
     return workers, cpus, math.ceil(min(machine.ray_cpus_here, workers * cpus) - 1e-9)

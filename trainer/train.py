@@ -34,7 +34,7 @@ from collectors import EnvError, RayConnectError, WorkerDiedError
 from trainer.algorithm import NonFiniteLossError
 from trainer.arguments import counted
 from trainer.common.world import LeadFailedError, RankLostError, World
-from trainer.config import ConfigError
+from trainer.config import ConfigError, named
 from trainer.loop import TrainingStopped, command, error_text, train, train_command
 
 __all__ = ["TrainingStopped", "main", "train", "train_command"]
@@ -69,8 +69,9 @@ def _stored_setting(key: str, cli: CommandLine) -> str:
     """Where a resumed run's setting came from, when the command line did not give it: its checkpoint."""
     if not cli.resume or key in renamed(cli.given, cli.config.algo):  # (given under an old name: given)
         return ""
-    flag = "--" + key.replace("_", "-")
-    return f" (the run's stored {flag}" + (f"; pass {flag} to change it on resume)" if key in RESUMABLE_CHANGES
+    name = named(key)
+    change = f"pass {name}" if name.startswith("--") else f"set {name} in a --config TOML file"
+    return f" (the run's stored {name}" + (f"; {change} to change it on resume)" if key in RESUMABLE_CHANGES
                                            else ")")
 
 

@@ -63,7 +63,7 @@ def transition_example(q: QNetwork) -> TensorDict:
                        "discounts": torch.zeros(())}, batch_size=[])
 
 
-# --save-replay holds the replay 4 times at its peak: itself, the last completed iteration's snapshot, and
+# save_replay holds the replay 4 times at its peak: itself, the last completed iteration's snapshot, and
 # either the next snapshot or the two buffers of the checkpoint's bytes (measured: docs/benchmarks.md)
 SAVED_REPLAY_COPIES = 4
 
@@ -75,13 +75,13 @@ def check_replay_fits(capacity: int, example: TensorDict, save_replay: bool) -> 
     copies = SAVED_REPLAY_COPIES if save_replay else 1
     each, available = replay_bytes(capacity, example), psutil.virtual_memory().available
     if copies * each > available:
-        held = (f"{copies} x {each / 2**30:,.1f} GiB = {copies * each / 2**30:,.1f} GiB with --save-replay (the "
+        held = (f"{copies} x {each / 2**30:,.1f} GiB = {copies * each / 2**30:,.1f} GiB with save_replay (the "
                 "replay, its copy in the last snapshot, and the next snapshot or the checkpoint's bytes)"
                 if save_replay else f"{each / 2**30:,.1f} GiB")
         raise ConfigError("replay_capacity", capacity,
                           f"the replay would take {held} ({each // capacity} bytes per transition), more than the "
                           f"{available / 2**30:,.1f} GiB of memory available here; lower it"
-                          + (" or drop --save-replay" if save_replay else ""))
+                          + (" or set save_replay = false" if save_replay else ""))
 
 
 @dataclass
@@ -161,7 +161,7 @@ class ApeX(ApeXSpec, Algorithm):
     def _refill_note(self) -> str:
         """What a resume without the replay means: the learner waits for ``--learning-starts`` new transitions."""
         starts, left = self.apex.learning_starts, self.cfg.total_steps - self.env_steps
-        note = ("the checkpoint holds no replay (--save-replay false): it refills from new experience, so the "
+        note = ("the checkpoint holds no replay (save_replay = false): it refills from new experience, so the "
                 "resumed run is not identical to an uninterrupted one")
         if self.cfg.total_steps < starts:  # the start's note said the run will not learn
             return note
@@ -280,7 +280,7 @@ class ApeX(ApeXSpec, Algorithm):
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self) -> dict[str, Any]:
-        """The whole state, on the CPU (the replay's storage only with ``--save-replay``)."""
+        """The whole state, on the CPU (the replay's storage only with ``save_replay``)."""
         collector = self.collector
         return cpu_copy({
             "version": __version__, "algo": self.cfg.algo, "config": self.cfg.to_dict(),
@@ -298,7 +298,7 @@ class ApeX(ApeXSpec, Algorithm):
 
     def restore(self, state: dict[str, Any]) -> list[str]:
         """Load a checkpoint; notes when the envs could not be restored exactly, or the checkpoint holds no
-        replay (``--save-replay false``)."""
+        replay (``save_replay = false``)."""
         collector = self.collector
         self.iteration, self.env_steps = state["iteration"], state["env_steps"]
         c = state["counters"]
