@@ -26,7 +26,7 @@ from typing import Any
 import checkpoints
 from trainer.arguments import counted, seeds_text
 from trainer.common.world import World
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import ConfigError, TrainConfig, named
 from trainer.experiments.jobs import output_to, run_jobs
 from trainer.flags import RESUMABLE_CHANGES, CommandLine
 from trainer.run_layout import Machine, whole_iterations
@@ -75,7 +75,7 @@ def claimed_folder(folder: Path, cfg: TrainConfig) -> None:
         differ = {k: (theirs.get(k), v) for k, v in setup.items() if theirs.get(k) != v}
         if differ:
             key, (old, new) = next(iter(differ.items()))
-            flags = ", ".join(f"--{k.replace('_', '-')} {o!r} there, {n!r} here" for k, (o, n) in differ.items())
+            flags = ", ".join(f"{named(k)} {o!r} there, {n!r} here" for k, (o, n) in differ.items())
             raise ConfigError(key, new, message=f"{folder} holds the seeds of another setup ({flags}): run its own "
                               "command again to resume them, or pass another --run-dir")
         return
