@@ -56,13 +56,9 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
           preface: Sequence[str] = (), until_exit: bool = False,
           on_iteration: Callable[[dict], bool] | None = None) -> dict:
     """Run ``cfg.algo`` (``trainer.registry``) as configured (or continue the run at ``resume``); returns a
-    summary. ``preface``: lines printed before the run layout's, once the run can start (the command line's
-    defaults line).
-
-    ``on_iteration(row)`` is called with each completed iteration's metrics row, once it is logged and any
-    checkpoint due is written (a sweep's pruner: ``trainer.experiments.study``); ``True`` ends the run there, its
-    checkpoint written (the summary says ``finished`` only if that was the last iteration). A stop signal waits
-    for its answer. Under torchrun, every rank asks it and must get the same answer.
+    summary. ``preface``: lines printed before the run layout's, once the run can start (the command line's).
+    ``on_iteration(row)``: called with each completed iteration's metrics row once it is logged and any checkpoint
+    due is written (a sweep's pruner); ``True`` ends the run there, saved. A stop signal waits for its answer.
 
     ``max_iterations`` stops early after that many iterations in total (the LR schedule
     still follows ``total_steps``), leaving a checkpoint to resume from. ``machine``
@@ -70,17 +66,16 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
     ``until_exit``: the process exits once this returns or raises (the command line): from the moment the
     run stops or finishes, stop signals are noted and ignored until it has exited (``StopSignals``).
 
-    Durability: after every completed iteration the whole state is snapshotted (in memory,
-    under a signal guard); whatever ends the run (SIGINT, SIGTERM, SIGUSR1, an error), that
-    snapshot is the checkpoint written, never a half-done iteration. A signal raises
-    :class:`TrainingStopped` (a ``KeyboardInterrupt``) once the checkpoint is on disk.
+    Durability: after every completed iteration the whole state is snapshotted (in memory, under a signal
+    guard); whatever ends the run (SIGINT, SIGTERM, SIGUSR1, an error), that snapshot is the checkpoint written,
+    never a half-done iteration. A signal raises :class:`TrainingStopped` once the checkpoint is on disk.
     """
     with contextlib.ExitStack() as stack:
         world = stack.enter_context(joined_world(str(resolve_device(cfg.device)), cfg.worker_timeout))  # torchrun's
         signals = stack.enter_context(StopSignals(until_exit, agreed=world.size > 1))  # ranks stop together
         run, trackers, threads = _started_run(stack, cfg, resume, given or {}, max_iterations, overwrite, machine,
                                               preface, world)
-        algorithm, stop, every = run.algorithm, run.stop, run.algorithm.cfg.checkpoint_every
+        algorithm, stop = run.algorithm, run.stop
         last = _LastCompleted(algorithm, threads, signals, run.run_dir, run.source, world)
         validator = _validator(algorithm, run.run_dir, world)  # --eval-every: the best checkpoint
         bar = tqdm(total=stop, initial=algorithm.iteration, unit="it", dynamic_ncols=True,  # rank 0's
@@ -100,9 +95,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
                     row.update(validator.evaluate(algorithm.iteration, algorithm.model))
                     last.complete(row, log)  # logged and snapshotted: the iteration is complete
                     _show(row, algorithm.recent, bar, trackers)
-                    if world.lead and (algorithm.iteration % every == 0 or algorithm.iteration == stop
-                                       or validator.improved):
-                        validator.saved(last.save())
+                    last.save_if_due(validator, stop)
                     if last.ended_by(on_iteration, row):
                         break
         except BaseException as e:
@@ -113,11 +106,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         finally:
             with contextlib.suppress(OSError):  # after any save: the terminal may be gone (SIGHUP)
                 bar.close()
-        for note in algorithm.end_notes() if world.lead else ():
-            print(note, file=sys.stderr)
-        summary = _summary(run, last.last_saved)
-        signals.finish()  # closing the collector (a rollout may be in flight) must not turn into a stop
-        return summary
+        return _ended(run, last, signals, world)
 
 
 @dataclasses.dataclass
@@ -284,6 +273,14 @@ class _LastCompleted:
             self.saved_at = self.snapshot["iteration"]
         return self.last_saved
 
+    def save_if_due(self, validator: Validator, stop: int) -> None:
+        """Save the completed iteration where it is due: every ``--checkpoint-every``, the run's last (``stop``), a
+        new best validation; rank 0 alone."""
+        iteration = self.algorithm.iteration
+        if self.world.lead and (iteration % self.algorithm.cfg.checkpoint_every == 0 or iteration == stop
+                                or validator.improved):
+            validator.saved(self.save())
+
     def ended_by(self, on_iteration: Callable[[dict], bool] | None, row: dict) -> bool:
         """Whether ``on_iteration`` (:func:`train`'s caller) ends the run after the completed iteration ``row``; if it
         does, that iteration is saved first."""
@@ -320,6 +317,15 @@ class _LastCompleted:
             resume = train_command("--resume", str(Path(self.run_dir).resolve()))
             _add_note(e, f"resume:        {resume}")
         return e
+
+
+def _ended(run: _Run, last: _LastCompleted, signals: StopSignals, world: World) -> dict:
+    """The run's summary once its loop has ended, its algorithm's end notes said (rank 0's)."""
+    for note in run.algorithm.end_notes() if world.lead else ():
+        print(note, file=sys.stderr)
+    summary = _summary(run, last.last_saved)
+    signals.finish()  # closing the collector (a rollout may be in flight) must not turn into a stop
+    return summary
 
 
 def _validator(algorithm: Algorithm, run_dir: Path, world: World) -> Validator:
