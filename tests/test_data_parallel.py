@@ -28,10 +28,10 @@ from tests.factories import HostSyncs
 from tests.messages import names
 from trainer.common.world import World
 from trainer.config import ConfigError, TrainConfig
+from trainer.loop import train
 from trainer.ppo.update import LearnerSamples
 from trainer.registry import algorithm_class
 from trainer.run_layout import Machine, run_layout
-from trainer.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 ITERATIONS = 6
@@ -52,7 +52,7 @@ def _rank(rank: int, size: int, port: int, values: dict, kw: dict, results) -> N
     os.environ.update(WORLD_SIZE=str(size), RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    import trainer.train as loop
+    import trainer.loop as loop
 
     seen = {}
     summary_of = loop._summary
@@ -398,7 +398,7 @@ def test_help_under_torchrun_is_printed_once():
 
 
 def test_ray_under_torchrun_is_refused_before_ray_is_started(monkeypatch):
-    import trainer.train as loop
+    import trainer.loop as loop
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Machine.detect was called: it starts Ray")

@@ -132,6 +132,7 @@ def _layout_cores(work_index: int, share: Machine) -> int:
     return share.cores
 
 
+@pytest.mark.slow  # spawned processes importing torch
 def test_each_job_gets_its_share_of_the_machine():
     """A 16-core machine split 3 ways: every job (in its own process) gets 5 cores; one job runs here, with all;
     more jobs than cores get one each."""
@@ -140,6 +141,7 @@ def test_each_job_gets_its_share_of_the_machine():
     assert Machine(cores=2, memory=6).split(3) == Machine(cores=1, memory=2)
 
 
+@pytest.mark.slow
 def test_jobs_train_their_seeds_with_their_share_and_their_output_in_the_run_directories(tmp_path, capfd):
     cli = _cli(tmp_path, "--seeds", "1-3", "--jobs", "2")
     assert train_seeds(cli, [], machine=Machine(cores=16, memory=64 << 30)) == 0
