@@ -198,3 +198,19 @@ def test_sigint_stops_every_seed_and_the_same_command_resumes_them_exactly(tmp_p
     assert straight.returncode == 0, straight.stderr.decode()[-3000:]
     for seed in (1, 2):
         _same_run(tmp_path / "group" / f"s{seed}", tmp_path / "straight" / f"s{seed}")
+
+
+def test_a_stop_signal_as_a_seeds_run_closes_stops_before_the_next_seed(tmp_path, monkeypatch):
+    """A Ctrl-C while a finished run closes (its collector) stops nothing of that run, but the seeds after it
+    must not start: the run's summary carries it (``late_signal``)."""
+    import trainer.loop as loop
+
+    ended = loop._ended
+
+    def signalled_as_it_closes(*args, **kwargs):
+        summary = ended(*args, **kwargs)  # (finished: the signal is noted, not raised)
+        os.kill(os.getpid(), signal.SIGINT)
+        return summary
+    monkeypatch.setattr(loop, "_ended", signalled_as_it_closes)
+    assert train_seeds(_cli(tmp_path, "--seeds", "1-2"), []) == 128 + signal.SIGINT
+    assert [r.todo for r in seed_runs(tmp_path / "group", _cli(tmp_path).config, (1, 2))] == ["finished", "starts"]

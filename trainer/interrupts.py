@@ -66,6 +66,7 @@ class StopSignals:
         self._pending: int | None = None
         self.stopping = False
         self.finished = False
+        self.late: int | None = None  # the first signal noted once finished (a caller running many runs heeds it)
         self._raised: int | None = None  # the signal of an Interrupted raised, until the stop is handled
         self._previous: dict[int, object] = {}
         self._patient = False  # inside a section with a patience: a pending signal is raised by SIGALRM
@@ -89,6 +90,7 @@ class StopSignals:
 
     def _handle(self, signum: int, frame) -> None:
         if self.finished:
+            self.late = self.late or signum
             _note(FINISHED, signum, frame)
             return
         if self.stopping:

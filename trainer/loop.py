@@ -106,7 +106,9 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         finally:
             with contextlib.suppress(OSError):  # after any save: the terminal may be gone (SIGHUP)
                 bar.close()
-        return _ended(run, last, signals, world)
+        summary = _ended(run, last, signals, world)
+    # a stop signal while the run closed (its collector) stopped nothing: a caller running many runs stops there
+    return {**summary, "late_signal": signals.late}
 
 
 @dataclasses.dataclass

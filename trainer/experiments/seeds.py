@@ -177,7 +177,7 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
         return 1
     print(f"seed {run.seed}: finished at iteration {summary['iterations']} ({summary['env_steps']:,} env steps)",
           file=sys.stderr, flush=True)
-    return 0
+    return 128 + summary["late_signal"] if summary["late_signal"] else 0  # a stop as it closed: no next seed
 
 
 def _said_end(folder: Path, cfg: TrainConfig, cli: CommandLine, statuses: list[int]) -> int:

@@ -408,7 +408,8 @@ def _trial_run(claimed: _Claimed, sweep: Sweep, share: Machine, signals: StopSig
         return 1
     trial_end = (f"pruned at {summary['env_steps']:,} env steps" if validations.pruned
                  else f"finished at {summary['env_steps']:,} env steps")
-    return _told(trial, validations, signals, trial_end, summary["env_steps"])
+    status = _told(trial, validations, signals, trial_end, summary["env_steps"])
+    return 128 + summary["late_signal"] if summary["late_signal"] else status  # a stop as it closed: no next trial
 
 
 def _told(trial: optuna.Trial, validations: _Validations, signals: StopSignals, end: str,
