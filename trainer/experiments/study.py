@@ -37,7 +37,7 @@ from optuna.trial import TrialState
 
 import checkpoints
 from trainer.arguments import counted
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, named
 from trainer.experiments.jobs import output_to, run_jobs
 from trainer.experiments.space import SearchSpace
 from trainer.flags import CommandLine, check_config
@@ -186,7 +186,7 @@ def _difference(stored: dict[str, Any], mine: dict[str, Any]) -> str:
         return "another search space"
     theirs, ours = stored["settings"], mine["settings"]
     keys = sorted(k for k in {*theirs, *ours} if theirs.get(k) != ours.get(k))
-    return ", ".join(f"--{k.replace('_', '-')} {theirs.get(k, 'unset')} there, {ours.get(k, 'unset')} here"
+    return ", ".join(f"{named(k)} {theirs.get(k, 'unset')} there, {ours.get(k, 'unset')} here"
                      for k in keys)
 
 
