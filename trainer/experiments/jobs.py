@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -105,3 +106,18 @@ def output_to(path: str | os.PathLike) -> Iterator[None]:
         os.dup2(saved[1], 2)
         for fd in saved:
             os.close(fd)
+
+
+@contextlib.contextmanager
+def training_output(log: Path, alone: bool) -> Iterator[None]:
+    """Where one training of a job prints: the terminal when it runs alone (its progress bar); else ``log``, with
+    the whole traceback of an error (the terminal, shared by the jobs, gets the caller's one line)."""
+    if alone:
+        yield
+        return
+    with output_to(log):
+        try:
+            yield
+        except Exception:
+            traceback.print_exc()
+            raise

@@ -14,12 +14,10 @@ the folder's setup, which one line says otherwise.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ import checkpoints
 from trainer.arguments import counted, seeds_text
 from trainer.common.world import World
 from trainer.config import ConfigError, TrainConfig, named
-from trainer.experiments.jobs import output_to, run_jobs
+from trainer.experiments.jobs import run_jobs, training_output
 from trainer.flags import RESUMABLE_CHANGES, CommandLine
 from trainer.run_layout import Machine, whole_iterations
 
@@ -158,13 +156,8 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
     start = f"seed {run.seed}: {'resumes from iteration ' + str(run.done) if resume else 'starts'} in {run.run_dir}"
     print(start if alone else f"{start} (log: {run.run_dir / 'train.log'})", file=sys.stderr, flush=True)
     try:
-        with contextlib.nullcontext() if alone else output_to(run.run_dir / "train.log"):
-            try:
-                summary = train(cfg, progress=alone, resume=resume, given=given, machine=share)
-            except Exception:
-                if not alone:  # the whole story in the log; the terminal gets one line
-                    traceback.print_exc()
-                raise
+        with training_output(run.run_dir / "train.log", alone):
+            summary = train(cfg, progress=alone, resume=resume, given=given, machine=share)
     except TrainingStopped as e:
         print(f"seed {run.seed}: {e} after iteration {e.iteration}", file=sys.stderr, flush=True)
         return e.exit_status

@@ -25,7 +25,6 @@ import functools
 import importlib.util
 import socket
 import sys
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from optuna.trial import TrialState
 import checkpoints
 from trainer.arguments import counted
 from trainer.config import TrainConfig, named
-from trainer.experiments.jobs import output_to, run_jobs
+from trainer.experiments.jobs import run_jobs, training_output
 from trainer.experiments.space import SearchSpace
 from trainer.flags import CommandLine, check_config
 from trainer.interrupts import StopSignals
@@ -376,16 +375,11 @@ def _trial_run(claimed: _Claimed, sweep: Sweep, share: Machine, signals: StopSig
     where = f"{run_dir}" + ("" if alone else f" (log: {run_dir / 'train.log'})")
     _say(f"trial {number}: {'resumes' if resume else 'starts'} {values} in {where}")
     try:
-        with contextlib.nullcontext() if alone else output_to(run_dir / "train.log"):
-            try:
-                cfg = sweep.trial_config(number, claimed.params)
-                with signals.critical():
-                    trial.set_user_attr("budget", _env_steps_to_end(cfg))
-                summary = train(cfg, progress=alone, resume=resume, machine=share, on_iteration=validations)
-            except Exception:
-                if not alone:  # the whole story in the log; the terminal gets one line
-                    traceback.print_exc()
-                raise
+        with training_output(run_dir / "train.log", alone):
+            cfg = sweep.trial_config(number, claimed.params)
+            with signals.critical():
+                trial.set_user_attr("budget", _env_steps_to_end(cfg))
+            summary = train(cfg, progress=alone, resume=resume, machine=share, on_iteration=validations)
     except TrainingStopped as e:
         with signals.critical():  # what it spent until the stop (a validation said it last)
             trial.set_user_attr("env_steps", e.iteration * cfg.num_envs * cfg.num_steps)
