@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import checkpoints
-from tests.messages import exits, raises, usage_error
+from tests.messages import exits, mentions, raises, usage_error
 from trainer.config import ConfigError
 from trainer.experiments.jobs import output_to, run_jobs
 from trainer.experiments.seeds import folder_of, seed_runs, train_seeds
@@ -200,7 +200,7 @@ def test_sigint_stops_every_seed_and_the_same_command_resumes_them_exactly(tmp_p
         _same_run(tmp_path / "group" / f"s{seed}", tmp_path / "straight" / f"s{seed}")
 
 
-def test_a_stop_signal_as_a_seeds_run_closes_stops_before_the_next_seed(tmp_path, monkeypatch):
+def test_a_stop_signal_as_a_seeds_run_closes_stops_before_the_next_seed(tmp_path, monkeypatch, capsys):
     """A Ctrl-C while a finished run closes (its collector) stops nothing of that run, but the seeds after it
     must not start: the run's summary carries it (``late_signal``)."""
     import trainer.loop as loop
@@ -214,3 +214,4 @@ def test_a_stop_signal_as_a_seeds_run_closes_stops_before_the_next_seed(tmp_path
     monkeypatch.setattr(loop, "_ended", signalled_as_it_closes)
     assert train_seeds(_cli(tmp_path, "--seeds", "1-2"), []) == 128 + signal.SIGINT
     assert [r.todo for r in seed_runs(tmp_path / "group", _cli(tmp_path).config, (1, 2))] == ["finished", "starts"]
+    assert mentions(capsys.readouterr().out, "s2: not started")

@@ -175,6 +175,9 @@ def test_command_line_errors_are_one_line_before_anything_runs(tmp_path):
     names(sweep_usage(tmp_path, [*sweep, "--lr", "0.01"]), "space.toml", "lr")
     names(sweep_usage(tmp_path, ["--space", "space.toml", "--", *CARTPOLE]), "--trials")
     names(sweep_usage(tmp_path, ["--report", "--dir", "nowhere"]), "nowhere")
+    # a train flag before the --: named, with where it goes
+    names(sweep_usage(tmp_path, ["--space", "space.toml", "--trials", "2", "--total-steps", "256"]), "--total-steps",
+          "--")
     assert not (tmp_path / "runs").exists()  # nothing written
 
 

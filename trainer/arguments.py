@@ -10,6 +10,7 @@ import argparse
 import difflib
 import os
 import re
+import shlex
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -53,6 +54,12 @@ def counted(n: int, noun: str, plural: str = "") -> str:
 def spelled(value: object) -> str:
     """``value`` as a command line or a TOML file writes it: ``true``/``false`` for booleans, else its ``repr``."""
     return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def command(*args: str) -> str:
+    """A shell command with this interpreter and absolute paths, so that it runs as printed from any
+    directory (the packages may live in a venv that is not on the PATH)."""
+    return " ".join(shlex.quote(a) for a in (sys.executable, *args))
 
 
 def seed_list(text: str) -> tuple[int, ...]:

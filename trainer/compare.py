@@ -10,6 +10,7 @@ interquartile mean (IQM) of its runs' scores, each with a stratified bootstrap 9
 probability that a run of one scores above a run of the other, and their difference per episode. Written to
 --out: compare.json, curves.png/.svg (the learning curves from metrics.jsonl, with 95% bands over runs) and
 scores.png/.svg (each run's score, each group's IQM).
+The manual: docs/experiments.md#compare-groups-of-runs-trainercompare
 """
 
 from __future__ import annotations
@@ -131,8 +132,9 @@ def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> li
     if any(not label for label in labels) or len(set(labels)) < len(labels):
         twice = next((label for label in labels if labels.count(label) > 1), "")
         given = f"--labels={args.labels!r}" if args.labels else f"the groups {' and '.join(args.groups)}"
-        parser.error(f"{given}: {'two groups are named ' + repr(twice) if twice else 'an empty label'}; pass "
-                     "--labels with a distinct name for each GROUP")
+        fix = ("quote each glob ('runs/flat/s*') so that its runs make one GROUP" if len(args.groups) > 2 and
+               not args.labels else "pass --labels with a distinct name for each GROUP")  # (the shell expanded one)
+        parser.error(f"{given}: {'two groups are named ' + repr(twice) if twice else 'an empty label'}; {fix}")
     groups = [_Group(label, spec, _runs_of(parser, spec)) for label, spec in zip(labels, args.groups)]
     if importlib.util.find_spec("matplotlib") is None:
         raise SystemExit(f"error: {NEEDS_MATPLOTLIB}")

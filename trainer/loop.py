@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import importlib.util
 import json
-import shlex
 import signal
 import sys
 import time
@@ -28,7 +27,7 @@ from collectors import make_collector
 from collectors.resources import torch_threads
 from collectors.watchdog import last_resort
 from trainer.algorithm import Algorithm, NonFiniteLossError
-from trainer.arguments import counted
+from trainer.arguments import command, counted
 from trainer.common.devices import resolve_device
 from trainer.common.world import ALONE, World, joined_world
 from trainer.config import ConfigError, TrainConfig
@@ -418,12 +417,6 @@ def _add_note(error: BaseException, note: str) -> None:
         error.add_note(note)
     else:
         error.__notes__ = [*getattr(error, "__notes__", ()), note]
-
-
-def command(*args: str) -> str:
-    """A shell command with this interpreter and absolute paths, so that it runs as printed from any
-    directory (the packages may live in a venv that is not on the PATH)."""
-    return " ".join(shlex.quote(a) for a in (sys.executable, *args))
 
 
 def train_command(*args: str) -> str:

@@ -106,7 +106,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     ours, flags = _split(argv)
-    args = parser.parse_args(ours)
+    args, unknown = parser.parse_known_args(ours)
+    if unknown:  # most likely trainer.train's flags, given before the --
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}; trainer.train's flags go after '--' "
+                     f"(python -m trainer.sweep --space S --trials N -- {' '.join(unknown)})")
     if importlib.util.find_spec("optuna") is None:
         parser.error("trainer.sweep needs Optuna: pip install -e '.[experiments]'")
     _checked_storage(parser, args.storage)

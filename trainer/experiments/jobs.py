@@ -121,3 +121,10 @@ def training_output(log: Path, alone: bool) -> Iterator[None]:
         except Exception:
             traceback.print_exc()
             raise
+
+
+def say(line: str) -> None:
+    """``line`` on standard error in one write, its newline included: the jobs share the terminal, and two lines
+    written at once must not run into each other (``print`` writes the newline apart)."""
+    sys.stderr.write(line.rstrip("\n") + "\n")
+    sys.stderr.flush()

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import checkpoints
-from trainer.arguments import counted, seeds_text
+from trainer.arguments import command, counted, seeds_text
 from trainer.common.world import World
 from trainer.config import ConfigError, TrainConfig, named
-from trainer.experiments.jobs import run_jobs, training_output
+from trainer.experiments.jobs import run_jobs, say, training_output
 from trainer.flags import RESUMABLE_CHANGES, CommandLine
 from trainer.run_layout import Machine, whole_iterations
 
@@ -154,22 +154,21 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
     given = ({k: v for k, v in cli.given.items() if k in RESUMABLE_CHANGES} if resume
              else {**cli.given, "seed": run.seed, "run_dir": str(run.run_dir)})
     start = f"seed {run.seed}: {'resumes from iteration ' + str(run.done) if resume else 'starts'} in {run.run_dir}"
-    print(start if alone else f"{start} (log: {run.run_dir / 'train.log'})", file=sys.stderr, flush=True)
+    say(start if alone else f"{start} (log: {run.run_dir / 'train.log'})")
     try:
         with training_output(run.run_dir / "train.log", alone):
             summary = train(cfg, progress=alone, resume=resume, given=given, machine=share)
     except TrainingStopped as e:
-        print(f"seed {run.seed}: {e} after iteration {e.iteration}", file=sys.stderr, flush=True)
+        say(f"seed {run.seed}: {e} after iteration {e.iteration}")
         return e.exit_status
     except KeyboardInterrupt as e:  # before its first iteration
-        print(f"seed {run.seed}: {e or 'interrupted'} before its first iteration", file=sys.stderr, flush=True)
+        say(f"seed {run.seed}: {e or 'interrupted'} before its first iteration")
         return getattr(e, "exit_status", 130)
     except Exception as e:  # an env's error, a dead worker: the seed's, the others go on
         where = "\n".join(getattr(e, "__notes__", ())) if alone else f"(see {run.run_dir / 'train.log'})"
-        print(f"seed {run.seed}: failed: {e or type(e).__name__}\n{where}".rstrip(), file=sys.stderr, flush=True)
+        say(f"seed {run.seed}: failed: {e or type(e).__name__}\n{where}".rstrip())
         return 1
-    print(f"seed {run.seed}: finished at iteration {summary['iterations']} ({summary['env_steps']:,} env steps)",
-          file=sys.stderr, flush=True)
+    say(f"seed {run.seed}: finished at iteration {summary['iterations']} ({summary['env_steps']:,} env steps)")
     return 128 + summary["late_signal"] if summary["late_signal"] else 0  # a stop as it closed: no next seed
 
 
@@ -179,12 +178,13 @@ def _said_end(folder: Path, cfg: TrainConfig, cli: CommandLine, statuses: list[i
     unfinished = [r for r in runs if r.todo != "finished"]
     print(f"seeds: {folder.resolve()} ({len(runs) - len(unfinished)} of {len(runs)} finished)")
     for r in runs:
-        print(f"  s{r.seed}: {'finished' if r.todo == 'finished' else f'at iteration {r.done} of {r.iterations}'}")
-    if unfinished:
-        from trainer.loop import train_command
+        print(f"  s{r.seed}: " + {"finished": "finished", "starts": "not started"}.get(
+            r.todo, f"at iteration {r.done} of {r.iterations}"))
+    from trainer.loop import train_command
 
+    if unfinished:
         print(f"resume:        {train_command(*cli.argv)}")
     else:
-        print(f"compare:       python -m trainer.compare {folder} OTHER_FOLDER")
+        print(f"compare:       {command('-m', 'trainer.compare', str(folder.resolve()), 'OTHER_FOLDER')}")
     stopped = [s for s in statuses if s >= 128]
     return stopped[0] if stopped else max(statuses, default=0) if unfinished else 0

@@ -37,7 +37,7 @@ from optuna.trial import TrialState
 import checkpoints
 from trainer.arguments import counted
 from trainer.config import TrainConfig, named
-from trainer.experiments.jobs import run_jobs, training_output
+from trainer.experiments.jobs import run_jobs, say, training_output
 from trainer.experiments.space import SearchSpace
 from trainer.flags import CommandLine, check_config
 from trainer.interrupts import StopSignals
@@ -373,7 +373,7 @@ def _trial_run(claimed: _Claimed, sweep: Sweep, share: Machine, signals: StopSig
         return _told(trial, validations, signals, f"pruned at {validations.last_step:,} env steps")
     values = " ".join(f"{k}={_short(v)}" for k, v in claimed.params.items())
     where = f"{run_dir}" + ("" if alone else f" (log: {run_dir / 'train.log'})")
-    _say(f"trial {number}: {'resumes' if resume else 'starts'} {values} in {where}")
+    say(f"trial {number}: {'resumes' if resume else 'starts'} {values} in {where}")
     try:
         with training_output(run_dir / "train.log", alone):
             cfg = sweep.trial_config(number, claimed.params)
@@ -383,22 +383,22 @@ def _trial_run(claimed: _Claimed, sweep: Sweep, share: Machine, signals: StopSig
     except TrainingStopped as e:
         with signals.critical():  # what it spent until the stop (a validation said it last)
             trial.set_user_attr("env_steps", e.iteration * cfg.num_envs * cfg.num_steps)
-        _say(f"trial {number}: {e} after iteration {e.iteration}; it stays RUNNING in the study, and the same "
+        say(f"trial {number}: {e} after iteration {e.iteration}; it stays RUNNING in the study, and the same "
              "command resumes it")
         return e.exit_status
     except KeyboardInterrupt as e:  # before its first iteration
-        _say(f"trial {number}: {e or 'interrupted'} before its first iteration; the same command starts it again")
+        say(f"trial {number}: {e or 'interrupted'} before its first iteration; the same command starts it again")
         return getattr(e, "exit_status", 130)
     except checkpoints.RunDirLockedError as e:  # someone trains it by hand: theirs, left RUNNING
         passed.add(number)
-        _say(f"trial {number}: left as it is: {e}")
+        say(f"trial {number}: left as it is: {e}")
         return 0
     except Exception as e:  # an env's error, a sampled combination the trainer refuses: this trial's; others go on
         notes = "\n".join(getattr(e, "__notes__", ())) if alone else ""
         with signals.critical():
             trial.set_user_attr("error", f"{type(e).__name__}: {e}")
             _tell(trial, TrialState.FAIL)
-        _say(f"trial {number}: failed: {e or type(e).__name__}\n{notes}".rstrip())
+        say(f"trial {number}: failed: {e or type(e).__name__}\n{notes}".rstrip())
         return 1
     trial_end = (f"pruned at {summary['env_steps']:,} env steps" if validations.pruned
                  else f"finished at {summary['env_steps']:,} env steps")
@@ -418,11 +418,11 @@ def _told(trial: optuna.Trial, validations: _Validations, signals: StopSignals, 
         elif validations.best is None:
             trial.set_user_attr("error", "no validation: --eval-every is more than the trial's iterations")
             _tell(trial, TrialState.FAIL)
-            _say(f"trial {trial.number}: failed: {end} without a validation")
+            say(f"trial {trial.number}: failed: {end} without a validation")
             return 1
         else:
             _tell(trial, TrialState.COMPLETE, validations.best)
-    _say(f"trial {trial.number}: {end}, best validation return {_short(validations.best)}")
+    say(f"trial {trial.number}: {end}, best validation return {_short(validations.best)}")
     return 0
 
 
@@ -439,8 +439,3 @@ def _tell(trial: optuna.Trial, state: TrialState, value: float | None = None) ->
 def _short(value: Any) -> str:
     """A value as a line shows it: floats to 4 significant digits."""
     return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from trainer.arguments import counted
+from trainer.arguments import command, counted
 
 BEST = "best.toml"
 PLOTS = {"history": "optimization history", "importances": "parameter importances"}
@@ -143,7 +143,7 @@ def report(study: optuna.Study, sweep_dir: Path, out: TextIO = sys.stdout) -> No
         trial = study.best_trial
         print(f"best: trial {trial.number}, validation return {trial.value:.6g}: "
               + " ".join(f"{k}={_number(v)}" for k, v in trial.params.items()), file=out)
-        print(f"best settings: {best} (python -m trainer.train --config {best})", file=out)
+        print(f"best settings: {best} ({command('-m', 'trainer.train', '--config', str(best.resolve()))})", file=out)
     for line in write_plots(study, sweep_dir):
         print(line, file=out)
 
