@@ -78,7 +78,7 @@ def pyplot() -> Any:
 def write_figure(fig: Any, path: Path) -> Path:
     """Save the matplotlib figure ``fig`` as ``path``, in the format its suffix names (``.png``, ``.svg``), through a
     temporary file moved into place (as :func:`write_replacing`); returns ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # its own: several processes may write it at once
     fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".") or "png")
     os.replace(tmp, path)  # a link planted at ``path`` is replaced, not followed
     return path
@@ -95,7 +95,7 @@ def write_figures(fig: Any, out: Path, formats: tuple[str, ...] = ("png", "svg")
 def write_replacing(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file moved into place: whole or not at all, and a link
     planted at ``path`` is replaced, not followed out of the folder."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # its own: several processes may write it at once
     tmp.write_text(text)
     os.replace(tmp, path)
 

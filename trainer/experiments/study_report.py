@@ -169,6 +169,6 @@ def _shown_path(path: str) -> str:
 def _write_replacing(path: Path, write) -> None:
     """``write(tmp)`` then ``tmp`` moved to ``path``: whole or not at all, and a link at ``path`` replaced, not
     followed."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # its own: several processes may write it at once
     write(tmp)
     os.replace(tmp, path)
