@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -22,6 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from trainer.arguments import command, counted
+from trainer.evaluation.report import write_figures, write_replacing
 
 BEST = "best.toml"
 PLOTS = {"history": "optimization history", "importances": "parameter importances"}
@@ -84,7 +84,7 @@ def write_best(study: optuna.Study, sweep_dir: Path) -> Path | None:
              f"# python -m trainer.train --config {sweep_dir / BEST}",
              *(f"{key} = {_toml_value(value)}" for key, value in settings.items())]
     path = sweep_dir / BEST
-    _write_replacing(path, lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
+    write_replacing(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -94,7 +94,6 @@ def write_plots(study: optuna.Study, sweep_dir: Path) -> list[str]:
     try:
         import matplotlib
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
         from optuna.visualization import matplotlib as plots
     except ImportError:
         return ["plots: none (pip install -e '.[experiments]' for matplotlib)"]
@@ -116,9 +115,7 @@ def write_plots(study: optuna.Study, sweep_dir: Path) -> list[str]:
         figure = axes.figure
         figure.set_size_inches(8, 5)
         figure.tight_layout()
-        for suffix in ("png", "svg"):
-            _write_replacing(sweep_dir / f"{name}.{suffix}", lambda tmp, f=figure, s=suffix: f.savefig(tmp, format=s))
-        plt.close(figure)
+        write_figures(figure, sweep_dir / name)  # (and closed)
         said.append(f"{what}: {sweep_dir / name}.png (and .svg)")
     return said
 
@@ -164,11 +161,3 @@ def _shown_path(path: str) -> str:
     with contextlib.suppress(ValueError):
         return str(Path(path).relative_to(Path.cwd()))
     return path
-
-
-def _write_replacing(path: Path, write) -> None:
-    """``write(tmp)`` then ``tmp`` moved to ``path``: whole or not at all, and a link at ``path`` replaced, not
-    followed."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # its own: several processes may write it at once
-    write(tmp)
-    os.replace(tmp, path)
