@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+from checkpoints.run_dir import checkpoint_files, checkpoint_iteration
+from checkpoints.store import load
 from collectors.resources import usable_cores
 from trainer.config import TrainConfig
 from trainer.run_layout import Machine, run_layout
@@ -155,22 +157,26 @@ def test_a_planned_run_on_a_simulated_machine_records_its_threads(tmp_path):
 @pytest.mark.skipif(usable_cores() < 2, reason="one core: nothing to plan")
 def test_a_resumed_run_goes_on_with_its_stored_plan_through_the_command_line(tmp_path):
     """Stopped after the plan was made, a resume on the same machine runs the stored counts from its first
-    iteration (no new trials) and says so."""
+    iteration (no new trials) and says so.
+
+    The resume starts from the newest checkpoint that holds a plan: on a loaded machine the first run may end while
+    planning again (the plan watched its times drift), and its last checkpoint then holds no plan to go on with."""
     run = tmp_path / "run"
+    (tmp_path / "keep.toml").write_text("keep_checkpoints = 1000\n")
     base = [sys.executable, "-m", "trainer.train", "--env", "CartPole-v1", "--backend", "sync", "--num-envs", "2",
             "--num-steps", "4", "--epochs", "1", "--minibatch-size", "8", "--run-dir", str(run)]
     total = (PLAN_MIN_ITERATIONS + 20) * 8
-    first = subprocess.run([*base, "--total-steps", str(total), "--checkpoint-every", "1"], capture_output=True,
-                           text=True, timeout=300)
+    first = subprocess.run([*base, "--config", str(tmp_path / "keep.toml"), "--total-steps", str(total),
+                            "--checkpoint-every", "1"], capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
-    plan = json.loads((run / "config.json").read_text())["thread_plan"]
-    assert plan["chosen"] is not None
-    resumed = subprocess.run([sys.executable, "-m", "trainer.train", "--resume", str(run), "--total-steps",
+    checkpoint, plan = next((f, p) for f in checkpoint_files(run) if (p := load(f)["thread_plan"])["chosen"])
+    iteration = checkpoint_iteration(checkpoint)
+    resumed = subprocess.run([sys.executable, "-m", "trainer.train", "--resume", str(checkpoint), "--total-steps",
                               str(total + 8 * 8)], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert "stored plan" in resumed.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    after = rows[PLAN_MIN_ITERATIONS + 20:]
-    assert len(after) == 8
+    after = rows[iteration:]
+    assert len(after) == PLAN_MIN_ITERATIONS + 28 - iteration
     assert {(r["collect_threads"], r["learn_threads"]) for r in after[:BASELINE]} == \
         {(plan["chosen"]["collect"], plan["chosen"]["learn"])}
