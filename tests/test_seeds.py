@@ -78,6 +78,10 @@ def test_a_longer_rerun_resumes_every_seed_from_its_checkpoint(tmp_path, capsys)
     assert capsys.readouterr().err.count("resumes from iteration 5") == 2
     rows = _rows(tmp_path / "group" / "s3")
     assert [r["iteration"] for r in rows] == list(range(1, 11)) and rows[:5] == first
+    assert train_seeds(_cli(tmp_path, "--seeds", "3-4"), []) == 0  # the first, shorter command again: nothing to do
+    said = [line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith(("s3:", "s4:"))]
+    assert len(said) == 2 and all("iteration 10" in line and "--total-steps 160" in line for line in said), said
+    assert len(_rows(tmp_path / "group" / "s3")) == 10
 
 
 def test_a_folder_holding_another_setup_is_refused_naming_the_setting(tmp_path):

@@ -178,7 +178,7 @@ def _said_end(folder: Path, cfg: TrainConfig, cli: CommandLine, statuses: list[i
     unfinished = [r for r in runs if r.todo != "finished"]
     print(f"seeds: {folder.resolve()} ({len(runs) - len(unfinished)} of {len(runs)} finished)")
     for r in runs:
-        print(f"  s{r.seed}: " + {"finished": "finished", "starts": "not started"}.get(
+        print(f"  s{r.seed}: " + {"finished": _finished(r, cfg), "starts": "not started"}.get(
             r.todo, f"at iteration {r.done} of {r.iterations}"))
     from trainer.loop import train_command
 
@@ -188,3 +188,11 @@ def _said_end(folder: Path, cfg: TrainConfig, cli: CommandLine, statuses: list[i
         print(f"compare:       {command('-m', 'trainer.compare', str(folder.resolve()), 'OTHER_FOLDER')}")
     stopped = [s for s in statuses if s >= 128]
     return stopped[0] if stopped else max(statuses, default=0) if unfinished else 0
+
+
+def _finished(run: SeedRun, cfg: TrainConfig) -> str:
+    """A finished seed's state; one trained past ``cfg.total_steps`` (a rerun with fewer) says so."""
+    if run.done == run.iterations:
+        return "finished"
+    return (f"finished at iteration {run.done}, past the {run.iterations} that --total-steps {cfg.total_steps} "
+            "makes (pass a larger --total-steps to train longer)")
