@@ -257,6 +257,10 @@ def test_setting_checkpoints_aside_keeps_the_pointers_true(tmp_path):
     (["-m", "trainer.train", "--total", "4096"], ["--total", "4096"], "--total-steps"),
     (["-m", "trainer.evaluate", "--check", "x"], ["--check"], "--checkpoint"),
     (["-m", "trainer.evaluate", "--checkpoint", "x", "--epi", "2"], ["--epi", "2"], "--episodes"),
+    # CleanRL's and Stable-Baselines3's names: ours, not the closest spelling (--learning-starts, an Ape-X setting)
+    (["-m", "trainer.train", "--learning-rate", "3e-4"], ["--learning-rate"], "--lr"),
+    (["-m", "trainer.train", "--total-timesteps", "4096"], ["--total-timesteps"], "--total-steps"),
+    (["-m", "trainer.train", "--config", settings_file("n_envs")], ["n_envs"], "num_envs"),
     # another algorithm's setting is named as such, not checked against this one's defaults first
     (["-m", "trainer.train", "--replay-capacity", "1000"], ["--replay-capacity", "--algo apex"], None),
     (["-m", "trainer.train", "--backend", "ray", "--ray-address", "nonsense"], ["--ray-address", "nonsense",

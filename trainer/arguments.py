@@ -28,11 +28,35 @@ def did_you_mean(words: str | list[str], choices: Iterable[str]) -> str:
     return f" (did you mean {' '.join(close)}?)" if close else ""
 
 
+# what CleanRL's ppo.py and Stable-Baselines3 call settings of ours: a user's habit, not a typo, and no spelling
+# is close (--learning-rate would otherwise get --learning-starts, an Ape-X setting)
+# (SB3's batch_size is our minibatch_size's old name, accepted as such)
+OTHER_LIBRARIES_NAMES = {"learning_rate": "lr", "total_timesteps": "total_steps", "n_envs": "num_envs",
+                         "n_steps": "num_steps", "update_epochs": "epochs", "n_epochs": "epochs",
+                         "clip_range": "clip_coef"}
+
+
 def _closest(word: str, choices: Iterable[str]) -> list[str]:
-    """A letter off (``--envs`` for ``--env``), else the one choice ``word`` begins (``--epi`` for ``--episodes``),
-    else the closest; as a list of one, or ``[]``."""
-    return (difflib.get_close_matches(word, choices, n=1, cutoff=0.85) or _started(word, choices) or
-            difflib.get_close_matches(word, choices, n=1, cutoff=0.6))
+    """Ours for another library's name (``--lr`` for ``--learning-rate``), else a letter off (``--envs`` for
+    ``--env``), else the one choice ``word`` begins (``--epi`` for ``--episodes``), else the closest; as a list of
+    one, or ``[]``."""
+    return (_ours(word, choices) or difflib.get_close_matches(word, choices, n=1, cutoff=0.85) or
+            _started(word, choices) or difflib.get_close_matches(word, choices, n=1, cutoff=0.6))
+
+
+def _ours(word: str, choices: Iterable[str]) -> list[str]:
+    """The choice spelling our name for ``word``, another library's (:data:`OTHER_LIBRARIES_NAMES`), as ``word``
+    is spelled (dashes in front, hyphens or underscores); as a list of one, or ``[]``.
+
+    >>> _ours("--learning-rate", ["--lr", "--learning-starts"]), _ours("n_steps", ["num-steps", "num_steps"])
+    (['--lr'], ['num_steps'])
+    """
+    bare = word.lstrip("-")
+    ours = OTHER_LIBRARIES_NAMES.get(bare.replace("-", "_"))
+    if ours is None:
+        return []
+    spelled_ours = word[:len(word) - len(bare)] + (ours.replace("_", "-") if "-" in bare else ours)
+    return [spelled_ours] if spelled_ours in choices else []
 
 
 def _started(word: str, choices: Iterable[str]) -> list[str]:

@@ -168,7 +168,8 @@ def _setting_name(path: Path, written: str, algo: str) -> str:
     name = renamed_names(algo).get(name, name)
     known = [f.name for _, f in setting_fields()]
     if name not in known and not owners(name):
-        hint = did_you_mean(written, [*known, *(k.replace("_", "-") for k in known)])
+        ours = [k for k in known if reads(algo, k)]  # another algorithm's setting is no help here
+        hint = did_you_mean(written, [*ours, *(k.replace("_", "-") for k in ours)])
         raise SpaceError(path, written, f"is not a setting{hint} (tables are keyed by the trainer's flag names, "
                          "with hyphens or underscores)")
     if name in NOT_SAMPLED:
