@@ -2,6 +2,7 @@
 the space says, pruning through reported validation returns, several processes on one study, a real SIGINT then
 the same command again, and a real PostgreSQL server where one is installed."""
 
+import dataclasses
 import io
 import json
 import math
@@ -265,6 +266,28 @@ def test_a_trial_left_running_is_taken_over_only_when_its_claim_is_stale(tmp_pat
     assert run_sweep(sweep, Machine(cores=1)) == 0
     assert [(t.number, t.state) for t in trials_of(opened_study(sweep))] == [(0, TrialState.COMPLETE)]
     assert events(capsys.readouterr().err, "starts") == [0]  # (no checkpoint to resume from: started afresh)
+
+
+@pytest.mark.parametrize("storage_in_the_folder", [True, False])
+def test_a_trial_asked_but_never_claimed_is_taken_over_where_every_asker_shares_the_folder(tmp_path, capsys,
+                                                                                          storage_in_the_folder):
+    """A sweep killed (kill -9) between asking the study for a trial and claiming it leaves the trial RUNNING with no
+    claim. With the study's SQLite file in the sweep's folder, every asker asks under the folder's lock, so the
+    same command takes the trial over; a study stored elsewhere may have an asker in that moment on another
+    machine, so its unclaimed trial is left alone."""
+    sweep = tiny_sweep(tmp_path, trials=1, total_steps=64)
+    if not storage_in_the_folder:
+        sweep = dataclasses.replace(sweep, storage=f"sqlite:///{tmp_path / 'elsewhere.db'}")
+    opened_study(sweep).ask()  # the asker is gone before its claim
+    assert run_sweep(sweep, Machine(cores=1)) == 0
+    trials = trials_of(opened_study(sweep))
+    if storage_in_the_folder:
+        assert [(t.number, t.state) for t in trials] == [(0, TrialState.COMPLETE)]
+        assert trials[0].user_attrs["run_dir"] == str(sweep.trial_dir(0).resolve())
+        assert events(capsys.readouterr().err, "starts") == [0]
+    else:
+        assert [(t.number, t.state) for t in trials] == [(0, TrialState.RUNNING)]
+        assert not sweep.trial_dir(0).exists()
 
 
 @pytest.mark.slow

@@ -285,7 +285,7 @@ def _claimed_trial(study: optuna.Study, sweep: Sweep, signals: StopSignals, pass
             if lock is None:
                 continue
             if any(t.number == frozen.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
-                trial = optuna.Trial(study, frozen._trial_id)  # the same trial, its params and values in the study
+                trial = _marked(optuna.Trial(study, frozen._trial_id), sweep)  # the same trial: its params, values
                 return _Claimed(trial, lock, sweep.space.sample(trial), dict(frozen.intermediate_values), True)
             lock.release()  # told how it ended between the look and the claim
         if len(study.get_trials(deepcopy=False)) >= sweep.trials:
@@ -297,16 +297,23 @@ def _claimed_trial(study: optuna.Study, sweep: Sweep, signals: StopSignals, pass
             study.tell(trial, state=TrialState.FAIL)
             return None
         lock = _claim(sweep, trial.number, left=False)
-        trial.set_user_attr("run_dir", str(sweep.trial_dir(trial.number).resolve()))
-        trial.set_user_attr("host", socket.gethostname())
-        return _Claimed(trial, lock, sweep.space.sample(trial), {}, False)
+        return _Claimed(_marked(trial, sweep), lock, sweep.space.sample(trial), {}, False)
+
+
+def _marked(trial: optuna.Trial, sweep: Sweep) -> optuna.Trial:
+    """``trial``, its run directory and this host stored with it (the report's table shows them)."""
+    trial.set_user_attr("run_dir", str(sweep.trial_dir(trial.number).resolve()))
+    trial.set_user_attr("host", socket.gethostname())
+    return trial
 
 
 def _claim(sweep: Sweep, number: int, left: bool) -> checkpoints.RunDirLock | None:
     """This process's claim on trial ``number`` (its lock held); ``None`` where another live process holds it, or,
-    for a trial ``left`` RUNNING, where it was never claimed here (another machine's)."""
+    for a trial ``left`` RUNNING, where it was never claimed here and may be another asker's, between its ask and
+    its claim. Called under :func:`_asking_alone`: where every asker of the study asks under that lock (its SQLite
+    file in the folder), an unclaimed RUNNING trial lost its asker in that moment (a kill -9), and is taken."""
     where = sweep.dir / CLAIMS / f"trial-{number:04d}"
-    if left and not where.is_dir():
+    if left and not where.is_dir() and not _asked_here_only(sweep):
         return None
     lock = checkpoints.RunDirLock(where)
     try:
@@ -315,6 +322,14 @@ def _claim(sweep: Sweep, number: int, left: bool) -> checkpoints.RunDirLock | No
         if not left:
             raise
         return None
+
+
+def _asked_here_only(sweep: Sweep) -> bool:
+    """Whether the study's every trial is asked under this folder's ask lock: its database is SQLite, in the
+    folder (a database elsewhere may be shared with other folders or machines)."""
+    url = sweep.storage
+    return url.startswith("sqlite:///") and Path(url.removeprefix("sqlite:///")).resolve().parent == \
+        sweep.dir.resolve()
 
 
 def _sampler(seed: int, number: int) -> optuna.samplers.TPESampler:
