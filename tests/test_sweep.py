@@ -123,8 +123,11 @@ def test_an_unknown_setting_gets_the_closest_one_and_a_sampled_flag_may_not_be_g
     with raises(SpaceError, "lrr") as info:
         read_space(space_file(tmp_path, "[lrr]\nlow = 1e-4\nhigh = 1e-3\n"))
     assert suggestion(str(info.value)) == "lr"
-    with raises(SpaceError, "learning-rate") as info:  # close to Ape-X's learning-starts, which PPO's trials ignore
+    with raises(SpaceError, "learning-rate") as info:  # CleanRL's name: ours, not Ape-X's learning-starts
         read_space(space_file(tmp_path, "[learning-rate]\nlow = 1e-4\nhigh = 1e-3\n"))
+    assert suggestion(str(info.value)) == "lr"
+    with raises(SpaceError, "replay-capacty") as info:  # Ape-X's replay-capacity: no help to PPO's trials
+        read_space(space_file(tmp_path, "[replay-capacty]\nlow = 1000\nhigh = 10000\n"))
     assert suggestion(str(info.value)) is None
     with raises(SpaceError, "lr") as info:
         read_space(space_file(tmp_path, SPACE), ["--lr", "0.001"])
