@@ -8,7 +8,7 @@ import math
 import pytest
 
 from trainer.config import TrainConfig, setting_fields
-from trainer.flags import build_parser, parse_args, resumed_config, without_flags
+from trainer.flags import build_parser, defaults_used, parse_args, resumed_config, without_flags
 from trainer.registry import ALGORITHMS, owners, reads
 from trainer.settings import ConfigError, limits_of
 
@@ -89,6 +89,8 @@ def test_a_setting_without_a_flag_is_a_toml_key_and_named_so_on_the_command_line
 
 def test_old_spellings_are_read_as_the_new_one_for_a_release_by_their_own_algorithm(tmp_path, capsys):
     assert parse_args(["--batch-size", "256"]).config.algo_settings.minibatch_size == 256
+    old = parse_args(["--batch-size", "256"])  # given by its old name: no default of the new one said to be used
+    assert old.given["minibatch_size"] == 256 and "--minibatch-size" not in defaults_used(old.config, old.given)
     assert parse_args(["--algo", "apex", "--apex-batch-size", "64"]).config.algo_settings.minibatch_size == 64
     (tmp_path / "old.toml").write_text('algo = "apex"\napex_batch_size = 32\n')
     assert parse_args(["--config", str(tmp_path / "old.toml")]).config.algo_settings.minibatch_size == 32

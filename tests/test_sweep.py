@@ -23,7 +23,7 @@ import torch
 from optuna.trial import TrialState
 
 import checkpoints
-from tests.messages import names, one_line, raises, suggestion, usage_error
+from tests.messages import names, not_names, one_line, raises, suggestion, usage_error
 from trainer.experiments import study as study_module
 from trainer.experiments.space import SearchSpace, SpaceError
 from trainer.experiments.study import Sweep, opened_study, run_sweep
@@ -183,8 +183,13 @@ def test_command_line_errors_are_one_line_before_anything_runs(tmp_path):
     names(sweep_usage(tmp_path, ["--space", "space.toml", "--", *CARTPOLE]), "--trials")
     names(sweep_usage(tmp_path, ["--report", "--dir", "nowhere"]), "nowhere")
     # a train flag before the --: named, with where it goes
-    names(sweep_usage(tmp_path, ["--space", "space.toml", "--trials", "2", "--total-steps", "256"]), "--total-steps",
-          "--")
+    line = names(sweep_usage(tmp_path, ["--space", "space.toml", "--trials", "2", "--total-steps", "256"]),
+                 "--total-steps", "--")
+    assert suggestion(line) is None
+    # a typo of the sweep's own flag (Optuna's name): the sweep's flag, not "goes after --"
+    line = names(sweep_usage(tmp_path, ["--space", "space.toml", "--n-trials", "2", "--", *CARTPOLE]), "--n-trials")
+    assert suggestion(line) == "--trials"
+    not_names(line, "--space")  # (it suggested "--trials --space --trials --trials" from an example command)
     assert not (tmp_path / "runs").exists()  # nothing written
 
 
@@ -288,9 +293,28 @@ def test_a_trial_asked_but_never_claimed_is_taken_over_where_every_asker_shares_
         assert [(t.number, t.state) for t in trials] == [(0, TrialState.COMPLETE)]
         assert trials[0].user_attrs["run_dir"] == str(sweep.trial_dir(0).resolve())
         assert events(capsys.readouterr().err, "starts") == [0]
+        (tmp_path / "plain").mkdir()
+        uninterrupted = tiny_sweep(tmp_path / "plain", trials=1, total_steps=64)
+        assert run_sweep(uninterrupted, Machine(cores=1)) == 0
+        assert trials[0].params == trials_of(opened_study(uninterrupted))[0].params  # sampled as it would have been
     else:
         assert [(t.number, t.state) for t in trials] == [(0, TrialState.RUNNING)]
         assert not sweep.trial_dir(0).exists()
+
+
+def test_a_validation_checkpointed_but_never_reported_reaches_the_study_on_resume(tmp_path):
+    """Killed between a validation's checkpoint and its report to the study, a trial resumes past that validation:
+    the resume reports it from the run's metrics (the trial's value is the best of them all, the pruner sees it)."""
+    sweep = tiny_sweep(tmp_path, trials=1, total_steps=64)  # validations at 32 and 64 env steps
+    trial = opened_study(sweep).ask()
+    cfg = sweep.trial_config(0, sweep.space.sample(trial))
+    train(cfg, progress=False, machine=Machine(cores=1), on_iteration=lambda row: row["iteration"] == 2)  # (killed)
+    assert [r["env_steps"] for r in metrics(sweep.trial_dir(0)) if "val_return" in r] == [32]
+    assert run_sweep(sweep, Machine(cores=1)) == 0
+    [done] = trials_of(opened_study(sweep))
+    assert done.state == TrialState.COMPLETE and sorted(done.intermediate_values) == [32, 64]
+    validated = {r["env_steps"]: r["val_return"] for r in metrics(sweep.trial_dir(0)) if "val_return" in r}
+    assert done.intermediate_values == validated and done.value == max(validated.values())
 
 
 @pytest.mark.slow

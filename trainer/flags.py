@@ -315,6 +315,8 @@ def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, descriptio
         algorithm_spec(given.get("algo", TrainConfig.algo))  # an unknown --algo is named first
         if not resume:  # a setting of another algorithm is named as such, not as an unknown one
             check_owners(given.get("algo", TrainConfig.algo), given)
+            # an old spelling is its new name from here on: given, not a default (a resume's: by its own algorithm)
+            given = renamed(given, given.get("algo", TrainConfig.algo))
         # what a resume runs is the checkpoint's config, whose algorithm reads the given keys (resumed_config)
         cfg = TrainConfig.from_dict(given, stored=True) if resume else new_run_config(given)
         if resume and "env_kwargs" in given:  # their syntax here; their values against the run's (resumed_config),

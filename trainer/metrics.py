@@ -115,6 +115,14 @@ def keep_metrics_until(path: Path, iteration: int) -> int:
     return len(lines) - len(kept)
 
 
+def rows_until(path: Path, iteration: int) -> list[dict[str, Any]]:
+    """The rows of ``path`` of iterations up to ``iteration`` (a torn or blank line left out); ``[]`` where there is
+    no file."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if _row_iteration(line) <= iteration]
+
+
 def _row_iteration(line: str) -> float:
     try:
         return json.loads(line)["iteration"]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from collectors.stop_signals import exiting_at_once_on_stop_signals
 from trainer.arguments import OneLineParser, not_a_directory
 from trainer.experiments.space import SearchSpace, SpaceError
-from trainer.flags import CommandLine, parse_args
+from trainer.flags import CommandLine, build_parser, parse_args
 
 if TYPE_CHECKING:  # (torch and Optuna load once the command line is checked)
     from trainer.experiments.study import Sweep
@@ -94,6 +94,16 @@ def _train_flags(parser: OneLineParser, flags: list[str]) -> CommandLine:
     return train
 
 
+def _unknown_flags(parser: OneLineParser, unknown: list[str]) -> None:
+    """The usage error for flags the sweep does not take: trainer.train's, given before the ``--``, are sent after
+    it; any other is a typo of the sweep's own (did you mean)."""
+    train_flags = {o for action in build_parser()._actions for o in action.option_strings}
+    if any(w.partition("=")[0] in train_flags for w in unknown):  # (the rest: their values)
+        parser.error(f"{' '.join(unknown)}: trainer.train's flags go after '--' (python -m trainer.sweep --space S "
+                     f"--trials N -- {' '.join(unknown)})")
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+
+
 def _checked_storage(parser: OneLineParser, url: str | None) -> None:
     """A ``--storage`` URL whose database driver is missing is named, with the extra that brings it."""
     drivers = ("psycopg2", "psycopg")
@@ -107,9 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = _parser()
     ours, flags = _split(argv)
     args, unknown = parser.parse_known_args(ours)
-    if unknown:  # most likely trainer.train's flags, given before the --
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}; trainer.train's flags go after '--' "
-                     f"(python -m trainer.sweep --space S --trials N -- {' '.join(unknown)})")
+    if unknown:
+        _unknown_flags(parser, unknown)
     if importlib.util.find_spec("optuna") is None:
         parser.error("trainer.sweep needs Optuna: pip install -e '.[experiments]'")
     _checked_storage(parser, args.storage)

@@ -41,6 +41,7 @@ from trainer.experiments.jobs import run_jobs, say, training_output
 from trainer.experiments.space import SearchSpace
 from trainer.flags import CommandLine, check_config
 from trainer.interrupts import StopSignals
+from trainer.metrics import rows_until
 from trainer.run_layout import Machine, whole_iterations
 
 try:
@@ -285,6 +286,8 @@ def _claimed_trial(study: optuna.Study, sweep: Sweep, signals: StopSignals, pass
             if lock is None:
                 continue
             if any(t.number == frozen.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
+                # (one asked but never sampled samples as it would have been, uninterrupted)
+                study.sampler = _sampler(sweep.sampler_seed, frozen.number)
                 trial = _marked(optuna.Trial(study, frozen._trial_id), sweep)  # the same trial: its params, values
                 return _Claimed(trial, lock, sweep.space.sample(trial), dict(frozen.intermediate_values), True)
             lock.release()  # told how it ended between the look and the claim
@@ -350,13 +353,24 @@ class _Validations:
     def __call__(self, row: dict[str, Any]) -> bool:
         if "val_return" not in row:
             return False
+        self._reported(row)
+        self.pruned = self.trial.should_prune()
+        return self.pruned
+
+    def _reported(self, row: dict[str, Any]) -> None:
         step = int(row["env_steps"])
         if step not in self.values:  # (a resume from an older checkpoint plays validations again: the same values)
             self.trial.report(row["val_return"], step)
             self.trial.set_user_attr("env_steps", step)
             self.values[step] = row["val_return"]
-        self.pruned = self.trial.should_prune()
-        return self.pruned
+
+    def caught_up(self, run_dir: Path) -> None:
+        """Report the validations of the stopped run in ``run_dir`` (its metrics, up to its newest checkpoint) that
+        the study misses: a kill between a validation's checkpoint and its report."""
+        saved = checkpoints.checkpoint_iteration(checkpoints.checkpoint_files(run_dir)[0])
+        for row in rows_until(run_dir / "metrics.jsonl", saved):
+            if "val_return" in row:
+                self._reported(row)
 
     def pruned_already(self) -> bool:
         """Whether the pruner stops the trial at its last reported validation (a stop came before the study was
@@ -384,6 +398,9 @@ def _trial_run(claimed: _Claimed, sweep: Sweep, share: Machine, signals: StopSig
     run_dir, alone = sweep.trial_dir(number), sweep.jobs == 1
     validations = _Validations(trial, claimed.reported)
     resume = str(run_dir) if claimed.resumed and checkpoints.checkpoint_files(run_dir) else ""
+    if resume:
+        with signals.critical():
+            validations.caught_up(run_dir)
     if resume and validations.pruned_already():
         return _told(trial, validations, signals, f"pruned at {validations.last_step:,} env steps")
     values = " ".join(f"{k}={_short(v)}" for k, v in claimed.params.items())
