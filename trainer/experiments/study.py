@@ -364,11 +364,10 @@ class _Validations:
             self.trial.set_user_attr("env_steps", step)
             self.values[step] = row["val_return"]
 
-    def caught_up(self, run_dir: Path) -> None:
-        """Report the validations of the stopped run in ``run_dir`` (its metrics, up to its newest checkpoint) that
+    def caught_up(self, metrics: Path, saved: int) -> None:
+        """Report the validations of a stopped run's ``metrics``, up to its checkpoint's iteration ``saved``, that
         the study misses: a kill between a validation's checkpoint and its report."""
-        saved = checkpoints.checkpoint_iteration(checkpoints.checkpoint_files(run_dir)[0])
-        for row in rows_until(run_dir / "metrics.jsonl", saved):
+        for row in rows_until(metrics, saved):
             if "val_return" in row:
                 self._reported(row)
 
@@ -397,10 +396,11 @@ def _trial_run(claimed: _Claimed, sweep: Sweep, share: Machine, signals: StopSig
     trial, number = claimed.trial, claimed.trial.number
     run_dir, alone = sweep.trial_dir(number), sweep.jobs == 1
     validations = _Validations(trial, claimed.reported)
-    resume = str(run_dir) if claimed.resumed and checkpoints.checkpoint_files(run_dir) else ""
-    if resume:
+    saved = checkpoints.checkpoint_files(run_dir) if claimed.resumed else []
+    resume = str(run_dir) if saved else ""
+    if saved:
         with signals.critical():
-            validations.caught_up(run_dir)
+            validations.caught_up(run_dir / "metrics.jsonl", checkpoints.checkpoint_iteration(saved[0]))
     if resume and validations.pruned_already():
         return _told(trial, validations, signals, f"pruned at {validations.last_step:,} env steps")
     values = " ".join(f"{k}={_short(v)}" for k, v in claimed.params.items())
