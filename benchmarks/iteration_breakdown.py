@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None, iterations: int = 6) -> dict[int, tuple[
 
     from benchmarks.machine import print_machine
     from collectors import make_collector
-    from trainer.config import ConfigError
+    from envs.settings import ConfigError
     from trainer.ppo.algorithm import PPO
     from trainer.run_layout import Machine, run_layout
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from collectors import Collector
+from envs.settings import setting
 from trainer import __version__
 from trainer.algorithm import ENVS_NOT_RESTORED, Algorithm
 from trainer.common import noise
@@ -24,7 +25,6 @@ from trainer.common.state import cpu_copy
 from trainer.config import TrainConfig
 from trainer.metrics import metrics_row, run_episodes_and_reward, steps_per_second
 from trainer.run_layout import RunLayout
-from trainer.settings import setting
 
 
 @dataclass

@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDict
 
 import checkpoints
+from envs.settings import ConfigError
 from tests.factories import settings_file
 from tests.messages import exits, names, raises
 from trainer import evaluate as evaluate_cli
@@ -19,7 +20,6 @@ from trainer.apex.exploration import EpsilonGreedy, apex_epsilons
 from trainer.apex.nstep import STEP_KEYS, NStepBuilder, nstep_transitions
 from trainer.apex.q_network import QNetwork
 from trainer.apex.replay import PrioritizedReplay, SumTree
-from trainer.config import ConfigError
 from trainer.flags import parse_args
 
 # upper 0.1% quantiles of the chi-square distribution (df: value), so a correct sampler fails 1 run in 1000;

@@ -15,10 +15,11 @@ import pytest
 from gymnasium.envs.classic_control import CartPoleEnv
 
 import checkpoints
+from envs.settings import ConfigError
 from tests.factories import FaultyCartPole
 from tests.messages import exits, names, not_names, raises, suggestion, usage_error
 from trainer import train as train_module
-from trainer.config import MAX_SEED, ConfigError, TrainConfig, new_run_config
+from trainer.config import MAX_SEED, TrainConfig, new_run_config
 from trainer.flags import parse_args
 from trainer.memory import check_memory
 from trainer.metrics import MetricsLog, MetricsWriteError
@@ -149,8 +150,9 @@ class AnyArgumentEnv(FaultyCartPole):
 ])
 def test_env_arguments_the_constructor_does_not_take_are_named(monkeypatch, entry_point, env_kwargs, named,
                                                                suggested):
+    from envs.settings import ConfigError
     from trainer.common.spaces import model_spaces
-    from trainer.config import ConfigError, TrainConfig
+    from trainer.config import TrainConfig
     monkeypatch.setitem(gym.registry, "Picky-v0", gym.envs.registration.EnvSpec("Picky-v0", entry_point))
     with raises(ConfigError, "--env-kwargs", "Picky-v0", *named, key="env_kwargs") as info:
         model_spaces(TrainConfig(env="Picky-v0", env_kwargs=env_kwargs))

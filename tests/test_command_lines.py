@@ -346,7 +346,8 @@ def test_a_resume_checks_new_env_arguments_against_the_run_before_reading_their_
 
 
 def test_a_resume_may_restate_the_runs_env_arguments_but_not_change_them():
-    from trainer.config import ConfigError, moved_env_files
+    from envs.settings import ConfigError
+    from trainer.config import moved_env_files
     assert moved_env_files("num_users=6", "num_users=6") == "num_users=6"
     assert moved_env_files("", "num_users=8", {"num_users": 8}) == "num_users=8"  # VR-edge's default, restated
     ladder = {"bitrates_mbps": (5.0, 10.0)}

@@ -24,10 +24,11 @@ import torch
 
 import checkpoints
 from collectors import env_seeds, make_collector
+from envs.settings import ConfigError
 from tests.factories import HostSyncs
 from tests.messages import names
 from trainer.common.world import World
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import TrainConfig
 from trainer.loop import train
 from trainer.ppo.update import LearnerSamples
 from trainer.registry import algorithm_class

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from envs.make_traces import write_traces
+from envs.settings import ConfigError
 from tests.messages import error_line, exits, names, not_names, raises, usage_error
 from tests.test_durability import cli_matrix_case
 from trainer import train as train_module
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import TrainConfig
 from trainer.flags import parse_args
 from trainer.run_layout import Machine, run_layout
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import checkpoints
+from envs.settings import ConfigError
 from tests.messages import exits, mentions, raises, usage_error
-from trainer.config import ConfigError
 from trainer.experiments.jobs import output_to, run_jobs
 from trainer.experiments.seeds import folder_of, seed_runs, train_seeds
 from trainer.flags import parse_args

@@ -1,5 +1,5 @@
 """Settings declared once, beside their owner: the flags, TOML keys, limits and old spellings that follow from the
-declarations (``trainer.settings``, ``trainer.config``, ``trainer.ppo.settings``, ``trainer.apex.settings``)."""
+declarations (``envs.settings``, ``trainer.config``, ``trainer.ppo.settings``, ``trainer.apex.settings``)."""
 
 import argparse
 import dataclasses
@@ -7,10 +7,10 @@ import math
 
 import pytest
 
+from envs.settings import ConfigError, limits_of
 from trainer.config import TrainConfig, setting_fields
 from trainer.flags import build_parser, defaults_used, parse_args, resumed_config, without_flags
 from trainer.registry import ALGORITHMS, owners, reads
-from trainer.settings import ConfigError, limits_of
 
 
 def shown_flags(parser: argparse.ArgumentParser) -> list[str]:

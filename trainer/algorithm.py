@@ -63,7 +63,7 @@ class AlgorithmSpec:
 
     description: ClassVar[str]  # one line for --algo's help
     model_name: ClassVar[str]  # what its model is, for messages ("an Ape-X Q-network")
-    # the dataclass of its own settings (TrainConfig.algo_settings; trainer.settings.setting fields), in a module
+    # the dataclass of its own settings (TrainConfig.algo_settings; envs.settings.setting fields), in a module
     # that imports no torch; old spellings of them in its ``renamed`` (a ClassVar dict), if any
     Settings: ClassVar[type] = NoSettings
     stochastic: ClassVar[bool] = True  # whether its model samples actions (trainer.evaluate --stochastic)

@@ -1,13 +1,13 @@
 """What the command lines share when they parse: one-line errors that name the closest valid spelling.
 
 Python 3.11's argparse says ``unrecognized arguments: --num-evns`` and nothing more; these errors add "did you
-mean --num-envs?". Imports only the standard library, so that ``--help`` and a typo answer before torch loads.
+mean --num-envs?" (:func:`envs.settings.did_you_mean`). Imports only the standard library and ``envs.settings``,
+so that ``--help`` and a typo answer before torch loads.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import re
 import shlex
@@ -15,69 +15,13 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-
-def did_you_mean(words: str | list[str], choices: Iterable[str]) -> str:
-    """``" (did you mean X?)"`` with the choice closest to each of ``words`` that has a close one, or ``""``.
-
-    >>> did_you_mean("CartPole-v0", ["CartPole-v1", "Acrobot-v1"]), did_you_mean("xyz", ["ppo", "apex"])
-    (' (did you mean CartPole-v1?)', '')
-    """
-    lowered = {c.lower(): c for c in choices}  # case is a typo too: "Async" is async, not sync
-    close = [lowered[m[0]] for w in ([words] if isinstance(words, str) else words)
-             if (m := _closest(w.lower(), lowered))]
-    return f" (did you mean {' '.join(close)}?)" if close else ""
-
-
-# what CleanRL's ppo.py and Stable-Baselines3 call settings of ours: a user's habit, not a typo, and no spelling
-# is close (--learning-rate would otherwise get --learning-starts, an Ape-X setting)
-# (SB3's batch_size is our minibatch_size's old name, accepted as such)
-OTHER_LIBRARIES_NAMES = {"learning_rate": "lr", "total_timesteps": "total_steps", "n_envs": "num_envs",
-                         "n_steps": "num_steps", "update_epochs": "epochs", "n_epochs": "epochs",
-                         "clip_range": "clip_coef"}
-
-
-def _closest(word: str, choices: Iterable[str]) -> list[str]:
-    """Ours for another library's name (``--lr`` for ``--learning-rate``), else a letter off (``--envs`` for
-    ``--env``), else the one choice ``word`` begins (``--epi`` for ``--episodes``), else the closest; as a list of
-    one, or ``[]``."""
-    return (_ours(word, choices) or difflib.get_close_matches(word, choices, n=1, cutoff=0.85) or
-            _started(word, choices) or difflib.get_close_matches(word, choices, n=1, cutoff=0.6))
-
-
-def _ours(word: str, choices: Iterable[str]) -> list[str]:
-    """The choice spelling our name for ``word``, another library's (:data:`OTHER_LIBRARIES_NAMES`), as ``word``
-    is spelled (dashes in front, hyphens or underscores); as a list of one, or ``[]``.
-
-    >>> _ours("--learning-rate", ["--lr", "--learning-starts"]), _ours("n_steps", ["num-steps", "num_steps"])
-    (['--lr'], ['num_steps'])
-    """
-    bare = word.lstrip("-")
-    ours = OTHER_LIBRARIES_NAMES.get(bare.replace("-", "_"))
-    if ours is None:
-        return []
-    spelled_ours = word[:len(word) - len(bare)] + (ours.replace("_", "-") if "-" in bare else ours)
-    return [spelled_ours] if spelled_ours in choices else []
-
-
-def _started(word: str, choices: Iterable[str]) -> list[str]:
-    """The one choice that ``word`` begins (``--epi`` for ``--episodes``), as a list; ``[]`` if none or several.
-
-    >>> _started("--epi", ["--episodes", "--pick"]), _started("--s", ["--seed", "--stochastic"])
-    (['--episodes'], [])
-    """
-    begun = [c for c in choices if c.startswith(word) and len(word.lstrip("-")) >= 2]
-    return begun if len(begun) == 1 else []
+from envs.settings import did_you_mean
 
 
 def counted(n: int, noun: str, plural: str = "") -> str:
     """``n`` and its noun, singular for one: ``counted(1, "env")`` is ``'1 env'``, ``counted(3, "minibatch",
     "minibatches")`` is ``'3 minibatches'``."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
-
-
-def spelled(value: object) -> str:
-    """``value`` as a command line or a TOML file writes it: ``true``/``false`` for booleans, else its ``repr``."""
-    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 def command(*args: str) -> str:

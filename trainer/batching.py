@@ -8,10 +8,10 @@ too).
 
 from __future__ import annotations
 
+from envs.settings import ConfigError, check_limits
 from trainer.arguments import OneLineParser
 from trainer.config import TrainConfig
 from trainer.ppo.batching import plan_minibatches  # no torch: --help answers at once
-from trainer.settings import ConfigError, check_limits
 
 
 def main(argv: list[str] | None = None) -> None:

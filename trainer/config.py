@@ -1,5 +1,5 @@
 """The training run's settings: the run's and the collection's, and the learning settings every algorithm reads,
-each declared once with its help and limits (``trainer.settings.setting``); an algorithm's own settings are its
+each declared once with its help and limits (``envs.settings.setting``); an algorithm's own settings are its
 package's (``trainer.ppo.settings``, ``trainer.apex.settings``) and ride along in ``algo_settings``. All of it
 is stored in every checkpoint as one flat dict (:meth:`TrainConfig.to_dict`). ``trainer.flags`` exposes the
 settings as command-line flags (grouped by owner) and TOML keys."""
@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from collectors.backend_names import BACKENDS
+from envs.settings import ConfigError, check_limits, did_you_mean, flag_name, limits_of, setting
 from trainer.algorithm import AlgorithmSpec
-from trainer.arguments import did_you_mean
 from trainer.registry import ALGORITHMS, algorithm_spec, default_settings, owners, reads, renamed, settings_class
-from trainer.settings import ConfigError, check_limits, flag_name, limits_of, setting
 
-__all__ = ["ConfigError", "TrainConfig", "parse_env_kwargs", "format_env_kwargs"]
+__all__ = ["TrainConfig", "parse_env_kwargs", "format_env_kwargs"]
 
 # env arguments that name files: stored absolute (a run's printed commands work from any directory), and the
 # ones a resumed run or trainer.evaluate may point elsewhere (the files moved; the run is the same)

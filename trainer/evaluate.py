@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from collectors.stop_signals import exiting_at_once_on_stop_signals
-from trainer.arguments import OneLineParser, counted, did_you_mean, not_a_directory
+from envs.settings import did_you_mean
+from trainer.arguments import OneLineParser, counted, not_a_directory
 from trainer.interrupts import StopSignals, ignore_late_signals
 
 if TYPE_CHECKING:  # (torch loads once the command line is checked)

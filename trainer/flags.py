@@ -1,5 +1,5 @@
 """``trainer.train``'s command line: every setting a TOML key, and a flag where it earned one
-(``trainer.settings``), grouped in ``--help`` by owner: the run, the collection, learning, then each algorithm.
+(``envs.settings``), grouped in ``--help`` by owner: the run, the collection, learning, then each algorithm.
 
 Flags override the TOML file (``--config``), which overrides the defaults: the algorithm's for the env
 (``AlgorithmSpec.defaults``: Ape-X on CartPole runs other sizes than PPO on VR-edge), then the declared ones.
@@ -25,13 +25,13 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from collectors.backend_names import LOCAL_BACKENDS
-from trainer.arguments import OneLineParser, did_you_mean, seed_list, spelled
+from envs.settings import ConfigError, did_you_mean, flag_name, help_of, limits_of, spelled
+from trainer.arguments import OneLineParser, seed_list
 from trainer.config import (
     COLLECTION,
     LEARNING,
     MAX_SEED,
     PATH_ENV_KWARGS,
-    ConfigError,
     TrainConfig,
     algorithm_defaults,
     check_owners,
@@ -53,7 +53,6 @@ from trainer.registry import (
     settings_class,
     takes_gpu_defaults,
 )
-from trainer.settings import flag_name, help_of, limits_of
 
 # keys a resumed run may change; every other key must match the checkpoint's config
 RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "compile", "cuda_graphs", "num_workers", "threads",

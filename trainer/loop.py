@@ -26,11 +26,12 @@ import checkpoints
 from collectors import make_collector
 from collectors.resources import torch_threads
 from collectors.watchdog import last_resort
+from envs.settings import ConfigError
 from trainer.algorithm import Algorithm, NonFiniteLossError
 from trainer.arguments import command, counted
 from trainer.common.devices import resolve_device
 from trainer.common.world import ALONE, World, joined_world
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import TrainConfig
 from trainer.evaluation.validation import Validator
 from trainer.interrupts import STOP_PATIENCE_S, Interrupted, StopSignals
 from trainer.memory import check_memory

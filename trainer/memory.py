@@ -7,13 +7,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from envs.settings import ConfigError
 from envs.vr_edge import MEMORY_ARGUMENTS, VREdgeConfig
 from trainer.arguments import counted
 from trainer.common.devices import learner_device
 from trainer.common.spaces import action_heads, model_spaces
 from trainer.config import TrainConfig
 from trainer.run_layout import Machine
-from trainer.settings import ConfigError
 
 
 def check_memory(cfg: TrainConfig, machine: Machine) -> None:
@@ -64,7 +64,7 @@ def check_fits(cfg: TrainConfig, env: EnvSizes, copies: int, available: int) -> 
     >>> check_fits(TrainConfig(num_steps=10**9), vr, copies=2, available=128 << 30)
     Traceback (most recent call last):
     ...
-    trainer.settings.ConfigError: --num-steps=1000000000: the run would need at least 65.1 TiB of \
+    envs.settings.ConfigError: --num-steps=1000000000: the run would need at least 65.1 TiB of \
 memory, more than the 128.0 GiB available here (a rollout of 1,000,000,000 x 64 env steps at 559 bytes each, in 2 \
 copies, and 1,225 bytes per env besides); at most 1,920,824 steps fit with --num-envs 64
     """

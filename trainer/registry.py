@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from envs.settings import ConfigError, Limits, did_you_mean, flag_name
 from trainer.algorithm import Algorithm, AlgorithmSpec
 from trainer.apex.spec import ApeXSpec
-from trainer.arguments import did_you_mean
 from trainer.ppo.spec import PPOSpec
-from trainer.settings import ConfigError, Limits, flag_name
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig

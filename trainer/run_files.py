@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import checkpoints
+from envs.settings import ConfigError
 from trainer import __version__
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import TrainConfig
 from trainer.evaluation.policies import check_weights_fit
 from trainer.flags import resumed_config
 

@@ -29,11 +29,12 @@ from collectors import watchdog
 from collectors.processes import start_method_of
 from collectors.resources import async_workers, largest_divisor_at_most, usable_cores
 from collectors.seeding import env_seeds
+from envs.settings import ConfigError
 from trainer.arguments import counted
 from trainer.common.devices import compile_unavailable, learner_device
 from trainer.common.spaces import check_env_id
 from trainer.common.world import ALONE, World
-from trainer.config import ConfigError, TrainConfig, format_env_kwargs
+from trainer.config import TrainConfig, format_env_kwargs
 from trainer.registry import algorithm_spec
 
 VECTOR_ENVS = {"VREdge-v0": envs.VREdgeVectorEnv}  # natively batched: one vector env per process or actor

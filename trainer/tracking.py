@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainer.config import ConfigError, TrainConfig
+from envs.settings import ConfigError
+from trainer.config import TrainConfig
 
 # the settings that turn a tracker on, each needing the extra (and the package) of its own name
 TRACKER_SETTINGS = ("tensorboard", "wandb")

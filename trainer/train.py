@@ -31,10 +31,11 @@ from pathlib import Path
 
 import checkpoints
 from collectors import EnvError, RayConnectError, WorkerDiedError
+from envs.settings import ConfigError
 from trainer.algorithm import NonFiniteLossError
 from trainer.arguments import command, counted
 from trainer.common.world import LeadFailedError, RankLostError, World
-from trainer.config import ConfigError, named
+from trainer.config import named
 from trainer.loop import TrainingStopped, error_text, train, train_command
 
 __all__ = ["TrainingStopped", "main", "train", "train_command"]

@@ -33,6 +33,7 @@ import torch
 from tensordict import TensorDict
 
 from collectors.seeding import env_seeds, noise_keys
+from envs.settings import ConfigError
 from trainer import __version__
 from trainer.algorithm import ENVS_NOT_RESTORED, Algorithm, NonFiniteLossError
 from trainer.apex.dqn import double_dqn_targets, dqn_loss, initial_priorities, priorities, q_taken
@@ -46,7 +47,7 @@ from trainer.common.devices import resolve_device
 from trainer.common.flat_params import flat_parameters
 from trainer.common.spaces import model_spaces
 from trainer.common.state import capture_rng, cpu_copy, restore_rng
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import TrainConfig
 from trainer.metrics import metrics_row, run_episodes_and_reward, steps_per_second
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Ape-X's own settings, declared once with their help and limits (``trainer.settings``); the run's are
+"""Ape-X's own settings, declared once with their help and limits (``envs.settings``); the run's are
 ``trainer.config.TrainConfig``'s. Imports no torch: the command line reads them before torch loads."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.settings import setting
+from envs.settings import setting
 
 
 @dataclass

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from envs.settings import ConfigError
 from trainer.algorithm import AlgorithmSpec
 from trainer.apex.settings import ApeXSettings
-from trainer.settings import ConfigError
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from trainer.config import ConfigError
+from envs.settings import ConfigError
 
 
 def learner_device(name: str, gpus: int) -> str:

@@ -10,8 +10,7 @@ import gymnasium as gym
 
 import envs  # noqa: F401 - registers VREdge-v0
 from envs.arguments import KINDS, shown
-from trainer.arguments import did_you_mean
-from trainer.settings import ConfigError
+from envs.settings import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig

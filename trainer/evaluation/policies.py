@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 import checkpoints
+from envs.settings import ConfigError
 from trainer.common.spaces import check_env_id, model_spaces
-from trainer.config import ConfigError, TrainConfig, format_env_kwargs
+from trainer.config import TrainConfig, format_env_kwargs
 from trainer.evaluation.episodes import policy_actions
 from trainer.registry import ALGORITHMS, algorithm_class, algorithm_spec
 

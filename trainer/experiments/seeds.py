@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import checkpoints
+from envs.settings import ConfigError
 from trainer.arguments import command, counted, seeds_text
 from trainer.common.world import World
-from trainer.config import ConfigError, TrainConfig, named
+from trainer.config import TrainConfig, named
 from trainer.experiments.jobs import run_jobs, say, training_output
 from trainer.flags import RESUMABLE_CHANGES, CommandLine
 from trainer.run_layout import Machine, whole_iterations

@@ -14,7 +14,7 @@
 
 A table is keyed by the setting's name as ``trainer.train --config`` files take it (the flag's spelling with
 hyphens, or the field's with underscores). Everything is checked before anything runs, against the settings'
-declarations (``trainer.settings``: type, limits, which algorithm reads it) and the rules between settings
+declarations (``envs.settings``: type, limits, which algorithm reads it) and the rules between settings
 (``trainer.flags.check_config``, at every end of a range and every choice): each problem is one line naming the
 file and the key. Imports no torch and no Optuna: the command line answers at once.
 """
@@ -34,7 +34,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from trainer.arguments import did_you_mean, spelled
+from envs.settings import did_you_mean, spelled
 from trainer.config import TrainConfig, setting_fields
 from trainer.flags import check_config
 from trainer.registry import owners, reads, renamed_names, settings_class

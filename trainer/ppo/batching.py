@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from envs.settings import ConfigError
 from trainer.arguments import counted
-from trainer.settings import ConfigError
 
 MIN_MINIBATCHES = 32  # target range of minibatches per epoch, where the rollout is large enough
 MAX_MINIBATCHES = 256
