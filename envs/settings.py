@@ -109,7 +109,7 @@ def flag_name(key: str) -> str:
 def check_limits(settings: Any, flags: bool = True) -> None:
     """Raise :class:`ConfigError` for the first field of the dataclass ``settings`` outside its :class:`Limits`.
     ``flags``: whether the fields are command-line flags (``False``: keyword arguments, named by their key)."""
-    for field in dataclasses.fields(settings):
+    for field in (f for f in dataclasses.fields(settings) if "limits" in f.metadata):  # (declared by setting())
         value, limits = getattr(settings, field.name), limits_of(field)
         if limits.broken_by(value):
             rule = limits.rule()

@@ -17,7 +17,8 @@ import gymnasium as gym
 import numpy as np
 
 from envs import rng
-from envs.arguments import KINDS, finite, is_int, is_number, kind_of, shown
+from envs.arguments import KINDS, is_number
+from envs.settings import ConfigError, check_limits, setting
 from envs.traces import TRACE_SPLITS, TraceSet, load_traces
 
 REGIMES = ("good", "fair", "poor")
@@ -36,88 +37,56 @@ QOE_LIN_REBUFFER_PENALTY = 4.3  # QoE_lin (Pensieve and successors): Mbps - 4.3 
 
 @dataclass(frozen=True)
 class VREdgeConfig:
-    """Parameters of the VR-edge workload; every field is validated on construction."""
+    """Parameters of the VR-edge workload, each declared with its help and limits (:func:`envs.settings.setting`);
+    on construction one rule checks every field's limits (:func:`envs.settings.check_limits`), after its type and
+    before the rules between fields (:func:`_check_ladder`, :func:`_check_cell`, :func:`_check_traces`): a
+    :class:`envs.settings.ConfigError` such as ``num_users must be >= 1, got 0``."""
 
-    num_users: int = 8
-    bitrates_mbps: tuple[float, ...] = (5.0, 10.0, 20.0, 35.0, 55.0, 80.0)
-    segment_s: float = 1.0
-    max_buffer_s: float = 4.0
-    initial_buffer_s: float = 2.0
-    capacity_per_user_mbps: float = 100.0
-    regime_multipliers: tuple[float, float, float] = (1.35, 0.9, 0.45)
-    regime_stay_prob: float = 0.95
-    noise_corr: float = 0.9
-    noise_std: float = 0.15
-    fade_prob: float = 0.02
-    fade_end_prob: float = 0.35
-    fade_depth: float = 0.3
-    channel_corr: float = 0.98
-    channel_std: float = 1.0
-    quality_weight: float = 1.0
-    stall_weight: float = 4.0
-    switch_weight: float = 1.0
-    abandon_stall_s: float = 10.0
-    max_steps: int = 300
-    history: int = 4
-    step_cost_us: float = 0.0
-    capacity_trace: str = ""
-    trace_split: str = "all"
-    trace_scale: float = 0.0
-    reveal_hidden_state: bool = False
+    num_users: int = setting(8, "users sharing the cell", at_least=1)
+    bitrates_mbps: tuple[float, ...] = setting((5.0, 10.0, 20.0, 35.0, 55.0, 80.0), "the bitrate ladder, Mbit/s, "
+                                               "strictly increasing", above=0)
+    segment_s: float = setting(1.0, "seconds of video per segment", above=0)
+    max_buffer_s: float = setting(4.0, "seconds a user's buffer holds (at least segment_s)", above=0)
+    initial_buffer_s: float = setting(2.0, "seconds buffered at reset", at_least=0)
+    capacity_per_user_mbps: float = setting(100.0, "the cell's nominal capacity per user, Mbit/s", above=0)
+    regime_multipliers: tuple[float, float, float] = setting((1.35, 0.9, 0.45), "capacity multipliers of the good, "
+                                                             "fair and poor regimes", above=0)
+    regime_stay_prob: float = setting(0.95, "probability that the regime stays put, per step", at_least=0, at_most=1)
+    noise_corr: float = setting(0.9, "AR(1) correlation of the capacity's log-normal noise", at_least=0, at_most=1)
+    noise_std: float = setting(0.15, "stationary standard deviation of that noise", at_least=0)
+    fade_prob: float = setting(0.02, "probability that a deep fade starts, per step", at_least=0, at_most=1)
+    fade_end_prob: float = setting(0.35, "probability that a deep fade ends, per step", at_least=0, at_most=1)
+    fade_depth: float = setting(0.3, "capacity multiplier during a deep fade", above=0, at_most=1)
+    channel_corr: float = setting(0.98, "AR(1) correlation of each user's channel quality", at_least=0, at_most=1)
+    channel_std: float = setting(1.0, "stationary standard deviation of the channel quality", at_least=0)
+    quality_weight: float = setting(1.0, "reward weight of quality", at_least=0)
+    stall_weight: float = setting(4.0, "reward weight of stall seconds", at_least=0)
+    switch_weight: float = setting(1.0, "reward weight of quality switches", at_least=0)
+    abandon_stall_s: float = setting(10.0, "cumulative stall seconds past which a user abandons (the episode ends)",
+                                     above=0)
+    max_steps: int = setting(300, "steps per episode (then truncated)", at_least=1)
+    history: int = setting(4, "past capacities in the observation", at_least=1)
+    step_cost_us: float = setting(0.0, "busy-wait per env step, microseconds (stands in for a heavy simulator)",
+                                  at_least=0)
+    capacity_trace: str = setting("", "trace file or directory whose throughput the cell's capacity replays "
+                                  "(empty: the synthetic cell)")
+    trace_split: str = setting("all", "which of the trace files, by file: all, train or test", choices=TRACE_SPLITS)
+    trace_scale: float = setting(0.0, "multiply a trace's Mbit/s by this", at_least=0,
+                                 zero="scale each trace to a mean of the nominal capacity")
+    reveal_hidden_state: bool = setting(False, "append the regime (one-hot) and the fade flag to the observation (a "
+                                        "diagnostic; synthetic cell only)")
     _ladder: np.ndarray = field(init=False, repr=False, compare=False)
     _quality: np.ndarray = field(init=False, repr=False, compare=False)
     _regime_mult: np.ndarray = field(init=False, repr=False, compare=False)
     _traces: TraceSet | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        def need(ok: bool, name: str, allowed: str, of_a_number: bool = True) -> None:
-            if of_a_number and not finite(getattr(self, name)):  # inf passes most ranges, nan fails them all
-                ok, allowed = False, f"finite and {allowed}"
-            if not ok:
-                raise ValueError(f"VR-edge argument {name}={shown(getattr(self, name))} is invalid: must be {allowed}")
-
-        # types first: a comparison below would otherwise fail with a bare TypeError (segment_s='abc' from
-        # --env-kwargs)
-        for f in (f for f in fields(self) if f.init):
-            value = getattr(self, f.name)
-            if str(f.type) in KINDS:
-                ok, kind = KINDS[str(f.type)]
-                need(ok(value), f.name, f"{kind}, not {kind_of(value)}", of_a_number=False)
-            else:  # the lists
-                odd = [v for v in value if not is_number(v)] if isinstance(value, (tuple, list)) else [value]
-                if odd:
-                    need(False, f.name, f"a list of numbers, not {kind_of(value)}" if odd == [value] else
-                         f"a list of numbers ({shown(odd[0])} is {kind_of(odd[0])})", of_a_number=False)
-        need(is_int(self.num_users) and self.num_users >= 1, "num_users", "an integer >= 1")
+        _check_kinds(self)  # first: a limit compared with segment_s='abc' (from --env-kwargs) is a bare TypeError
+        check_limits(self, flags=False)
+        _check_ladder(self)
+        _check_cell(self)
+        _check_traces(self)
         ladder = tuple(self.bitrates_mbps)
-        need(len(ladder) >= 1, "bitrates_mbps", "a non-empty, strictly increasing sequence of positive numbers")
-        need(all(b > 0 for b in ladder) and all(a < b for a, b in zip(ladder, ladder[1:])),
-             "bitrates_mbps", "a non-empty, strictly increasing sequence of positive numbers")
-        for name in ("segment_s", "max_buffer_s", "capacity_per_user_mbps", "abandon_stall_s", "fade_depth"):
-            need(getattr(self, name) > 0, name, "> 0")
-        need(self.initial_buffer_s >= 0, "initial_buffer_s", ">= 0")
-        need(self.max_buffer_s >= self.segment_s, "max_buffer_s", f">= segment_s ({self.segment_s})")
-        need(len(self.regime_multipliers) == 3 and all(m > 0 for m in self.regime_multipliers),
-             "regime_multipliers", "three positive numbers (good, fair, poor)")
-        for name in ("regime_stay_prob", "noise_corr", "fade_prob", "fade_end_prob", "channel_corr"):
-            need(0 <= getattr(self, name) <= 1, name, "in [0, 1]")
-        need(self.fade_depth <= 1, "fade_depth", "in (0, 1]")
-        for name in ("noise_std", "channel_std"):
-            need(getattr(self, name) >= 0, name, ">= 0 (a standard deviation)")
-        for name in ("quality_weight", "stall_weight", "switch_weight", "step_cost_us"):
-            need(getattr(self, name) >= 0, name, ">= 0 (weights and costs cannot be negative)")
-        need(is_int(self.max_steps) and self.max_steps >= 1, "max_steps", "an integer >= 1")
-        need(is_int(self.history) and self.history >= 1, "history", "an integer >= 1")
-        need(self.trace_split in TRACE_SPLITS, "trace_split", " or ".join(TRACE_SPLITS))
-        need(not (self.reveal_hidden_state and self.capacity_trace), "reveal_hidden_state",
-             "false with capacity_trace (a recorded trace has no regime or fade to reveal)")
-        need(self.trace_scale >= 0, "trace_scale", ">= 0 (0: scale each trace to mean nominal capacity)")
-        need(self.trace_split == "all" or bool(self.capacity_trace), "trace_split",
-             "'all' unless capacity_trace is given (the split applies to trace files)")
-        need(not self.trace_scale or bool(self.capacity_trace), "trace_scale",
-             "0 unless capacity_trace is given (the scale applies to a trace)")
-        for f in (f for f in fields(self) if f.init):  # a number with no range above
-            need(finite(getattr(self, f.name)), f.name, "finite (not inf or nan)", of_a_number=False)
         ladder_arr = np.asarray(ladder, dtype=np.float64)
         object.__setattr__(self, "bitrates_mbps", ladder)
         object.__setattr__(self, "_ladder", ladder_arr)
@@ -170,6 +139,52 @@ class VREdgeConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+
+def _check_kinds(cfg: VREdgeConfig) -> None:
+    """Each argument is of its field's type: ``int``, ``float``, ``str``, ``bool`` (``KINDS``), or a list of
+    numbers."""
+    for f in fields(cfg):
+        if not f.init:
+            continue
+        value = getattr(cfg, f.name)
+        ok, kind = KINDS.get(str(f.type), (_numbers, "a list of numbers"))
+        if not ok(value):
+            raise ConfigError(f.name, value, f"must be {kind}", flag=False)
+
+
+def _numbers(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and all(map(is_number, value))
+
+
+def _check_ladder(cfg: VREdgeConfig) -> None:
+    """``bitrates_mbps`` is a ladder: at least one level, strictly increasing."""
+    ladder = tuple(cfg.bitrates_mbps)
+    if not ladder or any(low >= high for low, high in zip(ladder, ladder[1:])):
+        raise ConfigError("bitrates_mbps", cfg.bitrates_mbps, "must be non-empty and strictly increasing", flag=False)
+
+
+def _check_cell(cfg: VREdgeConfig) -> None:
+    """One multiplier per regime, and a buffer that holds a segment."""
+    if len(cfg.regime_multipliers) != len(REGIMES):
+        raise ConfigError("regime_multipliers", cfg.regime_multipliers, f"must hold {len(REGIMES)} numbers "
+                          f"({', '.join(REGIMES)})", flag=False)
+    if cfg.max_buffer_s < cfg.segment_s:
+        raise ConfigError("max_buffer_s", cfg.max_buffer_s, f"must be >= segment_s ({cfg.segment_s})", flag=False)
+
+
+def _check_traces(cfg: VREdgeConfig) -> None:
+    """The trace arguments apply to a trace: ``trace_split`` and ``trace_scale`` need ``capacity_trace``, which
+    has no hidden state to reveal."""
+    if cfg.reveal_hidden_state and cfg.capacity_trace:
+        raise ConfigError("reveal_hidden_state", True, "must be false with capacity_trace (a recorded trace has no "
+                          "regime or fade to reveal)", flag=False)
+    if cfg.trace_split != "all" and not cfg.capacity_trace:
+        raise ConfigError("trace_split", cfg.trace_split, "must be 'all' unless capacity_trace is given (the split "
+                          "applies to trace files)", flag=False)
+    if cfg.trace_scale and not cfg.capacity_trace:
+        raise ConfigError("trace_scale", cfg.trace_scale, "must be 0 unless capacity_trace is given (the scale "
+                          "applies to a trace)", flag=False)
 
 
 def torch_env_refusal(capacity_trace: str | None = None, step_cost_us: float = 0.0, **_: Any) -> str:

@@ -110,7 +110,7 @@ def test_a_bad_trace_is_refused_at_once(tmp_path, trace, where, facts):
     (["--env-kwargs", "segment_s=abc"], ["segment_s", "abc"], None),
     # inf passed every range check (a non-finite loss much later, blamed on --lr), nan failed one with the wrong rule
     (["--env-kwargs", "noise_std=inf"], ["noise_std", "inf"], None),
-    (["--env-kwargs", "fade_prob=nan"], ["fade_prob", "nan", "[0, 1]"], None),
+    (["--env-kwargs", "fade_prob=nan"], ["fade_prob", "nan", ">= 0 and <= 1"], None),
     (["--env-kwargs", "num-users=6"], ["num-users", "num_users=6"], None),  # what to write instead
     (["--env-kwargs", "num_userz=6"], ["num_userz"], "num_users"),
     (["--algo", "apex", "--env", "CartPole-v1", "--learning-starts", "0", "--replay-capacity", "16",

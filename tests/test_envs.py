@@ -1,9 +1,12 @@
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envs
+from envs.settings import ConfigError, help_of
 from envs.vr_edge import decode_observation, processor_sharing_times
 from tests.messages import raises
 
@@ -241,3 +244,16 @@ def test_reveal_hidden_state_appends_regime_and_fade_and_keeps_the_rest():
         obs_t, *_ = told.step(actions)
     with raises(ValueError, "reveal_hidden_state", "capacity_trace"):
         envs.VREdgeConfig(reveal_hidden_state=True, capacity_trace="traces/")
+
+
+def test_every_argument_is_declared_with_its_help_and_checked_by_the_settings_rule():
+    """VR-edge's arguments are settings (``envs.settings.setting``): each has help and limits, and a value out of
+    them is the trainer's one message form, named by the argument's key (an env argument has no flag)."""
+    declared = [f for f in dataclasses.fields(envs.VREdgeConfig) if f.init]
+    assert declared and all(help_of(f) and "limits" in f.metadata for f in declared)
+    with pytest.raises(ConfigError) as info:
+        envs.VREdgeConfig(num_users=0)
+    assert str(info.value) == "num_users must be >= 1, got 0"
+    with pytest.raises(ConfigError) as info:
+        envs.VREdgeConfig(fade_depth=1.5)
+    assert str(info.value) == "fade_depth must be > 0 and <= 1, got 1.5"

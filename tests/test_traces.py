@@ -100,7 +100,7 @@ def test_bad_paths_and_arguments(tmp_path):
     (tmp_path / "a.log").write_text("0 1\n3 1\n")
     with raises(ValueError, tmp_path / "a.log", "trace_split='train'", "2", "trace_split='all'"):  # the way out
         envs.VREdgeConfig(capacity_trace=str(tmp_path / "a.log"), trace_split="train")
-    with raises(ValueError, "trace_split", '"validation"', "train", "test"):  # and what it takes
+    with raises(ValueError, "trace_split", "'validation'", "train", "test"):  # and what it takes
         envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split="validation")
     with raises(ValueError, "trace_split", "capacity_trace"):
         envs.VREdgeConfig(trace_split="test")

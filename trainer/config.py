@@ -28,11 +28,9 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 START_METHOD_CHOICES = ("auto", "forkserver", "spawn")
 # torch seeds a generator with an unsigned 64-bit integer, and PPO's policy samples from one seeded with seed + 1
 MAX_SEED = 2**64 - 2
-# which help group of --help a TrainConfig field is in (the others: "run")
-COLLECTION = frozenset({"backend", "num_envs", "num_steps", "num_workers", "envs_per_worker", "num_splits", "threads",
-                        "compile", "overlap", "ray_async", "ray_address", "cpus_per_worker", "worker_timeout",
-                        "start_method"})
-LEARNING = frozenset({"lr", "anneal_lr", "gamma", "max_grad_norm", "hidden", "policy_arch"})
+# the --help groups of the run's settings besides "run" (``setting(group=...)``; an algorithm's are under its name)
+COLLECTION = "collection"
+LEARNING = "learning (every algorithm)"
 
 
 @dataclass
@@ -52,67 +50,75 @@ class TrainConfig:
     env_kwargs: str = setting("", "env constructor arguments, key=value,key=value (numbers, true/false, text or "
                               "[lists]), e.g. num_users=6, capacity_trace=traces/,trace_split=train or "
                               "'bitrates_mbps=[5,10,20,40]' for VR-edge")
-    total_steps: int = setting(3_000_000, "env steps to train for", at_least=1)
+    total_steps: int = setting(3_000_000, "env steps to train for", at_least=1, resumable=True)
     seed: int = setting(1, "run seed (envs, init, sampling)", at_least=0, at_most=MAX_SEED)
-    device: str = setting("auto", "where the learner runs: auto (cuda when available), cpu, cuda or cuda:N")
+    device: str = setting("auto", "where the learner runs: auto (cuda when available), cpu, cuda or cuda:N",
+                          resumable=True)
     run_dir: str = setting("", "run directory of a new run (default runs/<env>-s<seed>-<time>)")
-    checkpoint_every: int = setting(10, "save a checkpoint every this many iterations (and at the end)", at_least=1)
-    keep_checkpoints: int = setting(3, "how many checkpoint files to keep in <run-dir>/checkpoints", at_least=1)
+    checkpoint_every: int = setting(10, "save a checkpoint every this many iterations (and at the end)", at_least=1,
+                                    resumable=True)
+    keep_checkpoints: int = setting(3, "how many checkpoint files to keep in <run-dir>/checkpoints", at_least=1,
+                                    resumable=True)
     eval_every: int = setting(0, "every this many iterations, play the greedy policy on held-out validation "
                               "episodes, log it (VR-edge: paired against the best baseline) and point "
-                              "<run-dir>/checkpoints/best at the best", at_least=0, zero="off")
+                              "<run-dir>/checkpoints/best at the best", at_least=0, zero="off", resumable=True)
     eval_episodes: int = setting(16, "validation episodes for --eval-every (seeds disjoint from training and "
-                                 "trainer.evaluate)", at_least=1)
-    tensorboard: bool = setting(False, "also log to TensorBoard, in <run-dir>/tb (needs the tensorboard extra)")
+                                 "trainer.evaluate)", at_least=1, resumable=True)
+    tensorboard: bool = setting(False, "also log to TensorBoard, in <run-dir>/tb (needs the tensorboard extra)",
+                                resumable=True)
     wandb: str = setting("", "also log to Weights & Biases, in this project (empty: off; needs the wandb extra): "
                          "the run named for its directory, its files in <run-dir>/wandb; WANDB_ENTITY picks the "
-                         "team, WANDB_MODE=offline needs no network")
-    config: str = setting("", "TOML file with any of these keys (flags override it)")
+                         "team, WANDB_MODE=offline needs no network", resumable=True)
+    config: str = setting("", "TOML file with any of these keys (flags override it)", resumable=True)
     # the collection
     backend: str = setting("sync", "rollout backend: serial, sync, async, device (VR-edge as torch tensors on "
-                           "--device, next to the acting policy) or ray", choices=BACKENDS)
+                           "--device, next to the acting policy) or ray", choices=BACKENDS, group=COLLECTION)
     num_envs: int = setting(64, "parallel envs (with --num-steps, as many as the memory holds: checked at start)",
-                            at_least=1)
+                            at_least=1, group=COLLECTION)
     num_steps: int = setting(128, "steps per env per rollout (with --num-envs, as many as the memory holds: "
-                             "checked at start)", at_least=1)
+                             "checked at start)", at_least=1, group=COLLECTION)
     num_workers: int = setting(0, "async worker processes or ray actors", at_least=0, zero="from the run layout: "
-                               "one busy process per core, or the actors the Ray cluster's CPUs hold")
+                               "one busy process per core, or the actors the Ray cluster's CPUs hold",
+                               group=COLLECTION, resumable=True)
     envs_per_worker: int = setting(0, "async/ray: envs per process or actor", at_least=0,
-                                   zero="from the run layout", flag=False)
+                                   zero="from the run layout", flag=False, group=COLLECTION)
     num_splits: int = setting(1, "async: env groups stepped double-buffered (2: the workers step one half of the "
                               "envs while the policy acts on the other; 1: lockstep); pays off only for envs with "
-                              "costly steps", at_least=1, flag=False)
+                              "costly steps", at_least=1, flag=False, group=COLLECTION)
     threads: int = setting(0, "torch threads per phase (collecting, learning)", at_least=0, zero="chosen by timing "
-                           "the run's first iterations, for runs of 100 iterations or more (docs/benchmarks.md)")
+                           "the run's first iterations, for runs of 100 iterations or more (docs/benchmarks.md)",
+                           group=COLLECTION, resumable=True)
     compile: str = setting("auto", "torch.compile the hot paths as fixed-shape graphs (the acting step: policy and "
                            "torch env; PPO's loss): auto (on for --backend device, and for PPO runs of at least 2M "
                            "env steps, where it paid for its compile time: 1.39x on 2 cores), on or off; needs a "
                            "C++ compiler on the CPU (Triton on CUDA): where there is none, auto says so and runs "
-                           "eagerly", choices=COMPILE_CHOICES)
+                           "eagerly", choices=COMPILE_CHOICES, group=COLLECTION, resumable=True)
     overlap: bool = setting(False, "collect the next rollout in a separate process while learning on this one (a "
-                            "fixed policy lag of one update; serial, sync and async backends)")
+                            "fixed policy lag of one update; serial, sync and async backends)", group=COLLECTION)
     ray_async: bool = setting(False, "ray backend: the actors keep collecting while the learner learns "
-                              "(IMPALA-style, V-trace corrects for the lag)")
-    ray_address: str = setting("", "ray backend: cluster address (empty: reuse a running Ray or start a local one)")
+                              "(IMPALA-style, V-trace corrects for the lag)", group=COLLECTION)
+    ray_address: str = setting("", "ray backend: cluster address (empty: reuse a running Ray or start a local one)",
+                               group=COLLECTION, resumable=True)
     cpus_per_worker: float = setting(1.0, "ray backend: CPUs reserved per actor (fractions allowed)", above=0,
-                                     flag=False)
+                                     flag=False, group=COLLECTION, resumable=True)
     worker_timeout: float = setting(60.0, "seconds an async worker, the --overlap collecting process or a Ray actor "
                                     "may stay silent (a hung env step, a stopped process) before the run stops, or "
                                     "the actor is replaced; stretched to 20x the slowest answer measured",
-                                    above=0, at_most=1e6)
+                                    above=0, at_most=1e6, group=COLLECTION, resumable=True)
     start_method: str = setting("auto", "how async workers and the --overlap collecting process start: forkserver "
                                 "(forked from a server that has imported torch once: ~30 ms each), spawn (a fresh "
                                 "interpreter each, importing torch: seconds; Windows has only this) or auto "
-                                "(forkserver where the platform has one)", choices=START_METHOD_CHOICES, flag=False)
+                                "(forkserver where the platform has one)", choices=START_METHOD_CHOICES, flag=False,
+                                group=COLLECTION, resumable=True)
     # learning, as every algorithm does it
-    lr: float = setting(1e-3, "Adam learning rate", above=0)
-    anneal_lr: bool = setting(True, "linear LR annealing to 0 over total_steps")
-    gamma: float = setting(0.9, "discount", above=0, at_most=1)
-    max_grad_norm: float = setting(0.5, "global grad-norm clip", above=0)
-    hidden: str = setting("64,64", "hidden layer sizes, comma separated")
+    lr: float = setting(1e-3, "Adam learning rate", above=0, group=LEARNING)
+    anneal_lr: bool = setting(True, "linear LR annealing to 0 over total_steps", group=LEARNING, resumable=True)
+    gamma: float = setting(0.9, "discount", above=0, at_most=1, group=LEARNING)
+    max_grad_norm: float = setting(0.5, "global grad-norm clip", above=0, group=LEARNING)
+    hidden: str = setting("64,64", "hidden layer sizes, comma separated", group=LEARNING)
     policy_arch: str = setting("auto", "network: flat MLP, per_head (one MLP shared by all action heads; needs an "
                                "env that declares head_observation_layout, like VR-edge), or auto (per_head where "
-                               "declared)", choices=("auto", "flat", "per_head"), flag=False)
+                               "declared)", choices=("auto", "flat", "per_head"), flag=False, group=LEARNING)
     # the algorithm's own settings (its package's dataclass); not a flag: its fields are
     algo_settings: Any = dataclasses.field(default=None, compare=True, metadata={"flag": False})
 

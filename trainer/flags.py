@@ -25,11 +25,9 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from collectors.backend_names import LOCAL_BACKENDS
-from envs.settings import ConfigError, did_you_mean, flag_name, help_of, limits_of, spelled
+from envs.settings import ConfigError, did_you_mean, flag_name, group_of, help_of, is_resumable, limits_of, spelled
 from trainer.arguments import OneLineParser, seed_list
 from trainer.config import (
-    COLLECTION,
-    LEARNING,
     MAX_SEED,
     PATH_ENV_KWARGS,
     TrainConfig,
@@ -54,16 +52,12 @@ from trainer.registry import (
     takes_gpu_defaults,
 )
 
-# keys a resumed run may change; every other key must match the checkpoint's config
-RESUMABLE_CHANGES = {"total_steps", "anneal_lr", "device", "compile", "cuda_graphs", "num_workers", "threads",
-                     "tensorboard", "wandb", "checkpoint_every", "keep_checkpoints", "config", "ray_address",
-                     "cpus_per_worker", "eval_every", "eval_episodes", "save_replay", "worker_timeout",
-                     "start_method"}
+# keys a resumed run may change (declared ``setting(..., resumable=True)``); every other key must match the
+# checkpoint's config
+RESUMABLE_CHANGES = frozenset(f.name for _, f in setting_fields() if is_resumable(f))
 # backends a resumed run may move between (not Ray's: its actors, and with --ray-async its algorithm, are another
 # run's)
 SWITCHABLE_BACKENDS = (*LOCAL_BACKENDS, "device")
-# what the command line does, not a setting of the run: no key of a config file
-COMMAND_ONLY = ("config", "resume", "overwrite", "seeds", "jobs")
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 _TOML_TYPES = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
                dict: "a table"}
@@ -115,11 +109,12 @@ def _help(f: dataclasses.Field) -> str:
     return texts[0] if len(set(texts)) == 1 else "; ".join(f"{a}: {t}" for a, t in zip(owners(f.name), texts))
 
 
-def _group(owner: str, name: str) -> str:
-    """The ``--help`` group of a setting: its algorithm's, or the run's, the collection's, learning's."""
+def _group(owner: str, f: dataclasses.Field) -> str:
+    """The ``--help`` group of a setting: its algorithm's, or the one it declares (``setting(group=...)``: the
+    collection's, learning's), or the run's."""
     if owner:
         return f"{owner} ({ALGORITHMS[owner].description})"
-    return "collection" if name in COLLECTION else "learning (every algorithm)" if name in LEARNING else "run"
+    return group_of(f) or "run"
 
 
 def without_flags() -> list[str]:
@@ -180,7 +175,7 @@ def build_parser(prog: str = TRAIN_PROG, description: str = "",
     for owner, f in setting_fields():
         if not limits_of(f).flag:
             continue
-        title = _group(owner, f.name)
+        title = _group(owner, f)
         if title not in groups:
             groups[title] = p.add_argument_group(title)
         kind = _field_type(f)
@@ -206,6 +201,13 @@ def build_parser(prog: str = TRAIN_PROG, description: str = "",
     return p
 
 
+def _command_only(keys: Collection[str]) -> list[str]:
+    """What the command line does, not a setting of the run (``--config``, ``--resume``, ``--seeds``...): the
+    parser's flags that are none of the config file's ``keys``."""
+    actions = build_parser()._actions
+    return [a.dest for a in actions if a.option_strings and a.dest not in keys and a.dest != "help"]
+
+
 def _toml_values(path: Path) -> dict[str, Any]:
     """The TOML file's settings, each checked against its field's type (one-line errors naming the key)."""
     try:
@@ -215,10 +217,11 @@ def _toml_values(path: Path) -> dict[str, Any]:
     types = {name: kind for name, kind in _types().items() if name != "config"}
     keys = {key: key.replace("-", "_") for key in data}  # the flag's spelling or the field's
     unknown = sorted(k for k, name in keys.items() if name not in types)
-    flags_only = [k for k in unknown if keys[k] in COMMAND_ONLY]
+    command_only = _command_only(types)
+    flags_only = [k for k in unknown if keys[k] in command_only]
     if flags_only:  # flag names, but what they do is the command line's, not a run's setting
-        raise ValueError(f"{path}: {', '.join(flags_only)}: command-line flags only (--config FILE, --resume RUN, "
-                         f"--overwrite, --seeds, --jobs), not keys of a config file; drop "
+        raise ValueError(f"{path}: {', '.join(flags_only)}: command-line flags only "
+                         f"({', '.join(map(flag_name, command_only))}), not keys of a config file; drop "
                          f"{'it' if len(flags_only) == 1 else 'them'}")
     if unknown:
         hints = did_you_mean(unknown, [*types, *(k.replace("_", "-") for k in types)])

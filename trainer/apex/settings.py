@@ -31,7 +31,7 @@ class ApeXSettings:
     save_replay: bool = setting(False, "also save the replay's contents in every checkpoint, for an exact resume; it "
                                 "can be gigabytes (replay_capacity x the bytes per transition printed at start), "
                                 "and a run then needs up to 4 times that in memory; without it a resumed run "
-                                "refills the replay", flag=False)
+                                "refills the replay", flag=False, resumable=True)
     replay_alpha: float = setting(0.6, "priority exponent (0: uniform sampling)", at_least=0, flag=False)
     replay_beta: float = setting(0.4, "importance-sampling exponent at the start, annealed linearly to 1 over "
                                  "total_steps", at_least=0, at_most=1, flag=False)

@@ -33,7 +33,7 @@ class PPOSettings:
     cuda_graphs: bool = setting(False, "on a CUDA learner: capture each minibatch step (loss, backward, clip, "
                                 "Adam) as one CUDA graph, replayed with one launch; with --backend device and "
                                 "--compile, the acting step too (torch.compile's reduce-overhead); measured by "
-                                "benchmarks.device_check, not yet on by default")
+                                "benchmarks.device_check, not yet on by default", resumable=True)
     vf_coef: float = setting(0.5, "value loss weight", flag=False)
     clip_value: bool = setting(False, "clip the value loss too", flag=False)
     norm_adv: bool = setting(True, "normalise advantages per minibatch", flag=False)
