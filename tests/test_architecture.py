@@ -1,9 +1,15 @@
-"""The shape of the code: who may import whom (DESIGN.md, "Layout" and "Inside trainer/")."""
+"""The shape of the code: who may import whom (docs/README.md, "The code"; the layout is fixed), how long a
+function may be, and that docstrings name what exists."""
 
 import ast
+import builtins
+import importlib
+import importlib.util
 import os
+import re
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,6 +142,14 @@ def test_only_the_registry_knows_the_algorithms():
         assert ".algo ==" not in text and ".algo !=" not in text and ".algo in " not in text, name
 
 
+def test_the_shared_modules_import_nothing_of_the_runs_config():
+    """``trainer.common`` serves both algorithms and the loop: it takes ``ConfigError`` from its home
+    (``envs.settings``), not through ``trainer.config``, which would pull in the registry and every algorithm."""
+    run_config = {"trainer.config", "trainer.registry", "trainer.flags"}
+    shared = {name: targets for name, targets in import_graph().items() if name.startswith("trainer.common")}
+    assert shared and all(not targets & run_config for targets in shared.values()), shared
+
+
 def test_the_ape_x_ray_worker_imports_only_what_an_actor_needs():
     code = ("import sys, trainer.apex.ray_worker\n"
             "print('\\n'.join(sorted(sys.modules)))")
@@ -189,3 +203,154 @@ def test_a_long_function_would_be_found(tmp_path):
     body = "".join(f"        x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
     module.write_text(f"class C:\n    def long(self):\n{body}\n\ndef short():\n    def inner():\n        pass\n")
     assert function_lengths(module) == {"C.long": MAX_FUNCTION_LINES + 1, "short": 3, "short.inner": 2}
+
+
+# ---------------------------------------------------------------------------- docstrings name what exists
+
+REFERENCE = re.compile(r":(?:func|class|mod|meth|attr|data|exc):`~?\.?([\w.]+)`|``([A-Za-z_][\w.]*)\(\)``")
+
+
+@dataclass
+class Namespace:
+    """What a module defines at its top (``names``; an import's name -> what it imports in ``imported``) and
+    what each of its classes defines (methods, class attributes, ``self.x`` attributes)."""
+
+    names: set[str] = field(default_factory=set)
+    imported: dict[str, str] = field(default_factory=dict)
+    members: dict[str, set[str]] = field(default_factory=dict)
+
+
+def namespace(path: Path) -> Namespace:
+    found, tree = Namespace(), ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            found.members[node.name] = {n.name for n in node.body if isinstance(n, (ast.FunctionDef,
+                                        ast.AsyncFunctionDef, ast.ClassDef))} | assigned(node)
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                name = alias.asname or alias.name.split(".")[0]
+                found.imported[name] = (f"{node.module}.{alias.name}" if isinstance(node, ast.ImportFrom)
+                                        else alias.name if alias.asname else name)
+    found.names |= assigned(tree) | set(found.imported)
+    return found
+
+
+def assigned(node: ast.AST) -> set[str]:
+    """The names ``node``'s body assigns (``x = ...``, ``x: T = ...``) and the attributes its methods set on
+    ``self``; for a module, also what an ``if`` or ``try`` at the top assigns."""
+    names = set()
+    for child in ast.walk(node):
+        for target in (child.targets if isinstance(child, ast.Assign) else
+                       [child.target] if isinstance(child, (ast.AnnAssign, ast.AugAssign)) else []):
+            for t in ast.walk(target):
+                if isinstance(t, ast.Name) and child in getattr(node, "body", []) + nested_top(node):
+                    names.add(t.id)
+                elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    names.add(t.attr)
+    return names
+
+
+def nested_top(node: ast.AST) -> list[ast.AST]:
+    """The statements under an ``if``/``try``/``with`` at the top of ``node`` (a module's optional imports)."""
+    out = []
+    for child in getattr(node, "body", []):
+        if isinstance(child, (ast.If, ast.Try, ast.With)):
+            out += [s for block in (child.body, getattr(child, "orelse", []), getattr(child, "finalbody", []),
+                                    *(h.body for h in getattr(child, "handlers", []))) for s in block]
+    return out
+
+
+def resolves(reference: str, module: str, spaces: dict[str, Namespace],
+             arguments: frozenset[str] = frozenset()) -> bool:
+    """Whether ``reference`` (dotted, or a bare name) names something that exists: a project module, a name in
+    one (a class's member too), what ``module`` imports under that name, one of the documented function's
+    ``arguments``, a builtin, or an installed module's attribute."""
+    first, *rest = reference.split(".")
+    here = spaces[module]
+    if first in arguments:
+        return True
+    if first in ("self", "cls") and rest:
+        return any(rest[0] in members for members in here.members.values())
+    if not rest:
+        return (first in here.names or f"{module}.{first}" in spaces or f"{module.rpartition('.')[0]}.{first}" in
+                spaces or any(first in m for m in here.members.values()) or hasattr(builtins, first) or
+                not first.startswith("_") and any(first in n.names or any(first in m for m in n.members.values())
+                                                  for n in spaces.values()))  # a private name is its module's
+    if here.imported.get(first, first) != first:  # an imported name (np, TrainConfig): what it names, then the rest
+        return resolves(".".join([here.imported[first], *rest]), module, spaces)
+    if first in here.members and len(rest) == 1:  # a class's member, or one it inherits
+        return rest[0] in here.members[first] or inherited(module, first, rest[0])
+    parts = reference.split(".")
+    for i in range(len(parts), 0, -1):  # the longest project module it begins with
+        if ".".join(parts[:i]) in spaces:
+            owner, left = spaces[".".join(parts[:i])], parts[i:]
+            if not left:
+                return True
+            if left[0] in owner.imported and len(left) > 1:
+                return resolves(".".join([owner.imported[left[0]], *left[1:]]), module, spaces)
+            if left[0] in owner.names and (len(left) == 1 or left[1] in owner.members.get(left[0], {left[1]})):
+                return True
+            break  # a name a package makes on first use (its __getattr__): imported
+    return installed_attribute(first, rest)
+
+
+def inherited(module: str, cls: str, member: str) -> bool:
+    """Whether the class ``cls`` of the project module ``module`` has ``member`` from a base class."""
+    try:
+        return hasattr(getattr(importlib.import_module(module), cls), member)
+    except ImportError:
+        return False
+
+
+def installed_attribute(package: str, rest: list[str]) -> bool:
+    """Whether ``package.rest...`` exists in an installed package (one that is not installed: taken on trust)."""
+    try:
+        value = importlib.import_module(package)
+    except ImportError:
+        return package.split(".")[0] not in sys.stdlib_module_names and importlib.util.find_spec(
+            package.split(".")[0]) is None
+    for name in rest:
+        if not hasattr(value, name):
+            try:
+                value = importlib.import_module(f"{value.__name__}.{name}")
+                continue
+            except (ImportError, AttributeError):
+                return False
+        value = getattr(value, name)
+    return True
+
+
+def docstrings(path: Path) -> list[tuple[int, str, frozenset[str]]]:
+    """Each docstring of the module at ``path`` (its own, its classes' and functions'), with its line and the
+    names of its function's arguments."""
+    tree = ast.parse(path.read_text())
+    nodes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef,
+                                                                     ast.AsyncFunctionDef)))]
+    return [(getattr(n, "lineno", 1), text, frozenset(a.arg for a in ast.walk(n.args) if isinstance(a, ast.arg))
+             if hasattr(n, "args") else frozenset()) for n in nodes if (text := ast.get_docstring(n, clean=False))]
+
+
+def unresolved_references(paths: dict[str, Path]) -> list[str]:
+    spaces = {name: namespace(path) for name, path in paths.items()}
+    return [f"{name}:{line}: {ref}"
+            for name, path in paths.items() for line, text, arguments in docstrings(path)
+            for match in REFERENCE.finditer(text) if not resolves(ref := match[1] or match[2], name, spaces,
+                                                                  arguments)]
+
+
+def test_docstrings_name_what_exists():
+    """Every ``:func:`name``` (``:class:``, ``:mod:``, ``:meth:``...) and backticked ``name()`` of the library's
+    docstrings names a module, function, class or attribute that exists (a renamed one leaves none behind)."""
+    library = {name: path for name, path in modules().items() if name.split(".")[0] in LIBRARIES}
+    assert unresolved_references(library) == []
+
+
+def test_a_reference_to_nothing_would_be_found(tmp_path):
+    (tmp_path / "mod.py").write_text('"""See :func:`helper`, :func:`gone`, ``Thing.run()`` and ``Thing.stop()``, '
+                                     ':mod:`envs.settings` and :class:`envs.settings.Nothing`."""\n\n'
+                                     'def helper():\n    pass\n\n\nclass Thing:\n    def run(self):\n        pass\n')
+    found = unresolved_references({"mod": tmp_path / "mod.py"})
+    assert [f.rpartition(": ")[2] for f in found] == ["gone", "Thing.stop", "envs.settings.Nothing"]

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 class _Group(NamedTuple):
-    """A group of runs, as the command line names it (:func:`_groups`)."""
+    """A group of runs, as the command line names it (a folder, a glob or a run directory, with its label)."""
 
     label: str  # its name in the table, the plots and the JSON
     path: str  # as given: a folder, a glob or a run directory

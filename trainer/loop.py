@@ -401,8 +401,8 @@ def _record_thread_plan(config: Path, thread_plan: dict | None) -> None:
 
 
 def _say_and_unlock(lock: checkpoints.RunDirLock, error: Exception) -> None:
-    """The process ends (``collectors.watchdog.last_resort``, after ``_loop``'s has saved what was completed):
-    say why, as ``main`` says an error, and give the run directory back."""
+    """The process ends (``collectors.watchdog.last_resort``, after the loop's own, :func:`_stuck_in_c`, has saved
+    what was completed): say why, as ``trainer.train.main`` says an error, and give the run directory back."""
     print(error_text(error), file=sys.stderr)
     lock.release()
 
@@ -421,8 +421,9 @@ def _add_note(error: BaseException, note: str) -> None:
 
 
 def train_command(*args: str) -> str:
-    """``python -m trainer.train ARGS`` as :func:`_command` prints it; under torchrun on one node, the torchrun
-    command with as many ranks (a run resumes at any world size: docs/distributed.md)."""
+    """``python -m trainer.train ARGS`` as :func:`trainer.arguments.command` prints it (the resume command of a
+    failed run's note); under torchrun on one node, the torchrun command with as many ranks (a run resumes at any
+    world size: docs/distributed.md)."""
     world = World.from_environment()
     if world.size > 1 and world.nodes == 1:
         return command("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world.local_size),
