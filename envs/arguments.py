@@ -1,9 +1,9 @@
-"""What an env argument's value must be, by the type of the argument: VR-edge's config checks its fields with
-these, and the trainer checks any env's ``--env-kwargs`` against the kinds of its constructor's defaults."""
+"""What an env argument's value must be, by the type of the argument: VR-edge's config checks its fields' types
+with these (their limits: ``envs.settings``), and the trainer checks any env's ``--env-kwargs`` against the kinds
+of its constructor's defaults."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -25,12 +25,6 @@ def is_str(x: Any) -> bool:
     return isinstance(x, str)
 
 
-def finite(value: Any) -> bool:
-    """Whether the numbers of ``value`` (a number, or a sequence of them) are finite; other values are."""
-    numbers = value if isinstance(value, (tuple, list)) else [value]
-    return all(math.isfinite(v) for v in numbers if is_number(v))
-
-
 def shown(value: Any) -> str:
     """``value`` as ``--env-kwargs`` and TOML write it: a list (or tuple) in brackets without spaces, text in
     double quotes, ``true``/``false``, anything else as its ``repr``.
@@ -43,12 +37,6 @@ def shown(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return f'"{value}"' if isinstance(value, str) else repr(value)
-
-
-def kind_of(value: Any) -> str:
-    """What ``value`` is, in a user's words: ``a list`` for a list or tuple, ``text`` for a string, else its type's
-    name."""
-    return "a list" if isinstance(value, (tuple, list)) else "text" if isinstance(value, str) else type(value).__name__
 
 
 # a type's name (an annotation under ``from __future__ import annotations``, or a default's type) -> (check, what

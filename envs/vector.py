@@ -11,6 +11,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from envs import rng
+from envs.settings import ConfigError
 from envs.vr_edge import (
     VREdgeConfig,
     action_space,
@@ -29,7 +30,7 @@ from envs.vr_edge import (
 def init_batched(env: gym.vector.VectorEnv, num_envs: int, config: VREdgeConfig, seed: int | None) -> None:
     """Give a batched VR-edge env (NumPy's or torch's) what both set alike: config, size, seed and spaces."""
     if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
-        raise ValueError(f"num_envs={num_envs!r} is invalid: must be an integer >= 1")
+        raise ConfigError("num_envs", num_envs, "must be an integer >= 1", flag=False)
     env.config, env.num_envs, env._seed = config, int(num_envs), seed
     env.single_observation_space = observation_space(config)
     env.single_action_space = action_space(config)

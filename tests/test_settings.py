@@ -8,6 +8,7 @@ import math
 import pytest
 
 from envs.settings import ConfigError, limits_of
+from envs.vr_edge import VREdgeConfig
 from trainer.config import TrainConfig, setting_fields
 from trainer.flags import build_parser, defaults_used, parse_args, resumed_config, without_flags
 from trainer.registry import ALGORITHMS, owners, reads
@@ -65,6 +66,21 @@ def test_every_declared_limit_refuses_the_value_just_outside_it_naming_the_setti
         assert "\n" not in str(e.value)
         checked += 1
     assert checked >= 15
+
+
+def test_every_vr_edge_limit_refuses_the_value_just_outside_it_naming_the_argument():
+    """VR-edge's arguments are declared as the trainer's settings are, and checked by the same rule: the message
+    names the argument by its key (an env argument has no flag)."""
+    checked = 0
+    for f in (f for f in dataclasses.fields(VREdgeConfig) if f.init):
+        bad = (*f.default[:-1], limits_of(f).above) if isinstance(f.default, tuple) else _outside(f)
+        if bad is None:
+            continue
+        with pytest.raises(ConfigError) as e:
+            VREdgeConfig(**{f.name: bad})
+        assert (e.value.key, e.value.value) == (f.name, bad) and str(e.value).startswith(f"{f.name} must "), f.name
+        checked += 1
+    assert checked >= 20
 
 
 @pytest.mark.parametrize("name", ["lr", "gamma", "max_grad_norm", "clip_coef"])
