@@ -215,5 +215,12 @@ def _started(word: str, choices: Iterable[str]) -> list[str]:
 
 
 def spelled(value: object) -> str:
-    """``value`` as a command line or a TOML file writes it: ``true``/``false`` for booleans, else its ``repr``."""
+    """``value`` as a command line or a TOML file writes it: ``true``/``false`` for booleans, a list (or tuple) in
+    brackets, else its ``repr``.
+
+    >>> spelled(True), spelled((8, "a")), spelled(0.5)
+    ('true', "[8, 'a']", '0.5')
+    """
+    if isinstance(value, (tuple, list)):
+        return f"[{', '.join(map(spelled, value))}]"
     return str(value).lower() if isinstance(value, bool) else repr(value)

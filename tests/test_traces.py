@@ -227,19 +227,19 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
     ("a=1,a=2", ["a"], None),  # the key given twice
     ("9x=1", ["'9x=1'"], None),
     ("reveal_hiden_state=true", ["reveal_hiden_state", "num_users"], "reveal_hidden_state"),  # and its arguments
-    ("segment_s=abc", ['segment_s="abc"'], None),
-    ("num_users=2.5", ["num_users=2.5", "float"], None),  # the kind given
-    ("reveal_hidden_state=1", ["reveal_hidden_state=1", "int"], None),
-    ("trace_split=3", ["trace_split=3", "int"], None),
+    ("segment_s=abc", ["segment_s", "'abc'"], None),
+    ("num_users=2.5", ["num_users", "an integer", "2.5"], None),  # the kind it takes, the value given
+    ("reveal_hidden_state=1", ["reveal_hidden_state", "true or false", "1"], None),
+    ("trace_split=3", ["trace_split", "text", "3"], None),
     ("capacity_trace=/no/such/trace", ["capacity_trace", "/no/such/trace"], None),
     ("bitrates_mbps=[5,10", ["bitrates_mbps=[5,10", "bitrates_mbps=[5,10,20]"], None),  # and a list as it is written
     ("bitrates_mbps=[[5]]", ["bitrates_mbps=[[5]]"], None),
     ("bitrates_mbps=[5,,10]", ["bitrates_mbps=[5,,10]"], None),
-    ("bitrates_mbps=[10,5]", ["bitrates_mbps=[10,5]"], None),
-    ("bitrates_mbps=5", ["bitrates_mbps=5", "int"], None),
-    ("bitrates_mbps=[8,a]", ['bitrates_mbps=[8,"a"]', '"a"'], None),  # the item that is not a number
-    ("num_users=[4]", ["num_users=[4]"], None),
-    ("regime_multipliers=[1,2]", ["regime_multipliers=[1,2]", "three"], None),  # how many it takes
+    ("bitrates_mbps=[10,5]", ["bitrates_mbps", "increasing", "[10, 5]"], None),
+    ("bitrates_mbps=5", ["bitrates_mbps", "a list of numbers", "5"], None),
+    ("bitrates_mbps=[8,a]", ["bitrates_mbps", "a list of numbers", "[8, 'a']"], None),  # the item that is not one
+    ("num_users=[4]", ["num_users", "an integer", "[4]"], None),
+    ("regime_multipliers=[1,2]", ["regime_multipliers", "3 numbers", "[1, 2]"], None),  # how many it takes
 ])
 def test_bad_env_kwargs_are_one_line_errors(text, named, suggested):
     from trainer.config import TrainConfig
