@@ -16,6 +16,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+import envs
 from envs import rng
 from envs.arguments import KINDS, is_number
 from envs.settings import ConfigError, check_limits, setting
@@ -519,3 +520,6 @@ def checked_state(cfg: VREdgeConfig, state: dict[str, Any], batch: int) -> dict[
                              f"(num_envs={batch}, num_users={cfg.num_users}, history={cfg.history})")
         out[k] = v.astype(ref.dtype, copy=True)
     return out
+
+
+envs.register()  # importing the env registers it with Gymnasium

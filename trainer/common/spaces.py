@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
 
-import envs  # noqa: F401 - registers VREdge-v0
+import envs.vr_edge  # noqa: F401 - registers VREdge-v0
 from envs.arguments import KINDS, shown
 from envs.settings import ConfigError, did_you_mean
 

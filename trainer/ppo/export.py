@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 import checkpoints
-import envs  # noqa: F401  (registers VREdge-v0)
+import envs.vr_edge  # noqa: F401  (registers VREdge-v0)
 from trainer import __version__
 from trainer.config import TrainConfig
 from trainer.evaluation.episodes import run_episodes
