@@ -217,7 +217,7 @@ def _toml_values(path: Path) -> dict[str, Any]:
     types = {name: kind for name, kind in _types().items() if name != "config"}
     keys = {key: key.replace("-", "_") for key in data}  # the flag's spelling or the field's
     unknown = sorted(k for k, name in keys.items() if name not in types)
-    command_only = _command_only(types)
+    command_only = _command_only(types) if unknown else []
     flags_only = [k for k in unknown if keys[k] in command_only]
     if flags_only:  # flag names, but what they do is the command line's, not a run's setting
         raise ValueError(f"{path}: {', '.join(flags_only)}: command-line flags only "
