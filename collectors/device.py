@@ -30,14 +30,8 @@ class DeviceCollector(Collector):
         >>> rollout.batch.batch_size, rollout.batch["observations"].device, rollout.next_observations.shape
         (torch.Size([16, 4]), device(type='cpu'), torch.Size([4, 61]))
 
-    The one env factory builds all ``N`` envs as one torch-batched ``VectorEnv`` with a
-    ``to(device)`` method and same-step autoreset whose ``reset``/``step`` take and return tensors
-    (``envs.VREdgeTorchEnv``). Each rollout's ``[T, N]`` TensorDict is allocated on ``device`` and
-    written step by step: no host-to-device copy, no NumPy array on the acting path, and no host
-    synchronisation until the rollout ends, when the finished episodes are read in one
-    device-to-host copy. ``collect()`` returns the same :class:`~collectors.rollout.Rollout` as
-    :class:`~collectors.RolloutCollector` (keys, shapes, seeding, keyed sampling, ``policy_version``),
-    and :meth:`get_state` has its per-env format, so a state moves between the two.
+    ``collect()`` returns the same :class:`~collectors.rollout.Rollout` as :class:`~collectors.RolloutCollector`,
+    and a state moves between the two (docs/collectors.md#the-device-backend).
 
     Args:
         env_fns: one zero-argument factory of a torch-batched env (a list of length one).
