@@ -15,7 +15,7 @@ from tensordict import TensorDict
 
 from collectors.backends.async_ import CLOSE_TIMEOUT_S as WORKER_CLOSE_TIMEOUT_S
 from collectors.backends.async_ import check_picklable, stop_processes
-from collectors.base import Collector, Policy, check_env_fns, renamed_keywords
+from collectors.base import Collector, Policy, check_env_fns
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
 from collectors.processes import (
     WorkerDiedError,
@@ -60,7 +60,6 @@ class BackgroundCollector(Collector):
     How weights reach it, its deadlines and its faults: docs/collectors.md#in-a-process-of-its-own-backgroundcollector.
     """
 
-    @renamed_keywords(horizon="num_steps")
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
                  num_steps: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_threads: int | None = None, worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S,

@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDictBase
 
 from collectors.backend_names import BACKENDS, LOCAL_BACKENDS
-from collectors.base import Collector, Policy, check_env_fns, check_seeds, renamed_keywords
+from collectors.base import Collector, Policy, check_env_fns, explicit_seeds
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EpisodeInfo
 from collectors.processes import start_method_of
@@ -107,7 +107,6 @@ class RolloutCollector(Collector):
     Each argument in detail, the batch's keys, keyed sampling: docs/collectors.md#rolloutcollectors-arguments.
     """
 
-    @renamed_keywords(horizon="num_steps")
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
                  num_steps: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_workers: int | None = None, main_share: bool = True, num_threads: int | None = None,
@@ -123,9 +122,7 @@ class RolloutCollector(Collector):
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         env_fns = check_env_fns(env_fns)
         super().__init__(policy, num_steps, device, num_threads, compile_policy)
-        explicit = check_seeds(seed)
-        if explicit is None:
-            env_seeds(seed, 0)  # validates the seed before any worker starts
+        explicit = explicit_seeds(seed)
         self.backend = backend
         Deadline(worker_timeout)  # validated here for every backend, so a bad value never waits for async
         start_method_of(start_method)  # ... and so is this

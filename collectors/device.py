@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from collectors.base import Collector, Policy, check_env_fns, check_seeds, renamed_keywords
+from collectors.base import Collector, Policy, check_env_fns, explicit_seeds
 from collectors.collector import call_policy, check_policy_output
 from collectors.env_group import build_env, close_envs, env_states, restore_env_states
 from collectors.rollout import Rollout
@@ -46,7 +46,6 @@ class DeviceCollector(Collector):
             to compile (``envs.VREdgeTorchEnv(compile=True)``).
     """
 
-    @renamed_keywords(horizon="num_steps")
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, num_steps: int = 128,
                  seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_threads: int | None = None, compile_policy: bool | str = False) -> None:
@@ -55,9 +54,7 @@ class DeviceCollector(Collector):
         if len(env_fns) != 1:
             raise ValueError(f"backend='device' takes one env factory that builds all envs as one torch-batched env "
                              f"(e.g. functools.partial(envs.VREdgeTorchEnv, 64)), got {len(env_fns)} factories")
-        explicit = check_seeds(seed)
-        if explicit is None:
-            env_seeds(seed, 0)  # validates the seed before the env is built
+        explicit = explicit_seeds(seed)
         env = build_env(env_fns[0], 0)
         if not isinstance(env, gym.vector.VectorEnv) or not callable(getattr(env, "to", None)):
             close_envs([env])
