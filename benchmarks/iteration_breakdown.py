@@ -24,7 +24,7 @@ PROG = "python -m benchmarks.iteration_breakdown"
 # trainer flags about the run, its processes and Ray: this benchmark times one process's collect() and learn()
 # at 1 and 2 threads, and would silently ignore them
 RUN_FLAGS = ("algo", "backend", "total_steps", "run_dir", "num_workers", "num_splits", "threads", "tensorboard",
-             "ray_address", "envs_per_worker", "cpus_per_worker", "worker_timeout", "ray_async", "overlap",
+             "ray_address", "envs_per_worker", "cpus_per_worker", "worker_timeout", "keep_collecting", "overlap",
              "overlap_targets", "max_lag", "rho_bar", "c_bar", "checkpoint_every", "eval_every", "eval_episodes",
              "keep_checkpoints")
 

@@ -15,7 +15,7 @@ from tensordict import TensorDict
 
 from collectors.backends.async_ import CLOSE_TIMEOUT_S as WORKER_CLOSE_TIMEOUT_S
 from collectors.backends.async_ import check_picklable, stop_processes
-from collectors.base import Collector, Policy, check_env_fns, renamed_keywords
+from collectors.base import Collector, Policy, check_env_fns
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, START_TIMEOUT_S, Deadline
 from collectors.processes import (
     WorkerDiedError,
@@ -36,13 +36,9 @@ _REPORT_MARGIN_S = 2.0  # a busy machine's delay between the collecting process'
 
 
 class BackgroundCollector(Collector):
-    """A :class:`~collectors.RolloutCollector` that runs in a process of its own.
-
-    ``start()`` begins the next rollout and returns at once; ``wait()`` returns it. In
-    between, this process is free: the trainer's ``--overlap`` learns on one rollout while
-    the next is collected, without the two fighting over one interpreter. ``collect()`` is
-    ``start()`` then ``wait()``. Rollouts, states and episodes are exactly those of the same
-    ``RolloutCollector`` in this process.
+    """A :class:`~collectors.RolloutCollector` that runs in a process of its own: ``start()`` begins the next
+    rollout and returns at once, ``wait()`` returns it (``collect()`` is both), so this process may learn meanwhile.
+    Rollouts, states and episodes are exactly those of the same ``RolloutCollector`` in this process.
 
     Example:
         >>> import functools, gymnasium as gym, torch
@@ -56,26 +52,14 @@ class BackgroundCollector(Collector):
         torch.Size([8, 2])
 
     Args:
-        env_fns, policy, backend, num_steps, seed, device, num_threads: as for ``RolloutCollector``
-            (the factories and the policy must be picklable; the policy's copy in the collecting
-            process gets its weights through ``update_policy``: an ``nn.Module``'s are written into
-            one shared-memory copy, handed over when the process starts, and never sent again).
-        worker_timeout: seconds the collecting process (and its async workers) may stay silent,
-            stretched to 20 times the slowest answer measured (``collectors.deadlines.Deadline``).
-            Over async workers, what waits on them (a rollout, a state) gets a few seconds more
-            (:meth:`_report_s`): the collecting process's own deadline on a silent worker fires
-            first, and the error names that worker.
-        start_method: how the collecting process, and its async workers, start (as for
-            ``RolloutCollector``; ``None``: forkserver where the platform has one).
+        env_fns, policy, backend, num_steps, seed, device, num_threads: as for ``RolloutCollector`` (picklable).
+        worker_timeout: seconds the collecting process (and its async workers) may stay silent.
+        start_method: how the collecting process, and its async workers, start (as for ``RolloutCollector``).
         options: further ``RolloutCollector`` options (``num_workers``, ``main_share``, ...).
 
-    Every wait is bounded: the process's death is noticed at once (``WorkerDiedError``), its
-    silence past the deadline raises ``WorkerTimeoutError`` (the first rollout and the start
-    get at least 120 s), and an error inside it (an env raising) is raised here with its
-    traceback. It is killed when this process dies (Linux), even in the middle of a hung step.
+    How weights reach it, its deadlines and its faults: docs/collectors.md#in-a-process-of-its-own-backgroundcollector.
     """
 
-    @renamed_keywords(horizon="num_steps")
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
                  num_steps: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_threads: int | None = None, worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S,

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import time
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -15,6 +13,7 @@ import torch
 
 from collectors.resources import torch_threads
 from collectors.rollout import Rollout
+from collectors.seeding import env_seeds
 
 Policy = Callable[[torch.Tensor], Any]
 
@@ -31,23 +30,6 @@ def check_env_fns(env_fns: Any) -> list[Callable[[], Any]]:
             raise TypeError(f"env_fns[{i}] is {type(fn).__name__}, not callable; pass factories "
                             "(e.g. functools.partial(gymnasium.make, 'CartPole-v1')), not env instances")
     return env_fns
-
-
-def renamed_keywords(**renamed: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Accept each old keyword argument (``old="new"``) for one more release, with a ``DeprecationWarning``."""
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            for old, new in renamed.items():
-                if old in kwargs:
-                    if new in kwargs:
-                        raise TypeError(f"{old}= is the old name of {new}=: pass {new}= only")
-                    warnings.warn(f"{old}= is renamed {new}=; {old}= goes in the next release", DeprecationWarning,
-                                  stacklevel=2)
-                    kwargs[new] = kwargs.pop(old)
-            return fn(*args, **kwargs)
-        return call
-    return wrap
 
 
 def _check_positive_int(name: str, value: Any, allow_none: bool = False) -> None:
@@ -237,6 +219,10 @@ class Collector(ABC):
             self.close()
 
 
-def check_seeds(seed: int | Sequence[int]) -> list[int] | None:
-    """An explicit per-env seed list, or ``None`` for one run seed."""
-    return None if isinstance(seed, int) or hasattr(seed, "__index__") else [int(s) for s in seed]
+def explicit_seeds(seed: int | Sequence[int]) -> list[int] | None:
+    """The per-env seeds given explicitly, or ``None`` for one run seed (refused here if it is not one, before
+    any env or worker starts)."""
+    if isinstance(seed, int) or hasattr(seed, "__index__"):
+        env_seeds(seed, 0)
+        return None
+    return [int(s) for s in seed]

@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDictBase
 
 from collectors.backend_names import BACKENDS, LOCAL_BACKENDS
-from collectors.base import Collector, Policy, check_env_fns, check_seeds, renamed_keywords
+from collectors.base import Collector, Policy, check_env_fns, explicit_seeds
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
 from collectors.env_group import EpisodeInfo
 from collectors.processes import start_method_of
@@ -75,8 +75,8 @@ def check_policy_output(action: torch.Tensor, extras: dict[str, torch.Tensor], n
 
 
 class RolloutCollector(Collector):
-    """Collects fixed-shape ``[num_steps, num_envs]`` rollouts from Gymnasium envs, in this process
-    (``serial``, ``sync``) or in worker processes (``async``).
+    """Fixed-shape ``[num_steps, num_envs]`` rollouts from Gymnasium envs, stepped in this process (``serial``,
+    ``sync``) or in worker processes (``async``); ``collect()`` returns a :class:`~collectors.rollout.Rollout`.
 
     Example:
         >>> import functools, gymnasium as gym, torch
@@ -88,58 +88,25 @@ class RolloutCollector(Collector):
         >>> rollout.batch.batch_size, rollout.batch["observations"].shape, rollout.next_observations.shape
         (torch.Size([16, 4]), torch.Size([16, 4, 4]), torch.Size([4, 4]))
 
-    ``collect()`` returns a :class:`~collectors.rollout.Rollout`: the ``[T, N]`` batch
-    (``observations``, ``actions``, ``rewards``, ``terminated``, ``truncated``,
-    ``final_observations``, ``final_observation_mask`` and, when the policy returns them,
-    ``log_probs`` and ``values``), the ``[N, ...]`` observations that follow it, the
-    episodes finished during it and the policy version that collected it. Consecutive
-    calls continue the same episodes. Weights come in through ``update_policy``.
-
     Args:
-        env_fns: zero-argument callables, each building a ``gymnasium.Env`` or a
-            ``gymnasium.vector.VectorEnv`` with same-step autoreset (N counts all envs).
-        policy: ``policy(obs[N, *obs]) -> actions[N, *act]``, or a mapping with
-            ``"action"`` and optionally ``"log_prob"`` and ``"value"`` (``[N]``).
-            It is called once per step, in this process, under ``torch.inference_mode()``.
-        backend: ``"serial"``, ``"sync"`` or ``"async"`` (``"ray"``: :class:`collectors.RayCollector`,
-            or :func:`collectors.make_collector`, which picks the class).
-        num_steps: steps per rollout (``T``; ``horizon=``, its old name, is accepted until the next release).
-        seed: run seed; env ``i`` is reset with the i-th ``SeedSequence(seed).spawn`` seed.
-            A sequence gives each env its seed explicitly (one per env).
+        env_fns: zero-argument callables, each building a ``gymnasium.Env`` or a same-step autoreset ``VectorEnv``.
+        policy: ``policy(obs[N, *obs]) -> actions[N, *act]``, or a mapping with ``"action"`` (and ``"log_prob"``,
+            ``"value"``); a policy with ``noise_keys`` and ``steps`` parameters is called keyed.
+        backend: ``"serial"``, ``"sync"`` or ``"async"`` (Ray and device: :func:`collectors.make_collector`).
+        num_steps: steps per rollout (``T``).
+        seed: run seed (env ``i`` gets the i-th ``SeedSequence(seed).spawn`` seed), or one seed per env.
         device: where ``collect()`` puts the rollout (one transfer per rollout).
-        num_workers: async only; worker processes (default: one busy process per usable core,
-            the collecting process included when ``main_share``; see ``collectors.resources``).
-        main_share: async only; whether the collecting process steps a share of the envs.
-        num_threads: torch intra-op threads of this process while ``collect()`` runs (restored
-            afterwards, so a learner in this process keeps its own count); ``None``: unchanged.
-            Workers always use one thread each.
-        num_splits: async only; ``k`` env groups stepped double-buffered (Sample Factory's
-            ``worker_num_splits``): while the workers step one group, this process runs the policy
-            on the next. ``1``: lockstep (all envs, then the policy on all). Every process needs a
-            factory in every group (``num_splits x processes <= len(env_fns)``). Pays off when env
-            steps are expensive (docs/collectors.md#double-buffered-async); use a keyed policy (below) so that the batch
-            equals lockstep's.
-        worker_timeout: async only; seconds a worker may stay silent (a hung env step, a stopped
-            process) before ``WorkerTimeoutError`` ends the collector, stretched to 20 times the
-            slowest answer measured (``collectors.deadlines.Deadline``); with ``main_share``, also how
-            long a call of this process's own envs may take (``collectors.watchdog``).
-        start_method: async only; how the worker processes start: ``"forkserver"`` (forked from a server
-            that has imported torch once: tens of milliseconds each), ``"spawn"`` (a fresh interpreter
-            each, importing torch: seconds), or ``None``: forkserver where the platform has one
-            (:mod:`collectors.processes`).
-        compile_policy: ``True`` (or a ``torch.compile`` mode) calls the policy compiled, as one
-            graph of fixed shapes (see :class:`~collectors.base.Collector`); ``False``: as it is.
+        num_workers: async only; worker processes (default: one busy process per usable core).
+        main_share: async only; whether this process steps a share of the envs too.
+        num_threads: torch threads of this process while ``collect()`` runs (``None``: unchanged).
+        num_splits: async only; env groups stepped double-buffered (``1``: lockstep).
+        worker_timeout: async only; seconds a worker may stay silent before a ``WorkerTimeoutError``.
+        start_method: async only; ``"forkserver"``, ``"spawn"`` or ``None`` (the forkserver where there is one).
+        compile_policy: ``True`` (or a ``torch.compile`` mode) calls the policy compiled; ``False``: as it is.
 
-    Keyed sampling: a policy that declares keyword parameters ``noise_keys`` and ``steps`` (e.g.
-    ``trainer.ppo.model.ActorCritic``) is called as ``policy(obs[n], noise_keys=[n], steps=[n])`` for
-    rows ``n`` of the envs: ``noise_keys`` (``int64``) identifies each env's noise stream (from its
-    env seed, see ``collectors.seeding.noise_keys``) and ``steps`` (``int64``) counts the steps the
-    env has taken in this collector (part of :meth:`get_state`). Drawing noise from these alone
-    makes the batch independent of how envs are grouped into policy calls; other policies are
-    called as ``policy(obs)``.
+    Each argument in detail, the batch's keys, keyed sampling: docs/collectors.md#rolloutcollectors-arguments.
     """
 
-    @renamed_keywords(horizon="num_steps")
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
                  num_steps: int = 128, seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_workers: int | None = None, main_share: bool = True, num_threads: int | None = None,
@@ -155,9 +122,7 @@ class RolloutCollector(Collector):
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         env_fns = check_env_fns(env_fns)
         super().__init__(policy, num_steps, device, num_threads, compile_policy)
-        explicit = check_seeds(seed)
-        if explicit is None:
-            env_seeds(seed, 0)  # validates the seed before any worker starts
+        explicit = explicit_seeds(seed)
         self.backend = backend
         Deadline(worker_timeout)  # validated here for every backend, so a bad value never waits for async
         start_method_of(start_method)  # ... and so is this

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from collectors.base import Collector, Policy, check_env_fns, check_seeds, renamed_keywords
+from collectors.base import Collector, Policy, check_env_fns, explicit_seeds
 from collectors.collector import call_policy, check_policy_output
 from collectors.env_group import build_env, close_envs, env_states, restore_env_states
 from collectors.rollout import Rollout
@@ -30,14 +30,8 @@ class DeviceCollector(Collector):
         >>> rollout.batch.batch_size, rollout.batch["observations"].device, rollout.next_observations.shape
         (torch.Size([16, 4]), device(type='cpu'), torch.Size([4, 61]))
 
-    The one env factory builds all ``N`` envs as one torch-batched ``VectorEnv`` with a
-    ``to(device)`` method and same-step autoreset whose ``reset``/``step`` take and return tensors
-    (``envs.VREdgeTorchEnv``). Each rollout's ``[T, N]`` TensorDict is allocated on ``device`` and
-    written step by step: no host-to-device copy, no NumPy array on the acting path, and no host
-    synchronisation until the rollout ends, when the finished episodes are read in one
-    device-to-host copy. ``collect()`` returns the same :class:`~collectors.rollout.Rollout` as
-    :class:`~collectors.RolloutCollector` (keys, shapes, seeding, keyed sampling, ``policy_version``),
-    and :meth:`get_state` has its per-env format, so a state moves between the two.
+    ``collect()`` returns the same :class:`~collectors.rollout.Rollout` as :class:`~collectors.RolloutCollector`,
+    and a state moves between the two (docs/collectors.md#the-device-backend).
 
     Args:
         env_fns: one zero-argument factory of a torch-batched env (a list of length one).
@@ -52,7 +46,6 @@ class DeviceCollector(Collector):
             to compile (``envs.VREdgeTorchEnv(compile=True)``).
     """
 
-    @renamed_keywords(horizon="num_steps")
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, num_steps: int = 128,
                  seed: int | Sequence[int] = 0, device: str | torch.device = "cpu",
                  num_threads: int | None = None, compile_policy: bool | str = False) -> None:
@@ -61,9 +54,7 @@ class DeviceCollector(Collector):
         if len(env_fns) != 1:
             raise ValueError(f"backend='device' takes one env factory that builds all envs as one torch-batched env "
                              f"(e.g. functools.partial(envs.VREdgeTorchEnv, 64)), got {len(env_fns)} factories")
-        explicit = check_seeds(seed)
-        if explicit is None:
-            env_seeds(seed, 0)  # validates the seed before the env is built
+        explicit = explicit_seeds(seed)
         env = build_env(env_fns[0], 0)
         if not isinstance(env, gym.vector.VectorEnv) or not callable(getattr(env, "to", None)):
             close_envs([env])

@@ -7,15 +7,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from collectors.backend_names import BACKENDS
-from collectors.base import Collector, Policy, renamed_keywords
+from collectors.base import Collector, Policy
 from collectors.collector import RolloutCollector
 from collectors.device import DeviceCollector
 
-RAY_OPTIONS = frozenset({"envs_per_worker", "ray_address", "cpus_per_worker", "worker_options", "keeps_collecting",
+RAY_OPTIONS = frozenset({"envs_per_worker", "ray_address", "cpus_per_worker", "worker_options", "keep_collecting",
                          "worker_cls", "worker_kwargs"})
 
 
-@renamed_keywords(horizon="num_steps", first_ready="keeps_collecting")
 def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend: str = "sync",
                    background: bool = False, **options: Any) -> Collector:
     """A :class:`~collectors.RolloutCollector` (``serial``, ``sync``, ``async``), a
@@ -32,7 +31,7 @@ def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend
         ...     print(c.collect().batch["rewards"].shape)
         torch.Size([8, 2])
 
-    An option the chosen class does not have (``keeps_collecting`` or ``ray_address`` without
+    An option the chosen class does not have (``keep_collecting`` or ``ray_address`` without
     Ray, ``main_share`` with it) is refused with the options that backend takes.
     """
     if backend not in BACKENDS:
@@ -40,7 +39,7 @@ def make_collector(env_fns: Sequence[Callable[[], Any]], policy: Policy, backend
     if backend == "ray":
         if background:
             raise ValueError("background=True is for the serial, sync and async backends: Ray actors already "
-                             "collect apart from this process (keeps_collecting=True keeps them collecting)")
+                             "collect apart from this process (keep_collecting=True keeps them collecting)")
         from collectors.ray_collector import RayCollector  # imports Ray's plumbing only where it is used
         cls, kwargs = RayCollector, options
     elif backend == "device":

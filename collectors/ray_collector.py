@@ -10,11 +10,10 @@ import torch
 from tensordict import TensorDict
 
 from collectors.backends.ray_ import AsyncRollouts, RayWorkers, RolloutWorker
-from collectors.base import Collector, Policy, check_env_fns, check_seeds, renamed_keywords
+from collectors.base import Collector, Policy, check_env_fns, explicit_seeds
 from collectors.collector import merge_states, split_state
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S
 from collectors.rollout import Rollout
-from collectors.seeding import env_seeds
 from collectors.storage import RolloutStorage, torch_dtype
 
 
@@ -45,11 +44,10 @@ class RayCollector(Collector):
         ray_address: cluster address (default: reuse a running Ray or start a local one on 127.0.0.1).
         cpus_per_worker: CPUs each actor reserves.
         worker_options: ``.options(...)`` per actor (e.g. ``resources={...}`` to pin nodes).
-        keeps_collecting: IMPALA-style collection: the actors keep collecting while the learner learns
+        keep_collecting: IMPALA-style collection: the actors keep collecting while the learner learns
             (every actor always has a rollout in flight) and ``collect()`` returns the first that is ready,
             a ``[T, K]`` slice (``rollout.envs``) collected with weights ``policy_version - rollout.policy_version``
-            updates old (``first_ready=``, its old name, is accepted until the next release).
-            Faster, but a learner must correct for the lag (the trainer uses V-trace).
+            updates old. Faster, but a learner must correct for the lag (the trainer uses V-trace).
         worker_cls: the actors' class, a subclass of ``collectors.backends.ray_.RolloutWorker`` whose
             ``rollout`` may return another flat batch (the Ape-X tier's actors return n-step transitions
             with their priorities); ``worker_kwargs`` go to its constructor.
@@ -57,19 +55,16 @@ class RayCollector(Collector):
             died (stretched to 20 times the slowest rollout measured; an actor's first gets 120 s).
     """
 
-    @renamed_keywords(horizon="num_steps", first_ready="keeps_collecting")
     def __init__(self, env_fns: Sequence[Callable[[], Any]], policy: Policy, num_steps: int = 128,
                  seed: int | Sequence[int] = 0, device: str | torch.device = "cpu", num_workers: int | None = None,
                  envs_per_worker: int | None = None, ray_address: str | None = None, cpus_per_worker: float = 1.0,
-                 worker_options: Sequence[dict] | dict | None = None, keeps_collecting: bool = False,
+                 worker_options: Sequence[dict] | dict | None = None, keep_collecting: bool = False,
                  num_threads: int | None = None, worker_cls: type | None = None,
                  worker_kwargs: dict[str, Any] | None = None,
                  worker_timeout: float = DEFAULT_WORKER_TIMEOUT_S) -> None:
         env_fns = check_env_fns(env_fns)
         super().__init__(policy, num_steps, device, num_threads)
-        explicit = check_seeds(seed)
-        if explicit is None:
-            env_seeds(seed, 0)  # validates the seed before any actor starts
+        explicit = explicit_seeds(seed)
         self.workers = RayWorkers(env_fns, policy, num_steps, seed if explicit is None else explicit, num_workers,
                                   envs_per_worker, ray_address, cpus_per_worker, worker_options,
                                   worker_cls or RolloutWorker, worker_kwargs, worker_timeout)
@@ -77,8 +72,8 @@ class RayCollector(Collector):
         self.num_envs = self.workers.num_envs
         self.observation_space = self.workers.observation_space
         self.action_space = self.workers.action_space
-        self.keeps_collecting = keeps_collecting
-        self._in_flight = AsyncRollouts(self.workers) if keeps_collecting else None
+        self.keep_collecting = keep_collecting
+        self._in_flight = AsyncRollouts(self.workers) if keep_collecting else None
         self._weights: tuple[int, Any] | None = None  # (version, object-store ref), put once per version
         self.storage: RolloutStorage | None = None
 
@@ -92,7 +87,7 @@ class RayCollector(Collector):
         return self._weights[1]
 
     def _collect(self) -> Rollout:
-        """All actors' rollouts as one ``[T, N]`` batch (``keeps_collecting``: the first ready actor's ``[T, K]``)."""
+        """All actors' rollouts as one ``[T, N]`` batch (``keep_collecting``: the first ready actor's ``[T, K]``)."""
         return self._first_ready() if self._in_flight is not None else self._all()
 
     def _all(self) -> Rollout:
@@ -125,7 +120,7 @@ class RayCollector(Collector):
 
     def get_state(self) -> dict[str, Any]:
         """As ``RolloutCollector.get_state``. Each actor's state comes back with its rollout, so this
-        costs no extra round trip; with ``keeps_collecting`` it is the state after the rollouts received
+        costs no extra round trip; with ``keep_collecting`` it is the state after the rollouts received
         so far (rollouts still in flight are not part of it)."""
         return merge_states(self.workers.env_states())
 

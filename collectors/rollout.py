@@ -34,7 +34,7 @@ class Rollout:
             ``episode_metrics``, in the order they finished.
         policy_version: how many ``update_policy`` calls the weights that collected it had seen.
         envs: which of the collector's envs the batch covers (all of them, except for a Ray
-            collector with ``keeps_collecting=True``, which returns one actor's slice).
+            collector with ``keep_collecting=True``, which returns one actor's slice).
     """
 
     batch: TensorDictBase

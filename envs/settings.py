@@ -175,10 +175,12 @@ def did_you_mean(words: str | list[str], choices: Iterable[str]) -> str:
 
 # what CleanRL's ppo.py and Stable-Baselines3 call settings of ours: a user's habit, not a typo, and no spelling
 # is close (--learning-rate would otherwise get --learning-starts, an Ape-X setting)
-# (SB3's batch_size is our minibatch_size's old name, accepted as such)
 OTHER_LIBRARIES_NAMES = {"learning_rate": "lr", "total_timesteps": "total_steps", "n_envs": "num_envs",
                          "n_steps": "num_steps", "update_epochs": "epochs", "n_epochs": "epochs",
                          "clip_range": "clip_coef"}
+# what this project called a setting before 0.1.0 was released (old -> new): an old flag is answered with the new
+# one, and a stored config of a run that old is read under the new names (trainer.config.with_current_names)
+FORMER_NAMES = {"ray_async": "keep_collecting"}
 
 
 def _closest(word: str, choices: Iterable[str]) -> list[str]:
@@ -190,14 +192,15 @@ def _closest(word: str, choices: Iterable[str]) -> list[str]:
 
 
 def _ours(word: str, choices: Iterable[str]) -> list[str]:
-    """The choice spelling our name for ``word``, another library's (:data:`OTHER_LIBRARIES_NAMES`), as ``word``
-    is spelled (dashes in front, hyphens or underscores); as a list of one, or ``[]``.
+    """The choice spelling our name for ``word``, another library's (:data:`OTHER_LIBRARIES_NAMES`) or our former
+    one (:data:`FORMER_NAMES`), as ``word`` is spelled (dashes in front, hyphens or underscores); as a list of one,
+    or ``[]``.
 
     >>> _ours("--learning-rate", ["--lr", "--learning-starts"]), _ours("n_steps", ["num-steps", "num_steps"])
     (['--lr'], ['num_steps'])
     """
     bare = word.lstrip("-")
-    ours = OTHER_LIBRARIES_NAMES.get(bare.replace("-", "_"))
+    ours = {**OTHER_LIBRARIES_NAMES, **FORMER_NAMES}.get(bare.replace("-", "_"))
     if ours is None:
         return []
     spelled_ours = word[:len(word) - len(bare)] + (ours.replace("_", "-") if "-" in bare else ours)

@@ -427,7 +427,7 @@ def test_ray_actor_killed_mid_run_is_replaced_and_learning_goes_on(local_ray, ca
     cfg = parse_args(RAY_CARTPOLE).config
     run_ = ApeX.new(cfg, run_layout(cfg, Machine(cores=2, ray_cpus=2.0, ray_cpus_here=2.0)))
     with make_collector([functools.partial(gym.make, "CartPole-v1")] * 4, run_.acting, backend="ray", num_steps=8,
-                        seed=cfg.seed, num_workers=2, envs_per_worker=2, cpus_per_worker=0.5, keeps_collecting=True,
+                        seed=cfg.seed, num_workers=2, envs_per_worker=2, cpus_per_worker=0.5, keep_collecting=True,
                         worker_cls=ApexWorker, worker_kwargs={"n_step": 3, "gamma": cfg.gamma}) as collector:
         run_.attach(collector)
         start = (0, 0.0)

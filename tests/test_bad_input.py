@@ -122,6 +122,17 @@ def test_bad_flags_are_refused_at_once(tmp_path, argv, named, suggested):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("argv, old, new", [
+    (["-m", "trainer.train", "--batch-size", "8"], "--batch-size", "--minibatch-size"),
+    (["-m", "trainer.train", "--backend", "ray", "--ray-async", "true"], "--ray-async", "--keep-collecting"),
+    (["-m", "trainer.batching", "--n-envs", "8", "--n-steps", "8"], "--n-envs", "--num-envs"),
+])
+def test_a_flag_of_the_unreleased_version_is_unknown_and_its_new_name_suggested(tmp_path, argv, old, new):
+    proc = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert suggestion(usage_error(proc.returncode, proc.stderr, old)) == new
+
+
 class PickyEnv(FaultyCartPole):
     """A constructor that names its arguments and refuses a value of one (a TypeError of its own)."""
 

@@ -336,32 +336,13 @@ def test_make_collector_picks_the_class_and_refuses_options_a_backend_lacks():
     from collectors import make_collector
     with make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="serial", num_steps=3) as c:
         assert isinstance(c, RolloutCollector) and c.collect().batch.batch_size == torch.Size([3, 2])
-    for option in ({"keeps_collecting": True}, {"ray_address": "auto"}, {"envs_per_worker": 2}):
+    for option in ({"keep_collecting": True}, {"ray_address": "auto"}, {"envs_per_worker": 2}):
         with raises(ValueError, "backend='sync'", next(iter(option)), "backend='ray'"):
             make_collector([f.cartpole] * 2, f.RandomPolicy(2), backend="sync", **option)
     with raises(ValueError, "'threads'"):
         make_collector([f.cartpole], f.RandomPolicy(2), backend="threads")
     with raises(ValueError, "backend='ray'", "make_collector"):  # the way to it
         RolloutCollector([f.cartpole], f.RandomPolicy(2), backend="ray")
-
-
-def test_renamed_options_are_accepted_for_one_release_with_a_warning():
-    from collectors import make_collector
-    from collectors.background import BackgroundCollector
-    from collectors.device import DeviceCollector
-    for build in (RolloutCollector, make_collector):
-        with pytest.warns(DeprecationWarning, match="horizon= is renamed num_steps="), \
-                build([f.cartpole], f.RandomPolicy(2), horizon=3) as c:
-            assert c.num_steps == 3 and c.collect().batch.batch_size == torch.Size([3, 1])
-    for cls in (BackgroundCollector, DeviceCollector):
-        with pytest.warns(DeprecationWarning, match="horizon= is renamed num_steps="), \
-                pytest.raises(ValueError, match="num_steps=0"):
-            cls([f.cartpole], f.RandomPolicy(2), horizon=0)  # renamed, then refused by name
-    with pytest.warns(DeprecationWarning, match="first_ready= is renamed keeps_collecting="), \
-            pytest.raises(ValueError, match="does not support keeps_collecting"):
-        make_collector([f.cartpole], f.RandomPolicy(2), backend="sync", first_ready=True)
-    with pytest.raises(TypeError, match="pass keeps_collecting= only"):
-        make_collector([f.cartpole], f.RandomPolicy(2), backend="ray", first_ready=True, keeps_collecting=True)
 
 
 def test_the_local_collector_does_not_import_ray_plumbing():

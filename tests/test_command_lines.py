@@ -359,10 +359,10 @@ def test_a_resume_may_restate_the_runs_env_arguments_but_not_change_them():
             moved_env_files(stored, given, {"num_users": 8, **ladder})
 
 
-def test_batching_takes_the_trainer_spelling_and_the_old_one(tmp_path):
-    plans = [command(["-m", "trainer.batching", *flags, "--minibatch-size", "4096"], tmp_path).stdout
-             for flags in (["--num-envs", "64", "--num-steps", "2048"], ["--n-envs", "64", "--n-steps", "2048"])]
-    assert plans[0] == plans[1] == "131072 transitions per rollout -> 32 minibatches of 4096\n"
+def test_batching_takes_the_trainer_spelling(tmp_path):
+    plan = command(["-m", "trainer.batching", "--num-envs", "64", "--num-steps", "2048", "--minibatch-size", "4096"],
+                   tmp_path).stdout
+    assert plan == "131072 transitions per rollout -> 32 minibatches of 4096\n"
     planned = [command(["-m", "trainer.batching", "--num-envs", "1", "--num-steps", "64", *size], tmp_path).stdout
                for size in ([], ["--minibatch-size", "0"])]  # 0: the planner picks
     assert planned[0] == planned[1] == "64 transitions per rollout -> 1 minibatch of 64\n"

@@ -171,7 +171,7 @@ def layouts(world_size: int, per_node: int, **values) -> list:
 @pytest.mark.parametrize("world_size, per_node", [(2, 1), (4, 2), (8, 8)])  # nodes x ranks: 2x1, 2x2, 1x8
 def test_each_rank_steps_its_share_of_the_envs_with_the_seeds_they_have_in_one_process(world_size, per_node):
     shares = layouts(world_size, per_node, num_envs=16)
-    seeds = [s for layout in shares for s in layout.env_seeds(RUN["seed"])]
+    seeds = [s for layout in shares for s in layout.collector_seed(RUN["seed"])]
     assert seeds == env_seeds(RUN["seed"], 16)  # disjoint across ranks and nodes: the one-process seeds, split
     assert all(layout.num_envs == 16 // world_size and layout.batch_envs == 16 for layout in shares)
     assert all(layout.machine.cores == 16 // per_node for layout in shares)  # each rank its share of its node

@@ -33,15 +33,15 @@ def machines(backend):
             yield Machine(cores, gpus, ray_cpus, here)
 
 
-CASES = [(backend, env, n, m, ray_async) for backend in ("serial", "sync", "async", "ray") for env in ENVS
-         for n in NUM_ENVS for m in machines(backend) for ray_async in ([False, True] if backend == "ray" else [False])]
+CASES = [(backend, env, n, m, keep) for backend in ("serial", "sync", "async", "ray") for env in ENVS
+         for n in NUM_ENVS for m in machines(backend) for keep in ([False, True] if backend == "ray" else [False])]
 
 
-@pytest.mark.parametrize("backend, env, num_envs, machine, ray_async", CASES,
+@pytest.mark.parametrize("backend, env, num_envs, machine, keep_collecting", CASES,
                          ids=[f"{b}-{e}-n{n}-{m.cores}c{m.gpus}g-ray{m.ray_cpus}{'-async' * a}"
                               for b, e, n, m, a in CASES])
-def test_default_layout_is_valid_on_every_machine(backend, env, num_envs, machine, ray_async):
-    cfg = TrainConfig(env=env, backend=backend, num_envs=num_envs, ray_async=ray_async)
+def test_default_layout_is_valid_on_every_machine(backend, env, num_envs, machine, keep_collecting):
+    cfg = TrainConfig(env=env, backend=backend, num_envs=num_envs, keep_collecting=keep_collecting)
     layout = run_layout(cfg, machine)
     cores = machine.cores
     assert not layout.warnings, layout.warnings
@@ -59,10 +59,10 @@ def test_default_layout_is_valid_on_every_machine(backend, env, num_envs, machin
     elif backend == "ray":
         assert num_envs % layout.workers == 0 and layout.workers * layout.cpus_per_worker <= machine.ray_cpus
         assert layout.factories_per_worker * layout.workers == len(layout.factory_envs)
-        assert layout.batch_envs == (num_envs // layout.workers if ray_async else num_envs)
+        assert layout.batch_envs == (num_envs // layout.workers if keep_collecting else num_envs)
         busy_here = min(machine.ray_cpus_here, layout.workers)
         assert layout.collect_threads == max(1, cores - busy_here)
-        assert layout.learn_threads == (max(1, cores - busy_here) if ray_async else cores)
+        assert layout.learn_threads == (max(1, cores - busy_here) if keep_collecting else cores)
     else:
         assert layout.workers == 0 and layout.collect_threads == layout.learn_threads == cores
     if layout.vectorized:
@@ -168,8 +168,8 @@ def test_explicit_flags_win_and_oversubscription_is_only_a_warning():
     assert (ray.workers, ray.factory_envs, ray.factories_per_worker) == (4, (16,) * 4, 1)
 
 
-def test_ray_async_keeps_a_cpu_for_a_learner_sharing_the_node():
-    cfg = TrainConfig(env="CartPole-v1", backend="ray", ray_async=True, num_envs=16)
+def test_keep_collecting_keeps_a_cpu_for_a_learner_sharing_the_node():
+    cfg = TrainConfig(env="CartPole-v1", backend="ray", keep_collecting=True, num_envs=16)
     assert run_layout(cfg, Machine(16, 0, 16.0, 16.0)).workers == 8  # 15 fit: the largest divisor of 16 is 8
     assert run_layout(cfg, Machine(16, 0, 16.0, 0.0)).workers == 16  # actors elsewhere: all of them
 

@@ -84,12 +84,12 @@ def test_killed_actor_is_replaced_and_the_rollout_retried(cluster, caplog):
         assert c.collect().batch.batch_size == torch.Size([10, 4])  # and it keeps going
 
 
-def test_keeps_collecting_returns_worker_slices_with_the_versions_that_collected_them(cluster):
+def test_keep_collecting_returns_worker_slices_with_the_versions_that_collected_them(cluster):
     """Whatever order the actors finish in, a rollout returned after an update was launched before it:
     its lag is at least 1, and it names the version of the weights it was collected with."""
     acting, learner = ActorCritic(*vr_spaces(), seed=0), ActorCritic(*vr_spaces(), seed=1)
     with make_collector([f.vr_edge] * 4, acting, backend="ray", num_workers=2, num_steps=8,
-                        cpus_per_worker=0.25, keeps_collecting=True) as c:
+                        cpus_per_worker=0.25, keep_collecting=True) as c:
         lags = []
         for _ in range(6):
             rollout = c.collect()
@@ -101,9 +101,9 @@ def test_keeps_collecting_returns_worker_slices_with_the_versions_that_collected
         assert lags[0] == 0 and all(lag >= 1 for lag in lags[1:])
 
 
-def test_keeps_collecting_is_refused_by_local_backends():
-    with raises(ValueError, "backend='async'", "keeps_collecting"):
-        make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="async", keeps_collecting=True)
+def test_keep_collecting_is_refused_by_local_backends():
+    with raises(ValueError, "backend='async'", "keep_collecting"):
+        make_collector([f.vr_edge] * 2, ActorCritic(*vr_spaces()), backend="async", keep_collecting=True)
 
 
 def test_bad_worker_layout_is_rejected(cluster):
@@ -114,14 +114,14 @@ def test_bad_worker_layout_is_rejected(cluster):
 
 
 @pytest.mark.parametrize("mode", [["--config", settings_file("ray_quarter_cpu")],
-                                  ["--ray-async", "true", "--config", settings_file("ray_async_lag1")]])
+                                  ["--keep-collecting", "true", "--config", settings_file("keep_collecting_lag1")]])
 def test_training_on_ray_sync_and_async_then_resume(cluster, tmp_path, mode):
     import json
 
     import checkpoints
     from trainer.flags import parse_args
     from trainer.train import train
-    keeps_collecting = "--ray-async" in mode
+    keep_collecting = "--keep-collecting" in mode
     cli = parse_args(["--backend", "ray", "--num-workers", "2", "--num-envs", "4", "--num-steps", "16",
                       "--total-steps", "512", "--checkpoint-every", "2", "--run-dir", str(tmp_path), *mode])
     summary = train(cli.config, progress=False, max_iterations=4)
@@ -133,8 +133,8 @@ def test_training_on_ray_sync_and_async_then_resume(cluster, tmp_path, mode):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
     last = rows[-1]["env_steps"]
-    assert summary["env_steps"] == last and last == (512 if not keeps_collecting else len(rows) * 2 * 16)
-    if keeps_collecting:
+    assert summary["env_steps"] == last and last == (512 if not keep_collecting else len(rows) * 2 * 16)
+    if keep_collecting:
         assert all(r["policy_lag"] <= 1 for r in rows)
     else:
         assert summary["lags"] == {0: len(rows) - 4}

@@ -1,4 +1,4 @@
-"""Settings declared once, beside their owner: the flags, TOML keys, limits and old spellings that follow from the
+"""Settings declared once, beside their owner: the flags, TOML keys and limits that follow from the
 declarations (``envs.settings``, ``trainer.config``, ``trainer.ppo.settings``, ``trainer.apex.settings``)."""
 
 import argparse
@@ -9,8 +9,9 @@ import pytest
 
 from envs.settings import ConfigError, limits_of
 from envs.vr_edge import VREdgeConfig
-from trainer.config import TrainConfig, setting_fields
-from trainer.flags import build_parser, defaults_used, parse_args, resumed_config, without_flags
+from tests.messages import suggestion
+from trainer.config import TrainConfig, setting_fields, with_current_names
+from trainer.flags import build_parser, parse_args, resumed_config, without_flags
 from trainer.registry import ALGORITHMS, owners, reads
 
 
@@ -103,20 +104,18 @@ def test_a_setting_without_a_flag_is_a_toml_key_and_named_so_on_the_command_line
     assert str(bad.value).startswith("max_lag ")  # its TOML key: there is no --max-lag to name
 
 
-def test_old_spellings_are_read_as_the_new_one_for_a_release_by_their_own_algorithm(tmp_path, capsys):
-    assert parse_args(["--batch-size", "256"]).config.algo_settings.minibatch_size == 256
-    old = parse_args(["--batch-size", "256"])  # given by its old name: no default of the new one said to be used
-    assert old.given["minibatch_size"] == 256 and "--minibatch-size" not in defaults_used(old.config, old.given)
-    assert parse_args(["--algo", "apex", "--apex-batch-size", "64"]).config.algo_settings.minibatch_size == 64
+def test_an_old_spelling_is_an_unknown_setting_that_suggests_the_new_one(tmp_path, capsys):
+    """0.1.0 was never released: the names it had before are not kept, as flags or as TOML keys."""
     (tmp_path / "old.toml").write_text('algo = "apex"\napex_batch_size = 32\n')
-    assert parse_args(["--config", str(tmp_path / "old.toml")]).config.algo_settings.minibatch_size == 32
-    for argv, named in ((["--apex-batch-size", "64"], "--apex-batch-size"),  # Ape-X's old name, on a PPO run
-                        (["--algo", "apex", "--batch-size", "64"], "--batch-size"),
-                        (["--batch-size", "256", "--minibatch-size", "128"], "--minibatch-size")):  # both: which?
+    for argv, named, new in ((["--batch-size", "256"], "--batch-size", "--minibatch-size"),
+                             (["--algo", "apex", "--apex-batch-size", "64"], "--apex-batch-size", "--minibatch-size"),
+                             (["--backend", "ray", "--ray-async", "true"], "--ray-async", "--keep-collecting"),
+                             (["--config", str(tmp_path / "old.toml")], "apex_batch_size", "minibatch_size")):
         with pytest.raises(SystemExit) as e:
             parse_args(argv)
         err = capsys.readouterr().err
         assert e.value.code == 2 and named in err and err.count("\n") == 1, argv
+        assert suggestion(err) == new, err
 
 
 def test_python_takes_the_keys_a_toml_file_takes_and_names_another_algorithms():
@@ -131,11 +130,13 @@ def test_a_switch_alone_means_true():
     assert (cfg.overlap, cfg.tensorboard) == (True, False)
 
 
-@pytest.mark.parametrize("algo, expected", [("ppo", 256), ("apex", 64)])
-def test_a_config_stored_by_the_previous_version_resumes(algo, expected):
-    """It held every algorithm's settings, flat, with the old names of the minibatch sizes."""
-    every = {f.name: f.default for _, f in setting_fields() if f.name != "minibatch_size"}
-    stored = {**every, "algo": algo, "env": "CartPole-v1", "device": "cpu", "batch_size": 256, "apex_batch_size": 64}
+@pytest.mark.parametrize("algo, backend, ray_async", [("ppo", "ray", True), ("apex", "async", False)])
+def test_a_config_stored_by_an_older_version_resumes(algo, backend, ray_async):
+    """It held every algorithm's settings, flat, and keep_collecting under its old name, ray_async."""
+    every = {f.name: f.default for _, f in setting_fields() if f.name != "keep_collecting"}
+    stored = with_current_names({**every, "algo": algo, "env": "CartPole-v1", "device": "cpu", "backend": backend,
+                                 "ray_async": ray_async, "minibatch_size": 64})
     cfg = resumed_config(stored, {"total_steps": 10**7}, "ckpt_9.pt")
-    assert cfg.algo == algo and cfg.algo_settings.minibatch_size == expected and cfg.total_steps == 10**7
+    assert cfg.algo == algo and cfg.algo_settings.minibatch_size == 64 and cfg.total_steps == 10**7
+    assert cfg.keep_collecting is ray_async
     assert TrainConfig.from_dict(stored, stored=True) == resumed_config(stored, {}, "ckpt_9.pt")

@@ -9,7 +9,7 @@ from tests.messages import exits, mentions, raises
 from trainer.batching import main as batching_main
 from trainer.config import TrainConfig
 from trainer.flags import parse_args
-from trainer.ppo.batching import plan_minibatches
+from trainer.ppo.minibatches import plan_minibatches
 from trainer.ppo.targets import compute_gae, next_values
 
 
@@ -80,7 +80,7 @@ def test_planner_rejects_impossible_sizes(size):
 
 
 def test_planner_command(capsys):
-    batching_main(["--n-envs", "64", "--n-steps", "2048", "--minibatch-size", "4096"])
+    batching_main(["--num-envs", "64", "--num-steps", "2048", "--minibatch-size", "4096"])
     assert "32 minibatches of 4096" in capsys.readouterr().out
 
 

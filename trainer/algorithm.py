@@ -4,7 +4,7 @@ An algorithm is a subclass of :class:`Algorithm`, found by its ``--algo`` name i
 
 1. the config is checked, by :class:`~trainer.config.TrainConfig` and by the algorithm
    (:meth:`~Algorithm.check_config`), and laid out on the machine (``trainer.run_layout``, which asks
-   :meth:`~Algorithm.keeps_collecting`);
+   :meth:`~Algorithm.keep_collecting`);
 2. the algorithm is built (:meth:`~Algorithm.new`): networks, optimizer, its acting policy;
 3. a collector is built around its acting policy (:attr:`~Algorithm.acting`, with
    :meth:`~Algorithm.collector_options`) and attached (:meth:`~Algorithm.attach`); when resuming, the
@@ -64,7 +64,7 @@ class AlgorithmSpec:
     description: ClassVar[str]  # one line for --algo's help
     model_name: ClassVar[str]  # what its model is, for messages ("an Ape-X Q-network")
     # the dataclass of its own settings (TrainConfig.algo_settings; envs.settings.setting fields), in a module
-    # that imports no torch; old spellings of them in its ``renamed`` (a ClassVar dict), if any
+    # that imports no torch
     Settings: ClassVar[type] = NoSettings
     stochastic: ClassVar[bool] = True  # whether its model samples actions (trainer.evaluate --stochastic)
     # the TrainConfig values it runs with where the user sets none, by env id ("*": every other env), over the
@@ -100,7 +100,7 @@ class AlgorithmSpec:
         between settings)."""
 
     @classmethod
-    def keeps_collecting(cls, cfg: TrainConfig) -> bool:
+    def keep_collecting(cls, cfg: TrainConfig) -> bool:
         """Whether, on Ray, the actors keep collecting while it learns (``collect()`` then returns the first
         actor's rollout that is ready, one actor's slice of the envs)."""
         return False

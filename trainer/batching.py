@@ -2,8 +2,7 @@
 
     python -m trainer.batching --num-envs 64 --num-steps 2048 --minibatch-size 4096
 
-The flags are ``trainer.train``'s, with their limits (``--n-envs``, ``--n-steps`` and ``--batch-size`` are accepted
-too).
+The flags are ``trainer.train``'s, with their limits.
 """
 
 from __future__ import annotations
@@ -11,16 +10,15 @@ from __future__ import annotations
 from envs.settings import ConfigError, check_limits
 from trainer.arguments import OneLineParser
 from trainer.config import TrainConfig
-from trainer.ppo.batching import plan_minibatches  # no torch: --help answers at once
+from trainer.ppo.minibatches import plan_minibatches  # no torch: --help answers at once
 
 
 def main(argv: list[str] | None = None) -> None:
     p = OneLineParser(prog="python -m trainer.batching", description="Print the PPO minibatch plan for a rollout "
                       "size (the flags are trainer.train's).")
-    p.add_argument("--num-envs", "--n-envs", dest="num_envs", type=int, required=True, help="parallel envs")
-    p.add_argument("--num-steps", "--n-steps", dest="num_steps", type=int, required=True,
-                   help="steps per env per rollout")
-    p.add_argument("--minibatch-size", "--batch-size", dest="minibatch_size", type=int, default=0,
+    p.add_argument("--num-envs", type=int, required=True, help="parallel envs")
+    p.add_argument("--num-steps", type=int, required=True, help="steps per env per rollout")
+    p.add_argument("--minibatch-size", type=int, default=0,
                    help="minibatch size (default 0: the planner picks, as for trainer.train)")
     args = p.parse_args(argv)
     try:

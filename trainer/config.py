@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from collectors.backend_names import BACKENDS
-from envs.settings import ConfigError, check_limits, did_you_mean, flag_name, limits_of, setting
+from envs.settings import FORMER_NAMES, ConfigError, check_limits, did_you_mean, flag_name, limits_of, setting
 from trainer.algorithm import AlgorithmSpec
-from trainer.registry import ALGORITHMS, algorithm_spec, default_settings, owners, reads, renamed, settings_class
+from trainer.registry import ALGORITHMS, algorithm_spec, default_settings, owners, reads, settings_class
 
 __all__ = ["TrainConfig", "parse_env_kwargs", "format_env_kwargs"]
 
@@ -95,8 +95,8 @@ class TrainConfig:
                            "eagerly", choices=COMPILE_CHOICES, group=COLLECTION, resumable=True)
     overlap: bool = setting(False, "collect the next rollout in a separate process while learning on this one (a "
                             "fixed policy lag of one update; serial, sync and async backends)", group=COLLECTION)
-    ray_async: bool = setting(False, "ray backend: the actors keep collecting while the learner learns "
-                              "(IMPALA-style, V-trace corrects for the lag)", group=COLLECTION)
+    keep_collecting: bool = setting(False, "ray backend: the actors keep collecting while the learner learns "
+                                    "(IMPALA-style, V-trace corrects for the lag)", group=COLLECTION)
     ray_address: str = setting("", "ray backend: cluster address (empty: reuse a running Ray or start a local one)",
                                group=COLLECTION, resumable=True)
     cpus_per_worker: float = setting(1.0, "ray backend: CPUs reserved per actor (fractions allowed)", above=0,
@@ -129,14 +129,13 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], stored: bool = False) -> TrainConfig:
         """The config of flat ``values`` (as :meth:`to_dict` writes them, or a TOML file): the run's keys here, the
-        algorithm's in its settings; the algorithm's old spellings read as the new (``renamed``). ``ConfigError`` for
-        a key that neither this config nor the algorithm has, unless ``stored`` (a config stored by an older
-        version, which held every algorithm's settings: the others' are left out)."""
+        algorithm's in its settings. ``ConfigError`` for a key that neither this config nor the algorithm has,
+        unless ``stored`` (a config stored by an older version, which held every algorithm's settings: the others'
+        are left out)."""
         algo = values.get("algo", cls.algo)
         values = {k.replace("-", "_"): v for k, v in values.items()}  # as a TOML file may spell them
         if not stored:  # a stored config of an older version held every algorithm's settings
             check_owners(algo, values)  # another algorithm's setting is named as such, not as unknown
-        values = renamed(values, algo)
         own = {f.name for f in fields(cls)} - {"algo_settings"}
         settings = settings_class(algo)
         theirs = {f.name for f in fields(settings)}
@@ -169,10 +168,10 @@ class TrainConfig:
         rules = [  # (ok, key, rule)
             (re.fullmatch(r"(ray://)?[\w.\-\[\]:]+:\d+|auto|", self.ray_address) is not None, "ray_address",
              "must be the HOST:PORT that `ray start --head` printed (e.g. 10.0.0.1:6379), or auto"),
-            (not self.ray_async or self.backend == "ray", "ray_async", "needs --backend ray"),
+            (not self.keep_collecting or self.backend == "ray", "keep_collecting", "needs --backend ray"),
             (not self.overlap or self.backend not in ("ray", "device"), "overlap",
-             "needs --backend serial, sync or async (ray: --ray-async true keeps the actors collecting while the "
-             "learner learns; device: its env steps on the learner's device, between updates)"),
+             "needs --backend serial, sync or async (ray: --keep-collecting true keeps the actors collecting while "
+             "the learner learns; device: its env steps on the learner's device, between updates)"),
             (self.num_splits == 1 or self.backend == "async", "num_splits", "needs --backend async"),
             (re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", self.hidden) is not None, "hidden",
              "must be comma-separated positive sizes, e.g. 64,64"),
@@ -243,6 +242,16 @@ class TrainConfig:
         if not paths:
             return self
         return dataclasses.replace(self, env_kwargs=format_env_kwargs({**options, **paths}))
+
+
+def with_current_names(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored config (a checkpoint's, ``config.json``'s, a ``--seeds`` folder's setup) with its settings under
+    today's names (``envs.settings.FORMER_NAMES``): the one place where an older run's names are translated.
+
+    >>> with_current_names({"ray_async": False, "num_envs": 4})
+    {'keep_collecting': False, 'num_envs': 4}
+    """
+    return {FORMER_NAMES.get(k, k): v for k, v in stored.items()}
 
 
 def check_owners(algo: str, given: dict[str, Any]) -> None:

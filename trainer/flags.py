@@ -46,8 +46,6 @@ from trainer.registry import (
     algorithm_spec,
     owners,
     reads,
-    renamed,
-    renamed_names,
     settings_class,
     takes_gpu_defaults,
 )
@@ -55,8 +53,8 @@ from trainer.registry import (
 # keys a resumed run may change (declared ``setting(..., resumable=True)``); every other key must match the
 # checkpoint's config
 RESUMABLE_CHANGES = frozenset(f.name for _, f in setting_fields() if is_resumable(f))
-# backends a resumed run may move between (not Ray's: its actors, and with --ray-async its algorithm, are another
-# run's)
+# backends a resumed run may move between (not Ray's: its actors, and with --keep-collecting its algorithm, are
+# another run's)
 SWITCHABLE_BACKENDS = (*LOCAL_BACKENDS, "device")
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 _TOML_TYPES = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
@@ -91,10 +89,8 @@ def _field_type(f: dataclasses.Field) -> type:
 
 
 def _types(algo: str | None = None) -> dict[str, type]:
-    """Every setting's type by name: the run's and every algorithm's (with their old names), or only ``algo``'s
-    besides the run's."""
-    types = {f.name: _field_type(f) for _, f in setting_fields() if algo is None or reads(algo, f.name)}
-    return types if algo else {**types, **{old: types[new] for old, new in renamed_names().items()}}
+    """Every setting's type by name: the run's and every algorithm's, or only ``algo``'s besides the run's."""
+    return {f.name: _field_type(f) for _, f in setting_fields() if algo is None or reads(algo, f.name)}
 
 
 def _help(f: dataclasses.Field) -> str:
@@ -183,9 +179,6 @@ def build_parser(prog: str = TRAIN_PROG, description: str = "",
         switch = {"nargs": "?", "const": True} if kind is bool else {}  # --overlap alone means --overlap true
         groups[title].add_argument(flag_name(f.name), type=parse, default=argparse.SUPPRESS, **switch,
                                    help=shown(f.name, f"{_help(f)} {_default_help(f.name, f.default)}"))
-    for old, new in renamed_names().items():  # accepted for a release, for its own algorithm; not shown
-        p.add_argument(flag_name(old), dest=old, type=_types()[new], default=argparse.SUPPRESS,
-                       help=argparse.SUPPRESS)
     p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
                    help=shown("resume", "continue a run from its newest loadable checkpoint (or from this checkpoint "
                                         "file); writes into that run directory"))
@@ -302,48 +295,13 @@ def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, descriptio
     """
     parser = build_parser(prog, description, hidden)
     args = vars(parser.parse_args(argv))
-    resume, overwrite = args.pop("resume"), args.pop("overwrite")
-    seeds, jobs = args.pop("seeds"), args.pop("jobs")
-    _check_seeds(parser, seeds, jobs, args, resume, overwrite)
-    if resume is not None and not resume.strip():  # `--resume "$RUN"` with RUN unset must not start a new run
-        parser.error("--resume needs a run directory or checkpoint file; it was given an empty string")
-    resume = resume or ""
-    if resume and not Path(resume).exists():  # before torch loads: a typo is answered at once
-        parser.error(f"--resume {resume}: no such checkpoint file or run directory")
+    resume, overwrite, seeds, jobs = _run_options(parser, args)
     from_file: dict[str, Any] = {}
     try:
         from_file = _toml_values(Path(args["config"])) if args.get("config") else {}
         given = {**from_file, **args}
         algorithm_spec(given.get("algo", TrainConfig.algo))  # an unknown --algo is named first
-        if not resume:  # a setting of another algorithm is named as such, not as an unknown one
-            check_owners(given.get("algo", TrainConfig.algo), given)
-            # an old spelling is its new name from here on: given, not a default (a resume's: by its own algorithm)
-            given = renamed(given, given.get("algo", TrainConfig.algo))
-        # what a resume runs is the checkpoint's config, whose algorithm reads the given keys (resumed_config)
-        cfg = TrainConfig.from_dict(given, stored=True) if resume else new_run_config(given)
-        if resume and "env_kwargs" in given:  # their syntax here; their values against the run's (resumed_config),
-            try:  # before any file they name is read
-                parse_env_kwargs(given["env_kwargs"])
-            except ValueError as e:
-                raise ConfigError("env_kwargs", given["env_kwargs"], str(e)) from None
-            cfg = dataclasses.replace(cfg, env_kwargs="")
-        try:
-            check_config(cfg, {} if resume else given)  # a resumed run's algorithm: its checkpoint's (resumed_config)
-        except ConfigError as e:
-            if not resume or e.key in given:
-                raise
-            # a rule between a given value and a default (--replay-capacity under the default --learning-starts):
-            # a resumed run's other values are its checkpoint's, and resumed_config checks against those
-        if not resume and takes_gpu_defaults(cfg, given):  # checked first: a bad flag is answered before torch loads
-            cfg = new_run_config(given, gpu=True)
-            check_config(cfg, given)
-        # here, not at the layout: before any line about the run
-        if not resume and (cfg.device.startswith("cuda") or getattr(cfg.algo_settings, "cuda_graphs", False)):
-            import torch
-
-            from trainer.common.devices import learner_device
-            from trainer.run_layout import cuda_graphs_on
-            cuda_graphs_on(cfg, learner_device(cfg.device, torch.cuda.device_count()))
+        cfg = _checked_resume_config(given) if resume else _checked_new_run_config(given)
     except ConfigError as e:
         parser.error(_error_text(e, args.get("config", ""), _file_only(from_file, args)))
     except ValueError as e:
@@ -352,6 +310,58 @@ def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, descriptio
         parser.error("--overwrite starts a new run; it cannot be combined with --resume")
     return CommandLine(cfg, given, resume, overwrite, _file_only(from_file, args), seeds, jobs,
                        tuple(sys.argv[1:] if argv is None else argv))
+
+
+def _run_options(parser: argparse.ArgumentParser, args: dict[str, Any]) -> tuple[str, bool, tuple[int, ...], int]:
+    """``--resume`` (``""``: a new run), ``--overwrite``, ``--seeds`` and ``--jobs``, taken out of ``args`` (which
+    then holds settings only) and checked."""
+    resume, overwrite = args.pop("resume"), args.pop("overwrite")
+    seeds, jobs = args.pop("seeds"), args.pop("jobs")
+    _check_seeds(parser, seeds, jobs, args, resume, overwrite)
+    if resume is not None and not resume.strip():  # `--resume "$RUN"` with RUN unset must not start a new run
+        parser.error("--resume needs a run directory or checkpoint file; it was given an empty string")
+    resume = resume or ""
+    if resume and not Path(resume).exists():  # before torch loads: a typo is answered at once
+        parser.error(f"--resume {resume}: no such checkpoint file or run directory")
+    return resume, overwrite, seeds, jobs
+
+
+def _checked_new_run_config(given: dict[str, Any]) -> TrainConfig:
+    """A new run's config of the ``given`` settings over the defaults (the GPU defaults where the run takes them),
+    checked; ``ConfigError`` (or ``ValueError``) for the first thing wrong."""
+    check_owners(given.get("algo", TrainConfig.algo), given)  # another algorithm's setting is named as such
+    cfg = new_run_config(given)
+    check_config(cfg, given)
+    if takes_gpu_defaults(cfg, given):  # checked first: a bad flag is answered before torch loads
+        cfg = new_run_config(given, gpu=True)
+        check_config(cfg, given)
+    if cfg.device.startswith("cuda") or getattr(cfg.algo_settings, "cuda_graphs", False):  # before any line
+        import torch
+
+        from trainer.common.devices import learner_device
+        from trainer.run_layout import cuda_graphs_on
+        cuda_graphs_on(cfg, learner_device(cfg.device, torch.cuda.device_count()))
+    return cfg
+
+
+def _checked_resume_config(given: dict[str, Any]) -> TrainConfig:
+    """The ``given`` settings of a resume as a config, checked as far as they can be before the checkpoint is read:
+    what the resume runs is the checkpoint's config, whose algorithm reads them (:func:`resumed_config`)."""
+    cfg = TrainConfig.from_dict(given, stored=True)
+    if "env_kwargs" in given:  # their syntax here; their values against the run's (resumed_config), before any
+        try:  # file they name is read
+            parse_env_kwargs(given["env_kwargs"])
+        except ValueError as e:
+            raise ConfigError("env_kwargs", given["env_kwargs"], str(e)) from None
+        cfg = dataclasses.replace(cfg, env_kwargs="")
+    try:
+        check_config(cfg, {})  # a resumed run's algorithm: its checkpoint's (resumed_config)
+    except ConfigError as e:
+        if e.key in given:
+            raise
+        # a rule between a given value and a default (--replay-capacity under the default --learning-starts):
+        # a resumed run's other values are its checkpoint's, and resumed_config checks against those
+    return cfg
 
 
 def _check_seeds(parser: argparse.ArgumentParser, seeds: tuple[int, ...], jobs: int, args: dict[str, Any],
@@ -387,7 +397,6 @@ def resumed_config(saved: dict[str, Any], given: dict[str, Any], source: str) ->
     moved trace directory does not: ``--env-kwargs capacity_trace=NEW``)."""
     algo = given.get("algo", saved.get("algo", TrainConfig.algo))
     check_owners(algo, given)  # before a clash with a value it ignores
-    saved, given = renamed(saved, saved.get("algo", TrainConfig.algo)), renamed(given, algo)
     may_change = set(RESUMABLE_CHANGES)
     if {saved.get("backend"), given.get("backend", saved.get("backend"))} <= set(SWITCHABLE_BACKENDS):
         may_change.add("backend")  # the same envs, seeds and numbers, collected elsewhere: the state restores

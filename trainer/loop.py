@@ -151,7 +151,7 @@ def _started_run(stack: contextlib.ExitStack, cfg: TrainConfig, resume: str, giv
     trackers = stack.enter_context(Trackers.for_run(cfg, run.run_dir, lead and not run.nothing_to_do))
     collector = stack.enter_context(make_collector(
         layout.env_factories(), run.algorithm.acting, backend=cfg.backend, num_steps=cfg.num_steps,
-        seed=layout.env_seeds(cfg.seed), **layout.collector_kwargs(), **run.algorithm.collector_options()))
+        seed=layout.collector_seed(cfg.seed), **layout.collector_kwargs(), **run.algorithm.collector_options()))
     run.algorithm.attach(collector)
     stack.enter_context(torch_threads(layout.learn_threads))  # restored at the end: RunThreads sets it anew
     threads = RunThreads.for_run(layout, cfg.threads, collector, run.iterations, thread_plan)

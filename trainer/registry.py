@@ -6,10 +6,9 @@ answers before torch loads, its ``AlgorithmSpec`` in a module that imports no to
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from envs.settings import ConfigError, Limits, did_you_mean, flag_name
+from envs.settings import ConfigError, Limits, did_you_mean
 from trainer.algorithm import Algorithm, AlgorithmSpec
 from trainer.apex.spec import ApeXSpec
 from trainer.ppo.spec import PPOSpec
@@ -58,14 +57,12 @@ def default_settings(name: str) -> Any:
 
 
 def owners(key: str) -> tuple[str, ...]:
-    """The algorithms that declare the setting ``key`` as their own, or had it under that old name (``()``: it is
-    the run's, every algorithm's).
+    """The algorithms that declare the setting ``key`` as their own (``()``: it is the run's, every algorithm's).
 
-    >>> owners("epochs"), owners("minibatch_size"), owners("apex_batch_size"), owners("num_envs")
+    >>> owners("epochs"), owners("minibatch_size"), owners("n_step"), owners("num_envs")
     (('ppo',), ('ppo', 'apex'), ('apex',), ())
     """
-    return tuple(name for name, spec in ALGORITHMS.items()
-                 if key in spec.Settings.__dataclass_fields__ or key in renamed_names(name))
+    return tuple(name for name, spec in ALGORITHMS.items() if key in spec.Settings.__dataclass_fields__)
 
 
 def reads(algo: str, key: str) -> bool:
@@ -75,29 +72,6 @@ def reads(algo: str, key: str) -> bool:
     (True, False, True)
     """
     return not owners(key) or algo in owners(key)
-
-
-def renamed(values: Mapping[str, Any], algo: str) -> dict[str, Any]:
-    """``values`` with ``algo``'s old spellings of its settings (its ``Settings.renamed``) read as the new; the
-    other algorithms' old names are left as they are (theirs, not this one's). ``ConfigError`` where an old and a
-    new name are both given.
-
-    >>> renamed({"batch_size": 256, "num_envs": 8}, "ppo"), renamed({"batch_size": 256}, "apex")
-    ({'minibatch_size': 256, 'num_envs': 8}, {'batch_size': 256})
-    """
-    names = renamed_names(algo)
-    both = sorted(old for old in values if old in names and names[old] in values)
-    if both:
-        old, new = flag_name(both[0]), flag_name(names[both[0]])
-        raise ConfigError(both[0], values[both[0]], message=f"{old} is the old name of {new}, which is given too: "
-                          f"give only {new}")
-    return {names.get(k, k): v for k, v in values.items()}
-
-
-def renamed_names(algo: str | None = None) -> dict[str, str]:
-    """Old setting names, and the new each stands for: ``algo``'s, or every algorithm's (``None``)."""
-    return {old: new for name, spec in ALGORITHMS.items() if algo in (None, name)
-            for old, new in getattr(spec.Settings, "renamed", {}).items()}
 
 
 def takes_gpu_defaults(cfg: TrainConfig, given: dict[str, Any]) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 import checkpoints
 from envs.settings import ConfigError
 from trainer import __version__
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, with_current_names
 from trainer.evaluation.policies import check_weights_fit
 from trainer.flags import resumed_config
 
@@ -45,6 +45,7 @@ def claim_new_run_dir(run_dir: Path, overwrite: bool) -> list[str]:
 def resume_state(resume: str, given: dict[str, Any]) -> tuple[TrainConfig, Path, dict[str, Any], list[str]]:
     """Load the checkpoint to resume from; returns the resumed config, its file, state and notes."""
     source, saved, problems = checkpoints.latest_loadable(resume)
+    saved = {**saved, "config": with_current_names(saved["config"])}
     notes = [f"skipped {p}" for p in problems]
     lagging = checkpoints.lagging_latest(resume, source)  # a kill after a save: no rollback, nothing set aside
     notes += [lagging] if lagging else []

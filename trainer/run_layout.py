@@ -109,14 +109,14 @@ class RunLayout:
     ray_address: str
     worker_timeout: float  # seconds a worker process, the collecting process or an actor may stay silent
     start_method: str  # how async workers and the --overlap collecting process start: forkserver or spawn
-    keeps_collecting: bool  # Ray actors keep collecting while the learner learns (AlgorithmSpec.keeps_collecting)
+    keep_collecting: bool  # Ray actors keep collecting while the learner learns (AlgorithmSpec.keep_collecting)
     overlap: bool  # a separate collecting process keeps collecting while this one learns
     collect_threads: int  # most torch threads of the collecting process while it collects (trainer.thread_plan)
     learn_threads: int  # ... and while it learns
     worker_threads: int  # torch threads of each worker process or actor
     compile: bool  # the acting step (policy, and a torch env's step) runs torch.compile'd (--compile)
     cuda_graphs: bool  # PPO's minibatch step captured as a CUDA graph, and a compiled acting step on CUDA too
-    batch_envs: int  # envs in one learner batch of the run, every rank's (keeps_collecting: one actor's slice)
+    batch_envs: int  # envs in one learner batch of the run, every rank's (keep_collecting: one actor's slice)
     machine: Machine  # this rank's share of its node
     warnings: tuple[str, ...] = ()
     world: World = ALONE  # torchrun's ranks: this one steps num_envs of them, world.envs(batch_envs)
@@ -138,7 +138,7 @@ class RunLayout:
             return [functools.partial(VECTOR_ENVS[self.env], n, **self.env_kwargs) for n in self.factory_envs]
         return [functools.partial(gym.make, self.env, **self.env_kwargs)] * len(self.factory_envs)
 
-    def env_seeds(self, seed: int) -> int | list[int]:
+    def collector_seed(self, seed: int) -> int | list[int]:
         """The collector's ``seed``: the run seed, or under torchrun the seeds this rank's envs have in the run (the
         ones they get in one process: no two ranks share one, on any node)."""
         if self.world.size == 1:
@@ -158,7 +158,7 @@ class RunLayout:
         elif self.backend == "ray":
             kw.update(num_workers=self.workers, envs_per_worker=self.factories_per_worker,
                       ray_address=self.ray_address or None, cpus_per_worker=self.cpus_per_worker,
-                      keeps_collecting=self.keeps_collecting, worker_timeout=self.worker_timeout)
+                      keep_collecting=self.keep_collecting, worker_timeout=self.worker_timeout)
         return kw
 
     def describe(self) -> str:
@@ -298,7 +298,7 @@ def run_layout(cfg: TrainConfig, machine: Machine, world: World = ALONE) -> RunL
     machine = _rank_share(cfg, machine, world)
     n, cores, notes = cfg.num_envs // world.size, machine.cores, []
     # the algorithm decides whether its Ray actors keep collecting while it learns (IMPALA's and Ape-X's do)
-    keeps_collecting = cfg.backend == "ray" and algorithm_spec(cfg.algo).keeps_collecting(cfg)
+    keep_collecting = cfg.backend == "ray" and algorithm_spec(cfg.algo).keep_collecting(cfg)
     _check_torch_env(cfg)
     vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
     notes += _ray_settings_ignored(cfg)
@@ -328,10 +328,10 @@ def run_layout(cfg: TrainConfig, machine: Machine, world: World = ALONE) -> RunL
         busy_here = workers  # workers step while the collecting process collects; idle while this one learns
         learn_busy = workers + 1 if cfg.overlap else 0
     else:
-        workers, cpus, busy_here = _ray_workers(cfg, machine, keeps_collecting)
+        workers, cpus, busy_here = _ray_workers(cfg, machine, keep_collecting)
         sizes = [n // workers] * workers if vectorized else [1] * n
         per_worker = len(sizes) // workers
-        learn_busy = busy_here if keeps_collecting else 0  # IMPALA-style actors keep collecting while we learn
+        learn_busy = busy_here if keep_collecting else 0  # IMPALA-style actors keep collecting while we learn
     collect_threads, learn_threads = max(1, collect_cores - busy_here), max(1, cores - learn_busy)
     if cfg.overlap:  # collecting and learning run at once: the learner takes the threads
         collect_threads = 1
@@ -348,9 +348,9 @@ def run_layout(cfg: TrainConfig, machine: Machine, world: World = ALONE) -> RunL
                      num_splits=cfg.num_splits,
                      factories_per_worker=per_worker, cpus_per_worker=cpus, ray_address=cfg.ray_address,
                      worker_timeout=cfg.worker_timeout, start_method=_start_method(cfg, notes),
-                     keeps_collecting=keeps_collecting, overlap=cfg.overlap, collect_threads=collect_threads,
+                     keep_collecting=keep_collecting, overlap=cfg.overlap, collect_threads=collect_threads,
                      learn_threads=learn_threads,
-                     worker_threads=1, batch_envs=n // workers if keeps_collecting else cfg.num_envs,
+                     worker_threads=1, batch_envs=n // workers if keep_collecting else cfg.num_envs,
                      machine=machine, warnings=tuple(notes), world=world)
 
 
@@ -456,7 +456,7 @@ def _async_workers(cfg: TrainConfig, cores: int, notes: list[str]) -> tuple[int,
     return workers, main_share
 
 
-def _ray_workers(cfg: TrainConfig, machine: Machine, keeps_collecting: bool) -> tuple[int, float, int]:
+def _ray_workers(cfg: TrainConfig, machine: Machine, keep_collecting: bool) -> tuple[int, float, int]:
     """Ray actors, CPUs per actor, and how many of this machine's cores the actors keep busy."""
     n, cpus, total = cfg.num_envs, cfg.cpus_per_worker, machine.ray_cpus
     if total is None:
@@ -476,7 +476,7 @@ def _ray_workers(cfg: TrainConfig, machine: Machine, keeps_collecting: bool) -> 
                                   "slices per actor)")
     if not workers:
         # a learner sharing a node with IMPALA-style actors learns while they collect: keep a CPU for it
-        spare = 1.0 if keeps_collecting and machine.ray_cpus_here > 0 else 0.0
+        spare = 1.0 if keep_collecting and machine.ray_cpus_here > 0 else 0.0
         fit = math.floor((total - spare) / cpus + 1e-9) or math.floor(total / cpus + 1e-9)
         if fit < 1:
             raise ConfigError("cpus_per_worker", cpus,

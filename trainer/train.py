@@ -39,7 +39,6 @@ from trainer.config import named
 from trainer.loop import TrainingStopped, error_text, train, train_command
 
 __all__ = ["TrainingStopped", "main", "train", "train_command"]
-from trainer.registry import renamed
 
 
 def _no_torchrun_restart() -> None:
@@ -68,7 +67,7 @@ def _restarted_run(cli: CommandLine) -> str:
 
 def _stored_setting(key: str, cli: CommandLine) -> str:
     """Where a resumed run's setting came from, when the command line did not give it: its checkpoint."""
-    if not cli.resume or key in renamed(cli.given, cli.config.algo):  # (given under an old name: given)
+    if not cli.resume or key in cli.given:
         return ""
     name = named(key)
     change = f"pass {name}" if name.startswith("--") else f"set {name} in a --config TOML file"

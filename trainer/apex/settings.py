@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from envs.settings import setting
 
@@ -17,9 +16,6 @@ class ApeXSettings:
         >>> ApeXSettings().n_step, ApeXSettings().minibatch_size
         (3, 128)
     """
-
-    # old spellings, read from flags, TOML files and stored configs for a release (CHANGELOG)
-    renamed: ClassVar[dict[str, str]] = {"apex_batch_size": "minibatch_size"}
 
     replay_capacity: int = setting(100_000, "transitions the replay holds (FIFO); its memory is printed at start",
                                    at_least=1)

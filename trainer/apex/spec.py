@@ -44,8 +44,8 @@ class ApeXSpec(AlgorithmSpec):
         rules = [  # (ok, key, its value, rule)
             (not cfg.overlap, "overlap", cfg.overlap, "is for --algo ppo: Ape-X's actors already act with stale "
              "weights"),
-            (not cfg.ray_async, "ray_async", cfg.ray_async, "is for --algo ppo: --algo apex --backend ray collects "
-             "from the actors as they finish by itself"),
+            (not cfg.keep_collecting, "keep_collecting", cfg.keep_collecting, "is for --algo ppo: --algo apex "
+             "--backend ray collects from the actors as they finish by itself"),
             (mine.learning_starts <= mine.replay_capacity, "learning_starts", mine.learning_starts,
              f"must be <= --replay-capacity ({mine.replay_capacity}), or learning never starts"),
             (mine.minibatch_size <= mine.replay_capacity, "minibatch_size", mine.minibatch_size,
@@ -57,5 +57,5 @@ class ApeXSpec(AlgorithmSpec):
                 raise ConfigError(key, value, rule)
 
     @classmethod
-    def keeps_collecting(cls, cfg: TrainConfig) -> bool:
+    def keep_collecting(cls, cfg: TrainConfig) -> bool:
         return True  # Ape-X's Ray actors always keep collecting and pushing while the learner learns

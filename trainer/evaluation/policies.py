@@ -15,7 +15,7 @@ from torch import nn
 import checkpoints
 from envs.settings import ConfigError
 from trainer.common.spaces import check_env_id, model_spaces
-from trainer.config import TrainConfig, format_env_kwargs
+from trainer.config import TrainConfig, format_env_kwargs, with_current_names
 from trainer.evaluation.episodes import policy_actions
 from trainer.registry import ALGORITHMS, algorithm_class, algorithm_spec
 
@@ -169,7 +169,7 @@ def policy_from_state(state: dict[str, Any], source: Path, env_kwargs: dict[str,
                       ) -> tuple[nn.Module, TrainConfig]:
     """The frozen CPU policy and training config of a loaded checkpoint ``state`` (read from ``source``), with
     ``env_kwargs`` over the run's env arguments."""
-    cfg = TrainConfig.from_dict(state["config"], stored=True)
+    cfg = TrainConfig.from_dict(with_current_names(state["config"]), stored=True)
     if env_kwargs:
         cfg = dataclasses.replace(cfg, env_kwargs=format_env_kwargs({**cfg.env_options, **env_kwargs}))
     try:

@@ -25,7 +25,7 @@ import checkpoints
 from envs.settings import ConfigError
 from trainer.arguments import command, counted, seeds_text
 from trainer.common.world import World
-from trainer.config import TrainConfig, named
+from trainer.config import TrainConfig, named, with_current_names
 from trainer.experiments.jobs import run_jobs, say, training_output
 from trainer.flags import RESUMABLE_CHANGES, CommandLine
 from trainer.run_layout import Machine, whole_iterations
@@ -70,7 +70,7 @@ def claimed_folder(folder: Path, cfg: TrainConfig) -> None:
     another setup's seeds, or a run of its own."""
     setup, stored = setup_of(cfg), folder / SETUP
     if stored.exists():
-        theirs = json.loads(stored.read_text())["setup"]
+        theirs = with_current_names(json.loads(stored.read_text())["setup"])
         differ = {k: (theirs.get(k), v) for k, v in setup.items() if theirs.get(k) != v}
         if differ:
             key, (old, new) = next(iter(differ.items()))

@@ -37,7 +37,7 @@ except ModuleNotFoundError:  # Python 3.10
 from envs.settings import did_you_mean, spelled
 from trainer.config import TrainConfig, setting_fields
 from trainer.flags import check_config
-from trainer.registry import owners, reads, renamed_names, settings_class
+from trainer.registry import owners, reads, settings_class
 
 # settings a sweep does not sample, and why
 NOT_SAMPLED = {
@@ -165,7 +165,6 @@ def _setting_name(path: Path, written: str, algo: str) -> str:
     """The field name of the setting a table is keyed by; :class:`SpaceError` for one that is unknown, not sampled,
     or that ``algo`` does not read."""
     name = written.replace("-", "_")
-    name = renamed_names(algo).get(name, name)
     known = [f.name for _, f in setting_fields()]
     if name not in known and not owners(name):
         ours = [k for k in known if reads(algo, k)]  # another algorithm's setting is no help here

@@ -19,8 +19,8 @@ from trainer.common.state import capture_rng, cpu_copy, restore_rng
 from trainer.common.world import World
 from trainer.config import TrainConfig
 from trainer.metrics import metrics_row, run_episodes_and_reward, steps_per_second
-from trainer.ppo.batching import MinibatchPlan, plan_minibatches, rank_minibatch_size
 from trainer.ppo.cuda_graph import CapturedStep
+from trainer.ppo.minibatches import MinibatchPlan, plan_minibatches, rank_minibatch_size
 from trainer.ppo.model import ActorCritic
 from trainer.ppo.optimizer import fused_adam, load_optimizer_state, set_learning_rate
 from trainer.ppo.pipeline import Pipeline, make_pipeline
@@ -77,6 +77,7 @@ class PPO(PPOSpec, Algorithm):
     iterations: int  # of the whole run: the learning rate anneals over them
     step: UpdateStep  # one minibatch's update: the loss compiled with --compile, captured with --cuda-graphs
     world: World  # torchrun's ranks (alone: World()): this one learns on its share of the envs, in step
+    keep_collecting: bool  # the layout's: Ray actors collect while it learns (IMPALA-style), so batches lag
     iteration: int = 0
     env_steps: int = 0
     dropped: int = 0
@@ -117,7 +118,7 @@ class PPO(PPOSpec, Algorithm):
             step = CapturedStep(step)
         return cls(cfg, device, model, acting, optimizer,
                    ReturnScaler(cfg.num_envs, cfg.gamma, device, world) if ppo.scale_rewards else None, plan,
-                   layout.iterations(cfg), step, world)
+                   layout.iterations(cfg), step, world, layout.keep_collecting)
 
     @property
     def settings(self) -> UpdateSettings:
@@ -161,7 +162,7 @@ class PPO(PPOSpec, Algorithm):
         rollout = self.pipeline.next_rollout()
         lag = self.pipeline.collector.policy_version - rollout.policy_version
         self.lags[lag] = self.lags.get(lag, 0) + 1
-        if cfg.ray_async and lag > self.ppo.max_lag:  # too stale to correct well: the next one is fresher
+        if self.keep_collecting and lag > self.ppo.max_lag:  # too stale to correct well: the next one is fresher
             self.dropped += 1
             return None
         episodes, reward_per_step = run_episodes_and_reward(rollout, self.world)  # every rank's
@@ -191,7 +192,7 @@ class PPO(PPOSpec, Algorithm):
             model.norm.update(batch["observations"], self.world)
         scale = (self.scaler.scale(batch["rewards"], batch["final_observation_mask"], rollout.envs)
                  if self.scaler else 1.0)
-        if cfg.ray_async or (cfg.overlap and ppo.overlap_targets == "vtrace"):  # collected by older weights
+        if self.keep_collecting or (cfg.overlap and ppo.overlap_targets == "vtrace"):  # collected by older weights
             adv, ret = vtrace_targets(model, batch, rollout.next_observations, cfg.gamma, ppo.rho_bar, ppo.c_bar, scale)
         else:
             adv, ret = advantages_and_returns(model, batch, rollout.next_observations, cfg.gamma, ppo.gae_lambda, scale)
@@ -246,7 +247,7 @@ class PPO(PPOSpec, Algorithm):
         return {"lags": dict(self.lags), "dropped": self.dropped}
 
     def end_notes(self) -> list[str]:
-        if not self.cfg.ray_async:
+        if not self.keep_collecting:
             return []
         return [f"policy lag (versions behind: batches): {dict(sorted(self.lags.items()))}; dropped {self.dropped} "
                 f"batches older than max_lag = {self.ppo.max_lag}"]

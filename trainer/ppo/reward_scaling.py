@@ -30,7 +30,7 @@ class ReturnScaler:
 
     def scale(self, rewards: torch.Tensor, done: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
         """The factor ``1 / std`` for a ``[T, n]`` batch of the envs ``rows`` (default: all; a Ray
-        ``keeps_collecting`` rollout holds one slice), after adding its discounted returns to the statistics."""
+        ``keep_collecting`` rollout holds one slice), after adding its discounted returns to the statistics."""
         rows = rows if rows is not None else slice(None)
         ret = self.ret[rows]
         rets = torch.empty_like(rewards, dtype=torch.float64)

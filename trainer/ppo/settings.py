@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from envs.settings import setting
 
@@ -19,9 +18,6 @@ class PPOSettings:
         >>> cfg.algo_settings.epochs, cfg.algo_settings.clip_coef, cfg.to_dict()["epochs"]
         (2, 0.2, 2)
     """
-
-    # old spellings, read from flags, TOML files and stored configs for a release (CHANGELOG)
-    renamed: ClassVar[dict[str, str]] = {"batch_size": "minibatch_size"}
 
     epochs: int = setting(4, "PPO epochs per rollout", at_least=1)
     minibatch_size: int = setting(0, "minibatch size", at_least=0, zero="planned from num_envs x num_steps "
@@ -40,13 +36,13 @@ class PPOSettings:
     normalize_obs: bool = setting(True, "running observation normalisation", flag=False)
     scale_rewards: bool = setting(False, "divide rewards by the running return's std", flag=False)
     shared_trunk: bool = setting(False, "one trunk for actor and critic", flag=False)
-    # learning from a lagging policy (--overlap, --ray-async)
+    # learning from a lagging policy (--overlap, --keep-collecting)
     overlap_targets: str = setting("vtrace", "with --overlap: vtrace (V-trace corrects the targets for the "
                                    "one-update lag) or gae (stored values, PPO ratio against the behaviour "
                                    "log-probs; measured not to pay: docs/benchmarks.md)", choices=("gae", "vtrace"),
                                    flag=False)
-    max_lag: int = setting(4, "with --ray-async: drop batches collected more than this many policy versions ago",
-                           at_least=0, flag=False)
+    max_lag: int = setting(4, "with --keep-collecting: drop batches collected more than this many policy versions "
+                           "ago", at_least=0, flag=False)
     rho_bar: float = setting(1.0, "V-trace importance-weight clip for the targets and advantages", above=0,
                              flag=False)
     c_bar: float = setting(1.0, "V-trace trace-cutting clip", above=0, flag=False)

@@ -41,5 +41,5 @@ class PPOSpec(AlgorithmSpec):
     data_parallel: ClassVar[bool] = True  # torchrun: gradients, normaliser and figures averaged over the ranks
 
     @classmethod
-    def keeps_collecting(cls, cfg: TrainConfig) -> bool:
-        return cfg.ray_async  # IMPALA-style: V-trace corrects for the lag
+    def keep_collecting(cls, cfg: TrainConfig) -> bool:
+        return cfg.keep_collecting  # IMPALA-style: V-trace corrects for the lag

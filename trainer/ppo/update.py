@@ -50,7 +50,7 @@ class UpdateSettings:
 
     @classmethod
     def from_config(cls, cfg: Any, minibatch_size: int) -> UpdateSettings:
-        """From a ``TrainConfig`` and the planned minibatch size (``trainer.ppo.batching.plan_minibatches``)."""
+        """From a ``TrainConfig`` and the planned minibatch size (``trainer.ppo.minibatches.plan_minibatches``)."""
         ppo = cfg.algo_settings
         return cls(epochs=ppo.epochs, minibatch_size=minibatch_size, clip_coef=ppo.clip_coef,
                    clip_value=ppo.clip_value, ent_coef=ppo.ent_coef, vf_coef=ppo.vf_coef,

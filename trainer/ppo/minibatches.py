@@ -1,4 +1,4 @@
-"""PPO's minibatch planner: the minibatch count follows from ``n_envs x n_steps`` (its command line is
+"""PPO's minibatch planner: the minibatch count follows from ``num_envs x num_steps`` (its command line is
 ``python -m trainer.batching``)."""
 
 from __future__ import annotations
@@ -42,17 +42,17 @@ def _recommended(total: int) -> int:
     return max(below) if below else 1
 
 
-def plan_minibatches(n_envs: int, n_steps: int, minibatch_size: int | None = None) -> MinibatchPlan:
-    """Plan minibatches for a rollout of ``n_envs * n_steps`` transitions.
+def plan_minibatches(num_envs: int, num_steps: int, minibatch_size: int | None = None) -> MinibatchPlan:
+    """Plan minibatches for a rollout of ``num_envs * num_steps`` transitions.
 
     ``minibatch_size`` is optional; without it the planner picks one.
     Impossible values raise ``ValueError``; workable but poor ones produce warnings
     that name better values.
     """
-    for name, v in (("n_envs", n_envs), ("n_steps", n_steps)):
+    for name, v in (("num_envs", num_envs), ("num_steps", num_steps)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r} is invalid: must be an integer >= 1")
-    total = n_envs * n_steps
+    total = num_envs * num_steps
     best = _recommended(total)
     if minibatch_size is None:
         return MinibatchPlan(total, total // best, best)
@@ -60,7 +60,7 @@ def plan_minibatches(n_envs: int, n_steps: int, minibatch_size: int | None = Non
         raise ConfigError("minibatch_size", minibatch_size, "must be an integer >= 1")
     if minibatch_size > total:
         raise ConfigError("minibatch_size", minibatch_size, f"must be at most the rollout's {total} transitions "
-                          f"({n_envs} envs x {n_steps} steps; the planner picks {total // best})")
+                          f"({num_envs} envs x {num_steps} steps; the planner picks {total // best})")
     suggestion = f"use --minibatch-size {total // best} ({counted(best, 'minibatch', 'minibatches')})"
     warnings = []
     if total % minibatch_size:
@@ -79,21 +79,21 @@ def plan_minibatches(n_envs: int, n_steps: int, minibatch_size: int | None = Non
     return MinibatchPlan(total, minibatch_size, count, warnings)
 
 
-def rank_minibatch_size(plan: MinibatchPlan, n_envs: int, n_steps: int, world_size: int) -> int:
+def rank_minibatch_size(plan: MinibatchPlan, num_envs: int, num_steps: int, world_size: int) -> int:
     """Each rank's share of the plan's minibatch in a data-parallel run of ``world_size`` ranks (alone: the whole
-    minibatch). A minibatch is then whole slots of the shuffle, ``minibatch / n_envs`` steps of every env
+    minibatch). A minibatch is then whole slots of the shuffle, ``minibatch / num_envs`` steps of every env
     (``trainer.ppo.update.epoch_order``), so that every rank holds an equal share of each: a minibatch size that
-    is not a multiple of ``n_envs`` is refused, naming the sizes that are.
+    is not a multiple of ``num_envs`` is refused, naming the sizes that are.
 
     >>> rank_minibatch_size(plan_minibatches(64, 128), 64, 128, world_size=2)
     128
     """
     if world_size == 1:
         return plan.minibatch_size
-    if plan.minibatch_size % n_envs:
-        whole = [n_envs * d for d in _divisors(n_steps)]
+    if plan.minibatch_size % num_envs:
+        whole = [num_envs * d for d in _divisors(num_steps)]
         near = sorted(whole, key=lambda m: abs(m - plan.minibatch_size))[:2]
-        raise ConfigError("minibatch_size", plan.minibatch_size, f"must be a multiple of --num-envs {n_envs} under "
+        raise ConfigError("minibatch_size", plan.minibatch_size, f"must be a multiple of --num-envs {num_envs} under "
                           f"torchrun, so that each of the {world_size} ranks holds an equal share of every minibatch; "
                           f"use --minibatch-size {' or '.join(str(m) for m in sorted(near))}")
     return plan.minibatch_size // world_size
