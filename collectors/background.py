@@ -295,7 +295,7 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, weights: dict[str, torch.Te
     except Exception as e:
         send_to_parent(conn, ("error", _portable(e)))
         return
-    shared: TensorDict | None = None
+    commands = _CollectorCommands(collector, weights)
     with collector:
         if not send_to_parent(conn, ("ok", (collector.num_envs, collector.observation_space, collector.action_space))):
             return
@@ -308,29 +308,7 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, weights: dict[str, torch.Te
                 return
             began = time.monotonic()
             try:
-                if command == "collect":
-                    rollout = collector.collect()
-                    fresh = shared is None
-                    if fresh:
-                        shared = TensorDict({"rollout": rollout.batch, "next_observations": rollout.next_observations},
-                                            batch_size=[]).clone().share_memory_()
-                    else:
-                        shared["rollout"].update_(rollout.batch)
-                        shared["next_observations"].copy_(rollout.next_observations)
-                    reply: Any = (shared if fresh else None, rollout.episodes)
-                elif command == "weights":  # the trainer has written them into the shared copy
-                    collector.update_policy(weights)
-                    reply = None
-                elif command == "policy":
-                    pickled, weights = arg
-                    collector.update_policy(pickle.loads(pickled))
-                    reply = None
-                elif command == "get_state":
-                    reply = collector.get_state()
-                elif command == "set_state":
-                    reply = collector.set_state(*arg)
-                else:
-                    raise ValueError(f"unknown command {command!r}")
+                reply = commands.answer(command, arg)
             except Exception as e:
                 send_to_parent(conn, ("error", _portable(e)))
                 if command == "collect":  # the collector closed itself: nothing more to serve
@@ -338,6 +316,45 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, weights: dict[str, torch.Te
                 continue
             if not send_to_parent(conn, ("ok", reply, time.monotonic() - began)):  # with how long it worked on it
                 return
+
+
+class _CollectorCommands:
+    """The commands the collecting process answers with its collector: the rollout shared with the trainer
+    (made at the first collect, then written in place) and the policy weights the trainer writes."""
+
+    def __init__(self, collector: Any, weights: dict[str, torch.Tensor] | None) -> None:
+        self.collector, self.weights = collector, weights
+        self.shared: TensorDict | None = None
+
+    def answer(self, command: str, arg: Any) -> Any:
+        """The reply to ``command`` (with its argument ``arg``)."""
+        if command == "collect":
+            return self._collected()
+        if command == "weights":  # the trainer has written them into the shared copy
+            self.collector.update_policy(self.weights)
+            return None
+        if command == "policy":
+            pickled, self.weights = arg
+            self.collector.update_policy(pickle.loads(pickled))
+            return None
+        if command == "get_state":
+            return self.collector.get_state()
+        if command == "set_state":
+            return self.collector.set_state(*arg)
+        raise ValueError(f"unknown command {command!r}")
+
+    def _collected(self) -> tuple[TensorDict | None, Any]:
+        """One rollout, written into the shared copy: ``(the shared copy at the first collect, else None;
+        the rollout's episodes)``."""
+        rollout = self.collector.collect()
+        fresh = self.shared is None
+        if fresh:
+            self.shared = TensorDict({"rollout": rollout.batch, "next_observations": rollout.next_observations},
+                                     batch_size=[]).clone().share_memory_()
+        else:
+            self.shared["rollout"].update_(rollout.batch)
+            self.shared["next_observations"].copy_(rollout.next_observations)
+        return (self.shared if fresh else None, rollout.episodes)
 
 
 def _portable(error: Exception) -> Exception:

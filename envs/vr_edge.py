@@ -327,10 +327,25 @@ def step_state(cfg: VREdgeConfig, s: dict[str, np.ndarray], actions: np.ndarray)
     ``parts`` holds the per-user reward components ``quality``, ``stall_s`` and
     ``switches`` (``[B, U]``) and the round's ``capacity_mbps`` (``[B]``).
     """
-    n_users = cfg.num_users
     u = rng.uniform_block(s["key"], s["counter"], cfg.block_size)
+    cell, trace_keys, capacity, channel = _cell_round(cfg, s, u)
+    r = download_round(cfg, s["buffer"], s["level"], capacity, channel, actions)
+    switched = (actions != s["level"]).astype(np.float64)
+    users = _users_after_round(cfg, s, r, actions, switched, capacity)
+    t = s["t"] + 1
+    terminated = np.any(users["cum_stall"] > cfg.abandon_stall_s, axis=1)
+    truncated = (t >= cfg.max_steps) & ~terminated
+    new = {"key": s["key"], "counter": s["counter"] + np.uint64(1), "t": t, **cell, **users, **trace_keys}
+    reward = r["user_reward"].sum(axis=1) * (1.0 / cfg.num_users)
+    return new, reward, terminated, truncated, _reward_parts(cfg, s, r, switched, capacity)
 
-    # the cell: persistent regime (Markov chain), correlated log-normal noise, deep fades
+
+def _cell_round(cfg: VREdgeConfig, s: dict[str, np.ndarray], u: np.ndarray):
+    """The cell in the round the uniform draws ``u`` give: a persistent regime (Markov chain), correlated
+    log-normal noise, deep fades and each user's channel. Returns ``(cell, trace_keys, capacity, channel)``: the
+    cell's state keys, the trace's (empty without recorded traces), the capacity ``[B]`` (the trace's where there
+    is one) and the channel qualities ``[B, U]``."""
+    n_users = cfg.num_users
     leave = u[:, 0] >= cfg.regime_stay_prob
     regime = np.where(leave, (s["regime"] + 1 + (u[:, 1] * 2).astype(np.int64)) % 3, s["regime"])
     noise = cfg.noise_corr * s["noise"] + math.sqrt(1 - cfg.noise_corr**2) * cfg.noise_std * rng.normals(
@@ -343,44 +358,39 @@ def step_state(cfg: VREdgeConfig, s: dict[str, np.ndarray], actions: np.ndarray)
         capacity = cfg._traces.capacity(s["trace"], trace_keys["trace_pos"])
     logit = cfg.channel_corr * s["channel_logit"] + math.sqrt(1 - cfg.channel_corr**2) * cfg.channel_std * (
         rng.normals(u[:, 5:5 + n_users], u[:, 5 + n_users:]))
-    channel = _channel_quality(logit)
+    cell = {"regime": regime, "noise": noise, "fade": fade, "channel_logit": logit}
+    return cell, trace_keys, capacity, _channel_quality(logit)
 
-    r = download_round(cfg, s["buffer"], s["level"], capacity, channel, actions)
-    dl_time, stall, quality = r["download_time"], r["stall_s"], r["quality"]
-    throughput = _THROUGHPUT_EWMA * s["throughput"] + (1 - _THROUGHPUT_EWMA) * r["bitrate_mbps"] / dl_time
-    switched = (actions != s["level"]).astype(np.float64)
-    inv_users = 1.0 / n_users
-    reward = r["user_reward"].sum(axis=1) * inv_users
-    prev_bitrate = cfg._ladder[s["level"]]
-    qoe_lin = r["bitrate_mbps"] - QOE_LIN_REBUFFER_PENALTY * stall - np.abs(r["bitrate_mbps"] - prev_bitrate)
 
-    cum_stall = s["cum_stall"] + stall
-    t = s["t"] + 1
-    terminated = np.any(cum_stall > cfg.abandon_stall_s, axis=1)
-    truncated = (t >= cfg.max_steps) & ~terminated
-    new = {
-        "key": s["key"],
-        "counter": s["counter"] + np.uint64(1),
-        "t": t,
-        "regime": regime,
-        "noise": noise,
-        "fade": fade,
-        "channel_logit": logit,
+def _users_after_round(cfg: VREdgeConfig, s: dict[str, np.ndarray], r: dict[str, np.ndarray], actions: np.ndarray,
+                       switched: np.ndarray, capacity: np.ndarray) -> dict[str, np.ndarray]:
+    """The users' state keys after the download round ``r``: buffers, levels, throughput estimates, stalls, the
+    capacity history and the episode's running figures (per-user means)."""
+    inv_users = 1.0 / cfg.num_users
+    stall = r["stall_s"]
+    return {
         "buffer": r["buffer"],
         "level": actions.astype(np.int64),
-        "throughput": throughput,
-        "download_time": dl_time,
+        "throughput": _THROUGHPUT_EWMA * s["throughput"] + (1 - _THROUGHPUT_EWMA) * r["bitrate_mbps"]
+        / r["download_time"],
+        "download_time": r["download_time"],
         "stall": stall,
-        "cum_stall": cum_stall,
+        "cum_stall": s["cum_stall"] + stall,
         "cap_history": np.concatenate([s["cap_history"][:, 1:], capacity[:, None]], axis=1),
-        "ep_quality": s["ep_quality"] + quality.sum(axis=1) * inv_users,
+        "ep_quality": s["ep_quality"] + r["quality"].sum(axis=1) * inv_users,
         "ep_stall": s["ep_stall"] + stall.sum(axis=1) * inv_users,
         "ep_switches": s["ep_switches"] + switched.sum(axis=1) * inv_users,
-        **trace_keys,
     }
-    parts = {"quality": quality, "stall_s": stall, "switches": switched, "capacity_mbps": capacity,
-             "bitrate_mbps": r["bitrate_mbps"], "qoe_lin": qoe_lin}
-    return new, reward, terminated, truncated, parts
+
+
+def _reward_parts(cfg: VREdgeConfig, s: dict[str, np.ndarray], r: dict[str, np.ndarray], switched: np.ndarray,
+                  capacity: np.ndarray) -> dict[str, np.ndarray]:
+    """The round's reward components per user, its capacity, and the linear QoE (bitrate less the rebuffering
+    and switching penalties)."""
+    prev_bitrate = cfg._ladder[s["level"]]
+    qoe_lin = r["bitrate_mbps"] - QOE_LIN_REBUFFER_PENALTY * r["stall_s"] - np.abs(r["bitrate_mbps"] - prev_bitrate)
+    return {"quality": r["quality"], "stall_s": r["stall_s"], "switches": switched, "capacity_mbps": capacity,
+            "bitrate_mbps": r["bitrate_mbps"], "qoe_lin": qoe_lin}
 
 
 def download_round(cfg: VREdgeConfig, buffer: np.ndarray, level: np.ndarray, capacity: np.ndarray,

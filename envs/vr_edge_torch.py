@@ -162,58 +162,74 @@ class TorchDynamics:
         return torch.empty_like(work).scatter(-1, order, finish_sorted)
 
     def _step_state(self, s: dict[str, torch.Tensor], actions: torch.Tensor):
-        cfg, n_users = self.cfg, self.cfg.num_users
+        """Advance every env by one segment round: ``(state, reward, terminated, truncated, parts)``, as
+        :func:`envs.vr_edge.step_state` does."""
+        cfg = self.cfg
         u = uniform_block(s["key"], s["counter"], cfg.block_size)
+        cell, capacity, channel = self._cell_round(s, u)
+        r = self._download_round(s, capacity, channel, actions)
+        switched = (actions != s["level"]).to(torch.float64)
+        users = self._users_after_round(s, r, actions, switched, capacity)
+        t = s["t"] + 1
+        terminated = torch.any(users["cum_stall"] > cfg.abandon_stall_s, dim=1)
+        truncated = (t >= cfg.max_steps) & ~terminated
+        new = {"key": s["key"], "counter": s["counter"] + 1, "t": t, **cell, **users}
+        reward = r["user_reward"].sum(dim=1) * (1.0 / cfg.num_users)
+        return new, reward, terminated, truncated, self._reward_parts(s, r, switched, capacity)
+
+    def _cell_round(self, s: dict[str, torch.Tensor], u: torch.Tensor):
+        """The cell in the round the uniform draws ``u`` give: ``(cell, capacity, channel)``, the cell's state
+        leaves, its capacity ``[B]`` and the users' channel qualities ``[B, U]``."""
+        cfg, n_users = self.cfg, self.cfg.num_users
         leave = u[:, 0] >= cfg.regime_stay_prob
         regime = torch.where(leave, (s["regime"] + 1 + (u[:, 1] * 2).to(torch.int64)) % 3, s["regime"])
         noise = cfg.noise_corr * s["noise"] + math.sqrt(1 - cfg.noise_corr**2) * cfg.noise_std * _normals(
             u[:, 2], u[:, 3])
         fade = torch.where(s["fade"], u[:, 4] >= cfg.fade_end_prob, u[:, 4] < cfg.fade_prob)
-        capacity = self._capacity(regime, noise, fade)
         logit = cfg.channel_corr * s["channel_logit"] + math.sqrt(1 - cfg.channel_corr**2) * cfg.channel_std * (
             _normals(u[:, 5:5 + n_users], u[:, 5 + n_users:]))
-        channel = 0.25 + 0.75 / (1.0 + torch.exp(-logit))
+        cell = {"regime": regime, "noise": noise, "fade": fade, "channel_logit": logit}
+        return cell, self._capacity(regime, noise, fade), 0.25 + 0.75 / (1.0 + torch.exp(-logit))
 
+    def _download_round(self, s: dict[str, torch.Tensor], capacity: torch.Tensor, channel: torch.Tensor,
+                        actions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One segment round for every user (:func:`envs.vr_edge.download_round`'s leaves, ``[B, U]``)."""
+        cfg, buffer = self.cfg, s["buffer"]
         bitrate = self.ladder[actions]
         dl_time = self._processor_sharing_times(bitrate * cfg.segment_s / (capacity[:, None] * channel))
-        buffer = s["buffer"]
         stall = torch.clamp(dl_time - buffer, min=0.0)
-        new_buffer = torch.clamp(torch.clamp(buffer - dl_time, min=0.0) + cfg.segment_s, max=cfg.max_buffer_s)
         quality = self.quality[actions]
-        user_reward = (cfg.quality_weight * quality - cfg.stall_weight * stall
-                       - cfg.switch_weight * torch.abs(quality - self.quality[s["level"]]))
-        throughput = _THROUGHPUT_EWMA * s["throughput"] + (1 - _THROUGHPUT_EWMA) * bitrate / dl_time
-        switched = (actions != s["level"]).to(torch.float64)
-        inv_users = 1.0 / n_users
-        reward = user_reward.sum(dim=1) * inv_users
-        cum_stall = s["cum_stall"] + stall
-        t = s["t"] + 1
-        terminated = torch.any(cum_stall > cfg.abandon_stall_s, dim=1)
-        truncated = (t >= cfg.max_steps) & ~terminated
-        new = {
-            "key": s["key"],
-            "counter": s["counter"] + 1,
-            "t": t,
-            "regime": regime,
-            "noise": noise,
-            "fade": fade,
-            "channel_logit": logit,
-            "buffer": new_buffer,
+        return {"bitrate_mbps": bitrate, "download_time": dl_time, "stall_s": stall,
+                "buffer": torch.clamp(torch.clamp(buffer - dl_time, min=0.0) + cfg.segment_s, max=cfg.max_buffer_s),
+                "quality": quality,
+                "user_reward": (cfg.quality_weight * quality - cfg.stall_weight * stall
+                                - cfg.switch_weight * torch.abs(quality - self.quality[s["level"]]))}
+
+    def _users_after_round(self, s: dict[str, torch.Tensor], r: dict[str, torch.Tensor], actions: torch.Tensor,
+                           switched: torch.Tensor, capacity: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The users' state leaves after the download round ``r``, the episode's running figures with them."""
+        inv_users, stall = 1.0 / self.cfg.num_users, r["stall_s"]
+        return {
+            "buffer": r["buffer"],
             "level": actions,
-            "throughput": throughput,
-            "download_time": dl_time,
+            "throughput": _THROUGHPUT_EWMA * s["throughput"] + (1 - _THROUGHPUT_EWMA) * r["bitrate_mbps"]
+            / r["download_time"],
+            "download_time": r["download_time"],
             "stall": stall,
-            "cum_stall": cum_stall,
+            "cum_stall": s["cum_stall"] + stall,
             "cap_history": torch.cat([s["cap_history"][:, 1:], capacity[:, None]], dim=1),
-            "ep_quality": s["ep_quality"] + quality.sum(dim=1) * inv_users,
+            "ep_quality": s["ep_quality"] + r["quality"].sum(dim=1) * inv_users,
             "ep_stall": s["ep_stall"] + stall.sum(dim=1) * inv_users,
             "ep_switches": s["ep_switches"] + switched.sum(dim=1) * inv_users,
         }
-        prev_bitrate = self.ladder[s["level"]]
-        parts = {"quality": quality, "stall_s": stall, "switches": switched, "capacity_mbps": capacity,
-                 "bitrate_mbps": bitrate,
-                 "qoe_lin": bitrate - QOE_LIN_REBUFFER_PENALTY * stall - torch.abs(bitrate - prev_bitrate)}
-        return new, reward, terminated, truncated, parts
+
+    def _reward_parts(self, s: dict[str, torch.Tensor], r: dict[str, torch.Tensor], switched: torch.Tensor,
+                      capacity: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The round's reward components per user, its capacity, and the linear QoE."""
+        bitrate, stall = r["bitrate_mbps"], r["stall_s"]
+        return {"quality": r["quality"], "stall_s": stall, "switches": switched, "capacity_mbps": capacity,
+                "bitrate_mbps": bitrate,
+                "qoe_lin": bitrate - QOE_LIN_REBUFFER_PENALTY * stall - torch.abs(bitrate - self.ladder[s["level"]])}
 
     def _episode_metrics(self, s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         steps = torch.clamp(s["t"], min=1)

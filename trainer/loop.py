@@ -16,7 +16,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -78,37 +78,56 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         algorithm, stop = run.algorithm, run.stop
         last = _LastCompleted(algorithm, threads, signals, run.run_dir, run.source, world)
         validator = _validator(algorithm, run.run_dir, world)  # --eval-every: the best checkpoint
-        bar = tqdm(total=stop, initial=algorithm.iteration, unit="it", dynamic_ncols=True,  # rank 0's
-                   disable=not progress or algorithm.iteration >= stop or not world.lead)
-        stuck_in_c = functools.partial(_stuck_in_c, bar, last)
+        bar = _progress_bar(progress, algorithm.iteration, stop, world)
         start = (algorithm.env_steps, time.perf_counter())
-        try:
-            with _metrics_log(run.run_dir, world) as log, last_resort(stuck_in_c):
-                while algorithm.iteration < stop:
-                    signals.raise_if_lost(world)  # (and under torchrun, a stop any rank received)
-                    counts = threads.apply()
-                    row = algorithm.iterate(start)  # a rollout, then the update on it
-                    if row is None:  # a rollout it chose not to learn from (PPO: too stale)
-                        continue
-                    _say_thread_plan(threads, run.run_dir, bar, world.lead)  # its own time: before validation
-                    row.update(collect_threads=counts["collect"], learn_threads=counts["learn"])
-                    row.update(validator.evaluate(algorithm.iteration, algorithm.model))
-                    last.complete(row, log)  # logged and snapshotted: the iteration is complete
-                    _show(row, algorithm.recent, bar, trackers)
-                    last.save_if_due(validator, stop)
-                    if last.ended_by(on_iteration, row):
-                        break
-        except BaseException as e:
-            error = last.failed(e)
-            if error is not e:
-                raise error from None
-            raise
-        finally:
-            with contextlib.suppress(OSError):  # after any save: the terminal may be gone (SIGHUP)
-                bar.close()
+        with (_closed_at_end(bar), _saved_when_failed(last), _metrics_log(run.run_dir, world) as log,
+              last_resort(functools.partial(_stuck_in_c, bar, last))):
+            while algorithm.iteration < stop:
+                signals.raise_if_lost(world)  # (and under torchrun, a stop any rank received)
+                counts = threads.apply()
+                row = algorithm.iterate(start)  # a rollout, then the update on it
+                if row is None:  # a rollout it chose not to learn from (PPO: too stale)
+                    continue
+                _say_thread_plan(threads, run.run_dir, bar, world.lead)  # its own time: before validation
+                row.update(collect_threads=counts["collect"], learn_threads=counts["learn"],
+                           **validator.evaluate(algorithm.iteration, algorithm.model))
+                last.complete(row, log)  # logged and snapshotted: the iteration is complete
+                _show(row, algorithm.recent, bar, trackers)
+                last.save_if_due(validator, stop)
+                if last.ended_by(on_iteration, row):
+                    break
         summary = _ended(run, last, signals, world)
     # a stop signal while the run closed (its collector) stopped nothing: a caller running many runs stops there
     return {**summary, "late_signal": signals.late}
+
+
+def _progress_bar(progress: bool, iteration: int, stop: int, world: World) -> tqdm:
+    """The iterations' progress bar: rank 0's, where ``progress`` asks for one and there are iterations left."""
+    return tqdm(total=stop, initial=iteration, unit="it", dynamic_ncols=True,
+                disable=not progress or iteration >= stop or not world.lead)
+
+
+@contextlib.contextmanager
+def _closed_at_end(bar: tqdm) -> Iterator[None]:
+    """``bar`` closed however the run ends, after any save (the terminal may be gone then: SIGHUP)."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            bar.close()
+
+
+@contextlib.contextmanager
+def _saved_when_failed(last: _LastCompleted) -> Iterator[None]:
+    """Whatever ends the run early (an error, a stop signal), the last completed iteration saved first, and the
+    error raised with where that is (:meth:`_LastCompleted.failed`)."""
+    try:
+        yield
+    except BaseException as e:
+        error = last.failed(e)
+        if error is not e:
+            raise error from None
+        raise
 
 
 @dataclasses.dataclass

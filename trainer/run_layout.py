@@ -17,7 +17,7 @@ import functools
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -296,42 +296,91 @@ def run_layout(cfg: TrainConfig, machine: Machine, world: World = ALONE) -> RunL
     """The layout of ``cfg`` on ``machine`` (this rank's share under torchrun: ``world``); ``ConfigError`` if not."""
     check_env_id(cfg.env)
     machine = _rank_share(cfg, machine, world)
-    n, cores, notes = cfg.num_envs // world.size, machine.cores, []
+    n, notes = cfg.num_envs // world.size, []
     # the algorithm decides whether its Ray actors keep collecting while it learns (IMPALA's and Ape-X's do)
     keep_collecting = cfg.backend == "ray" and algorithm_spec(cfg.algo).keep_collecting(cfg)
     _check_torch_env(cfg)
     vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
     notes += _ray_settings_ignored(cfg)
-    workers, main_share, per_worker, cpus = 0, False, 0, 0.0
     # --overlap: the collecting process (and its workers) keep collecting while this one learns,
     # so collection gets the cores but one, and learning the cores collection leaves
-    collect_cores = max(1, cores - 1) if cfg.overlap else cores
+    collect_cores = max(1, machine.cores - 1) if cfg.overlap else machine.cores
     if cfg.backend in ("serial", "sync", "device"):
-        if cfg.num_workers or cfg.envs_per_worker:
-            notes.append(f"--num-workers and envs_per_worker are ignored by --backend {cfg.backend}")
-        sizes = [n] if vectorized else [1] * n
-        busy_here = 0  # collecting: only the collecting process works
-        learn_busy = 1 if cfg.overlap else 0
+        processes = _in_process_collection(cfg, n, vectorized, notes)
     elif cfg.backend == "async":
-        workers, main_share = _async_workers(cfg, collect_cores, notes)
-        parts = (workers + main_share) * cfg.num_splits  # a factory per process and group
-        if parts > n:
-            raise ConfigError("num_splits", cfg.num_splits,
-                              message=f"num_splits={cfg.num_splits} needs a factory per process and group: {parts} "
-                                      f"with {workers + main_share} processes, but --num-envs={n}; lower num_splits "
-                                      "or --num-workers")
-        sizes = [len(a) for a in np.array_split(np.arange(n), parts)] if vectorized else [1] * n
-        if main_share and not watchdog.CAN_BOUND:  # said: the flag's promise does not hold for those envs here
-            notes.append(f"this platform cannot interrupt an env step in the collecting process (no "
-                         f"signal.pthread_kill): --worker-timeout bounds the worker processes' steps only, not its "
-                         f"own share; --num-workers {min(n, collect_cores)} steps every env in a worker process")
-        busy_here = workers  # workers step while the collecting process collects; idle while this one learns
-        learn_busy = workers + 1 if cfg.overlap else 0
+        processes = _async_collection(cfg, n, vectorized, collect_cores, notes)
     else:
-        workers, cpus, busy_here = _ray_workers(cfg, machine, keep_collecting)
-        sizes = [n // workers] * workers if vectorized else [1] * n
-        per_worker = len(sizes) // workers
-        learn_busy = busy_here if keep_collecting else 0  # IMPALA-style actors keep collecting while we learn
+        processes = _ray_collection(cfg, n, vectorized, machine, keep_collecting)
+    collect_threads, learn_threads = _thread_counts(cfg, machine.cores, collect_cores, processes, notes)
+    device = learner_device(cfg.device, machine.gpus)
+    return RunLayout(env=cfg.env, env_kwargs=cfg.env_options, backend=cfg.backend, num_envs=n,
+                     device=device, compile=_compiled(cfg, device, notes), cuda_graphs=cuda_graphs_on(cfg, device),
+                     factory_envs=tuple(processes.factory_envs), vectorized=vectorized, workers=processes.workers,
+                     main_share=processes.main_share, num_splits=cfg.num_splits,
+                     factories_per_worker=processes.factories_per_worker, cpus_per_worker=processes.cpus_per_worker,
+                     ray_address=cfg.ray_address, worker_timeout=cfg.worker_timeout,
+                     start_method=_start_method(cfg, notes), keep_collecting=keep_collecting, overlap=cfg.overlap,
+                     collect_threads=collect_threads, learn_threads=learn_threads, worker_threads=1,
+                     batch_envs=n // processes.workers if keep_collecting else cfg.num_envs,
+                     machine=machine, warnings=tuple(notes), world=world)
+
+
+class _CollectingProcesses(NamedTuple):
+    """The processes that step one rank's envs: each factory's env count, the worker processes (or Ray actors)
+    and what they are given, and how many of them are busy while this process collects and while it learns."""
+
+    factory_envs: list[int]
+    busy_collecting: int
+    busy_learning: int
+    workers: int = 0
+    main_share: bool = False  # the collecting process steps a share of the envs itself (async)
+    factories_per_worker: int = 0
+    cpus_per_worker: float = 0.0
+
+
+def _in_process_collection(cfg: TrainConfig, n: int, vectorized: bool, notes: list[str]) -> _CollectingProcesses:
+    """``serial``, ``sync`` and ``device``: the collecting process steps every env itself."""
+    if cfg.num_workers or cfg.envs_per_worker:
+        notes.append(f"--num-workers and envs_per_worker are ignored by --backend {cfg.backend}")
+    # collecting: only the collecting process works; with --overlap, it collects while this one learns
+    return _CollectingProcesses([n] if vectorized else [1] * n, busy_collecting=0,
+                                busy_learning=1 if cfg.overlap else 0)
+
+
+def _async_collection(cfg: TrainConfig, n: int, vectorized: bool, collect_cores: int,
+                      notes: list[str]) -> _CollectingProcesses:
+    """``async``: worker processes, and a share of the envs in the collecting process where it has one."""
+    workers, main_share = _async_workers(cfg, collect_cores, notes)
+    parts = (workers + main_share) * cfg.num_splits  # a factory per process and group
+    if parts > n:
+        raise ConfigError("num_splits", cfg.num_splits,
+                          message=f"num_splits={cfg.num_splits} needs a factory per process and group: {parts} "
+                                  f"with {workers + main_share} processes, but --num-envs={n}; lower num_splits "
+                                  "or --num-workers")
+    sizes = [len(a) for a in np.array_split(np.arange(n), parts)] if vectorized else [1] * n
+    if main_share and not watchdog.CAN_BOUND:  # said: the flag's promise does not hold for those envs here
+        notes.append(f"this platform cannot interrupt an env step in the collecting process (no "
+                     f"signal.pthread_kill): --worker-timeout bounds the worker processes' steps only, not its "
+                     f"own share; --num-workers {min(n, collect_cores)} steps every env in a worker process")
+    # workers step while the collecting process collects; idle while this one learns
+    return _CollectingProcesses(sizes, busy_collecting=workers, busy_learning=workers + 1 if cfg.overlap else 0,
+                                workers=workers, main_share=main_share)
+
+
+def _ray_collection(cfg: TrainConfig, n: int, vectorized: bool, machine: Machine,
+                    keep_collecting: bool) -> _CollectingProcesses:
+    """``ray``: actors on the cluster's CPUs; IMPALA-style ones (``keep_collecting``) collect while we learn."""
+    workers, cpus, busy_here = _ray_workers(cfg, machine, keep_collecting)
+    sizes = [n // workers] * workers if vectorized else [1] * n
+    return _CollectingProcesses(sizes, busy_collecting=busy_here, busy_learning=busy_here if keep_collecting else 0,
+                                workers=workers, factories_per_worker=len(sizes) // workers, cpus_per_worker=cpus)
+
+
+def _thread_counts(cfg: TrainConfig, cores: int, collect_cores: int, processes: _CollectingProcesses,
+                   notes: list[str]) -> tuple[int, int]:
+    """The torch threads of this process while it collects and while it learns: the cores its busy workers leave
+    (``--threads`` if given)."""
+    busy_here, learn_busy = processes.busy_collecting, processes.busy_learning
     collect_threads, learn_threads = max(1, collect_cores - busy_here), max(1, cores - learn_busy)
     if cfg.overlap:  # collecting and learning run at once: the learner takes the threads
         collect_threads = 1
@@ -341,17 +390,7 @@ def run_layout(cfg: TrainConfig, machine: Machine, world: World = ALONE) -> RunL
             busy = max(busy_here, learn_busy)
             notes.append(f"--threads={cfg.threads} with {counted(busy, 'busy worker')} exceeds the {cores} cores: "
                          "they will share them (slower)")
-    device = learner_device(cfg.device, machine.gpus)
-    return RunLayout(env=cfg.env, env_kwargs=cfg.env_options, backend=cfg.backend, num_envs=n,
-                     device=device, compile=_compiled(cfg, device, notes), cuda_graphs=cuda_graphs_on(cfg, device),
-                     factory_envs=tuple(sizes), vectorized=vectorized, workers=workers, main_share=main_share,
-                     num_splits=cfg.num_splits,
-                     factories_per_worker=per_worker, cpus_per_worker=cpus, ray_address=cfg.ray_address,
-                     worker_timeout=cfg.worker_timeout, start_method=_start_method(cfg, notes),
-                     keep_collecting=keep_collecting, overlap=cfg.overlap, collect_threads=collect_threads,
-                     learn_threads=learn_threads,
-                     worker_threads=1, batch_envs=n // workers if keep_collecting else cfg.num_envs,
-                     machine=machine, warnings=tuple(notes), world=world)
+    return collect_threads, learn_threads
 
 
 def _rank_share(cfg: TrainConfig, machine: Machine, world: World) -> Machine:

@@ -84,6 +84,19 @@ def _describe(ranges: list[range]) -> str:
 def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
     """Worker loop: build one env group per split, receive shared buffers, then serve commands."""
     torch.set_num_threads(1)
+    groups = _built_groups(env_fns, first_factories, conn)
+    if groups is None:  # the collecting process was told why
+        return
+    buffers = _buffers_from_parent(conn, groups)
+    if buffers is not None:  # None: the collector was closed during start-up (Ctrl-C, say)
+        views, actions = _group_views(groups, *buffers)
+        _serve_commands(conn, groups, views, actions)
+    for group in groups:
+        group.close()
+
+
+def _built_groups(env_fns: list[list], first_factories: list[int], conn) -> list[EnvGroup] | None:
+    """One env group per split; ``None`` where one failed to build (those built are closed, the error sent)."""
     groups: list[EnvGroup] = []
     try:
         for fns, first in zip(env_fns, first_factories):
@@ -92,25 +105,40 @@ def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
         for group in groups:
             group.close()
         send_to_parent(conn, ("error", type(e).__name__, str(e)))
-        return
+        return None
+    return groups
+
+
+def _buffers_from_parent(conn, groups: list[EnvGroup]) -> tuple[list[int], dict[str, torch.Tensor]] | None:
+    """Say the groups are ready (with their spaces), and receive ``(first_indices, shared)``: each group's first
+    rollout index and the shared step buffers. ``None`` where the collector closes instead, or is gone."""
     if not send_to_parent(conn, ("ready", [group.spaces for group in groups])):
-        message = ("close", None)
-    else:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError, pickle.UnpicklingError):  # killed while sending them: leave quietly
-            message = ("close", None)
-    if message[0] != "buffers":  # ("close", None): the collector was closed during start-up (Ctrl-C, say)
-        for group in groups:
-            group.close()
-        return
+        return None
+    try:
+        message = conn.recv()
+    except (EOFError, OSError, pickle.UnpicklingError):  # killed while sending them: leave quietly
+        return None
+    if message[0] != "buffers":  # ("close", None)
+        return None
     _, first_indices, shared = message
+    return first_indices, shared
+
+
+def _group_views(groups: list[EnvGroup], first_indices: list[int],
+                 shared: dict[str, torch.Tensor]) -> tuple[list[StepViews], list[np.ndarray]]:
+    """Each group's rows of the shared buffers, as NumPy views: ``(step views, actions)`` per group (the groups
+    learn their first rollout index, for episode records and errors)."""
     views, actions = [], []
     for group, first in zip(groups, first_indices):
         group.first_index = first
         rows = slice(first, first + group.num_envs)
         views.append(StepViews(*(shared[f][rows].numpy() for f in _FIELDS)))
         actions.append(shared["actions"][rows].numpy())
+    return views, actions
+
+
+def _serve_commands(conn, groups: list[EnvGroup], views: list[StepViews], actions: list[np.ndarray]) -> None:
+    """Answer the collecting process's commands until it says ``close`` or is gone."""
     while True:
         try:
             cmd, arg = conn.recv()
@@ -118,27 +146,29 @@ def _worker_main(env_fns: list[list], first_factories: list[int], conn) -> None:
             break
         if cmd == "close":  # nothing waits for an answer: the collecting process joins this one
             break
-        reply: Any = None
-        try:
-            if cmd == "step":  # arg: the split to step
-                reply = groups[arg].step(actions[arg], views[arg])
-            elif cmd == "reset":  # arg: seeds per split
-                for group, seeds, v in zip(groups, arg, views):
-                    group.reset(seeds, v.next_obs)
-            elif cmd == "get_states":
-                reply = [group.get_states() for group in groups]
-            elif cmd == "set_states":  # arg: states per split
-                for group, states in zip(groups, arg):
-                    group.set_states(states)
-            message = ("ok", reply)
-        except EnvError as e:
-            message = ("env_error", e.env_index, e.where, e.detail)
-        except Exception as e:
-            message = ("error", type(e).__name__, f"{e}\n{traceback.format_exc()}")
-        if not send_to_parent(conn, message):  # gone mid-command (killed, or stopped by a signal during a step)
-            break
-    for group in groups:
-        group.close()
+        if not send_to_parent(conn, _answer(cmd, arg, groups, views, actions)):
+            break  # gone mid-command (killed, or stopped by a signal during a step)
+
+
+def _answer(cmd: str, arg: Any, groups: list[EnvGroup], views: list[StepViews], actions: list[np.ndarray]) -> tuple:
+    """The reply to one command: ``("ok", reply)``, or the error an env (``env_error``) or the worker raised."""
+    reply: Any = None
+    try:
+        if cmd == "step":  # arg: the split to step
+            reply = groups[arg].step(actions[arg], views[arg])
+        elif cmd == "reset":  # arg: seeds per split
+            for group, seeds, v in zip(groups, arg, views):
+                group.reset(seeds, v.next_obs)
+        elif cmd == "get_states":
+            reply = [group.get_states() for group in groups]
+        elif cmd == "set_states":  # arg: states per split
+            for group, states in zip(groups, arg):
+                group.set_states(states)
+        return ("ok", reply)
+    except EnvError as e:
+        return ("env_error", e.env_index, e.where, e.detail)
+    except Exception as e:
+        return ("error", type(e).__name__, f"{e}\n{traceback.format_exc()}")
 
 
 def _shutdown(procs: list, conns: list) -> None:
@@ -166,6 +196,36 @@ def stop_processes(procs: list, patience: float) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+
+
+def _rollout_rows(sizes: list[list[int]], num_splits: int) -> tuple[list[list[slice]], list[slice], int]:
+    """Where each process's envs go in the rollout, from their counts ``sizes[process][group]``: rows follow
+    factory order, group by group, and within a group process by process. Returns ``(rows[process][group],
+    groups, num_envs)``, ``groups`` each group's contiguous slice."""
+    rows: list[list[slice]] = [[slice(0)] * num_splits for _ in sizes]
+    groups, offset = [], 0
+    for g in range(num_splits):
+        start = offset
+        for p, proc in enumerate(sizes):
+            rows[p][g] = slice(offset, offset + proc[g])
+            offset += proc[g]
+        groups.append(slice(start, offset))
+    return rows, groups, offset
+
+
+def _step_buffers(n: int, obs: Any, act: Any) -> dict[str, torch.Tensor]:
+    """The step data of ``n`` envs in shared memory, which workers write and the collector reads: their actions,
+    and what a step returns (observation and action spaces ``obs``, ``act``)."""
+    obs_dtype, act_dtype = torch_dtype(obs.dtype), torch_dtype(act.dtype)
+    return {
+        "actions": torch.zeros((n, *act.shape), dtype=act_dtype).share_memory_(),
+        "next_obs": torch.zeros((n, *obs.shape), dtype=obs_dtype).share_memory_(),
+        "rewards": torch.zeros(n, dtype=torch.float32).share_memory_(),
+        "terminated": torch.zeros(n, dtype=torch.bool).share_memory_(),
+        "truncated": torch.zeros(n, dtype=torch.bool).share_memory_(),
+        "final_obs": torch.zeros((n, *obs.shape), dtype=obs_dtype).share_memory_(),
+        "final_mask": torch.zeros(n, dtype=torch.bool).share_memory_(),
+    }
 
 
 class AsyncStepper:
@@ -231,16 +291,9 @@ class AsyncStepper:
             raise
 
     def _start(self, env_fns, worker_ranges: list[list[range]], local_ranges: list[range] | None) -> None:
-        ctx = self._ctx
-        for w, ranges in enumerate(worker_ranges):
-            parent, child = ctx.Pipe()
-            p = collector_process(ctx, _worker_main, ([[env_fns[i] for i in r] for r in ranges],
-                                                      [r.start for r in ranges], child),
-                                  name=f"env-worker-{w}", daemon=True)
-            with starting(p, ctx, self.deadline.limit("start")):  # a stop signal is raised once it is on record
-                child.close()
-                self.procs.append(p)
-                self.conns.append(parent)
+        """Start the workers (this process builds its own groups meanwhile), lay the rollout's rows out over the
+        processes, and give every worker the shared step buffers."""
+        self._start_workers(env_fns, worker_ranges)
         self._factory_ranges = worker_ranges
         if local_ranges is not None:  # built while the workers build theirs
             for r in local_ranges:
@@ -252,16 +305,29 @@ class AsyncStepper:
         check_same_spaces([s for proc in spaces for split in proc for s in split])
         self.observation_space, self.action_space, _ = spaces[0][0][0]
         sizes = [[sum(s[2] for s in split) for split in proc] for proc in spaces]
-        # rollout rows follow factory order: group by group, and within a group process by process
-        rows, offset = [[None] * self.num_splits for _ in sizes], 0
-        self.groups: list[slice] = []
-        for g in range(self.num_splits):
-            start = offset
-            for p, proc in enumerate(sizes):
-                rows[p][g] = slice(offset, offset + proc[g])
-                offset += proc[g]
-            self.groups.append(slice(start, offset))
-        self.num_envs = offset
+        rows, self.groups, self.num_envs = _rollout_rows(sizes, self.num_splits)
+        self._place_rows(rows)
+        self.shared = _step_buffers(self.num_envs, self.observation_space, self.action_space)
+        self._np = {k: v.numpy() for k, v in self.shared.items()}
+        for w, worker_rows in enumerate(self._worker_rows):
+            self._send(w, ("buffers", [r.start for r in worker_rows], self.shared))
+
+    def _start_workers(self, env_fns, worker_ranges: list[list[range]]) -> None:
+        """One worker process per entry of ``worker_ranges`` (its factory ranges, one per split), each on record
+        (``procs``, ``conns``) as soon as it started."""
+        ctx = self._ctx
+        for w, ranges in enumerate(worker_ranges):
+            parent, child = ctx.Pipe()
+            p = collector_process(ctx, _worker_main, ([[env_fns[i] for i in r] for r in ranges],
+                                                      [r.start for r in ranges], child),
+                                  name=f"env-worker-{w}", daemon=True)
+            with starting(p, ctx, self.deadline.limit("start")):  # a stop signal is raised once it is on record
+                child.close()
+                self.procs.append(p)
+                self.conns.append(parent)
+
+    def _place_rows(self, rows: list[list[slice]]) -> None:
+        """Record which rollout rows ``rows[process][group]`` each process steps (this process's first)."""
         self._local_rows = rows[0] if self.local else []
         for group, r in zip(self.local, self._local_rows):  # rollout indices, for episode records and errors
             group.first_index = r.start
@@ -271,20 +337,6 @@ class AsyncStepper:
         # workers' rows of each group are contiguous: they follow the collecting process's part
         self._group_worker_rows = [slice(self._local_rows[g].stop if self.local else grp.start, grp.stop)
                                    for g, grp in enumerate(self.groups)]
-        n, obs, act = self.num_envs, self.observation_space, self.action_space
-        obs_dtype, act_dtype = torch_dtype(obs.dtype), torch_dtype(act.dtype)
-        self.shared = {
-            "actions": torch.zeros((n, *act.shape), dtype=act_dtype).share_memory_(),
-            "next_obs": torch.zeros((n, *obs.shape), dtype=obs_dtype).share_memory_(),
-            "rewards": torch.zeros(n, dtype=torch.float32).share_memory_(),
-            "terminated": torch.zeros(n, dtype=torch.bool).share_memory_(),
-            "truncated": torch.zeros(n, dtype=torch.bool).share_memory_(),
-            "final_obs": torch.zeros((n, *obs.shape), dtype=obs_dtype).share_memory_(),
-            "final_mask": torch.zeros(n, dtype=torch.bool).share_memory_(),
-        }
-        self._np = {k: v.numpy() for k, v in self.shared.items()}
-        for w, worker_rows in enumerate(self._worker_rows):
-            self._send(w, ("buffers", [r.start for r in worker_rows], self.shared))
 
     def _wait_all(self, phase: str) -> list[Any]:
         """Wait for one reply per worker, in worker order; raise on errors, dead or silent workers.

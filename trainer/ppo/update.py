@@ -204,63 +204,117 @@ def minibatch_normalised(advantages: torch.Tensor, everyone: torch.Tensor) -> to
     return (advantages - everyone.mean(1, keepdim=True)) / (everyone.std(1, keepdim=True) + 1e-8)
 
 
+def usable_samples(total: int, minibatch_size: int) -> int:
+    """How many of ``total`` samples an epoch's minibatches take: all but the remainder smaller than a minibatch
+    (it waits for the next epoch's shuffle, so that every minibatch has the planned size)."""
+    used = total - total % minibatch_size
+    if not used:  # not one step to take: the statistics would be 0/0
+        raise ValueError(f"ppo_update: {total} samples make no minibatch of {minibatch_size}; collect at least "
+                         f"{minibatch_size} (num_envs x num_steps) or lower minibatch_size")
+    return used
+
+
+class RunTargets(NamedTuple):
+    """The advantages, values and returns ``[T, N]`` of the run's envs: every rank's (:meth:`gathered`), which
+    normalise each whole minibatch and give the explained variance. Alone, this process's own."""
+
+    advantages: torch.Tensor
+    values: torch.Tensor
+    returns: torch.Tensor
+
+    @classmethod
+    def gathered(cls, samples: LearnerSamples, world: World) -> RunTargets:
+        """Every rank's targets, in one gather (alone: ``samples``' own, no copy)."""
+        if world.size == 1:
+            return cls(samples.advantages, samples.old_values, samples.returns)
+        stacked = torch.stack([samples.advantages, samples.old_values, samples.returns])
+        return cls(*world.gather_envs(stacked, dim=2).unbind(0))
+
+
+def shuffled_advantages(advantages: torch.Tensor, run: RunTargets, everyone: torch.Tensor, used: int,
+                        minibatch_size: int, ranks: int) -> torch.Tensor:
+    """This rank's ``used`` shuffled ``advantages``, each normalised over its whole minibatch: this rank's
+    ``minibatch_size`` and every other rank's share, taken from ``run`` in the epoch's order ``everyone``."""
+    whole = run.advantages.flatten()[everyone[:used * ranks]].view(-1, minibatch_size * ranks)
+    return minibatch_normalised(advantages[:used].view(-1, minibatch_size), whole).flatten()
+
+
+class UpdateDiagnostics:
+    """What an update reports, kept on the device until the end: the losses summed over minibatches, the
+    log-ratios of the epoch under way, and each epoch's approximate KL and clip fraction summed; data-parallel,
+    averaged over the ranks (``world``)."""
+
+    def __init__(self, used: int, device: torch.device, world: World) -> None:
+        self.losses = torch.zeros(4, device=device)  # policy, value, entropy, total: summed over minibatches
+        self.log_ratios = torch.empty(used, device=device)  # this epoch's, minibatch by minibatch
+        self.kl_and_clip = torch.zeros(2, device=device)  # the epochs' KL and clip fraction, summed
+        self.world, self.minibatches, self.epochs = world, 0, 0
+
+    def add_minibatch(self, start: int, out: PPOLoss) -> None:
+        """Record the minibatch of samples ``start:`` (read before the next step: a CUDA graph's outputs are
+        overwritten)."""
+        with torch.no_grad():
+            self.log_ratios[start:start + out.log_ratio.shape[0]] = out.log_ratio
+            self.losses += torch.stack([out.policy_loss, out.value_loss, out.entropy, out.loss])
+        self.minibatches += 1
+
+    def end_epoch(self, clip_coef: float) -> torch.Tensor:
+        """The epoch's approximate KL (the low-variance k3 estimator; a device scalar), recorded with its clip
+        fraction: over the whole epoch, every rank's."""
+        self.epochs += 1
+        with torch.no_grad():
+            ratio_m1 = self.log_ratios.exp() - 1
+            epoch = self.world.mean_(torch.stack([(ratio_m1 - self.log_ratios).mean(),
+                                                  (ratio_m1.abs() > clip_coef).float().mean()]))
+            self.kl_and_clip += epoch
+        return epoch[0]
+
+    def means(self) -> dict[str, float]:
+        """Each of :data:`STAT_NAMES`: the mean over minibatches, or epochs; raises :class:`NonFiniteLossError`
+        where one is not finite."""
+        figures = self.world.mean_(torch.cat([self.losses / self.minibatches, self.kl_and_clip / self.epochs]))
+        out = dict(zip(STAT_NAMES, figures.tolist()))
+        if not all(math.isfinite(v) for v in out.values()):
+            raise NonFiniteLossError(f"non-finite loss ({out})")
+        return out
+
+
 def ppo_update(step: UpdateStep, samples: LearnerSamples, generator: torch.Generator,
                world: World = ALONE) -> dict[str, float]:
     """Clipped-surrogate PPO over ``step.settings.epochs`` shuffles of ``samples`` (``[T, n]``: this rank's
     envs of the run's ``n x world.size``; ``[B]``: one env's ``B`` steps).
 
-    Each epoch shuffles every per-sample tensor once on the device (:func:`epoch_order`); its
-    minibatches are then contiguous slices (views, no copy), each taken by ``step``. A remainder
-    smaller than a minibatch waits for the next epoch's shuffle, so every minibatch has the planned
-    size (one compiled graph, one captured CUDA graph). With ``norm_adv``, advantages are normalised
-    per minibatch (the whole one: every rank's share). Each minibatch stores its log-ratios, and the
-    approximate KL (k3 estimator) and clip fraction are computed from them once per epoch; with
-    ``target_kl``, the epochs stop after the first whose KL exceeds it. Diagnostics stay on the device
-    until the end (plus one KL read per epoch when ``target_kl`` is set). Data-parallel, ``minibatch_size``
-    is this rank's share, and gradients, KL and figures are averaged over the ranks (``world``).
+    Each epoch shuffles every per-sample tensor once on the device (:func:`epoch_order`); its minibatches are
+    then contiguous slices (views, no copy), each taken by ``step``; every minibatch has the planned size
+    (:func:`usable_samples`: one compiled graph, one captured CUDA graph). With ``norm_adv``, advantages are
+    normalised per minibatch; with ``target_kl``, the epochs stop after the first whose approximate KL exceeds
+    it. Diagnostics stay on the device until the end (plus one KL read per epoch when ``target_kl`` is set).
+
+    Data-parallel (``world``), ``minibatch_size`` is this rank's share of each minibatch: the advantages are
+    normalised over the whole minibatch (:class:`RunTargets`, :func:`shuffled_advantages`), and gradients, KL and
+    figures are averaged over the ranks (:class:`MinibatchStep`, :class:`UpdateDiagnostics`).
     """
     s, mbs = step.settings, step.settings.minibatch_size
-    if samples.advantages.dim() == 1:
+    if samples.advantages.dim() == 1:  # one env's steps: a rollout of one env
         samples = LearnerSamples(*(x.unsqueeze(1) for x in samples))
-    num_steps, n = samples.advantages.shape
-    total, device, envs = num_steps * n, samples.advantages.device, world.envs(n * world.size)
-    used = total - total % mbs
-    if not used:  # not one step to take: the statistics below would be 0/0
-        raise ValueError(f"ppo_update: {total} samples make no minibatch of {mbs}; collect at least "
-                         f"{mbs} (num_envs x num_steps) or lower minibatch_size")
-    targets = world.gather_envs(torch.stack([samples.advantages, samples.old_values, samples.returns]), dim=2)
-    flat = samples.flat()
-    losses = torch.zeros(4, device=device)  # policy, value, entropy, total: summed over minibatches
-    log_ratios = torch.empty(used, device=device)
-    kl_and_clip = torch.zeros(2, device=device)  # the epochs' KL and clip fraction, summed
-    updates = epochs_run = 0
+    num_steps, num_envs = samples.advantages.shape
+    run_envs, device = num_envs * world.size, samples.advantages.device
+    used = usable_samples(num_steps * num_envs, mbs)
+    run = RunTargets.gathered(samples, world)
+    flat, diagnostics = samples.flat(), UpdateDiagnostics(used, device, world)
     for _ in range(s.epochs):
-        mine, everyone = epoch_order(generator, num_steps, n * world.size, envs, device)
+        mine, everyone = epoch_order(generator, num_steps, run_envs, world.envs(run_envs), device)
         shuffled = flat.index(mine)
-        if s.norm_adv:  # over each whole minibatch: every rank's advantages are in targets[0]
-            whole = targets[0].flatten()[everyone[:used * world.size]].view(-1, mbs * world.size)
-            shuffled = shuffled._replace(advantages=minibatch_normalised(shuffled.advantages[:used].view(-1, mbs),
-                                                                         whole).flatten())
+        if s.norm_adv:
+            shuffled = shuffled._replace(advantages=shuffled_advantages(shuffled.advantages, run, everyone, used,
+                                                                        mbs, world.size))
         for start in range(0, used, mbs):
-            out = step(shuffled.index(slice(start, start + mbs)))
-            with torch.no_grad():  # read before the next step (a CUDA graph's outputs are overwritten)
-                log_ratios[start:start + mbs] = out.log_ratio
-                losses += torch.stack([out.policy_loss, out.value_loss, out.entropy, out.loss])
-            updates += 1
-        epochs_run += 1
-        with torch.no_grad():
-            ratio_m1 = log_ratios.exp() - 1
-            # low-variance KL estimator, k3, and the clip fraction: over the whole epoch, every rank's
-            epoch = world.mean_(torch.stack([(ratio_m1 - log_ratios).mean(),
-                                             (ratio_m1.abs() > s.clip_coef).float().mean()]))
-            kl_and_clip += epoch
-        if s.target_kl is not None and epoch[0].item() > s.target_kl:
+            diagnostics.add_minibatch(start, step(shuffled.index(slice(start, start + mbs))))
+        kl = diagnostics.end_epoch(s.clip_coef)
+        if s.target_kl is not None and kl.item() > s.target_kl:
             break
-    figures = world.mean_(torch.cat([losses / updates, kl_and_clip / epochs_run]))
-    out = dict(zip(STAT_NAMES, figures.tolist()))
-    if not all(math.isfinite(v) for v in out.values()):
-        raise NonFiniteLossError(f"non-finite loss ({out})")
+    out = diagnostics.means()
     with torch.no_grad():
-        out["explained_variance"] = explained_variance(targets[1].flatten(), targets[2].flatten()).item()
-    out["epochs"] = epochs_run
+        out["explained_variance"] = explained_variance(run.values.flatten(), run.returns.flatten()).item()
+    out["epochs"] = diagnostics.epochs
     return out
