@@ -300,16 +300,23 @@ def cli_straight(tmp_path_factory):
 
     def straight(backend):
         if backend not in runs:
-            run_dir = tmp_path_factory.mktemp(f"cli_straight_{backend}") / "run"
-            done = cli(CLI_VR + cli_extra(backend) + ["--run-dir", str(run_dir), "--checkpoint-every", "100"],
-                       run_dir.parent)
-            assert done.wait(timeout=300) == 0, done.communicate()
-            runs[backend] = run_dir
+            runs[backend] = cli_straight_run(tmp_path_factory.mktemp(f"cli_straight_{backend}"), backend)
         return runs[backend]
     return straight
 
 
-def cli_matrix_case(tmp_path, straight, backend, signum, seed):
+def cli_straight_run(folder, backend):
+    """The uninterrupted command-line run of ``backend`` in ``folder``/straight."""
+    run_dir = folder / "straight"
+    done = cli(CLI_VR + cli_extra(backend) + ["--run-dir", str(run_dir), "--checkpoint-every", "100"], folder)
+    assert done.wait(timeout=300) == 0, done.communicate()
+    return run_dir
+
+
+def cli_matrix_case(tmp_path, backend, signum, seed, straight=None):
+    """Interrupt a command-line run of ``backend`` with ``signum`` at a moment ``seed`` draws, resume it, and compare
+    it with ``straight`` (the uninterrupted run; trained here when not given)."""
+    straight = straight or cli_straight_run(tmp_path, backend)
     rng = random.Random(seed)
     extra = cli_extra(backend)
     split = tmp_path / "split"
@@ -331,7 +338,7 @@ def cli_matrix_case(tmp_path, straight, backend, signum, seed):
 @pytest.mark.parametrize("backend, signum", [("sync", signal.SIGINT),
                                              pytest.param("async", signal.SIGTERM, marks=pytest.mark.slow)])
 def test_command_line_real_signal_then_resume_is_exact(tmp_path, cli_straight, backend, signum):
-    cli_matrix_case(tmp_path, cli_straight(backend), backend, signum, seed=0)
+    cli_matrix_case(tmp_path, backend, signum, seed=0, straight=cli_straight(backend))
 
 
 @pytest.mark.slow
@@ -340,7 +347,7 @@ def test_command_line_real_signal_then_resume_is_exact(tmp_path, cli_straight, b
 @pytest.mark.parametrize("backend, signum", [("sync", signal.SIGTERM), ("serial", signal.SIGUSR1),
                                              ("async", signal.SIGUSR1)])
 def test_command_line_signal_matrix(tmp_path, cli_straight, backend, signum, seed):
-    cli_matrix_case(tmp_path, cli_straight(backend), backend, signum, seed)
+    cli_matrix_case(tmp_path, backend, signum, seed, straight=cli_straight(backend))
 
 
 def test_a_closed_terminal_loses_no_completed_iteration(tmp_path):
