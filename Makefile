@@ -34,7 +34,7 @@ test: setup
 	$(PY) -m pytest -m "" $(PYTEST_ARGS)
 
 # for an offline GPU node whose image has torch, numpy, cloudpickle, psutil, tqdm and pytest but not the rest: those
-# runtime dependencies as wheels in .whl/, at the versions installed here (docs/benchmarks.md, "Running the device check")
+# runtime dependencies as wheels in .whl/, at the versions installed here (docs/device.md, "Running the device check")
 OFFLINE_WHEELS := tensordict pyvers gymnasium farama-notifications
 wheels: setup
 	rm -rf .whl

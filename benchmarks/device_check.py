@@ -20,7 +20,8 @@ for ``sync``, ``device`` and ``device --cuda-graphs``;
 CUDA, eager, and at 65,536 also compiled and captured as CUDA graphs (``benchmarks.env_steps``);
 (f) end-to-end training steps/s on CUDA with the GPU defaults (``--device cuda``: ``--backend
 device``, 4,096 envs): eager, compiled, and compiled with ``--cuda-graphs`` (target: >= 1M env
-steps/s); at 65,536 envs compiled, and compiled with ``--cuda-graphs``;
+steps/s); at 65,536 envs compiled, and compiled with ``--cuda-graphs``; and the cell recipe (``docs/cells.toml``:
+4-12 users of 12 drawn per episode, churn, a set policy) on ``--backend device``;
 (g) the CUDA-marked tests (``pytest -m cuda``);
 (h) data-parallel training under ``torchrun --standalone --nproc-per-node K`` for K = 1, 2, 4, ... up to the
 node's GPUs, ``device_envs[0]`` envs per rank with the GPU defaults: env steps/s and the speed-up over one
@@ -39,6 +40,7 @@ import functools
 import io
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -88,6 +90,8 @@ class Sizes:
     device_envs: tuple[int, ...] = (4096, 65536)  # (f): the GPU default's, and more
 
 
+REPO = Path(__file__).resolve().parent.parent
+CELL_RECIPE = REPO / "docs" / "cells.toml"  # users varying, churn, a set policy
 QUICK = Sizes(envs=(8,), num_steps=16, workers=(1, 2), iterations=2, update_batches=((8, 16),), resume_envs=4,
               resume_iterations=1, raw_envs=(64,), raw_steps=3, compile=False, device_envs=(16,))
 
@@ -244,6 +248,11 @@ def _stops_raise() -> Iterator[None]:
 
 NO_CUDA = "skipped: CUDA is not available here"
 CUDA_TESTS_TIMEOUT_S = 300  # (g): a hung test is reported (subprocess.TimeoutExpired, one line) and the check goes on
+
+
+def cuda_test_files(tests: Path) -> list[Path]:
+    """The test files that mark a test (or all of theirs) ``cuda``."""
+    return sorted(f for f in tests.glob("test_*.py") if re.search(r"mark\.cuda\b", f.read_text()))
 T = TypeVar("T")
 
 
@@ -266,6 +275,12 @@ class Check:
             message = next((line for line in str(e).splitlines() if line.strip()), "")[:300]
             print(f"    {label}: FAILED: {type(e).__name__}: {message} ({Path(where.filename).name}:{where.lineno})",
                   flush=True)
+            root_cause = e
+            while root_cause.__cause__ is not None:
+                root_cause = root_cause.__cause__
+            if root_cause is not e:  # what a wrapping error's first line leaves out (a compiler's own words)
+                for line in [x for x in str(root_cause).splitlines() if x.strip()][:4]:
+                    print(f"        {line.strip()[:300]}", flush=True)
             self.failures.append(f"{label} raised {type(e).__name__}")
             return None
 
@@ -372,14 +387,24 @@ class Check:
                 rate = self.attempt(f"(f) {n} envs {name}", functools.partial(training_rate, cfg, sizes.iterations))
                 measured.append(f"{name} {rate[0]:,.0f}" if rate else f"{name} FAILED")
             print(f"    {n:>6} envs: {', '.join(measured)}")
+        n, compile = sizes.device_envs[0], "on" if sizes.compile else "off"
+        argv = ["--config", str(CELL_RECIPE), "--device", device, "--backend", "device", "--num-envs", str(n),
+                "--num-steps", str(sizes.num_steps), "--compile", compile, "--total-steps", str(10**12),
+                "--run-dir", str(root / "f-cells")]
+        rate = self.attempt("(f) the cell recipe", functools.partial(
+            training_rate, train_module.parse_args(argv).config, sizes.iterations))
+        print(f"    {n:>6} envs, the cell recipe (docs/cells.toml, compile {compile}): "
+              + (f"{rate[0]:,.0f}" if rate else "FAILED"))
 
     def part_g(self, root: Path) -> None:
         print("\n(g) the CUDA-marked tests (pytest -m cuda)")
         if not self.cuda:
             print(f"    {NO_CUDA}")
             return
-        run = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
-                              str(Path(__file__).resolve().parent.parent / "tests")],
+        # one test process, without the ini's options (-n 2): a GPU node's image may have pytest, not pytest-xdist;
+        # only the files that hold CUDA tests, as it may lack what the others import (optuna, wandb)
+        run = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-m", "cuda", "-q", "-p",
+                              "no:cacheprovider", *map(str, cuda_test_files(REPO / "tests"))],
                              capture_output=True, text=True, timeout=CUDA_TESTS_TIMEOUT_S)
         lines = (run.stdout + run.stderr).strip().splitlines()
         for line in lines[-25:] if run.returncode else lines[-1:]:

@@ -77,6 +77,7 @@ class BackgroundCollector(Collector):
         self._process = collector_process(ctx, _serve, (child, env_fns, policy_bytes, self._weights, kwargs),
                                           name="collector", daemon=False)
         self._has_workers = backend == "async"
+        self._workers_limit_s = self.deadline.floor_s  # its deadline on its workers, as it last said (the same floor)
         self._pending: int | None = None  # the policy version of the rollout in flight
         self._sent_at = 0.0  # when the rollout in flight was asked for
         self._rollouts = 0
@@ -101,14 +102,16 @@ class BackgroundCollector(Collector):
         """The collecting process's answer to what was sent at ``sent_at``; raises its error,
         ``WorkerDiedError`` if it died, ``WorkerTimeoutError`` if it stays silent past the deadline."""
         first = what == "start" or (what == "collect" and not self._rollouts)  # envs built, buffers allocated
-        report_s = self._report_s() if what in _REACH_WORKERS else 0.0
-        limit = self.deadline.limit("start" if first else what) + report_s
+        own_s = self.deadline.limit("start" if first else what)
+        report_s = self._report_s(own_s) if what in _REACH_WORKERS else 0.0
+        limit = own_s + report_s
         ready = wait([self._conn, self._process.sentinel], timeout=max(0.0, sent_at + limit - time.monotonic()))
         busy_s = None
         if self._conn in ready:
             try:
-                kind, payload, *busy = self._conn.recv()
-                busy_s = busy[0] if busy else None
+                kind, payload, *measures = self._conn.recv()
+                if measures:
+                    busy_s, self._workers_limit_s = measures
             except (EOFError, OSError):
                 kind, payload = "died", None
         elif ready:
@@ -142,18 +145,21 @@ class BackgroundCollector(Collector):
         except OSError:  # BrokenPipeError, ConnectionResetError: nobody reads the pipe any more
             raise self._died(command) from None
 
-    def _report_s(self) -> float:
-        """How much later than its workers' deadline the collecting process may report one of them silent.
+    def _report_s(self, own_s: float) -> float:
+        """How much later than ``own_s`` (this deadline) the collecting process may report one of its workers, or
+        a step of its own envs, silent.
 
-        A worker's silence counts from the step it was sent, up to a rollout after the rollout began;
-        then the collecting process kills the silent one, gives the others at most their close patience,
-        and sends the error.
+        A worker's silence counts from the step it was sent, up to a rollout after the rollout began, and lasts
+        the collecting process's own deadline on its workers, which has measured its steps (the first rollout's
+        too, which this one does not count) and may have stretched further than this one; then it kills the silent
+        one, gives the others at most their close patience, and sends the error.
         Without this, both deadlines share a floor, this one starts first, and a stopped worker would
         be reported as the collecting process being silent.
         """
         if not self._has_workers:
             return 0.0
-        return self.deadline.slowest_s + WORKER_CLOSE_TIMEOUT_S + _REPORT_MARGIN_S
+        beyond_s = max(0.0, self._workers_limit_s - own_s)
+        return beyond_s + self.deadline.slowest_s + WORKER_CLOSE_TIMEOUT_S + _REPORT_MARGIN_S
 
     def _call(self, command: str, arg: Any = None) -> Any:
         self._check_open()
@@ -314,8 +320,15 @@ def _serve(conn, env_fns: list, policy_bytes: bytes, weights: dict[str, torch.Te
                 if command == "collect":  # the collector closed itself: nothing more to serve
                     return
                 continue
-            if not send_to_parent(conn, ("ok", reply, time.monotonic() - began)):  # with how long it worked on it
+            # with how long it worked on it, and its deadline on its workers now (it may have stretched)
+            if not send_to_parent(conn, ("ok", reply, time.monotonic() - began, workers_limit_s(collector))):
                 return
+
+
+def workers_limit_s(collector: Any) -> float:
+    """The collector's deadline on a step of its workers (and of its own envs); 0 where it has none."""
+    deadline = getattr(collector.stepper, "deadline", None)
+    return deadline.limit("step") if deadline is not None else 0.0
 
 
 class _CollectorCommands:

@@ -197,9 +197,12 @@ def _stop_forkserver(pid: int) -> None:
 
 def _kill_and_join(pid: int, thread: threading.Thread) -> None:
     """Kill the forkserver ``pid``: its end makes the start in ``thread`` read end-of-file at once (the thread is a
-    daemon: should it not end within seconds, it is left)."""
+    daemon: should it not end within seconds, it is left). Returns once the forkserver has exited, not while it is
+    exiting: its socket closes before its exit ends (freeing torch's memory takes a while on a busy machine), and
+    the next collector's ``forkserver.ensure_running`` would otherwise take it for alive and connect to it."""
     os.kill(pid, signal.SIGKILL)
     thread.join(5.0)
+    _exit_code(pid, patience_s=10.0)  # waits for the exit without reaping it (multiprocessing's waitpid does)
 
 
 def _exit_code(pid: int, patience_s: float = 1.0) -> int | None:

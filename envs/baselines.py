@@ -3,7 +3,9 @@
 Defaults were tuned by grid search on training seeds (see ``docs/benchmarks.md``).
 
 Every baseline maps a batch of observations ``[B, obs_dim]`` to actions ``[B, num_users]``
-(int64 levels), reading only what the observation shows (no access to the env state).
+(int64 levels), reading only what the observation shows (no access to the env state). In a cell
+whose users vary (``VREdgeConfig.masked``) they count the active users the observation flags:
+a share of the cell is split among them, and an inactive slot gets level 0.
 
 Example:
     >>> import envs
@@ -31,10 +33,31 @@ def _highest_level_below(cfg: VREdgeConfig, rate_mbps: np.ndarray) -> np.ndarray
     return np.maximum(np.searchsorted(cfg._ladder, rate_mbps, side="right") - 1, 0)
 
 
+def active_count(cfg: VREdgeConfig, f: dict[str, np.ndarray]) -> int | np.ndarray:
+    """The users sharing the cell in decoded observations ``f``: the active count ``[B, 1]`` where the observation
+    is masked, else ``num_users`` (every slot)."""
+    return f["active"].sum(axis=1, keepdims=True) if cfg.masked else cfg.num_users
+
+
+def only_active(cfg: VREdgeConfig, obs: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """``levels`` ``[B, U]`` with every inactive slot's at 0, where the observation is masked (else as they are).
+
+    >>> cfg = VREdgeConfig(num_users=2, users=1)
+    >>> obs = np.zeros((1, cfg.obs_dim), np.float32); obs[0, cfg.active_user_feature] = 1.0  # slot 0 active
+    >>> only_active(cfg, obs, np.array([[3, 4]]))
+    array([[3, 0]])
+    """
+    if not cfg.masked:
+        return levels
+    per_user = cfg.num_user_features
+    flags = np.asarray(obs)[:, :per_user * cfg.num_users][:, cfg.active_user_feature::per_user]
+    return np.where(flags > 0.5, levels, 0)
+
+
 def random_policy(cfg: VREdgeConfig, seed: int = 0) -> Baseline:
     """Uniformly random levels (a floor, not a contender)."""
     gen = np.random.default_rng(seed)
-    return lambda obs: gen.integers(0, cfg.num_levels, size=(len(obs), cfg.num_users))
+    return lambda obs: only_active(cfg, obs, gen.integers(0, cfg.num_levels, size=(len(obs), cfg.num_users)))
 
 
 def lowest_policy(cfg: VREdgeConfig) -> Baseline:
@@ -45,7 +68,7 @@ def lowest_policy(cfg: VREdgeConfig) -> Baseline:
 def throughput_policy(cfg: VREdgeConfig, safety: float = 1.0) -> Baseline:
     """Rate-based ABR: highest bitrate under ``safety`` times the user's recent throughput."""
     def act(obs: np.ndarray) -> np.ndarray:
-        return _highest_level_below(cfg, safety * decode_observation(cfg, obs)["throughput"])
+        return only_active(cfg, obs, _highest_level_below(cfg, safety * decode_observation(cfg, obs)["throughput"]))
     return act
 
 
@@ -55,20 +78,21 @@ def buffer_policy(cfg: VREdgeConfig, reservoir_s: float = 1.0, cushion_s: float 
     def act(obs: np.ndarray) -> np.ndarray:
         buffer = decode_observation(cfg, obs)["buffer"]
         frac = np.clip((buffer - reservoir_s) / cushion_s, 0.0, 1.0)
-        return np.floor(frac * (cfg.num_levels - 1) + 1e-9).astype(np.int64)
+        return only_active(cfg, obs, np.floor(frac * (cfg.num_levels - 1) + 1e-9).astype(np.int64))
     return act
 
 
 def fair_share_policy(cfg: VREdgeConfig, safety: float = 1.3, low_buffer_s: float = 1.0) -> Baseline:
     """Split the cell's recent capacity equally in airtime: user ``u`` may use
-    ``safety * C_recent * channel_u / U`` Mbps, where ``C_recent`` is the smaller of the
-    last two capacity readings; one level lower while the user's buffer is below ``low_buffer_s``.
-    ``safety`` above 1 pays because airtime that light users leave is shared by the rest."""
+    ``safety * C_recent * channel_u / U`` Mbps (``U``: the active users, :func:`active_count`), where
+    ``C_recent`` is the smaller of the last two capacity readings; one level lower while the user's buffer
+    is below ``low_buffer_s``. ``safety`` above 1 pays because airtime that light users leave is shared by
+    the rest."""
     def act(obs: np.ndarray) -> np.ndarray:
         f = decode_observation(cfg, obs)
         recent = f["cap_history"][:, -2:].min(axis=1, keepdims=True)
-        level = _highest_level_below(cfg, safety * recent * f["channel"] / cfg.num_users)
-        return np.where(f["buffer"] < low_buffer_s, np.maximum(level - 1, 0), level)
+        level = _highest_level_below(cfg, safety * recent * f["channel"] / active_count(cfg, f))
+        return only_active(cfg, obs, np.where(f["buffer"] < low_buffer_s, np.maximum(level - 1, 0), level))
     return act
 
 
@@ -121,14 +145,16 @@ def robust_mpc_policy(cfg: VREdgeConfig, share: float = 0.85, horizon: int = 5) 
 
     The cell's capacity is predicted robustly (:func:`robust_capacity` over the capacity
     history the observation holds); each user expects ``share`` times its equal airtime share
-    of it, ``share * C_pred * channel_u / U`` Mbit/s, for the next ``horizon`` segments and
-    plays the first level of the plan that maximises the env's QoE (:func:`mpc_levels`).
+    of it, ``share * C_pred * channel_u / U`` Mbit/s (``U``: the active users), for the next ``horizon``
+    segments and plays the first level of the plan that maximises the env's QoE (:func:`mpc_levels`).
     ``share`` (tuned on training seeds) scales that expectation.
     """
     def act(obs: np.ndarray) -> np.ndarray:
         f = decode_observation(cfg, obs)
-        rate = share * robust_capacity(f["cap_history"])[:, None] * f["channel"] / cfg.num_users
-        return mpc_levels(cfg, f["buffer"], f["last_level"], rate, horizon)
+        rate = share * robust_capacity(f["cap_history"])[:, None] * f["channel"] / active_count(cfg, f)
+        if cfg.masked:  # an inactive slot shows no channel: any rate will do, its level is 0
+            rate = np.where(f["active"], rate, cfg._ladder[0])
+        return only_active(cfg, obs, mpc_levels(cfg, f["buffer"], f["last_level"], rate, horizon))
     return act
 
 
@@ -171,7 +197,7 @@ def bola_policy(cfg: VREdgeConfig, low_s: float = 1.0, high_s: float = 3.5) -> B
     def act(obs: np.ndarray) -> np.ndarray:
         buffer = decode_observation(cfg, obs)["buffer"]
         score = (v * (utility + gamma) - buffer[..., None]) / size  # [B, U, L]
-        return np.argmax(score, axis=-1)
+        return only_active(cfg, obs, np.argmax(score, axis=-1))
     return act
 
 

@@ -12,6 +12,10 @@ plan is a candidate, so a pass never lowers the plan's value). The search starts
 user at its equal airtime share of each round's true capacity. It plays the plan's first
 round and plans again (receding horizon).
 
+In a cell whose users vary it plans the users active now (a slot's share of the cell is split among
+them, and the rewards are their mean); an inactive slot plays level 0. It does not foresee who
+leaves or joins in the lookahead.
+
 A plan that makes a user abandon (cumulative stall over ``abandon_stall_s``) forfeits the
 rest of the episode; the search charges it ``quality_weight`` per remaining round, the
 most that round could have earned.
@@ -24,7 +28,7 @@ from collections.abc import Sequence
 import gymnasium as gym
 import numpy as np
 
-from envs.vr_edge import VREdgeConfig, _channel_quality, download_round, step_state
+from envs.vr_edge import VREdgeConfig, _channel_quality, download_round, step_state, user_mean
 
 _START_FACTORS = np.array([0.7, 1.0, 1.3, 1.6, 2.0])
 
@@ -62,12 +66,14 @@ class ClairvoyantPlanner:
         cfg, horizon = self.config, self.lookahead
         capacity, channel = self.future(state)
         b, n_users = state["buffer"].shape
+        active = state["active"] if cfg.varies else None
+        count = n_users if active is None else active.sum(axis=1)[:, None, None, None]
         # rounds past the episode's end earn nothing; abandoning forfeits the rest of the episode
         remaining = cfg.max_steps - state["t"]
         live = (np.arange(horizon)[None, :] < remaining[:, None]).astype(np.float64)  # [B, H]
         # start: the best of "every user at the level that `factor` times its equal airtime share carries",
         # round by round or held at the horizon's worst round
-        share = capacity[:, None, :, None] * channel[:, None] / n_users * _START_FACTORS[:, None, None]
+        share = capacity[:, None, :, None] * channel[:, None] / count * _START_FACTORS[:, None, None]
         starts = np.concatenate([share, np.repeat(share.min(axis=2, keepdims=True), horizon, axis=2)], axis=1)
         starts = np.maximum(np.searchsorted(cfg._ladder, starts, side="right") - 1, 0)  # [B, S, H, U]
         plan = starts[np.arange(b), np.argmax(self.value(state, capacity, channel, live, remaining, starts), axis=1)]
@@ -75,11 +81,13 @@ class ClairvoyantPlanner:
         rows = np.arange(b)
         for _ in range(self.sweeps):
             for u in range(n_users):
+                if active is not None and not active[:, u].any():
+                    continue  # a slot active nowhere: nothing to plan
                 candidates = np.repeat(plan[:, None], len(moves), axis=1)  # [B, K, H, U]
                 candidates[..., u] = np.where(moves >= 0, moves, candidates[..., u])
                 value = self.value(state, capacity, channel, live, remaining, candidates)
                 plan = candidates[rows, np.argmax(value, axis=1)]  # keeping the plan is a candidate
-        return plan[:, 0]
+        return plan[:, 0] if active is None else np.where(active, plan[:, 0], 0)
 
     @staticmethod
     def _moves(levels: int, horizon: int) -> np.ndarray:
@@ -109,15 +117,17 @@ class ClairvoyantPlanner:
         """Sum of rewards ``[B, K]`` of ``K`` candidate plans ``[B, K, H, U]`` over the true future."""
         cfg = self.config
         k = plans.shape[1]
+        active = state["active"][:, None] if cfg.varies else None  # [B, 1, U]
         buffer = np.repeat(state["buffer"][:, None], k, axis=1)
         level = np.repeat(state["level"][:, None], k, axis=1)
         cum_stall = np.repeat(state["cum_stall"][:, None], k, axis=1)
         alive = np.ones(plans.shape[:2])
         total = np.zeros(plans.shape[:2])
         for h in range(plans.shape[2]):
-            r = download_round(cfg, buffer, level, capacity[:, None, h], channel[:, None, h], plans[:, :, h])
+            r = download_round(cfg, buffer, level, capacity[:, None, h], channel[:, None, h], plans[:, :, h], active)
             weight = alive * live[:, h, None]
-            total += weight * r["user_reward"].mean(axis=-1)
+            total += weight * (r["user_reward"].mean(axis=-1) if active is None else
+                               user_mean(cfg, r["user_reward"], active))
             cum_stall = cum_stall + r["stall_s"]
             abandoned = np.any(cum_stall > cfg.abandon_stall_s, axis=-1) & (weight > 0)
             total -= abandoned * cfg.quality_weight * np.maximum(remaining - h - 1, 0)[:, None]

@@ -35,6 +35,7 @@ def init_batched(env: gym.vector.VectorEnv, num_envs: int, config: VREdgeConfig,
     env.single_observation_space = observation_space(config)
     env.single_action_space = action_space(config)
     env.head_observation_layout = head_observation_layout(config)
+    env.active_user_feature = config.active_user_feature
     env.observation_space = batch_space(env.single_observation_space, env.num_envs)
     env.action_space = batch_space(env.single_action_space, env.num_envs)
 

@@ -24,6 +24,10 @@ from envs.traces import TRACE_SPLITS, TraceSet, load_traces
 
 REGIMES = ("good", "fair", "poor")
 USER_FEATURES = ("buffer", "last_level", "throughput", "download_time", "stall", "cum_stall", "channel")
+# where the cell is masked (VREdgeConfig.masked): each user's features end with this flag (1 active, 0 not: an
+# inactive slot's features are all 0), and the cell's with these two
+ACTIVE_FEATURE = "active"
+MASK_CELL_FEATURES = ("airtime_share", "load")  # 1 / active users; active users / users drawn for the episode
 # the 8-byte leaves of an env's state (initial_state): one per user each, and one per env each (besides the
 # capacity history, a trace's file and window, and the fade flag)
 _STATE_PER_USER = ("channel_logit", "buffer", "level", "throughput", "download_time", "stall", "cum_stall")
@@ -40,10 +44,31 @@ QOE_LIN_REBUFFER_PENALTY = 4.3  # QoE_lin (Pensieve and successors): Mbps - 4.3 
 class VREdgeConfig:
     """Parameters of the VR-edge workload, each declared with its help and limits (:func:`envs.settings.setting`);
     on construction one rule checks every field's limits (:func:`envs.settings.check_limits`), after its type and
-    before the rules between fields (:func:`_check_ladder`, :func:`_check_cell`, :func:`_check_traces`): a
-    :class:`envs.settings.ConfigError` such as ``num_users must be >= 1, got 0``."""
+    before the rules between fields (:func:`_check_ladder`, :func:`_check_cell`, :func:`_check_traces`,
+    :func:`users_range`): a :class:`envs.settings.ConfigError` such as ``num_users must be >= 1, got 0``.
 
-    num_users: int = setting(8, "users sharing the cell", at_least=1)
+    The cell has ``num_users`` user slots. ``users`` are active at reset (a number, or a range ``"LOW-HIGH"``
+    drawn uniformly per episode; empty: every slot), ``churn`` makes them leave and join during an episode, and
+    the episode's nominal capacity is its drawn users times ``capacity_per_user_mbps``. Where the users vary
+    (:attr:`varies`) the observation is masked (:attr:`masked`): each slot's features end with its active flag
+    (:attr:`active_user_feature`) and the cell's with ``1 / active users`` and ``active users / users drawn``.
+    The default (all slots, no churn) is the fixed cell, its random streams included.
+
+    Example:
+        >>> cfg = VREdgeConfig(num_users=12, users="4-12", churn=0.05)
+        >>> cfg.varies, cfg.users_range, cfg.active_user_feature, head_observation_layout(cfg)
+        (True, (4, 12), 7, (8, 7))
+        >>> VREdgeConfig().varies, VREdgeConfig().active_user_feature, VREdgeConfig().obs_dim
+        (False, None, 61)
+    """
+
+    num_users: int = setting(8, "user slots of the cell (the most users at once)", at_least=1)
+    users: int | str = setting("", "active users at reset: a number, or a range 'LOW-HIGH' drawn uniformly per "
+                               "episode, within 1..num_users (empty: all num_users)")
+    churn: float = setting(0.0, "probability that each active user leaves, per step (free slots are joined at the "
+                           "rate that keeps the episode's drawn count expected)", at_least=0, at_most=1)
+    observe_active: bool = setting(False, "append each user's active flag and the active count to the observation "
+                                   "(on by itself where users or churn make the cell vary)")
     bitrates_mbps: tuple[float, ...] = setting((5.0, 10.0, 20.0, 35.0, 55.0, 80.0), "the bitrate ladder, Mbit/s, "
                                                "strictly increasing", above=0)
     segment_s: float = setting(1.0, "seconds of video per segment", above=0)
@@ -80,12 +105,14 @@ class VREdgeConfig:
     _quality: np.ndarray = field(init=False, repr=False, compare=False)
     _regime_mult: np.ndarray = field(init=False, repr=False, compare=False)
     _traces: TraceSet | None = field(init=False, repr=False, compare=False)
+    _users_range: tuple[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_kinds(self)  # first: a limit compared with segment_s='abc' (from --env-kwargs) is a bare TypeError
         check_limits(self, flags=False)
         _check_ladder(self)
         _check_cell(self)
+        object.__setattr__(self, "_users_range", users_range(self.users, self.num_users))
         _check_traces(self)
         ladder = tuple(self.bitrates_mbps)
         ladder_arr = np.asarray(ladder, dtype=np.float64)
@@ -105,41 +132,103 @@ class VREdgeConfig:
         return len(self.bitrates_mbps)
 
     @property
+    def varies(self) -> bool:
+        """Whether the cell's active users vary: fewer users than slots, a range drawn per episode, or churn. Only
+        then does the env draw more per step and keep the active set in its state (the default is unchanged).
+
+        >>> VREdgeConfig().varies, VREdgeConfig(users="4-8").varies, VREdgeConfig(churn=0.05).varies
+        (False, True, True)
+        """
+        return self._users_range != (self.num_users, self.num_users) or self.churn > 0
+
+    @property
+    def masked(self) -> bool:
+        """Whether the observation carries the active flags and counts (:data:`ACTIVE_FEATURE`, the two cell
+        features :data:`MASK_CELL_FEATURES`): with ``observe_active``, and wherever the cell :attr:`varies`."""
+        return self.observe_active or self.varies
+
+    @property
+    def num_user_features(self) -> int:
+        """Features per user slot: :data:`USER_FEATURES`, and the active flag when :attr:`masked`."""
+        return len(USER_FEATURES) + (1 if self.masked else 0)
+
+    @property
+    def active_user_feature(self) -> int | None:
+        """Index of the active flag within a user's features when :attr:`masked`; ``None``: every slot is active."""
+        return len(USER_FEATURES) if self.masked else None
+
+    @property
     def obs_dim(self) -> int:
-        return len(USER_FEATURES) * self.num_users + self.num_cell_features
+        return self.num_user_features * self.num_users + self.num_cell_features
 
     @property
     def num_cell_features(self) -> int:
-        """Features of the cell: the capacity history, the episode's progress, and with
-        ``reveal_hidden_state`` the regime (one-hot) and the fade flag."""
-        return self.history + 1 + (len(REGIMES) + 1 if self.reveal_hidden_state else 0)
+        """Features of the cell: the capacity history, the episode's progress, with ``reveal_hidden_state`` the
+        regime (one-hot) and the fade flag, and when :attr:`masked` ``1 / active users`` and ``active users /
+        users drawn for the episode`` (:data:`MASK_CELL_FEATURES`)."""
+        return (self.history + 1 + (len(REGIMES) + 1 if self.reveal_hidden_state else 0)
+                + (len(MASK_CELL_FEATURES) if self.masked else 0))
 
     @property
     def state_bytes(self) -> int:
         """Bytes of one env's state (:func:`initial_state`'s leaves): 8 per user for each of ``_STATE_PER_USER``,
         8 per step of capacity history, 8 for each of ``_STATE_PER_ENV`` (and a trace's file and window), and the
-        fade flag. Computed, not allocated: a run checks what its envs need against the machine's memory before it
+        fade flag; where the cell :attr:`varies`, 8 for the episode's drawn ``users`` and one per slot for
+        ``active``. Computed, not allocated: a run checks what its envs need against the machine's memory before it
         builds one.
 
-        >>> cfg = VREdgeConfig(num_users=3, history=5)
-        >>> cfg.state_bytes == sum(v.nbytes for v in initial_state(cfg, np.zeros(1, np.uint64),
-        ...                                                           np.zeros(1, np.uint64)).values())
-        True
+        >>> cfg, varied = VREdgeConfig(num_users=3, history=5), VREdgeConfig(num_users=3, users="1-3", churn=0.1)
+        >>> zero = np.zeros(1, np.uint64)
+        >>> [c.state_bytes == sum(v.nbytes for v in initial_state(c, zero, zero).values()) for c in (cfg, varied)]
+        [True, True]
         """
-        per_env = len(_STATE_PER_ENV) + (2 if self.capacity_trace else 0)
-        return 8 * (len(_STATE_PER_USER) * self.num_users + self.history + per_env) + 1
+        per_env = len(_STATE_PER_ENV) + (2 if self.capacity_trace else 0) + (1 if self.varies else 0)
+        active = self.num_users if self.varies else 0  # one bool per slot, and the episode's drawn count
+        return 8 * (len(_STATE_PER_USER) * self.num_users + self.history + per_env) + 1 + active
 
     @property
     def block_size(self) -> int:
-        """Uniform draws per env per step (and per reset)."""
-        return 5 + 2 * self.num_users
+        """Uniform draws per env per step (and per reset): the cell's 5, two per user for its channel, and where
+        the cell :attr:`varies` one more for the reset's user count and one per slot for leaving or joining."""
+        return 5 + 2 * self.num_users + (1 + self.num_users if self.varies else 0)
+
+    @property
+    def users_range(self) -> tuple[int, int]:
+        """The active users at reset, ``(low, high)``: drawn uniformly from ``low..high`` per episode."""
+        return self._users_range
 
     @property
     def nominal_capacity_mbps(self) -> float:
+        """The nominal capacity with every slot active; an episode's is :func:`episode_nominal` (its drawn users
+        times ``capacity_per_user_mbps``)."""
         return self.num_users * self.capacity_per_user_mbps
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+
+def users_range(users: int | str, num_users: int) -> tuple[int, int]:
+    """``users`` (a number, a range ``"LOW-HIGH"``, or ``""``: all slots) as ``(low, high)`` within
+    ``1..num_users``; a :class:`envs.settings.ConfigError` otherwise.
+
+    >>> users_range("4-12", 16), users_range(3, 8), users_range("", 8)
+    ((4, 12), (3, 3), (8, 8))
+    >>> users_range("9-3", 8)
+    Traceback (most recent call last):
+    ...
+    envs.settings.ConfigError: users must be a number or a range 'LOW-HIGH' within 1..num_users (8), got '9-3'
+    """
+    if users == "":
+        return num_users, num_users
+    text = str(users).strip()
+    low, sep, high = text.partition("-")
+    bounds = (low, high) if sep else (text, text)
+    if all(b.strip().isdigit() for b in bounds):
+        low_n, high_n = (int(b) for b in bounds)
+        if 1 <= low_n <= high_n <= num_users:
+            return low_n, high_n
+    raise ConfigError("users", users, f"must be a number or a range 'LOW-HIGH' within 1..num_users ({num_users})",
+                      flag=False)
 
 
 def _check_kinds(cfg: VREdgeConfig) -> None:
@@ -209,7 +298,7 @@ def head_observation_layout(cfg: VREdgeConfig) -> tuple[int, int]:
 
     Learners may use it to share one network across the users' action heads.
     """
-    return len(USER_FEATURES), cfg.num_cell_features
+    return cfg.num_user_features, cfg.num_cell_features
 
 
 def action_space(cfg: VREdgeConfig) -> gym.spaces.MultiDiscrete:
@@ -224,10 +313,55 @@ def _channel_quality(logit: np.ndarray) -> np.ndarray:
     return 0.25 + 0.75 / (1.0 + np.exp(-logit))
 
 
-def _capacity(cfg: VREdgeConfig, regime: np.ndarray, noise: np.ndarray, fade: np.ndarray) -> np.ndarray:
+def _capacity(cfg: VREdgeConfig, regime: np.ndarray, noise: np.ndarray, fade: np.ndarray,
+              nominal: float | np.ndarray) -> np.ndarray:
+    """The synthetic cell's capacity ``[B]``, Mbit/s, around the episodes' ``nominal`` capacity."""
     mult = cfg._regime_mult[regime]
     lognormal = np.exp(noise - 0.5 * cfg.noise_std**2)  # mean-one fluctuation
-    return cfg.nominal_capacity_mbps * mult * lognormal * np.where(fade, cfg.fade_depth, 1.0)
+    return nominal * mult * lognormal * np.where(fade, cfg.fade_depth, 1.0)
+
+
+def episode_nominal(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> float | np.ndarray:
+    """Each episode's nominal capacity, Mbit/s: its drawn users times ``capacity_per_user_mbps`` (``[B]``), fixed
+    for the episode; where the cell does not vary, ``cfg.nominal_capacity_mbps`` (a float)."""
+    return s["users"] * cfg.capacity_per_user_mbps if cfg.varies else cfg.nominal_capacity_mbps
+
+
+def _trace_capacity(cfg: VREdgeConfig, trace: np.ndarray, pos: np.ndarray, nominal: float | np.ndarray
+                    ) -> np.ndarray:
+    """A trace window's capacity ``[B]``; a trace scaled to the nominal capacity (``trace_scale=0``) follows the
+    episode's drawn users where the cell varies."""
+    capacity = cfg._traces.capacity(trace, pos)
+    return capacity * (nominal / cfg.nominal_capacity_mbps) if cfg.varies and not cfg.trace_scale else capacity
+
+
+def _count_draw(cfg: VREdgeConfig) -> int:
+    """Index of the reset's user-count draw in a block (where the cell varies); the churn draws follow it."""
+    return 5 + 2 * cfg.num_users
+
+
+def _drawn_users(cfg: VREdgeConfig, u: np.ndarray) -> dict[str, np.ndarray]:
+    """The users at reset, where the cell varies: their count ``users`` ``[B]``, uniform over ``cfg.users_range``
+    from the reset's count draw, and ``active`` ``[B, U]``, the first that many slots; ``{}`` otherwise."""
+    if not cfg.varies:
+        return {}
+    low, high = cfg.users_range
+    users = np.minimum(low + (u[:, _count_draw(cfg)] * (high - low + 1)).astype(np.int64), high)
+    return {"users": users, "active": np.arange(cfg.num_users) < users[:, None]}
+
+
+def _user_start(cfg: VREdgeConfig, b: int) -> dict[str, np.ndarray]:
+    """The per-user leaves ``[b, U]`` of a user who starts (at reset, or joining): the initial buffer, the lowest
+    level and its bitrate as throughput, no download, no stall."""
+    n_users = cfg.num_users
+    return {
+        "buffer": np.full((b, n_users), cfg.initial_buffer_s),
+        "level": np.zeros((b, n_users), dtype=np.int64),
+        "throughput": np.full((b, n_users), cfg.bitrates_mbps[0]),
+        "download_time": np.zeros((b, n_users)),
+        "stall": np.zeros((b, n_users)),
+        "cum_stall": np.zeros((b, n_users)),
+    }
 
 
 def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> dict[str, np.ndarray]:
@@ -237,12 +371,14 @@ def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> 
     regime = np.minimum((u[:, 0] * 3).astype(np.int64), 2)
     noise = cfg.noise_std * rng.normals(u[:, 2], u[:, 3])
     fade = np.zeros(b, dtype=bool)
-    logit = cfg.channel_std * rng.normals(u[:, 5:5 + n_users], u[:, 5 + n_users:])
-    cap = _capacity(cfg, regime, noise, fade)
+    logit = cfg.channel_std * rng.normals(u[:, 5:5 + n_users], u[:, 5 + n_users:2 * n_users + 5])
+    drawn = _drawn_users(cfg, u)
+    nominal = episode_nominal(cfg, drawn)
+    cap = _capacity(cfg, regime, noise, fade, nominal)
     trace_keys = {}
     if cfg._traces is not None:  # draws 1 and 4 are free at reset: the trace file and its start window
         trace, pos = cfg._traces.start(u[:, 1], u[:, 4])
-        cap = cfg._traces.capacity(trace, pos)
+        cap = _trace_capacity(cfg, trace, pos, nominal)
         trace_keys = {"trace": trace, "trace_pos": pos}
     return {
         "key": keys.copy(),
@@ -252,25 +388,21 @@ def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> 
         "noise": noise,
         "fade": fade,
         "channel_logit": logit,
-        "buffer": np.full((b, n_users), cfg.initial_buffer_s),
-        "level": np.zeros((b, n_users), dtype=np.int64),
-        "throughput": np.full((b, n_users), cfg.bitrates_mbps[0]),
-        "download_time": np.zeros((b, n_users)),
-        "stall": np.zeros((b, n_users)),
-        "cum_stall": np.zeros((b, n_users)),
+        **_user_start(cfg, b),
         "cap_history": np.repeat(cap[:, None], cfg.history, axis=1),
         "ep_quality": np.zeros(b),
         "ep_stall": np.zeros(b),
         "ep_switches": np.zeros(b),
         **trace_keys,
+        **drawn,
     }
 
 
 def observe(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> np.ndarray:
     """Return ``[B, obs_dim]`` float32 observations scaled to roughly unit range."""
-    b, n_user_feat = len(s["t"]), len(USER_FEATURES) * cfg.num_users
+    b, n_user_feat = len(s["t"]), cfg.num_user_features * cfg.num_users
     obs = np.empty((b, cfg.obs_dim), dtype=np.float32)  # float64 results are rounded on assignment
-    users = obs[:, :n_user_feat].reshape(b, cfg.num_users, len(USER_FEATURES))  # a view: columns fill obs
+    users = obs[:, :n_user_feat].reshape(b, cfg.num_users, cfg.num_user_features)  # a view: columns fill obs
     users[:, :, 0] = s["buffer"] / cfg.max_buffer_s
     users[:, :, 1] = s["level"] / max(cfg.num_levels - 1, 1)
     users[:, :, 2] = s["throughput"] / cfg.bitrates_mbps[-1]
@@ -279,12 +411,32 @@ def observe(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> np.ndarray:
     users[:, :, 5] = s["cum_stall"] / cfg.abandon_stall_s
     users[:, :, 6] = _channel_quality(s["channel_logit"])
     progress = n_user_feat + cfg.history
-    obs[:, n_user_feat:progress] = s["cap_history"] / cfg.nominal_capacity_mbps
+    nominal = episode_nominal(cfg, s)
+    obs[:, n_user_feat:progress] = s["cap_history"] / (nominal[:, None] if cfg.varies else nominal)
     obs[:, progress] = s["t"] / cfg.max_steps
     if cfg.reveal_hidden_state:  # a diagnostic: what a policy could gain from knowing the hidden cell state
         obs[:, progress + 1:progress + 1 + len(REGIMES)] = np.arange(len(REGIMES)) == s["regime"][:, None]
-        obs[:, -1] = s["fade"]
+        obs[:, progress + 1 + len(REGIMES)] = s["fade"]
+    if cfg.masked:
+        _observe_mask(cfg, s, users, obs[:, cfg.obs_dim - len(MASK_CELL_FEATURES):])
     return np.minimum(obs, _OBS_HIGH, out=obs)  # every feature is >= 0 by construction
+
+
+def _observe_mask(cfg: VREdgeConfig, s: dict[str, np.ndarray], users: np.ndarray, cell: np.ndarray) -> None:
+    """Write the mask into the views ``users`` ``[B, U, F]`` (each slot's active flag last, an inactive slot's
+    features all 0) and ``cell`` ``[B, 2]`` (``1 / active users``, ``active users / users drawn``)."""
+    active = active_users(cfg, s)
+    users[:, :, len(USER_FEATURES)] = 1.0
+    users *= active[:, :, None]
+    count = active.sum(axis=1)
+    cell[:, 0] = 1.0 / count
+    cell[:, 1] = count / (s["users"] if cfg.varies else cfg.num_users)
+
+
+def active_users(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> np.ndarray:
+    """Which slots ``[B, U]`` (bool) of the states ``s`` hold an active user (every slot where the cell does not
+    vary)."""
+    return s["active"] if cfg.varies else np.ones((len(s["t"]), cfg.num_users), dtype=bool)
 
 
 def decode_observation(cfg: VREdgeConfig, obs: np.ndarray) -> dict[str, np.ndarray]:
@@ -292,16 +444,22 @@ def decode_observation(cfg: VREdgeConfig, obs: np.ndarray) -> dict[str, np.ndarr
 
     Per-user entries are ``[B, U]``: ``buffer`` (s), ``last_level``, ``throughput``
     (Mbps, recent EWMA), ``download_time`` and ``stall`` (s), ``cum_stall`` (s), ``channel``
-    (relative link quality). ``cap_history`` is ``[B, history]`` in Mbps, oldest first.
+    (relative link quality), and where the observation is masked (``cfg.masked``) ``active`` (bool).
+    ``cap_history`` is ``[B, history]`` in Mbps, oldest first.
     """
     obs = np.asarray(obs, dtype=np.float64)
-    n_user_feat = len(USER_FEATURES) * cfg.num_users
-    users = obs[:, :n_user_feat].reshape(len(obs), cfg.num_users, len(USER_FEATURES))
+    n_user_feat = cfg.num_user_features * cfg.num_users
+    users = obs[:, :n_user_feat].reshape(len(obs), cfg.num_users, cfg.num_user_features)
     scale = (cfg.max_buffer_s, max(cfg.num_levels - 1, 1), cfg.bitrates_mbps[-1], cfg.segment_s, cfg.segment_s,
              cfg.abandon_stall_s, 1.0)
     out = {name: users[:, :, i] * scale[i] for i, name in enumerate(USER_FEATURES)}
     out["last_level"] = np.rint(out["last_level"]).astype(np.int64)
-    out["cap_history"] = obs[:, n_user_feat:n_user_feat + cfg.history] * cfg.nominal_capacity_mbps
+    nominal = cfg.nominal_capacity_mbps
+    if cfg.masked:  # the episode's nominal capacity: its drawn users are the active count over the load
+        out["active"] = users[:, :, len(USER_FEATURES)] > 0.5
+        load = obs[:, cfg.obs_dim - 1]
+        nominal = (np.rint(out["active"].sum(axis=1) / load) * cfg.capacity_per_user_mbps)[:, None]
+    out["cap_history"] = obs[:, n_user_feat:n_user_feat + cfg.history] * nominal
     return out
 
 
@@ -325,19 +483,71 @@ def step_state(cfg: VREdgeConfig, s: dict[str, np.ndarray], actions: np.ndarray)
     """Advance ``[B]`` envs by one segment round; returns ``(state, reward, terminated, truncated, parts)``.
 
     ``parts`` holds the per-user reward components ``quality``, ``stall_s`` and
-    ``switches`` (``[B, U]``) and the round's ``capacity_mbps`` (``[B]``).
+    ``switches`` (``[B, U]``, 0 for an inactive slot) and the round's ``capacity_mbps`` (``[B]``),
+    and where the cell varies the round's ``active`` users (``[B, U]``). An inactive slot's action
+    is ignored; users leave and join (``churn``) after the round, where the episode goes on.
     """
     u = rng.uniform_block(s["key"], s["counter"], cfg.block_size)
     cell, trace_keys, capacity, channel = _cell_round(cfg, s, u)
-    r = download_round(cfg, s["buffer"], s["level"], capacity, channel, actions)
+    active = s["active"] if cfg.varies else None
+    if active is not None:
+        actions = np.where(active, actions, 0)  # an inactive slot's action is ignored
+    r = download_round(cfg, s["buffer"], s["level"], capacity, channel, actions, active)
     switched = (actions != s["level"]).astype(np.float64)
-    users = _users_after_round(cfg, s, r, actions, switched, capacity)
+    users = _users_after_round(cfg, s, r, actions, switched, capacity, active)
     t = s["t"] + 1
-    terminated = np.any(users["cum_stall"] > cfg.abandon_stall_s, axis=1)
+    terminated = np.any(users["cum_stall"] > cfg.abandon_stall_s, axis=1)  # (an inactive slot never stalls)
     truncated = (t >= cfg.max_steps) & ~terminated
     new = {"key": s["key"], "counter": s["counter"] + np.uint64(1), "t": t, **cell, **users, **trace_keys}
-    reward = r["user_reward"].sum(axis=1) * (1.0 / cfg.num_users)
-    return new, reward, terminated, truncated, _reward_parts(cfg, s, r, switched, capacity)
+    reward = user_mean(cfg, r["user_reward"], active)
+    parts = _reward_parts(cfg, s, r, switched, capacity, active)
+    if active is not None:
+        new["users"] = s["users"]
+        new.update(_churned(cfg, new, active, u, terminated | truncated))
+    return new, reward, terminated, truncated, parts
+
+
+def user_mean(cfg: VREdgeConfig, x: np.ndarray, active: np.ndarray | None) -> np.ndarray:
+    """The mean ``[...]`` of per-user values ``x`` ``[..., U]`` over the ``active`` users (``None``: all).
+
+    >>> user_mean(VREdgeConfig(num_users=3), np.array([[1.0, 2.0, 9.0]]), np.array([[True, True, False]]))
+    array([1.5])
+    """
+    if active is None:
+        return x.sum(axis=-1) * (1.0 / cfg.num_users)
+    return (x * active).sum(axis=-1) / active.sum(axis=-1)
+
+
+def _churned(cfg: VREdgeConfig, s: dict[str, np.ndarray], active: np.ndarray, u: np.ndarray, done: np.ndarray
+             ) -> dict[str, np.ndarray]:
+    """The users after the round's leaves and joins (none where the episode ended): ``active`` and the per-user
+    leaves, every slot not active next round back at a user's start (so a joiner starts like a user at reset)."""
+    draws = u[:, _count_draw(cfg) + 1:_count_draw(cfg) + 1 + cfg.num_users]
+    after = np.where(done[:, None], active, next_active(cfg, active, s["users"], draws))
+    start = _user_start(cfg, len(done))
+    stayed = active & after  # a joiner was inactive in the round: it starts afresh
+    return {"active": after, **{k: np.where(stayed, s[k], v) for k, v in start.items()}}
+
+
+def next_active(cfg: VREdgeConfig, active: np.ndarray, users: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """The active set ``[B, U]`` after one step of churn, from one uniform draw per slot ``draws`` ``[B, U]``.
+
+    An active user leaves when its draw is below ``churn``; a free slot is joined when its draw is below
+    ``q = min(1, n * churn / (U - n))`` (``n``: the episode's drawn ``users``; 1 where ``n = U``), which keeps
+    the expected active count at ``n``. If everyone would leave and nobody join, the leaver with the highest
+    draw stays.
+
+    >>> cfg = VREdgeConfig(num_users=4, churn=0.5)   # n = 2: q = 0.5; both users leave, nobody joins
+    >>> next_active(cfg, np.array([[True, True, False, False]]), np.array([2]), np.array([[0.1, 0.3, 0.7, 0.9]]))
+    array([[False,  True, False, False]])
+    """
+    churn, slots = cfg.churn, cfg.num_users
+    join = np.where(users >= slots, 1.0, np.minimum(1.0, users * churn / np.maximum(slots - users, 1)))
+    leave = active & (draws < churn)
+    after = (active & ~leave) | (~active & (draws < join[:, None]))
+    keeper = np.argmax(np.where(leave, draws, -1.0), axis=1)  # the leaver with the highest draw
+    nobody = ~after.any(axis=1)
+    return after | (nobody[:, None] & (np.arange(slots) == keeper[:, None]))
 
 
 def _cell_round(cfg: VREdgeConfig, s: dict[str, np.ndarray], u: np.ndarray):
@@ -351,59 +561,70 @@ def _cell_round(cfg: VREdgeConfig, s: dict[str, np.ndarray], u: np.ndarray):
     noise = cfg.noise_corr * s["noise"] + math.sqrt(1 - cfg.noise_corr**2) * cfg.noise_std * rng.normals(
         u[:, 2], u[:, 3])
     fade = np.where(s["fade"], u[:, 4] >= cfg.fade_end_prob, u[:, 4] < cfg.fade_prob)
-    capacity = _capacity(cfg, regime, noise, fade)
+    nominal = episode_nominal(cfg, s)
+    capacity = _capacity(cfg, regime, noise, fade, nominal)
     trace_keys = {}
     if cfg._traces is not None:  # a recorded trace replaces the synthetic capacity; the draws stay the same
         trace_keys = {"trace": s["trace"], "trace_pos": cfg._traces.next_position(s["trace"], s["trace_pos"])}
-        capacity = cfg._traces.capacity(s["trace"], trace_keys["trace_pos"])
+        capacity = _trace_capacity(cfg, s["trace"], trace_keys["trace_pos"], nominal)
+    # every slot's channel evolves, active or not
     logit = cfg.channel_corr * s["channel_logit"] + math.sqrt(1 - cfg.channel_corr**2) * cfg.channel_std * (
-        rng.normals(u[:, 5:5 + n_users], u[:, 5 + n_users:]))
+        rng.normals(u[:, 5:5 + n_users], u[:, 5 + n_users:5 + 2 * n_users]))
     cell = {"regime": regime, "noise": noise, "fade": fade, "channel_logit": logit}
     return cell, trace_keys, capacity, _channel_quality(logit)
 
 
 def _users_after_round(cfg: VREdgeConfig, s: dict[str, np.ndarray], r: dict[str, np.ndarray], actions: np.ndarray,
-                       switched: np.ndarray, capacity: np.ndarray) -> dict[str, np.ndarray]:
+                       switched: np.ndarray, capacity: np.ndarray, active: np.ndarray | None
+                       ) -> dict[str, np.ndarray]:
     """The users' state keys after the download round ``r``: buffers, levels, throughput estimates, stalls, the
-    capacity history and the episode's running figures (per-user means)."""
-    inv_users = 1.0 / cfg.num_users
+    capacity history and the episode's running figures (means over the ``active`` users; ``None``: all). An
+    inactive slot's leaves are meaningless until :func:`_churned` puts it back at a user's start."""
     stall = r["stall_s"]
+    download = r["download_time"] if active is None else np.where(active, r["download_time"], 1.0)
     return {
         "buffer": r["buffer"],
         "level": actions.astype(np.int64),
         "throughput": _THROUGHPUT_EWMA * s["throughput"] + (1 - _THROUGHPUT_EWMA) * r["bitrate_mbps"]
-        / r["download_time"],
+        / download,
         "download_time": r["download_time"],
         "stall": stall,
         "cum_stall": s["cum_stall"] + stall,
         "cap_history": np.concatenate([s["cap_history"][:, 1:], capacity[:, None]], axis=1),
-        "ep_quality": s["ep_quality"] + r["quality"].sum(axis=1) * inv_users,
-        "ep_stall": s["ep_stall"] + stall.sum(axis=1) * inv_users,
-        "ep_switches": s["ep_switches"] + switched.sum(axis=1) * inv_users,
+        "ep_quality": s["ep_quality"] + user_mean(cfg, r["quality"], active),
+        "ep_stall": s["ep_stall"] + user_mean(cfg, stall, active),
+        "ep_switches": s["ep_switches"] + user_mean(cfg, switched, active),
     }
 
 
 def _reward_parts(cfg: VREdgeConfig, s: dict[str, np.ndarray], r: dict[str, np.ndarray], switched: np.ndarray,
-                  capacity: np.ndarray) -> dict[str, np.ndarray]:
-    """The round's reward components per user, its capacity, and the linear QoE (bitrate less the rebuffering
-    and switching penalties)."""
+                  capacity: np.ndarray, active: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The round's reward components per user (0 for a slot not ``active``), its capacity, and the linear QoE
+    (bitrate less the rebuffering and switching penalties); with the ``active`` users where the cell varies."""
     prev_bitrate = cfg._ladder[s["level"]]
     qoe_lin = r["bitrate_mbps"] - QOE_LIN_REBUFFER_PENALTY * r["stall_s"] - np.abs(r["bitrate_mbps"] - prev_bitrate)
-    return {"quality": r["quality"], "stall_s": r["stall_s"], "switches": switched, "capacity_mbps": capacity,
-            "bitrate_mbps": r["bitrate_mbps"], "qoe_lin": qoe_lin}
+    parts = {"quality": r["quality"], "stall_s": r["stall_s"], "switches": switched, "capacity_mbps": capacity,
+             "bitrate_mbps": r["bitrate_mbps"], "qoe_lin": qoe_lin}
+    if active is None:
+        return parts
+    return {**{k: v if k == "capacity_mbps" else v * active for k, v in parts.items()}, "active": active}
 
 
 def download_round(cfg: VREdgeConfig, buffer: np.ndarray, level: np.ndarray, capacity: np.ndarray,
-                   channel: np.ndarray, actions: np.ndarray) -> dict[str, np.ndarray]:
+                   channel: np.ndarray, actions: np.ndarray, active: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """One segment round for every user, given the round's cell ``capacity`` and ``channel`` qualities.
 
     Shapes: ``buffer``, ``level`` (previous levels), ``channel`` and ``actions`` are ``[..., U]``,
     ``capacity`` is ``[...]``; any leading axes (a planner adds candidate plans). Returns
     ``[..., U]`` arrays ``bitrate_mbps``, ``download_time``, ``stall_s``, ``buffer`` (after the
-    round), ``quality`` and ``user_reward`` (each user's term of the reward).
+    round), ``quality`` and ``user_reward`` (each user's term of the reward). A slot that is not
+    ``active`` (``[..., U]`` bool; ``None``: all are) has no work in the sharing: it downloads in no
+    time, takes no airtime and never stalls.
     """
     bitrate = cfg._ladder[actions]
     work = bitrate * cfg.segment_s / (capacity[..., None] * channel)
+    if active is not None:
+        work = np.where(active, work, 0.0)
     dl_time = processor_sharing_times(work)
     stall = np.maximum(dl_time - buffer, 0.0)
     new_buffer = np.maximum(buffer - dl_time, 0.0) + cfg.segment_s
@@ -416,7 +637,8 @@ def download_round(cfg: VREdgeConfig, buffer: np.ndarray, level: np.ndarray, cap
 
 
 def episode_metrics(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Per-step means ``[B]`` of the QoE components over each env's current episode, and abandonment."""
+    """Per-step means ``[B]`` of the QoE components (each step's mean over its active users) over each env's
+    current episode, and abandonment."""
     steps = np.maximum(s["t"], 1)
     return {
         "quality": s["ep_quality"] / steps,
@@ -469,6 +691,18 @@ class SyntheticVREdgeEnv(gym.Env):
     action ``[num_users]`` int levels, ``info`` components ``[num_users]``. When an
     episode ends, ``info["episode_metrics"]`` holds per-step means of the components.
     Keyword arguments are the fields of :class:`VREdgeConfig`.
+
+    A cell whose users vary (``users`` below ``num_users`` or a range, ``churn``) is masked: each
+    user's features end with its active flag (index ``active_user_feature``; ``None`` where every
+    slot is always active), an inactive slot's features are 0, and the cell's end with ``1 / active
+    users`` and ``active users / users drawn``:
+
+        >>> env = envs.SyntheticVREdgeEnv(num_users=4, users="2-3", churn=0.05, seed=0)
+        >>> obs, info = env.reset()
+        >>> obs.shape, env.head_observation_layout, env.active_user_feature
+        ((39,), (8, 7), 7)
+        >>> obs[7:32:8]   # slots 0..3: the first 2 or 3 are active at reset
+        array([1., 1., 1., 0.], dtype=float32)
     """
 
     metadata = {"render_modes": []}
@@ -481,6 +715,7 @@ class SyntheticVREdgeEnv(gym.Env):
         self.observation_space = observation_space(self.config)
         self.action_space = action_space(self.config)
         self.head_observation_layout = head_observation_layout(self.config)
+        self.active_user_feature = self.config.active_user_feature
         self._state: dict[str, np.ndarray] | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):

@@ -32,6 +32,7 @@ from envs.vr_edge import (
     QOE_LIN_REBUFFER_PENALTY,
     REGIMES,
     VREdgeConfig,
+    _count_draw,
     checked_state,
     torch_env_refusal,
 )
@@ -102,11 +103,26 @@ class TorchDynamics:
         self.fade_factor = torch.tensor([1.0, cfg.fade_depth], dtype=torch.float64, device=self.device)
         self.regimes = torch.arange(len(REGIMES), device=self.device)
         self.user_ranks = torch.arange(cfg.num_users - 1, -1, -1, dtype=torch.int64, device=self.device)
+        self.slots = torch.arange(cfg.num_users, device=self.device)
 
-    def _capacity(self, regime: torch.Tensor, noise: torch.Tensor, fade: torch.Tensor) -> torch.Tensor:
+    def _capacity(self, regime: torch.Tensor, noise: torch.Tensor, fade: torch.Tensor,
+                  nominal: float | torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         lognormal = torch.exp(noise - 0.5 * cfg.noise_std**2)
-        return cfg.nominal_capacity_mbps * self.regime_mult[regime] * lognormal * self.fade_factor[fade.to(torch.int64)]
+        return nominal * self.regime_mult[regime] * lognormal * self.fade_factor[fade.to(torch.int64)]
+
+    def _nominal(self, s: dict[str, torch.Tensor]) -> float | torch.Tensor:
+        """Each episode's nominal capacity (as :func:`envs.vr_edge.episode_nominal`)."""
+        return s["users"] * self.cfg.capacity_per_user_mbps if self.cfg.varies else self.cfg.nominal_capacity_mbps
+
+    def _drawn_users(self, u: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The users at reset where the cell varies, ``users`` and ``active`` (as :func:`envs.vr_edge._drawn_users`);
+        ``{}`` otherwise."""
+        if not self.cfg.varies:
+            return {}
+        low, high = self.cfg.users_range
+        users = torch.clamp(low + (u[:, _count_draw(self.cfg)] * (high - low + 1)).to(torch.int64), max=high)
+        return {"users": users, "active": self.slots < users[:, None]}
 
     def _drawn(self, keys: torch.Tensor, counters: torch.Tensor) -> dict[str, torch.Tensor]:
         """The leaves of fresh episode states that come from block ``counters``'s random draws."""
@@ -114,10 +130,11 @@ class TorchDynamics:
         u = uniform_block(keys, counters, cfg.block_size)
         regime = torch.clamp((u[:, 0] * 3).to(torch.int64), max=2)
         noise = cfg.noise_std * _normals(u[:, 2], u[:, 3])
-        cap = self._capacity(regime, noise, torch.zeros_like(regime, dtype=torch.bool))
+        users = self._drawn_users(u)
+        cap = self._capacity(regime, noise, torch.zeros_like(regime, dtype=torch.bool), self._nominal(users))
         return {"counter": counters + 1, "regime": regime, "noise": noise,
-                "channel_logit": cfg.channel_std * _normals(u[:, 5:5 + n_users], u[:, 5 + n_users:]),
-                "cap_history": cap[:, None].repeat(1, cfg.history)}
+                "channel_logit": cfg.channel_std * _normals(u[:, 5:5 + n_users], u[:, 5 + n_users:5 + 2 * n_users]),
+                "cap_history": cap[:, None].repeat(1, cfg.history), **users}
 
     def _constant_leaves(self) -> dict[str, tuple[bool | int | float, torch.dtype, bool]]:
         """The leaves every fresh episode starts with the same value: ``(value, dtype, one per user)``."""
@@ -147,13 +164,29 @@ class TorchDynamics:
             s["stall"] / cfg.segment_s,
             s["cum_stall"] / cfg.abandon_stall_s,
             0.25 + 0.75 / (1.0 + torch.exp(-s["channel_logit"])),
-        ], dim=-1).reshape(b, -1)
+        ], dim=-1)
         progress = s["t"].to(torch.float64) / cfg.max_steps
-        parts = [users, s["cap_history"] / cfg.nominal_capacity_mbps, progress[:, None]]
+        nominal = self._nominal(s)
+        history = s["cap_history"] / (nominal[:, None] if cfg.varies else nominal)
+        parts = [history, progress[:, None]]
         if cfg.reveal_hidden_state:
             parts += [(self.regimes == s["regime"][:, None]).to(torch.float64), s["fade"].to(torch.float64)[:, None]]
+        if cfg.masked:
+            users, mask_cell = self._observe_mask(s, users)
+            parts.append(mask_cell)
         # rounded to float32 before the clip, as NumPy's assignment into a float32 array does
-        return torch.clamp(torch.cat(parts, dim=1).to(torch.float32), max=_OBS_HIGH)
+        return torch.clamp(torch.cat([users.reshape(b, -1), *parts], dim=1).to(torch.float32), max=_OBS_HIGH)
+
+    def _observe_mask(self, s: dict[str, torch.Tensor], users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The users' features ``[B, U, F]`` with the active flag last (an inactive slot's all 0) and the cell's
+        two mask features ``[B, 2]`` (as :func:`envs.vr_edge._observe_mask`)."""
+        cfg = self.cfg
+        active = s["active"] if cfg.varies else torch.ones(users.shape[:2], dtype=torch.bool, device=users.device)
+        flag = active.to(torch.float64)
+        users = torch.cat([users, torch.ones_like(users[..., :1])], dim=-1) * flag[..., None]
+        count = flag.sum(dim=1)
+        drawn = s["users"].to(torch.float64) if cfg.varies else float(cfg.num_users)
+        return users, torch.stack([1.0 / count, count / drawn], dim=1)
 
     def _processor_sharing_times(self, work: torch.Tensor) -> torch.Tensor:
         order = torch.argsort(work, dim=-1, stable=True)
@@ -167,15 +200,45 @@ class TorchDynamics:
         cfg = self.cfg
         u = uniform_block(s["key"], s["counter"], cfg.block_size)
         cell, capacity, channel = self._cell_round(s, u)
-        r = self._download_round(s, capacity, channel, actions)
+        active = s["active"] if cfg.varies else None
+        if active is not None:
+            actions = torch.where(active, actions, 0)  # an inactive slot's action is ignored
+        r = self._download_round(s, capacity, channel, actions, active)
         switched = (actions != s["level"]).to(torch.float64)
-        users = self._users_after_round(s, r, actions, switched, capacity)
+        users = self._users_after_round(s, r, actions, switched, capacity, active)
         t = s["t"] + 1
         terminated = torch.any(users["cum_stall"] > cfg.abandon_stall_s, dim=1)
         truncated = (t >= cfg.max_steps) & ~terminated
         new = {"key": s["key"], "counter": s["counter"] + 1, "t": t, **cell, **users}
-        reward = r["user_reward"].sum(dim=1) * (1.0 / cfg.num_users)
-        return new, reward, terminated, truncated, self._reward_parts(s, r, switched, capacity)
+        reward = self._user_mean(r["user_reward"], active)
+        parts = self._reward_parts(s, r, switched, capacity)
+        if active is not None:
+            new["users"] = s["users"]
+            new.update(self._churned(new, active, u, terminated | truncated))
+        return new, reward, terminated, truncated, parts
+
+    def _user_mean(self, x: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+        """The mean ``[B]`` of ``x`` ``[B, U]`` over the ``active`` users (as :func:`envs.vr_edge.user_mean`)."""
+        if active is None:
+            return x.sum(dim=1) * (1.0 / self.cfg.num_users)
+        return (x * active).sum(dim=1) / active.sum(dim=1)
+
+    def _churned(self, s: dict[str, torch.Tensor], active: torch.Tensor, u: torch.Tensor, done: torch.Tensor
+                 ) -> dict[str, torch.Tensor]:
+        """The users after the round's leaves and joins (as :func:`envs.vr_edge._churned`)."""
+        cfg, first = self.cfg, _count_draw(self.cfg) + 1
+        draws = u[:, first:first + cfg.num_users]
+        users = s["users"]
+        join = torch.where(users >= cfg.num_users, 1.0,
+                           torch.clamp(users * cfg.churn / torch.clamp(cfg.num_users - users, min=1), max=1.0))
+        leave = active & (draws < cfg.churn)
+        after = (active & ~leave) | (~active & (draws < join[:, None]))
+        keeper = torch.argmax(torch.where(leave, draws, -1.0), dim=1)  # the leaver with the highest draw
+        after = after | (~after.any(dim=1)[:, None] & (self.slots == keeper[:, None]))
+        after = torch.where(done[:, None], active, after)
+        start = {k: value for k, (value, _, per_user) in self._constant_leaves().items() if per_user}
+        stayed = active & after  # a joiner was inactive in the round: it starts afresh
+        return {"active": after, **{k: torch.where(stayed, s[k], v) for k, v in start.items()}}
 
     def _cell_round(self, s: dict[str, torch.Tensor], u: torch.Tensor):
         """The cell in the round the uniform draws ``u`` give: ``(cell, capacity, channel)``, the cell's state
@@ -187,16 +250,21 @@ class TorchDynamics:
             u[:, 2], u[:, 3])
         fade = torch.where(s["fade"], u[:, 4] >= cfg.fade_end_prob, u[:, 4] < cfg.fade_prob)
         logit = cfg.channel_corr * s["channel_logit"] + math.sqrt(1 - cfg.channel_corr**2) * cfg.channel_std * (
-            _normals(u[:, 5:5 + n_users], u[:, 5 + n_users:]))
+            _normals(u[:, 5:5 + n_users], u[:, 5 + n_users:5 + 2 * n_users]))
         cell = {"regime": regime, "noise": noise, "fade": fade, "channel_logit": logit}
-        return cell, self._capacity(regime, noise, fade), 0.25 + 0.75 / (1.0 + torch.exp(-logit))
+        capacity = self._capacity(regime, noise, fade, self._nominal(s))
+        return cell, capacity, 0.25 + 0.75 / (1.0 + torch.exp(-logit))
 
     def _download_round(self, s: dict[str, torch.Tensor], capacity: torch.Tensor, channel: torch.Tensor,
-                        actions: torch.Tensor) -> dict[str, torch.Tensor]:
-        """One segment round for every user (:func:`envs.vr_edge.download_round`'s leaves, ``[B, U]``)."""
+                        actions: torch.Tensor, active: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """One segment round for every user (:func:`envs.vr_edge.download_round`'s leaves, ``[B, U]``); a slot
+        not ``active`` has no work."""
         cfg, buffer = self.cfg, s["buffer"]
         bitrate = self.ladder[actions]
-        dl_time = self._processor_sharing_times(bitrate * cfg.segment_s / (capacity[:, None] * channel))
+        work = bitrate * cfg.segment_s / (capacity[:, None] * channel)
+        if active is not None:
+            work = torch.where(active, work, 0.0)
+        dl_time = self._processor_sharing_times(work)
         stall = torch.clamp(dl_time - buffer, min=0.0)
         quality = self.quality[actions]
         return {"bitrate_mbps": bitrate, "download_time": dl_time, "stall_s": stall,
@@ -206,21 +274,24 @@ class TorchDynamics:
                                 - cfg.switch_weight * torch.abs(quality - self.quality[s["level"]]))}
 
     def _users_after_round(self, s: dict[str, torch.Tensor], r: dict[str, torch.Tensor], actions: torch.Tensor,
-                           switched: torch.Tensor, capacity: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The users' state leaves after the download round ``r``, the episode's running figures with them."""
-        inv_users, stall = 1.0 / self.cfg.num_users, r["stall_s"]
+                           switched: torch.Tensor, capacity: torch.Tensor, active: torch.Tensor | None
+                           ) -> dict[str, torch.Tensor]:
+        """The users' state leaves after the download round ``r``, the episode's running figures with them (means
+        over the ``active`` users)."""
+        stall = r["stall_s"]
+        download = r["download_time"] if active is None else torch.where(active, r["download_time"], 1.0)
         return {
             "buffer": r["buffer"],
             "level": actions,
             "throughput": _THROUGHPUT_EWMA * s["throughput"] + (1 - _THROUGHPUT_EWMA) * r["bitrate_mbps"]
-            / r["download_time"],
+            / download,
             "download_time": r["download_time"],
             "stall": stall,
             "cum_stall": s["cum_stall"] + stall,
             "cap_history": torch.cat([s["cap_history"][:, 1:], capacity[:, None]], dim=1),
-            "ep_quality": s["ep_quality"] + r["quality"].sum(dim=1) * inv_users,
-            "ep_stall": s["ep_stall"] + stall.sum(dim=1) * inv_users,
-            "ep_switches": s["ep_switches"] + switched.sum(dim=1) * inv_users,
+            "ep_quality": s["ep_quality"] + self._user_mean(r["quality"], active),
+            "ep_stall": s["ep_stall"] + self._user_mean(stall, active),
+            "ep_switches": s["ep_switches"] + self._user_mean(switched, active),
         }
 
     def _reward_parts(self, s: dict[str, torch.Tensor], r: dict[str, torch.Tensor], switched: torch.Tensor,

@@ -5,3 +5,26 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 # Ray: keep every node on loopback (this machine's tests never use another address). Read when ray is imported.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import pytest  # noqa: E402 - after the environment above, which imports read
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep together, in one of pytest-xdist's test processes (``--dist loadgroup``), what shares state: every Ray
+    test (one local Ray at a time on the machine), and a module's tests that use a run it trains once (a module- or
+    session-scoped fixture, made once rather than once per process). The other tests go wherever a process is
+    free."""
+    for item in items:
+        if item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+        elif _uses_a_shared_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def _uses_a_shared_fixture(item: pytest.Item) -> bool:
+    """Whether ``item`` uses a module- or session-scoped fixture of these tests (pytest's own, such as
+    ``tmp_path_factory``, share nothing between tests)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info else ()
+    return any(d.scope in ("module", "session") and d.func.__module__.startswith("tests.")
+               for group in defs for d in group)

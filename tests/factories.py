@@ -196,6 +196,54 @@ if "StuckInC-v0" not in gym.registry:  # ... stuck inside C code, where no inter
     gym.register(id="StuckInC-v0", entry_point="tests.factories:StuckInCEnv", kwargs={"fail_at": 40})
 
 
+class MaskedCellEnv(gym.Env):
+    """A cell of ``num_users`` slots whose active users change (the observation contract of a variable cell): per
+    slot 3 features and an active flag (index 3; an inactive slot's features all 0), then 2 cell features (the
+    active share, a constant). A user earns 1 for the level its first feature points to. ``masked=False``: every
+    slot always active and no ``active_user_feature`` declared (the flag is still there, always 1)."""
+
+    F, C, LEVELS = 4, 2, 3
+
+    def __init__(self, num_users: int = 5, masked: bool = True, max_steps: int = 20) -> None:
+        self.num_users, self.masked, self.max_steps = num_users, masked, max_steps
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (num_users * self.F + self.C,), np.float32)
+        self.action_space = gym.spaces.MultiDiscrete([self.LEVELS] * num_users)
+        self.head_observation_layout = (self.F, self.C)
+        self.active_user_feature = 3 if masked else None
+
+    def _observe(self) -> np.ndarray:
+        users = np.zeros((self.num_users, self.F), np.float32)
+        users[:, :3] = self.np_random.random((self.num_users, 3))
+        users[:, 3] = 1.0
+        users *= self.active[:, None]
+        return np.concatenate([users.reshape(-1), [self.active.mean(), 0.5]]).astype(np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.steps, self.active = 0, np.ones(self.num_users, np.float32)
+        if self.masked:  # 1 to all users, in random slots
+            count = self.np_random.integers(1, self.num_users + 1)
+            self.active = (self.np_random.permutation(self.num_users) < count).astype(np.float32)
+        self.obs = self._observe()
+        return self.obs, {}
+
+    def step(self, action):
+        best = np.minimum((self.obs[:-self.C].reshape(self.num_users, self.F)[:, 0] * self.LEVELS).astype(int),
+                          self.LEVELS - 1)
+        reward = float(((np.asarray(action) == best) * self.active).sum() / self.active.sum())
+        if self.masked:  # churn: a slot flips, at least one user stays
+            flip = self.np_random.integers(self.num_users)
+            if self.active[flip] == 0 or self.active.sum() > 1:
+                self.active[flip] = 1.0 - self.active[flip]
+        self.steps += 1
+        self.obs = self._observe()
+        return self.obs, reward, False, self.steps >= self.max_steps, {}
+
+
+if "MaskedCell-v0" not in gym.registry:  # --env tests.factories:MaskedCell-v0
+    gym.register(id="MaskedCell-v0", entry_point="tests.factories:MaskedCellEnv")
+
+
 def greedy_policy(obs_space, act_space, seed: int = 0):
     """A picklable deterministic policy (argmax of a random-init actor-critic) with log-probs and values."""
     from trainer.ppo.model import ActorCritic

@@ -38,6 +38,7 @@ def rows(run_dir: Path) -> list[dict]:
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_a_third_algorithm_trains_checkpoints_and_resumes_through_the_command_line(tmp_path, monkeypatch):
     """Its own setting, ``hold``, declared in its own module only: a flag, a TOML key, stored, resumed."""
     monkeypatch.setitem(ALGORITHMS, "random", RandomActions)

@@ -385,17 +385,21 @@ def test_apex_refuses_a_continuous_action_space(tmp_path):
 
 @pytest.mark.slow
 def test_cartpole_learns(tmp_path):
-    # The command of docs/apex.md (on sync: deterministic on one machine), with --eval-every. The property is the best
-    # validated checkpoint's greedy return on held-out episodes, not the final network's: which network a seed ends
-    # on depends on the CPU's float rounding, and DQN's greedy return can still dip late in a run. Measured with
-    # margin over seeds 1-10, 1 and 2 threads and deterministic algorithms (docs/benchmarks.md, "Ape-X").
+    # The command of docs/apex.md (on sync: deterministic on one machine) cut to 128k of its 400k steps, with
+    # --eval-every. Its full length reaches 475 on 10/10 seeds (python -m benchmarks.apex cartpole, docs/benchmarks.md,
+    # "Ape-X"); at a third of the steps, the best validated checkpoint's greedy return over 10 held-out
+    # episodes was 142, 169, 283, 421 and 136 on seeds 1-5 (AMD EPYC, 2026-12-03; an untrained network scores ~10,
+    # random actions ~22). The property is that checkpoint's, not the final network's: which network a seed ends on
+    # depends on the CPU's float rounding, and DQN's greedy return dips and recovers along a run.
     from benchmarks.apex import CARTPOLE, CARTPOLE_VALIDATION, greedy_return
-    summary = run(CARTPOLE + CARTPOLE_VALIDATION + ["--backend", "sync", "--threads", "1", "--seed", "1",
-                                                    "--checkpoint-every", "1000", "--run-dir", str(tmp_path)])
+    steps = CARTPOLE.index("--total-steps") + 1
+    short = [*CARTPOLE[:steps], "128000", *CARTPOLE[steps + 1:]]
+    summary = run(short + CARTPOLE_VALIDATION + ["--backend", "sync", "--threads", "1", "--seed", "1",
+                                                 "--checkpoint-every", "1000", "--run-dir", str(tmp_path)])
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     validated = [row["val_return"] for row in rows if "val_return" in row]
-    assert summary["finished"] and len(validated) == 25
-    assert greedy_return(tmp_path, "best", episodes=10) >= 475
+    assert summary["finished"] and len(validated) == 8
+    assert greedy_return(tmp_path, "best", episodes=10) >= 100
 
 
 # ---------------------------------------------------------------------------------------------- Ray

@@ -1,12 +1,14 @@
 """The benchmark scripts run end to end at tiny sizes and print sane reports (no timing is asserted)."""
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks import backends, device_check, double_buffer, env_steps, scaling, worker_start
+from benchmarks import backends, cell, device_check, double_buffer, env_steps, scaling, worker_start
+from tests.factories import settings_file
 from tests.messages import exits
 
 # without a GPU, the check must not read as if it had met the GPU targets
@@ -29,6 +31,7 @@ def test_device_check_quick_runs_every_part(capsys):
     raw = re.search(r"^\s+64: numpy ([\d,]+), torch eager ([\d,]+)$", out, re.M)
     assert raw and all(int(r.replace(",", "")) > 0 for r in raw.groups())
     assert re.search(r"^\s+16 envs: eager [1-9][\d,]*, compiled [1-9][\d,]*$", out, re.M)
+    assert re.search(r"^\s+16 envs, the cell recipe \(docs/cells.toml, compile off\): [1-9][\d,]*$", out, re.M)
     ranks = re.findall(r"^\s+([12]) ranks?: ([1-9][\d,]*) env steps/s \(([\d.]+)x one\)$", out, re.M)
     assert [k for k, _, _ in ranks] == ["1", "2"] and ranks[0][2] == "1.00"  # (h): torchrun with 1 and 2 ranks
 
@@ -196,3 +199,48 @@ def test_the_apex_benchmark_without_one_names_the_choices(capsys):
     from benchmarks import apex
     with exits(2, "cartpole", "ingestion", "vr-edge", capsys=capsys):  # the choices
         apex.main([])
+
+
+def test_cell_quick_reports_every_cell_against_the_fixed_one_of_as_many_slots(capsys):
+    cell.main(["--quick"])
+    out = capsys.readouterr().out
+    for engine in ("numpy", "torch"):
+        block = out[out.index(f"\n{engine}: "):]
+        rows = re.findall(r"^\s+(\S.*?)\s+([\d,]+)\s+([\d.]+)x\s+([\d.]+)x$", block, re.M)[:len(cell.CELLS)]
+        assert [r[0] for r in rows] == list(cell.CELLS), block
+        assert all(float(r[2]) == 1.0 for r in rows if r[0].startswith("fixed")), block  # each against itself
+        assert float(rows[0][3]) == 1.0 and all(int(r[1].replace(",", "")) > 0 for r in rows), block
+
+
+@pytest.mark.slow  # two tiny trainings, then their episodes
+def test_cells_table_pairs_each_run_with_the_baselines_as_evaluate_does(tmp_path, capsys):
+    """Two runs of one recipe: each cell's numbers are what ``trainer.evaluate --users --churn`` gives for that run
+    (the same held-out episodes, the baselines played once for both), and a second call plays nothing again."""
+    from benchmarks import cells_table
+    from trainer.evaluation.cells import evaluate_cells
+    from trainer.evaluation.policies import trained_model
+    from trainer.train import main as train
+
+    recipe = ["--env", "VREdge-v0", "--env-kwargs", "num_users=3,users=2-3,churn=0.05,max_steps=20",
+              "--num-envs", "4", "--num-steps", "16", "--total-steps", "128", "--compile", "off", "--threads", "1"]
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for seed, run in enumerate(runs, 1):
+        train([*recipe, "--config", settings_file("policy_arch_set"), "--seed", str(seed), "--run-dir", str(run)])
+    out = tmp_path / "table"
+    argv = [*map(str, runs), "--users", "1,3", "--churn", "0,0.1", "--episodes", "3", "--baselines", "fair_share",
+            "--jobs", "1", "--out", str(out)]
+    cells_table.main(argv)
+    rows = json.loads((out / "table.json").read_text())
+    assert [(r["users"], r["churn"], Path(r["run"]).name) for r in rows] == [
+        (u, c, r) for u in (1, 3) for c in (0.0, 0.1) for r in ("a", "b")]
+    for run in runs:
+        model, cfg, _ = trained_model(run, pick="best")
+        expected = evaluate_cells(model, cfg, (1, 3), (0.0, 0.1), episodes=3, baselines=("fair_share",),
+                                  reference=False)
+        mine = [r for r in rows if Path(r["run"]).name == run.name]
+        for got, want in zip(mine, expected, strict=True):
+            assert got["paired"]["fair_share"] == want["paired_reward_per_step"]["fair_share"]
+            assert got["policy"]["mean"] == want["policy"]["reward_per_step"]
+    capsys.readouterr()
+    cells_table.main(argv)
+    assert "0 players x cells to play" in capsys.readouterr().out  # every record kept: nothing played again

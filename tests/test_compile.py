@@ -35,6 +35,7 @@ def _device_collector(compiled: bool, policy: torch.nn.Module):
                           num_steps=24, seed=3, compile_policy=compiled)
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_compiled_acting_step_follows_the_eager_one_without_recompiling():
     cfg = TrainConfig(num_envs=16, device="cpu")
     eager_policy, compiled_policy = PPO.make_model(cfg), PPO.make_model(cfg)
@@ -66,6 +67,7 @@ def _assert_same_acting(eager, compiled) -> None:
     assert torch.allclose(eager["values"][same], compiled["values"][same], atol=1e-4)
 
 
+@pytest.mark.slow  # compiling the device collector
 def test_compiled_device_collector_resumes_exactly():
     cfg = TrainConfig(num_envs=16, device="cpu")
     with _device_collector(True, PPO.make_model(cfg)) as whole:
@@ -158,6 +160,7 @@ def test_without_a_compiler_auto_acts_eagerly_with_one_line_and_on_is_refused(mo
         run_layout(TrainConfig(backend="sync", compile="on", device="cpu"), Machine(cores=2))
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_without_a_compiler_the_reason_is_the_cause_not_its_header(tmp_path):
     """torch's error opens with a header ("backend='inductor' raised:"); the one line says what follows it."""
     import os
@@ -225,6 +228,7 @@ def test_the_layout_on_a_gpu_machine_prints_the_envs_it_fills_it_with(monkeypatc
 
 # ---------------------------------------------------------------------------- the PPO loss
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_ppo_learns_the_same_with_a_compiled_loss_without_recompiling():
     """--compile also compiles PPO's loss (forward and backward): the same learning up to float rounding, one
     graph for the whole run (every minibatch has the planned size)."""
@@ -255,6 +259,7 @@ def test_ppo_learns_the_same_with_a_compiled_loss_without_recompiling():
     assert all(r["iteration"] == i for r, i in zip(rows, (2, 3)))
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 @pytest.mark.parametrize("backend", ["device", pytest.param("async", marks=pytest.mark.slow)])
 def test_a_compiled_run_and_its_resume_never_recompile(tmp_path, backend):
     """Through the command line, as users run it: dynamo reports every recompilation (TORCH_LOGS=recompiles);

@@ -146,6 +146,7 @@ def test_the_device_backend_rollout_and_the_minibatch_step_wait_on_no_device_per
     assert syncs == {"rollout": {"aten::nonzero": 1}, "step": {}}
 
 
+@pytest.mark.slow  # two ranks started
 def test_under_torchrun_too_the_rollout_and_the_step_wait_on_no_device_per_step(tmp_path):
     run = {**RUN, "backend": "device", "total_steps": 8 * 32, "run_dir": str(tmp_path / "run")}
     for summary, _ in ranks(2, run, syncs=True):  # the step's gradient all-reduce adds none

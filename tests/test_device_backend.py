@@ -3,6 +3,7 @@
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from trainer import train as train_module
 from trainer.config import TrainConfig
 from trainer.flags import parse_args
 from trainer.run_layout import Machine, run_layout
+
+RECIPE = Path(__file__).resolve().parents[1] / "docs" / "cells.toml"  # issue 49: a set policy, users come and go
 
 
 def test_layout_builds_one_torch_env_and_says_so():
@@ -101,6 +104,21 @@ def test_a_run_moves_between_backends_on_resume_with_the_same_numbers(tmp_path, 
     assert [r["iteration"] for r in _numbers(moved)] == [1, 2, 3, 4] and _numbers(moved) == _numbers(stayed)
     a, b = (checkpoints.latest_loadable(d)[1] for d in (moved, stayed))
     assert a["config"]["backend"] == then and all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
+
+
+def test_a_cell_whose_users_come_and_go_trains_on_the_device_backend_as_on_sync(tmp_path):
+    """The recipe's cell (users drawn per episode, churn; a set policy: docs/cells.toml) stepped as torch tensors:
+    a run started on sync and resumed on the device backend has the numbers of one that stayed on it."""
+    import checkpoints
+    flags = ["--num-envs", "4", "--num-steps", "16", "--total-steps", "256", "--device", "cpu", "--seed", "5",
+             "--compile", "off", "--config", str(RECIPE), "--env-kwargs", "num_users=6,users=2-6,churn=0.1"]
+    moved, stayed = tmp_path / "moved", tmp_path / "stayed"
+    _trained([*flags, "--backend", "sync", "--run-dir", str(moved)], max_iterations=2)
+    _trained(["--resume", str(moved), "--backend", "device"])
+    _trained([*flags, "--backend", "device", "--run-dir", str(stayed)])
+    assert [r["iteration"] for r in _numbers(moved)] == [1, 2, 3, 4] and _numbers(moved) == _numbers(stayed)
+    a, b = (checkpoints.latest_loadable(d)[1] for d in (moved, stayed))
+    assert a["config"]["policy_arch"] == "set" and all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
 
 
 def test_a_resume_does_not_move_a_run_to_or_from_ray(tmp_path, capsys):

@@ -93,6 +93,7 @@ VR_ARGUMENTS = {"num_users": 3, "bitrates_mbps": (8, 16, 32, 64)}
 @pytest.mark.parametrize("env,arch", [
     ("CartPole-v1", "flat"),
     ("VREdge-v0", "per_head"),
+    pytest.param("VREdge-v0", "set", marks=pytest.mark.slow),  # (quick: per_head; set in the whole suite)
     pytest.param("VREdge-v0", "flat", marks=pytest.mark.slow),
 ])
 def test_exports_match_the_trained_model_in_a_process_without_this_package(tmp_path, cartpole, env, arch):
@@ -103,23 +104,32 @@ def test_exports_match_the_trained_model_in_a_process_without_this_package(tmp_p
     out = run_dir / "export"
     card = json.loads((out / "policy.json").read_text())
     model, cfg, source = trained_model(run_dir)
-    assert cfg.policy_arch == arch and bool(model.per_head) == (arch == "per_head")
+    assert cfg.policy_arch == arch and bool(getattr(model, "per_head", None)) == (arch == "per_head")
     obs = export_cli.verification_observations(model, env, seed=11,  # not the seed the command verified on
                                                env_kwargs=env_kwargs)
-    action, probs, value = export_cli.reference_outputs(model, obs)
-    np.savez(tmp_path / "expected.npz", obs=obs, action=action, probs=probs, value=value)
-    done = fresh_python(RELOAD, str(out), str(tmp_path / "expected.npz"), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    for name, r in json.loads(done.stdout).items():
-        assert r["actions_equal"], name
-        assert r["prob_diff"] <= export_cli.ATOL and r["value_diff"] <= 1e-4, (name, r)
+    parts = [obs]
+    if arch == "set":  # and at 5 and 1 slots (trained at 3), users reordered: the files take any slot count
+        users, cell = obs[:, :-5].reshape(len(obs), 3, 7), obs[:, -5:]
+        parts += [np.concatenate([users[:, [2, 0, 1, 0, 2]].reshape(len(obs), -1), cell], 1),
+                  np.concatenate([users[:, 1], cell], 1)]
+    for part in parts:
+        action, probs, value = export_cli.reference_outputs(model, part)
+        np.savez(tmp_path / "expected.npz", obs=part, action=action, probs=probs, value=value)
+        done = fresh_python(RELOAD, str(out), str(tmp_path / "expected.npz"), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        for name, r in json.loads(done.stdout).items():
+            assert r["actions_equal"], name
+            assert r["prob_diff"] <= export_cli.ATOL and r["value_diff"] <= 1e-4, (name, r)
     state = checkpoints.load(source)
     assert card["checkpoint"]["iteration"] == state["iteration"]
     assert card["checkpoint"]["env_steps"] == state["env_steps"]
     assert card["env"]["id"] == env and card["training"]["policy_arch"] == arch
     for fmt, entry in card["files"].items():
         assert entry["sha256"] == export_cli._sha256(out / entry["file"]), fmt
-        assert entry["verification"]["actions_identical"] == entry["verification"]["observations"]
+        checks = entry["verification"]["slots"] if arch == "set" else {"": entry["verification"]}
+        assert all(c["actions_identical"] == c["observations"] for c in checks.values())
+        if arch == "set":  # checked at 1, 2, half and all slots, and permuted
+            assert list(checks) == ["1 of 3 slots", "2 of 3 slots", "3 of 3 slots", "3 slots permuted"], fmt
     assert card["files"]["onnx"]["opset"] == export_cli.OPSET
     assert sorted(p.name for p in out.iterdir()) == ["policy.json", "policy.onnx", "policy.pt"]  # one file each
     if env == "VREdge-v0":

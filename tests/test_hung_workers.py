@@ -2,6 +2,7 @@
 Python API and the command line with real signals, with a census of the processes left behind; and envs stepped
 in the trainer's own process, which hang with no worker to fall silent (issue 43)."""
 
+import functools
 import os
 import pickle
 import signal
@@ -208,6 +209,23 @@ def test_a_stopped_async_worker_of_the_collecting_process_is_named(call, phase):
     _assert_none_left([worker])
 
 
+@pytest.mark.slow  # the stretched deadline is waited out
+def test_a_worker_is_named_when_the_collecting_process_deadline_on_it_stretched_in_the_first_rollout():
+    """The collecting process's deadline on its workers measures the first rollout's steps (a slow warm-up step of
+    its own envs: 0.3 s, a 6 s limit), which this process's deadline does not count: it must still wait for that
+    deadline to fire, not report the collecting process silent first."""
+    slow_first_step = functools.partial(f.StuckInPythonEnv, fail_at=1, hang_s=0.15)  # its 2 envs: 0.3 s
+    with make_collector([slow_first_step] * 4, RandomPolicy(2), backend="async", num_steps=8, background=True,
+                        num_workers=1, worker_timeout=0.5) as collector:
+        for _ in range(3):
+            collector.collect()
+        worker = _newest_worker(psutil.Process(collector._process.pid).children(recursive=True))
+        os.kill(worker.pid, signal.SIGSTOP)
+        with raises(WorkerTimeoutError, "worker 0", f"pid {worker.pid}", "envs 2-3"):
+            collector.collect()
+    _assert_none_left([worker])
+
+
 def test_the_learners_own_time_does_not_stretch_the_collecting_process_deadline():
     """With --overlap the learner reads each rollout after its update: the deadline must measure the collecting
     process's work, not the learner's (a slow or compiling update would make a hang noticed minutes late)."""
@@ -363,9 +381,9 @@ def test_a_killed_worker_stops_the_run_with_one_line_whatever_it_was_doing(tmp_p
     _assert_none_left(kids)
 
 
-CASES = [(signal.SIGINT, False)]  # the rest are slow: the same path, other signals and --overlap
-SLOW_CASES = [(s, o) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) for o in (False, True)
-              if (s, o) not in CASES]
+CASES = [(signal.SIGINT, False)]  # the rest are slow: the same path, the other signals and --overlap
+# each stop signal once and --overlap both ways (all six pairs repeated one handler's path)
+SLOW_CASES = [(signal.SIGTERM, True), (signal.SIGUSR1, False)]
 
 
 @pytest.mark.parametrize(("signum", "overlap"), CASES + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW_CASES])
@@ -409,6 +427,7 @@ def test_a_hung_env_step_stops_the_run_with_one_line(tmp_path, overlap):
     _assert_none_left(kids)
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_nothing_outlives_a_killed_trainer_with_a_hung_worker(tmp_path):
     """SIGKILL while an async worker of the collecting process hangs in a step: the collecting process, the
     worker and the resource tracker go with the trainer, so a pipe to the trainer's stdout closes (`| tee`)."""

@@ -41,6 +41,7 @@ def iterations(run_dir: Path) -> list[int]:
     return [json.loads(line)["iteration"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 @pytest.mark.parametrize("name", RUNS)
 def test_a_landed_run_resumes_for_longer(tmp_path, name):
     run_dir, (done, total_steps, then) = landed(name, tmp_path), RUNS[name]

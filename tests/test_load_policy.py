@@ -10,6 +10,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 import checkpoints
 import trainer
@@ -142,3 +143,24 @@ def test_a_pick_that_is_not_one_is_refused(run):
     with pytest.raises(ValueError) as e:
         trainer.load_policy(run, pick="newest")
     assert "newest" in str(e.value) and "latest" in str(e.value)
+
+
+def test_a_set_policy_acts_on_observations_of_any_slot_count(tmp_path):
+    run_dir = trained(tmp_path / "set", ["--env", "VREdge-v0", "--num-envs", "2", "--num-steps", "8",
+                                         "--total-steps", "16", "--threads", "1", "--device", "cpu",
+                                         "--config", str(REPO / "tests" / "settings" / "policy_arch_set.toml")])
+    policy = trainer.load_policy(run_dir)
+    env = gym.make("VREdge-v0")
+    observation, _ = env.reset(seed=0)
+    observations = [observation]
+    for _ in range(15):
+        observations.append(env.step(env.action_space.sample())[0])
+    observations = np.stack(observations)
+    assert np.array_equal(policy(observations), evaluated_actions(run_dir, observations))  # at its 8 slots
+    users, cell = observations[:, :-5].reshape(16, 8, 7), observations[:, -5:]
+    for slots in ([3], [0, 1], list(range(8)) * 2):  # 1, 2 and 16 slots
+        wider = np.concatenate([users[:, slots].reshape(16, -1), cell], axis=1)
+        assert policy(wider).shape == (16, len(slots)) and policy(wider[0]).shape == (len(slots),)
+        assert np.array_equal(policy(wider), policy.model.act_deterministic(torch.from_numpy(wider)).numpy())
+    with pytest.raises(ValueError, match=r"7 \* users \+ 5"):
+        policy(observations[:, :-1])

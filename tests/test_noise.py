@@ -28,6 +28,23 @@ def test_torch_int64_hash_equals_the_unsigned_reference():
     np.testing.assert_array_equal(bits, splitmix_reference(x))
 
 
+def test_the_rows_offsets_equal_the_unsigned_product_up_to_the_widest_row_and_wider_is_refused():
+    # G2 is multiplied in 16-bit parts (Triton runs inductor's index arithmetic in int32): every carry must land
+    width = noise._MOST_ELEMENTS - 1
+    with np.errstate(over="ignore"):
+        want = np.arange(width, dtype=np.uint64) * np.uint64(noise._G2 % 2**64)
+    np.testing.assert_array_equal(noise._weyl_offsets(width, torch.device("cpu")).numpy().view(np.uint64), want)
+    with raises(ValueError, str(noise._MOST_ELEMENTS - 1)):
+        noise._weyl_offsets(noise._MOST_ELEMENTS, torch.device("cpu"))
+
+
+@pytest.mark.slow  # a compile (~10 s on 2 cores)
+def test_compiled_noise_bits_equal_the_eager_ones():
+    keys, steps = torch.tensor([3, 2**62 + 5, -7]), torch.tensor([0, 11, 2**33])
+    compiled = torch.compile(noise.hash_bits, fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(keys, steps, (3, 4, 48)), noise.hash_bits(keys, steps, (3, 4, 48)))
+
+
 @pytest.mark.parametrize("draw", [noise.uniform, noise.gumbel, noise.normal])
 def test_a_row_depends_only_on_its_key_and_step(draw):
     keys, steps = torch.arange(10) * 1000 + 3, torch.arange(10) + 100

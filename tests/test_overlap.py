@@ -89,6 +89,7 @@ def test_a_new_policy_brings_its_own_weights_and_a_state_dict_of_the_wrong_shape
         assert torch.equal(there.collect().batch["log_probs"][0], here.collect().batch["log_probs"][0])
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_weights_updates_go_through_shared_memory_not_the_resource_sharer():
     """An update writes into the shared copy the collecting process got at spawn. Sent over the pipe, weights
     went through multiprocessing's resource sharer, whose thread here printed a traceback when the

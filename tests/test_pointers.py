@@ -96,6 +96,7 @@ def test_export_follows_no_pointer_out_of_the_run(attacked):
     assert one_line_naming(done.stderr, str(run_dir / "checkpoints" / "best"), HOSTILE), done.stderr
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_links_planted_where_outputs_go_lead_nothing_out_of_the_run(two_runs, tmp_path):
     """A link at ``RUN/evaluation.json`` is replaced, not written through; a ``RUN/export`` that links out of the run
     is refused, naming it, and nothing lands where it leads."""

@@ -135,6 +135,7 @@ def test_a_worker_takes_the_environment_its_collector_has_when_it_starts(tmp_pat
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.slow  # hung workers outlived
 @pytest.mark.parametrize("method", ["spawn", *(["forkserver"] if FORKSERVER else [])])
 def test_a_killed_collector_takes_its_hung_workers_and_forkserver_with_it(method):
     """SIGKILL a process whose worker hangs in a step: the worker is not reading its pipe, so only the
@@ -172,6 +173,7 @@ def test_the_default_is_the_forkserver_where_there_is_one():
     assert process_context().get_start_method() == ("forkserver" if FORKSERVER else "spawn")
 
 
+@pytest.mark.slow  # a hung answer outlived
 @pytest.mark.parametrize("method", ["spawn", *(["forkserver"] if FORKSERVER else [])])
 def test_a_worker_whose_collector_is_gone_before_its_answer_leaves_quietly(tmp_path, method):
     """A forked worker outlives a killed collector by the moment its forkserver takes to exit: a step it was
@@ -221,6 +223,7 @@ def _no_descendants_after(proc: subprocess.Popen, descendants: list[psutil.Proce
     assert not left, [(p.pid, p.name(), p.cmdline()) for p in left]
 
 
+@pytest.mark.slow  # a program started and ended
 @pytest.mark.skipif(not FORKSERVER, reason="this platform has no forkserver")
 def test_the_forkserver_is_gone_when_the_program_has_ended(tmp_path):
     """A program that has ended leaves no forkserver behind, closed collectors or not: it was left to end by
@@ -247,6 +250,7 @@ def test_the_forkserver_is_gone_when_the_program_has_ended(tmp_path):
     assert returncode == 0 and not left, (left, out, err)
 
 
+@pytest.mark.slow  # the start deadline waited out
 @pytest.mark.skipif(not FORKSERVER, reason="this platform has no forkserver")
 def test_a_forkserver_whose_imports_hang_is_killed_at_the_start_deadline_and_the_next_collector_starts():
     """The first fork waits for the forkserver's imports: an import that hangs (a dead network filesystem) is a
@@ -282,6 +286,7 @@ def test_a_forkserver_whose_imports_hang_is_killed_at_the_start_deadline_and_the
     assert "started True" in out, (out, err)
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 @pytest.mark.skipif(not FORKSERVER, reason="this platform has no forkserver")
 def test_a_forkserver_that_dies_in_its_imports_is_one_line_with_its_exit():
     """An import that raises something other than ImportError (which multiprocessing ignores) ends the
@@ -339,6 +344,7 @@ def test_ctrl_c_while_the_forkserver_imports_stops_at_once_and_leaves_nothing():
     _no_descendants_after(proc, descendants)
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_the_start_method_reaches_a_collector_and_its_collecting_process_through_make_collector():
     """``start_method`` is a collector option: a ``RolloutCollector``'s async workers, and a background collector's
     collecting process and the workers beneath it, are spawned where asked (this process's children, and the

@@ -448,6 +448,7 @@ def test_resume_on_another_device(tmp_path, first, then):
 
 # ---------------------------------------------------------------------------- commands that work as printed
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_printed_commands_run_as_printed_from_a_fresh_shell(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env["PATH"] = "/usr/bin:/bin"  # a fresh shell: no venv on the PATH

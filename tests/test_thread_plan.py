@@ -180,3 +180,22 @@ def test_a_resumed_run_goes_on_with_its_stored_plan_through_the_command_line(tmp
     assert len(after) == PLAN_MIN_ITERATIONS + 28 - iteration
     assert {(r["collect_threads"], r["learn_threads"]) for r in after[:BASELINE]} == \
         {(plan["chosen"]["collect"], plan["chosen"]["learn"])}
+
+
+@pytest.mark.parametrize("policy_arch, users", [("flat", 8), ("per_head", 8), ("set", "2-8")])
+def test_a_runs_first_weights_do_not_depend_on_the_threads_it_starts_under(policy_arch, users):
+    """A run starts in a process with the machine's thread count, or its job's share, or whatever an earlier
+    run left: its first weights (orthogonal init, a QR that rounds by thread count) must be the same under all."""
+    from trainer.ppo.algorithm import PPO
+
+    cfg = TrainConfig.from_dict(dict(env="VREdge-v0", env_kwargs=f"users={users}", policy_arch=policy_arch))
+    before = torch.get_num_threads()
+    try:
+        weights = []
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            weights.append(PPO.make_model(cfg).state_dict())
+    finally:
+        torch.set_num_threads(before)
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), policy_arch

@@ -132,6 +132,7 @@ def run(argv: list[str], **kw) -> dict:
 
 # ---------------------------------------------------------------------------- W&B through the command line
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_a_cli_run_logs_every_metrics_row_to_an_offline_wandb_run_and_leaves_no_process(tmp_path, offline):
     run_dir = tmp_path / "exp" / "s1"
     before = {p.pid for p in psutil.Process().children(recursive=True)}

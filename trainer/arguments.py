@@ -8,6 +8,7 @@ so that ``--help`` and a typo answer before torch loads.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import shlex
@@ -15,7 +16,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from envs.settings import did_you_mean
+from envs.settings import ConfigError, did_you_mean
 
 
 def counted(n: int, noun: str, plural: str = "") -> str:
@@ -62,6 +63,64 @@ def seeds_text(seeds: tuple[int, ...]) -> str:
         else:
             runs.append([s])
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+USERS_RULE = "must be user counts >= 1 or ranges 'LOW-HIGH', comma-separated (e.g. 2,4,8,12,16 or 4-12)"
+CHURN_RULE = "must be probabilities within 0..1, comma-separated (e.g. 0,0.05)"
+
+
+def user_counts(text: str) -> tuple[int | str, ...]:
+    """The active-user counts of ``trainer.evaluate --users``: numbers and ranges ``"LOW-HIGH"`` (drawn per episode),
+    comma-separated, each once, in order; a :class:`envs.settings.ConfigError` saying what is wrong otherwise.
+
+    >>> user_counts("2,4,8"), user_counts("4-12,16")
+    ((2, 4, 8), ('4-12', 16))
+    >>> try:
+    ...     user_counts("4,0")
+    ... except ConfigError as e:
+    ...     str(e).endswith("got '4,0': 0 is not one")
+    True
+    """
+    counts: list[int | str] = []
+    for part in (p.strip() for p in text.split(",")):
+        low, dash, high = part.partition("-")
+        if not (low.isdigit() and int(low) >= 1 and (not dash or high.isdigit() and int(high) >= int(low))):
+            raise ConfigError("users", text, f"{USERS_RULE}: {part or 'an empty entry'} is not one")
+        count = f"{int(low)}-{int(high)}" if dash else int(low)
+        if count in counts:
+            raise ConfigError("users", text, f"{USERS_RULE}: {count} is given twice")
+        counts.append(count)
+    return tuple(counts)
+
+
+def most_users(count: int | str) -> int:
+    """The most active users of a :func:`user_counts` entry: the number, or a range's high end.
+
+    >>> most_users(6), most_users("4-12")
+    (6, 12)
+    """
+    return int(str(count).rpartition("-")[2])
+
+
+def churn_levels(text: str) -> tuple[float, ...]:
+    """The churn levels of ``trainer.evaluate --churn``: probabilities within 0..1, comma-separated, each once, in
+    order; a :class:`envs.settings.ConfigError` saying what is wrong otherwise.
+
+    >>> churn_levels("0,0.05")
+    (0.0, 0.05)
+    """
+    levels: list[float] = []
+    for part in (p.strip() for p in text.split(",")):
+        try:
+            level = float(part)
+        except ValueError:
+            level = math.nan
+        if not 0 <= level <= 1:
+            raise ConfigError("churn", text, f"{CHURN_RULE}: {part or 'an empty entry'} is not one")
+        if level in levels:
+            raise ConfigError("churn", text, f"{CHURN_RULE}: {part} is given twice")
+        levels.append(level)
+    return tuple(levels)
 
 
 def not_a_directory(flag: str, value: str) -> str:

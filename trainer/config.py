@@ -117,8 +117,11 @@ class TrainConfig:
     max_grad_norm: float = setting(0.5, "global grad-norm clip", above=0, group=LEARNING)
     hidden: str = setting("64,64", "hidden layer sizes, comma separated", group=LEARNING)
     policy_arch: str = setting("auto", "network: flat MLP, per_head (one MLP shared by all action heads; needs an "
-                               "env that declares head_observation_layout, like VR-edge), or auto (per_head where "
-                               "declared)", choices=("auto", "flat", "per_head"), flag=False, group=LEARNING)
+                               "env that declares head_observation_layout, like VR-edge), set (PPO: one encoder "
+                               "shared by all users, a pooled summary of the active ones, a head per user; acts at "
+                               "any user count; needs head_observation_layout), or auto (set where the env also "
+                               "declares active_user_feature, per_head where it declares head_observation_layout)",
+                               choices=("auto", "flat", "per_head", "set"), flag=False, group=LEARNING)
     # the algorithm's own settings (its package's dataclass); not a flag: its fields are
     algo_settings: Any = dataclasses.field(default=None, compare=True, metadata={"flag": False})
 

@@ -2,10 +2,12 @@
 
     python -m trainer.evaluate --checkpoint RUN_DIR_OR_FILE [--episodes 50] [--seed S] [--pick best|latest]
                                [--deterministic | --stochastic] [--baselines all] [--reference clairvoyant]
-                               [--capacity-trace PATH] [--json]
+                               [--capacity-trace PATH] [--users 2,4,8,12,16 --churn 0,0.05] [--json]
 
 A run directory's checkpoint is its ``best`` (highest validation return, from --eval-every)
-when it has one, else its newest loadable one; the command says which it loaded.
+when it has one, else its newest loadable one; the command says which it loaded. With --users and --churn
+the policy, the baselines and the reference are played for each (users, churn) pair on the same held-out
+episodes (evaluation_cells.json and .png).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from collectors.stop_signals import exiting_at_once_on_stop_signals
-from envs.settings import did_you_mean
-from trainer.arguments import OneLineParser, counted, not_a_directory
+from envs.settings import ConfigError, did_you_mean
+from trainer.arguments import OneLineParser, churn_levels, counted, not_a_directory, user_counts
 from trainer.interrupts import StopSignals, ignore_late_signals
 
 if TYPE_CHECKING:  # (torch loads once the command line is checked)
@@ -30,9 +32,10 @@ if TYPE_CHECKING:  # (torch loads once the command line is checked)
 
     from envs import VREdgeConfig
     from trainer.config import TrainConfig
+    from trainer.evaluation.cells import Cell, Comparison
 
-REFERENCE = "clairvoyant"
-SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
+REFERENCE = "clairvoyant"  # (trainer.evaluation.cells.REFERENCE: the reference's name in the results)
+CELLS_FILES = ("evaluation_cells.json", "evaluation_cells.png")  # what --users/--churn write
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -56,6 +59,7 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
     asked_baselines = _checked_before_torch(parser, args)
     _import_the_evaluation()
     import checkpoints
+    from trainer.evaluation.report import plot
 
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
     try:
@@ -64,11 +68,33 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
         raise SystemExit(f"error: {e}") from None
     label = f"policy ({'greedy' if args.deterministic else 'stochastic'})"
     print(f"loaded {setup.which}: {setup.source}", file=sys.stderr)
+    if setup.cells:
+        _evaluate_cells(args, setup, label, signals, out)
+        return
     played = _played(args, setup, label)
     comparison = _compared(played, label, setup)
     payload = _payload(args, setup, label, comparison)
     _print_results(args, setup, comparison, out)
-    _write_results(args, setup, payload, comparison.results, signals, out)
+    _write_results(args, setup, payload, lambda png: plot(comparison.results, setup.run_dir, png), signals, out)
+
+
+def _evaluate_cells(args: argparse.Namespace, setup: _Setup, label: str, signals: StopSignals, out: TextIO) -> None:
+    """``--users``/``--churn``: every player on the same held-out episodes for each (users, churn) pair, a block of
+    the table per pair, ``evaluation_cells.json`` (``cells``: one entry per pair) and its plot."""
+    from trainer.evaluation.cells import cell_entry, play_cells, plot_cells
+
+    results = play_cells(setup.model, setup.cfg, setup.cells, setup.env_kwargs, label, setup.names, args.episodes,
+                         args.seed, _with_reference(args, setup), args.deterministic)
+    _print_header(args, setup, out)
+    print(f"in cells of {results[0].env_kwargs['num_users']} user slots, each block's users and churn in place of "
+          "the run's", file=out)
+    for r in results:
+        print(f"\nusers {r.cell.users}, churn {r.cell.churn:g}", file=out)
+        _print_comparison(r.comparison, out)
+    head = _payload_head(args, setup)
+    payload = {**head, "slots": results[0].env_kwargs["num_users"],
+               "cells": [cell_entry(r, label, setup.names) for r in results]}
+    _write_results(args, setup, payload, lambda png: plot_cells(payload["cells"], png), signals, out, CELLS_FILES)
 
 
 def _parser() -> OneLineParser:
@@ -96,6 +122,14 @@ def _parser() -> OneLineParser:
                    help="VR-edge: replay recorded bandwidth traces (a file or directory, Pensieve or Mahimahi "
                         "format) as the cell's capacity; a directory's held-out test files are used; replaces the "
                         "run's own traces (e.g. a trace directory that moved)")
+    p.add_argument("--users", default=None, metavar="LIST",
+                   help="VR-edge: evaluate in cells of these active users, comma-separated numbers or ranges "
+                        "LOW-HIGH drawn per episode (e.g. 2,4,8,12,16), each with each --churn, all in cells of as "
+                        "many slots as the most users (a flat or per-head policy: its own slot count); writes "
+                        "evaluation_cells.json/.png (default: the run's own users where only --churn is given)")
+    p.add_argument("--churn", default=None, metavar="LIST",
+                   help="VR-edge: with --users, the churn levels, comma-separated probabilities within 0..1 (e.g. "
+                        "0,0.05; default: the run's own churn)")
     p.add_argument("--pick", choices=("best", "latest"), default="best",
                    help="from a run directory: its best checkpoint (validation, --eval-every) when it has one, "
                         "or the newest (default: %(default)s)")
@@ -114,6 +148,11 @@ def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> li
     if args.capacity_trace and not Path(args.capacity_trace).exists():
         parser.error(f"--capacity-trace={args.capacity_trace}: no such file or directory")
     asked_baselines = _asked_baselines(parser, args.baselines)
+    try:
+        args.users = user_counts(args.users) if args.users is not None else None
+        args.churn = churn_levels(args.churn) if args.churn is not None else None
+    except ConfigError as e:
+        parser.error(str(e))
     if not Path(args.checkpoint).exists():  # a typo is answered at once, as a usage error
         parser.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
     if args.out and (problem := not_a_directory("--out", args.out)):
@@ -129,6 +168,7 @@ def _import_the_evaluation() -> None:
         import checkpoints  # noqa: F401
         import envs.planner  # noqa: F401
         import trainer.evaluation.baselines  # noqa: F401
+        import trainer.evaluation.cells  # noqa: F401
         import trainer.evaluation.policies  # noqa: F401
         import trainer.evaluation.report  # noqa: F401
 
@@ -146,6 +186,7 @@ class _Setup(NamedTuple):
     vr_config: VREdgeConfig | None  # VR-edge's config (None: another env)
     run_dir: Path  # the run given
     out_dir: Path  # where evaluation.json/.png go
+    cells: list[Cell]  # the (users, churn) pairs asked for (--users, --churn); none: the run's own cell
 
 
 def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: list[str]) -> _Setup:
@@ -183,24 +224,38 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     out_dir = Path(args.out) if args.out else run_dir
     check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
-    return _Setup(source, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir)
+    cells = _asked_cells(parser, args, model, cfg, vr_config)
+    return _Setup(source, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells)
+
+
+def _asked_cells(parser: OneLineParser, args: argparse.Namespace, model: nn.Module, cfg: TrainConfig,
+                 vr_config: VREdgeConfig | None) -> list[Cell]:
+    """The (users, churn) pairs ``--users`` and ``--churn`` ask for (the one not given: the run's own), none where
+    neither is given; a usage error where the policy cannot act on them (another env than VR-edge, more users
+    than a fixed-slot policy has slots, users that vary for a policy trained without the active mask)."""
+    from trainer.evaluation.cells import cell_slots, cells_of, check_vr_edge
+
+    if args.users is None and args.churn is None:
+        return []
+    try:
+        if vr_config is None:
+            check_vr_edge(cfg, cells_of(args.users or (), args.churn or ()))
+        users = args.users if args.users is not None else user_counts(str(vr_config.users or vr_config.num_users))
+        cells = cells_of(users, args.churn if args.churn is not None else (vr_config.churn,))
+        cell_slots(model, cfg, vr_config, cells)
+    except ConfigError as e:
+        parser.error(str(e))
+    return cells
 
 
 def _played(args: argparse.Namespace, setup: _Setup, label: str) -> dict[str, list[dict[str, float]]]:
     """The records of the episodes each player played, by name: the policy (``label``), the baselines, the
     clairvoyant reference where asked for; the same held-out seeds for each."""
-    import envs
-    from envs.planner import ClairvoyantPlanner
-    from trainer.evaluation import policy_actions, run_episodes
+    from trainer.evaluation import policy_actions
+    from trainer.evaluation.cells import play_contenders
 
-    env_fn = setup.env_fn
-    played = {label: run_episodes(policy_actions(setup.model, args.deterministic), env_fn, args.episodes, args.seed)}
-    for name in setup.names:
-        played[name] = run_episodes(envs.make_baseline(name, setup.vr_config), env_fn, args.episodes, args.seed)
-    if _with_reference(args, setup):
-        played[REFERENCE] = run_episodes(ClairvoyantPlanner(setup.vr_config), env_fn, args.episodes, args.seed,
-                                         num_envs=64, with_envs=True)
-    return played
+    return play_contenders(policy_actions(setup.model, args.deterministic), label, setup.names, setup.vr_config,
+                           setup.env_fn, args.episodes, args.seed, _with_reference(args, setup))
 
 
 def _with_reference(args: argparse.Namespace, setup: _Setup) -> bool:
@@ -208,47 +263,37 @@ def _with_reference(args: argparse.Namespace, setup: _Setup) -> bool:
     return setup.vr_config is not None and args.reference == REFERENCE
 
 
-class _Comparison(NamedTuple):
-    """The players' results and how the policy compares (:func:`_compared`)."""
-
-    results: dict[str, dict[str, Any]]  # each player's summary, by name
-    paired: dict[str, dict[str, Any]]  # policy minus each baseline (and the reference), paired over episodes
-    best: str | None  # the best baseline, picked on validation episodes
-    gap: dict[str, Any] | None  # the fraction of the gap from it to the reference that the policy closes
-
-
-def _compared(played: dict[str, list[dict[str, float]]], label: str, setup: _Setup) -> _Comparison:
+def _compared(played: dict[str, list[dict[str, float]]], label: str, setup: _Setup) -> Comparison:
     """The statistics of what each player scored, and the policy (``label``) against the others."""
-    from trainer.evaluation import gap_closed, paired_difference, summarize, validation_seeds
-    from trainer.evaluation.baselines import best_baseline
+    from trainer.evaluation.cells import compare_contenders
 
-    results = {name: summarize(records) for name, records in played.items()}
-    compared = setup.names + ([REFERENCE] if REFERENCE in played else [])
-    paired = {name: paired_difference(played[label], played[name]) for name in compared}
-    seeds = validation_seeds(setup.cfg.seed, SELECTION_EPISODES)
-    best, _ = best_baseline(setup.names, setup.vr_config, setup.env_fn, seeds)
-    gap = gap_closed(played[label], played[best], played[REFERENCE]) if REFERENCE in played and best else None
-    return _Comparison(results, paired, best, gap)
+    return compare_contenders(played, label, setup.names, setup.vr_config, setup.env_fn, setup.cfg.seed)
 
 
-def _payload(args: argparse.Namespace, setup: _Setup, label: str, comparison: _Comparison) -> dict[str, Any]:
+def _payload(args: argparse.Namespace, setup: _Setup, label: str, comparison: Comparison) -> dict[str, Any]:
     """What ``evaluation.json`` holds (and ``--json`` prints)."""
-    results, best, reference = comparison.results, comparison.best, REFERENCE in comparison.results
+    from trainer.evaluation.cells import comparison_payload
+
+    return {**_payload_head(args, setup), **comparison_payload(comparison, label, setup.names)}
+
+
+def _payload_head(args: argparse.Namespace, setup: _Setup) -> dict[str, Any]:
+    """What every evaluation's JSON starts with: what was evaluated, and on which episodes."""
     return {"checkpoint": str(setup.source.resolve()), "checkpoint_kind": setup.which, "env": setup.cfg.env,
             "env_kwargs": setup.env_kwargs, "episodes": args.episodes, "seed": args.seed,
-            "actions": "greedy" if args.deterministic else "sampled",
-            "policy": results[label], "baselines": {n: results[n] for n in setup.names},
-            "reference": {REFERENCE: results[REFERENCE]} if reference else {},
-            "paired_reward_per_step": comparison.paired, "best_baseline": best,
-            "best_baseline_picked_on": f"{SELECTION_EPISODES} validation episodes" if best else None,
-            "gap_closed": comparison.gap}
+            "actions": "greedy" if args.deterministic else "sampled"}
 
 
-def _print_results(args: argparse.Namespace, setup: _Setup, comparison: _Comparison, out: TextIO) -> None:
+def _print_results(args: argparse.Namespace, setup: _Setup, comparison: Comparison, out: TextIO) -> None:
     """The results as a table on ``out``: what was played, each player's statistics, the paired differences and
     the gap closed."""
+    _print_header(args, setup, out)
+    _print_comparison(comparison, out)
+
+
+def _print_header(args: argparse.Namespace, setup: _Setup, out: TextIO) -> None:
+    """What was played, on ``out``: the env and its arguments, the episodes, the checkpoint."""
     from trainer.config import format_env_kwargs
-    from trainer.evaluation.report import format_table, plus_minus
 
     env_kwargs = setup.env_kwargs
     played_on = env_kwargs.get("capacity_trace")  # the run's own traces, where --capacity-trace gave none
@@ -259,6 +304,13 @@ def _print_results(args: argparse.Namespace, setup: _Setup, comparison: _Compari
     arguments = f" ({format_env_kwargs(others)})" if others else ""
     print(f"{setup.cfg.env}{arguments}: {counted(args.episodes, 'episode')} on held-out seeds (seed {args.seed}"
           f"{trace}), {setup.which} {setup.source}", file=out)
+
+
+def _print_comparison(comparison: Comparison, out: TextIO) -> None:
+    """One comparison on ``out``: each player's statistics, the paired differences and the gap closed."""
+    from trainer.evaluation.cells import SELECTION_EPISODES
+    from trainer.evaluation.report import format_table, plus_minus
+
     print(format_table(comparison.results), file=out)
     if comparison.paired:
         print("\npolicy minus baseline, reward/step, paired over the same episodes (mean ± 95% CI, policy better in):",
@@ -275,21 +327,22 @@ def _print_results(args: argparse.Namespace, setup: _Setup, comparison: _Compari
 
 
 def _write_results(args: argparse.Namespace, setup: _Setup, payload: dict[str, Any],
-                   results: dict[str, dict[str, Any]], signals: StopSignals, out: TextIO) -> None:
-    """Write ``evaluation.json`` (replaced whole, said when it replaces one) and its plot, under ``signals``: a
-    stop signal waits for them, then has nothing left to stop."""
-    from trainer.evaluation.report import json_ready, plot, write_replacing
+                   draw: Callable[[Path], Path | None], signals: StopSignals, out: TextIO,
+                   files: tuple[str, str] = ("evaluation.json", "evaluation.png")) -> None:
+    """Write ``files``: the JSON (replaced whole, said when it replaces one) and the plot ``draw`` makes (``None``
+    without matplotlib), under ``signals``: a stop signal waits for them, then has nothing left to stop."""
+    from trainer.evaluation.report import json_ready, write_replacing
 
     payload = json_ready(payload)
     out_dir = setup.out_dir
-    replaced = _described(out_dir / "evaluation.json")
+    replaced = _described(out_dir / files[0])
     with signals.critical():
-        write_replacing(out_dir / "evaluation.json", json.dumps(payload, indent=2, allow_nan=False))
+        write_replacing(out_dir / files[0], json.dumps(payload, indent=2, allow_nan=False))
         if replaced:  # a quick look must not pass unnoticed over a long evaluation (export's card reads this file)
             keep = "another --out DIR" if args.out else "--out DIR"
-            print(f"replaced the previous {out_dir / 'evaluation.json'} ({replaced}); {keep} keeps both", file=out)
-        png = plot(results, setup.run_dir, out_dir / "evaluation.png")
-        print(f"\nwrote {out_dir / 'evaluation.json'}" +
+            print(f"replaced the previous {out_dir / files[0]} ({replaced}); {keep} keeps both", file=out)
+        png = draw(out_dir / files[1])
+        print(f"\nwrote {out_dir / files[0]}" +
               (f" and {png}" if png else " (pip install matplotlib for a plot)"), file=out)
         if args.json:
             print(json.dumps(payload, allow_nan=False))

@@ -14,8 +14,8 @@ from trainer.config import TrainConfig, with_current_names
 from trainer.evaluation.policies import check_weights_fit
 from trainer.flags import resumed_config
 
-RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "evaluation.json", "evaluation.png", "tb", "wandb",
-             "wandb_id")
+RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "evaluation.json", "evaluation.png",
+             "evaluation_cells.json", "evaluation_cells.png", "tb", "wandb", "wandb_id")
 
 
 def claim_new_run_dir(run_dir: Path, overwrite: bool) -> list[str]:

@@ -45,7 +45,7 @@ from trainer.apex.settings import ApeXSettings
 from trainer.apex.spec import ApeXSpec
 from trainer.common.devices import resolve_device
 from trainer.common.flat_params import flat_parameters
-from trainer.common.spaces import model_spaces
+from trainer.common.spaces import SetLayout, model_spaces
 from trainer.common.state import capture_rng, cpu_copy, restore_rng
 from trainer.config import TrainConfig
 from trainer.metrics import metrics_row, run_episodes_and_reward, steps_per_second
@@ -137,6 +137,11 @@ class ApeX(ApeXSpec, Algorithm):
         refusal = actions_refused(act_space)
         if refusal:  # the env the user chose: a usage error, as a bad flag's
             raise ConfigError("algo", cfg.algo, message=refusal)
+        if isinstance(per_head, SetLayout):  # a set policy is PPO's; auto branches per head, at the env's slots
+            if cfg.policy_arch == "set":
+                raise ConfigError("policy_arch", cfg.policy_arch, "is PPO's (--algo ppo); Ape-X takes per_head, flat "
+                                  "or auto", flag=False)
+            per_head = (per_head.features, per_head.cell)
         torch.manual_seed(cfg.seed)
         return QNetwork(obs_space, act_space, cfg.hidden_sizes, per_head=per_head)
 

@@ -38,18 +38,25 @@ _M1 = _int64(0xBF58476D1CE4E5B9)  # SplitMix64 finalizer multipliers
 _M2 = _int64(0x94D049BB133111EB)
 
 
-_G2_LO, _G2_HI = _G2 & 0xFFFFFFFF, (_G2 >> 32) & 0xFFFFFFFF
+_G2_CHUNKS = tuple((_G2 >> shift) & 0xFFFF for shift in (0, 16, 32, 48))  # G2's four 16-bit parts, low first
+_MOST_ELEMENTS = 1 << 15  # a part times an element below this stays below 2**31
 
 
 def _weyl_offsets(width: int, device: torch.device) -> torch.Tensor:
-    """``element * G2`` (mod 2**64) for the elements of a row, as ``element * lo + (element * hi << 32)``.
+    """``element * G2`` (mod 2**64) for the elements of a row, as the sum of ``element * part << shift`` over G2's
+    16-bit parts.
 
-    Why not ``arange(width) * G2``: inductor folds that product into its index arithmetic, whose
-    printer rejects the overflowing constant, so ``torch.compile`` of a policy would fail; the
-    halves' products stay below 2**63 and the shift wraps as the product does.
+    Why not ``arange(width) * G2``: inductor folds a product of ``arange`` and a constant into its index
+    arithmetic, which Triton runs in int32 (and whose printer rejects a constant over 2**63): each part's product
+    is below 2**31 for rows of fewer than 2**15 elements, and the shifts wrap as the whole product would.
     """
+    if width >= _MOST_ELEMENTS:
+        raise ValueError(f"keyed noise for {width} elements per row: at most {_MOST_ELEMENTS - 1} are supported")
     element = torch.arange(width, dtype=torch.int64, device=device)
-    return element * _G2_LO + ((element * _G2_HI) << 32)
+    offsets = element * _G2_CHUNKS[0]
+    for i, part in enumerate(_G2_CHUNKS[1:], start=1):
+        offsets = offsets + ((element * part) << (16 * i))
+    return offsets
 
 
 _cached_offsets = functools.lru_cache(maxsize=64)(_weyl_offsets)  # eager: the same width every step

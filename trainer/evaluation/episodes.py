@@ -53,7 +53,8 @@ def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: i
     ``return``, ``length``, ``reward_per_step`` and the env's ``episode_metrics``
     (VR-edge: ``quality``, ``stall_s``, ``switches``); for envs whose ``info`` carries
     per-user ``qoe_lin`` and ``quality`` (VR-edge), also ``qoe_lin`` (per user and segment)
-    and ``fairness`` (Jain's index of the users' mean quality).
+    and ``fairness`` (Jain's index of the users' mean quality), both over the active users only where
+    ``info["active"]`` says which are (a cell whose users vary).
     """
     if episodes < 1:
         raise ValueError(f"episodes={episodes} is invalid: must be >= 1")
@@ -93,27 +94,41 @@ def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: i
 
 
 class _EpisodeStats:
-    """Running sums of one episode: return, length and, where ``info`` has them, per-user QoE_lin and quality."""
+    """Running sums of one episode: return, length and, where ``info`` has them, per-user QoE_lin and quality, over
+    the steps each user slot was active (``info["active"]``, where the cell's users vary; else every step)."""
 
     def __init__(self) -> None:
         self.ret, self.length = 0.0, 0
         self.qoe_lin: np.ndarray | float = 0.0
         self.quality: np.ndarray | float = 0.0
-        self.per_user = False
+        self.active: np.ndarray | float = 0.0  # steps each slot was active
+        self.per_user = self.masked = False
 
     def add(self, reward: float, info: dict[str, Any]) -> None:
         self.ret += reward
         self.length += 1
         if "qoe_lin" in info and "quality" in info:
             self.per_user = True
-            self.qoe_lin = self.qoe_lin + np.asarray(info["qoe_lin"], dtype=np.float64)
-            self.quality = self.quality + np.asarray(info["quality"], dtype=np.float64)
+            quality = np.asarray(info["quality"], dtype=np.float64)
+            self.qoe_lin = self.qoe_lin + np.asarray(info["qoe_lin"], dtype=np.float64)  # (0 where inactive)
+            self.quality = self.quality + quality
+            self.masked = self.masked or "active" in info
+            self.active = self.active + np.asarray(info.get("active", np.ones_like(quality)), dtype=np.float64)
 
     def record(self) -> dict[str, float]:
+        """``return``, ``length``, ``reward_per_step`` and, per user, ``qoe_lin`` (the mean over the active users'
+        segments) and ``fairness`` (Jain's index of each slot's mean quality over the steps it was active, among
+        the slots active at some step)."""
         out = {"return": self.ret, "length": self.length, "reward_per_step": self.ret / self.length}
         if self.per_user:
-            out["qoe_lin"] = float(np.mean(self.qoe_lin)) / self.length
-            out["fairness"] = jain_index(np.asarray(self.quality) / self.length)
+            if not self.masked:  # every slot active at every step (as before cells varied, to the last bit)
+                out["qoe_lin"] = float(np.mean(self.qoe_lin)) / self.length
+                out["fairness"] = jain_index(np.asarray(self.quality) / self.length)
+                return out
+            active = np.asarray(self.active)
+            seen = active > 0
+            out["qoe_lin"] = float(np.sum(self.qoe_lin)) / float(active.sum())
+            out["fairness"] = jain_index(np.asarray(self.quality)[seen] / active[seen])
         return out
 
 

@@ -3,6 +3,7 @@
 - :mod:`.spec`: what the command line knows of PPO before torch loads (its settings, its defaults per env);
 - :mod:`.algorithm`: :class:`~trainer.ppo.algorithm.PPO`, the run's state and one iteration, as the loop drives it;
 - :mod:`.model`: the actor-critic (``ActorCritic``, observation normalisation, stacked MLPs);
+- :mod:`.set_model`: the set actor-critic (``policy_arch = "set"``: any number of users, masked pooling);
 - :mod:`.targets`: how each step bootstraps, GAE, V-trace;
 - :mod:`.update`: the clipped-surrogate loss and the epochs of minibatches (``ppo_update``);
 - :mod:`.optimizer`: fused Adam over one flat parameter, the learning rate a device tensor annealed in place;

@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from collectors.collector import merge_states, split_state
+from envs.settings import ConfigError
 from trainer import __version__
 from trainer.algorithm import ENVS_NOT_RESTORED, Algorithm, NonFiniteLossError
 from trainer.common.devices import resolve_device
 from trainer.common.flat_params import flat_parameters
-from trainer.common.spaces import model_spaces
+from trainer.common.spaces import SetLayout, model_spaces
 from trainer.common.state import capture_rng, cpu_copy, restore_rng
 from trainer.common.world import World
 from trainer.config import TrainConfig
@@ -25,6 +26,7 @@ from trainer.ppo.model import ActorCritic
 from trainer.ppo.optimizer import fused_adam, load_optimizer_state, set_learning_rate
 from trainer.ppo.pipeline import Pipeline, make_pipeline
 from trainer.ppo.reward_scaling import ReturnScaler
+from trainer.ppo.set_model import SetActorCritic
 from trainer.ppo.settings import PPOSettings
 from trainer.ppo.spec import PPOSpec
 from trainer.ppo.targets import advantages_and_returns, vtrace_targets
@@ -86,11 +88,17 @@ class PPO(PPOSpec, Algorithm):
     pipeline: Pipeline | None = None
 
     @classmethod
-    def make_model(cls, cfg: TrainConfig) -> ActorCritic:
+    def make_model(cls, cfg: TrainConfig) -> ActorCritic | SetActorCritic:
         """The actor-critic for ``cfg.env`` (a per-head actor where the env declares the split and
-        ``policy_arch`` allows)."""
+        ``policy_arch`` allows; a set actor-critic for ``policy_arch = "set"``, or ``auto`` on a cell whose user
+        count varies)."""
         obs_space, act_space, per_head = model_spaces(cfg)
         ppo = cfg.algo_settings
+        if isinstance(per_head, SetLayout):
+            if ppo.shared_trunk:
+                raise ConfigError("shared_trunk", True, "is not available with a set policy (policy_arch = \"set\", "
+                                  "or auto on a cell whose user count varies): set it false", flag=False)
+            return SetActorCritic(obs_space, act_space, per_head, cfg.hidden_sizes, ppo.normalize_obs, seed=cfg.seed)
         return ActorCritic(obs_space, act_space, cfg.hidden_sizes, ppo.shared_trunk, ppo.normalize_obs,
                            seed=cfg.seed, per_head=per_head)
 

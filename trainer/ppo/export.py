@@ -41,6 +41,7 @@ from trainer.evaluation.policies import picked_checkpoint, policy_from_state
 from trainer.evaluation.report import check_writable
 from trainer.interrupts import StopSignals
 from trainer.ppo.model import ActorCritic
+from trainer.ppo.set_model import SetActorCritic, split_observations
 from trainer.registry import algorithm_class
 
 OPSET = 18  # supported by every ONNX Runtime since 1.14 and by torch's dynamo exporter
@@ -75,21 +76,27 @@ class ExportedPolicy(nn.Module):
         (True, torch.Size([3, 1, 2]), torch.Size([3]))
     """
 
-    def __init__(self, model: ActorCritic) -> None:
+    def __init__(self, model: ActorCritic | SetActorCritic) -> None:
         super().__init__()
         if model.kind == "box":
             raise ValueError("export supports Discrete and MultiDiscrete action spaces; this policy has a Box one")
         self.model = model
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if isinstance(self.model, SetActorCritic):  # any slot count: obs [B, F * users + C]
+            return self.model.exported(obs)
         out, value = self.model._heads(obs)
         logp = self.model._grouped_log_probs(out)
         return self.model._shape_action(logp.argmax(-1)), logp.exp(), value
 
 
 def export_file(policy: ExportedPolicy, fmt: str, path: Path, obs_dim: int) -> None:
-    """Write ``policy`` to ``path`` as ``fmt`` ("torchscript" or "onnx"), for any batch size."""
+    """Write ``policy`` to ``path`` as ``fmt`` ("torchscript" or "onnx"), for any batch size (and, for a set
+    policy, any number of user slots: the ONNX input ``obs`` is ``[batch, F * users + C]``)."""
     example = torch.zeros(2, obs_dim)  # not 1: an exporter may take a batch of 1 for a constant
+    shapes = {0: torch.export.Dim("batch")}
+    if isinstance(policy.model, SetActorCritic):  # the width is a user count's: F per slot, then the cell's C
+        shapes[1] = policy.model.layout.features * torch.export.Dim("users", min=1) + policy.model.layout.cell
     policy.eval()
     with torch.no_grad(), warnings.catch_warnings():
         # TorchScript is deprecated in favour of torch.export, but unlike a .pt2 file it loads in
@@ -103,7 +110,7 @@ def export_file(policy: ExportedPolicy, fmt: str, path: Path, obs_dim: int) -> N
         with _quiet("torch.onnx"):
             torch.onnx.export(policy, (example,), str(path), dynamo=True, opset_version=OPSET,
                               input_names=["obs"], output_names=list(OUTPUTS),
-                              dynamic_shapes={"obs": {0: torch.export.Dim("batch")}}, verbose=False,
+                              dynamic_shapes={"obs": shapes}, verbose=False,
                               external_data=False)  # one self-contained file
 
 
@@ -134,13 +141,13 @@ def run_exported(path: Path, obs: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 @torch.no_grad()
-def reference_outputs(model: ActorCritic, obs: np.ndarray) -> tuple[np.ndarray, ...]:
+def reference_outputs(model: ActorCritic | SetActorCritic, obs: np.ndarray) -> tuple[np.ndarray, ...]:
     """What the trained model itself says: greedy actions, probabilities and values."""
     x = torch.from_numpy(obs)
     return model.act_deterministic(x).numpy(), model.action_probs(x).numpy(), model.value(x).numpy()
 
 
-def verification_observations(model: ActorCritic, env_id: str, seed: int, episodes: int = 4,
+def verification_observations(model: ActorCritic | SetActorCritic, env_id: str, seed: int, episodes: int = 4,
                               env_kwargs: dict[str, Any] | None = None) -> np.ndarray:
     """Observations ``[N, obs_dim]`` float32 to compare a policy on.
 
@@ -169,8 +176,10 @@ def verification_observations(model: ActorCritic, env_id: str, seed: int, episod
     return np.concatenate([played, edges])
 
 
-def verify(model: ActorCritic, path: Path, obs: np.ndarray, atol: float = ATOL) -> dict[str, Any]:
-    """Compare an exported file with ``model`` on ``obs`` (as one batch, and one row alone).
+def verify(model: ActorCritic | SetActorCritic, path: Path, obs: np.ndarray, atol: float = ATOL,
+           case: str = "") -> dict[str, Any]:
+    """Compare an exported file with ``model`` on ``obs`` (as one batch, and one row alone); ``case`` names the
+    observations in what is said (a set policy's slot count: :func:`slot_cases`).
 
     Returns the numbers; raises :class:`ExportError` unless every greedy action is identical
     and every probability (and value, relative to its size) agrees within ``atol``.
@@ -186,13 +195,45 @@ def verify(model: ActorCritic, path: Path, obs: np.ndarray, atol: float = ATOL) 
     value_tol = atol * max(1.0, float(np.abs(ref[2]).max()))
     numbers = {"observations": len(obs), "actions_identical": int(rows[:-1].sum()),
                "max_abs_prob_diff": prob_diff, "max_abs_value_diff": value_diff, "atol": atol}
-    said = (f"{len(obs)} observations, greedy actions identical on {numbers['actions_identical']}/{len(obs)}"
+    said = (f"{case}{': ' if case else ''}{len(obs)} observations, greedy actions identical on "
+            f"{numbers['actions_identical']}/{len(obs)}"
             f"{'' if rows[-1] else ', not on the first run alone'}, max |prob diff| {prob_diff:.2e}, "
             f"max |value diff| {value_diff:.2e} (atol {atol:g})")
     if not rows.all() or prob_diff > atol or value_diff > value_tol:  # said once, as the error
         raise ExportError(f"{path.name} disagrees with the trained model: {said}")
     print(f"{path.name}: {said}")
     return numbers
+
+
+def slot_cases(model: ActorCritic | SetActorCritic, obs: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    """The observations an exported policy is verified on, by name: ``obs`` itself (named ``""``), or, for a set
+    policy, ``obs`` cut to its first 1, 2, half and all user slots, and with all its slots permuted (the files
+    take any slot count, and must act for the users, whatever their order, as the model does).
+
+    >>> import gymnasium as gym
+    >>> from trainer.common.spaces import SetLayout
+    >>> model = SetActorCritic(gym.spaces.Box(0, 1, (4 * 2 + 1,)), gym.spaces.MultiDiscrete([3] * 4),
+    ...                        SetLayout(2, 1, None))
+    >>> {k: v.shape for k, v in slot_cases(model, np.zeros((5, 9), np.float32), seed=0).items()}
+    {'1 of 4 slots': (5, 3), '2 of 4 slots': (5, 5), '4 of 4 slots': (5, 9), '4 slots permuted': (5, 9)}
+    """
+    if not isinstance(model, SetActorCritic):
+        return {"": obs}
+    users, cell = (t.numpy() for t in split_observations(torch.from_numpy(obs), model.layout))
+    slots = users.shape[1]
+
+    def flat(u: np.ndarray) -> np.ndarray:
+        return np.concatenate([u.reshape(len(obs), -1), cell], axis=1)
+    cases = {f"{k} of {slots} slots": flat(users[:, :k]) for k in sorted({1, min(2, slots), max(slots // 2, 1), slots})}
+    cases[f"{slots} slots permuted"] = flat(users[:, np.random.default_rng(seed).permutation(slots)])
+    return cases
+
+
+def _verified(model: ActorCritic | SetActorCritic, path: Path, obs: np.ndarray, seed: int,
+              atol: float) -> dict[str, Any]:
+    """:func:`verify` on every case of :func:`slot_cases`: its numbers, or (a set policy) each case's, by name."""
+    cases = {case: verify(model, path, o, atol, case) for case, o in slot_cases(model, obs, seed).items()}
+    return cases.pop("") if "" in cases else {"slots": cases}
 
 
 def _space(space: gym.Space) -> dict[str, Any]:
@@ -247,7 +288,7 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
         _need_onnx()
     source, state, which = picked_checkpoint(checkpoint, pick)
     model, cfg = policy_from_state(state, source)
-    if not isinstance(model, ActorCritic):
+    if not isinstance(model, (ActorCritic, SetActorCritic)):
         raise ValueError(f"{source} is {algorithm_class(cfg.algo).model_name} (--algo {cfg.algo}); trainer.export "
                          "ships PPO policies (probabilities and values); evaluate it with trainer.evaluate")
     policy = ExportedPolicy(model)  # before any file is written: a Box policy fails here
@@ -291,8 +332,8 @@ def _say_evaluation_differs(evaluation: dict[str, Any] | None, source: Path) -> 
               "describes what is exported", file=sys.stderr)
 
 
-def _staged_card(stage: Path, model: ActorCritic, policy: ExportedPolicy, formats: list[str], cfg: TrainConfig,
-                 state: dict[str, Any], source: Path, evaluation: dict[str, Any] | None, seed: int,
+def _staged_card(stage: Path, model: ActorCritic | SetActorCritic, policy: ExportedPolicy, formats: list[str],
+                 cfg: TrainConfig, state: dict[str, Any], source: Path, evaluation: dict[str, Any] | None, seed: int,
                  atol: float) -> dict[str, Any]:
     """The card of the policy files written in ``stage``, each verified against ``model``; the card is written
     there too, last."""
@@ -303,15 +344,13 @@ def _staged_card(stage: Path, model: ActorCritic, policy: ExportedPolicy, format
     for fmt in formats:
         path = stage / FILES[fmt]
         export_file(policy, fmt, path, obs_dim)
-        files[fmt] = {"file": FILES[fmt], "sha256": _sha256(path), "verification": verify(model, path, obs, atol),
+        files[fmt] = {"file": FILES[fmt], "sha256": _sha256(path), "verification": _verified(model, path, obs, seed,
+                                                                                            atol),
                       **({"opset": OPSET, "load": "onnxruntime.InferenceSession"} if fmt == "onnx"
                          else {"load": "torch.jit.load"})}
     card = {
         "files": files,
-        "inputs": {"obs": f"float32 [batch, {obs_dim}]: raw observations (the normaliser is inside)"},
-        "outputs": {"action": "int64 greedy action, [batch] (Discrete) or [batch, heads] (MultiDiscrete)",
-                    "probs": "float32 [batch, heads, max actions]: action probabilities per head",
-                    "value": "float32 [batch]: the critic's value"},
+        **_signature(model, obs_dim),
         "env": env_card,
         "training": cfg.to_dict(),
         "checkpoint": {"path": str(source.resolve()), "iteration": state["iteration"],
@@ -323,6 +362,24 @@ def _staged_card(stage: Path, model: ActorCritic, policy: ExportedPolicy, format
     }
     (stage / CARD).write_text(json.dumps(card, indent=2, default=list))
     return card
+
+
+def _signature(model: ActorCritic | SetActorCritic, obs_dim: int) -> dict[str, Any]:
+    """The card's ``inputs`` and ``outputs``: what the files take and give."""
+    value = "float32 [batch]: the critic's value"
+    if isinstance(model, SetActorCritic):
+        f, c, active = model.layout
+        flag = f", user feature {active} its active flag (1.0 / 0.0)" if active is not None else ""
+        return {"inputs": {"obs": f"float32 [batch, {f} * users + {c}]: raw observations, any number of user slots "
+                                  f"({(obs_dim - c) // f} in training): {f} features per user{flag}, then {c} of the "
+                                  "cell (the normaliser is inside)"},
+                "outputs": {"action": "int64 greedy action, [batch, users] (an inactive user's: 0)",
+                            "probs": "float32 [batch, users, actions]: action probabilities per user",
+                            "value": value}}
+    return {"inputs": {"obs": f"float32 [batch, {obs_dim}]: raw observations (the normaliser is inside)"},
+            "outputs": {"action": "int64 greedy action, [batch] (Discrete) or [batch, heads] (MultiDiscrete)",
+                        "probs": "float32 [batch, heads, max actions]: action probabilities per head",
+                        "value": value}}
 
 
 def _remove_if_empty(out: Path, made: Path | None) -> None:

@@ -8,6 +8,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from collectors.resources import torch_threads
 from trainer.common import noise
 from trainer.common.moments import merged_moments
 from trainer.common.spaces import action_heads
@@ -39,10 +40,11 @@ class RunningNorm(nn.Module):
         self._scale.copy_(torch.rsqrt(self.var + 1e-8))
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor, world: World = ALONE) -> None:
-        """Add observations ``[..., *shape]`` to the statistics (every rank's, in a data-parallel run)."""
+    def update(self, x: torch.Tensor, world: World = ALONE, weights: torch.Tensor | None = None) -> None:
+        """Add observations ``[..., *shape]`` to the statistics (every rank's, in a data-parallel run); with
+        ``weights`` (one 0 or 1 per observation), only those weighted 1."""
         mean, var, count = merged_moments(self.mean, self.var, self.count,
-                                          x.reshape(-1, *self.mean.shape).to(torch.float64), world)
+                                          x.reshape(-1, *self.mean.shape).to(torch.float64), world, weights)
         self.mean.copy_(mean)
         self.var.copy_(var)
         self.count.copy_(count)
@@ -56,9 +58,20 @@ def _derive_after_load(module: RunningNorm, incompatible_keys) -> None:
     module._derive()  # a module-level function, not a lambda: the model stays picklable
 
 
+def orthogonal(n_out: int, n_in: int, gain: float) -> torch.Tensor:
+    """``[n_out, n_in]``: a random orthogonal matrix times ``gain``, from torch's generator.
+
+    Drawn on one thread: its QR (LAPACK) rounds differently with other thread counts, and a run's first
+    weights must be the same whichever machine, process or ``--threads`` it starts under.
+    """
+    with torch_threads(1):
+        return nn.init.orthogonal_(torch.empty(n_out, n_in), gain)
+
+
 def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:
     layer = nn.Linear(n_in, n_out)
-    nn.init.orthogonal_(layer.weight, gain)
+    with torch.no_grad():
+        layer.weight.copy_(orthogonal(n_out, n_in, gain))
     nn.init.zeros_(layer.bias)
     return layer
 
@@ -94,13 +107,13 @@ class StackedMLP(nn.Module):
         super().__init__()
         sizes, width = (n_in, *hidden), max(n for n, _ in outputs)
 
-        def orthogonal(n_out: int, n_in_: int, gain: float, pad_to: int) -> torch.Tensor:
+        def padded(n_out: int, n_in_: int, gain: float, pad_to: int) -> torch.Tensor:
             w = torch.zeros(n_in_, pad_to)
-            w[:, :n_out] = nn.init.orthogonal_(torch.empty(n_out, n_in_), gain).T
+            w[:, :n_out] = orthogonal(n_out, n_in_, gain).T
             return w
 
-        layers = [torch.stack([orthogonal(o, i, math.sqrt(2), o) for _ in outputs]) for i, o in zip(sizes, sizes[1:])]
-        layers.append(torch.stack([orthogonal(n, sizes[-1], gain, width) for n, gain in outputs]))
+        layers = [torch.stack([padded(o, i, math.sqrt(2), o) for _ in outputs]) for i, o in zip(sizes, sizes[1:])]
+        layers.append(torch.stack([padded(n, sizes[-1], gain, width) for n, gain in outputs]))
         self.weights = nn.ParameterList(layers)
         self.biases = nn.ParameterList(torch.zeros(len(outputs), 1, w.shape[-1]) for w in layers)
 

@@ -1,0 +1,195 @@
+"""The results table of a cell recipe (issue 49): trained runs of ``docs/cells.toml`` against baselines in cells of
+2 to 16 users, with and without churn, each paired with every baseline over the same held-out episodes.
+
+    python -m benchmarks.cells_table runs/cells/s1 runs/cells/s2 runs/cells/s3 --users 2,4,8,12,16 \\
+        --churn 0,0.05 --episodes 50 --out runs/cells/table
+
+What ``trainer.evaluate --users --churn`` plays, for several runs at once: every player of a cell (each run's
+greedy policy, each baseline) plays the same held-out episodes (evaluation seed ``--seed``, the runs' held-out env
+arguments, as many slots as the most users asked for), and the baselines are played once for all the runs, not
+once per run. Each player's episode records go to ``OUT/<cell>/<player>.json`` as soon as they are played, so a
+stopped table goes on where it stopped, and ``--runs-later`` plays the baselines before the runs have finished
+training. ``--jobs`` players at a time, one thread each. Prints a Markdown table (per cell and run: the policy's
+reward per step, and the policy minus each baseline, mean and 95% interval, with the episodes it won) and writes
+it to ``OUT/table.md``, with every number in ``OUT/table.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import multiprocessing
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import envs
+from benchmarks.machine import print_machine
+from envs.settings import ConfigError
+from trainer.arguments import OneLineParser, churn_levels, most_users, user_counts
+from trainer.evaluation.cells import Cell, cell_env_kwargs, cell_slots, cells_of, check_vr_edge
+from trainer.evaluation.episodes import held_out_env_kwargs, run_episodes
+from trainer.evaluation.statistics import paired_difference, summarize
+
+DEFAULT_BASELINES = ("fair_share", "robust_mpc")
+
+
+def _cell_name(cell: Cell) -> str:
+    return f"users-{cell.users}_churn-{cell.churn:g}"
+
+
+def _env_kwargs(run: Path, slots: int, cell: Cell) -> dict[str, Any]:
+    """The env arguments ``cell`` is played with for the runs trained like ``run`` (from its ``config.json``: a run
+    still training has one)."""
+    from trainer.config import TrainConfig
+
+    cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text())["config"])
+    held_out = held_out_env_kwargs(cfg.env_options, "")
+    return cell_env_kwargs(held_out, slots, cell, envs.VREdgeConfig(**held_out).masked)
+
+
+def _play(task: tuple[str, str | None, dict[str, Any], int, int, str]) -> str:
+    """Play one player (a baseline by name, or a run's policy) on one cell's episodes; write its records."""
+    import gymnasium as gym
+    import torch
+
+    torch.set_num_threads(1)
+    player, run, kwargs, episodes, seed, out = task
+    if run is None:
+        act = envs.make_baseline(player, envs.VREdgeConfig(**kwargs))
+    else:
+        from trainer.evaluation.episodes import policy_actions
+        from trainer.evaluation.policies import trained_model
+
+        model, _, _ = trained_model(run, pick="best")
+        act = policy_actions(model, deterministic=True)
+    records = run_episodes(act, functools.partial(gym.make, "VREdge-v0", **kwargs), episodes, seed)
+    tmp = Path(out).with_suffix(".tmp")
+    tmp.write_text(json.dumps(records))
+    os.replace(tmp, out)  # whole or absent: a stopped table plays it again
+    return out
+
+
+def _leave_ctrl_c_to_the_parent() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _tasks(args: argparse.Namespace, cells: list[Cell], slots: int) -> list[tuple]:
+    """Every (player, cell) not yet played: the baselines, then the runs whose training has finished."""
+    tasks = []
+    for cell in cells:
+        kwargs = _env_kwargs(args.runs[0], slots, cell)
+        folder = args.out / _cell_name(cell)
+        folder.mkdir(parents=True, exist_ok=True)
+        players = [(name, None) for name in args.baselines]
+        players += [(run.name, str(run)) for run in args.runs if not args.runs_later]
+        for player, run in players:
+            out = folder / f"{player}.json"
+            if not out.exists():
+                tasks.append((player, run, kwargs, args.episodes, args.seed, str(out)))
+    # the slowest first (the robust MPC plans every step), so that the last ones to finish are short
+    return sorted(tasks, key=lambda t: t[0] != "robust_mpc")
+
+
+def _records(args: argparse.Namespace, cell: Cell, player: str) -> list[dict[str, float]]:
+    return json.loads((args.out / _cell_name(cell) / f"{player}.json").read_text())
+
+
+def _reward_per_step(records: list[dict[str, float]]) -> dict[str, float]:
+    summary = summarize(records)
+    return {"mean": summary["reward_per_step"], "ci95": summary["reward_per_step_ci95"]}
+
+
+def table(args: argparse.Namespace, cells: list[Cell]) -> tuple[str, list[dict[str, Any]]]:
+    """The Markdown table and its numbers: a row per cell (each baseline's reward per step), a column per run (its
+    policy's reward per step minus each baseline's, paired: mean ± 95% interval, in the order of the baselines)."""
+    head = ["users", "churn", *args.baselines, *(f"{run.name}: policy minus each" for run in args.runs)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
+    for cell in cells:
+        baselines = {b: _records(args, cell, b) for b in args.baselines}
+        cols = [str(cell.users), f"{cell.churn:g}", *(f"{_reward_per_step(r)['mean']:.3f}" for r in baselines.values())]
+        for run in args.runs:
+            policy = _records(args, cell, run.name)
+            paired = {b: paired_difference(policy, records) for b, records in baselines.items()}
+            rows.append({"users": cell.users, "churn": cell.churn, "run": str(run), "policy": _reward_per_step(policy),
+                         "baselines": {b: _reward_per_step(r) for b, r in baselines.items()}, "paired": paired})
+            cols.append(" / ".join(f"{p['mean']:+.3f} ± {p['ci95']:.3f}" for p in paired.values()))
+        lines.append("| " + " | ".join(cols) + " |")
+    return "\n".join(lines), rows
+
+
+def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -> None:
+    """Every run a VR-edge run whose policy can act on ``cells``, and all of one recipe: a usage error otherwise,
+    before anything is played."""
+    from trainer.config import TrainConfig
+    from trainer.evaluation.policies import trained_model
+
+    recipes = set()
+    for run in args.runs:
+        if not (run / "config.json").is_file():
+            p.error(f"{run}: not a run directory (no config.json); pass the folders trainer.train wrote")
+        cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text())["config"])
+        recipes.add(json.dumps(held_out_env_kwargs(cfg.env_options, ""), sort_keys=True))
+        try:
+            check_vr_edge(cfg, cells)
+            if not args.runs_later:
+                model, cfg, _ = trained_model(run, pick="best")
+                cell_slots(model, cfg, envs.VREdgeConfig(**held_out_env_kwargs(cfg.env_options, "")), cells)
+        except ConfigError as e:
+            p.error(f"{run}: {e}")
+    if len(recipes) > 1:
+        p.error(f"{', '.join(map(str, args.runs))}: trained on different env arguments; pass the runs of one recipe")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = OneLineParser(prog="python -m benchmarks.cells_table", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="run directories trained on one cell recipe")
+    p.add_argument("--users", default="2,4,8,12,16", help="comma-separated user counts (default: %(default)s)")
+    p.add_argument("--churn", default="0,0.05", help="comma-separated churn levels (default: %(default)s)")
+    p.add_argument("--episodes", type=int, default=50, help="held-out episodes per cell (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="evaluation seed, as trainer.evaluate's (default: 0)")
+    p.add_argument("--baselines", default=",".join(DEFAULT_BASELINES), help="default: %(default)s")
+    p.add_argument("--jobs", type=int, default=2, help="players at a time (default: %(default)s)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the episode records and the table")
+    p.add_argument("--runs-later", action="store_true", help="play the baselines only (the runs still train)")
+    args = p.parse_args(argv)
+    args.baselines = [b for b in args.baselines.split(",") if b]
+    unknown = [b for b in args.baselines if b not in envs.BASELINES]
+    if unknown:
+        p.error(f"--baselines: {', '.join(unknown)} unknown; pick from {', '.join(envs.BASELINES)}")
+    if args.episodes < 1 or args.jobs < 1:
+        p.error(f"--episodes {args.episodes}, --jobs {args.jobs}: each must be >= 1")
+    try:
+        users, churns = user_counts(args.users), churn_levels(args.churn)
+    except ConfigError as e:
+        p.error(str(e))
+    cells = cells_of(users, churns)
+    _check_runs(p, args, cells)
+    slots = max(most_users(u) for u in users)
+    print_machine()
+    tasks = _tasks(args, cells, slots)
+    print(f"{len(tasks)} players x cells to play, {args.jobs} at a time", flush=True)
+    played = 0
+    with multiprocessing.get_context("spawn").Pool(args.jobs, initializer=_leave_ctrl_c_to_the_parent) as pool:
+        try:
+            for done in pool.imap_unordered(_play, tasks):
+                played += 1
+                print(f"played {done}", flush=True)
+        except KeyboardInterrupt:  # the pool's exit terminates the players; what they finished is kept
+            print(f"stopped: every player that finished is kept in {args.out} (of {len(tasks)}: {played} reported); "
+                  "the same command goes on", file=sys.stderr)
+            sys.exit(130)
+    if args.runs_later:
+        return
+    text, rows = table(args, cells)
+    (args.out / "table.md").write_text(text + "\n")
+    (args.out / "table.json").write_text(json.dumps(rows, indent=1))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

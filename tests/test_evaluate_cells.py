@@ -1,0 +1,239 @@
+"""Evaluation across cells (issue 49, item 4): ``trainer.evaluate --users --churn`` and
+:func:`trainer.evaluation.cells.evaluate_cells` play the policy, the baselines and the reference on the same held-out
+episodes per (users, churn) pair; QoE_lin and fairness count active users only; validation and ``trainer.compare``
+work on runs trained on a cell whose users vary."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import checkpoints
+import envs
+from envs.settings import ConfigError
+from tests.factories import settings_file
+from tests.messages import exits, names, raises
+from trainer import compare as compare_cli
+from trainer import evaluate as evaluate_cli
+from trainer.config import TrainConfig
+from trainer.evaluation import policy_actions, run_episodes, summarize
+from trainer.evaluation.cells import acts_on_any_slot_count, cell_slots, cells_of, evaluate_cells
+from trainer.evaluation.policies import trained_model
+from trainer.evaluation.report import json_ready
+from trainer.flags import parse_args
+from trainer.train import train
+
+ROOT = Path(__file__).resolve().parents[1]
+VARYING = "num_users=6,users=2-6,churn=0.05,max_steps=20"  # 6 slots; episodes of 20 steps: tiny, fast
+TODAYS_KEYS = ["checkpoint", "checkpoint_kind", "env", "env_kwargs", "episodes", "seed", "actions", "policy",
+               "baselines", "reference", "paired_reward_per_step", "best_baseline", "best_baseline_picked_on",
+               "gap_closed"]
+PER_HEAD = ("--config", settings_file("policy_arch_per_head"))
+CELL_KEYS = {"users", "churn", "policy", "baselines", "reference", "paired_reward_per_step", "best_baseline"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Torch in one thread while these tests play: a tiny network's forward pass on two threads that share two
+    busy cores waits on them (tens of milliseconds a step, not a tenth of one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _train(run: Path, env: str, env_kwargs: str, seed: int = 1, *more: str) -> Path:
+    """A tiny run (two iterations of 2 envs x 8 steps), validated every iteration."""
+    train(parse_args(["--env", env, "--env-kwargs", env_kwargs, "--num-envs", "2", "--num-steps", "8",
+                      "--total-steps", "32", "--threads", "1", "--seed", str(seed), "--eval-every", "1",
+                      "--eval-episodes", "2", "--run-dir", str(run), *more]).config, progress=False)
+    return run
+
+
+@pytest.fixture(scope="module")
+def varying_run(tmp_path_factory) -> Path:
+    """A per-head policy trained on 6 slots with 2 to 6 users active and churn (per_head named: where the users
+    vary, ``auto`` may pick a set policy)."""
+    return _train(tmp_path_factory.mktemp("cells") / "a", "VREdge-v0", VARYING, 1, *PER_HEAD)
+
+
+def _json(capsys, argv: list[str]) -> dict:
+    evaluate_cli.main(argv + ["--json"])
+    return json.loads(capsys.readouterr().out)
+
+
+def _direct(player, users: int, churn: float, episodes: int) -> dict:
+    """What ``player(config)`` (an ``act``) scores played straight on the held-out seeds of a cell of ``users`` of 6
+    slots (the mask shown, as the run was trained with it)."""
+    kwargs = dict(num_users=6, users=users, churn=churn, max_steps=20, observe_active=True)
+    act = player(envs.VREdgeConfig(**kwargs))
+    return summarize(run_episodes(act, functools.partial(gym.make, "VREdge-v0", **kwargs), episodes, 0))
+
+
+def test_cells_are_one_entry_per_pair_in_order_each_player_on_the_episodes_a_direct_run_plays(varying_run, capsys):
+    model, _, _ = trained_model(varying_run, "best")
+    assert model.per_head is not None  # a per-head policy: its parameters fix its 6 slots
+    payload = _json(capsys, ["--checkpoint", str(varying_run), "--users", "2,4,6", "--churn", "0,0.05",
+                             "--episodes", "2", "--baselines", "fair_share", "--reference", "none"])
+    cells = payload["cells"]
+    assert [(c["users"], c["churn"]) for c in cells] == [(2, 0), (2, 0.05), (4, 0), (4, 0.05), (6, 0), (6, 0.05)]
+    assert all(CELL_KEYS <= set(c) for c in cells) and payload["slots"] == 6
+    assert not {"policy", "baselines"} & set(payload)  # the results are the cells'
+    fair_share = functools.partial(envs.make_baseline, "fair_share")
+    greedy = lambda config: policy_actions(model, deterministic=True)  # noqa: E731
+    for c in cells:
+        assert c["baselines"]["fair_share"] == _direct(fair_share, c["users"], c["churn"], 2)
+        assert c["policy"] == _direct(greedy, c["users"], c["churn"], 2)
+        paired = c["paired_reward_per_step"]["fair_share"]["mean"]
+        assert paired == pytest.approx(c["policy"]["reward_per_step"] - c["baselines"]["fair_share"]["reward_per_step"])
+        assert c["reference"] == {} and c["best_baseline"] == "fair_share"
+    assert cells[0]["policy"] != cells[4]["policy"]  # 2 users are not 6
+    assert json.loads((varying_run / "evaluation_cells.json").read_text()) == payload
+    assert not (varying_run / "evaluation.json").exists()  # the run's own evaluation is another file
+    png = varying_run / "evaluation_cells.png"
+    try:
+        import matplotlib  # noqa: F401
+        assert png.read_bytes()[:4] == b"\x89PNG"
+    except ImportError:
+        assert not png.exists()
+
+
+def test_the_python_api_gives_the_command_lines_cells_with_the_reference_and_ranges(varying_run, capsys):
+    model, cfg, _ = trained_model(varying_run, "best")
+    entries = evaluate_cells(model, cfg, (3, "2-6"), (0.05,), episodes=2, baselines=("buffer",))
+    payload = _json(capsys, ["--checkpoint", str(varying_run), "--pick", "best", "--users", "3,2-6",
+                             "--churn", "0.05", "--episodes", "2", "--baselines", "buffer"])
+    assert json.loads(json.dumps(json_ready(entries), allow_nan=False)) == payload["cells"]
+    assert [e["users"] for e in entries] == [3, "2-6"]
+    for e in entries:
+        assert set(e["reference"]) == {"clairvoyant"} and set(e["paired_reward_per_step"]) == {"buffer", "clairvoyant"}
+        assert e["gap_closed"]["episodes"] == 2 and e["env_kwargs"]["num_users"] == 6
+
+
+def test_without_users_the_evaluation_is_todays(varying_run, capsys):
+    payload = _json(capsys, ["--checkpoint", str(varying_run), "--episodes", "2", "--baselines", "bola",
+                             "--reference", "none", "--out", str(varying_run / "todays")])
+    assert list(payload) == TODAYS_KEYS
+    assert payload["env_kwargs"] == {"num_users": 6, "users": "2-6", "churn": 0.05, "max_steps": 20}
+    env_fn = functools.partial(gym.make, "VREdge-v0", **payload["env_kwargs"])  # the run's own cell
+    bola = envs.make_baseline("bola", envs.VREdgeConfig(**payload["env_kwargs"]))
+    assert payload["baselines"]["bola"] == summarize(run_episodes(bola, env_fn, 2, 0))
+    assert not (varying_run / "todays" / "evaluation_cells.json").exists()
+
+
+@pytest.fixture(scope="module")
+def fixed_runs(tmp_path_factory) -> dict[str, Path]:
+    """A VR-edge run on 3 users that never vary (no mask), and a CartPole run."""
+    root = tmp_path_factory.mktemp("fixed")
+    return {"fixed": _train(root / "fixed", "VREdge-v0", "num_users=3,max_steps=20"),
+            "cartpole": _train(root / "cartpole", "CartPole-v1", "")}
+
+
+@pytest.mark.parametrize("flags, things", [
+    (["--users", "0"], ["--users", "0"]),
+    (["--users", "4,x"], ["--users", "x"]),
+    (["--users", "4-2"], ["--users", "4-2"]),
+    (["--users", "2,2"], ["--users", "2"]),
+    (["--churn", "2"], ["--churn", "2"]),
+    (["--users", "2", "--churn", "0,-0.1"], ["--churn", "-0.1"]),
+])
+def test_bad_users_and_churn_are_one_line_before_anything_loads(flags, things, capsys, tmp_path):
+    with exits(2, *things, capsys=capsys):  # (a checkpoint that is not there: answered before it is looked for)
+        evaluate_cli.main(["--checkpoint", str(tmp_path / "none"), *flags])
+
+
+def test_a_per_head_policy_refuses_more_users_than_its_slots_with_one_line(varying_run, capsys):
+    with exits(2, "--users", "8", "6", "--users up to 6", "per-head", '"set"', capsys=capsys):
+        evaluate_cli.main(["--checkpoint", str(varying_run), "--users", "2,8", "--episodes", "1"])
+
+
+def test_users_on_another_env_and_varying_users_for_a_policy_without_the_mask_are_one_line(fixed_runs, capsys):
+    with exits(2, "--users", "--churn", "VREdge-v0", "CartPole-v1", capsys=capsys):
+        evaluate_cli.main(["--checkpoint", str(fixed_runs["cartpole"]), "--users", "2", "--episodes", "1"])
+    with exits(2, "--users 2", "observe_active=true", "--users 3 --churn 0", capsys=capsys):
+        evaluate_cli.main(["--checkpoint", str(fixed_runs["fixed"]), "--users", "2,3", "--episodes", "1"])
+    with exits(2, "--churn 0.05", capsys=capsys):
+        evaluate_cli.main(["--checkpoint", str(fixed_runs["fixed"]), "--churn", "0.05", "--episodes", "1"])
+    # its own cell (3 users, no churn) it plays; --users alone keeps the run's churn
+    payload = _json(capsys, ["--checkpoint", str(fixed_runs["fixed"]), "--users", "3", "--episodes", "1",
+                             "--baselines", "none", "--reference", "none"])
+    assert [(c["users"], c["churn"]) for c in payload["cells"]] == [(3, 0.0)]
+    assert "observe_active" not in payload["cells"][0]["env_kwargs"]
+
+
+class _AnySlots(torch.nn.Module):
+    """A model that says it acts on any slot count (as a set policy does)."""
+
+    any_slot_count = True
+
+
+def test_a_policy_for_any_slot_count_plays_in_cells_of_the_most_users_and_a_fixed_one_is_refused():
+    cfg = TrainConfig.from_dict({"env": "VREdge-v0", "env_kwargs": VARYING})
+    trained = envs.VREdgeConfig(**cfg.env_options)
+    cells = cells_of((2, "4-12"), (0.0,))
+    assert acts_on_any_slot_count(_AnySlots(), cfg) and cell_slots(_AnySlots(), cfg, trained, cells) == 12
+    fixed = torch.nn.Module()
+    assert not acts_on_any_slot_count(fixed, cfg)
+    assert cell_slots(fixed, cfg, trained, cells_of((2, 4), (0.0,))) == 6  # its own slots, fewer users asked
+    with raises(ConfigError, "--users 2,4-12", "6", key="users"):
+        cell_slots(fixed, cfg, trained, cells)
+    fixed.any_slot_count = False  # a model's own word wins over its config's
+    assert not acts_on_any_slot_count(fixed, TrainConfig.from_dict({"env": "VREdge-v0"}))
+
+
+class _Cell(gym.Env):
+    """3 slots over 2 steps: slot 2 never active, slot 1 active on the second step only."""
+
+    observation_space = gym.spaces.Box(0, 1, (1,))
+    action_space = gym.spaces.Discrete(1)
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        active = np.array([True, self.t == 2, False])
+        info = {"active": active, "qoe_lin": np.array([1.0, 4.0, 0.0]) * active,
+                "quality": np.array([0.5, 0.25, 0.0]) * active}
+        return np.zeros(1, np.float32), 1.0, False, self.t == 2, info
+
+
+def test_qoe_lin_and_fairness_count_the_active_users_only():
+    record, = run_episodes(lambda obs: np.zeros(len(obs), np.int64), _Cell, 1, 0)
+    assert record["qoe_lin"] == pytest.approx((1 + 1 + 4) / 3)  # 3 active user-steps; not 6 / (3 slots x 2)
+    assert record["fairness"] == pytest.approx((0.5 + 0.25) ** 2 / (2 * (0.5**2 + 0.25**2)))  # slots 0 and 1
+
+
+def test_validation_and_compare_work_on_runs_trained_on_a_varying_cell(varying_run, capsys, tmp_path):
+    rows = [json.loads(line) for line in (varying_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows if "val_vs_baseline" in r] == [1, 2]
+    assert checkpoints.best_checkpoint(varying_run).is_file()
+    other = _train(tmp_path / "b", "VREdge-v0", VARYING, 2, *PER_HEAD)
+    compare_cli.main([str(varying_run), str(other), "--episodes", "2", "--out", str(tmp_path / "cmp"), "--json"])
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["env_kwargs"]["users"] == "2-6" and payload["env_kwargs"]["churn"] == 0.05
+    assert set(payload["groups"]) == {"a", "b"} and len(payload["pairs"]) == 1
+    names(json.dumps(payload["groups"]["a"]["runs"][0]), "the best checkpoint (validation)")
+
+
+def test_a_set_policy_trained_on_6_slots_plays_in_cells_of_the_most_users_asked(tmp_path, capsys):
+    """A set policy, trained with the recipe's file (docs/cells.toml; its cell made tiny by the flag, which wins):
+    it acts on any slot count, so the cells have as many slots as the most users asked for, more than it was
+    trained with."""
+    run = _train(tmp_path / "set", "VREdge-v0", VARYING, 1, "--config", str(ROOT / "docs" / "cells.toml"))
+    model, cfg, _ = trained_model(run, "latest")
+    assert cfg.policy_arch == "set" and acts_on_any_slot_count(model, cfg)
+    payload = _json(capsys, ["--checkpoint", str(run), "--users", "2,8", "--churn", "0.05", "--episodes", "2",
+                             "--baselines", "fair_share", "--reference", "none"])
+    assert payload["slots"] == 8 and [c["env_kwargs"]["num_users"] for c in payload["cells"]] == [8, 8]
+    kwargs = dict(num_users=8, users=8, churn=0.05, max_steps=20, observe_active=True)
+    greedy = policy_actions(model, deterministic=True)
+    direct = summarize(run_episodes(greedy, functools.partial(gym.make, "VREdge-v0", **kwargs), 2, 0))
+    assert payload["cells"][1]["policy"] == direct
