@@ -60,6 +60,18 @@ def check_compile(compile_policy: bool | str) -> bool | str:
     return compile_policy
 
 
+def one_line(error: Exception) -> str:
+    """``error`` in one line: its type and its first line that says something, past a header that only
+    announces the cause (torch's ``backend='inductor' raised:``).
+
+    >>> one_line(RuntimeError("backend='inductor' raised:\\nInvalidCxxCompiler: No working C++ compiler found"))
+    'RuntimeError: InvalidCxxCompiler: No working C++ compiler found'
+    """
+    lines = [x.strip() for x in str(error).splitlines() if x.strip()]
+    line = next((x for x in lines if not x.endswith(":")), lines[0] if lines else "")
+    return f"{type(error).__name__}: {line[:160]}"
+
+
 def _first_call_explained(compiled: Policy) -> Policy:
     """``compiled``, whose first call (where torch.compile builds it) says what failed and how to go on."""
     built = False
@@ -71,11 +83,9 @@ def _first_call_explained(compiled: Policy) -> Policy:
         try:
             out = compiled(*args, **kwargs)
         except Exception as e:
-            first = next((line for line in str(e).splitlines() if line.strip()), "")[:200]
-            raise RuntimeError(f"compile_policy: torch.compile could not build the policy ({type(e).__name__}: "
-                               f"{first}); it needs a C++ compiler and Python's headers on the CPU (Triton on CUDA) "
-                               "and a policy it can trace as one graph; pass compile_policy=False to call it as it "
-                               "is") from e
+            raise RuntimeError(f"compile_policy: torch.compile could not build the policy ({one_line(e)}); it needs "
+                               "a C++ compiler and Python's headers on the CPU (Triton on CUDA) and a policy it can "
+                               "trace as one graph; pass compile_policy=False to call it as it is") from e
         built = True
         return out
 

@@ -21,7 +21,7 @@ from trainer.run_layout import Machine, run_layout
 
 def test_compiled_noise_has_the_eager_bits():
     """Integer hashing is exact on every CPU: the compiled bits must be the eager bits (inductor once folded
-    ``arange * G2`` into index arithmetic and failed to build the policy)."""
+    ``arange * G2`` into index arithmetic, which Triton runs in int32, and failed to build the policy on CUDA)."""
     keys, steps = torch.arange(64, dtype=torch.int64) * 7919, torch.arange(64, dtype=torch.int64) + 3
 
     def bits(k, s):
@@ -175,7 +175,7 @@ def test_without_a_compiler_the_reason_is_the_cause_not_its_header(tmp_path):
     said = probe.stdout.strip()  # (BackendCompilerFailed or InductorError, as torch's caches stand)
     assert probe.returncode == 0 and "No working C++ compiler" in said and not said.endswith(":"), \
         (said, probe.stderr[-2000:])
-    from trainer.common.devices import one_line
+    from collectors.base import one_line
     header = "backend='inductor' raised:\nInvalidCxxCompiler: No working C++ compiler found in ...\n\nSet ..."
     assert one_line(RuntimeError(header)) == "RuntimeError: InvalidCxxCompiler: No working C++ compiler found in ..."
 
@@ -291,6 +291,20 @@ def test_a_policy_that_cannot_be_compiled_is_explained_at_its_first_call():
     with make_collector([functools.partial(envs.VREdgeTorchEnv, 4)], untraceable, backend="device",
                         num_steps=2) as eager:
         assert eager.collect().batch["actions"].shape == (2, 4, 8)
+
+
+def test_a_compile_failure_names_what_follows_the_compilers_header(monkeypatch):
+    """inductor's own error opens with "backend='inductor' raised:": the one line says what it raised."""
+    def compiled_that_fails(fn, **_kw):
+        def call(*args, **kwargs):
+            raise RuntimeError("backend='inductor' raised:\nImportError: kernel.so: file too short")
+        return call
+
+    monkeypatch.setattr(torch, "compile", compiled_that_fails)
+    collector = make_collector([functools.partial(envs.VREdgeTorchEnv, 4)], lambda obs: obs, backend="device",
+                               num_steps=2, compile_policy=True)
+    with raises(RuntimeError, "compile_policy", "ImportError", "file too short"):
+        collector.collect()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

@@ -38,13 +38,6 @@ def test_the_rows_offsets_equal_the_unsigned_product_up_to_the_widest_row_and_wi
         noise._weyl_offsets(noise._MOST_ELEMENTS, torch.device("cpu"))
 
 
-@pytest.mark.slow  # a compile (~10 s on 2 cores)
-def test_compiled_noise_bits_equal_the_eager_ones():
-    keys, steps = torch.tensor([3, 2**62 + 5, -7]), torch.tensor([0, 11, 2**33])
-    compiled = torch.compile(noise.hash_bits, fullgraph=True, dynamic=False)
-    assert torch.equal(compiled(keys, steps, (3, 4, 48)), noise.hash_bits(keys, steps, (3, 4, 48)))
-
-
 @pytest.mark.parametrize("draw", [noise.uniform, noise.gumbel, noise.normal])
 def test_a_row_depends_only_on_its_key_and_step(draw):
     keys, steps = torch.arange(10) * 1000 + 3, torch.arange(10) + 100

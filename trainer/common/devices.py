@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from collectors.base import one_line
 from envs.settings import ConfigError
 
 
@@ -44,15 +45,3 @@ def compile_unavailable(device: str) -> str | None:
     except Exception as e:  # noqa: BLE001 (any failure means: act eagerly, or refuse --compile on)
         return one_line(e)
     return None
-
-
-def one_line(error: Exception) -> str:
-    """``error`` in one line: its type and its first line that says something, past a header that only
-    announces the cause (torch's ``backend='inductor' raised:``).
-
-    >>> one_line(RuntimeError("backend='inductor' raised:\\nInvalidCxxCompiler: No working C++ compiler found"))
-    'RuntimeError: InvalidCxxCompiler: No working C++ compiler found'
-    """
-    lines = [x.strip() for x in str(error).splitlines() if x.strip()]
-    line = next((x for x in lines if not x.endswith(":")), lines[0] if lines else "")
-    return f"{type(error).__name__}: {line[:160]}"
