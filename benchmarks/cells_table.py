@@ -9,9 +9,10 @@ greedy policy, each baseline) plays the same held-out episodes (evaluation seed 
 arguments, as many slots as the most users asked for), and the baselines are played once for all the runs, not
 once per run. Each player's episode records go to ``OUT/<cell>/<player>.json`` as soon as they are played, so a
 stopped table goes on where it stopped, and ``--runs-later`` plays the baselines before the runs have finished
-training. ``--jobs`` players at a time, one thread each. Prints a Markdown table (per cell and run: the policy's
-reward per step, and the policy minus each baseline, mean and 95% interval, with the episodes it won) and writes
-it to ``OUT/table.md``, with every number in ``OUT/table.json``.
+training. ``--jobs`` players at a time, one thread each. Prints a Markdown table (a row per cell: each baseline's
+reward per step, then per run the policy minus each baseline, paired, mean ± 95% interval) and writes it to
+``OUT/table.md``, with every number in ``OUT/table.json`` (the policy's own reward per step and the episodes it won
+too).
 """
 
 from __future__ import annotations

@@ -141,6 +141,12 @@ class ConfigError(ValueError):
             text = f"{flag}={got}: {rule}{hint}"
         super().__init__(message or text)
         self.key, self.value, self.rule, self.hint = key, value, rule, hint
+        self._made_of = (key, value, rule, message, hint, flag)
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        # made anew from what made it: an error raised in a worker process reaches its parent whole (pickle's
+        # default would call __init__ with the message alone)
+        return type(self), self._made_of
 
     def in_file(self, path: str) -> str:
         """The message for a value that the TOML file ``path`` set: the key as the file writes it."""

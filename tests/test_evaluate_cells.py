@@ -138,7 +138,7 @@ def fixed_runs(tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.parametrize("flags, things", [
     (["--users", "0"], ["--users", "0"]),
     (["--users", "4,x"], ["--users", "x"]),
-    (["--users", "4-2"], ["--users", "4-2"]),
+    (["--users", "4-2"], ["--users", "4-2", "2-4"]),  # a range that runs backwards: how to write it
     (["--users", "2,2"], ["--users", "2"]),
     (["--churn", "2"], ["--churn", "2"]),
     (["--users", "2", "--churn", "0,-0.1"], ["--churn", "-0.1"]),

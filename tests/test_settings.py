@@ -140,3 +140,13 @@ def test_a_config_stored_by_an_older_version_resumes(algo, backend, ray_async):
     assert cfg.algo == algo and cfg.algo_settings.minibatch_size == 64 and cfg.total_steps == 10**7
     assert cfg.keep_collecting is ray_async
     assert TrainConfig.from_dict(stored, stored=True) == resumed_config(stored, {}, "ckpt_9.pt")
+
+
+def test_a_config_error_crosses_to_another_process_whole():
+    """Raised in a worker process (a spawned pool's), it is pickled to the parent: the same message and fields."""
+    import pickle
+
+    error = ConfigError("users", "20-4", "must be within 1..12", hint=" (or fewer)")
+    again = pickle.loads(pickle.dumps(error))
+    assert (type(again), str(again), again.key, again.value, again.rule, again.hint) == \
+        (ConfigError, str(error), "users", "20-4", "must be within 1..12", " (or fewer)")

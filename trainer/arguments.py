@@ -84,6 +84,8 @@ def user_counts(text: str) -> tuple[int | str, ...]:
     counts: list[int | str] = []
     for part in (p.strip() for p in text.split(",")):
         low, dash, high = part.partition("-")
+        if low.isdigit() and high.isdigit() and int(high) < int(low) >= 1:
+            raise ConfigError("users", text, f"{USERS_RULE}: {part} runs backwards (write {high}-{low})")
         if not (low.isdigit() and int(low) >= 1 and (not dash or high.isdigit() and int(high) >= int(low))):
             raise ConfigError("users", text, f"{USERS_RULE}: {part or 'an empty entry'} is not one")
         count = f"{int(low)}-{int(high)}" if dash else int(low)

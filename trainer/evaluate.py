@@ -137,7 +137,8 @@ def _parser() -> OneLineParser:
     p.add_argument("--json", action="store_true",
                    help="print the results as JSON to stdout, and nothing else (the table goes to stderr), so "
                         "that `--json > f` and `--json | jq` work")
-    p.add_argument("--out", default="", help="where evaluation.json/.png go (default: the run directory)")
+    p.add_argument("--out", default="", help="where evaluation.json/.png go (with --users or --churn: "
+                                             "evaluation_cells.json/.png; default: the run directory)")
     return p
 
 
