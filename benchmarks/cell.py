@@ -3,23 +3,33 @@ padded to more slots, side by side in one run (NumPy env and torch env).
 
     python -m benchmarks.cell                 # 256 envs, 5 alternating rounds
     python -m benchmarks.cell --quick         # tiny sizes: what CI runs
+    python -m benchmarks.cell --train         # whole trainings: the recipe against today's defaults
 
 Contenders (VREdge-v0 keyword arguments): today's default (8 of 8 slots), the fixed cell at 12 and 16 slots, and
 the recipe's cell (``users="4-12"``, ``churn=0.05``) in 12 and in 16 slots. Each is reported as env steps/s (the
 median of the rounds) and as the time per step against the fixed cell of as many slots and against the default.
 No policy: the env alone, with random actions and autoreset.
+
+``--train``: ``python -m trainer.train`` as a user runs it (VR-edge's defaults, ``--compile off``, a fresh
+interpreter each, the contenders alternating within each round): today's defaults (8 slots), today's defaults at
+12 slots (a ``per_head`` policy) and the cell recipe (``docs/cells.toml``: 12 slots, 4-12 users, churn, a ``set``
+policy); the steady env steps/s of each (after the first iteration) and the time per env step against the
+12-slot defaults.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 
 import envs
+from benchmarks.backends import run as train_run
 from benchmarks.machine import print_machine, timed
 
 RECIPE = {"users": "4-12", "churn": 0.05}
@@ -74,14 +84,55 @@ def report(engine: str, medians: dict[str, float]) -> None:
         print(f"{'':<{len(engine) + 2}}{name:<28} {rate:>12,.0f} {same_slots / rate:>19.2f}x {default / rate:>9.2f}x")
 
 
+RECIPE_FILE = Path(__file__).resolve().parent.parent / "docs" / "cells.toml"
+TRAININGS = {  # name -> trainer flags
+    "defaults, 8 slots": [],
+    "defaults, 12 slots": ["--env-kwargs", "num_users=12"],
+    "the cell recipe, 12 slots": ["--config", str(RECIPE_FILE)],
+}
+
+
+def train_rates(iterations: int, rounds: int, num_envs: int, num_steps: int) -> dict[str, list[float]]:
+    """Steady env steps/s of each training in :data:`TRAININGS`, one per round, alternating within each round."""
+    shared = ["--compile", "off", "--num-envs", str(num_envs), "--num-steps", str(num_steps),
+              "--total-steps", str(iterations * num_envs * num_steps)]
+    measured: dict[str, list[float]] = {name: [] for name in TRAININGS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for i, (name, flags) in enumerate(TRAININGS.items()):
+                measured[name].append(train_run([*flags, *shared], Path(tmp) / f"{i}-{r}")[0])
+                print(f"round {r + 1} {name}: {measured[name][-1]:,.0f} env steps/s", flush=True)
+    return measured
+
+
+def report_training(measured: dict[str, list[float]]) -> None:
+    """The table: median steady env steps/s [min - max], and the time per env step against the 12-slot defaults."""
+    base = statistics.median(measured["defaults, 12 slots"])
+    print(f"\n{'training':<28} {'env steps/s, median [min - max]':>34} {'x defaults, 12 slots':>21}")
+    for name, values in measured.items():
+        rate = statistics.median(values)
+        spread = f"{rate:,.0f} [{min(values):,.0f} - {max(values):,.0f}]"
+        print(f"{name:<28} {spread:>34} {base / rate:>20.2f}x")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.cell", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-envs", type=int, default=256)
     p.add_argument("--steps", type=int, default=50, help="steps per round")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--quick", action="store_true", help="16 envs, 5 steps, 1 round (a smoke run)")
+    p.add_argument("--quick", action="store_true", help="16 envs, 5 steps, 1 round (a smoke run); with --train: "
+                   "8 envs x 16 steps, 3 iterations, 1 round")
+    p.add_argument("--train", action="store_true", help="whole trainings instead of the env alone")
+    p.add_argument("--iterations", type=int, default=12, help="with --train: iterations per training")
     args = p.parse_args(argv)
+    if args.train:
+        print_machine()
+        rounds, iterations, envs_steps = (1, 3, (8, 16)) if args.quick else (args.repeats, args.iterations, (64, 128))
+        print(f"training: {envs_steps[0]} envs x {envs_steps[1]} steps, {iterations} iterations, {rounds} rounds, "
+              "--compile off; time per env step as a multiple (1.50x: 50% slower)")
+        report_training(train_rates(iterations, rounds, *envs_steps))
+        return
     if args.quick:
         args.num_envs, args.steps, args.repeats = 16, 5, 1
     torch.set_num_threads(1)
