@@ -196,6 +196,16 @@ if "StuckInC-v0" not in gym.registry:  # ... stuck inside C code, where no inter
     gym.register(id="StuckInC-v0", entry_point="tests.factories:StuckInCEnv", kwargs={"fail_at": 40})
 
 
+
+def env_whose_simulator_is_missing(**_kwargs) -> gym.Env:
+    """What gymnasium's LunarLander does without Box2D: its import raises ``DependencyNotInstalled``."""
+    raise gym.error.DependencyNotInstalled('Sim3D is not installed, you can install it by run `pip install '
+                                           '"gymnasium[sim3d]"`')
+
+
+if "NeedsSim3D-v0" not in gym.registry:  # --env tests.factories:NeedsSim3D-v0
+    gym.register(id="NeedsSim3D-v0", entry_point="tests.factories:env_whose_simulator_is_missing")
+
 class MaskedCellEnv(gym.Env):
     """A cell of ``num_users`` slots whose active users change (the observation contract of a variable cell): per
     slot 3 features and an active flag (index 3; an inactive slot's features all 0), then 2 cell features (the

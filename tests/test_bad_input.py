@@ -437,3 +437,12 @@ def test_the_ray_backend_without_its_extra_is_one_line(tmp_path, capsys, monkeyp
     with exits(2, "--backend", "ray", "pip install -e '.[ray]'", capsys=capsys):
         train_module.main(["--backend", "ray", "--env", "CartPole-v1", "--run-dir", str(tmp_path / "run")])
     assert not (tmp_path / "run").exists()
+
+
+def test_an_env_whose_package_is_missing_is_one_line_naming_what_to_install(tmp_path, capsys):
+    """As LunarLander without Box2D: gymnasium's words on what to install, and this interpreter's pip, no
+    traceback and no run directory."""
+    with exits(2, "NeedsSim3D-v0", "gymnasium[sim3d]", f"{sys.executable} -m pip", capsys=capsys):
+        train_module.main(["--env", "tests.factories:NeedsSim3D-v0", "--total-steps", "64",
+                           "--run-dir", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()

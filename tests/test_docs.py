@@ -165,6 +165,18 @@ def commands(page: str) -> list[str]:
     return [line for line in lines if line.strip()] + [span for span in spans if COMMAND_START.match(span)]
 
 
+def test_commands_name_the_interpreter_that_setup_made():
+    """A line of the manual's bash blocks (what a user pastes) runs Python, torchrun or pip as ``.venv/bin/...``:
+    a bare ``python`` or ``torchrun`` is not found, or is another interpreter, outside an activated venv. (Prose
+    names a command as ``python -m ...`` and may.)"""
+    lines = [(page, line) for page in PAGES
+             for block in code_blocks(page, "bash") for line in shell_lines(block["body"])]
+    assert len(lines) > 20, "the manual's bash blocks are no longer found: this test reads nothing"
+    bare = [(page, line) for page, line in lines
+            if (words := shell_words(line)) and re.fullmatch(r"python[\d.]*|torchrun|pip[\d.]*", words[0])]
+    assert bare == []
+
+
 def invocations(line: str) -> list[tuple[str, list[str]]]:
     """``(module, arguments)`` of each ``python -m`` of this project in a shell line; for ``make``, of the recipe it
     would run (``make -n``). Arguments end at a shell operator."""

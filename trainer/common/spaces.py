@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
@@ -123,6 +124,10 @@ def _refused_arguments(env: str, given: dict, error: TypeError, parameters: dict
             f"{'it' if len(unknown) == 1 else 'them'})")
 
 
+def _first_line(error: Exception) -> str:
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+
+
 class SetLayout(NamedTuple):
     """A set policy's observation (``policy_arch = "set"``): ``features`` per user slot, for any number of slots,
     then ``cell`` features; ``active`` is the index, among a user's features, of its 1.0 / 0.0 "active" flag, or
@@ -153,6 +158,10 @@ def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int
         raise ConfigError("env_kwargs", cfg.env_kwargs, message=f"--env-kwargs: {mistyped}")
     try:
         env = gym.make(cfg.env, **cfg.env_options)
+    except gym.error.DependencyNotInstalled as e:  # (Box2D, MuJoCo, Atari's ROMs: gymnasium says what to install)
+        raise ConfigError("env", cfg.env, message=f"--env {cfg.env} needs a package that is not installed: "
+                          f"{_first_line(e)} (with this interpreter's pip: {sys.executable} -m pip install ...)"
+                          ) from None
     except TypeError as e:
         if not cfg.env_options:
             raise
