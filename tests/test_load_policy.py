@@ -1,5 +1,6 @@
 """trainer.load_policy: a trained policy in three lines, acting as trainer.evaluate plays it."""
 
+import json
 import os
 import re
 import shutil
@@ -129,14 +130,22 @@ def test_the_package_loads_torch_only_when_load_policy_is_used():
     assert done.returncode == 0, done.stderr
 
 
-def test_the_readmes_three_lines_act_on_a_trained_run(run):
+def test_the_readmes_lines_act_on_a_trained_vr_edge_run_in_a_fresh_interpreter(tmp_path):
+    """As a user pastes them into a new Python: nothing imported before (VREdge-v0 must be registered by what the
+    lines import), and the action is the one trainer.evaluate plays on that observation."""
     code = re.search(r"<!-- docs-test: run by tests/test_load_policy.py -->\n```python\n(.*?)```",
                      (REPO / "README.md").read_text(), re.S).group(1)
     example_run = re.search(r'"(runs/[^"]+)"', code).group(1)
-    observation = played_observations(1)[0]
-    scope = {"observation": observation}
-    exec(code.replace(example_run, str(run)), scope)
-    assert scope["action"] == evaluated_actions(run, observation[None])[0]
+    run_dir = trained(tmp_path / "run", ["--env", "VREdge-v0", "--num-envs", "2", "--num-steps", "8",
+                                         "--total-steps", "16", "--threads", "1", "--device", "cpu"])
+    shown = "import json; print(json.dumps([observation.tolist(), action.tolist()]))\n"
+    code = code.replace(example_run, str(run_dir)) + shown
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    observation, action = json.loads(done.stdout.strip().splitlines()[-1])
+    observation = np.asarray(observation, dtype=np.float32)
+    assert np.array_equal(action, evaluated_actions(run_dir, observation[None])[0])
 
 
 def test_a_pick_that_is_not_one_is_refused(run):
