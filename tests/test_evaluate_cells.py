@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
 import gymnasium as gym
@@ -237,3 +238,45 @@ def test_a_set_policy_trained_on_6_slots_plays_in_cells_of_the_most_users_asked(
     greedy = policy_actions(model, deterministic=True)
     direct = summarize(run_episodes(greedy, functools.partial(gym.make, "VREdge-v0", **kwargs), 2, 0))
     assert payload["cells"][1]["policy"] == direct
+
+
+class _Terminal:
+    """Standard error as a terminal shows it (tqdm draws its bar only on one): what was written, kept."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+    def counts(self) -> set[tuple[int, int]]:
+        """The bar's ``done/total`` readings."""
+        return {(int(a), int(b)) for a, b in re.findall(r"(\d+)/(\d+) \[", self.text)}
+
+
+@pytest.mark.parametrize("flags, total", [
+    ([], 2 * 2 + 16),  # the policy's and fair_share's episodes, then fair_share's 16 validation episodes
+    (["--users", "2,3", "--churn", "0"], 2 * (2 * 2 + 16)),  # the same per cell
+])
+def test_evaluate_shows_every_episode_it_plays_in_a_terminal(varying_run, monkeypatch, capsys, flags, total):
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    evaluate_cli.main(["--checkpoint", str(varying_run), "--episodes", "2", "--baselines", "fair_share",
+                       "--reference", "none", "--out", str(varying_run.parent / "shown"), *flags])
+    counts = terminal.counts()
+    assert (total, total) in counts and {t for _, t in counts} == {total}, terminal.text[-500:]
+
+
+def test_compare_shows_every_episode_it_plays_in_a_terminal(varying_run, monkeypatch, capsys, tmp_path):
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    compare_cli.main([str(varying_run), "--episodes", "3", "--out", str(tmp_path)])
+    counts = terminal.counts()
+    assert (3, 3) in counts and {t for _, t in counts} == {3}, terminal.text[-500:]

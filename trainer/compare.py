@@ -246,16 +246,20 @@ def _curves(groups: list[_Group], metric: str) -> dict[str, dict[str, Any]]:
 
 def _played(args: argparse.Namespace, loaded: dict[Path, LoadedRun]) -> dict[Path, Records]:
     """Each run's records over the held-out episodes, by run directory, said run by run on stderr."""
+    from tqdm import tqdm
+
     from trainer.evaluation.comparison import SCORES, play, score_keys
+    from trainer.evaluation.episodes import episodes_shown
 
     keys = score_keys(next(iter(loaded.values())).cfg.env)
     print(f"playing {counted(len(loaded), 'run')} greedily on the same {counted(args.episodes, 'held-out episode')} "
           f"(seed {args.seed}), --pick {args.pick}:", file=sys.stderr)
     played = {}
-    for run_dir, run in loaded.items():
-        played[run_dir] = records = play(run, args.episodes, args.seed)
-        scores = ", ".join(f"{SCORES[k]} {sum(e[k] for e in records) / len(records):.3f}" for k in keys)
-        print(f"  {run.run}: {run.which}, {run.env_steps:,} env steps: {scores}", file=sys.stderr)
+    with episodes_shown(len(loaded) * args.episodes):
+        for run_dir, run in loaded.items():
+            played[run_dir] = records = play(run, args.episodes, args.seed)
+            scores = ", ".join(f"{SCORES[k]} {sum(e[k] for e in records) / len(records):.3f}" for k in keys)
+            tqdm.write(f"  {run.run}: {run.which}, {run.env_steps:,} env steps: {scores}", file=sys.stderr)
     return played
 
 

@@ -59,6 +59,7 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
     asked_baselines = _checked_before_torch(parser, args)
     _import_the_evaluation()
     import checkpoints
+    from trainer.evaluation.episodes import episodes_shown
     from trainer.evaluation.report import plot
 
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
@@ -71,8 +72,9 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
     if setup.cells:
         _evaluate_cells(args, setup, label, signals, out)
         return
-    played = _played(args, setup, label)
-    comparison = _compared(played, label, setup)
+    with episodes_shown(_episodes_per_cell(args, setup)):
+        played = _played(args, setup, label)
+        comparison = _compared(played, label, setup)
     payload = _payload(args, setup, label, comparison)
     _print_results(args, setup, comparison, out)
     _write_results(args, setup, payload, lambda png: plot(comparison.results, setup.run_dir, png), signals, out)
@@ -82,9 +84,11 @@ def _evaluate_cells(args: argparse.Namespace, setup: _Setup, label: str, signals
     """``--users``/``--churn``: every player on the same held-out episodes for each (users, churn) pair, a block of
     the table per pair, ``evaluation_cells.json`` (``cells``: one entry per pair) and its plot."""
     from trainer.evaluation.cells import cell_entry, play_cells, plot_cells
+    from trainer.evaluation.episodes import episodes_shown
 
-    results = play_cells(setup.model, setup.cfg, setup.cells, setup.env_kwargs, label, setup.names, args.episodes,
-                         args.seed, _with_reference(args, setup), args.deterministic)
+    with episodes_shown(len(setup.cells) * _episodes_per_cell(args, setup)):
+        results = play_cells(setup.model, setup.cfg, setup.cells, setup.env_kwargs, label, setup.names,
+                             args.episodes, args.seed, _with_reference(args, setup), args.deterministic)
     _print_header(args, setup, out)
     print(f"in cells of {results[0].env_kwargs['num_users']} user slots, each block's users and churn in place of "
           "the run's", file=out)
@@ -257,6 +261,15 @@ def _played(args: argparse.Namespace, setup: _Setup, label: str) -> dict[str, li
 
     return play_contenders(policy_actions(setup.model, args.deterministic), label, setup.names, setup.vr_config,
                            setup.env_fn, args.episodes, args.seed, _with_reference(args, setup))
+
+
+def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
+    """The episodes an evaluation plays per cell: each player's held-out ones, then each baseline's validation
+    episodes (where the best baseline is picked)."""
+    from trainer.evaluation.cells import SELECTION_EPISODES
+
+    players = 1 + len(setup.names) + _with_reference(args, setup)
+    return args.episodes * players + SELECTION_EPISODES * len(setup.names)
 
 
 def _with_reference(args: argparse.Namespace, setup: _Setup) -> bool:

@@ -3,7 +3,10 @@ episodes during training), the env arguments they are played with, and one recor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,28 @@ from trainer.evaluation.statistics import jain_index
 Act = Callable[[np.ndarray], np.ndarray]
 _EVAL_STREAM = 0x5EED_E7A1  # spawn key that separates evaluation seeds from training seeds
 _VALIDATION_STREAM = 0x5EED_7A11  # and validation seeds (model selection during training) from both
+_EPISODE_ENDED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("episode_ended",
+                                                                                          default=None)
+
+
+@contextlib.contextmanager
+def episodes_shown(total: int, what: str = "episodes") -> Iterator[None]:
+    """For the block, a progress bar of ``total`` episodes that every episode :func:`run_episodes` finishes moves
+    (on standard error, where it is a terminal: a piped or captured run prints nothing more).
+
+    Why: an evaluation plays every player's episodes, then the baselines' validation episodes, for minutes
+    without a line; the commands know the total, the players' code need not know the bar.
+    """
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="ep", desc=what, dynamic_ncols=True, file=sys.stderr,
+               disable=not sys.stderr.isatty())
+    token = _EPISODE_ENDED.set(bar.update)
+    try:
+        yield
+    finally:
+        _EPISODE_ENDED.reset(token)
+        bar.close()
 
 
 def evaluation_seeds(seed: int, episodes: int) -> list[int]:
@@ -40,6 +65,11 @@ def policy_actions(model: torch.nn.Module, deterministic: bool) -> Act:
         obs_t = torch.from_numpy(obs)
         return (model.act_deterministic(obs_t) if deterministic else model.act(obs_t)["action"]).numpy()
     return act
+
+
+def _say_episode_ended() -> None:
+    if (ended := _EPISODE_ENDED.get()) is not None:  # within episodes_shown
+        ended()
 
 
 def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
@@ -82,6 +112,7 @@ def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: i
                     records[current[i]] = {**stats[i].record(),
                                            **{k: float(v) for k, v in info.get("episode_metrics", {}).items()}}
                     stats[i] = _EpisodeStats()
+                    _say_episode_ended()
                     if next_episode < episodes:
                         obs[i], _ = envs[i].reset(seed=seeds[next_episode])
                         current[i], next_episode = next_episode, next_episode + 1
