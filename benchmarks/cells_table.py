@@ -58,7 +58,8 @@ def _play(task: tuple[str, str | None, dict[str, Any], int, int, str]) -> str:
     import torch
 
     torch.set_num_threads(1)
-    player, run, kwargs, episodes, seed, out = task
+    player, run, played_with, out = task
+    kwargs = played_with["env_kwargs"]
     if run is None:
         act = envs.make_baseline(player, envs.VREdgeConfig(**kwargs))
     else:
@@ -67,36 +68,49 @@ def _play(task: tuple[str, str | None, dict[str, Any], int, int, str]) -> str:
 
         model, _, _ = trained_model(run, pick="best")
         act = policy_actions(model, deterministic=True)
-    records = run_episodes(act, functools.partial(gym.make, "VREdge-v0", **kwargs), episodes, seed)
+    records = run_episodes(act, functools.partial(gym.make, "VREdge-v0", **kwargs), played_with["episodes"],
+                           played_with["seed"])
     tmp = Path(out).with_suffix(".tmp")
-    tmp.write_text(json.dumps(records))
+    tmp.write_text(json.dumps({"played_with": played_with, "records": records}))
     os.replace(tmp, out)  # whole or absent: a stopped table plays it again
     return out
+
+
+def _played_with(path: Path) -> dict[str, Any] | None:
+    """What a record file was played with (its cell's env arguments, episodes, seed, a run's checkpoint); ``None``
+    where there is no whole one."""
+    try:
+        return json.loads(path.read_text())["played_with"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _leave_ctrl_c_to_the_parent() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _tasks(args: argparse.Namespace, cells: list[Cell], slots: int) -> list[tuple]:
-    """Every (player, cell) not yet played: the baselines, then the runs whose training has finished."""
+def _tasks(args: argparse.Namespace, cells: list[Cell], slots: int, checkpoints: dict[Path, str]) -> list[tuple]:
+    """Every (player, cell) not played as asked now: the baselines, then the runs whose training has finished. A
+    record played otherwise (other episodes, seed or slots; a run's other checkpoint) is played again."""
     tasks = []
     for cell in cells:
-        kwargs = _env_kwargs(args.runs[0], slots, cell)
+        played_with = {"env_kwargs": _env_kwargs(args.runs[0], slots, cell), "episodes": args.episodes,
+                       "seed": args.seed}
         folder = args.out / _cell_name(cell)
         folder.mkdir(parents=True, exist_ok=True)
-        players = [(name, None) for name in args.baselines]
-        players += [(run.name, str(run)) for run in args.runs if not args.runs_later]
-        for player, run in players:
+        players = [(name, None, played_with) for name in args.baselines]
+        players += [(run.name, str(run), {**played_with, "checkpoint": checkpoints[run]})
+                    for run in args.runs if not args.runs_later]
+        for player, run, asked in players:
             out = folder / f"{player}.json"
-            if not out.exists():
-                tasks.append((player, run, kwargs, args.episodes, args.seed, str(out)))
+            if _played_with(out) != json.loads(json.dumps(asked)):  # (as JSON reads it back: tuples are lists)
+                tasks.append((player, run, asked, str(out)))
     # the slowest first (the robust MPC plans every step), so that the last ones to finish are short
     return sorted(tasks, key=lambda t: t[0] != "robust_mpc")
 
 
 def _records(args: argparse.Namespace, cell: Cell, player: str) -> list[dict[str, float]]:
-    return json.loads((args.out / _cell_name(cell) / f"{player}.json").read_text())
+    return json.loads((args.out / _cell_name(cell) / f"{player}.json").read_text())["records"]
 
 
 def _reward_per_step(records: list[dict[str, float]]) -> dict[str, float]:
@@ -104,11 +118,12 @@ def _reward_per_step(records: list[dict[str, float]]) -> dict[str, float]:
     return {"mean": summary["reward_per_step"], "ci95": summary["reward_per_step_ci95"]}
 
 
-def table(args: argparse.Namespace, cells: list[Cell]) -> tuple[str, list[dict[str, Any]]]:
+def table(args: argparse.Namespace, cells: list[Cell], slots: int) -> tuple[str, list[dict[str, Any]]]:
     """The Markdown table and its numbers: a row per cell (each baseline's reward per step), a column per run (its
     policy's reward per step minus each baseline's, paired: mean ± 95% interval, in the order of the baselines)."""
     head = ["users", "churn", *args.baselines, *(f"{run.name}: policy minus each" for run in args.runs)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [f"{args.episodes} held-out episodes per cell (seed {args.seed}) in cells of {slots} user slots\n",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
     for cell in cells:
         baselines = {b: _records(args, cell, b) for b in args.baselines}
@@ -123,30 +138,53 @@ def table(args: argparse.Namespace, cells: list[Cell]) -> tuple[str, list[dict[s
     return "\n".join(lines), rows
 
 
-def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -> None:
-    """Every run a VR-edge run whose policy can act on ``cells``, and all of one recipe: a usage error otherwise,
-    before anything is played."""
+def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -> dict[Path, str]:
+    """Every run a VR-edge run whose policy can act on ``cells``, named apart from the others and the baselines, and
+    all of one recipe: a usage error otherwise, before anything is played. Returns each run's checkpoint (the one it
+    plays; none with ``--runs-later``)."""
+    from checkpoints import CheckpointError
     from trainer.config import TrainConfig
     from trainer.evaluation.policies import trained_model
 
-    recipes = set()
+    names = [run.name for run in args.runs]
+    if clash := sorted({n for n in names if names.count(n) > 1 or n in args.baselines}):
+        p.error(f"{', '.join(clash)}: two runs, or a run and a baseline, of one name (a player's records are named "
+                "by it); pass runs whose folders are named apart")
+    recipes: dict[Path, dict[str, Any]] = {}
+    played: dict[Path, str] = {}
     for run in args.runs:
         if not (run / "config.json").is_file():
             p.error(f"{run}: not a run directory (no config.json); pass the folders trainer.train wrote")
         cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text())["config"])
-        recipes.add(json.dumps(held_out_env_kwargs(cfg.env_options, ""), sort_keys=True))
+        if cfg.env != "VREdge-v0":
+            p.error(f"{run}: trained on {cfg.env}; cells_table plays runs of a VR-edge cell recipe (VREdge-v0)")
+        recipes[run] = held_out_env_kwargs(cfg.env_options, "")
         try:
             check_vr_edge(cfg, cells)
             if not args.runs_later:
-                model, cfg, _ = trained_model(run, pick="best")
-                cell_slots(model, cfg, envs.VREdgeConfig(**held_out_env_kwargs(cfg.env_options, "")), cells)
+                model, cfg, played[run] = trained_model(run, pick="best")
+                cell_slots(model, cfg, envs.VREdgeConfig(**recipes[run]), cells)
         except ConfigError as e:
             p.error(f"{run}: {e}")
-    if len(recipes) > 1:
-        p.error(f"{', '.join(map(str, args.runs))}: trained on different env arguments; pass the runs of one recipe")
+        except CheckpointError as e:
+            p.error(f"{run}: {e}; while its training goes on, --runs-later plays the baselines")
+    first = args.runs[0]
+    for run, recipe in recipes.items():
+        if differ := sorted(k for k in set(recipe) | set(recipes[first]) if recipe.get(k) != recipes[first].get(k)):
+            p.error(f"{first} and {run} were trained on different env arguments ({', '.join(differ)}); pass the "
+                    "runs of one recipe")
+    return {run: str(source) for run, source in played.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except KeyboardInterrupt:  # before the players start (checking the runs, loading their models): nothing played
+        print("stopped before anything was played; the same command starts again", file=sys.stderr)
+        sys.exit(130)
+
+
+def _main(argv: list[str] | None) -> None:
     p = OneLineParser(prog="python -m benchmarks.cells_table", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="run directories trained on one cell recipe")
     p.add_argument("--users", default="2,4,8,12,16", help="comma-separated user counts (default: %(default)s)")
@@ -155,25 +193,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="evaluation seed, as trainer.evaluate's (default: 0)")
     p.add_argument("--baselines", default=",".join(DEFAULT_BASELINES), help="default: %(default)s")
     p.add_argument("--jobs", type=int, default=2, help="players at a time (default: %(default)s)")
-    p.add_argument("--out", type=Path, required=True, help="folder for the episode records and the table")
+    p.add_argument("--out", type=Path, required=True,
+                   help="folder for the episode records and the table (table.md, table.json)")
     p.add_argument("--runs-later", action="store_true", help="play the baselines only (the runs still train)")
     args = p.parse_args(argv)
     args.baselines = [b for b in args.baselines.split(",") if b]
     unknown = [b for b in args.baselines if b not in envs.BASELINES]
     if unknown:
         p.error(f"--baselines: {', '.join(unknown)} unknown; pick from {', '.join(envs.BASELINES)}")
-    if args.episodes < 1 or args.jobs < 1:
-        p.error(f"--episodes {args.episodes}, --jobs {args.jobs}: each must be >= 1")
+    for flag, value in (("--episodes", args.episodes), ("--jobs", args.jobs)):
+        if value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
     try:
         users, churns = user_counts(args.users), churn_levels(args.churn)
     except ConfigError as e:
         p.error(str(e))
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out {args.out}: a file is there; name a folder (made if missing)")
     cells = cells_of(users, churns)
-    _check_runs(p, args, cells)
+    checkpoints = _check_runs(p, args, cells)
     slots = max(most_users(u) for u in users)
     print_machine()
-    tasks = _tasks(args, cells, slots)
-    print(f"{len(tasks)} players x cells to play, {args.jobs} at a time", flush=True)
+    tasks = _tasks(args, cells, slots, checkpoints)
+    print(f"{len(tasks)} records to play (a player in a cell each), {args.jobs} at a time", flush=True)
     played = 0
     with multiprocessing.get_context("spawn").Pool(args.jobs, initializer=_leave_ctrl_c_to_the_parent) as pool:
         try:
@@ -185,11 +227,14 @@ def main(argv: list[str] | None = None) -> None:
                   "the same command goes on", file=sys.stderr)
             sys.exit(130)
     if args.runs_later:
+        print(f"the baselines are played; once the runs have finished, the same command without --runs-later plays "
+              f"them and writes {args.out / 'table.md'}")
         return
-    text, rows = table(args, cells)
+    text, rows = table(args, cells, slots)
     (args.out / "table.md").write_text(text + "\n")
     (args.out / "table.json").write_text(json.dumps(rows, indent=1))
     print(text)
+    print(f"wrote {args.out / 'table.md'} and table.json")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -253,4 +254,40 @@ def test_cells_table_pairs_each_run_with_the_baselines_as_evaluate_does(tmp_path
             assert got["policy"]["mean"] == want["policy"]["reward_per_step"]
     capsys.readouterr()
     cells_table.main(argv)
-    assert "0 players x cells to play" in capsys.readouterr().out  # every record kept: nothing played again
+    assert "0 records to play" in capsys.readouterr().out  # every record kept: nothing played again
+    cells_table.main([*argv, "--episodes", "2"])  # asked otherwise: every record played again, as asked now
+    assert "12 records to play" in capsys.readouterr().out
+    assert {r["paired"]["fair_share"]["episodes"] for r in json.loads((out / "table.json").read_text())} == {2}
+
+
+@pytest.mark.slow  # a tiny training
+def test_cells_table_refuses_runs_it_cannot_pair_in_one_line(tmp_path, capsys):
+    from benchmarks import cells_table
+    from trainer.train import main as train
+
+    run = tmp_path / "a"
+    train(["--env", "VREdge-v0", "--env-kwargs", "num_users=3,users=2-3,churn=0.05,max_steps=20", "--num-envs", "2",
+           "--num-steps", "8", "--total-steps", "16", "--compile", "off", "--threads", "1",
+           "--config", settings_file("policy_arch_set"), "--run-dir", str(run)])
+    (tmp_path / "other").mkdir()
+    shutil.copytree(run, tmp_path / "other" / "a")
+    training = tmp_path / "training"  # its config is written, no checkpoint yet
+    training.mkdir()
+    shutil.copy(run / "config.json", training / "config.json")
+    cartpole = tmp_path / "cartpole"
+    cartpole.mkdir()
+    stored = json.loads((run / "config.json").read_text())
+    (cartpole / "config.json").write_text(json.dumps({**stored, "config": {**stored["config"], "env": "CartPole-v1",
+                                                                            "env_kwargs": ""}}))
+    (tmp_path / "file").write_text("")
+    tail = ["--users", "2", "--churn", "0", "--episodes", "1", "--out", str(tmp_path / "table")]
+    for runs, flags, things in [
+        ([run, tmp_path / "other" / "a"], [], ["a", "named apart"]),  # one player name for two runs
+        ([training], [], ["training", "--runs-later"]),  # still training: how to go on meanwhile
+        ([cartpole], [], ["cartpole", "CartPole-v1", "VREdge-v0"]),
+        ([run], ["--out", str(tmp_path / "file")], ["--out", "file"]),
+        ([run], ["--episodes", "0"], ["--episodes", "0"]),
+    ]:
+        with exits(2, *things, capsys=capsys):
+            cells_table.main([*map(str, runs), *tail, *flags])
+    assert not (tmp_path / "table").exists()  # refused before anything was played
