@@ -89,6 +89,13 @@ def test_the_bootstrap_is_seeded_and_stratified():
         aggregate.bootstrap_interval(aggregate.iqm, np.zeros(3))  # [runs] is not [runs, tasks]
 
 
+def test_a_probability_from_few_runs_says_how_few():
+    from trainer.evaluation.comparison import FEW_RUNS, _few_runs
+
+    assert "3 runs against 4" in _few_runs(3, 4) and "few" in _few_runs(FEW_RUNS, FEW_RUNS - 1)
+    assert _few_runs(FEW_RUNS, FEW_RUNS + 3) == ""  # enough pairs: nothing added
+
+
 def test_a_group_against_itself_is_even():
     """Identical episodes played by identical runs: difference exactly 0 in every episode, P(A > B) exactly 0.5."""
     rng = np.random.default_rng(0)
@@ -162,7 +169,7 @@ def test_the_command_writes_the_table_the_json_and_the_plots_and_gives_the_same_
     curve = payload["curves"]["groups"]["flat-s*"]
     assert payload["curves"]["metric"] == "reward_per_step" and curve["runs"] == 2 and curve["env_steps"][-1] == 64
     assert len(curve["mean"]) == len(curve["ci95_low"]) == len(curve["env_steps"]) > 1
-    names(done.stderr, "default", "flat-s*", "IQM")  # the table, on stderr with --json
+    names(done.stderr, "default", "flat-s*", "IQM", "from 2 runs against 2")  # the table, on stderr with --json
     for name in ("curves", "scores"):
         assert (out_dir / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         svg = (out_dir / f"{name}.svg").read_text()

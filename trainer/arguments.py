@@ -28,7 +28,7 @@ def counted(n: int, noun: str, plural: str = "") -> str:
 def command(*args: str) -> str:
     """A shell command with this interpreter and absolute paths, so that it runs as printed from any
     directory (the packages may live in a venv that is not on the PATH)."""
-    return " ".join(shlex.quote(a) for a in (sys.executable, *args))
+    return " ".join(shlex.quote(a) for a in (os.path.abspath(sys.executable), *args))  # (no "../.venv": any dir)
 
 
 def seed_list(text: str) -> tuple[int, ...]:

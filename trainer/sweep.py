@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import multiprocessing
-import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from collectors.stop_signals import exiting_at_once_on_stop_signals
-from trainer.arguments import OneLineParser, not_a_directory
+from trainer.arguments import OneLineParser, command, not_a_directory
 from trainer.experiments.space import SearchSpace, SpaceError
 from trainer.flags import CommandLine, build_parser, parse_args
 
@@ -194,7 +193,7 @@ def _said_end(sweep: Sweep, status: int) -> int:
         running = f"{'trial' if len(left) == 1 else 'trials'} {', '.join(map(str, left))} running or stopped; " \
             if left else ""
         print(f"{running}{made} of {sweep.trials} trials exist\n"
-              f"resume:        {shlex.join([sys.executable, '-m', 'trainer.sweep', *sweep.argv])}")
+              f"resume:        {command('-m', 'trainer.sweep', *sweep.argv)}")
     return status
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import sys
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
@@ -12,6 +11,7 @@ import gymnasium as gym
 import envs.vr_edge  # noqa: F401 - registers VREdge-v0
 from envs.arguments import KINDS, shown
 from envs.settings import ConfigError, did_you_mean
+from trainer.arguments import command
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -160,7 +160,7 @@ def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int
         env = gym.make(cfg.env, **cfg.env_options)
     except gym.error.DependencyNotInstalled as e:  # (Box2D, MuJoCo, Atari's ROMs: gymnasium says what to install)
         raise ConfigError("env", cfg.env, message=f"--env {cfg.env} needs a package that is not installed: "
-                          f"{_first_line(e)} (with this interpreter's pip: {sys.executable} -m pip install ...)"
+                          f"{_first_line(e)} (with this interpreter's pip: {command('-m', 'pip', 'install')} ...)"
                           ) from None
     except TypeError as e:
         if not cfg.env_options:

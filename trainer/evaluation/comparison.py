@@ -136,10 +136,20 @@ def format_comparison(comparison: dict[str, Any], keys: tuple[str, ...]) -> str:
             a, b, p = pair["a"], pair["b"], pair[k]
             d, improvement = p["paired_difference"], p["probability_of_improvement"]
             interval = f" {plus_minus(d['ci95'])} (95% CI)" if plus_minus(d["ci95"]) else ""  # (one episode: none)
-            lines.append(f"P({a} > {b}) = {_interval(improvement, p['probability_of_improvement_ci95'], 2)}; "
-                         f"{a} - {b} per episode {d['mean']:+.3f}{interval}, {a} higher in {d['wins']}/"
-                         f"{d['episodes']} episodes")
+            runs = (comparison["groups"][a][k]["runs"], comparison["groups"][b][k]["runs"])
+            lines.append(f"P({a} > {b}) = {_interval(improvement, p['probability_of_improvement_ci95'], 2)}"
+                         f"{_few_runs(*runs)}; {a} - {b} per episode {d['mean']:+.3f}{interval}, {a} higher in "
+                         f"{d['wins']}/{d['episodes']} episodes")
     return "\n".join(lines[1:])
+
+
+FEW_RUNS = 5  # fewer runs a side than this: P and its interval rest on a handful of pairs, and say so
+
+
+def _few_runs(a: int, b: int) -> str:
+    """`` (from 3 runs against 3: few)`` where a side has fewer than :data:`FEW_RUNS` runs: a P of 1.00 [1.00,
+    1.00] from 3 runs a side reads more certain than 9 pairs can make it."""
+    return f" (from {a} runs against {b}: few)" if min(a, b) < FEW_RUNS else ""
 
 
 def _interval(value: float, ci95: list[float], digits: int = 3) -> str:
