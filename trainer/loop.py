@@ -79,6 +79,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         last = _LastCompleted(algorithm, threads, signals, run.run_dir, run.source, world)
         validator = _validator(algorithm, run.run_dir, world)  # --eval-every: the best checkpoint
         bar = _progress_bar(progress, algorithm.iteration, stop, world)
+        plan_lines = ThreadPlanLines(run.run_dir, bar, world.lead)
         start = (algorithm.env_steps, time.perf_counter())
         with (_closed_at_end(bar), _saved_when_failed(last), _metrics_log(run.run_dir, world) as log,
               last_resort(functools.partial(_stuck_in_c, bar, last))):
@@ -88,7 +89,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
                 row = algorithm.iterate(start)  # a rollout, then the update on it
                 if row is None:  # a rollout it chose not to learn from (PPO: too stale)
                     continue
-                _say_thread_plan(threads, run.run_dir, bar, world.lead)  # its own time: before validation
+                plan_lines.record(threads)  # its own time: before validation
                 row.update(collect_threads=counts["collect"], learn_threads=counts["learn"],
                            **validator.evaluate(algorithm.iteration, algorithm.model))
                 last.complete(row, log)  # logged and snapshotted: the iteration is complete
@@ -376,14 +377,48 @@ def _stuck_in_c(bar: tqdm, last: _LastCompleted, error: Exception) -> None:
     last.failed(error)
 
 
-def _say_thread_plan(threads: RunThreads, run_dir: Path, bar: tqdm, lead: bool) -> None:
-    """Record the iteration's time in the thread plan; a change of plan is said, and a plan made (not one begun)
-    is kept in ``config.json`` (which keeps the last one), by rank 0 (``lead``) under torchrun."""
-    changed = threads.record()
-    if changed and lead:
-        bar.write(changed, file=sys.stderr)
+SAY_PLANS_EVERY_S = 60.0  # a change of thread plan on the terminal at most this often; every one in threads.log
+
+
+class ThreadPlanLines:
+    """What a run's thread plan says as it changes: on the terminal at most once a minute (on a busy machine it may
+    plan again every few iterations, and the lines would bury the progress bar), each change in the run's
+    ``threads.log``; a plan made (not one begun) kept in ``config.json``, which keeps the last one. Rank 0 alone
+    (``lead``) under torchrun.
+
+    Example (a change of plan each second: the first is said, the next two only logged):
+        >>> import io, tempfile; from pathlib import Path
+        >>> class Changes:  # a thread plan that changes at every record
+        ...     def record(self): return "threads: planning again"
+        ...     def state(self): return {"chosen": None}
+        >>> lines = ThreadPlanLines(Path(tempfile.mkdtemp()), tqdm(file=io.StringIO()), lead=True)
+        >>> [lines.record(Changes(), now=t) for t in (0.0, 1.0, 2.0)]
+        [True, False, False]
+        >>> lines.record(Changes(), now=61.0), len((lines.run_dir / "threads.log").read_text().splitlines())
+        (True, 4)
+    """
+
+    def __init__(self, run_dir: Path, bar: tqdm, lead: bool) -> None:
+        self.run_dir, self.bar, self.lead = run_dir, bar, lead
+        self.said_at, self.unsaid = float("-inf"), 0
+
+    def record(self, threads: RunThreads, now: float | None = None) -> bool:
+        """Record the iteration's time in the plan; whether a change was said on the terminal."""
+        changed = threads.record()
+        if not (changed and self.lead):
+            return False
+        with open(self.run_dir / "threads.log", "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {changed}\n")
         if threads.state()["chosen"]:
-            _record_thread_plan(run_dir / "config.json", threads.state())
+            _record_thread_plan(self.run_dir / "config.json", threads.state())
+        now = time.monotonic() if now is None else now
+        if now - self.said_at < SAY_PLANS_EVERY_S:
+            self.unsaid += 1
+            return False
+        more = f" ({counted(self.unsaid, 'more change')} in threads.log)" if self.unsaid else ""
+        self.bar.write(changed + more, file=sys.stderr)
+        self.said_at, self.unsaid = now, 0
+        return True
 
 
 def _show(row: dict, recent: Sequence[float], bar: tqdm, trackers: Trackers) -> None:
