@@ -6,7 +6,7 @@
 
 What ``trainer.evaluate --users --churn`` plays, for several runs at once: every player of a cell (each run's
 greedy policy, each baseline) plays the same held-out episodes (evaluation seed ``--seed``, the runs' held-out env
-arguments, as many slots as the most users asked for), and the baselines are played once for all the runs, not
+arguments, in the slots trainer.evaluate plays them in), and the baselines are played once for all the runs, not
 once per run. Each player's episode records go to ``OUT/<cell>/<player>.json`` as soon as they are played, so a
 stopped table goes on where it stopped, and ``--runs-later`` plays the baselines before the runs have finished
 training. ``--jobs`` players at a time, one thread each. Prints a Markdown table (a row per cell: each baseline's
@@ -25,12 +25,12 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import envs
 from benchmarks.machine import print_machine
 from envs.settings import ConfigError
-from trainer.arguments import OneLineParser, churn_levels, most_users, user_counts
+from trainer.arguments import OneLineParser, churn_levels, user_counts
 from trainer.evaluation.cells import Cell, cell_env_kwargs, cell_slots, cells_of, check_vr_edge
 from trainer.evaluation.episodes import held_out_env_kwargs, run_episodes
 from trainer.evaluation.statistics import paired_difference, summarize
@@ -40,16 +40,6 @@ DEFAULT_BASELINES = ("fair_share", "robust_mpc")
 
 def _cell_name(cell: Cell) -> str:
     return f"users-{cell.users}_churn-{cell.churn:g}"
-
-
-def _env_kwargs(run: Path, slots: int, cell: Cell) -> dict[str, Any]:
-    """The env arguments ``cell`` is played with for the runs trained like ``run`` (from its ``config.json``: a run
-    still training has one)."""
-    from trainer.config import TrainConfig
-
-    cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text())["config"])
-    held_out = held_out_env_kwargs(cfg.env_options, "")
-    return cell_env_kwargs(held_out, slots, cell, envs.VREdgeConfig(**held_out).masked)
 
 
 def _play(task: tuple[str, str | None, dict[str, Any], int, int, str]) -> str:
@@ -89,17 +79,18 @@ def _leave_ctrl_c_to_the_parent() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _tasks(args: argparse.Namespace, cells: list[Cell], slots: int, checkpoints: dict[Path, str]) -> list[tuple]:
+def _tasks(args: argparse.Namespace, cells: list[Cell], runs: _Runs) -> list[tuple]:
     """Every (player, cell) not played as asked now: the baselines, then the runs whose training has finished. A
     record played otherwise (other episodes, seed or slots; a run's other checkpoint) is played again."""
     tasks = []
+    masked = envs.VREdgeConfig(**runs.env_kwargs).masked
     for cell in cells:
-        played_with = {"env_kwargs": _env_kwargs(args.runs[0], slots, cell), "episodes": args.episodes,
-                       "seed": args.seed}
+        played_with = {"env_kwargs": cell_env_kwargs(runs.env_kwargs, runs.slots, cell, masked),
+                       "episodes": args.episodes, "seed": args.seed}
         folder = args.out / _cell_name(cell)
         folder.mkdir(parents=True, exist_ok=True)
         players = [(name, None, played_with) for name in args.baselines]
-        players += [(run.name, str(run), {**played_with, "checkpoint": checkpoints[run]})
+        players += [(run.name, str(run), {**played_with, "checkpoint": runs.checkpoints[run]})
                     for run in args.runs if not args.runs_later]
         for player, run, asked in players:
             out = folder / f"{player}.json"
@@ -138,19 +129,27 @@ def table(args: argparse.Namespace, cells: list[Cell], slots: int) -> tuple[str,
     return "\n".join(lines), rows
 
 
-def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -> dict[Path, str]:
+class _Runs(NamedTuple):
+    """What the runs of one recipe share, as :func:`_check_runs` found it."""
+
+    slots: int  # the slots every cell is played in (trainer.evaluate's: cell_slots)
+    env_kwargs: dict[str, Any]  # the recipe's held-out env arguments
+    checkpoints: dict[Path, str]  # the checkpoint each run plays (none with --runs-later)
+
+
+def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -> _Runs:
     """Every run a VR-edge run whose policy can act on ``cells``, named apart from the others and the baselines, and
-    all of one recipe: a usage error otherwise, before anything is played. Returns each run's checkpoint (the one it
-    plays; none with ``--runs-later``)."""
+    all of one recipe played in as many slots: a usage error otherwise, before anything is played."""
     from checkpoints import CheckpointError
     from trainer.config import TrainConfig
-    from trainer.evaluation.policies import trained_model
+    from trainer.evaluation.policies import make_model, picked_checkpoint
 
     names = [run.name for run in args.runs]
     if clash := sorted({n for n in names if names.count(n) > 1 or n in args.baselines}):
         p.error(f"{', '.join(clash)}: two runs, or a run and a baseline, of one name (a player's records are named "
                 "by it); pass runs whose folders are named apart")
     recipes: dict[Path, dict[str, Any]] = {}
+    slots: dict[Path, int] = {}
     played: dict[Path, str] = {}
     for run in args.runs:
         if not (run / "config.json").is_file():
@@ -160,10 +159,10 @@ def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -
             p.error(f"{run}: trained on {cfg.env}; cells_table plays runs of a VR-edge cell recipe (VREdge-v0)")
         recipes[run] = held_out_env_kwargs(cfg.env_options, "")
         try:
-            check_vr_edge(cfg, cells)
+            check_vr_edge(cfg, cells)  # the model's shape, not its weights, says which slots it acts on
+            slots[run] = cell_slots(make_model(cfg), cfg, envs.VREdgeConfig(**recipes[run]), cells)
             if not args.runs_later:
-                model, cfg, played[run] = trained_model(run, pick="best")
-                cell_slots(model, cfg, envs.VREdgeConfig(**recipes[run]), cells)
+                played[run] = str(picked_checkpoint(run, "best").source)
         except ConfigError as e:
             p.error(f"{run}: {e}")
         except CheckpointError as e:
@@ -173,7 +172,10 @@ def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -
         if differ := sorted(k for k in set(recipe) | set(recipes[first]) if recipe.get(k) != recipes[first].get(k)):
             p.error(f"{first} and {run} were trained on different env arguments ({', '.join(differ)}); pass the "
                     "runs of one recipe")
-    return {run: str(source) for run, source in played.items()}
+        if slots[run] != slots[first]:
+            p.error(f"{first} plays in {slots[first]} user slots and {run} in {slots[run]} (a policy whose "
+                    "parameters fix its slots plays in its own); pass runs of one policy_arch")
+    return _Runs(slots[first], recipes[first], played)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -211,10 +213,9 @@ def _main(argv: list[str] | None) -> None:
     if args.out.exists() and not args.out.is_dir():
         p.error(f"--out {args.out}: a file is there; name a folder (made if missing)")
     cells = cells_of(users, churns)
-    checkpoints = _check_runs(p, args, cells)
-    slots = max(most_users(u) for u in users)
+    runs = _check_runs(p, args, cells)
     print_machine()
-    tasks = _tasks(args, cells, slots, checkpoints)
+    tasks = _tasks(args, cells, runs)
     print(f"{len(tasks)} records to play (a player in a cell each), {args.jobs} at a time", flush=True)
     played = 0
     with multiprocessing.get_context("spawn").Pool(args.jobs, initializer=_leave_ctrl_c_to_the_parent) as pool:
@@ -230,7 +231,7 @@ def _main(argv: list[str] | None) -> None:
         print(f"the baselines are played; once the runs have finished, the same command without --runs-later plays "
               f"them and writes {args.out / 'table.md'}")
         return
-    text, rows = table(args, cells, slots)
+    text, rows = table(args, cells, runs.slots)
     (args.out / "table.md").write_text(text + "\n")
     (args.out / "table.json").write_text(json.dumps(rows, indent=1))
     print(text)

@@ -291,3 +291,24 @@ def test_cells_table_refuses_runs_it_cannot_pair_in_one_line(tmp_path, capsys):
         with exits(2, *things, capsys=capsys):
             cells_table.main([*map(str, runs), *tail, *flags])
     assert not (tmp_path / "table").exists()  # refused before anything was played
+
+
+@pytest.mark.slow  # a tiny training, then its episodes
+def test_cells_table_plays_a_per_head_run_in_its_own_slots_as_evaluate_does(tmp_path):
+    """A policy whose parameters fix its slots (per-head, 4 slots) plays 2 and 3 users in cells of 4 slots, not 3."""
+    from benchmarks import cells_table
+    from trainer.evaluation.cells import evaluate_cells
+    from trainer.evaluation.policies import trained_model
+    from trainer.train import main as train
+
+    run = tmp_path / "p"
+    train(["--env", "VREdge-v0", "--env-kwargs", "num_users=4,users=2-4,churn=0.05,max_steps=20", "--num-envs", "2",
+           "--num-steps", "8", "--total-steps", "16", "--compile", "off", "--threads", "1",
+           "--config", settings_file("policy_arch_per_head"), "--run-dir", str(run)])
+    cells_table.main([str(run), "--users", "2,3", "--churn", "0", "--episodes", "2", "--baselines", "fair_share",
+                      "--jobs", "1", "--out", str(tmp_path / "table")])
+    rows = json.loads((tmp_path / "table" / "table.json").read_text())
+    model, cfg, _ = trained_model(run, pick="best")
+    expected = evaluate_cells(model, cfg, (2, 3), (0.0,), episodes=2, baselines=("fair_share",), reference=False)
+    assert [r["paired"]["fair_share"] for r in rows] == [e["paired_reward_per_step"]["fair_share"] for e in expected]
+    assert "cells of 4 user slots" in (tmp_path / "table" / "table.md").read_text()
