@@ -124,10 +124,6 @@ def _refused_arguments(env: str, given: dict, error: TypeError, parameters: dict
             f"{'it' if len(unknown) == 1 else 'them'})")
 
 
-def _first_line(error: Exception) -> str:
-    return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
-
-
 class SetLayout(NamedTuple):
     """A set policy's observation (``policy_arch = "set"``): ``features`` per user slot, for any number of slots,
     then ``cell`` features; ``active`` is the index, among a user's features, of its 1.0 / 0.0 "active" flag, or
@@ -159,8 +155,10 @@ def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int
     try:
         env = gym.make(cfg.env, **cfg.env_options)
     except gym.error.DependencyNotInstalled as e:  # (Box2D, MuJoCo, Atari's ROMs: gymnasium says what to install)
+        from collectors.base import one_line  # (here: it brings torch, which this module's importers may not want)
+
         raise ConfigError("env", cfg.env, message=f"--env {cfg.env} needs a package that is not installed: "
-                          f"{_first_line(e)} (with this interpreter's pip: {command('-m', 'pip', 'install')} ...)"
+                          f"{one_line(e)} (with this interpreter's pip: {command('-m', 'pip', 'install')} ...)"
                           ) from None
     except TypeError as e:
         if not cfg.env_options:
