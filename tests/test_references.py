@@ -1,6 +1,7 @@
 """The literature's baselines (robustMPC, BOLA), the clairvoyant planner and the reporting metrics."""
 
 import functools
+import itertools
 import math
 
 import gymnasium as gym
@@ -32,6 +33,35 @@ def test_mpc_hand_computed_lookahead_changes_the_decision():
     # two segments: (2, 2) stalls 0.5 s in the second: 0.75 + 1 - 4 * 0.5 = -0.25; (2, 1): 0.75 + 0.25 = 1.0;
     # (1, 2): 0.5 + 0.75 = 1.25 (the buffer is still 2.5 s); (1, 1): 1.0 -> level 1 first
     assert mpc_levels(cfg, np.array([2.5]), np.array([1]), np.array([2.0]), horizon=2).tolist() == [1]
+
+
+def _best_plan_first_level(cfg, buffer, last, rate, horizon):
+    """The first level of the best plan by enumerating every plan (the lowest plan of equal QoE)."""
+    q = cfg._quality
+    best, first = -math.inf, None
+    for plan in itertools.product(range(cfg.num_levels), repeat=horizon):
+        buf, prev, value = buffer, last, 0.0
+        for level in plan:
+            download = cfg._ladder[level] * cfg.segment_s / rate
+            value += (cfg.quality_weight * q[level] - cfg.switch_weight * abs(q[level] - q[prev])
+                      - cfg.stall_weight * max(download - buf, 0.0))
+            buf, prev = min(max(buf - download, 0.0) + cfg.segment_s, cfg.max_buffer_s), level
+        if value > best + 1e-9:
+            best, first = value, plan[0]
+    return first
+
+
+@pytest.mark.parametrize("horizon", [1, 2, 3, 4])
+def test_mpc_levels_are_the_first_levels_of_the_best_plans_enumerated(horizon):
+    cfg = envs.VREdgeConfig(num_users=1, switch_weight=0.5, **SMALL)
+    rng = np.random.default_rng(horizon)
+    buffer = np.round(rng.uniform(0, 4, 300), 1)  # rounded: plans of equal QoE, decided by the tie rule
+    last = rng.integers(0, cfg.num_levels, 300)
+    rate = np.round(rng.lognormal(0.5, 1.0, 300), 1) + 0.1
+    expected = [_best_plan_first_level(cfg, b, p, r, horizon) for b, p, r in zip(buffer, last, rate)]
+    np.testing.assert_array_equal(mpc_levels(cfg, buffer, last, rate, horizon), expected)  # many users at once
+    np.testing.assert_array_equal(mpc_levels(cfg, buffer.reshape(20, 15), last.reshape(20, 15),
+                                             rate.reshape(20, 15), horizon).reshape(-1), expected)
 
 
 def test_robust_mpc_policy_plays_mpc_on_each_users_share_of_the_robust_capacity():
