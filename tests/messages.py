@@ -115,3 +115,8 @@ def exits(status: int, *things: Any, capsys: pytest.CaptureFixture | None = None
     else:
         assert said or not things, "pass capsys to read what the command said"
         error_line(said, *things)
+
+
+def printed_lines(stdout: str) -> dict[str, str]:
+    """A command's ``name: value`` lines (a finished run's ``run directory:``, ``quality:``, ``evaluate:`` ...)."""
+    return {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in stdout.splitlines() if ":" in line}

@@ -15,7 +15,7 @@ import pytest
 import checkpoints
 from envs.make_traces import write_traces
 from tests.factories import settings_file
-from tests.messages import exits, names, not_names, raises, suggestion, usage_error
+from tests.messages import exits, names, not_names, printed_lines, raises, suggestion, usage_error
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_cli
 from trainer.config import new_run_config
@@ -29,10 +29,6 @@ def command(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.Comple
     """``python -m ...`` with this interpreter (absolute), run in ``cwd`` from a fresh shell's environment."""
     return subprocess.run([sys.executable, *args], cwd=cwd, env=ENV, capture_output=True, text=True,
                           timeout=timeout)
-
-
-def printed_lines(stdout: str) -> dict[str, str]:
-    return {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in stdout.splitlines() if ":" in line}
 
 
 # ---------------------------------------------------------------------------- each algorithm owns its defaults

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import envs
+import trainer.evaluation.episodes as episodes_module
 from envs.baselines import bola_parameters, mpc_levels, robust_capacity
 from envs.planner import ClairvoyantPlanner
 from envs.vr_edge import observe
@@ -145,6 +146,26 @@ def test_episode_records_hold_mean_qoe_lin_and_fairness():
     assert record["qoe_lin"] == pytest.approx(np.mean([s["qoe_lin"] for s in steps]))
     quality = np.mean([s["quality"] for s in steps], axis=0)  # user 0 at quality 0, user 1 at 1
     assert record["fairness"] == pytest.approx(jain_index(quality)) and record["fairness"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"num_users": 12, "users": "4-12", "churn": 0.05}, {"trace": True}])
+def test_episodes_in_a_batched_env_are_the_single_envs_episodes(kwargs, tmp_path, monkeypatch):
+    """VR-edge's episodes are played in its batched env: the records (random play: episodes of many lengths, an env
+    restarted mid-batch) are those of one env per episode, to the last bit."""
+    if kwargs.pop("trace", False):
+        (tmp_path / "t.log").write_text("".join(f"{t} {20 + 15 * (t % 7)}\n" for t in range(400)))
+        kwargs = {"capacity_trace": str(tmp_path / "t.log")}
+    env_fn = functools.partial(gym.make, "VREdge-v0", **kwargs)
+    cfg = gym.make("VREdge-v0", **kwargs).unwrapped.config
+    assert episodes_module.native_vector_env(env_fn) is not None
+    for name in ("random", "fair_share"):
+        batched = run_episodes(envs.make_baseline(name, cfg), env_fn, 11, 4, num_envs=4)
+        with monkeypatch.context() as m:
+            m.setattr(episodes_module, "native_vector_env", lambda env_fn: None)
+            single = run_episodes(envs.make_baseline(name, cfg), env_fn, 11, 4, num_envs=4)
+        assert len(batched) == 11 and batched == single
+    lengths = {r["length"] for r in run_episodes(envs.make_baseline("random", cfg), env_fn, 11, 4, num_envs=4)}
+    assert len(lengths) > 1 or kwargs, "random play should end episodes at different steps (abandonment)"
 
 
 def test_jain_index_hand_computed():

@@ -2,6 +2,11 @@
 
 import functools
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -10,8 +15,16 @@ import torch
 import checkpoints
 import envs
 from collectors.seeding import env_seeds
-from tests.messages import mentions, names, raises
-from trainer.evaluation import evaluation_seeds, run_episodes, summarize, validation_seeds
+from tests.messages import mentions, names, printed_lines, raises
+from trainer import train as train_cli
+from trainer.evaluation import (
+    evaluation_seeds,
+    paired_difference,
+    policy_actions,
+    run_episodes,
+    summarize,
+    validation_seeds,
+)
 from trainer.flags import parse_args, resumed_config
 
 
@@ -29,7 +42,10 @@ def test_eval_flags_are_checked_and_may_change_on_resume():
     with pytest.raises(SystemExit):
         parse_args(["--eval-every", "-1"])
     with pytest.raises(SystemExit):
-        parse_args(["--eval-episodes", "0"])
+        parse_args(["--eval-episodes", "-1"])
+    assert parse_args(["--eval-episodes", "0"]).config.eval_episodes == 0  # no validation at the end
+    with pytest.raises(SystemExit):
+        parse_args(["--eval-every", "2", "--eval-episodes", "0"])  # validation of no episodes
     saved = parse_args([]).config.to_dict()
     assert resumed_config(saved, {"eval_every": 3, "eval_episodes": 4}, "ckpt").eval_every == 3
 
@@ -171,3 +187,78 @@ def test_validation_ranks_by_return_so_constant_reward_envs_still_pick_the_best(
         improved.append(v.improved)
     # a tie with the best (iteration 4) moves the pointer to the later, longer-trained checkpoint
     assert improved == [True, True, False, True] and row["val_return"] == 200.0 and row["val_reward_per_step"] == 1.0
+
+
+# ------------------------------------------------------------------- the end of a run: one line of how good it is
+
+def _finished_run(tmp_path, *flags: str) -> Path:
+    run = tmp_path / "run"
+    train_cli.main(["--env-kwargs", "num_users=3,max_steps=40", "--num-envs", "4", "--num-steps", "16",
+                    "--total-steps", "128", "--device", "cpu", "--run-dir", str(run), *flags])
+    return run
+
+
+def test_the_final_validation_is_the_policy_against_the_best_baseline_on_the_validation_episodes(tmp_path, capsys):
+    from trainer.evaluation.policies import trained_model
+    from trainer.evaluation.validation import final_validation
+    run = _finished_run(tmp_path, "--eval-episodes", "6")
+    lines = printed_lines(capsys.readouterr().out)
+    model, cfg, _ = trained_model(run)
+    result = final_validation(cfg, model)
+    # recomputed from the pieces: the validation seeds (not the test seeds), the greedy policy, every baseline
+    seeds, env_fn = validation_seeds(cfg.seed, 6), functools.partial(gym.make, "VREdge-v0", **cfg.env_options)
+    policy = run_episodes(policy_actions(model, deterministic=True), env_fn, 6, 0, seeds=seeds)
+    config = envs.VREdgeConfig(**cfg.env_options)
+    played = {n: run_episodes(envs.make_baseline(n, config), env_fn, 6, 0, seeds=seeds) for n in envs.BASELINES}
+    best = max(played, key=lambda n: summarize(played[n])["reward_per_step"])
+    assert result["baseline"] == best and result["episodes"] == 6
+    assert result["difference"] == paired_difference(policy, played[best])
+    assert result["policy"]["reward_per_step"] == summarize(policy)["reward_per_step"]
+    # what the run printed is that result, between the checkpoint and the commands that go on from it
+    assert list(lines).index("quality") == list(lines).index("checkpoint") + 1 < list(lines).index("evaluate")
+    assert best in lines["quality"] and f"{result['difference']['mean']:+.3f}" in lines["quality"]
+
+
+def test_the_final_validation_of_another_env_is_its_mean_return_and_it_can_be_turned_off(tmp_path, capsys):
+    cartpole = ["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "16", "--total-steps", "64",
+                "--device", "cpu", "--eval-episodes", "3"]
+    train_cli.main([*cartpole, "--run-dir", str(tmp_path / "on")])
+    from trainer.evaluation.policies import trained_model
+    model, cfg, _ = trained_model(tmp_path / "on")
+    returns = summarize(run_episodes(policy_actions(model, True), functools.partial(gym.make, "CartPole-v1"), 3, 0,
+                                     seeds=validation_seeds(1, 3)))["mean_return"]
+    assert f"{returns:.2f}" in printed_lines(capsys.readouterr().out)["quality"]
+    train_cli.main([*cartpole, "--run-dir", str(tmp_path / "off"), "--eval-episodes", "0"])
+    assert "quality" not in printed_lines(capsys.readouterr().out)
+
+
+def test_a_run_that_validated_says_its_best_without_playing_again(tmp_path, capsys, monkeypatch):
+    import trainer.evaluation.validation as validation
+    monkeypatch.setattr(validation, "final_validation", lambda *a: pytest.fail("played again"))
+    run = _finished_run(tmp_path, "--eval-every", "2", "--eval-episodes", "2")
+    best = checkpoints.best_info(run)
+    line = printed_lines(capsys.readouterr().out)["quality"]
+    assert f"iteration {best['iteration']}" in line and best["val_baseline"] in line
+    assert f"{best['val_vs_baseline']:+.3f}" in line
+
+
+def test_a_stop_signal_during_the_final_validation_skips_it_and_the_run_ends_as_finished(tmp_path):
+    """Ctrl-C while the finished run measures itself: the line says it was not measured, the commands that go on
+    from the run follow, exit status 0 (``train && evaluate`` goes on), no traceback."""
+    process = subprocess.Popen([sys.executable, "-m", "trainer.train", "--num-envs", "4", "--num-steps", "16",
+                                "--total-steps", "64", "--eval-episodes", "200", "--device", "cpu", "--run-dir",
+                                str(tmp_path / "run")], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        for line in process.stdout:
+            if line.startswith("checkpoint:"):
+                break
+        time.sleep(1.0)  # inside the validation: 200 episodes of 8 users take a minute
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    lines = printed_lines(out)
+    assert process.returncode == 0 and "Traceback" not in err, err[-2000:]
+    assert "reward/step" not in lines["quality"] and "evaluate" in lines and "train longer" in lines
+    assert checkpoints.checkpoint_files(tmp_path / "run")  # the run is saved

@@ -62,8 +62,10 @@ class TrainConfig:
     eval_every: int = setting(0, "every this many iterations, play the greedy policy on held-out validation "
                               "episodes, log it (VR-edge: paired against the best baseline) and point "
                               "<run-dir>/checkpoints/best at the best", at_least=0, zero="off", resumable=True)
-    eval_episodes: int = setting(16, "validation episodes for --eval-every (seeds disjoint from training and "
-                                 "trainer.evaluate)", at_least=1, resumable=True)
+    eval_episodes: int = setting(16, "validation episodes (seeds disjoint from training and trainer.evaluate): "
+                                 "for --eval-every, and at the end of a run, where its policy plays them and one "
+                                 "line says how good it is (VR-edge: against the best baseline there)", at_least=0,
+                                 zero="no validation at the end", resumable=True)
     tensorboard: bool = setting(False, "also log to TensorBoard, in <run-dir>/tb (needs the tensorboard extra)",
                                 resumable=True)
     wandb: str = setting("", "also log to Weights & Biases, in this project (empty: off; needs the wandb extra): "
@@ -176,6 +178,7 @@ class TrainConfig:
              "needs --backend serial, sync or async (ray: --keep-collecting true keeps the actors collecting while "
              "the learner learns; device: its env steps on the learner's device, between updates)"),
             (self.num_splits == 1 or self.backend == "async", "num_splits", "needs --backend async"),
+            (self.eval_episodes or not self.eval_every, "eval_episodes", "must be >= 1 with --eval-every"),
             (re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", self.hidden) is not None, "hidden",
              "must be comma-separated positive sizes, e.g. 64,64"),
             (re.fullmatch(r"[^/\\#?%:]{0,128}", self.wandb) is not None, "wandb",

@@ -193,3 +193,32 @@ def ignore_late_signals(said: str = FINISHED) -> None:
 def _ignore_stop_signals_at_exit() -> None:
     for signum in handled_stop_signals():
         signal.signal(signum, signal.SIG_IGN)
+
+
+class Skipped(Exception):
+    """A stop signal ended work that may be left undone (:func:`skippable`); ``signum`` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def skippable() -> Iterator[None]:
+    """For the block (work after the run is saved that may be left undone: the end-of-run validation), the first
+    stop signal raises :class:`Skipped` in it; the handlers from before the block (a finished run's notes) meet
+    any other, during it and after."""
+    before = {signum: signal.getsignal(signum) for signum in handled_stop_signals()}
+
+    def skip(signum: int, frame) -> None:
+        for other, handler in before.items():
+            signal.signal(other, handler)
+        raise Skipped(signum)
+
+    for signum in before:
+        signal.signal(signum, skip)
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)

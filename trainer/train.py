@@ -36,6 +36,7 @@ from trainer.algorithm import NonFiniteLossError
 from trainer.arguments import command, counted
 from trainer.common.world import LeadFailedError, RankLostError, World
 from trainer.config import named
+from trainer.interrupts import Skipped, skippable
 from trainer.loop import TrainingStopped, error_text, train, train_command
 
 __all__ = ["TrainingStopped", "main", "train", "train_command"]
@@ -135,6 +136,8 @@ def _say_summary(summary: dict) -> None:
     if summary["checkpoint"]:
         checkpoint = str(Path(summary["checkpoint"]).resolve())
         print(f"checkpoint:    {checkpoint}")
+        if summary["finished"]:
+            _say_quality(run_dir, checkpoint)
         # the run directory stands for its newest checkpoint: a resume with nothing to do from an older one
         # names that one, so that evaluating it or training it longer goes on from what was described
         newest = checkpoints.checkpoint_files(run_dir)[:1] == [Path(checkpoint)]
@@ -145,6 +148,25 @@ def _say_summary(summary: dict) -> None:
         else:
             longer = str(summary["longer_total_steps"])  # a value to paste, not a placeholder
             print(f"train longer:  {train_command('--resume', target, '--total-steps', longer)}")
+
+
+def _say_quality(run_dir: str, checkpoint: str) -> None:
+    """One line of how good a finished run is: its best checkpoint's validation where it validated, else its final
+    policy on the validation episodes (none with ``--eval-episodes 0``; a stop signal skips it: the run is
+    saved)."""
+    from trainer.evaluation.policies import trained_model
+    from trainer.evaluation.validation import best_quality_line, final_validation, quality_line
+
+    model, cfg, _ = trained_model(checkpoint)
+    if cfg.eval_every and (best := checkpoints.best_info(run_dir)):
+        print(f"quality:       {best_quality_line(best)}")
+    elif cfg.eval_episodes:
+        try:
+            with skippable():
+                line = quality_line(final_validation(cfg, model))
+        except Skipped as e:
+            line = f"not measured ({e} during it); the run is saved"
+        print(f"quality:       {line}")
 
 
 if __name__ == "__main__":

@@ -7,11 +7,15 @@ difference against the best heuristic baseline on the same episodes (chosen once
 run starts). A validation mean return (not reward per step, which is constant in envs like CartPole)
 at least as high as the best so far saves a checkpoint at once and points
 the run's ``best`` pointer at it (next to ``latest``; retention keeps it).
+
+At the end of a run (unless ``--eval-episodes 0``) the final policy plays the same validation episodes,
+against the best baseline on them for VR-edge: :func:`final_validation`, one line of how good the run is.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from trainer.config import TrainConfig
 from trainer.evaluation.baselines import best_baseline
 from trainer.evaluation.episodes import policy_actions, run_episodes, validation_seeds
 from trainer.evaluation.policies import make_model
+from trainer.evaluation.report import plus_minus
 from trainer.evaluation.statistics import paired_difference, summarize
 
 
@@ -95,3 +100,46 @@ class Validator:
         if self.improved:
             checkpoints.set_best(self.run_dir, checkpoint, self._row, self.keep)
             self.improved = False
+
+
+def final_validation(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
+    """The greedy ``model`` on the run's validation episodes: ``episodes``, ``policy`` (:func:`summarize`), the
+    ``seconds`` it took and, for VR-edge, the ``baseline`` best on the same episodes and the paired ``difference``.
+
+    The baseline is picked on the episodes it is compared on: by selection it is lucky on them, so the policy's
+    lead is if anything understated; ``trainer.evaluate`` picks it on other episodes than its test episodes.
+    """
+    started = time.perf_counter()
+    seeds = validation_seeds(cfg.seed, cfg.eval_episodes)
+    env_fn = functools.partial(gym.make, cfg.env, **cfg.env_options)
+    records = run_episodes(policy_actions(model.eval(), deterministic=True), env_fn, len(seeds), 0, seeds=seeds)
+    result: dict[str, Any] = {"episodes": len(seeds), "policy": summarize(records)}
+    if cfg.env == "VREdge-v0":
+        env = env_fn()
+        config = env.unwrapped.config
+        env.close()
+        name, played = best_baseline(list(envs.BASELINES), config, env_fn, seeds)
+        result.update(baseline=name, difference=paired_difference(records, played[name]))
+    return {**result, "seconds": time.perf_counter() - started}
+
+
+def quality_line(result: dict[str, Any]) -> str:
+    """:func:`final_validation`'s result in words, one line."""
+    policy, episodes = result["policy"], f"{result['episodes']} validation episodes"
+    if "baseline" not in result:
+        spread = plus_minus(policy["mean_return_ci95"])
+        return f"mean return {policy['mean_return']:.2f} {spread} greedy on {episodes} ({result['seconds']:.0f} s)"
+    d = result["difference"]
+    return (f"{policy['reward_per_step']:.3f} reward/step, {d['mean']:+.3f} {plus_minus(d['ci95'])} against "
+            f"{result['baseline']} (the best baseline on them; better in {d['wins']} of {episodes}, "
+            f"{result['seconds']:.0f} s)")
+
+
+def best_quality_line(best: dict[str, Any]) -> str:
+    """The ``best`` checkpoint's validation (:func:`checkpoints.best_info`) in words, one line."""
+    line = f"the best checkpoint (iteration {best.get('iteration', '?')}): "
+    if "val_baseline" not in best:
+        return line + f"mean return {best.get('val_return', float('nan')):.2f} on the validation episodes"
+    return line + (f"{best['val_reward_per_step']:.3f} reward/step, {best['val_vs_baseline']:+.3f} "
+                   f"{plus_minus(best['val_vs_baseline_ci95'])} against {best['val_baseline']} on the validation "
+                   "episodes")
