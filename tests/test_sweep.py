@@ -27,7 +27,7 @@ from tests.messages import names, not_names, one_line, raises, suggestion, usage
 from trainer.experiments import study as study_module
 from trainer.experiments.space import SearchSpace, SpaceError
 from trainer.experiments.study import Sweep, opened_study, run_sweep
-from trainer.experiments.study_report import env_steps_line, report, trials_of
+from trainer.experiments.study_report import FEW_TRIALS, env_steps_line, few_trials_caveat, report, trials_of
 from trainer.flags import parse_args
 from trainer.loop import train
 from trainer.run_layout import Machine
@@ -230,7 +230,11 @@ def test_a_trial_below_the_median_of_the_finished_ones_is_pruned_with_its_checkp
             params={"lr": 1e-3, "ent_coef": 0.01}, distributions={"lr": lr, "ent_coef": ent}, value=1000.0,
             intermediate_values={32 * k: 1000.0 for k in range(1, 11)}, user_attrs={"budget": 320, "env_steps": 320}))
     assert run_sweep(sweep, Machine(cores=1)) == 0
-    report(opened_study(sweep), sweep.dir, out=io.StringIO())
+    said = io.StringIO()
+    report(opened_study(sweep), sweep.dir, out=said)
+    importances = next(line for line in said.getvalue().splitlines() if "importances.png" in line)
+    # 4 completed trials (and 1 pruned)
+    assert few_trials_caveat(4) in importances and few_trials_caveat(4) and not few_trials_caveat(FEW_TRIALS)
     trials = trials_of(opened_study(sweep))
     pruned = trials[4]
     assert pruned.state == TrialState.PRUNED

@@ -25,6 +25,7 @@ from trainer.evaluation.report import write_figures, write_replacing
 
 BEST = "best.toml"
 PLOTS = {"history": "optimization history", "importances": "parameter importances"}
+FEW_TRIALS = 20  # completed trials below which the importances carry a caveat (a forest fit to fewer ranks noise)
 
 
 def trials_of(study: optuna.Study) -> list[FrozenTrial]:
@@ -112,12 +113,25 @@ def write_plots(study: optuna.Study, sweep_dir: Path) -> list[str]:
             else:
                 axes = plots.plot_param_importances(study, evaluator=_importance_evaluator(),
                                                     target_name="best validation return")
+        caveat = few_trials_caveat(len(complete)) if name == "importances" else ""
+        if caveat:
+            axes.set_title(f"{axes.get_title()}\n{caveat}")
         figure = axes.figure
         figure.set_size_inches(8, 5)
         figure.tight_layout()
         write_figures(figure, sweep_dir / name)  # (and closed)
-        said.append(f"{what}: {sweep_dir / name}.png (and .svg)")
+        said.append(f"{what}: {sweep_dir / name}.png (and .svg)" + (f"; {caveat}" if caveat else ""))
     return said
+
+
+def few_trials_caveat(completed: int) -> str:
+    """What parameter importances from ``completed`` trials are worth, where they are too few to rank anything
+    (below :data:`FEW_TRIALS`); else ``""``. Why: a forest fit to 3 points ranks parameters as confidently as one
+    fit to 100, and a user reads the bars as a finding."""
+    if completed >= FEW_TRIALS:
+        return ""
+    return (f"from {counted(completed, 'completed trial')} only: too few to rank parameters by (a rough guide below "
+            f"{FEW_TRIALS})")
 
 
 def _importance_evaluator() -> optuna.importance.BaseImportanceEvaluator:
