@@ -310,6 +310,9 @@ def test_an_env_kwargs_table_in_toml_is_the_env_kwargs_flag(tmp_path, capsys):
     assert dataclasses.replace(table, config="") == flags
     assert table.env_options == {"num_users": 6, "noise_std": 0.25, "trace_split": "all",
                                  "reveal_hidden_state": True, "bitrates_mbps": (5, 10, 20.5)}
+    # --env-kwargs over the file's table: key by key, the flag's winning, the file's others kept
+    over = parse_args(["--config", str(toml), "--env-kwargs", "num_users=4,churn=0.05"]).config
+    assert over.env_options == {**table.env_options, "num_users": 4, "churn": 0.05}
     for body, named in [("[env_kwargs]\nnum_users = 6\ntotal_steps = 64\n",  # a key meant for the trainer
                          ["[env_kwargs]", "total_steps"]),
                         ('[env_kwargs]\ntrace_split = "a,b"\n',  # what the key=value text cannot hold

@@ -299,7 +299,7 @@ def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, descriptio
     from_file: dict[str, Any] = {}
     try:
         from_file = _toml_values(Path(args["config"])) if args.get("config") else {}
-        given = {**from_file, **args}
+        given = {**from_file, **args, **_env_kwargs_merged(from_file, args)}
         algorithm_spec(given.get("algo", TrainConfig.algo))  # an unknown --algo is named first
         cfg = _checked_resume_config(given) if resume else _checked_new_run_config(given)
     except ConfigError as e:
@@ -310,6 +310,19 @@ def parse_args(argv: list[str] | None = None, prog: str = TRAIN_PROG, descriptio
         parser.error("--overwrite starts a new run; it cannot be combined with --resume")
     return CommandLine(cfg, given, resume, overwrite, _file_only(from_file, args), seeds, jobs,
                        tuple(sys.argv[1:] if argv is None else argv))
+
+
+def _env_kwargs_merged(from_file: dict[str, Any], args: dict[str, Any]) -> dict[str, str]:
+    """``env_kwargs`` where both the TOML file and ``--env-kwargs`` give some: key by key, the flag's winning (as
+    every other flag wins over the file, without dropping the file's other env arguments); else nothing. Text that
+    does not parse is left to the check that names it."""
+    if "env_kwargs" not in from_file or "env_kwargs" not in args:
+        return {}
+    try:
+        merged = {**parse_env_kwargs(from_file["env_kwargs"]), **parse_env_kwargs(args["env_kwargs"])}
+    except ValueError:
+        return {}
+    return {"env_kwargs": format_env_kwargs(merged)}
 
 
 def _run_options(parser: argparse.ArgumentParser, args: dict[str, Any]) -> tuple[str, bool, tuple[int, ...], int]:
