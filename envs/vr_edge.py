@@ -20,7 +20,7 @@ import envs
 from envs import rng
 from envs.arguments import KINDS, is_number
 from envs.settings import ConfigError, check_limits, setting
-from envs.traces import TRACE_SPLITS, TraceSet, load_traces
+from envs.traces import TRACE_SPLITS, TraceSet, load_link_traces, load_traces
 
 REGIMES = ("good", "fair", "poor")
 USER_FEATURES = ("buffer", "last_level", "throughput", "download_time", "stall", "cum_stall", "channel")
@@ -37,6 +37,9 @@ _STATE_PER_ENV = ("key", "counter", "t", "regime", "noise", "ep_quality", "ep_st
 MEMORY_ARGUMENTS = ("num_users", "history", "bitrates_mbps")
 _OBS_HIGH = 10.0
 _THROUGHPUT_EWMA = 0.5
+# the synthetic channel's mean quality, 0.25 + 0.75 E[sigmoid(logit)] with a logit symmetric about 0: what a
+# users' trace set's mean rate maps to (user_traces)
+MEAN_CHANNEL_QUALITY = 0.625
 QOE_LIN_REBUFFER_PENALTY = 4.3  # QoE_lin (Pensieve and successors): Mbps - 4.3 x rebuffer s - |change| Mbps
 
 
@@ -94,9 +97,18 @@ class VREdgeConfig:
     history: int = setting(4, "past capacities in the observation", at_least=1)
     step_cost_us: float = setting(0.0, "busy-wait per env step, microseconds (stands in for a heavy simulator)",
                                   at_least=0)
-    capacity_trace: str = setting("", "trace file or directory whose throughput the cell's capacity replays "
+    capacity_trace: str = setting("", "trace set whose throughput the cell's capacity replays: a shipped set's "
+                                  "name (pensieve), a folder (with train/ and test/ folders, or flat) or a file "
                                   "(empty: the synthetic cell)")
-    trace_split: str = setting("all", "which of the trace files, by file: all, train or test", choices=TRACE_SPLITS)
+    user_traces: str = setting("", "trace set (as capacity_trace) each user's link quality replays, a file and start "
+                               "of its own, the set's mean at the synthetic channel's mean (empty: synthetic links)")
+    trace_split: str = setting("auto", "which of the trace files: train or test (a set's own folders, else a hash "
+                               "of a folder's file names), all, or auto (a set's train folder, else all)",
+                               choices=TRACE_SPLITS)
+    trace_column: str = setting("", "the column of a CSV trace (with a header, one row per second) that gives the "
+                                "throughput in Mbit/s (empty: the trace files are not CSV)")
+    trace_key: str = setting("", "columns of a CSV trace, comma-separated, whose values make one trace each (e.g. "
+                             "one per run; empty: one trace per file)")
     trace_scale: float = setting(0.0, "multiply a trace's Mbit/s by this", at_least=0,
                                  zero="scale each trace to a mean of the nominal capacity")
     reveal_hidden_state: bool = setting(False, "append the regime (one-hot) and the fade flag to the observation (a "
@@ -105,6 +117,7 @@ class VREdgeConfig:
     _quality: np.ndarray = field(init=False, repr=False, compare=False)
     _regime_mult: np.ndarray = field(init=False, repr=False, compare=False)
     _traces: TraceSet | None = field(init=False, repr=False, compare=False)
+    _user_traces: TraceSet | None = field(init=False, repr=False, compare=False)
     _users_range: tuple[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -123,9 +136,13 @@ class VREdgeConfig:
         span = math.log(ladder[-1] / ladder[0]) if len(ladder) > 1 else 1.0
         object.__setattr__(self, "_quality", np.log(ladder_arr / ladder[0]) / span if len(ladder) > 1
                            else np.ones(1))
-        traces = (load_traces(self.capacity_trace, self.segment_s, self.trace_split,
-                              self.trace_scale or None, self.nominal_capacity_mbps) if self.capacity_trace else None)
+        traces = (load_traces(self.capacity_trace, self.segment_s, self.trace_split, self.trace_scale or None,
+                              self.nominal_capacity_mbps, self.trace_column, self.trace_key)
+                  if self.capacity_trace else None)
         object.__setattr__(self, "_traces", traces)
+        links = (load_link_traces(self.user_traces, self.segment_s, self.trace_split, MEAN_CHANNEL_QUALITY,
+                                  self.trace_column, self.trace_key) if self.user_traces else None)
+        object.__setattr__(self, "_user_traces", links)
 
     @property
     def num_levels(self) -> int:
@@ -269,12 +286,20 @@ def _check_traces(cfg: VREdgeConfig) -> None:
     if cfg.reveal_hidden_state and cfg.capacity_trace:
         raise ConfigError("reveal_hidden_state", True, "must be false with capacity_trace (a recorded trace has no "
                           "regime or fade to reveal)", flag=False)
-    if cfg.trace_split != "all" and not cfg.capacity_trace:
-        raise ConfigError("trace_split", cfg.trace_split, "must be 'all' unless capacity_trace is given (the split "
-                          "applies to trace files)", flag=False)
+    traced = cfg.capacity_trace or cfg.user_traces
+    if cfg.trace_split not in ("auto", "all") and not traced:
+        raise ConfigError("trace_split", cfg.trace_split, "must be 'auto' or 'all' unless capacity_trace or "
+                          "user_traces is given (the split applies to trace files)", flag=False)
     if cfg.trace_scale and not cfg.capacity_trace:
         raise ConfigError("trace_scale", cfg.trace_scale, "must be 0 unless capacity_trace is given (the scale "
                           "applies to a trace)", flag=False)
+    for name in ("trace_column", "trace_key"):
+        if getattr(cfg, name) and not traced:
+            raise ConfigError(name, getattr(cfg, name), "must be empty unless capacity_trace or user_traces is "
+                              "given (it reads CSV trace files)", flag=False)
+    if cfg.trace_key and not cfg.trace_column:
+        raise ConfigError("trace_key", cfg.trace_key, "needs trace_column (the CSV column of the throughput)",
+                          flag=False)
 
 
 def torch_env_refusal(capacity_trace: str | None = None, step_cost_us: float = 0.0, **_: Any) -> str:

@@ -246,3 +246,68 @@ def test_bad_env_kwargs_are_one_line_errors(text, named, suggested):
     with raises(ValueError, "--env-kwargs", *named, key="env_kwargs") as info:
         TrainConfig(env_kwargs=text).validate()
     assert suggestion(str(info.value)) == suggested
+
+
+# ---------------------------------------------------------------------------- trace sets: shipped, split, named
+
+def test_the_shipped_pensieve_set_is_named_and_keeps_train_and_test_apart():
+    from envs.traces import TRACE_SETS_DIR
+    train = envs.VREdgeConfig(capacity_trace="pensieve", trace_split="train")._traces.files
+    test = envs.VREdgeConfig(capacity_trace="pensieve", trace_split="test")._traces.files
+    both = envs.VREdgeConfig(capacity_trace="pensieve", trace_split="all")._traces.files
+    assert (len(train), len(test)) == (127, 142)  # the set's own folders, every file of each
+    assert all("/train/" in f for f in train) and all("/test/" in f for f in test)
+    assert sorted(both) == sorted(train + test)
+    assert envs.VREdgeConfig(capacity_trace="pensieve")._traces.files == train  # auto: a split set's train folder
+    for name in ("LICENSE", "SOURCE.md"):  # beside the files, never read as a trace
+        assert (TRACE_SETS_DIR / "pensieve" / name).is_file()
+
+
+def test_a_users_own_train_and_test_folders_work_as_the_shipped_set(tmp_path):
+    write_traces(tmp_path / "train", files=5, seconds=10, seed=1)
+    write_traces(tmp_path / "test", files=3, seconds=10, seed=2)
+    (tmp_path / "README.md").write_text("not a trace\n")  # beside the folders: not read
+    for split, count in (("train", 5), ("auto", 5), ("test", 3), ("all", 8)):
+        files = envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split=split)._traces.files
+        assert len(files) == count  # no file of a folder dropped by the hash split
+    flat = tmp_path / "train"  # one flat folder: auto plays every file, bit for bit as "all" did
+    assert envs.VREdgeConfig(capacity_trace=str(flat))._traces.files == \
+        envs.VREdgeConfig(capacity_trace=str(flat), trace_split="all")._traces.files
+    assert len(envs.VREdgeConfig(capacity_trace=str(flat), trace_split="test")._traces.files) == 1  # the hash split
+
+
+def test_a_flat_folder_replays_as_before_under_the_auto_split(tmp_path):
+    write_traces(tmp_path, files=3, seconds=30)
+    runs = []
+    for split in ("auto", "all"):
+        env = envs.SyntheticVREdgeEnv(num_users=2, seed=4, capacity_trace=str(tmp_path), trace_split=split)
+        env.reset()
+        runs.append([env.step(np.ones(2, dtype=np.int64))[1] for _ in range(50)])
+    assert runs[0] == runs[1]
+
+
+def test_evaluation_plays_a_given_folder_whole_and_a_split_set_on_its_test_folder(tmp_path):
+    from trainer.evaluation import held_out_env_kwargs
+    write_traces(tmp_path / "flat", files=5, seconds=10)
+    flat = str(tmp_path / "flat")
+    trained = {"capacity_trace": flat, "trace_split": "train"}
+    assert held_out_env_kwargs(trained, "")["trace_split"] == "test"  # the run's own folder: as runs always were
+    assert held_out_env_kwargs(trained, flat)["trace_split"] == "all"  # a folder given: every file of it
+    assert held_out_env_kwargs(trained, flat, "test")["trace_split"] == "test"  # unless a split is asked for
+    assert held_out_env_kwargs(trained, "pensieve")["trace_split"] == "test"
+    assert held_out_env_kwargs({"capacity_trace": "pensieve", "trace_split": "train"}, "")["trace_split"] == "test"
+
+
+def test_a_shipped_sets_name_is_stored_as_a_name_and_paths_absolute(tmp_path, monkeypatch):
+    from trainer.config import TrainConfig
+    monkeypatch.chdir(tmp_path)
+    cfg = TrainConfig(env_kwargs="capacity_trace=pensieve,user_traces=traces/,trace_split=train")
+    assert cfg.with_absolute_paths().env_options == {"capacity_trace": "pensieve",
+                                                     "user_traces": str(tmp_path / "traces"), "trace_split": "train"}
+
+
+def test_loading_the_shipped_set_is_quick_enough_to_do_per_env():
+    """The 269 shipped files: what a run loads in each worker (measured in the report, not asserted)."""
+    from envs.traces import load_traces
+    every = load_traces("pensieve", segment_s=1.0, split="all", scale=None, nominal_mbps=800.0)
+    assert len(every.files) == 269 and np.all(every.rates > 0)
