@@ -311,3 +311,67 @@ def test_loading_the_shipped_set_is_quick_enough_to_do_per_env():
     from envs.traces import load_traces
     every = load_traces("pensieve", segment_s=1.0, split="all", scale=None, nominal_mbps=800.0)
     assert len(every.files) == 269 and np.all(every.rates > 0)
+
+
+# ---------------------------------------------------------------------------- hostile files: one line, no hang
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    import os
+    import threading
+    fifo = tmp_path / "pipe.log"
+    os.mkfifo(fifo)
+    outcome = []
+
+    def load(path):
+        try:
+            windows(path)
+        except ValueError as e:
+            outcome.append(str(e))
+
+    for path in (fifo, tmp_path):  # the FIFO named, and one in a folder of traces
+        worker = threading.Thread(target=load, args=(path,), daemon=True)  # a hang would leave it blocked in open()
+        worker.start()
+        worker.join(timeout=20)
+        assert not worker.is_alive(), "opening a FIFO blocked"
+    assert len(outcome) == 2
+    for said in outcome:
+        names(said, fifo, "FIFO")  # "not a regular file", not "no such file"
+        assert "\n" not in said
+
+
+def test_a_file_larger_than_any_trace_is_refused_before_it_is_read(tmp_path):
+    import tracemalloc
+
+    from envs.traces import MAX_FILE_BYTES
+    huge = tmp_path / "huge.log"
+    with open(huge, "wb") as f:
+        f.truncate(1 << 30)  # 1 GiB, sparse: read whole it would be 1 GiB of memory
+    tracemalloc.start()
+    try:
+        with raises(ValueError, huge, "1024 MiB", f"{MAX_FILE_BYTES >> 20} MiB"):
+            windows(huge)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    just = tmp_path / "just.log"  # one byte below the limit is read (and here refused for what it holds)
+    just.write_bytes(b"0 1\n1 2\n" + b" " * (MAX_FILE_BYTES - 9) + b"\n")
+    assert windows(just).tolist() == [1.0]
+
+
+@pytest.mark.parametrize("text, where", [("0 1\n1 nan\n2 3\n", 2), ("0 1\n1 1e400\n", 2), ("0 1\ninf 1\n", 2),
+                                         ("0 1\n1 -0.5\n2 1\n", 2), ("5\nnan\n", 2), ("0 NaN\n", 1)])
+def test_numbers_that_are_not_finite_or_negative_name_their_line(tmp_path, text, where):
+    path = tmp_path / "t.log"
+    path.write_text(text)
+    with raises(ValueError, f"{path}:{where}"):
+        windows(path)
+
+
+def test_a_folder_of_ten_thousand_empty_files_is_one_line(tmp_path):
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(10_000):
+        (folder / f"e{i:05d}.log").touch()
+    with raises(ValueError, folder / "e00000.log", "empty"):
+        envs.VREdgeConfig(capacity_trace=str(folder))
