@@ -375,3 +375,71 @@ def test_a_folder_of_ten_thousand_empty_files_is_one_line(tmp_path):
         (folder / f"e{i:05d}.log").touch()
     with raises(ValueError, folder / "e00000.log", "empty"):
         envs.VREdgeConfig(capacity_trace=str(folder))
+
+
+# ---------------------------------------------------------------------------- more formats: HSDPA/4G logs, CSV
+
+def test_hsdpa_log_hand_computed(tmp_path):
+    path = tmp_path / "report.log"
+    # <unix s> <ms> <lat> <lon> <bytes since last> <ms since last>: 1 Mbit/s over (999, 1000], 2 over
+    # (1000, 1001], 2 over (1001, 1002.5]; 1 s windows from 999 s
+    path.write_text("1000 0 59.9 10.7 125000 1000\n1001 0 59.9 10.7 250000 1000\n1002 500 59.9 10.7 375000 1500\n")
+    np.testing.assert_allclose(windows(path), [1.0, 2.0, 2.0])
+
+
+@pytest.mark.parametrize("text, where, named", [
+    ("1000 0 1 1 100 1000\n1000 0 1 1 100 1000\n", ":2", ["1000.000 s"]),  # the time does not increase
+    ("1000 0 1 1 -100 1000\n", ":1", ["field 5"]),
+    ("1000 0 1 1 100 0\n", ":1", ["field 6"]),
+    ("1000 1500 1 1 100 1000\n", ":1", ["field 2"]),
+    ("1000 0 1 1 100 1000\n1001 0 1 1 nan 1000\n", ":2", ["field 5"]),
+    ("1000 0 1 1 1e18 1\n", ":1", ["Mbit/s"]),
+])
+def test_bad_hsdpa_logs_name_file_and_line(tmp_path, text, where, named):
+    path = tmp_path / "bad.log"
+    path.write_text(text)
+    with raises(ValueError, f"{path}{where}", *named):
+        windows(path)
+
+
+def csv_windows(path, column, key=""):
+    traces = load_traces(str(path), segment_s=1.0, split="all", scale=1.0, nominal_mbps=1e-9, column=column,
+                         key=key)
+    return {name: traces.rates[o:o + n].tolist() for name, o, n in zip(traces.files, traces.offsets, traces.lengths)}
+
+
+def test_a_csv_is_split_into_one_trace_per_key(tmp_path):
+    path = tmp_path / "campaign.csv"
+    path.write_text('run,area,seq,"Throughput"\n1,a,0,10\n1,a,1,20\n2,a,0,5\n\n2,a,1,7\n1,a,2,30\n1,b,0,4\n1,b,1,4\n')
+    assert csv_windows(path, "Throughput") == {str(path): [10.0, 20.0, 5.0, 7.0, 30.0, 4.0, 4.0]}  # rows 1 s apart
+    assert csv_windows(path, "Throughput", "run,area") == {
+        f"{path}[run=1,area=a]": [10.0, 20.0, 30.0], f"{path}[run=2,area=a]": [5.0, 7.0],
+        f"{path}[run=1,area=b]": [4.0, 4.0]}
+    cfg = envs.VREdgeConfig(capacity_trace=str(path), trace_column="Throughput", trace_key="run")
+    assert len(cfg._traces.files) == 2
+
+
+@pytest.mark.parametrize("text, column, key, where, named", [
+    ("run,mbps\n1,5\n", "Mbps", "", ":1", ["'Mbps'"]),  # the column asked for, not the header's content
+    ("run,mbps\n1,5\n", "mbps", "round", ":1", ["'round'"]),
+    ("run,mbps\n1,5\n1,x\n", "mbps", "", ":3", ["field 2"]),
+    ("run,mbps\n1,5\n1,-1\n", "mbps", "", ":3", ["-1 Mbit/s"]),
+    ("run,mbps\n1,5\n1,nan\n", "mbps", "", ":3", ["finite"]),
+    ("run,mbps\n1,5\n1,5,6\n", "mbps", "", ":3", ["3 fields"]),
+    ("run,mbps\n", "mbps", "", "", ["no rows"]),
+])
+def test_bad_csvs_name_file_and_line(tmp_path, text, column, key, where, named):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with raises(ValueError, f"{path}{where}", *named):
+        csv_windows(path, column, key)
+
+
+def test_the_csv_settings_need_a_trace_and_each_other(tmp_path):
+    with raises(ValueError, "trace_column", "capacity_trace"):
+        envs.VREdgeConfig(trace_column="mbps")
+    (tmp_path / "t.csv").write_text("run,mbps\n1,5\n1,6\n")
+    with raises(ValueError, "trace_key", "trace_column"):
+        envs.VREdgeConfig(capacity_trace=str(tmp_path / "t.csv"), trace_key="run")
+    with raises(ValueError, "trace_key", "capacity_trace"):
+        envs.VREdgeConfig(trace_key="run")
