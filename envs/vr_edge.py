@@ -200,8 +200,9 @@ class VREdgeConfig:
         [True, True]
         """
         per_env = len(_STATE_PER_ENV) + (2 if self.capacity_trace else 0) + (1 if self.varies else 0)
+        per_user = len(_STATE_PER_USER) + (2 if self.user_traces else 0)  # a user's trace and window
         active = self.num_users if self.varies else 0  # one bool per slot, and the episode's drawn count
-        return 8 * (len(_STATE_PER_USER) * self.num_users + self.history + per_env) + 1 + active
+        return 8 * (per_user * self.num_users + self.history + per_env) + 1 + active
 
     @property
     def block_size(self) -> int:
@@ -389,6 +390,24 @@ def _user_start(cfg: VREdgeConfig, b: int) -> dict[str, np.ndarray]:
     }
 
 
+def _user_trace_start(cfg: VREdgeConfig, u: np.ndarray) -> dict[str, np.ndarray]:
+    """Each user's trace and start window ``[B, U]`` (``user_traces``), from the channel's draws of the block ``u``
+    (which the synthetic channel uses, and a traced one leaves free); ``{}`` without user traces."""
+    if cfg._user_traces is None:
+        return {}
+    n_users = cfg.num_users
+    trace, pos = cfg._user_traces.start(u[:, 5:5 + n_users], u[:, 5 + n_users:5 + 2 * n_users])
+    return {"user_trace": trace, "user_trace_pos": pos}
+
+
+def channel_of(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> np.ndarray:
+    """Each user's link quality ``[B, U]`` in the round the state ``s`` last played (what the user measured): its
+    trace's window (``user_traces``), else the synthetic channel's."""
+    if cfg._user_traces is not None:
+        return cfg._user_traces.capacity(s["user_trace"], s["user_trace_pos"])
+    return _channel_quality(s["channel_logit"])
+
+
 def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> dict[str, np.ndarray]:
     """Return fresh episode states for ``[B]`` envs, drawn from block ``counters``."""
     u = rng.uniform_block(keys, counters, cfg.block_size)
@@ -400,11 +419,11 @@ def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> 
     drawn = _drawn_users(cfg, u)
     nominal = episode_nominal(cfg, drawn)
     cap = _capacity(cfg, regime, noise, fade, nominal)
-    trace_keys = {}
+    trace_keys = _user_trace_start(cfg, u)
     if cfg._traces is not None:  # draws 1 and 4 are free at reset: the trace file and its start window
         trace, pos = cfg._traces.start(u[:, 1], u[:, 4])
         cap = _trace_capacity(cfg, trace, pos, nominal)
-        trace_keys = {"trace": trace, "trace_pos": pos}
+        trace_keys.update(trace=trace, trace_pos=pos)
     return {
         "key": keys.copy(),
         "counter": counters + np.uint64(1),
@@ -434,7 +453,7 @@ def observe(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> np.ndarray:
     users[:, :, 3] = s["download_time"] / cfg.segment_s
     users[:, :, 4] = s["stall"] / cfg.segment_s
     users[:, :, 5] = s["cum_stall"] / cfg.abandon_stall_s
-    users[:, :, 6] = _channel_quality(s["channel_logit"])
+    users[:, :, 6] = channel_of(cfg, s)
     progress = n_user_feat + cfg.history
     nominal = episode_nominal(cfg, s)
     obs[:, n_user_feat:progress] = s["cap_history"] / (nominal[:, None] if cfg.varies else nominal)
@@ -549,7 +568,7 @@ def _churned(cfg: VREdgeConfig, s: dict[str, np.ndarray], active: np.ndarray, u:
     leaves, every slot not active next round back at a user's start (so a joiner starts like a user at reset)."""
     draws = u[:, _count_draw(cfg) + 1:_count_draw(cfg) + 1 + cfg.num_users]
     after = np.where(done[:, None], active, next_active(cfg, active, s["users"], draws))
-    start = _user_start(cfg, len(done))
+    start = {**_user_start(cfg, len(done)), **_user_trace_start(cfg, u)}  # a joiner draws a trace of its own
     stayed = active & after  # a joiner was inactive in the round: it starts afresh
     return {"active": after, **{k: np.where(stayed, s[k], v) for k, v in start.items()}}
 
@@ -579,7 +598,7 @@ def _cell_round(cfg: VREdgeConfig, s: dict[str, np.ndarray], u: np.ndarray):
     """The cell in the round the uniform draws ``u`` give: a persistent regime (Markov chain), correlated
     log-normal noise, deep fades and each user's channel. Returns ``(cell, trace_keys, capacity, channel)``: the
     cell's state keys, the trace's (empty without recorded traces), the capacity ``[B]`` (the trace's where there
-    is one) and the channel qualities ``[B, U]``."""
+    is one) and the channel qualities ``[B, U]`` (each user's trace's, with ``user_traces``)."""
     n_users = cfg.num_users
     leave = u[:, 0] >= cfg.regime_stay_prob
     regime = np.where(leave, (s["regime"] + 1 + (u[:, 1] * 2).astype(np.int64)) % 3, s["regime"])
@@ -592,11 +611,14 @@ def _cell_round(cfg: VREdgeConfig, s: dict[str, np.ndarray], u: np.ndarray):
     if cfg._traces is not None:  # a recorded trace replaces the synthetic capacity; the draws stay the same
         trace_keys = {"trace": s["trace"], "trace_pos": cfg._traces.next_position(s["trace"], s["trace_pos"])}
         capacity = _trace_capacity(cfg, s["trace"], trace_keys["trace_pos"], nominal)
-    # every slot's channel evolves, active or not
+    # every slot's channel evolves, active or not (a user's trace plays its next window)
     logit = cfg.channel_corr * s["channel_logit"] + math.sqrt(1 - cfg.channel_corr**2) * cfg.channel_std * (
         rng.normals(u[:, 5:5 + n_users], u[:, 5 + n_users:5 + 2 * n_users]))
     cell = {"regime": regime, "noise": noise, "fade": fade, "channel_logit": logit}
-    return cell, trace_keys, capacity, _channel_quality(logit)
+    if cfg._user_traces is not None:
+        trace_keys.update(user_trace=s["user_trace"],
+                          user_trace_pos=cfg._user_traces.next_position(s["user_trace"], s["user_trace_pos"]))
+    return cell, trace_keys, capacity, channel_of(cfg, {**cell, **trace_keys})
 
 
 def _users_after_round(cfg: VREdgeConfig, s: dict[str, np.ndarray], r: dict[str, np.ndarray], actions: np.ndarray,
