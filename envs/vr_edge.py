@@ -303,12 +303,9 @@ def _check_traces(cfg: VREdgeConfig) -> None:
                           flag=False)
 
 
-def torch_env_refusal(capacity_trace: str | None = None, step_cost_us: float = 0.0, **_: Any) -> str:
+def torch_env_refusal(step_cost_us: float = 0.0, **_: Any) -> str:
     """Why the torch VR-edge env (``--backend device``) cannot run these arguments, naming the alternative; ``""``
     when it can. Without torch, so that a command line is checked before trace files are read."""
-    if capacity_trace:
-        return "capacity_trace is not supported by the torch VR-edge env (--backend device): replay traces with " \
-               "--backend sync or async"
     if step_cost_us:
         return "step_cost_us stands in for a CPU simulator's cost and the torch VR-edge env (--backend device) " \
                "burns none: leave it at 0, or use --backend sync or async"
