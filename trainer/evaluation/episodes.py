@@ -165,7 +165,8 @@ class _EpisodeStats:
 def held_out_env_kwargs(trained: dict[str, Any], capacity_trace: str, split: str = "") -> dict[str, Any]:
     """The env arguments to evaluate with: the run's own (``--env-kwargs``), with ``--capacity-trace``
     replacing its traces, played on the files of ``split`` (``--trace-split``) where it is given. Else a set
-    that comes split (``train/``, ``test/``; a shipped set) is played on its test folder; a folder given as
+    that comes split (``train/``, ``test/``; a shipped set) is played on its test folder (and then a flat folder
+    beside it, as ``user_traces``, on its hash-split test files: one split applies to both); a folder given as
     ``--capacity-trace`` on all its files; the run's own flat folders on their hash-split held-out (``test``)
     files, as every run trained on them was evaluated.
 
@@ -188,7 +189,7 @@ def held_out_env_kwargs(trained: dict[str, Any], capacity_trace: str, split: str
         kwargs["capacity_trace"] = capacity_trace
     sets = [kwargs[k] for k in ("capacity_trace", "user_traces") if kwargs.get(k)]
     if sets:
-        came_split = all(has_split_folders(s) for s in sets)
+        came_split = any(has_split_folders(s) for s in sets)  # its train files never played: test for all
         own_folders = not capacity_trace and all(trace_root(s).is_dir() for s in sets)
         kwargs["trace_split"] = split or ("test" if came_split or own_folders else "all")
     return kwargs
