@@ -208,8 +208,11 @@ def test_bad_actions_are_a_one_line_error():
 
 @pytest.mark.cuda
 @CUDA
-def test_cuda_env_follows_the_cpu_env_and_its_state_resumes_on_the_cpu():
-    cpu, cuda = envs.VREdgeTorchEnv(64, max_steps=20), envs.VREdgeTorchEnv(64, max_steps=20, device="cuda")
+@pytest.mark.parametrize("traces", [{}, dict(capacity_trace="pensieve", user_traces="pensieve", users="2-8",
+                                             churn=0.1)])
+def test_cuda_env_follows_the_cpu_env_and_its_state_resumes_on_the_cpu(traces):
+    cpu = envs.VREdgeTorchEnv(64, max_steps=20, **traces)
+    cuda = envs.VREdgeTorchEnv(64, max_steps=20, device="cuda", **traces)
     cpu.reset(seed=1)
     cuda.reset(seed=1)
     for i in range(50):
