@@ -67,6 +67,7 @@ MAX_WINDOWS = 1 << 22  # per file (48.5 days of 1 s windows): a longer span is a
 MAX_MBPS = 1e6  # 1 Tbit/s: above any recorded link, and far from where sums of throughputs overflow
 # the largest file read: MAX_WINDOWS windows of a 16-byte line each (the public sets' files are a few MB at most)
 MAX_FILE_BYTES = 64 << 20
+MAX_LINE_BYTES = 64 << 10  # a CSV row of many columns fits; a file of one endless line is no trace
 CSV_ROW_S = 1.0  # a CSV trace's rows are one second apart (Lumos5G's, the Irish 5G set's)
 _LAYOUT = {"Pensieve": "'<time s> <Mbit/s>'", "Mahimahi": "'<ms timestamp>'",
            "log": "'<unix s> <ms> <lat> <lon> <bytes since last> <ms since last>'"}
@@ -151,8 +152,11 @@ def trace_files(path: str, split: str, setting: str = "capacity_trace") -> list[
 
 def _listed(folder: Path, path: str, setting: str) -> list[Path]:
     """The trace files of ``folder``, by name: its entries less subfolders and names starting with ``.``."""
-    with os.scandir(folder) as entries:
-        files = sorted(Path(e.path) for e in entries if not e.name.startswith(".") and not e.is_dir())
+    try:
+        with os.scandir(folder) as entries:
+            files = sorted(Path(e.path) for e in entries if not e.name.startswith(".") and not e.is_dir())
+    except OSError as e:
+        raise TraceError(f"{setting}={path!r}: {folder} cannot be listed ({e.strerror})") from None
     if not files:
         raise TraceError(f"{setting}={path!r}: {folder} holds no trace files")
     return files
@@ -269,8 +273,11 @@ def open_trace(path: str) -> BinaryIO:
 
 
 def _rows(path: str, f: BinaryIO, sep: str | None) -> Iterator[tuple[int, list[str]]]:
-    """``(line number, fields)`` of each non-blank line of ``f``, read one line at a time."""
-    for line, raw in enumerate(f, 1):
+    """``(line number, fields)`` of each non-blank line of ``f``, read one line (of at most
+    :data:`MAX_LINE_BYTES`) at a time."""
+    for line, raw in enumerate(iter(functools.partial(f.readline, MAX_LINE_BYTES + 1), b""), 1):
+        if len(raw) > MAX_LINE_BYTES:
+            raise TraceError(f"{path}:{line}: a line longer than {MAX_LINE_BYTES >> 10} KiB; {_FORMATS}")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:

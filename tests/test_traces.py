@@ -356,9 +356,29 @@ def test_a_file_larger_than_any_trace_is_refused_before_it_is_read(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20
-    just = tmp_path / "just.log"  # one byte below the limit is read (and here refused for what it holds)
-    just.write_bytes(b"0 1\n1 2\n" + b" " * (MAX_FILE_BYTES - 9) + b"\n")
-    assert windows(just).tolist() == [1.0]
+    just = tmp_path / "just.log"  # a file of the most bytes is read: two lines and blank ones of 32 KiB
+    blank = b" " * ((32 << 10) - 1) + b"\n"
+    head = b"0 1\n1 2\n"
+    just.write_bytes(head + blank * ((MAX_FILE_BYTES - len(head)) // len(blank)) + b"\n" * (
+        (MAX_FILE_BYTES - len(head)) % len(blank)))
+    assert just.stat().st_size == MAX_FILE_BYTES and windows(just).tolist() == [1.0]
+
+
+def test_an_endless_line_is_refused_after_its_first_64_kib(tmp_path):
+    import tracemalloc
+
+    from envs.traces import MAX_LINE_BYTES
+    path = tmp_path / "zeros.log"
+    with open(path, "wb") as f:
+        f.truncate(48 << 20)  # 48 MiB of NUL bytes (valid UTF-8), no newline
+    tracemalloc.start()
+    try:
+        with raises(ValueError, f"{path}:1", f"{MAX_LINE_BYTES >> 10} KiB"):
+            windows(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
 
 
 @pytest.mark.parametrize("text, where", [("0 1\n1 nan\n2 3\n", 2), ("0 1\n1 1e400\n", 2), ("0 1\ninf 1\n", 2),

@@ -216,8 +216,8 @@ class TrainConfig:
             VREdgeConfig(**options)
         except TraceNotFoundError as e:
             raise ConfigError("env_kwargs", self.env_kwargs, message=f"--env-kwargs: {e} (traces that moved: "
-                              "--env-kwargs capacity_trace=NEW_DIR with --resume, --capacity-trace NEW_DIR with "
-                              "trainer.evaluate)") from None
+                              "--env-kwargs capacity_trace=NEW_DIR or user_traces=NEW_DIR with --resume, "
+                              "--capacity-trace NEW_DIR with trainer.evaluate)") from None
         except ValueError as e:  # VR-edge names the argument and its rule
             raise ConfigError("env_kwargs", self.env_kwargs, message=f"--env-kwargs: {e}") from None
 
