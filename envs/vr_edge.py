@@ -188,11 +188,11 @@ class VREdgeConfig:
 
     @property
     def state_bytes(self) -> int:
-        """Bytes of one env's state (:func:`initial_state`'s leaves): 8 per user for each of ``_STATE_PER_USER``,
-        8 per step of capacity history, 8 for each of ``_STATE_PER_ENV`` (and a trace's file and window), and the
-        fade flag; where the cell :attr:`varies`, 8 for the episode's drawn ``users`` and one per slot for
-        ``active``. Computed, not allocated: a run checks what its envs need against the machine's memory before it
-        builds one.
+        """Bytes of one env's state (:func:`initial_state`'s leaves): 8 per user for each of ``_STATE_PER_USER``
+        (and its trace's file and window with ``user_traces``), 8 per step of capacity history, 8 for each of
+        ``_STATE_PER_ENV`` (and a cell trace's file and window), and the fade flag; where the cell :attr:`varies`,
+        8 for the episode's drawn ``users`` and one per slot for ``active``. Computed, not allocated: a run checks
+        what its envs need against the machine's memory before it builds one.
 
         >>> cfg, varied = VREdgeConfig(num_users=3, history=5), VREdgeConfig(num_users=3, users="1-3", churn=0.1)
         >>> zero = np.zeros(1, np.uint64)
