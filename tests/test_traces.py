@@ -220,6 +220,10 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
                        "--reference", "none", "--capacity-trace", str(one)])
     payload = json.loads((run_dir / "evaluation.json").read_text())
     assert payload["env_kwargs"] == {"capacity_trace": str(one), "trace_split": "all", "num_users": 3}
+    for asked, played in (([], "all"), (["--trace-split", "test"], "test")):  # a folder given: whole, unless asked
+        evaluate_cli.main(["--checkpoint", str(run_dir), "--episodes", "2", "--baselines", "fair_share",
+                           "--reference", "none", "--capacity-trace", str(traces), *asked])
+        assert json.loads((run_dir / "evaluation.json").read_text())["env_kwargs"]["trace_split"] == played
 
 
 @pytest.mark.parametrize("text, named, suggested", [
