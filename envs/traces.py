@@ -293,9 +293,16 @@ def _table(path: str, rows: Iterator[tuple[int, list[str]]], fields: int, what: 
     for line, parts in rows:
         if len(parts) != fields:
             raise TraceError(f"{path}:{line}: {len(parts)} fields; every line of a {what} trace has {fields}")
-        for col, part in enumerate(parts):
-            values.append(_number(path, line, col, part, f"{what} lines are {_LAYOUT[what]}"))
-    return np.frombuffer(values, dtype=np.float64).reshape(-1, fields)
+        try:
+            values.extend(map(float, parts))
+        except ValueError:  # the field that is not a number, named
+            for col, part in enumerate(parts):
+                _number(path, line, col, part, f"{what} lines are {_LAYOUT[what]}")
+    table = np.frombuffer(values, dtype=np.float64).reshape(-1, fields)
+    infinite = ~np.isfinite(table)
+    _refuse_first(path, [(infinite[:, col], lambda r, col=col: f"field {col + 1} is not a finite number")
+                         for col in range(fields)])
+    return table
 
 
 def _number(path: str, line: int, col: int, part: str, layout: str) -> float:
