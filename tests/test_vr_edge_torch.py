@@ -80,6 +80,12 @@ def test_torch_env_follows_the_numpy_env_on_a_cell_of_varying_users():
                       reveal_hidden_state=True)  # every slot drawn, churn only: joins at rate 1
 
 
+def test_a_varying_cells_nominal_capacity_is_float64_on_torch_too():
+    """users x capacity_per_user_mbps in float64 as NumPy computes it (an int64 tensor times a float was float32:
+    33.3 Mbit/s per user drifted past 1e-12)."""
+    assert_equivalent(8, 200, users="2-8", churn=0.1, capacity_per_user_mbps=33.3, max_steps=30, abandon_stall_s=3.0)
+
+
 def test_observe_active_alone_masks_the_observation_alike():
     worst, _ = run_both(4, 50, num_users=3, observe_active=True, max_steps=20)
     assert worst["obs"] <= 1e-12 and envs.VREdgeTorchEnv(2, observe_active=True).active_user_feature == 7
