@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import gymnasium as gym
 import numpy as np
 
-from envs.vr_edge import VREdgeConfig, _channel_quality, download_round, step_state, user_mean
+from envs.vr_edge import VREdgeConfig, channel_of, download_round, step_state, user_mean
 
 _START_FACTORS = np.array([0.7, 1.0, 1.3, 1.6, 2.0])
 
@@ -109,7 +109,7 @@ class ClairvoyantPlanner:
         for _ in range(self.lookahead):  # actions do not change the cell or the channels: any will do
             sim, _, _, _, parts = step_state(self.config, sim, idle)
             capacity.append(parts["capacity_mbps"])
-            channel.append(_channel_quality(sim["channel_logit"]))
+            channel.append(channel_of(self.config, sim))
         return np.stack(capacity, axis=1), np.stack(channel, axis=1)
 
     def value(self, state: dict[str, np.ndarray], capacity: np.ndarray, channel: np.ndarray, live: np.ndarray,

@@ -20,7 +20,7 @@ import envs
 from envs import rng
 from envs.arguments import KINDS, is_number
 from envs.settings import ConfigError, check_limits, setting
-from envs.traces import TRACE_SPLITS, TraceSet, load_traces
+from envs.traces import TRACE_SPLITS, TraceSet, load_link_traces, load_traces
 
 REGIMES = ("good", "fair", "poor")
 USER_FEATURES = ("buffer", "last_level", "throughput", "download_time", "stall", "cum_stall", "channel")
@@ -37,6 +37,9 @@ _STATE_PER_ENV = ("key", "counter", "t", "regime", "noise", "ep_quality", "ep_st
 MEMORY_ARGUMENTS = ("num_users", "history", "bitrates_mbps")
 _OBS_HIGH = 10.0
 _THROUGHPUT_EWMA = 0.5
+# the synthetic channel's mean quality, 0.25 + 0.75 E[sigmoid(logit)] with a logit symmetric about 0: what a
+# users' trace set's mean rate maps to (user_traces)
+MEAN_CHANNEL_QUALITY = 0.625
 QOE_LIN_REBUFFER_PENALTY = 4.3  # QoE_lin (Pensieve and successors): Mbps - 4.3 x rebuffer s - |change| Mbps
 
 
@@ -94,9 +97,18 @@ class VREdgeConfig:
     history: int = setting(4, "past capacities in the observation", at_least=1)
     step_cost_us: float = setting(0.0, "busy-wait per env step, microseconds (stands in for a heavy simulator)",
                                   at_least=0)
-    capacity_trace: str = setting("", "trace file or directory whose throughput the cell's capacity replays "
+    capacity_trace: str = setting("", "trace set whose throughput the cell's capacity replays: a shipped set's "
+                                  "name (pensieve), a folder (with train/ and test/ folders, or flat) or a file "
                                   "(empty: the synthetic cell)")
-    trace_split: str = setting("all", "which of the trace files, by file: all, train or test", choices=TRACE_SPLITS)
+    user_traces: str = setting("", "trace set (as capacity_trace) each user's link quality replays, a file and start "
+                               "of its own, the set's mean at the synthetic channel's mean (empty: synthetic links)")
+    trace_split: str = setting("auto", "which of the trace files: train or test (a set's own folders, else a hash "
+                               "of a folder's file names), all, or auto (a set's train folder, else all)",
+                               choices=TRACE_SPLITS)
+    trace_column: str = setting("", "the column of a CSV trace (with a header, one row per second) that gives the "
+                                "throughput in Mbit/s (empty: the trace files are not CSV)")
+    trace_key: str = setting("", "columns of a CSV trace, comma-separated, whose values make one trace each (e.g. "
+                             "one per run; empty: one trace per file)")
     trace_scale: float = setting(0.0, "multiply a trace's Mbit/s by this", at_least=0,
                                  zero="scale each trace to a mean of the nominal capacity")
     reveal_hidden_state: bool = setting(False, "append the regime (one-hot) and the fade flag to the observation (a "
@@ -105,6 +117,7 @@ class VREdgeConfig:
     _quality: np.ndarray = field(init=False, repr=False, compare=False)
     _regime_mult: np.ndarray = field(init=False, repr=False, compare=False)
     _traces: TraceSet | None = field(init=False, repr=False, compare=False)
+    _user_traces: TraceSet | None = field(init=False, repr=False, compare=False)
     _users_range: tuple[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -123,9 +136,13 @@ class VREdgeConfig:
         span = math.log(ladder[-1] / ladder[0]) if len(ladder) > 1 else 1.0
         object.__setattr__(self, "_quality", np.log(ladder_arr / ladder[0]) / span if len(ladder) > 1
                            else np.ones(1))
-        traces = (load_traces(self.capacity_trace, self.segment_s, self.trace_split,
-                              self.trace_scale or None, self.nominal_capacity_mbps) if self.capacity_trace else None)
+        traces = (load_traces(self.capacity_trace, self.segment_s, self.trace_split, self.trace_scale or None,
+                              self.nominal_capacity_mbps, self.trace_column, self.trace_key)
+                  if self.capacity_trace else None)
         object.__setattr__(self, "_traces", traces)
+        links = (load_link_traces(self.user_traces, self.segment_s, self.trace_split, MEAN_CHANNEL_QUALITY,
+                                  self.trace_column, self.trace_key) if self.user_traces else None)
+        object.__setattr__(self, "_user_traces", links)
 
     @property
     def num_levels(self) -> int:
@@ -171,11 +188,11 @@ class VREdgeConfig:
 
     @property
     def state_bytes(self) -> int:
-        """Bytes of one env's state (:func:`initial_state`'s leaves): 8 per user for each of ``_STATE_PER_USER``,
-        8 per step of capacity history, 8 for each of ``_STATE_PER_ENV`` (and a trace's file and window), and the
-        fade flag; where the cell :attr:`varies`, 8 for the episode's drawn ``users`` and one per slot for
-        ``active``. Computed, not allocated: a run checks what its envs need against the machine's memory before it
-        builds one.
+        """Bytes of one env's state (:func:`initial_state`'s leaves): 8 per user for each of ``_STATE_PER_USER``
+        (and its trace's file and window with ``user_traces``), 8 per step of capacity history, 8 for each of
+        ``_STATE_PER_ENV`` (and a cell trace's file and window), and the fade flag; where the cell :attr:`varies`,
+        8 for the episode's drawn ``users`` and one per slot for ``active``. Computed, not allocated: a run checks
+        what its envs need against the machine's memory before it builds one.
 
         >>> cfg, varied = VREdgeConfig(num_users=3, history=5), VREdgeConfig(num_users=3, users="1-3", churn=0.1)
         >>> zero = np.zeros(1, np.uint64)
@@ -183,8 +200,9 @@ class VREdgeConfig:
         [True, True]
         """
         per_env = len(_STATE_PER_ENV) + (2 if self.capacity_trace else 0) + (1 if self.varies else 0)
+        per_user = len(_STATE_PER_USER) + (2 if self.user_traces else 0)  # a user's trace and window
         active = self.num_users if self.varies else 0  # one bool per slot, and the episode's drawn count
-        return 8 * (len(_STATE_PER_USER) * self.num_users + self.history + per_env) + 1 + active
+        return 8 * (per_user * self.num_users + self.history + per_env) + 1 + active
 
     @property
     def block_size(self) -> int:
@@ -269,20 +287,25 @@ def _check_traces(cfg: VREdgeConfig) -> None:
     if cfg.reveal_hidden_state and cfg.capacity_trace:
         raise ConfigError("reveal_hidden_state", True, "must be false with capacity_trace (a recorded trace has no "
                           "regime or fade to reveal)", flag=False)
-    if cfg.trace_split != "all" and not cfg.capacity_trace:
-        raise ConfigError("trace_split", cfg.trace_split, "must be 'all' unless capacity_trace is given (the split "
-                          "applies to trace files)", flag=False)
+    traced = cfg.capacity_trace or cfg.user_traces
+    if cfg.trace_split not in ("auto", "all") and not traced:
+        raise ConfigError("trace_split", cfg.trace_split, "must be 'auto' or 'all' unless capacity_trace or "
+                          "user_traces is given (the split applies to trace files)", flag=False)
     if cfg.trace_scale and not cfg.capacity_trace:
         raise ConfigError("trace_scale", cfg.trace_scale, "must be 0 unless capacity_trace is given (the scale "
                           "applies to a trace)", flag=False)
+    for name in ("trace_column", "trace_key"):
+        if getattr(cfg, name) and not traced:
+            raise ConfigError(name, getattr(cfg, name), "must be empty unless capacity_trace or user_traces is "
+                              "given (it reads CSV trace files)", flag=False)
+    if cfg.trace_key and not cfg.trace_column:
+        raise ConfigError("trace_key", cfg.trace_key, "needs trace_column (the CSV column of the throughput)",
+                          flag=False)
 
 
-def torch_env_refusal(capacity_trace: str | None = None, step_cost_us: float = 0.0, **_: Any) -> str:
+def torch_env_refusal(step_cost_us: float = 0.0, **_: Any) -> str:
     """Why the torch VR-edge env (``--backend device``) cannot run these arguments, naming the alternative; ``""``
     when it can. Without torch, so that a command line is checked before trace files are read."""
-    if capacity_trace:
-        return "capacity_trace is not supported by the torch VR-edge env (--backend device): replay traces with " \
-               "--backend sync or async"
     if step_cost_us:
         return "step_cost_us stands in for a CPU simulator's cost and the torch VR-edge env (--backend device) " \
                "burns none: leave it at 0, or use --backend sync or async"
@@ -364,6 +387,24 @@ def _user_start(cfg: VREdgeConfig, b: int) -> dict[str, np.ndarray]:
     }
 
 
+def _user_trace_start(cfg: VREdgeConfig, u: np.ndarray) -> dict[str, np.ndarray]:
+    """Each user's trace and start window ``[B, U]`` (``user_traces``), from the channel's draws of the block ``u``
+    (which the synthetic channel uses, and a traced one leaves free); ``{}`` without user traces."""
+    if cfg._user_traces is None:
+        return {}
+    n_users = cfg.num_users
+    trace, pos = cfg._user_traces.start(u[:, 5:5 + n_users], u[:, 5 + n_users:5 + 2 * n_users])
+    return {"user_trace": trace, "user_trace_pos": pos}
+
+
+def channel_of(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> np.ndarray:
+    """Each user's link quality ``[B, U]`` in the round the state ``s`` last played (what the user measured): its
+    trace's window (``user_traces``), else the synthetic channel's."""
+    if cfg._user_traces is not None:
+        return cfg._user_traces.capacity(s["user_trace"], s["user_trace_pos"])
+    return _channel_quality(s["channel_logit"])
+
+
 def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> dict[str, np.ndarray]:
     """Return fresh episode states for ``[B]`` envs, drawn from block ``counters``."""
     u = rng.uniform_block(keys, counters, cfg.block_size)
@@ -375,11 +416,11 @@ def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> 
     drawn = _drawn_users(cfg, u)
     nominal = episode_nominal(cfg, drawn)
     cap = _capacity(cfg, regime, noise, fade, nominal)
-    trace_keys = {}
+    trace_keys = _user_trace_start(cfg, u)
     if cfg._traces is not None:  # draws 1 and 4 are free at reset: the trace file and its start window
         trace, pos = cfg._traces.start(u[:, 1], u[:, 4])
         cap = _trace_capacity(cfg, trace, pos, nominal)
-        trace_keys = {"trace": trace, "trace_pos": pos}
+        trace_keys.update(trace=trace, trace_pos=pos)
     return {
         "key": keys.copy(),
         "counter": counters + np.uint64(1),
@@ -409,7 +450,7 @@ def observe(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> np.ndarray:
     users[:, :, 3] = s["download_time"] / cfg.segment_s
     users[:, :, 4] = s["stall"] / cfg.segment_s
     users[:, :, 5] = s["cum_stall"] / cfg.abandon_stall_s
-    users[:, :, 6] = _channel_quality(s["channel_logit"])
+    users[:, :, 6] = channel_of(cfg, s)
     progress = n_user_feat + cfg.history
     nominal = episode_nominal(cfg, s)
     obs[:, n_user_feat:progress] = s["cap_history"] / (nominal[:, None] if cfg.varies else nominal)
@@ -524,7 +565,7 @@ def _churned(cfg: VREdgeConfig, s: dict[str, np.ndarray], active: np.ndarray, u:
     leaves, every slot not active next round back at a user's start (so a joiner starts like a user at reset)."""
     draws = u[:, _count_draw(cfg) + 1:_count_draw(cfg) + 1 + cfg.num_users]
     after = np.where(done[:, None], active, next_active(cfg, active, s["users"], draws))
-    start = _user_start(cfg, len(done))
+    start = {**_user_start(cfg, len(done)), **_user_trace_start(cfg, u)}  # a joiner draws a trace of its own
     stayed = active & after  # a joiner was inactive in the round: it starts afresh
     return {"active": after, **{k: np.where(stayed, s[k], v) for k, v in start.items()}}
 
@@ -554,7 +595,7 @@ def _cell_round(cfg: VREdgeConfig, s: dict[str, np.ndarray], u: np.ndarray):
     """The cell in the round the uniform draws ``u`` give: a persistent regime (Markov chain), correlated
     log-normal noise, deep fades and each user's channel. Returns ``(cell, trace_keys, capacity, channel)``: the
     cell's state keys, the trace's (empty without recorded traces), the capacity ``[B]`` (the trace's where there
-    is one) and the channel qualities ``[B, U]``."""
+    is one) and the channel qualities ``[B, U]`` (each user's trace's, with ``user_traces``)."""
     n_users = cfg.num_users
     leave = u[:, 0] >= cfg.regime_stay_prob
     regime = np.where(leave, (s["regime"] + 1 + (u[:, 1] * 2).astype(np.int64)) % 3, s["regime"])
@@ -567,11 +608,14 @@ def _cell_round(cfg: VREdgeConfig, s: dict[str, np.ndarray], u: np.ndarray):
     if cfg._traces is not None:  # a recorded trace replaces the synthetic capacity; the draws stay the same
         trace_keys = {"trace": s["trace"], "trace_pos": cfg._traces.next_position(s["trace"], s["trace_pos"])}
         capacity = _trace_capacity(cfg, s["trace"], trace_keys["trace_pos"], nominal)
-    # every slot's channel evolves, active or not
+    # every slot's channel evolves, active or not (a user's trace plays its next window)
     logit = cfg.channel_corr * s["channel_logit"] + math.sqrt(1 - cfg.channel_corr**2) * cfg.channel_std * (
         rng.normals(u[:, 5:5 + n_users], u[:, 5 + n_users:5 + 2 * n_users]))
     cell = {"regime": regime, "noise": noise, "fade": fade, "channel_logit": logit}
-    return cell, trace_keys, capacity, _channel_quality(logit)
+    if cfg._user_traces is not None:
+        trace_keys.update(user_trace=s["user_trace"],
+                          user_trace_pos=cfg._user_traces.next_position(s["user_trace"], s["user_trace_pos"]))
+    return cell, trace_keys, capacity, channel_of(cfg, {**cell, **trace_keys})
 
 
 def _users_after_round(cfg: VREdgeConfig, s: dict[str, np.ndarray], r: dict[str, np.ndarray], actions: np.ndarray,

@@ -25,6 +25,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from envs import rng
+from envs.traces import TraceSet
 from envs.vector import init_batched, reset_keys
 from envs.vr_edge import (
     _OBS_HIGH,
@@ -72,8 +73,31 @@ def _normals(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
 
 def check_config(cfg: VREdgeConfig) -> None:
     """Raise ``ValueError`` for settings the torch env cannot run, naming the alternative."""
-    if why := torch_env_refusal(cfg.capacity_trace, cfg.step_cost_us):
+    if why := torch_env_refusal(step_cost_us=cfg.step_cost_us):
         raise ValueError(why)
+
+
+class TraceTensors:
+    """A :class:`envs.traces.TraceSet` as tensors on ``device``: the same starts, steps and rates (gathers, no host
+    synchronisation), on ``[B]`` or ``[B, U]`` indices."""
+
+    def __init__(self, traces: TraceSet, device: torch.device) -> None:
+        self.count = len(traces.files)
+        self.rates = torch.as_tensor(traces.rates, dtype=torch.float64, device=device)
+        self.offsets = torch.as_tensor(traces.offsets, dtype=torch.int64, device=device)
+        self.lengths = torch.as_tensor(traces.lengths, dtype=torch.int64, device=device)
+
+    def start(self, u_file: torch.Tensor, u_offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """File index and start window from two tensors of uniforms (as :meth:`envs.traces.TraceSet.start`)."""
+        trace = torch.clamp((u_file * self.count).to(torch.int64), max=self.count - 1)
+        length = self.lengths[trace]
+        return trace, torch.minimum((u_offset * length).to(torch.int64), length - 1)
+
+    def next_position(self, trace: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return (pos + 1) % self.lengths[trace]
+
+    def capacity(self, trace: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self.rates[self.offsets[trace] + pos]
 
 
 class TorchDynamics:
@@ -104,6 +128,8 @@ class TorchDynamics:
         self.regimes = torch.arange(len(REGIMES), device=self.device)
         self.user_ranks = torch.arange(cfg.num_users - 1, -1, -1, dtype=torch.int64, device=self.device)
         self.slots = torch.arange(cfg.num_users, device=self.device)
+        self.cell_traces = TraceTensors(cfg._traces, self.device) if cfg._traces is not None else None
+        self.user_traces = TraceTensors(cfg._user_traces, self.device) if cfg._user_traces is not None else None
 
     def _capacity(self, regime: torch.Tensor, noise: torch.Tensor, fade: torch.Tensor,
                   nominal: float | torch.Tensor) -> torch.Tensor:
@@ -113,7 +139,39 @@ class TorchDynamics:
 
     def _nominal(self, s: dict[str, torch.Tensor]) -> float | torch.Tensor:
         """Each episode's nominal capacity (as :func:`envs.vr_edge.episode_nominal`)."""
-        return s["users"] * self.cfg.capacity_per_user_mbps if self.cfg.varies else self.cfg.nominal_capacity_mbps
+        return (s["users"].to(torch.float64) * self.cfg.capacity_per_user_mbps if self.cfg.varies
+                else self.cfg.nominal_capacity_mbps)
+
+    def _trace_capacity(self, trace: torch.Tensor, pos: torch.Tensor, nominal: float | torch.Tensor) -> torch.Tensor:
+        """A cell trace window's capacity (as :func:`envs.vr_edge._trace_capacity`)."""
+        capacity = self.cell_traces.capacity(trace, pos)
+        cfg = self.cfg
+        return capacity * (nominal / cfg.nominal_capacity_mbps) if cfg.varies and not cfg.trace_scale else capacity
+
+    def _trace_start(self, u: torch.Tensor, nominal: float | torch.Tensor) -> tuple[dict[str, torch.Tensor],
+                                                                                   torch.Tensor | None]:
+        """The traces' leaves of fresh episodes (as :func:`envs.vr_edge.initial_state`'s) and the cell trace's
+        first capacity (``None`` without a cell trace)."""
+        leaves, capacity = self._user_trace_start(u), None
+        if self.cell_traces is not None:  # draws 1 and 4 are free at reset: the trace file and its start window
+            trace, pos = self.cell_traces.start(u[:, 1], u[:, 4])
+            leaves.update(trace=trace, trace_pos=pos)
+            capacity = self._trace_capacity(trace, pos, nominal)
+        return leaves, capacity
+
+    def _user_trace_start(self, u: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each user's trace and start window (as :func:`envs.vr_edge._user_trace_start`); ``{}`` without."""
+        if self.user_traces is None:
+            return {}
+        n = self.cfg.num_users
+        trace, pos = self.user_traces.start(u[:, 5:5 + n], u[:, 5 + n:5 + 2 * n])
+        return {"user_trace": trace, "user_trace_pos": pos}
+
+    def _channel(self, s: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Each user's link quality in the round ``s`` last played (as :func:`envs.vr_edge.channel_of`)."""
+        if self.user_traces is not None:
+            return self.user_traces.capacity(s["user_trace"], s["user_trace_pos"])
+        return 0.25 + 0.75 / (1.0 + torch.exp(-s["channel_logit"]))
 
     def _drawn_users(self, u: torch.Tensor) -> dict[str, torch.Tensor]:
         """The users at reset where the cell varies, ``users`` and ``active`` (as :func:`envs.vr_edge._drawn_users`);
@@ -132,9 +190,11 @@ class TorchDynamics:
         noise = cfg.noise_std * _normals(u[:, 2], u[:, 3])
         users = self._drawn_users(u)
         cap = self._capacity(regime, noise, torch.zeros_like(regime, dtype=torch.bool), self._nominal(users))
+        traces, trace_cap = self._trace_start(u, self._nominal(users))
+        cap = cap if trace_cap is None else trace_cap
         return {"counter": counters + 1, "regime": regime, "noise": noise,
                 "channel_logit": cfg.channel_std * _normals(u[:, 5:5 + n_users], u[:, 5 + n_users:5 + 2 * n_users]),
-                "cap_history": cap[:, None].repeat(1, cfg.history), **users}
+                "cap_history": cap[:, None].repeat(1, cfg.history), **users, **traces}
 
     def _constant_leaves(self) -> dict[str, tuple[bool | int | float, torch.dtype, bool]]:
         """The leaves every fresh episode starts with the same value: ``(value, dtype, one per user)``."""
@@ -163,7 +223,7 @@ class TorchDynamics:
             s["download_time"] / cfg.segment_s,
             s["stall"] / cfg.segment_s,
             s["cum_stall"] / cfg.abandon_stall_s,
-            0.25 + 0.75 / (1.0 + torch.exp(-s["channel_logit"])),
+            self._channel(s),
         ], dim=-1)
         progress = s["t"].to(torch.float64) / cfg.max_steps
         nominal = self._nominal(s)
@@ -236,7 +296,8 @@ class TorchDynamics:
         keeper = torch.argmax(torch.where(leave, draws, -1.0), dim=1)  # the leaver with the highest draw
         after = after | (~after.any(dim=1)[:, None] & (self.slots == keeper[:, None]))
         after = torch.where(done[:, None], active, after)
-        start = {k: value for k, (value, _, per_user) in self._constant_leaves().items() if per_user}
+        start = {**{k: value for k, (value, _, per_user) in self._constant_leaves().items() if per_user},
+                 **self._user_trace_start(u)}  # a joiner draws a trace of its own
         stayed = active & after  # a joiner was inactive in the round: it starts afresh
         return {"active": after, **{k: torch.where(stayed, s[k], v) for k, v in start.items()}}
 
@@ -253,7 +314,13 @@ class TorchDynamics:
             _normals(u[:, 5:5 + n_users], u[:, 5 + n_users:5 + 2 * n_users]))
         cell = {"regime": regime, "noise": noise, "fade": fade, "channel_logit": logit}
         capacity = self._capacity(regime, noise, fade, self._nominal(s))
-        return cell, capacity, 0.25 + 0.75 / (1.0 + torch.exp(-logit))
+        if self.cell_traces is not None:  # a recorded trace replaces the synthetic capacity; the draws stay the same
+            cell.update(trace=s["trace"], trace_pos=self.cell_traces.next_position(s["trace"], s["trace_pos"]))
+            capacity = self._trace_capacity(cell["trace"], cell["trace_pos"], self._nominal(s))
+        if self.user_traces is not None:
+            cell.update(user_trace=s["user_trace"],
+                        user_trace_pos=self.user_traces.next_position(s["user_trace"], s["user_trace_pos"]))
+        return cell, capacity, self._channel(cell)
 
     def _download_round(self, s: dict[str, torch.Tensor], capacity: torch.Tensor, channel: torch.Tensor,
                         actions: torch.Tensor, active: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -353,7 +420,8 @@ class VREdgeTorchEnv(gym.vector.VectorEnv):
     (zero where no episode ended, mask ``info["_final_obs"]``) and
     ``info["final_info"]["episode_metrics"]`` (``[N]`` tensors). ``get_state`` gives CPU tensors;
     ``set_state`` also takes :meth:`envs.VREdgeVectorEnv.get_state`'s arrays. Keyword arguments
-    are :class:`envs.VREdgeConfig`'s, less ``capacity_trace`` and ``step_cost_us``.
+    are :class:`envs.VREdgeConfig`'s, less ``step_cost_us``; recorded traces (``capacity_trace``, ``user_traces``)
+    are replayed from tensors on the env's device.
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}

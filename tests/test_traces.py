@@ -220,6 +220,10 @@ def test_training_on_the_train_files_and_evaluating_on_the_held_out_ones(tmp_pat
                        "--reference", "none", "--capacity-trace", str(one)])
     payload = json.loads((run_dir / "evaluation.json").read_text())
     assert payload["env_kwargs"] == {"capacity_trace": str(one), "trace_split": "all", "num_users": 3}
+    for asked, played in (([], "all"), (["--trace-split", "test"], "test")):  # a folder given: whole, unless asked
+        evaluate_cli.main(["--checkpoint", str(run_dir), "--episodes", "2", "--baselines", "fair_share",
+                           "--reference", "none", "--capacity-trace", str(traces), *asked])
+        assert json.loads((run_dir / "evaluation.json").read_text())["env_kwargs"]["trace_split"] == played
 
 
 @pytest.mark.parametrize("text, named, suggested", [
@@ -246,3 +250,222 @@ def test_bad_env_kwargs_are_one_line_errors(text, named, suggested):
     with raises(ValueError, "--env-kwargs", *named, key="env_kwargs") as info:
         TrainConfig(env_kwargs=text).validate()
     assert suggestion(str(info.value)) == suggested
+
+
+# ---------------------------------------------------------------------------- trace sets: shipped, split, named
+
+def test_the_shipped_pensieve_set_is_named_and_keeps_train_and_test_apart():
+    from envs.traces import TRACE_SETS_DIR
+    train = envs.VREdgeConfig(capacity_trace="pensieve", trace_split="train")._traces.files
+    test = envs.VREdgeConfig(capacity_trace="pensieve", trace_split="test")._traces.files
+    both = envs.VREdgeConfig(capacity_trace="pensieve", trace_split="all")._traces.files
+    assert (len(train), len(test)) == (127, 142)  # the set's own folders, every file of each
+    assert all("/train/" in f for f in train) and all("/test/" in f for f in test)
+    assert sorted(both) == sorted(train + test)
+    assert envs.VREdgeConfig(capacity_trace="pensieve")._traces.files == train  # auto: a split set's train folder
+    for name in ("LICENSE", "SOURCE.md"):  # beside the files, never read as a trace
+        assert (TRACE_SETS_DIR / "pensieve" / name).is_file()
+
+
+def test_a_users_own_train_and_test_folders_work_as_the_shipped_set(tmp_path):
+    write_traces(tmp_path / "train", files=5, seconds=10, seed=1)
+    write_traces(tmp_path / "test", files=3, seconds=10, seed=2)
+    (tmp_path / "README.md").write_text("not a trace\n")  # beside the folders: not read
+    for split, count in (("train", 5), ("auto", 5), ("test", 3), ("all", 8)):
+        files = envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split=split)._traces.files
+        assert len(files) == count  # no file of a folder dropped by the hash split
+    flat = tmp_path / "train"  # one flat folder: auto plays every file, bit for bit as "all" did
+    assert envs.VREdgeConfig(capacity_trace=str(flat))._traces.files == \
+        envs.VREdgeConfig(capacity_trace=str(flat), trace_split="all")._traces.files
+    assert len(envs.VREdgeConfig(capacity_trace=str(flat), trace_split="test")._traces.files) == 1  # the hash split
+
+
+def test_a_flat_folder_replays_as_before_under_the_auto_split(tmp_path):
+    write_traces(tmp_path, files=3, seconds=30)
+    runs = []
+    for split in ("auto", "all"):
+        env = envs.SyntheticVREdgeEnv(num_users=2, seed=4, capacity_trace=str(tmp_path), trace_split=split)
+        env.reset()
+        runs.append([env.step(np.ones(2, dtype=np.int64))[1] for _ in range(50)])
+    assert runs[0] == runs[1]
+
+
+def test_evaluation_plays_a_given_folder_whole_and_a_split_set_on_its_test_folder(tmp_path):
+    from trainer.evaluation import held_out_env_kwargs
+    write_traces(tmp_path / "flat", files=5, seconds=10)
+    flat = str(tmp_path / "flat")
+    trained = {"capacity_trace": flat, "trace_split": "train"}
+    assert held_out_env_kwargs(trained, "")["trace_split"] == "test"  # the run's own folder: as runs always were
+    assert held_out_env_kwargs(trained, flat)["trace_split"] == "all"  # a folder given: every file of it
+    assert held_out_env_kwargs(trained, flat, "test")["trace_split"] == "test"  # unless a split is asked for
+    assert held_out_env_kwargs(trained, "pensieve")["trace_split"] == "test"
+    assert held_out_env_kwargs({"capacity_trace": "pensieve", "trace_split": "train"}, "")["trace_split"] == "test"
+    # users on a split set: its train files are never played in evaluation, whatever the cell replays
+    assert held_out_env_kwargs({"user_traces": "pensieve", "trace_split": "train"}, flat)["trace_split"] == "test"
+
+
+def test_a_shipped_sets_name_is_stored_as_a_name_and_paths_absolute(tmp_path, monkeypatch):
+    from trainer.config import TrainConfig
+    monkeypatch.chdir(tmp_path)
+    cfg = TrainConfig(env_kwargs="capacity_trace=pensieve,user_traces=traces/,trace_split=train")
+    assert cfg.with_absolute_paths().env_options == {"capacity_trace": "pensieve",
+                                                     "user_traces": str(tmp_path / "traces"), "trace_split": "train"}
+
+
+def test_loading_the_shipped_set_is_quick_enough_to_do_per_env():
+    """The 269 shipped files: what a run loads in each worker (measured in the report, not asserted)."""
+    from envs.traces import load_traces
+    every = load_traces("pensieve", segment_s=1.0, split="all", scale=None, nominal_mbps=800.0)
+    assert len(every.files) == 269 and np.all(every.rates > 0)
+
+
+# ---------------------------------------------------------------------------- hostile files: one line, no hang
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    import os
+    import threading
+    fifo = tmp_path / "pipe.log"
+    os.mkfifo(fifo)
+    outcome = []
+
+    def load(path):
+        try:
+            windows(path)
+        except ValueError as e:
+            outcome.append(str(e))
+
+    for path in (fifo, tmp_path):  # the FIFO named, and one in a folder of traces
+        worker = threading.Thread(target=load, args=(path,), daemon=True)  # a hang would leave it blocked in open()
+        worker.start()
+        worker.join(timeout=20)
+        assert not worker.is_alive(), "opening a FIFO blocked"
+    assert len(outcome) == 2
+    for said in outcome:
+        names(said, fifo, "FIFO")  # "not a regular file", not "no such file"
+        assert "\n" not in said
+
+
+def test_a_file_larger_than_any_trace_is_refused_before_it_is_read(tmp_path):
+    import tracemalloc
+
+    from envs.traces import MAX_FILE_BYTES
+    huge = tmp_path / "huge.log"
+    with open(huge, "wb") as f:
+        f.truncate(1 << 30)  # 1 GiB, sparse: read whole it would be 1 GiB of memory
+    tracemalloc.start()
+    try:
+        with raises(ValueError, huge, "1024 MiB", f"{MAX_FILE_BYTES >> 20} MiB"):
+            windows(huge)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    just = tmp_path / "just.log"  # a file of the most bytes is read: two lines and blank ones of 32 KiB
+    blank = b" " * ((32 << 10) - 1) + b"\n"
+    head = b"0 1\n1 2\n"
+    just.write_bytes(head + blank * ((MAX_FILE_BYTES - len(head)) // len(blank)) + b"\n" * (
+        (MAX_FILE_BYTES - len(head)) % len(blank)))
+    assert just.stat().st_size == MAX_FILE_BYTES and windows(just).tolist() == [1.0]
+
+
+def test_an_endless_line_is_refused_after_its_first_64_kib(tmp_path):
+    import tracemalloc
+
+    from envs.traces import MAX_LINE_BYTES
+    path = tmp_path / "zeros.log"
+    with open(path, "wb") as f:
+        f.truncate(48 << 20)  # 48 MiB of NUL bytes (valid UTF-8), no newline
+    tracemalloc.start()
+    try:
+        with raises(ValueError, f"{path}:1", f"{MAX_LINE_BYTES >> 10} KiB"):
+            windows(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
+
+
+@pytest.mark.parametrize("text, where", [("0 1\n1 nan\n2 3\n", 2), ("0 1\n1 1e400\n", 2), ("0 1\ninf 1\n", 2),
+                                         ("0 1\n1 -0.5\n2 1\n", 2), ("5\nnan\n", 2), ("0 NaN\n", 1)])
+def test_numbers_that_are_not_finite_or_negative_name_their_line(tmp_path, text, where):
+    path = tmp_path / "t.log"
+    path.write_text(text)
+    with raises(ValueError, f"{path}:{where}"):
+        windows(path)
+
+
+def test_a_folder_of_ten_thousand_empty_files_is_one_line(tmp_path):
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(10_000):
+        (folder / f"e{i:05d}.log").touch()
+    with raises(ValueError, folder / "e00000.log", "empty"):
+        envs.VREdgeConfig(capacity_trace=str(folder))
+
+
+# ---------------------------------------------------------------------------- more formats: HSDPA/4G logs, CSV
+
+def test_hsdpa_log_hand_computed(tmp_path):
+    path = tmp_path / "report.log"
+    # <unix s> <ms> <lat> <lon> <bytes since last> <ms since last>: 1 Mbit/s over (999, 1000], 2 over
+    # (1000, 1001], 2 over (1001, 1002.5]; 1 s windows from 999 s
+    path.write_text("1000 0 59.9 10.7 125000 1000\n1001 0 59.9 10.7 250000 1000\n1002 500 59.9 10.7 375000 1500\n")
+    np.testing.assert_allclose(windows(path), [1.0, 2.0, 2.0])
+
+
+@pytest.mark.parametrize("text, where, named", [
+    ("1000 0 1 1 100 1000\n1000 0 1 1 100 1000\n", ":2", ["1000.000 s"]),  # the time does not increase
+    ("1000 0 1 1 -100 1000\n", ":1", ["field 5"]),
+    ("1000 0 1 1 100 0\n", ":1", ["field 6"]),
+    ("1000 1500 1 1 100 1000\n", ":1", ["field 2"]),
+    ("1000 0 1 1 100 1000\n1001 0 1 1 nan 1000\n", ":2", ["field 5"]),
+    ("1000 0 1 1 1e18 1\n", ":1", ["Mbit/s"]),
+])
+def test_bad_hsdpa_logs_name_file_and_line(tmp_path, text, where, named):
+    path = tmp_path / "bad.log"
+    path.write_text(text)
+    with raises(ValueError, f"{path}{where}", *named):
+        windows(path)
+
+
+def csv_windows(path, column, key=""):
+    traces = load_traces(str(path), segment_s=1.0, split="all", scale=1.0, nominal_mbps=1e-9, column=column,
+                         key=key)
+    return {name: traces.rates[o:o + n].tolist() for name, o, n in zip(traces.files, traces.offsets, traces.lengths)}
+
+
+def test_a_csv_is_split_into_one_trace_per_key(tmp_path):
+    path = tmp_path / "campaign.csv"
+    path.write_text('run,area,seq,"Throughput"\n1,a,0,10\n1,a,1,20\n2,a,0,5\n\n2,a,1,7\n1,a,2,30\n1,b,0,4\n1,b,1,4\n')
+    assert csv_windows(path, "Throughput") == {str(path): [10.0, 20.0, 5.0, 7.0, 30.0, 4.0, 4.0]}  # rows 1 s apart
+    assert csv_windows(path, "Throughput", "run,area") == {
+        f"{path}[run=1,area=a]": [10.0, 20.0, 30.0], f"{path}[run=2,area=a]": [5.0, 7.0],
+        f"{path}[run=1,area=b]": [4.0, 4.0]}
+    cfg = envs.VREdgeConfig(capacity_trace=str(path), trace_column="Throughput", trace_key="run")
+    assert len(cfg._traces.files) == 2
+
+
+@pytest.mark.parametrize("text, column, key, where, named", [
+    ("run,mbps\n1,5\n", "Mbps", "", ":1", ["'Mbps'"]),  # the column asked for, not the header's content
+    ("run,mbps\n1,5\n", "mbps", "round", ":1", ["'round'"]),
+    ("run,mbps\n1,5\n1,x\n", "mbps", "", ":3", ["field 2"]),
+    ("run,mbps\n1,5\n1,-1\n", "mbps", "", ":3", ["-1 Mbit/s"]),
+    ("run,mbps\n1,5\n1,nan\n", "mbps", "", ":3", ["finite"]),
+    ("run,mbps\n1,5\n1,5,6\n", "mbps", "", ":3", ["3 fields"]),
+    ("run,mbps\n", "mbps", "", "", ["no rows"]),
+])
+def test_bad_csvs_name_file_and_line(tmp_path, text, column, key, where, named):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with raises(ValueError, f"{path}{where}", *named):
+        csv_windows(path, column, key)
+
+
+def test_the_csv_settings_need_a_trace_and_each_other(tmp_path):
+    with raises(ValueError, "trace_column", "capacity_trace"):
+        envs.VREdgeConfig(trace_column="mbps")
+    (tmp_path / "t.csv").write_text("run,mbps\n1,5\n1,6\n")
+    with raises(ValueError, "trace_key", "trace_column"):
+        envs.VREdgeConfig(capacity_trace=str(tmp_path / "t.csv"), trace_key="run")
+    with raises(ValueError, "trace_key", "capacity_trace"):
+        envs.VREdgeConfig(trace_key="run")

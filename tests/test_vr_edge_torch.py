@@ -50,7 +50,8 @@ def run_both(num_envs: int, steps: int, **config):
     state_np, state_t = numpy_env.get_state(), torch_env.get_state()
     for k in ("key", "counter"):  # the RNG positions: every draw was taken, and in the same order
         assert np.array_equal(state_t[k].numpy().view(np.uint64), state_np[k])
-    for k in ("active", "users", "level"):  # a varying cell's users: the same leaves, joins and draws per episode
+    # a varying cell's users: the same leaves, joins and draws per episode; the same trace files and windows
+    for k in ("active", "users", "level", "trace", "trace_pos", "user_trace", "user_trace_pos"):
         if k in state_np:
             assert np.array_equal(state_t[k].numpy(), state_np[k]), k
     return worst, ends
@@ -77,6 +78,12 @@ def test_torch_env_follows_the_numpy_env_on_a_cell_of_varying_users():
     assert_equivalent(16, 300, users="2-6", churn=0.1, max_steps=40, abandon_stall_s=3.0)
     assert_equivalent(8, 200, num_users=4, users=4, churn=0.2, max_steps=30, abandon_stall_s=2.0,
                       reveal_hidden_state=True)  # every slot drawn, churn only: joins at rate 1
+
+
+def test_a_varying_cells_nominal_capacity_is_float64_on_torch_too():
+    """users x capacity_per_user_mbps in float64 as NumPy computes it (an int64 tensor times a float was float32:
+    33.3 Mbit/s per user drifted past 1e-12)."""
+    assert_equivalent(8, 200, users="2-8", churn=0.1, capacity_per_user_mbps=33.3, max_steps=30, abandon_stall_s=3.0)
 
 
 def test_observe_active_alone_masks_the_observation_alike():
@@ -155,11 +162,45 @@ def test_state_round_trips_through_cpu_tensors_and_from_the_numpy_env():
     assert np.allclose(numpy_env.step(a)[1], restored.step(actions[5])[1].numpy(), rtol=0, atol=1e-12)
 
 
-def test_unsupported_settings_are_refused_naming_the_alternative(tmp_path):
-    write_traces(tmp_path, files=2, seconds=10)
-    for kwargs in ({"capacity_trace": str(tmp_path)}, {"step_cost_us": 5.0}):
-        with raises(ValueError, *kwargs, "--backend sync"):  # the argument, and the way out
-            envs.VREdgeTorchEnv(2, **kwargs)
+def test_unsupported_settings_are_refused_naming_the_alternative():
+    with raises(ValueError, "step_cost_us", "--backend sync"):  # the argument, and the way out
+        envs.VREdgeTorchEnv(2, step_cost_us=5.0)
+
+
+@pytest.fixture(scope="module")
+def trace_sets(tmp_path_factory):
+    cell, links = tmp_path_factory.mktemp("cell"), tmp_path_factory.mktemp("links")
+    write_traces(cell, files=4, seconds=25, seed=1)
+    write_traces(links, files=5, seconds=17, mean_mbps=2.0, seed=2)
+    return str(cell), str(links)
+
+
+@pytest.mark.parametrize("which", ["cell", "users", "both", "both, varying users", "scaled cell, varying users"])
+def test_torch_env_follows_the_numpy_env_with_traces(trace_sets, which):
+    """Recorded traces replayed from tensors: the same files and windows drawn at every reset (many per env) and
+    per joiner, the same terminations, rewards within 1e-12."""
+    cell, links = trace_sets
+    traces = {"cell": dict(capacity_trace=cell), "users": dict(user_traces=links),
+              "both": dict(capacity_trace=cell, user_traces=links, trace_split="train"),
+              "both, varying users": dict(capacity_trace=cell, user_traces=links, users="2-6", churn=0.1),
+              "scaled cell, varying users": dict(capacity_trace=cell, trace_scale=25.0, users="1-5", churn=0.2)}
+    assert_equivalent(16, 300, max_steps=30, abandon_stall_s=3.0, capacity_per_user_mbps=40.0, **traces[which])
+
+
+def test_the_pensieve_set_on_the_torch_env():
+    assert_equivalent(8, 200, num_users=4, max_steps=30, abandon_stall_s=3.0, capacity_per_user_mbps=40.0,
+                      capacity_trace="pensieve",
+                      user_traces="pensieve", trace_split="test")
+
+
+def test_traced_step_compiles_to_one_graph(trace_sets):
+    env = envs.VREdgeTorchEnv(8, users="2-7", churn=0.1, max_steps=3, capacity_trace=trace_sets[0],
+                              user_traces=trace_sets[1])
+    env._step, graphs = counting_compile(env.dynamics.step)
+    env.reset(seed=0)
+    for _ in range(6):
+        env.step(torch.randint(0, 6, (8, 8)))
+    assert len(graphs) == 1  # no data-dependent branch: gathers only
 
 
 def test_bad_actions_are_a_one_line_error():
@@ -173,8 +214,11 @@ def test_bad_actions_are_a_one_line_error():
 
 @pytest.mark.cuda
 @CUDA
-def test_cuda_env_follows_the_cpu_env_and_its_state_resumes_on_the_cpu():
-    cpu, cuda = envs.VREdgeTorchEnv(64, max_steps=20), envs.VREdgeTorchEnv(64, max_steps=20, device="cuda")
+@pytest.mark.parametrize("traces", [{}, dict(capacity_trace="pensieve", user_traces="pensieve", users="2-8",
+                                             churn=0.1)])
+def test_cuda_env_follows_the_cpu_env_and_its_state_resumes_on_the_cpu(traces):
+    cpu = envs.VREdgeTorchEnv(64, max_steps=20, **traces)
+    cuda = envs.VREdgeTorchEnv(64, max_steps=20, device="cuda", **traces)
     cpu.reset(seed=1)
     cuda.reset(seed=1)
     for i in range(50):

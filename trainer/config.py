@@ -10,7 +10,6 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from collectors.backend_names import BACKENDS
@@ -22,7 +21,7 @@ __all__ = ["TrainConfig", "parse_env_kwargs", "format_env_kwargs"]
 
 # env arguments that name files: stored absolute (a run's printed commands work from any directory), and the
 # ones a resumed run or trainer.evaluate may point elsewhere (the files moved; the run is the same)
-PATH_ENV_KWARGS = frozenset({"capacity_trace"})
+PATH_ENV_KWARGS = frozenset({"capacity_trace", "user_traces"})  # (a shipped set's name stays a name)
 COMPILE_CHOICES = ("auto", "on", "off")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 START_METHOD_CHOICES = ("auto", "forkserver", "spawn")
@@ -220,8 +219,8 @@ class TrainConfig:
             VREdgeConfig(**options)
         except TraceNotFoundError as e:
             raise ConfigError("env_kwargs", self.env_kwargs, message=f"--env-kwargs: {e} (traces that moved: "
-                              "--env-kwargs capacity_trace=NEW_DIR with --resume, --capacity-trace NEW_DIR with "
-                              "trainer.evaluate)") from None
+                              "--env-kwargs capacity_trace=NEW_DIR or user_traces=NEW_DIR with --resume, "
+                              "--capacity-trace NEW_DIR with trainer.evaluate)") from None
         except ValueError as e:  # VR-edge names the argument and its rule
             raise ConfigError("env_kwargs", self.env_kwargs, message=f"--env-kwargs: {e}") from None
 
@@ -244,7 +243,9 @@ class TrainConfig:
             options = self.env_options
         except ValueError:  # validate() says what is wrong with it
             return self
-        paths = {k: str(Path(v).resolve()) for k, v in options.items() if k in PATH_ENV_KWARGS and isinstance(v, str)}
+        from envs.traces import absolute_trace_path
+        paths = {k: absolute_trace_path(v) for k, v in options.items() if k in PATH_ENV_KWARGS and isinstance(v, str)
+                 and v}
         if not paths:
             return self
         return dataclasses.replace(self, env_kwargs=format_env_kwargs({**options, **paths}))

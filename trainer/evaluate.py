@@ -123,9 +123,13 @@ def _parser() -> OneLineParser:
                         "ceiling, and report the fraction of the gap from the best baseline that the policy closes "
                         "(default: %(default)s)")
     p.add_argument("--capacity-trace", default="", metavar="PATH",
-                   help="VR-edge: replay recorded bandwidth traces (a file or directory, Pensieve or Mahimahi "
-                        "format) as the cell's capacity; a directory's held-out test files are used; replaces the "
-                        "run's own traces (e.g. a trace directory that moved)")
+                   help="VR-edge: replay recorded bandwidth traces as the cell's capacity: a shipped set's name "
+                        "(pensieve: its test folder), a set with train/ and test/ folders (its test folder), a "
+                        "folder (all its files) or a file; replaces the run's own traces (e.g. a trace directory "
+                        "that moved)")
+    p.add_argument("--trace-split", default="", choices=("all", "train", "test"),
+                   help="VR-edge: play these files of the traces (a set's own train/ or test/ folder, a flat "
+                        "folder's hash split; default: as --capacity-trace says)")
     p.add_argument("--users", default=None, metavar="LIST",
                    help="VR-edge: evaluate in cells of these active users, comma-separated numbers or ranges "
                         "LOW-HIGH drawn per episode (e.g. 2,4,8,12,16), each with each --churn, all in cells of as "
@@ -150,7 +154,8 @@ def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> li
     """The baselines asked for, once what needs no checkpoint is checked: a mistake is a usage error, answered at
     once, before torch loads."""
     _check_numbers(parser, args)
-    if args.capacity_trace and not Path(args.capacity_trace).exists():
+    from envs.traces import trace_root
+    if args.capacity_trace and not trace_root(args.capacity_trace).exists():
         parser.error(f"--capacity-trace={args.capacity_trace}: no such file or directory")
     asked_baselines = _asked_baselines(parser, args.baselines)
     try:
@@ -203,6 +208,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
 
     import checkpoints
     import envs
+    from envs.traces import absolute_trace_path
     from trainer.evaluation import held_out_env_kwargs
     from trainer.evaluation.policies import picked_checkpoint, policy_from_state, sampling_refused
     from trainer.evaluation.report import check_writable
@@ -212,7 +218,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     if args.capacity_trace and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
         parser.error(f"--capacity-trace applies to VREdge-v0, not {trained_on} ({source}); drop it")
     # the given traces with the split they are played with (a file: all of it), not the run's own split
-    moved = held_out_env_kwargs({}, str(Path(args.capacity_trace).resolve())) if args.capacity_trace else {}
+    moved = held_out_env_kwargs({}, absolute_trace_path(args.capacity_trace)) if args.capacity_trace else {}
     model, cfg = policy_from_state(state, source, moved)  # the run's own traces may be gone
     if not args.deterministic and (refused := sampling_refused(cfg, source)):
         parser.error(f"--stochastic: {refused}; drop --stochastic")
@@ -223,7 +229,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     if asked_baselines and not vr_edge and args.baselines != "all":  # named ones: say why none is played
         print(f"note: --baselines are VR-edge's; {cfg.env} has none, so the policy is evaluated alone",
               file=sys.stderr)
-    env_kwargs = held_out_env_kwargs(cfg.env_options, args.capacity_trace)
+    env_kwargs = held_out_env_kwargs(cfg.env_options, args.capacity_trace, args.trace_split)
     vr_config = envs.VREdgeConfig(**env_kwargs) if vr_edge else None  # a bad trace fails here, at once
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
     out_dir = Path(args.out) if args.out else run_dir

@@ -8,7 +8,6 @@ import contextvars
 import functools
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -233,20 +232,34 @@ class _EpisodeStats:
         return out
 
 
-def held_out_env_kwargs(trained: dict[str, Any], capacity_trace: str) -> dict[str, Any]:
+def held_out_env_kwargs(trained: dict[str, Any], capacity_trace: str, split: str = "") -> dict[str, Any]:
     """The env arguments to evaluate with: the run's own (``--env-kwargs``), with ``--capacity-trace``
-    replacing its traces; a directory of traces is evaluated on its held-out (``test``) files.
+    replacing its traces, played on the files of ``split`` (``--trace-split``) where it is given. Else a set
+    that comes split (``train/``, ``test/``; a shipped set) is played on its test folder (and then a flat folder
+    beside it, as ``user_traces``, on its hash-split test files: one split applies to both); a folder given as
+    ``--capacity-trace`` on all its files; the run's own flat folders on their hash-split held-out (``test``)
+    files, as every run trained on them was evaluated.
 
     >>> held_out_env_kwargs({"num_users": 6, "capacity_trace": "trace.log"}, "")  # one file: all of it
     {'num_users': 6, 'capacity_trace': 'trace.log', 'trace_split': 'all'}
-    >>> import tempfile
-    >>> with tempfile.TemporaryDirectory() as traces:  # a directory: its held-out files
-    ...     held_out_env_kwargs({"capacity_trace": "t/", "trace_split": "train"}, traces)["trace_split"]
+    >>> held_out_env_kwargs({}, "pensieve")["trace_split"]  # a shipped set: its test folder
     'test'
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as traces:  # the run's own folder: its held-out files
+    ...     held_out_env_kwargs({"capacity_trace": traces, "trace_split": "train"}, "")["trace_split"]
+    'test'
+    >>> with tempfile.TemporaryDirectory() as traces:  # a folder given: all of it
+    ...     held_out_env_kwargs({"capacity_trace": "t/", "trace_split": "train"}, traces)["trace_split"]
+    'all'
     """
+    from envs.traces import has_split_folders, trace_root
+
     kwargs = dict(trained)
     if capacity_trace:
         kwargs["capacity_trace"] = capacity_trace
-    if "capacity_trace" in kwargs:
-        kwargs["trace_split"] = "test" if Path(kwargs["capacity_trace"]).is_dir() else "all"
+    sets = [kwargs[k] for k in ("capacity_trace", "user_traces") if kwargs.get(k)]
+    if sets:
+        came_split = any(has_split_folders(s) for s in sets)  # its train files never played: test for all
+        own_folders = not capacity_trace and all(trace_root(s).is_dir() for s in sets)
+        kwargs["trace_split"] = split or ("test" if came_split or own_folders else "all")
     return kwargs
