@@ -148,7 +148,8 @@ def test_episode_records_hold_mean_qoe_lin_and_fairness():
     assert record["fairness"] == pytest.approx(jain_index(quality)) and record["fairness"] == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"num_users": 12, "users": "4-12", "churn": 0.05}, {"trace": True}])
+@pytest.mark.parametrize("kwargs", [{}, {"num_users": 12, "users": "4-12", "churn": 0.05}, {"trace": True},
+                                    {"user_traces": "pensieve", "churn": 0.05}])
 def test_episodes_in_a_batched_env_are_the_single_envs_episodes(kwargs, tmp_path, monkeypatch):
     """VR-edge's episodes are played in its batched env: the records (random play: episodes of many lengths, an env
     restarted mid-batch) are those of one env per episode, to the last bit."""
