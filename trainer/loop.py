@@ -407,7 +407,7 @@ class ThreadPlanLines:
         changed = threads.record()
         if not (changed and self.lead):
             return False
-        with open(self.run_dir / "threads.log", "a") as log:
+        with checkpoints.appending(self.run_dir / "threads.log") as log:
             log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {changed}\n")
         if threads.state()["chosen"]:
             _record_thread_plan(self.run_dir / "config.json", threads.state())
@@ -442,16 +442,14 @@ def _summary(run: _Run, checkpoint: Path | None) -> dict:
 
 def _write_config(run_dir: Path, cfg: TrainConfig, layout: dict, thread_plan: dict | None) -> None:
     """``config.json``: the run's settings, its layout, and its thread plan once there is one."""
-    (run_dir / "config.json").write_text(json.dumps({"config": cfg.to_dict(), "layout": layout,
-                                                     "thread_plan": thread_plan}, indent=2))
+    checkpoints.files.write_whole(run_dir / "config.json", json.dumps(
+        {"config": cfg.to_dict(), "layout": layout, "thread_plan": thread_plan}, indent=2))
 
 
 def _record_thread_plan(config: Path, thread_plan: dict | None) -> None:
     """Put a new thread plan into ``config.json``, replaced whole (a kill leaves the old file or the new one)."""
-    stored = json.loads(config.read_text())
-    tmp = config.with_name(config.name + ".tmp")
-    tmp.write_text(json.dumps({**stored, "thread_plan": thread_plan}, indent=2))
-    tmp.replace(config)
+    stored = json.loads(checkpoints.read_small_file(config))
+    checkpoints.files.write_whole(config, json.dumps({**stored, "thread_plan": thread_plan}, indent=2))
 
 
 def _say_and_unlock(lock: checkpoints.RunDirLock, error: Exception) -> None:

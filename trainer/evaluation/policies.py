@@ -152,6 +152,8 @@ def picked_checkpoint(path: str | Path, pick: str = "latest") -> PickedCheckpoin
     if Path(path).is_file():  # that file, or what a run's pointer passed as the file stands for
         return _newest(path, "the checkpoint file")
     best, instead = checkpoints.best_or_why_not(path) if pick == "best" else (None, "")
+    if best is None and instead and instead != checkpoints.NO_BEST:  # a pointer there, refused
+        print(f"skipped {instead}", file=sys.stderr)
     if best is not None:
         try:
             return PickedCheckpoint(best, checkpoints.load(best), "the best checkpoint (validation)")

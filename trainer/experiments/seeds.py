@@ -70,7 +70,7 @@ def claimed_folder(folder: Path, cfg: TrainConfig) -> None:
     another setup's seeds, or a run of its own."""
     setup, stored = setup_of(cfg), folder / SETUP
     if stored.exists():
-        theirs = with_current_names(json.loads(stored.read_text())["setup"])
+        theirs = with_current_names(json.loads(checkpoints.read_small_file(stored))["setup"])
         differ = {k: (theirs.get(k), v) for k, v in setup.items() if theirs.get(k) != v}
         if differ:
             key, (old, new) = next(iter(differ.items()))
@@ -82,9 +82,7 @@ def claimed_folder(folder: Path, cfg: TrainConfig) -> None:
         raise ConfigError("run_dir", str(folder), message=f"--run-dir {folder} is a run directory, not a folder of "
                           "seeds: pass another --run-dir (each seed's run directory goes inside it)")
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = stored.with_name(SETUP + ".tmp")
-    tmp.write_text(json.dumps({"setup": setup}, indent=2))
-    tmp.replace(stored)
+    checkpoints.files.write_whole(stored, json.dumps({"setup": setup}, indent=2))
 
 
 def seed_runs(folder: Path, cfg: TrainConfig, seeds: tuple[int, ...]) -> list[SeedRun]:
@@ -96,7 +94,7 @@ def seed_runs(folder: Path, cfg: TrainConfig, seeds: tuple[int, ...]) -> list[Se
         saved = checkpoints.checkpoint_files(run_dir)
         done, iterations = 0, 1
         if saved:
-            layout = json.loads((run_dir / "config.json").read_text())["layout"]
+            layout = json.loads(checkpoints.read_small_file(run_dir / "config.json"))["layout"]
             done = checkpoints.checkpoint_iteration(saved[0])
             iterations = whole_iterations(cfg.total_steps, layout["batch_envs"] * cfg.num_steps)
         runs.append(SeedRun(seed, run_dir, done, iterations))

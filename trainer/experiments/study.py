@@ -196,7 +196,7 @@ def _asking_alone(sweep_dir: Path) -> Iterator[None]:
     Where there is no ``flock`` (Windows), unguarded: a trial asked past ``--trials`` is then told FAIL unrun."""
     path = sweep_dir / CLAIMS / "ask.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as held:
+    with checkpoints.appending(path) as held:
         if fcntl is not None:
             fcntl.flock(held, fcntl.LOCK_EX)  # released as the file closes, or as its process dies
         yield
