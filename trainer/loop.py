@@ -472,12 +472,18 @@ def _add_note(error: BaseException, note: str) -> None:
         error.__notes__ = [*getattr(error, "__notes__", ()), note]
 
 
+TORCHRUN_LOGS = "torchrun"  # torchrun's --log-dir in a run directory, as the printed commands and the docs pass it
+
+
 def train_command(*args: str) -> str:
     """``python -m trainer.train ARGS`` as :func:`trainer.arguments.command` prints it (the resume command of a
     failed run's note); under torchrun on one node, the torchrun command with as many ranks (a run resumes at any
-    world size: docs/distributed.md)."""
+    world size: docs/distributed.md), torchrun's own log folder in the run resumed (``--log-dir RUN/torchrun``:
+    nothing of the run in the system's temporary folder)."""
     world = World.from_environment()
     if world.size > 1 and world.nodes == 1:
+        logs = ["--log-dir", str(checkpoints.run_dir_of(args[args.index("--resume") + 1]) / TORCHRUN_LOGS)] \
+            if "--resume" in args else []
         return command("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world.local_size),
-                        "-m", "trainer.train", *args)
+                       *logs, "-m", "trainer.train", *args)
     return command("-m", "trainer.train", *args)
