@@ -62,6 +62,7 @@ class PickedCheckpoint(NamedTuple):
     source: Path  # its file
     state: dict[str, Any]  # what it holds, loaded
     label: str  # which it is, in words: "the best checkpoint (validation)", "the checkpoint file", ...
+    refused: str = ""  # why the run's best pointer was not followed (unreadable, out of the run, its file gone)
 
 
 def trained_model(path: str | Path, pick: str = "latest", env_kwargs: dict[str, Any] | None = None,
@@ -139,7 +140,11 @@ def load_policy(path: str | Path, *, pick: str = "best", stochastic: bool = Fals
     ``ValueError``) naming it."""
     if pick not in PICKS:
         raise ValueError(f"pick={pick!r}: use {' or '.join(map(repr, PICKS))}")
-    model, cfg, source = trained_model(path, pick)
+    picked = picked_checkpoint(path, pick)
+    if picked.refused:  # (trainer.evaluate and trainer.compare say it in the label of what they loaded)
+        print(f"skipped {picked.refused}", file=sys.stderr)
+    model, cfg = policy_from_state(picked.state, picked.source)
+    source = picked.source
     if stochastic and (refused := sampling_refused(cfg, source)):
         raise ValueError(f"stochastic=True: {refused}; pass stochastic=False")
     return TrainedPolicy(model, cfg, source, stochastic)
@@ -152,8 +157,6 @@ def picked_checkpoint(path: str | Path, pick: str = "latest") -> PickedCheckpoin
     if Path(path).is_file():  # that file, or what a run's pointer passed as the file stands for
         return _newest(path, "the checkpoint file")
     best, instead = checkpoints.best_or_why_not(path) if pick == "best" else (None, "")
-    if best is None and instead and instead != checkpoints.NO_BEST:  # a pointer there, refused
-        print(f"skipped {instead}", file=sys.stderr)
     if best is not None:
         try:
             return PickedCheckpoint(best, checkpoints.load(best), "the best checkpoint (validation)")
@@ -161,7 +164,8 @@ def picked_checkpoint(path: str | Path, pick: str = "latest") -> PickedCheckpoin
             print(f"skipped the best checkpoint: {e}", file=sys.stderr)
             instead = f"the best checkpoint, {best.name}, does not load"
     picked = _newest(path, "the latest checkpoint", said=best)
-    return picked._replace(label=picked.label + (f" ({instead})" if pick == "best" else ""))
+    refused = instead if best is None and instead != checkpoints.NO_BEST else ""  # a pointer there, not followed
+    return picked._replace(label=picked.label + (f" ({instead})" if pick == "best" else ""), refused=refused)
 
 
 def _newest(path: str | Path, label: str, said: Path | None = None) -> PickedCheckpoint:

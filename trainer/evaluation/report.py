@@ -93,7 +93,7 @@ def private_matplotlib_cache() -> None:
     process's, removed as it exits, rather than under ``$HOME`` (``~/.cache/matplotlib``), so that a command writes
     nothing outside the folders it names; ``MPLCONFIGDIR``, where set, is kept (a cache that lasts: about 0.3 s
     less per command that plots, measured on AMD EPYC, 2 cores)."""
-    if "MPLCONFIGDIR" in os.environ or "matplotlib" in sys.modules:
+    if os.environ.get("MPLCONFIGDIR") or "matplotlib" in sys.modules:
         return
     folder = tempfile.mkdtemp(prefix="parallel-rollouts-matplotlib-")
     atexit.register(shutil.rmtree, folder, True)
