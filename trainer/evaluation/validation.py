@@ -12,6 +12,7 @@ the run's ``best`` pointer at it (next to ``latest``; retention keeps it).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,32 @@ import torch
 
 import checkpoints
 import envs
+from collectors.deadlines import Deadline
+from collectors.watchdog import Watchdog
 from trainer.config import TrainConfig
 from trainer.evaluation.baselines import best_baseline
 from trainer.evaluation.episodes import policy_actions, run_episodes, validation_seeds
 from trainer.evaluation.policies import make_model
 from trainer.evaluation.statistics import paired_difference, summarize
+
+
+class _Bounded(gym.Wrapper):
+    """A validation env whose every reset and step is under ``watchdog``'s deadline (``--worker-timeout``): a hung
+    one raises ``collectors.WorkerTimeoutError`` naming it, the run's last completed iteration saved."""
+
+    def __init__(self, env: gym.Env, watchdog: Watchdog) -> None:
+        super().__init__(env)
+        self.watchdog = watchdog
+
+    @classmethod
+    def made(cls, make: Callable[[], gym.Env], watchdog: Watchdog) -> _Bounded:
+        return cls(watchdog.call("start", make), watchdog)
+
+    def reset(self, **kwargs: Any) -> Any:
+        return self.watchdog.call("reset", functools.partial(self.env.reset, **kwargs))
+
+    def step(self, action: Any) -> Any:
+        return self.watchdog.call("step", self.env.step, action)
 
 
 class Validator:
@@ -51,7 +73,10 @@ class Validator:
             return
         self.seeds = validation_seeds(cfg.seed, cfg.eval_episodes)
         self.policy = make_model(cfg).eval()  # a CPU copy: the learner's model may live on a GPU
-        self.env_fn = functools.partial(gym.make, cfg.env, **cfg.env_options)
+        # every call of the validation envs under --worker-timeout, as the envs the run collects with
+        watchdog = Watchdog(Deadline(cfg.worker_timeout), [], "envs", whose="the validation's")
+        self.env_fn = functools.partial(_Bounded.made, functools.partial(gym.make, cfg.env, **cfg.env_options),
+                                        watchdog)
         self.baseline, self.baseline_records = None, None
         if cfg.env == "VREdge-v0":
             env = self.env_fn()
