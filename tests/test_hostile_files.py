@@ -204,10 +204,13 @@ def test_a_sweep_whose_study_lost_its_trials_is_refused(tmp_path, damage):
 
 
 @pytest.mark.parametrize("folder", ["/proc/self", "/proc/self/sweep", "/sys/kernel"])
-def test_an_unwritable_sweep_folder_is_one_line(folder):
+def test_an_unwritable_sweep_folder_is_one_line(tmp_path, folder):
     if not Path(folder).parent.exists():
         pytest.skip(f"no {Path(folder).parent} here")
-    status, err, _ = command("-m", "trainer.sweep", "--space", "x.toml", "--trials", "1", "--dir", folder)
+    space = tmp_path / "space.toml"
+    space.write_text(SPACE)
+    status, err, _ = command("-m", "trainer.sweep", "--space", str(space), "--trials", "1", "--dir", folder, "--",
+                             *TINY, "--total-steps", "32")
     usage_error(status, err, "--dir", folder)
 
 
