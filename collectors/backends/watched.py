@@ -23,7 +23,7 @@ from collectors.watchdog import Watchdog
 
 
 class Watched:
-    """The stepper ``make()`` builds (``SerialStepper``, ``SyncStepper``), every call of it under ``worker_timeout``.
+    """The stepper that ``make`` builds (``SerialStepper``, ``SyncStepper``), each call of it under ``worker_timeout``.
 
     Example:
         >>> import gymnasium as gym
