@@ -269,3 +269,14 @@ def test_the_printed_torchrun_command_keeps_its_logs_in_the_run(monkeypatch, tmp
     printed = train_command("--resume", str(tmp_path / "run" / "checkpoints" / "ckpt_00000004.pt")).split()
     assert printed[printed.index("--log-dir") + 1] == str(tmp_path / "run" / "torchrun")
     assert printed.index("--log-dir") < printed.index("trainer.train")
+
+
+def test_a_fifo_as_a_seed_folders_setup_is_one_line(tmp_path):
+    """``trainer.train --seeds`` reads the folder's ``seeds.json`` first: a FIFO there is one usage error line."""
+    folder = tmp_path / "seeds"
+    folder.mkdir()
+    os.mkfifo(folder / "seeds.json")
+    status, err, _ = command("-m", "trainer.train", *TINY, "--total-steps", "32", "--seeds", "1-2",
+                             "--run-dir", str(folder))
+    usage_error(status, err, folder / "seeds.json", "FIFO", "--run-dir")
+    assert sorted(p.name for p in folder.iterdir()) == ["seeds.json"]

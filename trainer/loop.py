@@ -407,10 +407,14 @@ class ThreadPlanLines:
         changed = threads.record()
         if not (changed and self.lead):
             return False
-        with checkpoints.appending(self.run_dir / "threads.log") as log:
-            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {changed}\n")
-        if threads.state()["chosen"]:
-            _record_thread_plan(self.run_dir / "config.json", threads.state())
+        try:
+            with checkpoints.appending(self.run_dir / "threads.log") as log:
+                log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {changed}\n")
+            if threads.state()["chosen"]:
+                _record_thread_plan(self.run_dir / "config.json", threads.state())
+        except (OSError, ValueError) as e:  # a FIFO put in place of either, say: said, and the run goes on
+            self.bar.write(f"threads: the change could not be kept in {self.run_dir} "
+                           f"({getattr(e, 'strerror', None) or e})", file=sys.stderr)
         now = time.monotonic() if now is None else now
         if now - self.said_at < SAY_PLANS_EVERY_S:
             self.unsaid += 1

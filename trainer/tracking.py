@@ -177,6 +177,9 @@ def _wandb_id(run_dir: Path) -> str:
         kept = read_small_file(path, POINTER_BYTES).strip()
     except FileNotFoundError:
         kept = ""
+    except (OSError, ValueError) as e:  # (ValueError: not UTF-8)
+        raise ValueError(f"cannot read the run's W&B id {path}: {getattr(e, 'strerror', None) or e}; move it "
+                         "aside (a new W&B run is then started) or put the run's back") from None
     if kept:
         return kept
     new = secrets.token_hex(4)  # 8 characters, as W&B's own ids
