@@ -92,9 +92,10 @@ def lines_of(f: BinaryIO, longest: int = SMALL_BYTES) -> Iterator[bytes]:
         yield line.rstrip(b"\r\n")
 
 
-def write_whole(path: str | os.PathLike, text: str) -> None:
+def write_whole(path: str | os.PathLike, text: str, durable: bool = False) -> None:
     """Write ``text`` to ``path`` through a temporary file of its own moved into place: whole or not at all, and
-    whatever stood at ``path`` (a link, a FIFO) is replaced, never followed or waited for."""
+    whatever stood at ``path`` (a link, a FIFO) is replaced, never followed or waited for; ``durable``: on the disk
+    (``fsync``) before it is moved, as a pointer must be."""
     path = os.fspath(path)
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")  # its own: several processes may write it at once
@@ -103,6 +104,9 @@ def write_whole(path: str | os.PathLike, text: str) -> None:
     try:
         with os.fdopen(open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, None), "w") as f:
             f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -20,7 +20,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from checkpoints.files import POINTER_BYTES, open_regular, read_small_file
+from checkpoints.files import POINTER_BYTES, read_small_file, write_whole
 from checkpoints.store import CheckpointError, load, save
 
 _NAME = re.compile(r"ckpt_(\d+)\.pt$")
@@ -32,16 +32,9 @@ GUARD_WAIT_S = 10.0  # a contender holds the guard for milliseconds; longer mean
 
 
 def _write_pointer(directory: Path, text: str, pointer: str = LATEST) -> None:
-    tmp = directory / f".{pointer}.tmp"
     try:
-        tmp.unlink(missing_ok=True)  # whatever was left in its place (a FIFO would block the write)
-        with os.fdopen(open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, None), "w") as f:
-            f.write(text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, directory / pointer)
+        write_whole(directory / pointer, text + "\n", durable=True)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise CheckpointError(f"cannot write {directory / pointer}: {e.strerror or e}") from None
 
 

@@ -26,7 +26,7 @@ HANG_S = 60.0
 TINY = ["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--threads", "1", "--seed", "3",
         "--eval-every", "2", "--eval-episodes", "2"]
 SMALL_FILES = ("checkpoints/best", "checkpoints/latest", "config.json", "metrics.jsonl", "lock", ".lock.guard",
-               "threads.log", "evaluation.json", "checkpoints/.latest.tmp", "checkpoints/.best.tmp")
+               "threads.log", "evaluation.json", "metrics.jsonl.tmp", "wandb_id")
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs: POSIX")
 
 
