@@ -207,7 +207,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     from trainer.evaluation.policies import picked_checkpoint, policy_from_state, sampling_refused
     from trainer.evaluation.report import check_writable
 
-    source, state, which, _ = picked_checkpoint(args.checkpoint, args.pick)  # (the label says what was refused)
+    source, state, which = picked_checkpoint(args.checkpoint, args.pick)
     trained_on = state.get("config", {}).get("env")
     if args.capacity_trace and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
         parser.error(f"--capacity-trace applies to VREdge-v0, not {trained_on} ({source}); drop it")

@@ -286,7 +286,7 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     signals = signals or StopSignals()  # (not entered: its sections hold nothing back, for a library caller)
     if "onnx" in formats:
         _need_onnx()
-    source, state, which, _ = picked_checkpoint(checkpoint, pick)
+    source, state, which = picked_checkpoint(checkpoint, pick)
     model, cfg = policy_from_state(state, source)
     if not isinstance(model, (ActorCritic, SetActorCritic)):
         raise ValueError(f"{source} is {algorithm_class(cfg.algo).model_name} (--algo {cfg.algo}); trainer.export "
