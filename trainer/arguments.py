@@ -140,12 +140,12 @@ def not_a_directory(flag: str, value: str) -> str:
 
 
 def not_writable(flag: str, value: str) -> str:
-    """What stops ``flag``'s output directory ``value`` from being written (it is made where missing, then a folder
-    is made and removed in it: a read-only file system, ``/proc``, no permission), for ``parser.error``; ``""``
-    otherwise."""
+    """What stops ``flag``'s output directory ``value`` from being written (a read-only file system, ``/proc``, no
+    permission), for ``parser.error``; ``""`` otherwise. A folder is made and removed in it, or in the nearest of
+    its parents that exists where it does not (nothing is left behind: a usage error found later writes nothing)."""
+    existing = next((p for p in (Path(value), *Path(value).parents) if p.exists()), Path("."))
     try:
-        Path(value).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=value, prefix=".check-"):
+        with tempfile.TemporaryDirectory(dir=existing, prefix=".check-"):
             pass
     except OSError as e:
         return f"{flag} {value}: cannot write there ({e.strerror or e}); pass {flag} DIR, a folder you can write"

@@ -138,12 +138,15 @@ def keep_metrics_until(path: Path, iteration: int) -> int:
     dropped = sum(not _kept(line, iteration) for _, line in _lines(path))
     if dropped:
         tmp = path.with_name(path.name + ".tmp")
-        tmp.unlink(missing_ok=True)  # whatever was left in its place
-        with open(tmp, "xb") as out:
-            for _, line in _lines(path):
-                if _kept(line, iteration):
-                    out.write(line + b"\n")
-        os.replace(tmp, path)
+        try:
+            tmp.unlink(missing_ok=True)  # whatever was left in its place
+            with open(tmp, "xb") as out:
+                for _, line in _lines(path):
+                    if _kept(line, iteration):
+                        out.write(line + b"\n")
+            os.replace(tmp, path)
+        except OSError as e:
+            raise MetricsWriteError(f"cannot write {path}: {e.strerror or e}; it is as it was") from None
     return dropped
 
 
