@@ -203,6 +203,15 @@ def test_a_sweep_whose_study_lost_its_trials_is_refused(tmp_path, damage):
     assert {p.relative_to(folder): p.stat().st_mtime_ns for p in folder.rglob("*") if p.name != "study.db"} == kept
 
 
+def test_a_fifo_as_the_sweeps_ask_lock_is_one_line(tmp_path):
+    folder = tmp_path / "sw"
+    (folder / ".claims").mkdir(parents=True)
+    os.mkfifo(folder / ".claims" / "ask.lock")
+    status, err, _ = sweep(folder)
+    usage_error(status, err, folder / ".claims" / "ask.lock", "FIFO")
+    assert not (folder / "trial-0000").exists()
+
+
 @pytest.mark.parametrize("folder", ["/proc/self", "/proc/self/sweep", "/sys/kernel"])
 def test_an_unwritable_sweep_folder_is_one_line(tmp_path, folder):
     if not Path(folder).parent.exists():

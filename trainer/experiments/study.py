@@ -118,7 +118,7 @@ def default_eval_every(cfg: TrainConfig) -> int:
 
 
 class StorageError(ValueError):
-    """The study's database cannot be opened (``--storage``)."""
+    """The study's database cannot be opened (``--storage``), or the sweep folder's lock on asking it for trials."""
 
 
 def study_storage(url: str) -> optuna.storages.RDBStorage:
@@ -225,8 +225,13 @@ def _asking_alone(sweep_dir: Path) -> Iterator[None]:
     """The block run by one process of this machine at a time (an ``flock`` on ``.claims/ask.lock``): taking trials.
     Where there is no ``flock`` (Windows), unguarded: a trial asked past ``--trials`` is then told FAIL unrun."""
     path = sweep_dir / CLAIMS / "ask.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with checkpoints.appending(path) as held:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        held = checkpoints.appending(path)
+    except OSError as e:  # a FIFO put in its place, say
+        raise StorageError(f"--dir {sweep_dir}: cannot open {path}, the lock the sweep's processes take the study's "
+                           f"trials under: {e.strerror or e}; move it aside") from None
+    with held:
         if fcntl is not None:
             fcntl.flock(held, fcntl.LOCK_EX)  # released as the file closes, or as its process dies
         yield
