@@ -1,10 +1,13 @@
-"""Persistence: atomic checksummed checkpoints, safe loading, retention, `latest` and `best` pointers, run-dir locks.
+"""Persistence: atomic checksummed checkpoints, safe loading, retention, `latest` and `best` pointers, run-dir locks,
+and one way to read a run's small files (regular files only, capped: `checkpoints.files`).
 
 Knows nothing of what it stores: any nest of dicts, lists, tuples, tensors, NumPy
 arrays and plain Python values.
 """
 
+from checkpoints.files import UnreadableFileError, appending, read_small_file, reading
 from checkpoints.run_dir import (
+    NO_BEST,
     RunDirLock,
     RunDirLockedError,
     best_checkpoint,
@@ -22,7 +25,8 @@ from checkpoints.run_dir import (
 )
 from checkpoints.store import FORMAT_VERSION, CheckpointError, load, save
 
-__all__ = ["FORMAT_VERSION", "CheckpointError", "RunDirLock", "RunDirLockedError", "best_checkpoint", "best_info",
+__all__ = ["FORMAT_VERSION", "NO_BEST", "CheckpointError", "UnreadableFileError", "appending", "read_small_file",
+           "reading", "RunDirLock", "RunDirLockedError", "best_checkpoint", "best_info",
            "best_or_why_not",
            "checkpoint_files", "checkpoint_iteration",
            "lagging_latest", "latest_loadable", "load", "remove_partial_saves", "run_dir_of",

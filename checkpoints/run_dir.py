@@ -20,6 +20,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
+from checkpoints.files import POINTER_BYTES, read_small_file, write_whole
 from checkpoints.store import CheckpointError, load, save
 
 _NAME = re.compile(r"ckpt_(\d+)\.pt$")
@@ -31,15 +32,9 @@ GUARD_WAIT_S = 10.0  # a contender holds the guard for milliseconds; longer mean
 
 
 def _write_pointer(directory: Path, text: str, pointer: str = LATEST) -> None:
-    tmp = directory / f".{pointer}.tmp"
     try:
-        with open(tmp, "w") as f:
-            f.write(text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, directory / pointer)
+        write_whole(directory / pointer, text + "\n", durable=True)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise CheckpointError(f"cannot write {directory / pointer}: {e.strerror or e}") from None
 
 
@@ -86,15 +81,19 @@ def _outside(directory: Path, where: str | Path) -> str:
     return f"{where}, outside the run's checkpoints folder {directory}: refused"
 
 
+NO_BEST = "the run has no best checkpoint"
+
+
 def _best_pointer(directory: Path) -> tuple[dict[str, Any] | None, str]:
-    if not (directory / BEST).exists():
-        return None, "the run has no best checkpoint"
+    if not (directory / BEST).exists() and not (directory / BEST).is_symlink():
+        return None, NO_BEST
+    text, why = _read_pointer(directory / BEST)
     try:
-        info = json.loads((directory / BEST).read_text())
-    except (OSError, ValueError):
+        info = json.loads(text)
+    except ValueError:
         info = None
     if not isinstance(info, dict) or not isinstance(info.get("file"), str) or not info["file"]:
-        return None, f"the run's best pointer {directory / BEST} is unreadable"
+        return None, f"the run's best pointer {directory / BEST} is unreadable{why}"
     if not _own(directory, directory / info["file"]):
         return None, f"the run's best pointer {directory / BEST} names {_outside(directory, info['file'])}"
     if not (directory / info["file"]).is_file():
@@ -261,19 +260,27 @@ def _latest_pointer(directory: Path) -> tuple[Path | None, str]:
     """The checkpoint file that the ``latest`` pointer in ``directory`` names and ``""``, or ``None`` and why it
     names none of the run's (``""`` where there is no pointer)."""
     pointer = directory / LATEST
-    if not pointer.is_file():
+    if not pointer.exists() and not pointer.is_symlink():
         return None, ""
-    try:
-        name = pointer.read_text().strip()
-    except (OSError, ValueError):
-        name = ""
+    name, why = _read_pointer(pointer)
     if not name:
-        return None, f"the run's latest pointer {pointer} is unreadable"
+        return None, f"the run's latest pointer {pointer} is unreadable{why}"
     if not _own(directory, directory / name):
         return None, f"the run's latest pointer {pointer} names {_outside(directory, name)}"
     if not (directory / name).is_file():
         return None, f"the run's latest pointer {pointer} names {name}, which does not exist"
     return directory / name, ""
+
+
+def _read_pointer(pointer: Path) -> tuple[str, str]:
+    """A pointer's text, stripped, and ``""``; or ``""`` and why it cannot be read (``" (it is a FIFO ...)"``): a
+    pointer is a regular file of a few bytes (:func:`checkpoints.files.read_small_file`), never waited for."""
+    try:
+        return read_small_file(pointer, POINTER_BYTES).strip(), ""
+    except OSError as e:
+        return "", f" ({e.strerror or e})"
+    except ValueError:  # not UTF-8
+        return "", ""
 
 
 def lagging_latest(path: str | os.PathLike, loaded: Path) -> str:
@@ -429,7 +436,7 @@ class RunDirLock:
 
     def _holder(self) -> dict[str, Any] | None:
         try:
-            holder = json.loads(self.path.read_text())
+            holder = json.loads(read_small_file(self.path, POINTER_BYTES))  # (a FIFO planted there: unreadable)
             return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
         except (OSError, ValueError):
             return None

@@ -24,12 +24,12 @@ def _make_stepper(backend: str, env_fns, num_workers: int | None, main_share: bo
                   worker_timeout: float, start_method: str | None):
     if num_splits != 1 and backend != "async":
         raise ValueError(f"num_splits={num_splits!r} needs backend='async' (got {backend!r}); leave it at 1")
-    if backend == "serial":
+    if backend in ("serial", "sync"):  # this process's envs, under worker_timeout all the same
         from collectors.backends.serial import SerialStepper
-        return SerialStepper(env_fns)
-    if backend == "sync":
         from collectors.backends.sync import SyncStepper
-        return SyncStepper(env_fns)
+        from collectors.backends.watched import Watched
+        stepper = SerialStepper if backend == "serial" else SyncStepper
+        return Watched(lambda: stepper(env_fns), len(env_fns), worker_timeout)
     from collectors.backends.async_ import AsyncStepper
     return AsyncStepper(env_fns, num_workers=num_workers, main_share=main_share, num_splits=num_splits,
                         worker_timeout=worker_timeout, start_method=start_method)
@@ -100,7 +100,8 @@ class RolloutCollector(Collector):
         main_share: async only; whether this process steps a share of the envs too.
         num_threads: torch threads of this process while ``collect()`` runs (``None``: unchanged).
         num_splits: async only; env groups stepped double-buffered (``1``: lockstep).
-        worker_timeout: async only; seconds a worker may stay silent before a ``WorkerTimeoutError``.
+        worker_timeout: seconds a worker (async), or a call of the envs stepped in this process (serial, sync, the
+            async backend's own share), may stay silent before a ``WorkerTimeoutError``.
         start_method: async only; ``"forkserver"``, ``"spawn"`` or ``None`` (the forkserver where there is one).
         compile_policy: ``True`` (or a ``torch.compile`` mode) calls the policy compiled; ``False``: as it is.
 

@@ -86,7 +86,7 @@ class Watchdog:
 
     ``processes``: the collector's worker processes (a list it may still fill), killed before a last resort;
     ``hosted``: which envs this process steps (``"envs 0-1"``), for the error (an attribute: the caller may
-    name them better once they are built).
+    name them better once they are built), after ``whose`` (``"the collecting process's own"``).
 
     Example:
         >>> import time
@@ -99,10 +99,11 @@ class Watchdog:
         >>> dog.close()
     """
 
-    def __init__(self, deadline: Deadline, processes: Sequence[Any], hosted: str) -> None:
+    def __init__(self, deadline: Deadline, processes: Sequence[Any], hosted: str,
+                 whose: str = "the collecting process's own") -> None:
         self.deadline = deadline
         self._processes = processes
-        self.hosted = hosted
+        self.hosted, self.whose = hosted, whose
         self._current: _Call | None = None
         self._lock = threading.Lock()  # between the main thread leaving a call and the last resort taking it
         self._closing = threading.Event()
@@ -157,7 +158,7 @@ class Watchdog:
         ended = (f", and an interrupt did not end it within {GRACE_S:g} s (stuck inside C code, or an env that "
                  "catches every exception): this process is ended" if stuck else "")
         return WorkerTimeoutError(
-            f"the collecting process's own {self.hosted} (pid {os.getpid()}) have been stuck in {call.phase} "
+            f"{self.whose} {self.hosted} (pid {os.getpid()}) have been stuck in {call.phase} "
             f"for {took:.1f} s (limit {call.limit:.3g} s: a hung env {call.phase}; raise it with --worker-timeout / "
             f"worker_timeout){ended}")
 

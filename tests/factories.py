@@ -118,6 +118,25 @@ class StuckInCEnv(FaultyCartPole):
         return self.inner.step(action)
 
 
+class StuckInValidationEnv(FaultyCartPole):
+    """CartPole whose steps hang for ``hang_s`` seconds (``time.sleep``) where the trainer's validation plays it
+    (``--eval-every``), and step normally where the run collects with it."""
+
+    def __init__(self, hang_s: float = 3600.0) -> None:
+        super().__init__(fail_at=0)
+        self.hang_s = hang_s
+
+    def step(self, action):
+        import sys
+        import time
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_name != "run_episodes":
+            frame = frame.f_back
+        if frame is not None:
+            time.sleep(self.hang_s)
+        return self.inner.step(action)
+
+
 def stuck_in_python() -> gym.Env:
     """Hangs for 30 s at its 40th step: a collector that does not bound the hang fails a test, not hang it."""
     return StuckInPythonEnv(fail_at=40, hang_s=30.0)
@@ -194,6 +213,8 @@ if "StuckInPython-v0" not in gym.registry:
     gym.register(id="StuckInPython-v0", entry_point="tests.factories:StuckInPythonEnv", kwargs={"fail_at": 40})
 if "StuckInC-v0" not in gym.registry:  # ... stuck inside C code, where no interrupt reaches it
     gym.register(id="StuckInC-v0", entry_point="tests.factories:StuckInCEnv", kwargs={"fail_at": 40})
+if "StuckInValidation-v0" not in gym.registry:  # ... where validation plays it (an hour a step)
+    gym.register(id="StuckInValidation-v0", entry_point="tests.factories:StuckInValidationEnv")
 
 
 

@@ -490,3 +490,38 @@ def test_an_env_stuck_in_c_code_in_the_trainer_ends_the_run_with_its_checkpoint(
     err = _stderr_once_ended(proc, timeout=2 + GRACE_S + 60)
     assert time.monotonic() - going < 2 + GRACE_S + 60
     _assert_stopped_with_its_checkpoint(proc, err, run_dir, kids, proc.pid)
+
+
+@pytest.mark.parametrize("backend", ["sync", "serial"])
+def test_a_hung_step_of_the_sync_and_serial_backends_stops_the_run_with_one_line(tmp_path, backend):
+    """The sync and serial backends step every env in the trainer itself (issue 52): a step that hangs is stopped
+    after --worker-timeout as the async backend's own share is, the last completed iteration saved."""
+    run_dir = tmp_path / "run"
+    going = time.monotonic()
+    proc = _start(["--env", STUCK_IN_PYTHON, "--backend", backend, "--worker-timeout", "2", "--threads", "1"],
+                  run_dir)
+    err = _stderr_once_ended(proc, timeout=2 + 60)  # the env would sleep an hour: unbounded, the test fails
+    assert time.monotonic() - going < 2 + 60
+    assert proc.returncode == 1, err
+    error_line(err, "envs 0-3", f"pid {proc.pid}", "step", "2 s", "--worker-timeout")
+    assert f"--resume {run_dir.resolve()}" in err
+    state = checkpoints.latest_loadable(run_dir)[1]
+    assert state["iteration"] == (run_dir / "metrics.jsonl").read_text().count("\n") >= 2
+    assert not (run_dir / "lock").exists()
+
+
+def test_a_hung_validation_step_stops_the_run_with_one_line(tmp_path):
+    """Validation episodes (--eval-every) are played in the trainer: a step of theirs that hangs is stopped after
+    --worker-timeout, with one line, the last completed iteration saved (issue 52)."""
+    run_dir = tmp_path / "run"
+    going = time.monotonic()
+    proc = _start(["--env", "tests.factories:StuckInValidation-v0", "--backend", "sync", "--eval-every", "2",
+                   "--eval-episodes", "2", "--checkpoint-every", "1", "--worker-timeout", "2", "--threads", "1"],
+                  run_dir)
+    err = _stderr_once_ended(proc, timeout=2 + 60)  # a validation step would sleep an hour
+    assert time.monotonic() - going < 2 + 60
+    assert proc.returncode == 1, err
+    error_line(err, "validation's", "step", "--worker-timeout")
+    assert f"--resume {run_dir.resolve()}" in err
+    assert checkpoints.latest_loadable(run_dir)[1]["iteration"] == 1  # validated at 2: iteration 1 is the last
+    assert not (run_dir / "lock").exists()

@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -136,6 +137,19 @@ def not_a_directory(flag: str, value: str) -> str:
         return ""
     which = "it" if existing == path else str(existing)
     return f"{flag} {value}: {which} is a file, not a directory; pass {flag} DIR with DIR a directory (made if missing)"
+
+
+def not_writable(flag: str, value: str) -> str:
+    """What stops ``flag``'s output directory ``value`` from being written (a read-only file system, ``/proc``, no
+    permission), for ``parser.error``; ``""`` otherwise. A folder is made and removed in it, or in the nearest of
+    its parents that exists where it does not (nothing is left behind: a usage error found later writes nothing)."""
+    existing = next((p for p in (Path(value), *Path(value).parents) if p.exists()), Path("."))
+    try:
+        with tempfile.TemporaryDirectory(dir=existing, prefix=".check-"):
+            pass
+    except OSError as e:
+        return f"{flag} {value}: cannot write there ({e.strerror or e}); pass {flag} DIR, a folder you can write"
+    return ""
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -66,6 +66,10 @@ def _compare(argv: list[str] | None, signals: StopSignals) -> None:
     args = parser.parse_args(argv)
     groups = _checked_before_torch(parser, args)
     out_dir = Path(args.out) if args.out else _beside(args.groups[0]) / f"compare-{'-vs-'.join(map(_folder, groups))}"
+    if run := _run_around(out_dir):
+        where = "is the run directory" if run == out_dir.resolve() else f"lies inside the run directory {run}"
+        parser.error(f"{'--out ' if args.out else 'the output folder '}{out_dir} {where}: the comparison's files "
+                     "would mix with that run's; pass --out DIR, a folder outside every run")
     _import_the_comparison()
     import checkpoints
     from trainer.evaluation.comparison import load_run
@@ -166,6 +170,12 @@ def _runs_of(parser: OneLineParser, spec: str) -> list[Path]:
 def _is_run(path: Path) -> bool:
     """Whether ``path`` is a run directory: what trainer.train writes first (config.json) or checkpoints are there."""
     return path.is_dir() and ((path / "config.json").is_file() or (path / "checkpoints").is_dir())
+
+
+def _run_around(path: Path) -> Path | None:
+    """The run directory that ``path`` is or lies inside (links resolved), or ``None``."""
+    resolved = path.resolve()
+    return next((p for p in (resolved, *resolved.parents) if _is_run(p)), None)
 
 
 def _natural(path: Path) -> list[Any]:

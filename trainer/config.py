@@ -102,9 +102,10 @@ class TrainConfig:
                                group=COLLECTION, resumable=True)
     cpus_per_worker: float = setting(1.0, "ray backend: CPUs reserved per actor (fractions allowed)", above=0,
                                      flag=False, group=COLLECTION, resumable=True)
-    worker_timeout: float = setting(60.0, "seconds an async worker, the --overlap collecting process or a Ray actor "
-                                    "may stay silent (a hung env step, a stopped process) before the run stops, or "
-                                    "the actor is replaced; stretched to 20x the slowest answer measured",
+    worker_timeout: float = setting(60.0, "seconds an async worker, the --overlap collecting process, a Ray actor or "
+                                    "a call of the envs this process steps (sync, serial, validation) may stay "
+                                    "silent (a hung env step, a stopped process) before the run stops, or the actor "
+                                    "is replaced; stretched to 20x the slowest answer measured",
                                     above=0, at_most=1e6, group=COLLECTION, resumable=True)
     start_method: str = setting("auto", "how async workers and the --overlap collecting process start: forkserver "
                                 "(forked from a server that has imported torch once: ~30 ms each), spawn (a fresh "

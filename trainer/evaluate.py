@@ -371,8 +371,10 @@ def _write_results(args: argparse.Namespace, setup: _Setup, payload: dict[str, A
 
 def _described(path: Path) -> str:
     """What an earlier ``evaluation.json`` at ``path`` held, in a few words; ``""`` for none."""
+    import checkpoints
+
     try:
-        earlier = json.loads(path.read_text())
+        earlier = json.loads(checkpoints.read_small_file(path))
         return (f"{counted(earlier['episodes'], 'episode')}, {earlier.get('actions', 'greedy')} actions, of "
                 f"{Path(earlier['checkpoint']).name}")
     except (OSError, ValueError, KeyError, TypeError):

@@ -407,10 +407,14 @@ class ThreadPlanLines:
         changed = threads.record()
         if not (changed and self.lead):
             return False
-        with open(self.run_dir / "threads.log", "a") as log:
-            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {changed}\n")
-        if threads.state()["chosen"]:
-            _record_thread_plan(self.run_dir / "config.json", threads.state())
+        try:
+            with checkpoints.appending(self.run_dir / "threads.log") as log:
+                log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {changed}\n")
+            if threads.state()["chosen"]:
+                _record_thread_plan(self.run_dir / "config.json", threads.state())
+        except (OSError, ValueError) as e:  # a FIFO put in place of either, say: said, and the run goes on
+            self.bar.write(f"threads: the change could not be kept in {self.run_dir} "
+                           f"({getattr(e, 'strerror', None) or e})", file=sys.stderr)
         now = time.monotonic() if now is None else now
         if now - self.said_at < SAY_PLANS_EVERY_S:
             self.unsaid += 1
@@ -442,16 +446,14 @@ def _summary(run: _Run, checkpoint: Path | None) -> dict:
 
 def _write_config(run_dir: Path, cfg: TrainConfig, layout: dict, thread_plan: dict | None) -> None:
     """``config.json``: the run's settings, its layout, and its thread plan once there is one."""
-    (run_dir / "config.json").write_text(json.dumps({"config": cfg.to_dict(), "layout": layout,
-                                                     "thread_plan": thread_plan}, indent=2))
+    checkpoints.files.write_whole(run_dir / "config.json", json.dumps(
+        {"config": cfg.to_dict(), "layout": layout, "thread_plan": thread_plan}, indent=2))
 
 
 def _record_thread_plan(config: Path, thread_plan: dict | None) -> None:
     """Put a new thread plan into ``config.json``, replaced whole (a kill leaves the old file or the new one)."""
-    stored = json.loads(config.read_text())
-    tmp = config.with_name(config.name + ".tmp")
-    tmp.write_text(json.dumps({**stored, "thread_plan": thread_plan}, indent=2))
-    tmp.replace(config)
+    stored = json.loads(checkpoints.read_small_file(config))
+    checkpoints.files.write_whole(config, json.dumps({**stored, "thread_plan": thread_plan}, indent=2))
 
 
 def _say_and_unlock(lock: checkpoints.RunDirLock, error: Exception) -> None:
@@ -474,12 +476,18 @@ def _add_note(error: BaseException, note: str) -> None:
         error.__notes__ = [*getattr(error, "__notes__", ()), note]
 
 
+TORCHRUN_LOGS = "torchrun"  # torchrun's --log-dir in a run directory, as the printed commands and the docs pass it
+
+
 def train_command(*args: str) -> str:
     """``python -m trainer.train ARGS`` as :func:`trainer.arguments.command` prints it (the resume command of a
     failed run's note); under torchrun on one node, the torchrun command with as many ranks (a run resumes at any
-    world size: docs/distributed.md)."""
+    world size: docs/distributed.md), torchrun's own log folder in the run resumed (``--log-dir RUN/torchrun``:
+    nothing of the run in the system's temporary folder)."""
     world = World.from_environment()
     if world.size > 1 and world.nodes == 1:
+        logs = ["--log-dir", str(checkpoints.run_dir_of(args[args.index("--resume") + 1]) / TORCHRUN_LOGS)] \
+            if "--resume" in args else []
         return command("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world.local_size),
-                        "-m", "trainer.train", *args)
+                       *logs, "-m", "trainer.train", *args)
     return command("-m", "trainer.train", *args)

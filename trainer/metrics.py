@@ -6,11 +6,14 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import checkpoints
+import checkpoints.files
 from collectors import Rollout
 from trainer.common.world import ALONE, World
 
@@ -72,7 +75,7 @@ class MetricsLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            self._fd = checkpoints.files.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, None)
         except OSError as e:
             raise MetricsWriteError(f"cannot write {path}: {e.strerror or e}") from None
 
@@ -99,32 +102,83 @@ class MetricsLog:
         self.close()
 
 
-def keep_metrics_until(path: Path, iteration: int) -> int:
-    """Drop rows of iterations after ``iteration`` (lost in a crash, to be run again); returns how many.
+class MetricsReadError(ValueError):
+    """``metrics.jsonl`` cannot be read (not a regular file, larger than a run's may be, a read error): the message
+    names the file, why, and what to do."""
 
-    Rewritten atomically, so a crash here leaves the old file.
-    """
-    if not path.is_file():
-        return 0
-    lines = path.read_text().splitlines()
-    kept = [line for line in lines if _row_iteration(line) <= iteration]
-    if len(kept) < len(lines):
+
+def read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """The rows of a run's ``metrics.jsonl`` and the numbers (from 1) of its corrupt lines: not a JSON object with an
+    integer ``iteration`` (a row torn by a crash, a damaged one; a blank line is neither a row nor corrupt). ``([],
+    [])`` where there is no file; :class:`MetricsReadError` where it cannot be read."""
+    rows, corrupt = [], []
+    for number, line in _lines(path):
+        row = _row(line)
+        if row is not None:
+            rows.append(row)
+        elif line.strip():
+            corrupt.append(number)
+    return rows, corrupt
+
+
+def corrupt_rows_said(path: Path, corrupt: list[int]) -> str:
+    """One line naming the corrupt lines of ``path`` that :func:`read_rows` skipped (the first few), ``""`` where
+    there are none."""
+    if not corrupt:
+        return ""
+    shown = ", ".join(map(str, corrupt[:5])) + (", ..." if len(corrupt) > 5 else "")
+    return (f"{path}: skipped {len(corrupt)} corrupt row{'' if len(corrupt) == 1 else 's'} (not a JSON row with an "
+            f"iteration: line{'' if len(corrupt) == 1 else 's'} {shown})")
+
+
+def keep_metrics_until(path: Path, iteration: int) -> int:
+    """Drop rows of iterations after ``iteration`` (lost in a crash, to be run again), and torn ones; returns how
+    many. Rewritten atomically, so a crash here leaves the old file; :class:`MetricsReadError` where it cannot be
+    read (a FIFO planted in its place: it is then neither read nor written)."""
+    dropped = sum(not _kept(line, iteration) for _, line in _lines(path))
+    if dropped:
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, path)
-    return len(lines) - len(kept)
+        try:
+            tmp.unlink(missing_ok=True)  # whatever was left in its place
+            with open(tmp, "xb") as out:
+                for _, line in _lines(path):
+                    if _kept(line, iteration):
+                        out.write(line + b"\n")
+            os.replace(tmp, path)
+        except OSError as e:
+            raise MetricsWriteError(f"cannot write {path}: {e.strerror or e}; it is as it was") from None
+    return dropped
 
 
 def rows_until(path: Path, iteration: int) -> list[dict[str, Any]]:
     """The rows of ``path`` of iterations up to ``iteration`` (a torn or blank line left out); ``[]`` where there is
     no file."""
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if _row_iteration(line) <= iteration]
+    return [row for row in read_rows(path)[0] if row["iteration"] <= iteration]
 
 
-def _row_iteration(line: str) -> float:
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """The numbered lines of ``path`` (``metrics.jsonl``), read as a stream (:func:`checkpoints.reading`); none where
+    there is no file."""
     try:
-        return json.loads(line)["iteration"]
-    except (ValueError, KeyError, TypeError):  # a line torn by a crash, or a blank one
-        return float("inf")
+        with checkpoints.reading(path) as f:
+            yield from enumerate(checkpoints.files.lines_of(f), 1)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise MetricsReadError(f"cannot read {path}: {e.strerror or e}; move it aside (the run's own metrics.jsonl "
+                               "is a regular file of JSON rows), or put the run's back") from None
+
+
+def _row(line: bytes) -> dict[str, Any] | None:
+    """The row a line holds, or ``None`` where it holds none (torn, blank, damaged)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    ok = isinstance(row, dict) and isinstance(row.get("iteration"), int) and not isinstance(row["iteration"], bool)
+    return row if ok else None
+
+
+def _kept(line: bytes, iteration: int) -> bool:
+    row = _row(line)
+    return row is not None and row["iteration"] <= iteration

@@ -152,6 +152,8 @@ class RunLayout:
             kw["compile_policy"] = self.acting_compile
         if self.overlap:
             kw.update(background=True, worker_timeout=self.worker_timeout, start_method=self.start_method)
+        if self.backend in ("serial", "sync"):  # the envs of this process (or of its collecting process)
+            kw.update(worker_timeout=self.worker_timeout)
         if self.backend == "async":
             kw.update(worker_timeout=self.worker_timeout, start_method=self.start_method)
             kw.update(num_workers=self.workers, main_share=self.main_share, num_splits=self.num_splits)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from collectors.stop_signals import exiting_at_once_on_stop_signals
-from trainer.arguments import OneLineParser, command, not_a_directory
+from trainer.arguments import OneLineParser, command, not_a_directory, not_writable
 from trainer.experiments.space import SearchSpace, SpaceError
 from trainer.flags import CommandLine, build_parser, parse_args
 
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--trials N is required, N >= 1{'' if args.trials is None else f', got {args.trials}'}")
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
-    if args.dir and (why := not_a_directory("--dir", args.dir)):
+    if why := not_a_directory("--dir", str(_folder(args))) or not_writable("--dir", str(_folder(args))):
         parser.error(why)
     train = _train_flags(parser, flags)
     if args.jobs > 1 and train.config.backend == "ray":
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     sweep = _sweep(parser, args, train, space, argv)
     try:
         status = study.run_sweep(sweep)
-    except (study.StudyMismatchError, study.StorageError) as e:
+    except (study.StudyMismatchError, study.StudyLostError, study.StorageError) as e:
         parser.error(str(e))
     raise SystemExit(_said_end(sweep, status))
 
@@ -209,8 +209,10 @@ def _report(parser: OneLineParser, args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     name, url = args.study or folder.resolve().name, args.storage or _default_storage(folder)
     try:
-        opened = optuna.load_study(study_name=name, storage=study.study_storage(url))
-    except study.StorageError as e:
+        storage = study.study_storage(url)
+        study.check_folder_known(storage, folder, name)  # a report of a study that lost them would say none ran
+        opened = optuna.load_study(study_name=name, storage=storage)
+    except (study.StorageError, study.StudyLostError) as e:
         parser.error(str(e))
     except KeyError:
         parser.error(f"--study {name}: no such study in {study.shown_url(url)}")

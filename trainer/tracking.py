@@ -170,12 +170,18 @@ class _WandB:
 
 def _wandb_id(run_dir: Path) -> str:
     """The W&B run id of the run in ``run_dir``: the one kept there, or a new one, kept (replaced whole)."""
+    from checkpoints.files import POINTER_BYTES, read_small_file, write_whole
+
     path = run_dir / WANDB_ID
-    kept = path.read_text().strip() if path.exists() else ""
+    try:
+        kept = read_small_file(path, POINTER_BYTES).strip()
+    except FileNotFoundError:
+        kept = ""
+    except (OSError, ValueError) as e:  # (ValueError: not UTF-8)
+        raise ValueError(f"cannot read the run's W&B id {path}: {getattr(e, 'strerror', None) or e}; move it "
+                         "aside (a new W&B run is then started) or put the run's back") from None
     if kept:
         return kept
     new = secrets.token_hex(4)  # 8 characters, as W&B's own ids
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(new + "\n")
-    tmp.replace(path)
+    write_whole(path, new + "\n")
     return new

@@ -34,7 +34,7 @@ from collectors import EnvError, RayConnectError, WorkerDiedError
 from envs.settings import ConfigError
 from trainer.algorithm import NonFiniteLossError
 from trainer.arguments import command, counted
-from trainer.common.world import LeadFailedError, RankLostError, World
+from trainer.common.world import LeadFailedError, RankLostError, World, WorldEnvironmentError
 from trainer.config import named
 from trainer.interrupts import Skipped, skippable
 from trainer.loop import TrainingStopped, error_text, train, train_command
@@ -66,6 +66,15 @@ def _restarted_run(cli: CommandLine) -> str:
     return ""
 
 
+def _rank() -> int:
+    """This process's rank under torchrun (0 alone); where the environment describes no valid world (set by hand),
+    the one line that names the variable, and exit status 1."""
+    try:
+        return World.from_environment().rank
+    except WorldEnvironmentError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def _stored_setting(key: str, cli: CommandLine) -> str:
     """Where a resumed run's setting came from, when the command line did not give it: its checkpoint."""
     if not cli.resume or key in cli.given:
@@ -87,7 +96,7 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
     defaults = "" if cli.resume else defaults_used(cli.config, cli.given)
     # next to the run layout's lines: what the bare command runs is not the same for every algo
     preface = [f"defaults for --algo {cli.config.algo} on {cli.config.env}: {defaults}"] if defaults else []
-    rank = World.from_environment().rank  # under torchrun, rank 0 says what every rank did; the others, their own
+    rank = _rank()  # under torchrun, rank 0 says what every rank did; the others, their own
     try:
         if cli.seeds:
             from trainer.experiments.seeds import train_seeds

@@ -14,8 +14,9 @@ import re
 import signal
 import socket
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -33,6 +34,33 @@ class RankLostError(RuntimeError):
     def __init__(self, message: str, lost: Sequence[int] = ()) -> None:
         super().__init__(message)
         self.lost = list(lost)
+
+
+class WorldEnvironmentError(ValueError):
+    """The environment that describes a data-parallel run (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``,
+    ``MASTER_ADDR``, ``MASTER_PORT``: torchrun sets them) is wrong, or its ranks did not meet there."""
+
+
+_UNDER_TORCHRUN = ("start the ranks with torchrun, which sets these variables (docs/distributed.md), or unset "
+                   "WORLD_SIZE to train in one process")
+
+
+def _variable(env: Mapping[str, str], name: str, default: int | None, low: int, high: int | None) -> int:
+    """The integer environment variable ``name`` (``default`` where unset; ``None``: it must be set), within
+    ``low .. high``; :class:`WorldEnvironmentError` naming it otherwise."""
+    text = env.get(name)
+    if text is None and default is not None:
+        return default
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        value = None
+    if value is None or value < low or high is not None and value > high:
+        within = f"an integer >= {low}" if high is None else f"an integer within {low} .. {high}"
+        raise WorldEnvironmentError(f"{name}={text!r} in the environment: must be {within}"
+                                    + (f" (WORLD_SIZE={env.get('WORLD_SIZE')})" if name != "WORLD_SIZE" else "")
+                                    + f"; {_UNDER_TORCHRUN}")
+    return value
 
 
 class LeadFailedError(RuntimeError):
@@ -62,14 +90,25 @@ class World:
     hosts: tuple[str, ...] = ()  # each rank's host, once started
 
     @classmethod
-    def from_environment(cls, environ: dict[str, str] | None = None) -> World:
-        """The world ``torchrun`` describes in the environment; one process alone without it."""
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> World:
+        """The world ``torchrun`` describes in the environment; one process alone without it. A
+        :class:`WorldEnvironmentError` names the variable that is wrong (set by hand: not an integer, a ``RANK``
+        outside ``0 .. WORLD_SIZE - 1``, no ``MASTER_ADDR`` or ``MASTER_PORT`` for the ranks to meet at)."""
         env = os.environ if environ is None else environ
         if "WORLD_SIZE" not in env:
             return cls()
-        size = int(env["WORLD_SIZE"])
-        return cls(size=size, rank=int(env.get("RANK", 0)), local_rank=int(env.get("LOCAL_RANK", 0)),
-                   local_size=int(env.get("LOCAL_WORLD_SIZE", size)))
+        size = _variable(env, "WORLD_SIZE", None, 1, None)
+        world = cls(size=size, rank=_variable(env, "RANK", 0, 0, size - 1),
+                    local_size=_variable(env, "LOCAL_WORLD_SIZE", size, 1, size))
+        world = replace(world, local_rank=_variable(env, "LOCAL_RANK", 0, 0, world.local_size - 1))
+        if size > 1:
+            missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name, "").strip()]
+            if missing:
+                raise WorldEnvironmentError(f"WORLD_SIZE={size} but {' and '.join(missing)} "
+                                            f"{'is' if len(missing) == 1 else 'are'} not set: the ranks meet there; "
+                                            f"{_UNDER_TORCHRUN}")
+            _variable(env, "MASTER_PORT", None, 1, 65535)
+        return world
 
     @property
     def lead(self) -> bool:
@@ -109,10 +148,29 @@ class World:
             # process: rank 0 then saves what was completed
             os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
         timeout = datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group("nccl" if cuda else "gloo", store=_attempt_store(self, timeout), rank=self.rank,
-                                world_size=self.size, timeout=timeout,
-                                **({"device_id": torch.device("cuda", self.local_rank)} if cuda else {}))
-        return replace(self, hosts=tuple(self.gather_objects(socket.gethostname())))
+        with self._meeting(timeout_s):
+            dist.init_process_group("nccl" if cuda else "gloo", store=_attempt_store(self, timeout), rank=self.rank,
+                                    world_size=self.size, timeout=timeout,
+                                    **({"device_id": torch.device("cuda", self.local_rank)} if cuda else {}))
+            return replace(self, hosts=tuple(self.gather_objects(socket.gethostname())))
+
+    @contextlib.contextmanager
+    def _meeting(self, timeout_s: float) -> Iterator[None]:
+        """The rendezvous, whose failure (no rank 0 at ``MASTER_ADDR:MASTER_PORT``, a port in use, ranks missing
+        after ``timeout_s``: torch's 30-frame ``DistStoreError``) is a :class:`WorldEnvironmentError` naming the
+        variables, in one line."""
+        held = _HeldStderr()
+        try:
+            with held:
+                yield
+        except (RuntimeError, OSError, ValueError) as e:  # (torch's DistError kinds are RuntimeErrors)
+            if isinstance(e, (RankLostError, WorldEnvironmentError)):
+                raise
+            where = f"MASTER_ADDR={os.environ.get('MASTER_ADDR')} MASTER_PORT={os.environ.get('MASTER_PORT')}"
+            raise WorldEnvironmentError(
+                f"rank {self.rank} of WORLD_SIZE={self.size} did not meet the other ranks at {where} within "
+                f"--worker-timeout {timeout_s:g} s ({_why(e)}): check WORLD_SIZE, RANK, MASTER_ADDR and MASTER_PORT "
+                f"on every rank, that rank 0 runs and its port is free; {_UNDER_TORCHRUN}") from None
 
     def close(self) -> None:
         """Leave the process group (after the last collective)."""
@@ -260,6 +318,31 @@ def _attempt_store(world: World, timeout: datetime.timedelta) -> dist.Store:
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world.size,
                           is_master=not agent and world.lead, timeout=timeout, multi_tenant=not agent)
     return dist.PrefixStore(f"parallel_rollouts/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+class _HeldStderr:
+    """Standard error (the descriptor: c10d's C++ lines, one per failed connection attempt) held in a temporary file
+    for a block, and written out after it only where it ends without an exception: a failed rendezvous is said in
+    the caller's one line, not under dozens of retry warnings."""
+
+    def __enter__(self) -> _HeldStderr:
+        sys.stderr.flush()
+        self.saved, self.file = os.dup(2), tempfile.TemporaryFile()
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        with self.file:
+            if kind is None:
+                self.file.seek(0)
+                held = self.file.read()
+                if held:  # (a test's captured stderr may have no buffer: text then)
+                    buffer = getattr(sys.stderr, "buffer", None)
+                    buffer.write(held) if buffer is not None else sys.stderr.write(held.decode(errors="replace"))
+                    sys.stderr.flush()
 
 
 def _why(error: RuntimeError) -> str:

@@ -3,8 +3,8 @@ group's runs on a grid of env steps they all reached, with a 95% bootstrap band,
 
 from __future__ import annotations
 
-import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import numpy as np
 
 from trainer.evaluation import aggregate
 from trainer.evaluation.report import pyplot, write_figures
+from trainer.metrics import corrupt_rows_said, read_rows
 
 POINTS = 100  # at most, on a group's grid
 BAND_REPS = 2_000  # a band drawn, not a number compared: 2,000 replicates put its edges within ~2% of its width
@@ -20,23 +21,23 @@ BAND_REPS = 2_000  # a band drawn, not a number compared: 2,000 replicates put i
 def learning_curve(run_dir: Path, metric: str) -> tuple[np.ndarray, np.ndarray]:
     """``(env_steps, values)`` of ``metric`` in a run's ``metrics.jsonl``, by env steps, from the rows that have it
     (``episode_return`` is empty in an iteration where no episode ended, ``val_return`` is there at validations
-    alone); a row torn by a crash is skipped. A ``ValueError`` naming the file where no row has it."""
+    alone); a corrupt row (torn by a crash, damaged) is skipped, and said on stderr in one line. A ``ValueError``
+    naming the file where it cannot be read or no row has ``metric``."""
     path = Path(run_dir) / "metrics.jsonl"
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as e:
-        raise ValueError(f"cannot read {path} for the learning curves: {e.strerror or e}") from None
+    rows, corrupt = read_rows(path)
+    if corrupt:
+        print(f"note: {corrupt_rows_said(path, corrupt)}", file=sys.stderr)
     points: dict[float, float] = {}
-    for line in lines:
+    for row in rows:
         try:
-            row = json.loads(line)
             steps, value = float(row["env_steps"]), float(row[metric])
-        except (ValueError, KeyError, TypeError):  # torn, or without the metric (None in this row)
+        except (ValueError, KeyError, TypeError):  # without the metric (None in this row)
             continue
         if math.isfinite(value):
             points[steps] = value
     if not points:
-        raise ValueError(f"{path} has no {metric} in any row: no learning curve of it")
+        raise ValueError(f"{path} has no {metric} in any row: no learning curve of it" if path.exists() else
+                         f"cannot read {path} for the learning curves: no such file")
     steps = np.array(sorted(points))
     return steps, np.array([points[s] for s in steps])
 

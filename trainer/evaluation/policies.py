@@ -139,16 +139,19 @@ def load_policy(path: str | Path, *, pick: str = "best", stochastic: bool = Fals
     ``ValueError``) naming it."""
     if pick not in PICKS:
         raise ValueError(f"pick={pick!r}: use {' or '.join(map(repr, PICKS))}")
-    model, cfg, source = trained_model(path, pick)
+    picked = picked_checkpoint(path, pick, say_refused=True)
+    model, cfg = policy_from_state(picked.state, picked.source)
+    source = picked.source
     if stochastic and (refused := sampling_refused(cfg, source)):
         raise ValueError(f"stochastic=True: {refused}; pass stochastic=False")
     return TrainedPolicy(model, cfg, source, stochastic)
 
 
-def picked_checkpoint(path: str | Path, pick: str = "latest") -> PickedCheckpoint:
+def picked_checkpoint(path: str | Path, pick: str = "latest", say_refused: bool = False) -> PickedCheckpoint:
     """A checkpoint file, or a run directory's ``pick``: ``best``, the checkpoint the ``best`` pointer names, else
-    (no pointer, an unreadable one, one that leads out of the run, a file gone or that does not load: said on
-    stderr and in the label) the newest loadable, as ``latest`` picks; ``CheckpointError`` when none loads."""
+    (no pointer, an unreadable one, one that leads out of the run, a file gone or that does not load: said in the
+    label, and a pointer refused said on stderr too with ``say_refused``, where no label is shown; a best that does
+    not load always) the newest loadable, as ``latest`` picks; ``CheckpointError`` when none loads."""
     if Path(path).is_file():  # that file, or what a run's pointer passed as the file stands for
         return _newest(path, "the checkpoint file")
     best, instead = checkpoints.best_or_why_not(path) if pick == "best" else (None, "")
@@ -159,6 +162,8 @@ def picked_checkpoint(path: str | Path, pick: str = "latest") -> PickedCheckpoin
             print(f"skipped the best checkpoint: {e}", file=sys.stderr)
             instead = f"the best checkpoint, {best.name}, does not load"
     picked = _newest(path, "the latest checkpoint", said=best)
+    if say_refused and best is None and instead != checkpoints.NO_BEST:  # a pointer there, not followed
+        print(f"skipped {instead}", file=sys.stderr)
     return picked._replace(label=picked.label + (f" ({instead})" if pick == "best" else ""))
 
 

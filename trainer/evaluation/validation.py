@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,33 @@ import torch
 
 import checkpoints
 import envs
+from collectors.deadlines import Deadline
+from collectors.watchdog import Watchdog
 from trainer.config import TrainConfig
 from trainer.evaluation.baselines import best_baseline
-from trainer.evaluation.episodes import policy_actions, run_episodes, validation_seeds
+from trainer.evaluation.episodes import native_vector_env, policy_actions, run_episodes, validation_seeds
 from trainer.evaluation.policies import make_model
 from trainer.evaluation.report import plus_minus
 from trainer.evaluation.statistics import paired_difference, summarize
+
+
+class _Bounded(gym.Wrapper):
+    """A validation env whose every reset and step is under ``watchdog``'s deadline (``--worker-timeout``): a hung
+    one raises ``collectors.WorkerTimeoutError`` naming it, the run's last completed iteration saved."""
+
+    def __init__(self, env: gym.Env, watchdog: Watchdog) -> None:
+        super().__init__(env)
+        self.watchdog = watchdog
+
+    @classmethod
+    def made(cls, make: Callable[[], gym.Env], watchdog: Watchdog) -> _Bounded:
+        return cls(watchdog.call("start", make), watchdog)
+
+    def reset(self, **kwargs: Any) -> Any:
+        return self.watchdog.call("reset", functools.partial(self.env.reset, **kwargs))
+
+    def step(self, action: Any) -> Any:
+        return self.watchdog.call("step", self.env.step, action)
 
 
 class Validator:
@@ -56,7 +78,11 @@ class Validator:
             return
         self.seeds = validation_seeds(cfg.seed, cfg.eval_episodes)
         self.policy = make_model(cfg).eval()  # a CPU copy: the learner's model may live on a GPU
-        self.env_fn = functools.partial(gym.make, cfg.env, **cfg.env_options)
+        # every call of the validation envs under --worker-timeout, as the envs the run collects with; an env this
+        # project batches natively (VR-edge: its own NumPy code, its episodes 5x faster batched) is played as is
+        watchdog = Watchdog(Deadline(cfg.worker_timeout), [], "envs", whose="the validation's")
+        make = functools.partial(gym.make, cfg.env, **cfg.env_options)
+        self.env_fn = make if native_vector_env(make) else functools.partial(_Bounded.made, make, watchdog)
         self.baseline, self.baseline_records = None, None
         if cfg.env == "VREdge-v0":
             env = self.env_fn()

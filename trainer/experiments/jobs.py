@@ -90,12 +90,14 @@ def _joined(process: multiprocessing.process.BaseProcess) -> None:
 def output_to(path: str | os.PathLike) -> Iterator[None]:
     """This process's standard output and error (the file descriptors: what its collector's worker processes
     print too) appended to ``path`` for the block: one job's training, while others share the terminal."""
+    from checkpoints.files import appending  # (a FIFO planted there is refused, not waited for)
+
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
     try:
-        with open(path, "a") as log:
+        with appending(path) as log:
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
             yield

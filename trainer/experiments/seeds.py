@@ -70,7 +70,7 @@ def claimed_folder(folder: Path, cfg: TrainConfig) -> None:
     another setup's seeds, or a run of its own."""
     setup, stored = setup_of(cfg), folder / SETUP
     if stored.exists():
-        theirs = with_current_names(json.loads(stored.read_text())["setup"])
+        theirs = with_current_names(_stored(stored, "setup"))
         differ = {k: (theirs.get(k), v) for k, v in setup.items() if theirs.get(k) != v}
         if differ:
             key, (old, new) = next(iter(differ.items()))
@@ -82,9 +82,24 @@ def claimed_folder(folder: Path, cfg: TrainConfig) -> None:
         raise ConfigError("run_dir", str(folder), message=f"--run-dir {folder} is a run directory, not a folder of "
                           "seeds: pass another --run-dir (each seed's run directory goes inside it)")
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = stored.with_name(SETUP + ".tmp")
-    tmp.write_text(json.dumps({"setup": setup}, indent=2))
-    tmp.replace(stored)
+    checkpoints.files.write_whole(stored, json.dumps({"setup": setup}, indent=2))
+
+
+def _stored(path: Path, key: str) -> dict[str, Any]:
+    """What ``key`` holds in the JSON file ``path`` (``seeds.json``, a seed's ``config.json``: small files, read
+    as :func:`checkpoints.read_small_file` reads them); a :class:`ConfigError` naming the file where it cannot be
+    read, or holds no such object."""
+    try:
+        held = json.loads(checkpoints.read_small_file(path))
+        why = "" if isinstance(held, dict) and isinstance(held.get(key), dict) else f"no {key!r} object in it"
+    except OSError as e:
+        why = e.strerror or str(e)
+    except ValueError:  # not UTF-8, not JSON
+        why = "not JSON"
+    if why:
+        raise ConfigError("run_dir", str(path.parent), message=f"cannot read {path}: {why}; move it aside (a "
+                          "seed run's own files are written by trainer.train), or pass another --run-dir")
+    return held[key]
 
 
 def seed_runs(folder: Path, cfg: TrainConfig, seeds: tuple[int, ...]) -> list[SeedRun]:
@@ -96,7 +111,7 @@ def seed_runs(folder: Path, cfg: TrainConfig, seeds: tuple[int, ...]) -> list[Se
         saved = checkpoints.checkpoint_files(run_dir)
         done, iterations = 0, 1
         if saved:
-            layout = json.loads((run_dir / "config.json").read_text())["layout"]
+            layout = _stored(run_dir / "config.json", "layout")
             done = checkpoints.checkpoint_iteration(saved[0])
             iterations = whole_iterations(cfg.total_steps, layout["batch_envs"] * cfg.num_steps)
         runs.append(SeedRun(seed, run_dir, done, iterations))

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib.util
+import re
 import socket
 import sys
 from collections.abc import Iterator
@@ -117,7 +118,7 @@ def default_eval_every(cfg: TrainConfig) -> int:
 
 
 class StorageError(ValueError):
-    """The study's database cannot be opened (``--storage``)."""
+    """The study's database cannot be opened (``--storage``), or the sweep folder's lock on asking it for trials."""
 
 
 def study_storage(url: str) -> optuna.storages.RDBStorage:
@@ -161,14 +162,21 @@ class StudyMismatchError(ValueError):
     """The study holds another sweep's trials (other train flags or another space)."""
 
 
+class StudyLostError(ValueError):
+    """The sweep's folder holds trials (or claims of trials) its study does not: the study's database was emptied,
+    deleted, replaced or damaged."""
+
+
 def opened_study(sweep: Sweep) -> optuna.Study:
     """The sweep's study, made where it does not exist yet; :class:`StudyMismatchError` where it holds another
     command's trials (a rerun must run the same trials: other train settings or another space would not)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # each trial's end is said here, in one line
     sweep.dir.mkdir(parents=True, exist_ok=True)
     with _asking_alone(sweep.dir):  # made, and its setup stored, once
-        study = optuna.create_study(storage=study_storage(sweep.storage), study_name=sweep.study_name,
-                                    direction="maximize", load_if_exists=True, pruner=pruner_of(sweep))
+        storage = study_storage(sweep.storage)
+        check_folder_known(storage, sweep.dir, sweep.study_name)  # before a study that lost them is made or written
+        study = optuna.create_study(storage=storage, study_name=sweep.study_name, direction="maximize",
+                                    load_if_exists=True, pruner=pruner_of(sweep))
         setup = {"settings": sweep.settings, "space": sweep.space.to_dict()}
         stored = study.user_attrs.get("setup")
         if stored is None:
@@ -178,6 +186,28 @@ def opened_study(sweep: Sweep) -> optuna.Study:
                                      f"another sweep ({_difference(stored, setup)}): run its own command again to go "
                                      "on with it, or pass another --dir or --study")
     return study
+
+
+def check_folder_known(storage: optuna.storages.RDBStorage, folder: Path, name: str) -> None:
+    """Raise :class:`StudyLostError` where the sweep's ``folder`` holds trials (run directories, claims) that its
+    study ``name`` in ``storage`` does not: a trial is asked of the study before its folder or claim is made, so the
+    study lost them (its database emptied, deleted or replaced), and a sweep would sample and run them again over
+    theirs, a report would say none had run."""
+    found = {int(m.group(1)) for p in (*folder.glob("trial-*"), *(folder / CLAIMS).glob("trial-*"))
+             if (m := re.fullmatch(r"trial-(\d+)", p.name))}
+    if not found:
+        return
+    try:
+        known = len(storage.get_all_trials(storage.get_study_id_from_name(name), deepcopy=False))
+    except KeyError:  # no such study
+        known = 0
+    lost = sorted(n for n in found if n >= known)
+    if lost:
+        holds = f"holds only {counted(known, 'trial')}" if known else "is new (it holds no trial)"
+        raise StudyLostError(f"{folder} holds trial-{lost[0]:04d} (of {counted(len(found), 'trial')} there) but "
+                             f"study {name} in {shown_url(storage.url)} {holds}: its database was emptied, deleted "
+                             "or replaced, and nothing was run or written; put the study's database back to go on, or "
+                             f"start over in another --dir (or move {folder} aside)")
 
 
 def _difference(stored: dict[str, Any], mine: dict[str, Any]) -> str:
@@ -195,8 +225,13 @@ def _asking_alone(sweep_dir: Path) -> Iterator[None]:
     """The block run by one process of this machine at a time (an ``flock`` on ``.claims/ask.lock``): taking trials.
     Where there is no ``flock`` (Windows), unguarded: a trial asked past ``--trials`` is then told FAIL unrun."""
     path = sweep_dir / CLAIMS / "ask.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as held:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        held = checkpoints.appending(path)
+    except OSError as e:  # a FIFO put in its place, say
+        raise StorageError(f"--dir {sweep_dir}: cannot open {path}, the lock the sweep's processes take the study's "
+                           f"trials under: {e.strerror or e}; move it aside") from None
+    with held:
         if fcntl is not None:
             fcntl.flock(held, fcntl.LOCK_EX)  # released as the file closes, or as its process dies
         yield

@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from trainer.arguments import command, counted
-from trainer.evaluation.report import write_figures, write_replacing
+from trainer.evaluation.report import private_matplotlib_cache, write_figures, write_replacing
 
 BEST = "best.toml"
 PLOTS = {"history": "optimization history", "importances": "parameter importances"}
@@ -93,6 +93,7 @@ def write_plots(study: optuna.Study, sweep_dir: Path) -> list[str]:
     """Optuna's optimization history and parameter importances as PNG and SVG in ``sweep_dir``; a line for each
     plot: where it is, or why there is none."""
     try:
+        private_matplotlib_cache()
         import matplotlib
         matplotlib.use("Agg")
         from optuna.visualization import matplotlib as plots

@@ -395,10 +395,10 @@ def _remove_if_empty(out: Path, made: Path | None) -> None:
 def _evaluation(run_dir: Path, source: Path) -> dict[str, Any] | None:
     """The run's ``evaluation.json``, where there is one, and whether it evaluated this checkpoint."""
     path = run_dir / "evaluation.json"
-    if not path.is_file():
+    if not path.exists():
         return None
     try:
-        payload = json.loads(path.read_text())
+        payload = json.loads(checkpoints.read_small_file(path))
     except (OSError, ValueError):  # (ValueError: not JSON, or not UTF-8): named below, like any other bad content
         payload = None
     if not isinstance(payload, dict) or not isinstance(payload.get("checkpoint"), str):
