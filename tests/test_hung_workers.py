@@ -25,7 +25,7 @@ from collectors.processes import collector_process
 from collectors.watchdog import GRACE_S, Watchdog
 from tests import factories as f
 from tests.factories import RandomPolicy, settings_file
-from tests.messages import error_line, names, raises, usage_error
+from tests.messages import error_line, names, printed_lines, raises, usage_error
 from trainer.config import TrainConfig
 from trainer.interrupts import Interrupted, StopSignals
 from trainer.run_layout import Machine, run_layout
@@ -525,3 +525,16 @@ def test_a_hung_validation_step_stops_the_run_with_one_line(tmp_path):
     assert f"--resume {run_dir.resolve()}" in err
     assert checkpoints.latest_loadable(run_dir)[1]["iteration"] == 1  # validated at 2: iteration 1 is the last
     assert not (run_dir / "lock").exists()
+
+
+def test_a_hung_step_in_the_final_validation_leaves_the_run_finished(tmp_path):
+    """The end of a run plays its policy on the validation episodes: a step that hangs there is given up after
+    --worker-timeout, said on the quality line, and the finished run exits 0 with the commands that go on from it."""
+    run_dir = tmp_path / "run"
+    proc = _start(["--env", "tests.factories:StuckInValidation-v0", "--backend", "sync", "--eval-episodes", "2",
+                   "--total-steps", "64", "--worker-timeout", "2", "--threads", "1"], run_dir)
+    out, err = proc.communicate(timeout=2 + 90)  # a validation step would sleep an hour
+    lines = printed_lines(out)
+    assert proc.returncode == 0, err
+    assert "--worker-timeout" in lines["quality"] and "reward" not in lines["quality"] and "evaluate" in lines
+    assert checkpoints.latest_loadable(run_dir)[1]["iteration"] >= 1 and not (run_dir / "lock").exists()

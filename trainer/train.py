@@ -175,6 +175,8 @@ def _say_quality(run_dir: str, checkpoint: str) -> None:
                 line = quality_line(final_validation(cfg, model))
         except Skipped as e:
             line = f"not measured ({e} during it); the run is saved"
+        except Exception as e:  # an env that hangs (--worker-timeout) or fails there: the run is saved all the same
+            line = f"not measured: {error_text(e)}; the run is saved"
         print(f"quality:       {line}")
 
 

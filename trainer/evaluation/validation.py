@@ -55,6 +55,17 @@ class _Bounded(gym.Wrapper):
         return self.watchdog.call("step", self.env.step, action)
 
 
+def validation_envs(cfg: TrainConfig) -> Callable[[], gym.Env]:
+    """``make()`` of the run's env for validation: every call of it under ``--worker-timeout``, as the envs the run
+    collects with; an env this project batches natively (VR-edge: its own NumPy code, whose episodes
+    :func:`run_episodes` plays 5x faster batched) as it is."""
+    make = functools.partial(gym.make, cfg.env, **cfg.env_options)
+    if native_vector_env(make):
+        return make
+    watchdog = Watchdog(Deadline(cfg.worker_timeout), [], "envs", whose="the validation's")
+    return functools.partial(_Bounded.made, make, watchdog)
+
+
 class Validator:
     """Runs the validation episodes when due and keeps the run's ``best`` pointer.
 
@@ -78,11 +89,7 @@ class Validator:
             return
         self.seeds = validation_seeds(cfg.seed, cfg.eval_episodes)
         self.policy = make_model(cfg).eval()  # a CPU copy: the learner's model may live on a GPU
-        # every call of the validation envs under --worker-timeout, as the envs the run collects with; an env this
-        # project batches natively (VR-edge: its own NumPy code, its episodes 5x faster batched) is played as is
-        watchdog = Watchdog(Deadline(cfg.worker_timeout), [], "envs", whose="the validation's")
-        make = functools.partial(gym.make, cfg.env, **cfg.env_options)
-        self.env_fn = make if native_vector_env(make) else functools.partial(_Bounded.made, make, watchdog)
+        self.env_fn = validation_envs(cfg)
         self.baseline, self.baseline_records = None, None
         if cfg.env == "VREdge-v0":
             env = self.env_fn()
@@ -137,7 +144,7 @@ def final_validation(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]
     """
     started = time.perf_counter()
     seeds = validation_seeds(cfg.seed, cfg.eval_episodes)
-    env_fn = functools.partial(gym.make, cfg.env, **cfg.env_options)
+    env_fn = validation_envs(cfg)
     records = run_episodes(policy_actions(model.eval(), deterministic=True), env_fn, len(seeds), 0, seeds=seeds)
     result: dict[str, Any] = {"episodes": len(seeds), "policy": summarize(records)}
     if cfg.env == "VREdge-v0":
