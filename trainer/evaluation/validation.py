@@ -56,7 +56,7 @@ class _Bounded(gym.Wrapper):
 
 
 def validation_envs(cfg: TrainConfig) -> Callable[[], gym.Env]:
-    """``make()`` of the run's env for validation: every call of it under ``--worker-timeout``, as the envs the run
+    """What makes the run's env for validation: every call of the env under ``--worker-timeout``, as the envs the run
     collects with; an env this project batches natively (VR-edge: its own NumPy code, whose episodes
     :func:`run_episodes` plays 5x faster batched) as it is."""
     make = functools.partial(gym.make, cfg.env, **cfg.env_options)
