@@ -28,23 +28,10 @@ def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Pa
     Containers and schedulers (Docker ``--cpus``, Kubernetes limits, SLURM with cgroups) cap CPU
     time this way without changing the affinity mask, so ``os.cpu_count()`` alone overcounts.
     """
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    candidates: list[tuple[Path, str]] = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        rel = path.lstrip("/")
-        if controllers == "":  # cgroup v2: one unified hierarchy
-            candidates += [(root / rel / "cpu.max", "v2"), (root / "cpu.max", "v2")]
-        elif "cpu" in controllers.split(","):
-            for name in (controllers, "cpu", "cpu,cpuacct"):
-                candidates += [(root / name / rel, "v1"), (root / name, "v1")]
-    for where, version in candidates:
+    for where, version in _cgroup_dirs(root, proc_cgroup, "cpu", ("cpu", "cpu,cpuacct")):
         try:
             if version == "v2":
-                quota, period = where.read_text().split()[:2]
+                quota, period = (where / "cpu.max").read_text().split()[:2]
                 if quota != "max":
                     return int(quota) / int(period)
             else:
@@ -55,6 +42,49 @@ def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Pa
             continue
         return None  # the first readable file decides: parents' limits apply to the whole subtree anyway
     return None
+
+
+def cgroup_memory_available(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
+                            ) -> int | None:
+    """Bytes this process's cgroup may still allocate (v2 ``memory.max - memory.current``, v1 ``limit_in_bytes -
+    usage_in_bytes``); ``None`` if unlimited.
+
+    Why: a container or a SLURM job is killed at its cgroup's limit, while ``psutil.virtual_memory()`` reports the
+    whole machine's memory.
+    """
+    for where, version in _cgroup_dirs(root, proc_cgroup, "memory", ("memory",)):
+        try:
+            if version == "v2":
+                limit = (where / "memory.max").read_text().strip()
+                if limit == "max":
+                    return None
+                return max(0, int(limit) - int((where / "memory.current").read_text()))
+            limit = int((where / "memory.limit_in_bytes").read_text())
+            if limit >= 1 << 60:  # v1 says "unlimited" with a page-rounded 2**63
+                return None
+            return max(0, limit - int((where / "memory.usage_in_bytes").read_text()))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _cgroup_dirs(root: Path, proc_cgroup: Path, controller: str, v1_names: tuple[str, ...]) -> list[tuple[Path, str]]:
+    """The folders that may hold this process's cgroup limits of ``controller``, nearest first, each with its
+    version (``"v2"``: the unified hierarchy; ``"v1"``: ``controller``'s own, mounted under one of ``v1_names``)."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return []
+    candidates: list[tuple[Path, str]] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if controllers == "":  # cgroup v2: one unified hierarchy
+            candidates += [(root / rel, "v2"), (root, "v2")]
+        elif controller in controllers.split(","):
+            for name in (controllers, *v1_names):
+                candidates += [(root / name / rel, "v1"), (root / name, "v1")]
+    return candidates
 
 
 def usable_cores() -> int:

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from collectors import RolloutCollector
-from collectors.resources import cgroup_cpu_limit, usable_cores
+from collectors.resources import cgroup_cpu_limit, cgroup_memory_available, usable_cores
+from envs.settings import ConfigError
 from tests import factories as f
 from tests.messages import names, raises, suggestion
 from trainer.config import TrainConfig
+from trainer.memory import check_memory
 from trainer.run_layout import Machine, run_layout
 from trainer.train import train
 
@@ -117,6 +119,34 @@ def test_cgroup_quotas_v1_and_v2(tmp_path, files, expected):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert cgroup_cpu_limit(tmp_path / "fs", tmp_path / "proc" / "cgroup") == expected
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"cgroup": "0::/job\n", "job/memory.max": "8589934592\n", "job/memory.current": "1073741824\n"}, 7 << 30),
+    ({"cgroup": "0::/\n", "memory.max": "max\n", "memory.current": "5\n"}, None),
+    ({"cgroup": "0::/job\n", "memory.max": "4096\n", "memory.current": "8192\n"}, 0),  # over: nothing left
+    ({"cgroup": "3:memory:/slurm/job1\n", "memory/slurm/job1/memory.limit_in_bytes": "2147483648\n",
+      "memory/slurm/job1/memory.usage_in_bytes": "1073741824\n"}, 1 << 30),
+    ({"cgroup": "3:memory:/\n", "memory/memory.limit_in_bytes": "9223372036854771712\n",
+      "memory/memory.usage_in_bytes": "1\n"}, None),  # v1's "unlimited"
+    ({"cgroup": "1:cpu:/\n"}, None),  # no memory controller
+])
+def test_cgroup_memory_limits_v1_and_v2(tmp_path, files, expected):
+    for name, text in files.items():
+        path = tmp_path / ("proc" if name == "cgroup" else "fs") / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert cgroup_memory_available(tmp_path / "fs", tmp_path / "proc" / "cgroup") == expected
+
+
+def test_a_jobs_memory_limit_below_the_machines_sizes_the_run(monkeypatch):
+    monkeypatch.setattr("trainer.run_layout.cgroup_memory_available", lambda: 64 << 20)
+    machine = Machine.detect()
+    assert machine.memory == 64 << 20
+    with pytest.raises(ConfigError) as refused:  # 64 MiB hold no rollout of 64 x 100,000 VR-edge steps
+        check_memory(TrainConfig(num_steps=100_000), machine)
+    assert refused.value.key == "num_steps"
+    check_memory(TrainConfig(num_steps=128), machine)  # 64 x 128 steps do
 
 
 def test_detected_machine_is_this_one():

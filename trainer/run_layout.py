@@ -27,7 +27,7 @@ import torch
 import envs
 from collectors import watchdog
 from collectors.processes import start_method_of
-from collectors.resources import async_workers, largest_divisor_at_most, usable_cores
+from collectors.resources import async_workers, cgroup_memory_available, largest_divisor_at_most, usable_cores
 from collectors.seeding import env_seeds
 from envs.settings import ConfigError
 from trainer.arguments import counted
@@ -60,7 +60,8 @@ class Machine:
     @classmethod
     def detect(cls, backend: str = "sync", ray_address: str = "") -> Machine:
         """This machine; for ``backend="ray"`` also connects to (or starts) Ray to read its CPUs."""
-        cores, gpus, memory = usable_cores(), torch.cuda.device_count(), psutil.virtual_memory().available
+        cores, gpus = usable_cores(), torch.cuda.device_count()
+        memory = min(psutil.virtual_memory().available, cgroup_memory_available() or math.inf)  # a job's own limit
         if backend != "ray":
             return cls(cores, gpus, memory=memory)
         from collectors.backends.ray_ import cluster_cpus, connect
