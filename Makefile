@@ -12,8 +12,8 @@ $(VENV)/.installed: pyproject.toml
 	@echo "setup: a virtual environment in $(VENV), with the newest pip"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch first, pinned to the CPU wheel when no torch is present, so the range below never pulls a multi-GB CUDA build
-	@$(PY) -c "import torch" 2>/dev/null || echo "setup: torch (its CPU build)"
+	@# torch first, pinned to the CPU wheel when no torch is present, so the range below never pulls a multi-GB CUDA build
+	@$(PY) -c "import torch" 2>/dev/null || echo "setup: torch"
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==2.13.0" || $(PY) -m pip install --quiet "torch>=2.4,<3"
 	@echo "setup: parallel-rollouts and its dependencies, with the extras $(EXTRAS)"
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"

@@ -242,9 +242,11 @@ def test_a_run_that_validated_says_its_best_without_playing_again(tmp_path, caps
     assert f"{best['val_vs_baseline']:+.3f}" in line
 
 
-def test_a_stop_signal_during_the_final_validation_skips_it_and_the_run_ends_as_finished(tmp_path):
-    """Ctrl-C while the finished run measures itself: the line says it was not measured, the commands that go on
-    from the run follow, exit status 0 (``train && evaluate`` goes on), no traceback."""
+@pytest.mark.parametrize("delay", [0.0, 1.0])
+def test_a_stop_signal_during_the_final_validation_skips_it_and_the_run_ends_as_finished(tmp_path, delay):
+    """Ctrl-C while the finished run measures itself, from the moment it says where its checkpoint is (a user who
+    wants to skip it presses at once; the policy is still loading): the line says it was not measured, the commands
+    that go on from the run follow, exit status 0 (``train && evaluate`` goes on), no traceback."""
     process = subprocess.Popen([sys.executable, "-m", "trainer.train", "--num-envs", "4", "--num-steps", "16",
                                 "--total-steps", "64", "--eval-episodes", "200", "--device", "cpu", "--run-dir",
                                 str(tmp_path / "run")], cwd=tmp_path, stdout=subprocess.PIPE,
@@ -253,7 +255,7 @@ def test_a_stop_signal_during_the_final_validation_skips_it_and_the_run_ends_as_
         for line in process.stdout:
             if line.startswith("checkpoint:"):
                 break
-        time.sleep(1.0)  # inside the validation: 200 episodes of 8 users take a minute
+        time.sleep(delay)  # inside the validation: 200 episodes of 8 users take a minute
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=60)
     finally:
@@ -262,3 +264,21 @@ def test_a_stop_signal_during_the_final_validation_skips_it_and_the_run_ends_as_
     assert process.returncode == 0 and "Traceback" not in err, err[-2000:]
     assert "reward/step" not in lines["quality"] and "evaluate" in lines and "train longer" in lines
     assert checkpoints.checkpoint_files(tmp_path / "run")  # the run is saved
+
+
+def test_a_stop_signal_noted_as_the_run_ended_skips_the_final_validation_before_it_begins():
+    from trainer.interrupts import Skipped, ignore_late_signals, skippable
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        ignore_late_signals()
+        with skippable():  # nothing noted: the block runs
+            pass
+        signal.raise_signal(signal.SIGINT)  # noted ("nothing to stop"), a moment before the block
+        with pytest.raises(Skipped), skippable():
+            pytest.fail("the block ran")
+        ignore_late_signals()  # the next run of this process starts afresh
+        with skippable():
+            pass
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)

@@ -171,10 +171,14 @@ class StopSignals:
         self.finished = True
 
 
+_NOTED: list[int] = []  # the stop signals noted since the run finished (a skippable block after it is skipped)
+
+
 def _note(said: str, signum: int, frame) -> None:
     """A stop signal that stops nothing: ``SIGTERM {said}`` on a line of its own on stderr. Not said where it cannot
     be: the handler may run inside a write to stderr that the signal interrupted (Python's reentrant call error),
     or after the terminal is gone."""
+    _NOTED.append(signum)
     with suppress(OSError, RuntimeError, ValueError):
         print(f"\n{signal.Signals(signum).name} {said}", file=sys.stderr)
 
@@ -184,6 +188,7 @@ def ignore_late_signals(said: str = FINISHED) -> None:
     instead of stopping; once the interpreter exits, ignore it: Python's finalization puts the default action
     (death by the signal, exit status 128 + N) back in place of a Python handler, but leaves an ignored signal
     ignored."""
+    _NOTED.clear()  # (a process may make several runs: what an earlier one noted is not this one's)
     for signum in handled_stop_signals():
         signal.signal(signum, functools.partial(_note, said))
     atexit.unregister(_ignore_stop_signals_at_exit)  # once, however many runs this process made
@@ -207,7 +212,10 @@ class Skipped(Exception):
 def skippable() -> Iterator[None]:
     """For the block (work after the run is saved that may be left undone: the end-of-run validation), the first
     stop signal raises :class:`Skipped` in it; the handlers from before the block (a finished run's notes) meet
-    any other, during it and after."""
+    any other, during it and after. A stop signal already noted since the run finished skips the block at once: a
+    Ctrl-C pressed as the run ends, a moment before the block began, means it too."""
+    if _NOTED:
+        raise Skipped(_NOTED[-1])
     before = {signum: signal.getsignal(signum) for signum in handled_stop_signals()}
 
     def skip(signum: int, frame) -> None:

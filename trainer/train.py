@@ -161,23 +161,27 @@ def _say_summary(summary: dict) -> None:
 
 def _say_quality(run_dir: str, checkpoint: str) -> None:
     """One line of how good a finished run is: its best checkpoint's validation where it validated, else its final
-    policy on the validation episodes (none with ``--eval-episodes 0``; a stop signal skips it: the run is
-    saved)."""
+    policy on the validation episodes (none with ``--eval-episodes 0``; from the first moment, a stop signal skips
+    it: the run is saved)."""
+    try:
+        with skippable():
+            line = _quality(run_dir, checkpoint)
+    except Skipped as e:
+        line = f"not measured ({e}); the run is saved"
+    except Exception as e:  # an env that hangs (--worker-timeout) or fails there: the run is saved all the same
+        line = f"not measured: {error_text(e)}; the run is saved"
+    if line:
+        print(f"quality:       {line}")
+
+
+def _quality(run_dir: str, checkpoint: str) -> str:
     from trainer.evaluation.policies import trained_model
     from trainer.evaluation.validation import best_quality_line, final_validation, quality_line
 
     model, cfg, _ = trained_model(checkpoint)
     if cfg.eval_every and (best := checkpoints.best_info(run_dir)):
-        print(f"quality:       {best_quality_line(best)}")
-    elif cfg.eval_episodes:
-        try:
-            with skippable():
-                line = quality_line(final_validation(cfg, model))
-        except Skipped as e:
-            line = f"not measured ({e} during it); the run is saved"
-        except Exception as e:  # an env that hangs (--worker-timeout) or fails there: the run is saved all the same
-            line = f"not measured: {error_text(e)}; the run is saved"
-        print(f"quality:       {line}")
+        return best_quality_line(best, cfg.eval_episodes)
+    return quality_line(final_validation(cfg, model)) if cfg.eval_episodes else ""
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ against the best baseline on them for VR-edge: :func:`final_validation`, one lin
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,11 +29,17 @@ import checkpoints
 import envs
 from collectors.deadlines import Deadline
 from collectors.watchdog import Watchdog
+from trainer.arguments import counted
 from trainer.config import TrainConfig
 from trainer.evaluation.baselines import best_baseline
-from trainer.evaluation.episodes import native_vector_env, policy_actions, run_episodes, validation_seeds
+from trainer.evaluation.episodes import (
+    episodes_shown,
+    native_vector_env,
+    policy_actions,
+    run_episodes,
+    validation_seeds,
+)
 from trainer.evaluation.policies import make_model
-from trainer.evaluation.report import plus_minus
 from trainer.evaluation.statistics import paired_difference, summarize
 
 
@@ -138,6 +145,7 @@ class Validator:
 def final_validation(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
     """The greedy ``model`` on the run's validation episodes: ``episodes``, ``policy`` (:func:`summarize`), the
     ``seconds`` it took and, for VR-edge, the ``baseline`` best on the same episodes and the paired ``difference``.
+    In a terminal a bar shows the episodes played, and that Ctrl-C skips them.
 
     The baseline is picked on the episodes it is compared on: by selection it is lucky on them, so the policy's
     lead is if anything understated; ``trainer.evaluate`` picks it on other episodes than its test episodes.
@@ -145,34 +153,45 @@ def final_validation(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]
     started = time.perf_counter()
     seeds = validation_seeds(cfg.seed, cfg.eval_episodes)
     env_fn = validation_envs(cfg)
-    records = run_episodes(policy_actions(model.eval(), deterministic=True), env_fn, len(seeds), 0, seeds=seeds)
-    result: dict[str, Any] = {"episodes": len(seeds), "policy": summarize(records)}
-    if cfg.env == "VREdge-v0":
-        env = env_fn()
-        config = env.unwrapped.config
-        env.close()
-        name, played = best_baseline(list(envs.BASELINES), config, env_fn, seeds)
-        result.update(baseline=name, difference=paired_difference(records, played[name]))
+    vr_edge = cfg.env == "VREdge-v0"
+    with episodes_shown(len(seeds) * (1 + len(envs.BASELINES) * vr_edge), "quality (Ctrl-C skips it)"):
+        records = run_episodes(policy_actions(model.eval(), deterministic=True), env_fn, len(seeds), 0, seeds=seeds)
+        result: dict[str, Any] = {"episodes": len(seeds), "policy": summarize(records)}
+        if vr_edge:
+            env = env_fn()
+            config = env.unwrapped.config
+            env.close()
+            name, played = best_baseline(list(envs.BASELINES), config, env_fn, seeds)
+            result.update(baseline=name, difference=paired_difference(records, played[name]))
     return {**result, "seconds": time.perf_counter() - started}
 
 
 def quality_line(result: dict[str, Any]) -> str:
     """:func:`final_validation`'s result in words, one line."""
-    policy, episodes = result["policy"], f"{result['episodes']} validation episodes"
+    policy, episodes = result["policy"], counted(result["episodes"], "validation episode")
+    took = f"; {result['seconds']:.0f} s"
     if "baseline" not in result:
-        spread = plus_minus(policy["mean_return_ci95"])
-        return f"mean return {policy['mean_return']:.2f} {spread} greedy on {episodes} ({result['seconds']:.0f} s)"
+        mean_return = _interval(policy["mean_return"], policy["mean_return_ci95"])
+        return f"mean return {mean_return}, greedy, on {episodes}{took}"
     d = result["difference"]
-    return (f"{policy['reward_per_step']:.3f} reward/step, {d['mean']:+.3f} {plus_minus(d['ci95'])} against "
-            f"{result['baseline']} (the best baseline on them; better in {d['wins']} of {episodes}, "
-            f"{result['seconds']:.0f} s)")
+    return (f"{policy['reward_per_step']:.3f} reward/step, {_interval(d['mean'], d['ci95'], '+.3f')} against "
+            f"{result['baseline']}, the best baseline on the same {episodes} (better in {d['wins']}){took}")
 
 
-def best_quality_line(best: dict[str, Any]) -> str:
-    """The ``best`` checkpoint's validation (:func:`checkpoints.best_info`) in words, one line."""
+def best_quality_line(best: dict[str, Any], episodes: int) -> str:
+    """The ``best`` checkpoint's validation (:func:`checkpoints.best_info`, on ``episodes`` episodes) in words, one
+    line."""
     line = f"the best checkpoint (iteration {best.get('iteration', '?')}): "
+    on = f"on {counted(episodes, 'validation episode')}"
     if "val_baseline" not in best:
-        return line + f"mean return {best.get('val_return', float('nan')):.2f} on the validation episodes"
-    return line + (f"{best['val_reward_per_step']:.3f} reward/step, {best['val_vs_baseline']:+.3f} "
-                   f"{plus_minus(best['val_vs_baseline_ci95'])} against {best['val_baseline']} on the validation "
-                   "episodes")
+        return line + f"mean return {best.get('val_return', float('nan')):.2f}, greedy, {on}"
+    return line + (f"{best['val_reward_per_step']:.3f} reward/step, "
+                   f"{_interval(best['val_vs_baseline'], best['val_vs_baseline_ci95'], '+.3f')} against "
+                   f"{best['val_baseline']} {on}")
+
+
+def _interval(value: float, ci95: float, spec: str = ".2f") -> str:
+    """``+0.017 ± 0.004 (95% CI)``, both at one precision; the value alone where one episode gives no interval."""
+    if not math.isfinite(ci95):
+        return f"{value:{spec}}"
+    return f"{value:{spec}} ± {ci95:{spec.lstrip('+')}} (95% CI)"
