@@ -16,6 +16,7 @@ from collectors.resources import cgroup_cpu_limit, cgroup_memory_available, usab
 from envs.settings import ConfigError
 from tests import factories as f
 from tests.messages import names, raises, suggestion
+from trainer.common.world import World
 from trainer.config import TrainConfig
 from trainer.memory import check_memory
 from trainer.run_layout import Machine, run_layout
@@ -293,3 +294,23 @@ def test_a_start_method_that_is_not_one_is_a_config_error():
     with raises(ValueError, "start_method", "'spwan'", "auto", "forkserver", key="start_method") as e:
         TrainConfig(start_method="spwan").validate()
     assert suggestion(str(e.value)) == "spawn"
+
+
+def test_a_gpu_learner_is_sized_by_the_gpus_free_memory_and_the_device_backend_by_its_envs_too():
+    """Simulated GPUs (no CUDA here): the learner's copy of the rollout must fit the memory free on its GPU; the
+    device backend's envs live there too. Ranks sharing a GPU share its memory."""
+    cfg = TrainConfig(num_envs=64, num_steps=128, device="cuda")
+    roomy = Machine(cores=8, gpus=1, memory=64 << 30, gpu_memory=1 << 30)
+    check_memory(cfg, roomy)
+    with pytest.raises(ConfigError) as refused:
+        check_memory(cfg.replaced(num_steps=100_000), roomy)  # 64 x 100,000 steps of 559 bytes: 3.3 GiB
+    assert refused.value.key == "num_steps" and "GPU" in str(refused.value)
+    check_memory(cfg.replaced(num_steps=100_000), Machine(cores=8, gpus=1, memory=64 << 30, gpu_memory=None))
+    check_memory(cfg.replaced(num_steps=100_000, device="cpu"), roomy)  # a CPU learner: the GPU is not used
+    device = cfg.replaced(backend="device", num_envs=1_000_000, num_steps=1)  # the envs' own state: ~1 KB each
+    check_memory(device.replaced(backend="sync"), roomy)
+    with pytest.raises(ConfigError):
+        check_memory(device, roomy)
+    two_ranks = World(size=2, rank=0, local_rank=0, local_size=2)
+    assert roomy.share(two_ranks).gpu_memory == 1 << 29  # one GPU, two ranks
+    assert dataclasses.replace(roomy, gpus=2).share(two_ranks).gpu_memory == 1 << 30  # a GPU each

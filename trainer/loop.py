@@ -197,7 +197,7 @@ def _planned_run(cfg: TrainConfig, resume: str, given: dict, max_iterations: int
         raise ConfigError("backend", "ray", "needs the ray extra: pip install -e '.[ray]'")
     # the run layout: computed once here; nothing below recomputes it
     check_world(cfg, world)  # before Machine.detect, which may start Ray
-    machine = machine or Machine.detect(cfg.backend, cfg.ray_address)
+    machine = machine or Machine.detect(cfg.backend, cfg.ray_address, cfg.device)
     check_memory(cfg, machine)  # before the layout (its lists grow with --num-envs), any env and any buffer
     layout = run_layout(cfg, machine, world)  # checks the env id
     algorithm = algorithm_class(cfg.algo).new(cfg, layout)  # what the env cannot take fails before any write

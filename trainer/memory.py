@@ -3,6 +3,7 @@ keeps, the bytes that makes, and which setting to lower when it does not fit."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,9 +20,13 @@ from trainer.run_layout import Machine
 def check_memory(cfg: TrainConfig, machine: Machine) -> None:
     """``ConfigError`` where the run would need more memory than ``machine`` has available
     (:func:`check_fits`); nothing is checked where that is not known (a machine a test simulates)."""
+    device = learner_device(cfg.device, machine.gpus)
     if machine.memory is not None:
-        copies = _rollout_copies(cfg, learner_device(cfg.device, machine.gpus))
-        check_fits(cfg, _env_sizes(cfg), copies, machine.memory)
+        check_fits(cfg, _env_sizes(cfg), _rollout_copies(cfg, device), machine.memory)
+    if device != "cpu" and machine.gpu_memory is not None:  # the learner's copy; the device backend's envs too
+        env = _env_sizes(cfg)
+        on_gpu = env if cfg.backend == "device" else dataclasses.replace(env, own=0, scores=0)
+        check_fits(cfg, on_gpu, 1, machine.gpu_memory, where="GPU memory")
 
 
 def _env_sizes(cfg: TrainConfig) -> EnvSizes:
@@ -54,11 +59,11 @@ def _rollout_copies(cfg: TrainConfig, device: str) -> int:
     return 2 if on_cpu else 1
 
 
-def check_fits(cfg: TrainConfig, env: EnvSizes, copies: int, available: int) -> None:
+def check_fits(cfg: TrainConfig, env: EnvSizes, copies: int, available: int, where: str = "memory") -> None:
     """Raise :class:`ConfigError` where the run would need more than ``available`` bytes of memory
     (:func:`memory_needed`), naming the setting that makes it so: the env's arguments where it would not fit
     even at the default sizes, else ``num_steps`` or ``num_envs``, whichever back at its default would
-    save more, with the most of it that fits. ``copies``: of the rollout, in this memory.
+    save more, with the most of it that fits. ``copies``: of the rollout, in this memory (``where``: which).
 
     >>> vr = EnvSizes(observation=244, action=64, scores=48, own=1033)
     >>> check_fits(TrainConfig(num_steps=10**9), vr, copies=2, available=128 << 30)
@@ -72,7 +77,7 @@ copies, and 1,225 bytes per env besides); at most 1,920,824 steps fit with --num
     if needed <= available:
         return
     steps, envs = min(cfg.num_steps, TrainConfig.num_steps), min(cfg.num_envs, TrainConfig.num_envs)
-    why = (f"the run would need at least {_bytes(needed)} of memory, more than the {_bytes(available)} available "
+    why = (f"the run would need at least {_bytes(needed)} of {where}, more than the {_bytes(available)} available "
            f"here (a rollout of {cfg.num_steps:,} x {cfg.num_envs:,} env steps at {rollout_step_bytes(env):,} "
            f"bytes each, in {counted(copies, 'copy', 'copies')}, and {env.per_env:,} bytes per env besides)")
     if memory_needed(steps, envs, env, copies) > available:  # the env's own sizes

@@ -48,7 +48,7 @@ class Machine:
     Tests build one by hand to simulate machines they do not have:
 
         >>> Machine(cores=16, gpus=1, memory=128 << 30)
-        Machine(cores=16, gpus=1, ray_cpus=None, ray_cpus_here=0.0, memory=137438953472)
+        Machine(cores=16, gpus=1, ray_cpus=None, ray_cpus_here=0.0, memory=137438953472, gpu_memory=None)
     """
 
     cores: int
@@ -56,33 +56,42 @@ class Machine:
     ray_cpus: float | None = None  # CPUs of the whole Ray cluster (ray backend only)
     ray_cpus_here: float = 0.0  # of those, on this machine: actors there compete with the learner
     memory: int | None = None  # bytes of memory available to the run (None: not known, and not checked)
+    gpu_memory: int | None = None  # bytes free on the learner's GPU (None: no GPU, or not known, and not checked)
 
     @classmethod
-    def detect(cls, backend: str = "sync", ray_address: str = "") -> Machine:
-        """This machine; for ``backend="ray"`` also connects to (or starts) Ray to read its CPUs."""
+    def detect(cls, backend: str = "sync", ray_address: str = "", device: str = "cpu") -> Machine:
+        """This machine; for ``backend="ray"`` also connects to (or starts) Ray to read its CPUs; the memory free on
+        the GPU the learner's ``device`` (``--device``) names, where that is one."""
         cores, gpus = usable_cores(), torch.cuda.device_count()
         memory = min(psutil.virtual_memory().available, cgroup_memory_available() or math.inf)  # a job's own limit
+        learner = learner_device(device, gpus) if gpus else "cpu"  # (no GPU: --device cuda is refused elsewhere)
+        gpu_memory = torch.cuda.mem_get_info(torch.device(learner))[0] if learner != "cpu" else None
         if backend != "ray":
-            return cls(cores, gpus, memory=memory)
+            return cls(cores, gpus, memory=memory, gpu_memory=gpu_memory)
         from collectors.backends.ray_ import cluster_cpus, connect
-        return cls(cores, gpus, *cluster_cpus(connect(ray_address or None, num_cpus=cores)), memory=memory)
+        return cls(cores, gpus, *cluster_cpus(connect(ray_address or None, num_cpus=cores)), memory=memory,
+                   gpu_memory=gpu_memory)
 
     def share(self, world: World) -> Machine:
         """What one rank of ``world`` may use of this node: its share of the cores and the memory, and one GPU
         (``cuda:LOCAL_RANK``) where there are any."""
         if world.size == 1:
             return self
-        return dataclasses.replace(self.split(world.local_size), gpus=min(self.gpus, 1))
+        sharing = -(-world.local_size // self.gpus) if self.gpus else 1  # ranks on one GPU
+        return dataclasses.replace(self.split(world.local_size), gpus=min(self.gpus, 1),
+                                   gpu_memory=self.gpu_memory // sharing if self.gpu_memory is not None else None)
 
     def split(self, parts: int) -> Machine:
         """What one of ``parts`` processes sharing this node may use: its share of the cores (at least one) and
-        of the memory; the GPUs are theirs to share.
+        of the memory, and of the GPU memory (they share the GPUs).
 
         >>> Machine(cores=16, gpus=1, memory=64 << 30).split(4)
-        Machine(cores=4, gpus=1, ray_cpus=None, ray_cpus_here=0.0, memory=17179869184)
+        Machine(cores=4, gpus=1, ray_cpus=None, ray_cpus_here=0.0, memory=17179869184, gpu_memory=None)
         """
-        return dataclasses.replace(self, cores=max(1, self.cores // parts),
-                                   memory=self.memory // parts if self.memory is not None else None)
+        def part(memory: int | None) -> int | None:
+            return memory // parts if memory is not None else None
+        return dataclasses.replace(self, cores=max(1, self.cores // parts), memory=part(self.memory),
+                                   gpu_memory=part(self.gpu_memory))
 
 
 @dataclass(frozen=True)

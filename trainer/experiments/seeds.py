@@ -133,7 +133,7 @@ def train_seeds(cli: CommandLine, preface: list[str], machine: Machine | None = 
     runs = seed_runs(folder, cfg, cli.seeds)
     todo = [r for r in runs if r.todo != "finished"]
     jobs = min(jobs, max(1, len(todo)))
-    machine = machine or Machine.detect(cfg.backend, cfg.ray_address)
+    machine = machine or Machine.detect(cfg.backend, cfg.ray_address, cfg.device)
     share = machine.split(jobs)
     counts = {what: sum(r.todo == what for r in runs) for what in ("finished", "resumes", "starts")}
     print(*preface, f"{counted(len(runs), 'seed')} in {folder}: "

@@ -241,7 +241,7 @@ def run_sweep(sweep: Sweep, machine: Machine | None = None) -> int:
     """Run the sweep's trials (``sweep.jobs`` at once) until the study holds ``sweep.trials``; the exit status: 0,
     1 where a trial failed (the others went on), a stop signal's (128 + its number) when stopped."""
     cfg = sweep.train.config
-    machine = machine or Machine.detect(cfg.backend, cfg.ray_address)
+    machine = machine or Machine.detect(cfg.backend, cfg.ray_address, cfg.device)
     study = opened_study(sweep)
     ended = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False) if t.number < sweep.trials)
     sweep = dataclasses.replace(sweep, jobs=max(1, min(sweep.jobs, sweep.trials - ended)))  # none left idle
