@@ -266,5 +266,5 @@ def held_out_env_kwargs(trained: dict[str, Any], given: str | dict[str, Any], sp
         own_folders = not set_given and all(trace_root(s).is_dir() for s in sets)
         kwargs["trace_split"] = split or ("test" if came_split or own_folders else "all")
     elif not sets and "trace_split" not in given and {"capacity_trace", "user_traces"} & given.keys():
-        kwargs.pop("trace_split", None)  # the run's traces given as none (capacity_trace=): the synthetic cell
+        kwargs["trace_split"] = "auto"  # the run's traces given as none (capacity_trace=): the synthetic cell
     return kwargs
