@@ -125,19 +125,7 @@ def _parser() -> OneLineParser:
                    help="VR-edge: also play the clairvoyant planner (envs.planner; sees the true future) as the "
                         "ceiling, and report the fraction of the gap from the best baseline that the policy closes "
                         "(default: %(default)s)")
-    p.add_argument("--capacity-trace", default="", metavar="PATH",
-                   help="VR-edge: replay recorded bandwidth traces as the cell's capacity: a shipped set's name "
-                        "(pensieve: its test folder), a set with train/ and test/ folders (its test folder), a "
-                        "folder (all its files) or a file; replaces the run's own traces (e.g. a trace directory "
-                        "that moved)")
-    p.add_argument("--trace-split", default="", choices=("all", "train", "test"),
-                   help="VR-edge: play these files of the traces (a set's own train/ or test/ folder, a flat "
-                        "folder's hash split; default: as --capacity-trace says)")
-    p.add_argument("--env-kwargs", default="", metavar="K=V,...",
-                   help="env arguments to play with in place of the run's own, key by key (its others hold), as "
-                        "trainer.train takes them, e.g. capacity_trace=pensieve,user_traces=pensieve to play any "
-                        "run on recorded networks (a set that comes split: its test folder; capacity_trace= "
-                        "drops the run's); only arguments that keep the observation and action shapes")
+    _add_env_flags(p)
     p.add_argument("--users", default=None, metavar="LIST",
                    help="VR-edge: evaluate in cells of these active users, comma-separated numbers or ranges "
                         "LOW-HIGH drawn per episode (e.g. 2,4,8,12,16), each with each --churn, all in cells of as "
@@ -156,6 +144,24 @@ def _parser() -> OneLineParser:
     p.add_argument("--out", default="", help="where evaluation.json/.png go (with --users or --churn: "
                                              "evaluation_cells.json/.png; default: the run directory)")
     return p
+
+
+def _add_env_flags(p: OneLineParser) -> None:
+    """The flags that replace the run's own env arguments: its traces (``--capacity-trace``, ``--trace-split``) or
+    any (``--env-kwargs``)."""
+    p.add_argument("--capacity-trace", default="", metavar="PATH",
+                   help="VR-edge: replay recorded bandwidth traces as the cell's capacity: a shipped set's name "
+                        "(pensieve: its test folder), a set with train/ and test/ folders (its test folder), a "
+                        "folder (all its files) or a file; replaces the run's own traces (e.g. a trace directory "
+                        "that moved)")
+    p.add_argument("--trace-split", default="", choices=("all", "train", "test"),
+                   help="VR-edge: play these files of the traces (a set's own train/ or test/ folder, a flat "
+                        "folder's hash split; default: as --capacity-trace says)")
+    p.add_argument("--env-kwargs", default="", metavar="K=V,...",
+                   help="env arguments to play with in place of the run's own, key by key (its others hold), as "
+                        "trainer.train takes them, e.g. capacity_trace=pensieve,user_traces=pensieve to play any "
+                        "run on recorded networks (a set that comes split: its test folder; capacity_trace= "
+                        "drops the run's); only arguments that keep the observation and action shapes")
 
 
 def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> list[str]:
