@@ -255,7 +255,8 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     trained_on = state.get("config", {}).get("env")
     traced = sorted(TRACE_ARGUMENTS & args.given.keys())
     if traced and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
-        flag = "--capacity-trace" if args.capacity_trace else f"--env-kwargs {traced[0]}"
+        flags = {"--capacity-trace": args.capacity_trace, "--trace-split": args.trace_split}
+        flag = next((f for f, given in flags.items() if given), f"--env-kwargs {traced[0]}")
         parser.error(f"{flag} applies to VREdge-v0, not {trained_on} ({source}); drop it")
     # the given arguments, traces with the split they are played with (a file: all of it), not the run's own split
     model, cfg = policy_from_state(state, source, held_out_env_kwargs({}, args.given))  # the run's traces may be gone
