@@ -57,6 +57,9 @@ from typing import BinaryIO
 import numpy as np
 
 TRACE_SPLITS = ("auto", "all", "train", "test")
+# the env arguments that concern traces: none of them changes the observation's or the action's shape
+TRACE_ARGUMENTS = frozenset({"capacity_trace", "user_traces", "trace_split", "trace_scale", "trace_column",
+                             "trace_key"})
 SPLIT_FOLDERS = ("train", "test")  # a set's own split: a folder of each
 TRACE_SETS_DIR = Path(__file__).resolve().parent / "trace_sets"
 TRACE_SETS = ("pensieve",)  # shipped with the package, in TRACE_SETS_DIR: a name, not a path

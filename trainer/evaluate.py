@@ -2,10 +2,13 @@
 
     python -m trainer.evaluate --checkpoint RUN_DIR_OR_FILE [--episodes 50] [--seed S] [--pick best|latest]
                                [--deterministic | --stochastic] [--baselines all] [--reference clairvoyant]
-                               [--capacity-trace PATH] [--users 2,4,8,12,16 --churn 0,0.05] [--json]
+                               [--capacity-trace PATH] [--env-kwargs K=V,...] [--users 2,4,8,12,16 --churn 0,0.05]
+                               [--json]
 
 A run directory's checkpoint is its ``best`` (highest validation return, from --eval-every)
-when it has one, else its newest loadable one; the command says which it loaded. With --users and --churn
+when it has one, else its newest loadable one; the command says which it loaded. A run trained on traces plays
+their held-out test split; --env-kwargs plays any run on other env arguments (e.g. a recorded trace set) that keep
+its observation and action shapes. With --users and --churn
 the policy, the baselines and the reference are played for each (users, churn) pair on the same held-out
 episodes (evaluation_cells.json and .png).
 """
@@ -122,14 +125,7 @@ def _parser() -> OneLineParser:
                    help="VR-edge: also play the clairvoyant planner (envs.planner; sees the true future) as the "
                         "ceiling, and report the fraction of the gap from the best baseline that the policy closes "
                         "(default: %(default)s)")
-    p.add_argument("--capacity-trace", default="", metavar="PATH",
-                   help="VR-edge: replay recorded bandwidth traces as the cell's capacity: a shipped set's name "
-                        "(pensieve: its test folder), a set with train/ and test/ folders (its test folder), a "
-                        "folder (all its files) or a file; replaces the run's own traces (e.g. a trace directory "
-                        "that moved)")
-    p.add_argument("--trace-split", default="", choices=("all", "train", "test"),
-                   help="VR-edge: play these files of the traces (a set's own train/ or test/ folder, a flat "
-                        "folder's hash split; default: as --capacity-trace says)")
+    _add_env_flags(p)
     p.add_argument("--users", default=None, metavar="LIST",
                    help="VR-edge: evaluate in cells of these active users, comma-separated numbers or ranges "
                         "LOW-HIGH drawn per episode (e.g. 2,4,8,12,16), each with each --churn, all in cells of as "
@@ -150,13 +146,29 @@ def _parser() -> OneLineParser:
     return p
 
 
+def _add_env_flags(p: OneLineParser) -> None:
+    """The flags that replace the run's own env arguments: its traces (``--capacity-trace``, ``--trace-split``) or
+    any (``--env-kwargs``)."""
+    p.add_argument("--capacity-trace", default="", metavar="PATH",
+                   help="VR-edge: replay recorded bandwidth traces as the cell's capacity: a shipped set's name "
+                        "(pensieve: its test folder), a set with train/ and test/ folders (its test folder), a "
+                        "folder (all its files) or a file; replaces the run's own traces (e.g. a trace directory "
+                        "that moved)")
+    p.add_argument("--trace-split", default="", choices=("all", "train", "test"),
+                   help="VR-edge: play these files of the traces (a set's own train/ or test/ folder, a flat "
+                        "folder's hash split; default: as --capacity-trace says)")
+    p.add_argument("--env-kwargs", default="", metavar="K=V,...",
+                   help="env arguments to play with in place of the run's own, key by key (its others hold), as "
+                        "trainer.train takes them, e.g. capacity_trace=pensieve,user_traces=pensieve to play any "
+                        "run on recorded networks (a set that comes split: its test folder; capacity_trace= "
+                        "drops the run's); only arguments that keep the observation and action shapes")
+
+
 def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> list[str]:
     """The baselines asked for, once what needs no checkpoint is checked: a mistake is a usage error, answered at
     once, before torch loads."""
     _check_numbers(parser, args)
-    from envs.traces import trace_root
-    if args.capacity_trace and not trace_root(args.capacity_trace).exists():
-        parser.error(f"--capacity-trace={args.capacity_trace}: no such file or directory")
+    args.given = _given_env_kwargs(parser, args)
     asked_baselines = _asked_baselines(parser, args.baselines)
     try:
         args.users = user_counts(args.users) if args.users is not None else None
@@ -168,6 +180,32 @@ def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> li
     if args.out and (problem := not_a_directory("--out", args.out)):
         parser.error(problem)
     return asked_baselines
+
+
+def _given_env_kwargs(parser: OneLineParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The env arguments given in place of the run's own: ``--env-kwargs``, with ``--capacity-trace`` and
+    ``--trace-split`` in, the trace sets' paths absolute; a mistake in them is a usage error."""
+    from envs.traces import TRACE_SETS, absolute_trace_path, trace_root
+    from trainer.config import PATH_ENV_KWARGS, parse_env_kwargs
+
+    try:
+        given = parse_env_kwargs(args.env_kwargs)
+    except ValueError as e:
+        parser.error(f"--env-kwargs={args.env_kwargs!r} is invalid: {e}")
+    for flag, key in (("--capacity-trace", "capacity_trace"), ("--trace-split", "trace_split")):
+        if getattr(args, key) and key in given:
+            parser.error(f"{flag} and --env-kwargs {key}=... are the same argument: give one of them")
+        if getattr(args, key):
+            given[key] = getattr(args, key)
+    for key in sorted(PATH_ENV_KWARGS & given.keys()):
+        if not isinstance(given[key], str) or not given[key]:
+            continue  # (empty: the run's traces dropped; not text: said when the env is built)
+        flag = "--capacity-trace" if args.capacity_trace and key == "capacity_trace" else f"--env-kwargs {key}"
+        if not trace_root(given[key]).exists():
+            parser.error(f"{flag}={given[key]}: no such file or directory (a shipped set is named "
+                         f"{' or '.join(TRACE_SETS)})")
+        given[key] = absolute_trace_path(given[key])
+    return given
 
 
 def _import_the_evaluation() -> None:
@@ -208,18 +246,20 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
 
     import checkpoints
     import envs
-    from envs.traces import absolute_trace_path
+    from envs.traces import TRACE_ARGUMENTS
     from trainer.evaluation import held_out_env_kwargs
     from trainer.evaluation.policies import picked_checkpoint, policy_from_state, sampling_refused
     from trainer.evaluation.report import check_writable
 
     source, state, which = picked_checkpoint(args.checkpoint, args.pick)
     trained_on = state.get("config", {}).get("env")
-    if args.capacity_trace and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
-        parser.error(f"--capacity-trace applies to VREdge-v0, not {trained_on} ({source}); drop it")
-    # the given traces with the split they are played with (a file: all of it), not the run's own split
-    moved = held_out_env_kwargs({}, absolute_trace_path(args.capacity_trace)) if args.capacity_trace else {}
-    model, cfg = policy_from_state(state, source, moved)  # the run's own traces may be gone
+    traced = sorted(TRACE_ARGUMENTS & args.given.keys())
+    if traced and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
+        flags = {"--capacity-trace": args.capacity_trace, "--trace-split": args.trace_split}
+        flag = next((f for f, given in flags.items() if given), f"--env-kwargs {traced[0]}")
+        parser.error(f"{flag} applies to VREdge-v0, not {trained_on} ({source}); drop it")
+    # the given arguments, traces with the split they are played with (a file: all of it), not the run's own split
+    model, cfg = policy_from_state(state, source, held_out_env_kwargs({}, args.given))  # the run's traces may be gone
     if not args.deterministic and (refused := sampling_refused(cfg, source)):
         parser.error(f"--stochastic: {refused}; drop --stochastic")
     if args.env and args.env != cfg.env:
@@ -229,7 +269,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     if asked_baselines and not vr_edge and args.baselines != "all":  # named ones: say why none is played
         print(f"note: --baselines are VR-edge's; {cfg.env} has none, so the policy is evaluated alone",
               file=sys.stderr)
-    env_kwargs = held_out_env_kwargs(cfg.env_options, args.capacity_trace, args.trace_split)
+    env_kwargs = held_out_env_kwargs(cfg.env_options, args.given)
     vr_config = envs.VREdgeConfig(**env_kwargs) if vr_edge else None  # a bad trace fails here, at once
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
     out_dir = Path(args.out) if args.out else run_dir
@@ -316,14 +356,30 @@ def _print_header(args: argparse.Namespace, setup: _Setup, out: TextIO) -> None:
     from trainer.config import format_env_kwargs
 
     env_kwargs = setup.env_kwargs
-    played_on = env_kwargs.get("capacity_trace")  # the run's own traces, where --capacity-trace gave none
-    whose = "" if args.capacity_trace else " (the run's own)"
-    files = ": its held-out test files" if env_kwargs.get("trace_split") == "test" else ""
-    trace = f", capacity traces {played_on}{whose}{files}" if played_on else ""
-    others = {k: v for k, v in env_kwargs.items() if k not in ("capacity_trace", "trace_split")}  # traces: above
+    others = {k: v for k, v in env_kwargs.items() if k not in _TRACE_SETS + ("trace_split",)}  # traces: after
     arguments = f" ({format_env_kwargs(others)})" if others else ""
     print(f"{setup.cfg.env}{arguments}: {counted(args.episodes, 'episode')} on held-out seeds (seed {args.seed}"
-          f"{trace}), {setup.which} {setup.source}", file=out)
+          f"{_traces_played(env_kwargs, args.given)}), {setup.which} {setup.source}", file=out)
+
+
+_TRACE_SETS = ("capacity_trace", "user_traces")
+_SPLIT_PLAYED = {"test": "their test split, held out from training", "all": "all their files",
+                 "train": "their train split (the files training plays)"}
+
+
+def _traces_played(env_kwargs: dict[str, Any], given: dict[str, Any]) -> str:
+    """The trace sets an evaluation plays, in words (``, capacity traces pensieve (the run's own), user traces ...:
+    their test split, held out from training``); ``""`` on the synthetic cell."""
+    played = {k: (env_kwargs[k], "" if k in given else " (the run's own)") for k in _TRACE_SETS if env_kwargs.get(k)}
+    if not played:
+        return ""
+    if len(set(played.values())) == 1 and len(played) == 2:  # one set for both
+        sets = ["capacity and user traces {}{}".format(*played["capacity_trace"])]
+    else:
+        sets = [f"{'capacity' if k == 'capacity_trace' else 'user'} traces {v}{whose}"
+                for k, (v, whose) in played.items()]
+    split = _SPLIT_PLAYED.get(env_kwargs.get("trace_split", ""), "")
+    return f", {' and '.join(sets)}" + (f": {split}" if split else "")
 
 
 def _print_comparison(comparison: Comparison, out: TextIO) -> None:
@@ -333,11 +389,14 @@ def _print_comparison(comparison: Comparison, out: TextIO) -> None:
 
     print(format_table(comparison.results), file=out)
     if comparison.paired:
-        print("\npolicy minus baseline, reward/step, paired over the same episodes (mean ± 95% CI, policy better in):",
-              file=out)
+        qoe = comparison.paired_qoe_lin
+        print("\npolicy minus baseline, paired over the same episodes (mean ± 95% CI, policy better in): reward/step"
+              + (" | QoE_lin/user" if qoe else ""), file=out)
         for name, d in comparison.paired.items():
+            q = qoe.get(name)
+            also = f" | {q['mean']:+.3f} {plus_minus(q['ci95']):<9}{q['wins']}/{q['episodes']}" if q else ""
             print(f"  vs {name:<14}{d['mean']:+.3f} {plus_minus(d['ci95']):<9}{d['wins']}/{d['episodes']} "
-                  "episodes", file=out)
+                  f"episodes{also}", file=out)
     gap = comparison.gap
     if gap:
         interval = f" {plus_minus(gap['ci95'])} (95% CI)" if plus_minus(gap["ci95"]) else ""

@@ -58,6 +58,7 @@ class Comparison(NamedTuple):
     paired: dict[str, dict[str, Any]]  # policy minus each baseline (and the reference), paired over episodes
     best: str | None  # the best baseline, picked on validation episodes
     gap: dict[str, Any] | None  # the fraction of the gap from it to the reference that the policy closes
+    paired_qoe_lin: dict[str, dict[str, Any]] = {}  # as ``paired``, of QoE_lin per user (an env whose info has it)
 
 
 def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.VREdgeConfig | None,
@@ -82,18 +83,24 @@ def compare_contenders(played: dict[str, Records], label: str, names: Sequence[s
     results = {name: summarize(records) for name, records in played.items()}
     compared = list(names) + ([REFERENCE] if REFERENCE in played else [])
     paired = {name: paired_difference(played[label], played[name]) for name in compared}
+    with_qoe = all("qoe_lin" in r for records in played.values() for r in records)
+    paired_qoe = {name: paired_difference(played[label], played[name], "qoe_lin") for name in compared} \
+        if with_qoe else {}
     best, _ = best_baseline(list(names), vr_config, env_fn, validation_seeds(run_seed, SELECTION_EPISODES))
     gap = gap_closed(played[label], played[best], played[REFERENCE]) if REFERENCE in played and best else None
-    return Comparison(results, paired, best, gap)
+    return Comparison(results, paired, best, gap, paired_qoe)
 
 
 def comparison_payload(comparison: Comparison, label: str, names: Sequence[str]) -> dict[str, Any]:
     """A comparison as ``evaluation.json`` holds it: ``policy``, ``baselines``, ``reference``,
-    ``paired_reward_per_step``, ``best_baseline``, ``best_baseline_picked_on``, ``gap_closed``."""
+    ``paired_reward_per_step``, ``paired_qoe_lin`` (VR-edge), ``best_baseline``, ``best_baseline_picked_on``,
+    ``gap_closed``."""
     results, best = comparison.results, comparison.best
     return {"policy": results[label], "baselines": {n: results[n] for n in names},
             "reference": {REFERENCE: results[REFERENCE]} if REFERENCE in results else {},
-            "paired_reward_per_step": comparison.paired, "best_baseline": best,
+            "paired_reward_per_step": comparison.paired,
+            **({"paired_qoe_lin": comparison.paired_qoe_lin} if comparison.paired_qoe_lin else {}),
+            "best_baseline": best,
             "best_baseline_picked_on": f"{SELECTION_EPISODES} validation episodes" if best else None,
             "gap_closed": comparison.gap}
 

@@ -232,18 +232,21 @@ class _EpisodeStats:
         return out
 
 
-def held_out_env_kwargs(trained: dict[str, Any], capacity_trace: str, split: str = "") -> dict[str, Any]:
-    """The env arguments to evaluate with: the run's own (``--env-kwargs``), with ``--capacity-trace``
-    replacing its traces, played on the files of ``split`` (``--trace-split``) where it is given. Else a set
-    that comes split (``train/``, ``test/``; a shipped set) is played on its test folder (and then a flat folder
-    beside it, as ``user_traces``, on its hash-split test files: one split applies to both); a folder given as
-    ``--capacity-trace`` on all its files; the run's own flat folders on their hash-split held-out (``test``)
-    files, as every run trained on them was evaluated.
+def held_out_env_kwargs(trained: dict[str, Any], given: str | dict[str, Any], split: str = "") -> dict[str, Any]:
+    """The env arguments to evaluate with: the run's own (``trained``) with ``given`` over them key by key
+    (``trainer.evaluate --env-kwargs``; a text is ``--capacity-trace``'s set), the traces played on the files of
+    ``split`` (``--trace-split``) or of a ``trace_split`` in ``given``, where either is given. Else a set that comes
+    split (``train/``, ``test/``; a shipped set) is played on its test folder (and then a flat folder beside it, as
+    ``user_traces``, on its hash-split test files: one split applies to both); a set given (``capacity_trace`` or
+    ``user_traces`` in ``given``) on all its files; the run's own flat folders on their hash-split held-out
+    (``test``) files, as every run trained on them was evaluated.
 
     >>> held_out_env_kwargs({"num_users": 6, "capacity_trace": "trace.log"}, "")  # one file: all of it
     {'num_users': 6, 'capacity_trace': 'trace.log', 'trace_split': 'all'}
     >>> held_out_env_kwargs({}, "pensieve")["trace_split"]  # a shipped set: its test folder
     'test'
+    >>> held_out_env_kwargs({"num_users": 6}, {"user_traces": "pensieve", "max_steps": 99})  # a synthetic run
+    {'num_users': 6, 'user_traces': 'pensieve', 'max_steps': 99, 'trace_split': 'test'}
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as traces:  # the run's own folder: its held-out files
     ...     held_out_env_kwargs({"capacity_trace": traces, "trace_split": "train"}, "")["trace_split"]
@@ -254,12 +257,14 @@ def held_out_env_kwargs(trained: dict[str, Any], capacity_trace: str, split: str
     """
     from envs.traces import has_split_folders, trace_root
 
-    kwargs = dict(trained)
-    if capacity_trace:
-        kwargs["capacity_trace"] = capacity_trace
+    given = ({"capacity_trace": given} if given else {}) if isinstance(given, str) else dict(given)
+    kwargs = {**trained, **given}
     sets = [kwargs[k] for k in ("capacity_trace", "user_traces") if kwargs.get(k)]
-    if sets:
+    if sets and "trace_split" not in given:
         came_split = any(has_split_folders(s) for s in sets)  # its train files never played: test for all
-        own_folders = not capacity_trace and all(trace_root(s).is_dir() for s in sets)
+        set_given = any(given.get(k) for k in ("capacity_trace", "user_traces"))
+        own_folders = not set_given and all(trace_root(s).is_dir() for s in sets)
         kwargs["trace_split"] = split or ("test" if came_split or own_folders else "all")
+    elif not sets and "trace_split" not in given and {"capacity_trace", "user_traces"} & given.keys():
+        kwargs["trace_split"] = "auto"  # the run's traces given as none (capacity_trace=): the synthetic cell
     return kwargs

@@ -48,6 +48,31 @@ def check_weights_fit(cfg: TrainConfig, weights: dict[str, torch.Tensor], source
                      "or env parameters, or a config edited or mixed from two runs?")
 
 
+def check_same_spaces(trained: TrainConfig, played: TrainConfig, source: Path) -> None:
+    """Raise ``ValueError`` where ``played``'s env arguments (a run's own, some replaced: ``trainer.evaluate
+    --env-kwargs``) give observations of another shape, or other actions, than ``trained``'s, those of the run of
+    ``source``: its policy acts on the spaces it was trained on. The trace arguments never change them (and a run's
+    own traces may be gone): the spaces are compared without them."""
+    from envs.traces import TRACE_ARGUMENTS
+
+    def untraced(cfg: TrainConfig) -> dict[str, Any]:
+        return {k: v for k, v in cfg.env_options.items() if k not in TRACE_ARGUMENTS}
+
+    old, new = untraced(trained), untraced(played)
+    changed = {k: v for k, v in new.items() if k not in old or old[k] != v}
+    if not changed:
+        return
+    (obs, act, _), (obs2, act2, _) = (model_spaces(dataclasses.replace(c, env_kwargs=format_env_kwargs(options)))
+                                      for c, options in ((trained, old), (played, new)))
+    if obs.shape == obs2.shape and act == act2:
+        return
+    what = (f"observations of shape {list(obs2.shape)} where the policy takes {list(obs.shape)}"
+            if obs.shape != obs2.shape else f"actions {act2} where the policy picks {act}")
+    raise ValueError(f"{source}: {format_env_kwargs(changed)} in place of its own env arguments gives {what}: only "
+                     "env arguments that keep the observation and action shapes may change (traces, capacities, "
+                     "episode length, ...; other user counts for a set policy: trainer.evaluate --users)")
+
+
 def sampling_refused(cfg: TrainConfig, source: Path) -> str | None:
     """Why the policy of ``source`` (trained as ``cfg`` says) cannot sample actions, or ``None`` where it can."""
     algorithm = algorithm_spec(cfg.algo)
@@ -181,7 +206,7 @@ def policy_from_state(state: dict[str, Any], source: Path, env_kwargs: dict[str,
                       ) -> tuple[nn.Module, TrainConfig]:
     """The frozen CPU policy and training config of a loaded checkpoint ``state`` (read from ``source``), with
     ``env_kwargs`` over the run's env arguments."""
-    cfg = TrainConfig.from_dict(with_current_names(state["config"]), stored=True)
+    cfg = stored = TrainConfig.from_dict(with_current_names(state["config"]), stored=True)
     if env_kwargs:
         cfg = dataclasses.replace(cfg, env_kwargs=format_env_kwargs({**cfg.env_options, **env_kwargs}))
     try:
@@ -197,6 +222,8 @@ def policy_from_state(state: dict[str, Any], source: Path, env_kwargs: dict[str,
     if cfg.algo not in ALGORITHMS:
         raise ValueError(f"{source} was trained with --algo {cfg.algo}, which is not registered in this process "
                          f"(trainer.registry has {', '.join(ALGORITHMS)})")
+    if env_kwargs:
+        check_same_spaces(stored, cfg, source)
     check_weights_fit(cfg, state["model"], source)
     model = make_model(cfg)
     model.load_state_dict(state["model"])

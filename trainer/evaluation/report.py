@@ -11,8 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-COLUMNS = (("mean_return", "return"), ("reward_per_step", "reward/step"), ("quality", "quality"),
-           ("stall_s", "stall s/step"), ("switches", "switches/step"), ("qoe_lin", "QoE_lin/user"),
+COLUMNS = (("mean_return", "return"), ("reward_per_step", "reward/step"), ("qoe_lin", "QoE_lin/user"),
+           ("quality", "quality"), ("stall_s", "stall s/step"), ("switches", "switches/step"),
            ("fairness", "Jain fairness"))
 
 

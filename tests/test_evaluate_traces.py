@@ -1,0 +1,95 @@
+"""trainer.evaluate on held-out networks (issue 50 item 5): a run trained on traces plays their test split and says
+so; ``--env-kwargs`` plays any run on other env arguments, key by key over its own, refusing those that change the
+policy's spaces; QoE_lin stands beside reward per step, paired as well."""
+
+import json
+
+import pytest
+
+from envs.make_traces import write_traces
+from tests.messages import exits, names, not_names
+from trainer import evaluate as evaluate_cli
+from trainer.flags import parse_args
+from trainer.train import train
+
+TINY = ["--num-envs", "4", "--num-steps", "16", "--total-steps", "64", "--device", "cpu", "--eval-episodes", "0"]
+QUICK = ["--episodes", "3", "--baselines", "fair_share,buffer", "--reference", "none"]
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory):
+    """A run trained on the synthetic cell (3 users, episodes of 30 steps), and a set of the user's own, split."""
+    root = tmp_path_factory.mktemp("evaluate_traces")
+    write_traces(root / "set" / "train", files=3, seconds=60, seed=1)
+    write_traces(root / "set" / "test", files=2, seconds=60, seed=2)
+    run = root / "run"
+    train(parse_args([*TINY, "--env-kwargs", "num_users=3,max_steps=30", "--run-dir", str(run)]).config,
+          progress=False)
+    return run, root / "set"
+
+
+def evaluated(run, *argv, capsys):
+    evaluate_cli.main(["--checkpoint", str(run), *QUICK, "--out", str(run.parent), *argv])
+    return json.loads((run.parent / "evaluation.json").read_text()), capsys.readouterr().out
+
+
+def test_any_run_plays_a_trace_set_given_as_env_kwargs_on_its_test_split(synthetic_run, capsys):
+    run, traces = synthetic_run
+    payload, out = evaluated(run, "--env-kwargs", f"capacity_trace={traces},user_traces={traces},max_steps=20",
+                             capsys=capsys)
+    # key by key: the given ones in, the run's others kept; a set that comes split played on its test folder
+    assert payload["env_kwargs"] == {"num_users": 3, "max_steps": 20, "capacity_trace": str(traces),
+                                     "user_traces": str(traces), "trace_split": "test"}
+    assert payload["policy"]["mean_length"] == 20  # what was played is what was said
+    header = out.splitlines()[0]
+    names(header, traces, "test")
+    not_names(header, "own")  # the traces are the ones given, not the run's
+    payload, _ = evaluated(run, "--env-kwargs", f"user_traces={traces},trace_split=train", capsys=capsys)
+    assert payload["env_kwargs"]["trace_split"] == "train"  # asked for: the files training would play
+
+
+def test_qoe_lin_is_reported_and_paired_beside_reward_per_step(synthetic_run, capsys):
+    run, _ = synthetic_run
+    payload, out = evaluated(run, capsys=capsys)
+    assert set(payload["paired_qoe_lin"]) == set(payload["paired_reward_per_step"]) == {"fair_share", "buffer"}
+    for name, paired in payload["paired_qoe_lin"].items():  # a paired mean is the difference of the means
+        assert paired["mean"] == pytest.approx(payload["policy"]["qoe_lin"] - payload["baselines"][name]["qoe_lin"])
+        assert paired["episodes"] == 3
+    columns = next(line for line in out.splitlines() if line.startswith("policy ")).split()
+    assert columns.index("QoE_lin/user") == columns.index("reward/step") + 1
+
+
+def test_a_run_trained_on_traces_plays_their_test_split_and_says_so(tmp_path, synthetic_run, capsys):
+    _, traces = synthetic_run
+    run = tmp_path / "traced"
+    train(parse_args([*TINY, "--run-dir", str(run), "--env-kwargs",
+                      f"num_users=3,max_steps=30,capacity_trace={traces},user_traces={traces},trace_split=train"]
+                     ).config, progress=False)
+    payload, out = evaluated(run, capsys=capsys)
+    assert payload["env_kwargs"]["trace_split"] == "test"
+    names(out.splitlines()[0], traces, "own", "test")
+    payload, _ = evaluated(run, "--env-kwargs", "capacity_trace=,user_traces=", capsys=capsys)  # the synthetic cell
+    assert not payload["env_kwargs"]["capacity_trace"] and not payload["env_kwargs"]["user_traces"]
+
+
+@pytest.mark.parametrize("given, named", [
+    ("num_users=2", ["num_users=2", "[19]", "[26]"]),  # the observations: 2 users' against 3 users'
+    ("bitrates_mbps=[5,10,20]", ["bitrates_mbps=[5,10,20]"]),  # fewer actions per user
+])
+def test_env_kwargs_that_change_the_policys_spaces_are_refused_in_one_line(synthetic_run, given, named):
+    run, _ = synthetic_run
+    with exits(1, *named):
+        evaluate_cli.main(["--checkpoint", str(run), *QUICK, "--env-kwargs", given])
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--env-kwargs", "user_traces=nowhere"], ["user_traces=nowhere"]),  # before torch loads
+    (["--env-kwargs", "capacity_trace=pensieve", "--capacity-trace", "pensieve"], ["--capacity-trace",
+                                                                                    "capacity_trace"]),
+    (["--env-kwargs", "trace_split=test", "--trace-split", "test"], ["--trace-split", "trace_split"]),
+    (["--env-kwargs", "num_users"], ["--env-kwargs", "'num_users'"]),
+])
+def test_bad_env_kwargs_are_usage_errors(synthetic_run, capsys, argv, named):
+    run, _ = synthetic_run
+    with exits(2, *named, capsys=capsys):
+        evaluate_cli.main(["--checkpoint", str(run), *QUICK, *argv])
