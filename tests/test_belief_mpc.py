@@ -120,3 +120,86 @@ def test_whole_batch_shows_every_env_at_every_step():
     assert min(seen) < 3  # without it, idle envs are left out
     with pytest.raises(ValueError, match="batched"):
         run_episodes(act, functools.partial(gym.make, "CartPole-v1"), 1, 0, whole_batch=True)
+
+
+# ---------------------------------------------------------------- trainer.evaluate --reference belief
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A tiny VR-edge run: 3 users, episodes of 20 steps."""
+    from trainer.flags import parse_args
+    from trainer.train import train
+
+    run = tmp_path_factory.mktemp("belief") / "run"
+    train(parse_args(["--env", "VREdge-v0", "--env-kwargs", "num_users=3,max_steps=20", "--num-envs", "2",
+                      "--num-steps", "8", "--total-steps", "16", "--threads", "1", "--run-dir", str(run)]).config,
+          progress=False)
+    return run
+
+
+def test_evaluate_plays_the_causal_ceiling_paired_and_reports_capture_and_causal_share(tiny_run, capsys):
+    import json
+
+    from trainer import evaluate as evaluate_cli
+    from trainer.evaluation import gap_closed, policy_actions, summarize
+    from trainer.evaluation.policies import trained_model
+
+    evaluate_cli.main(["--checkpoint", str(tiny_run), "--episodes", "3", "--baselines", "buffer",
+                       "--reference", "clairvoyant,belief", "--json"])
+    out, table = capsys.readouterr()
+    payload = json.loads(out)
+    cfg = envs.VREdgeConfig(num_users=3, max_steps=20)
+    env_fn = functools.partial(gym.make, "VREdge-v0", num_users=3, max_steps=20)
+    belief = run_episodes(BeliefMPC(cfg), env_fn, 3, 0, num_envs=64, whole_batch=True)  # what it should have played
+    fair = run_episodes(envs.make_baseline("fair_share", cfg), env_fn, 3, 0)
+    policy = run_episodes(policy_actions(trained_model(tiny_run, "best")[0], True), env_fn, 3, 0)
+    clairvoyant = payload["reference"]["clairvoyant"]
+    assert payload["reference"]["belief"] == summarize(belief) and set(payload["baselines"]) == {"buffer"}
+    paired = payload["paired_reward_per_step"]["belief"]["mean"]
+    assert paired == pytest.approx(summarize(policy)["reward_per_step"] - summarize(belief)["reward_per_step"])
+    capture, causal = gap_closed(policy, fair, belief), payload["causal_share"]
+    assert payload["capture"]["fraction"] == pytest.approx(capture["fraction"], nan_ok=True)
+    assert payload["capture"]["ceiling_tight"] == (paired <= 0)
+    lead = summarize(belief)["reward_per_step"] - summarize(fair)["reward_per_step"]
+    if causal["fraction"] is not None:
+        clairvoyant_lead = clairvoyant["reward_per_step"] - summarize(fair)["reward_per_step"]
+        assert causal["fraction"] == pytest.approx(lead / clairvoyant_lead)
+    assert "capture" in table and "causal share" in table and "belief" in table
+
+
+def test_a_ceiling_the_policy_beats_is_said_to_be_no_ceiling():
+    from trainer.evaluation.cells import ceiling_figures
+    from trainer.evaluation.report import format_ceiling
+
+    episodes = lambda *scores: [{"reward_per_step": s} for s in scores]  # noqa: E731
+    played = {"policy": episodes(0.80, 0.82, 0.79), "fair_share": episodes(0.70, 0.71, 0.70),
+              "belief": episodes(0.75, 0.76, 0.74), "clairvoyant": episodes(0.85, 0.86, 0.84)}
+    capture, causal = ceiling_figures(played, "policy")
+    assert capture["fraction"] > 1 and not capture["ceiling_tight"]
+    assert causal["fraction"] == pytest.approx((0.75 - 0.7033333) / (0.85 - 0.7033333), rel=1e-4)
+    said = format_ceiling(capture, causal)
+    assert "not tight" in said and "the policy reaches" not in said
+    played["belief"] = episodes(0.90, 0.91, 0.90)
+    capture, _ = ceiling_figures(played, "policy")
+    assert capture["ceiling_tight"] and 0 < capture["fraction"] < 1
+    assert "not tight" not in format_ceiling(capture, None)
+
+
+@pytest.mark.parametrize("reference, things", [("bleief", ["bleief", "belief"]), ("clairvoyant,x", ["x"])])
+def test_an_unknown_reference_is_one_line_before_anything_loads(reference, things, capsys, tmp_path):
+    from tests.messages import exits
+    from trainer import evaluate as evaluate_cli
+
+    with exits(2, "--reference", *things, capsys=capsys):
+        evaluate_cli.main(["--checkpoint", str(tmp_path / "none"), "--reference", reference])
+
+
+def test_the_causal_ceiling_refuses_a_trace_driven_cell_in_one_line(tiny_run, capsys, tmp_path):
+    from tests.messages import exits
+    from trainer import evaluate as evaluate_cli
+
+    trace = tmp_path / "t.log"
+    trace.write_text("\n".join(f"{i} {50 + i % 7}" for i in range(40)))
+    with exits(2, "--reference", "belief", "capacity_trace", capsys=capsys):
+        evaluate_cli.main(["--checkpoint", str(tiny_run), "--reference", "belief", "--capacity-trace", str(trace),
+                           "--episodes", "1"])

@@ -1,7 +1,7 @@
 """Evaluate a trained policy against the heuristic baselines on held-out seeds.
 
     python -m trainer.evaluate --checkpoint RUN_DIR_OR_FILE [--episodes 50] [--seed S] [--pick best|latest]
-                               [--deterministic | --stochastic] [--baselines all] [--reference clairvoyant]
+                               [--deterministic | --stochastic] [--baselines all] [--reference clairvoyant,belief]
                                [--capacity-trace PATH] [--users 2,4,8,12,16 --churn 0,0.05] [--json]
 
 A run directory's checkpoint is its ``best`` (highest validation return, from --eval-every)
@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # (torch loads once the command line is checked)
     from trainer.evaluation.cells import Cell, Comparison
 
 REFERENCE = "clairvoyant"  # (trainer.evaluation.cells.REFERENCE: the reference's name in the results)
+REFERENCES = (REFERENCE, "belief")  # (trainer.evaluation.cells.REFERENCES)
 CELLS_FILES = ("evaluation_cells.json", "evaluation_cells.png")  # what --users/--churn write
 
 
@@ -118,10 +119,12 @@ def _parser() -> OneLineParser:
     mode.add_argument("--stochastic", dest="deterministic", action="store_false", help="sample actions")
     p.add_argument("--baselines", default="all",
                    help="'all', 'none' or comma-separated names (VR-edge only; default: %(default)s)")
-    p.add_argument("--reference", choices=(REFERENCE, "none"), default=REFERENCE,
-                   help="VR-edge: also play the clairvoyant planner (envs.planner; sees the true future) as the "
-                        "ceiling, and report the fraction of the gap from the best baseline that the policy closes "
-                        "(default: %(default)s)")
+    p.add_argument("--reference", default=REFERENCE, metavar="NAMES",
+                   help="VR-edge: the references played beside the policy, comma-separated, or none: clairvoyant "
+                        "(envs.planner; sees the true future: the fraction of the gap from the best baseline that "
+                        "the policy closes), belief (envs.belief_mpc: the causal ceiling, from observations only: "
+                        "the policy's capture of its lead over fair_share and, with clairvoyant, its causal share "
+                        "of the clairvoyant's; synthetic cells only) (default: %(default)s)")
     p.add_argument("--capacity-trace", default="", metavar="PATH",
                    help="VR-edge: replay recorded bandwidth traces (a file or directory, Pensieve or Mahimahi "
                         "format) as the cell's capacity; a directory's held-out test files are used; replaces the "
@@ -153,6 +156,7 @@ def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> li
     if args.capacity_trace and not Path(args.capacity_trace).exists():
         parser.error(f"--capacity-trace={args.capacity_trace}: no such file or directory")
     asked_baselines = _asked_baselines(parser, args.baselines)
+    args.reference = _asked_references(parser, args.reference)
     try:
         args.users = user_counts(args.users) if args.users is not None else None
         args.churn = churn_levels(args.churn) if args.churn is not None else None
@@ -171,6 +175,7 @@ def _import_the_evaluation() -> None:
     with exiting_at_once_on_stop_signals("nothing was evaluated; run the same command again"):
         # (the functions below import what they use again: from memory, once it is loaded here)
         import checkpoints  # noqa: F401
+        import envs.belief_mpc  # noqa: F401
         import envs.planner  # noqa: F401
         import trainer.evaluation.baselines  # noqa: F401
         import trainer.evaluation.cells  # noqa: F401
@@ -203,6 +208,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
 
     import checkpoints
     import envs
+    from envs.belief import filter_refusal
     from trainer.evaluation import held_out_env_kwargs
     from trainer.evaluation.policies import picked_checkpoint, policy_from_state, sampling_refused
     from trainer.evaluation.report import check_writable
@@ -225,6 +231,8 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
               file=sys.stderr)
     env_kwargs = held_out_env_kwargs(cfg.env_options, args.capacity_trace)
     vr_config = envs.VREdgeConfig(**env_kwargs) if vr_edge else None  # a bad trace fails here, at once
+    if vr_config is not None and "belief" in args.reference and (refused := filter_refusal(vr_config)):
+        parser.error(f"--reference belief: {refused}; drop belief")
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
     out_dir = Path(args.out) if args.out else run_dir
     check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
@@ -268,13 +276,15 @@ def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
     episodes (where the best baseline is picked)."""
     from trainer.evaluation.cells import SELECTION_EPISODES
 
-    players = 1 + len(setup.names) + _with_reference(args, setup)
+    references = _with_reference(args, setup)
+    ceiling_base = "belief" in references and "fair_share" not in setup.names  # (played for the capture)
+    players = 1 + len(setup.names) + len(references) + ceiling_base
     return args.episodes * players + SELECTION_EPISODES * len(setup.names)
 
 
-def _with_reference(args: argparse.Namespace, setup: _Setup) -> bool:
-    """Whether the clairvoyant reference is played: asked for (the default), on VR-edge."""
-    return setup.vr_config is not None and args.reference == REFERENCE
+def _with_reference(args: argparse.Namespace, setup: _Setup) -> tuple[str, ...]:
+    """The references played: those asked for (the clairvoyant by default), on VR-edge."""
+    return args.reference if setup.vr_config is not None else ()
 
 
 def _compared(played: dict[str, list[dict[str, float]]], label: str, setup: _Setup) -> Comparison:
@@ -338,6 +348,9 @@ def _print_comparison(comparison: Comparison, out: TextIO) -> None:
         print(f"\ngap closed: the policy closes {gap['fraction']:.3f}{interval} of the gap "
               f"between the best baseline ({comparison.best}, picked on {SELECTION_EPISODES} validation episodes) "
               f"and the clairvoyant reference ({gap['gap']:+.3f} reward/step)", file=out)
+    if comparison.capture is not None:
+        from trainer.evaluation.report import format_ceiling
+        print("\n" + format_ceiling(comparison.capture, comparison.causal_share), file=out)
 
 
 def _write_results(args: argparse.Namespace, setup: _Setup, payload: dict[str, Any],
@@ -379,6 +392,19 @@ def _check_numbers(parser: OneLineParser, args: argparse.Namespace) -> None:
         parser.error(f"--episodes={args.episodes} is invalid: must be >= 1")
     if args.seed < 0:
         parser.error(f"--seed={args.seed} is invalid: must be >= 0")
+
+
+def _asked_references(parser: OneLineParser, spec: str) -> tuple[str, ...]:
+    """The references ``--reference`` names (``none``, or names of :data:`REFERENCES`, comma-separated); an unknown
+    name is a usage error."""
+    if spec.strip() in ("", "none"):
+        return ()
+    names = tuple(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
+    unknown = [n for n in names if n not in REFERENCES]
+    if unknown:
+        parser.error(f"--reference={spec!r} is invalid: unknown {', '.join(unknown)}; use none or names from "
+                     f"{', '.join(REFERENCES)}{did_you_mean(unknown, REFERENCES)}")
+    return names
 
 
 def _asked_baselines(parser: OneLineParser, spec: str) -> list[str]:
