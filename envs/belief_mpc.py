@@ -123,6 +123,7 @@ class BeliefMPC:
         sim = {key: np.repeat(v, scenarios * k, axis=0) for key, v in start.items()}  # [B * S * K, ...]
         cell = {name: _per_candidate(getattr(futures, name), k) for name in
                 ("capacity", "channel_logit", "regime", "fade")}  # [B * S * K, H, ...]
+        cell["channel"] = _per_candidate(_channel_quality(futures.channel_logit), k)  # (once for all candidates)
         actions = np.repeat(first[:, None], scenarios, axis=1).reshape(b * scenarios * k, -1)
         total, alive = np.zeros(len(actions)), np.ones(len(actions))
         remaining = cfg.max_steps - sim["t"]
@@ -139,13 +140,13 @@ class BeliefMPC:
 
     def _round(self, sim: dict[str, np.ndarray], cell: dict[str, np.ndarray], actions: np.ndarray
                ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-        """One round of the simulated states ``sim`` in the scenario's ``cell`` (capacity, channel logits, regime,
-        fade), by the env's functions: the states after it, the reward and whether a user abandoned."""
+        """One round of the simulated states ``sim`` in the scenario's ``cell`` (capacity, channel logits and
+        qualities, regime, fade), by the env's functions: the states after it, the reward and whether a user
+        abandoned."""
         cfg = self.config
         active = sim.get("active")
         actions = actions if active is None else np.where(active, actions, 0)
-        r = download_round(cfg, sim["buffer"], sim["level"], cell["capacity"], _channel_quality(cell["channel_logit"]),
-                           actions, active)
+        r = download_round(cfg, sim["buffer"], sim["level"], cell["capacity"], cell["channel"], actions, active)
         switched = (actions != sim["level"]).astype(np.float64)
         users = _users_after_round(cfg, sim, r, actions, switched, cell["capacity"], active)
         after = {**sim, **users, "t": sim["t"] + 1, "channel_logit": cell["channel_logit"], "regime": cell["regime"],
