@@ -172,8 +172,8 @@ class RegimeFilter:
 
     def __init__(self, config: VREdgeConfig, seed: int = 0) -> None:
         if refused := filter_refusal(config):
-            raise ConfigError("capacity_trace" if config.capacity_trace else "noise_std", config.capacity_trace
-                              or config.noise_std, f"cannot be filtered: {refused}", flag=False)
+            key = "capacity_trace" if config.capacity_trace else "noise_std" if config.noise_std == 0 else "noise_corr"
+            raise ConfigError(key, getattr(config, key), f"cannot be filtered: {refused}", flag=False)
         self.config = config
         self._log_transition = _log(hidden_transition(config))  # [g, h]
         self._log_initial = _log(initial_hidden(config))

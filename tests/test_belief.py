@@ -135,9 +135,11 @@ def test_a_trace_driven_cell_is_refused_in_one_line(tmp_path):
     (tmp_path / "t.log").write_text(TRACE)
     with pytest.raises(ConfigError) as e:
         RegimeFilter(envs.VREdgeConfig(num_users=2, capacity_trace=str(tmp_path / "t.log")))
-    assert "\n" not in str(e.value) and "capacity_trace" in str(e.value)
-    with pytest.raises(ConfigError):
-        RegimeFilter(envs.VREdgeConfig(num_users=2, noise_std=0.0))
+    assert "\n" not in str(e.value) and e.value.key == "capacity_trace"
+    for key, value in (("noise_std", 0.0), ("noise_corr", 1.0)):  # noise without a density: no likelihood
+        with pytest.raises(ConfigError) as e:
+            RegimeFilter(envs.VREdgeConfig(num_users=2, **{key: value}))
+        assert e.value.key == key
 
 
 def test_skipping_a_step_or_joining_mid_episode_is_refused():
