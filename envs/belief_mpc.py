@@ -48,7 +48,7 @@ class BeliefMPCSettings:
     envs.settings.ConfigError: scenarios must be >= 2 and <= 1024, got 1
     """
 
-    horizon: int = setting(4, "rounds each scenario looks ahead: this round's levels by rollout, the base policy "
+    horizon: int = setting(12, "rounds each scenario looks ahead: this round's levels by rollout, the base policy "
                            "in the rounds after", at_least=1, at_most=32)
     scenarios: int = setting(16, "futures of the cell drawn per env and step, the same for every candidate (the "
                              "first round's fade stratified)", at_least=2, at_most=1024)

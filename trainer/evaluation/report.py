@@ -129,7 +129,7 @@ def format_ceiling(capture: dict[str, Any], causal_share: dict[str, Any] | None)
     if causal_share is not None:
         lines.append(f"causal share: the causal ceiling (belief: from observations only) reaches "
                      f"{_ratio(causal_share)} of the clairvoyant's lead over fair_share ({causal_share['gap']:+.3f} "
-                     "reward/step); the rest is foresight no causal controller has"
+                     "reward/step); the rest is foresight of the draws, or what a better causal controller finds"
                      if math.isfinite(causal_share["fraction"]) else
                      f"causal share: none, the clairvoyant does not beat fair_share here ({causal_share['gap']:+.3f} "
                      "reward/step)")
