@@ -203,3 +203,22 @@ def test_the_causal_ceiling_refuses_a_trace_driven_cell_in_one_line(tiny_run, ca
     with exits(2, "--reference", "belief", "capacity_trace", capsys=capsys):
         evaluate_cli.main(["--checkpoint", str(tiny_run), "--reference", "belief", "--capacity-trace", str(trace),
                            "--episodes", "1"])
+
+
+def test_the_ceiling_on_the_policy_improves_on_the_policy_itself(tiny_run, capsys):
+    import json
+
+    from trainer import evaluate as evaluate_cli
+    from trainer.evaluation import policy_actions, summarize
+    from trainer.evaluation.policies import trained_model
+
+    evaluate_cli.main(["--checkpoint", str(tiny_run), "--episodes", "2", "--baselines", "none", "--reference",
+                       "belief", "--belief-base", "policy", "--json"])
+    payload = json.loads(capsys.readouterr().out)
+    cfg = envs.VREdgeConfig(num_users=3, max_steps=20)
+    env_fn = functools.partial(gym.make, "VREdge-v0", num_users=3, max_steps=20)
+    act = policy_actions(trained_model(tiny_run, "best")[0], True)
+    direct = run_episodes(BeliefMPC(cfg, base=act), env_fn, 2, 0, num_envs=64, whole_batch=True)
+    assert payload["belief_base"] == "policy" and payload["reference"]["belief"] == summarize(direct)
+    assert payload["paired_reward_per_step"]["belief"]["mean"] < 0  # the rollout improves on its base: the policy
+    assert payload["capture"]["ceiling_tight"]

@@ -89,13 +89,14 @@ def _evaluate_cells(args: argparse.Namespace, setup: _Setup, label: str, signals
 
     with episodes_shown(len(setup.cells) * _episodes_per_cell(args, setup)):
         results = play_cells(setup.model, setup.cfg, setup.cells, setup.env_kwargs, label, setup.names,
-                             args.episodes, args.seed, _with_reference(args, setup), args.deterministic)
+                             args.episodes, args.seed, _with_reference(args, setup), args.deterministic,
+                             args.belief_base)
     _print_header(args, setup, out)
     print(f"in cells of {results[0].env_kwargs['num_users']} user slots, each block's users and churn in place of "
           "the run's", file=out)
     for r in results:
         print(f"\nusers {r.cell.users}, churn {r.cell.churn:g}", file=out)
-        _print_comparison(r.comparison, out)
+        _print_comparison(r.comparison, out, args.belief_base)
     head = _payload_head(args, setup)
     payload = {**head, "slots": results[0].env_kwargs["num_users"],
                "cells": [cell_entry(r, label, setup.names) for r in results]}
@@ -125,6 +126,10 @@ def _parser() -> OneLineParser:
                         "the policy closes), belief (envs.belief_mpc: the causal ceiling, from observations only: "
                         "the policy's capture of its lead over fair_share and, with clairvoyant, its causal share "
                         "of the clairvoyant's; synthetic cells only) (default: %(default)s)")
+    p.add_argument("--belief-base", choices=("fair_share", "policy"), default="fair_share",
+                   help="with --reference belief: the base policy the causal ceiling improves by rollout, fair_share "
+                        "or the policy evaluated (the ceiling at its strongest: in expectation no worse than the "
+                        "policy, at the cost of the policy's forward passes in every rollout; default: %(default)s)")
     p.add_argument("--capacity-trace", default="", metavar="PATH",
                    help="VR-edge: replay recorded bandwidth traces (a file or directory, Pensieve or Mahimahi "
                         "format) as the cell's capacity; a directory's held-out test files are used; replaces the "
@@ -268,7 +273,7 @@ def _played(args: argparse.Namespace, setup: _Setup, label: str) -> dict[str, li
     from trainer.evaluation.cells import play_contenders
 
     return play_contenders(policy_actions(setup.model, args.deterministic), label, setup.names, setup.vr_config,
-                           setup.env_fn, args.episodes, args.seed, _with_reference(args, setup))
+                           setup.env_fn, args.episodes, args.seed, _with_reference(args, setup), args.belief_base)
 
 
 def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
@@ -305,14 +310,15 @@ def _payload_head(args: argparse.Namespace, setup: _Setup) -> dict[str, Any]:
     """What every evaluation's JSON starts with: what was evaluated, and on which episodes."""
     return {"checkpoint": str(setup.source.resolve()), "checkpoint_kind": setup.which, "env": setup.cfg.env,
             "env_kwargs": setup.env_kwargs, "episodes": args.episodes, "seed": args.seed,
-            "actions": "greedy" if args.deterministic else "sampled"}
+            "actions": "greedy" if args.deterministic else "sampled",
+            **({"belief_base": args.belief_base} if "belief" in _with_reference(args, setup) else {})}
 
 
 def _print_results(args: argparse.Namespace, setup: _Setup, comparison: Comparison, out: TextIO) -> None:
     """The results as a table on ``out``: what was played, each player's statistics, the paired differences and
     the gap closed."""
     _print_header(args, setup, out)
-    _print_comparison(comparison, out)
+    _print_comparison(comparison, out, args.belief_base)
 
 
 def _print_header(args: argparse.Namespace, setup: _Setup, out: TextIO) -> None:
@@ -330,8 +336,9 @@ def _print_header(args: argparse.Namespace, setup: _Setup, out: TextIO) -> None:
           f"{trace}), {setup.which} {setup.source}", file=out)
 
 
-def _print_comparison(comparison: Comparison, out: TextIO) -> None:
-    """One comparison on ``out``: each player's statistics, the paired differences and the gap closed."""
+def _print_comparison(comparison: Comparison, out: TextIO, belief_base: str = "fair_share") -> None:
+    """One comparison on ``out``: each player's statistics, the paired differences, the gap closed and, where the
+    causal ceiling (on ``belief_base``) was played, its causal share and the policy's capture."""
     from trainer.evaluation.cells import SELECTION_EPISODES
     from trainer.evaluation.report import format_table, plus_minus
 
@@ -350,7 +357,7 @@ def _print_comparison(comparison: Comparison, out: TextIO) -> None:
               f"and the clairvoyant reference ({gap['gap']:+.3f} reward/step)", file=out)
     if comparison.capture is not None:
         from trainer.evaluation.report import format_ceiling
-        print("\n" + format_ceiling(comparison.capture, comparison.causal_share), file=out)
+        print("\n" + format_ceiling(comparison.capture, comparison.causal_share, belief_base), file=out)
 
 
 def _write_results(args: argparse.Namespace, setup: _Setup, payload: dict[str, Any],

@@ -67,12 +67,13 @@ class Comparison(NamedTuple):
 
 
 def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.VREdgeConfig | None,
-                    env_fn: Callable[[], gym.Env], episodes: int, seed: int, reference: bool | Sequence[str]
-                    ) -> dict[str, Records]:
+                    env_fn: Callable[[], gym.Env], episodes: int, seed: int, reference: bool | Sequence[str],
+                    ceiling_base: str = CEILING_BASE) -> dict[str, Records]:
     """The records of the episodes each player played, by name: the policy ``act`` (as ``label``), the baselines
     ``names``, the references ``reference`` names (VR-edge: ``vr_config``; ``True``: the clairvoyant, ``False``:
-    none): the clairvoyant planner, and the causal ceiling :class:`envs.belief_mpc.BeliefMPC` (with
-    :data:`CEILING_BASE`, played too where ``names`` lacks it); the same held-out seeds for each."""
+    none): the clairvoyant planner, and the causal ceiling :class:`envs.belief_mpc.BeliefMPC` on ``ceiling_base``
+    (:data:`CEILING_BASE`, or ``"policy"``: ``act``, the ceiling at its strongest), with :data:`CEILING_BASE` played
+    too where ``names`` lacks it; the same held-out seeds for each."""
     played = {label: run_episodes(act, env_fn, episodes, seed)}
     for name in names:
         played[name] = run_episodes(envs.make_baseline(name, vr_config), env_fn, episodes, seed)
@@ -81,7 +82,8 @@ def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.
         played[REFERENCE] = run_episodes(ClairvoyantPlanner(vr_config), env_fn, episodes, seed, num_envs=64,
                                          with_envs=True)
     if BELIEF in references:
-        played[BELIEF] = run_episodes(BeliefMPC(vr_config, base=CEILING_BASE), env_fn, episodes, seed, num_envs=64,
+        base = act if ceiling_base == "policy" else ceiling_base
+        played[BELIEF] = run_episodes(BeliefMPC(vr_config, base=base), env_fn, episodes, seed, num_envs=64,
                                       whole_batch=True)
         if CEILING_BASE not in played:
             played[CEILING_BASE] = run_episodes(envs.make_baseline(CEILING_BASE, vr_config), env_fn, episodes, seed)
@@ -209,7 +211,7 @@ class CellResult(NamedTuple):
 
 def play_cells(model: nn.Module, cfg: TrainConfig, cells: Sequence[Cell], env_kwargs: dict[str, Any],
                label: str, names: Sequence[str], episodes: int, seed: int, reference: bool | Sequence[str] = True,
-               deterministic: bool = True) -> list[CellResult]:
+               deterministic: bool = True, ceiling_base: str = CEILING_BASE) -> list[CellResult]:
     """Each cell's players (:func:`play_contenders`: the policy ``model`` as ``label``, the baselines ``names``, the
     reference) on the same held-out episodes of ``seed``, in cells of :func:`cell_slots` slots on ``env_kwargs``
     (the run's, held out), and how the policy compares (:func:`compare_contenders`)."""
@@ -221,7 +223,7 @@ def play_cells(model: nn.Module, cfg: TrainConfig, cells: Sequence[Cell], env_kw
     for cell in cells:
         kwargs = cell_env_kwargs(env_kwargs, slots, cell, trained.masked)
         vr_config, env_fn = envs.VREdgeConfig(**kwargs), functools.partial(gym.make, cfg.env, **kwargs)
-        played = play_contenders(act, label, names, vr_config, env_fn, episodes, seed, reference)
+        played = play_contenders(act, label, names, vr_config, env_fn, episodes, seed, reference, ceiling_base)
         out.append(CellResult(cell, kwargs, compare_contenders(played, label, names, vr_config, env_fn, cfg.seed)))
     return out
 
