@@ -48,7 +48,7 @@ from trainer.evaluation.report import pyplot, write_figure
 from trainer.evaluation.statistics import gap_closed, paired_difference, summarize
 
 REFERENCE = "clairvoyant"  # the reference's name in the results (trainer.evaluate --reference)
-BELIEF = "belief"  # the causal ceiling's (envs.belief_mpc.BeliefMPC on fair_share): --reference belief
+BELIEF = "belief"  # the causal ceiling's (envs.belief_mpc.BeliefMPC on fair_share or the policy): --reference belief
 REFERENCES = (REFERENCE, BELIEF)
 CEILING_BASE = "fair_share"  # the base the causal ceiling improves on, and the lower end of its figures
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
