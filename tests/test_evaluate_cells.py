@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VARYING = "num_users=6,users=2-6,churn=0.05,max_steps=20"  # 6 slots; episodes of 20 steps: tiny, fast
 TODAYS_KEYS = ["checkpoint", "checkpoint_kind", "env", "env_kwargs", "episodes", "seed", "actions", "policy",
                "baselines", "reference", "paired_reward_per_step", "paired_qoe_lin", "best_baseline",
-               "best_baseline_picked_on", "gap_closed"]
+               "best_baseline_picked_on", "gap_closed", "capture", "causal_share"]
 PER_HEAD = ("--config", settings_file("policy_arch_per_head"))
 CELL_KEYS = {"users", "churn", "policy", "baselines", "reference", "paired_reward_per_step", "best_baseline"}
 

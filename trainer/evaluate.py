@@ -1,7 +1,7 @@
 """Evaluate a trained policy against the heuristic baselines on held-out seeds.
 
     python -m trainer.evaluate --checkpoint RUN_DIR_OR_FILE [--episodes 50] [--seed S] [--pick best|latest]
-                               [--deterministic | --stochastic] [--baselines all] [--reference clairvoyant]
+                               [--deterministic | --stochastic] [--baselines all] [--reference clairvoyant,belief]
                                [--capacity-trace PATH] [--env-kwargs K=V,...] [--users 2,4,8,12,16 --churn 0,0.05]
                                [--json]
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # (torch loads once the command line is checked)
     from trainer.evaluation.cells import Cell, Comparison
 
 REFERENCE = "clairvoyant"  # (trainer.evaluation.cells.REFERENCE: the reference's name in the results)
+REFERENCES = (REFERENCE, "belief")  # (trainer.evaluation.cells.REFERENCES)
 CELLS_FILES = ("evaluation_cells.json", "evaluation_cells.png")  # what --users/--churn write
 
 
@@ -91,13 +92,14 @@ def _evaluate_cells(args: argparse.Namespace, setup: _Setup, label: str, signals
 
     with episodes_shown(len(setup.cells) * _episodes_per_cell(args, setup)):
         results = play_cells(setup.model, setup.cfg, setup.cells, setup.env_kwargs, label, setup.names,
-                             args.episodes, args.seed, _with_reference(args, setup), args.deterministic)
+                             args.episodes, args.seed, _with_reference(args, setup), args.deterministic,
+                             args.belief_base)
     _print_header(args, setup, out)
     print(f"in cells of {results[0].env_kwargs['num_users']} user slots, each block's users and churn in place of "
           "the run's", file=out)
     for r in results:
         print(f"\nusers {r.cell.users}, churn {r.cell.churn:g}", file=out)
-        _print_comparison(r.comparison, out)
+        _print_comparison(r.comparison, out, args.belief_base)
     head = _payload_head(args, setup)
     payload = {**head, "slots": results[0].env_kwargs["num_users"],
                "cells": [cell_entry(r, label, setup.names) for r in results]}
@@ -121,10 +123,16 @@ def _parser() -> OneLineParser:
     mode.add_argument("--stochastic", dest="deterministic", action="store_false", help="sample actions")
     p.add_argument("--baselines", default="all",
                    help="'all', 'none' or comma-separated names (VR-edge only; default: %(default)s)")
-    p.add_argument("--reference", choices=(REFERENCE, "none"), default=REFERENCE,
-                   help="VR-edge: also play the clairvoyant planner (envs.planner; sees the true future) as the "
-                        "ceiling, and report the fraction of the gap from the best baseline that the policy closes "
-                        "(default: %(default)s)")
+    p.add_argument("--reference", default=REFERENCE, metavar="NAMES",
+                   help="VR-edge: the references played beside the policy, comma-separated, or none: clairvoyant "
+                        "(envs.planner; sees the true future: the fraction of the gap from the best baseline that "
+                        "the policy closes), belief (envs.belief_mpc: the causal ceiling, from observations only: "
+                        "the policy's capture of its lead over fair_share and, with clairvoyant, its causal share "
+                        "of the clairvoyant's; synthetic cells only) (default: %(default)s)")
+    p.add_argument("--belief-base", choices=("fair_share", "policy"), default="fair_share",
+                   help="with --reference belief: the base policy the causal ceiling improves by rollout, fair_share "
+                        "or the policy evaluated (the ceiling at its strongest: in expectation no worse than the "
+                        "policy, at the cost of the policy's forward passes in every rollout; default: %(default)s)")
     _add_env_flags(p)
     p.add_argument("--users", default=None, metavar="LIST",
                    help="VR-edge: evaluate in cells of these active users, comma-separated numbers or ranges "
@@ -170,6 +178,7 @@ def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> li
     _check_numbers(parser, args)
     args.given = _given_env_kwargs(parser, args)
     asked_baselines = _asked_baselines(parser, args.baselines)
+    args.reference = _asked_references(parser, args.reference)
     try:
         args.users = user_counts(args.users) if args.users is not None else None
         args.churn = churn_levels(args.churn) if args.churn is not None else None
@@ -214,6 +223,7 @@ def _import_the_evaluation() -> None:
     with exiting_at_once_on_stop_signals("nothing was evaluated; run the same command again"):
         # (the functions below import what they use again: from memory, once it is loaded here)
         import checkpoints  # noqa: F401
+        import envs.belief_mpc  # noqa: F401
         import envs.planner  # noqa: F401
         import trainer.evaluation.baselines  # noqa: F401
         import trainer.evaluation.cells  # noqa: F401
@@ -246,6 +256,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
 
     import checkpoints
     import envs
+    from envs.belief import filter_refusal
     from envs.traces import TRACE_ARGUMENTS
     from trainer.evaluation import held_out_env_kwargs
     from trainer.evaluation.policies import picked_checkpoint, policy_from_state, sampling_refused
@@ -271,6 +282,8 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
               file=sys.stderr)
     env_kwargs = held_out_env_kwargs(cfg.env_options, args.given)
     vr_config = envs.VREdgeConfig(**env_kwargs) if vr_edge else None  # a bad trace fails here, at once
+    if vr_config is not None and "belief" in args.reference and (refused := filter_refusal(vr_config)):
+        parser.error(f"--reference belief: {refused}; drop belief")
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
     out_dir = Path(args.out) if args.out else run_dir
     check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
@@ -306,7 +319,7 @@ def _played(args: argparse.Namespace, setup: _Setup, label: str) -> dict[str, li
     from trainer.evaluation.cells import play_contenders
 
     return play_contenders(policy_actions(setup.model, args.deterministic), label, setup.names, setup.vr_config,
-                           setup.env_fn, args.episodes, args.seed, _with_reference(args, setup))
+                           setup.env_fn, args.episodes, args.seed, _with_reference(args, setup), args.belief_base)
 
 
 def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
@@ -314,13 +327,15 @@ def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
     episodes (where the best baseline is picked)."""
     from trainer.evaluation.cells import SELECTION_EPISODES
 
-    players = 1 + len(setup.names) + _with_reference(args, setup)
+    references = _with_reference(args, setup)
+    ceiling_base = "belief" in references and "fair_share" not in setup.names  # (played for the capture)
+    players = 1 + len(setup.names) + len(references) + ceiling_base
     return args.episodes * players + SELECTION_EPISODES * len(setup.names)
 
 
-def _with_reference(args: argparse.Namespace, setup: _Setup) -> bool:
-    """Whether the clairvoyant reference is played: asked for (the default), on VR-edge."""
-    return setup.vr_config is not None and args.reference == REFERENCE
+def _with_reference(args: argparse.Namespace, setup: _Setup) -> tuple[str, ...]:
+    """The references played: those asked for (the clairvoyant by default), on VR-edge."""
+    return args.reference if setup.vr_config is not None else ()
 
 
 def _compared(played: dict[str, list[dict[str, float]]], label: str, setup: _Setup) -> Comparison:
@@ -341,14 +356,15 @@ def _payload_head(args: argparse.Namespace, setup: _Setup) -> dict[str, Any]:
     """What every evaluation's JSON starts with: what was evaluated, and on which episodes."""
     return {"checkpoint": str(setup.source.resolve()), "checkpoint_kind": setup.which, "env": setup.cfg.env,
             "env_kwargs": setup.env_kwargs, "episodes": args.episodes, "seed": args.seed,
-            "actions": "greedy" if args.deterministic else "sampled"}
+            "actions": "greedy" if args.deterministic else "sampled",
+            **({"belief_base": args.belief_base} if "belief" in _with_reference(args, setup) else {})}
 
 
 def _print_results(args: argparse.Namespace, setup: _Setup, comparison: Comparison, out: TextIO) -> None:
     """The results as a table on ``out``: what was played, each player's statistics, the paired differences and
     the gap closed."""
     _print_header(args, setup, out)
-    _print_comparison(comparison, out)
+    _print_comparison(comparison, out, args.belief_base)
 
 
 def _print_header(args: argparse.Namespace, setup: _Setup, out: TextIO) -> None:
@@ -382,8 +398,9 @@ def _traces_played(env_kwargs: dict[str, Any], given: dict[str, Any]) -> str:
     return f", {' and '.join(sets)}" + (f": {split}" if split else "")
 
 
-def _print_comparison(comparison: Comparison, out: TextIO) -> None:
-    """One comparison on ``out``: each player's statistics, the paired differences and the gap closed."""
+def _print_comparison(comparison: Comparison, out: TextIO, belief_base: str = "fair_share") -> None:
+    """One comparison on ``out``: each player's statistics, the paired differences, the gap closed and, where the
+    causal ceiling (on ``belief_base``) was played, its causal share and the policy's capture."""
     from trainer.evaluation.cells import SELECTION_EPISODES
     from trainer.evaluation.report import format_table, plus_minus
 
@@ -403,6 +420,9 @@ def _print_comparison(comparison: Comparison, out: TextIO) -> None:
         print(f"\ngap closed: the policy closes {gap['fraction']:.3f}{interval} of the gap "
               f"between the best baseline ({comparison.best}, picked on {SELECTION_EPISODES} validation episodes) "
               f"and the clairvoyant reference ({gap['gap']:+.3f} reward/step)", file=out)
+    if comparison.capture is not None:
+        from trainer.evaluation.report import format_ceiling
+        print("\n" + format_ceiling(comparison.capture, comparison.causal_share, belief_base), file=out)
 
 
 def _write_results(args: argparse.Namespace, setup: _Setup, payload: dict[str, Any],
@@ -446,6 +466,19 @@ def _check_numbers(parser: OneLineParser, args: argparse.Namespace) -> None:
         parser.error(f"--episodes={args.episodes} is invalid: must be >= 1")
     if args.seed < 0:
         parser.error(f"--seed={args.seed} is invalid: must be >= 0")
+
+
+def _asked_references(parser: OneLineParser, spec: str) -> tuple[str, ...]:
+    """The references ``--reference`` names (``none``, or names of :data:`REFERENCES`, comma-separated); an unknown
+    name is a usage error."""
+    if spec.strip() in ("", "none"):
+        return ()
+    names = tuple(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
+    unknown = [n for n in names if n not in REFERENCES]
+    if unknown:
+        parser.error(f"--reference={spec!r} is invalid: unknown {', '.join(unknown)}; use none or names from "
+                     f"{', '.join(REFERENCES)}{did_you_mean(unknown, REFERENCES)}")
+    return names
 
 
 def _asked_baselines(parser: OneLineParser, spec: str) -> list[str]:

@@ -37,6 +37,7 @@ import gymnasium as gym
 from torch import nn
 
 import envs
+from envs.belief_mpc import BeliefMPC
 from envs.planner import ClairvoyantPlanner
 from envs.settings import ConfigError
 from trainer.arguments import most_users
@@ -47,6 +48,9 @@ from trainer.evaluation.report import pyplot, write_figure
 from trainer.evaluation.statistics import gap_closed, paired_difference, summarize
 
 REFERENCE = "clairvoyant"  # the reference's name in the results (trainer.evaluate --reference)
+BELIEF = "belief"  # the causal ceiling's (envs.belief_mpc.BeliefMPC on fair_share or the policy): --reference belief
+REFERENCES = (REFERENCE, BELIEF)
+CEILING_BASE = "fair_share"  # the base the causal ceiling improves on, and the lower end of its figures
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
 Records = list[dict[str, float]]  # one per episode (run_episodes)
 
@@ -59,20 +63,39 @@ class Comparison(NamedTuple):
     best: str | None  # the best baseline, picked on validation episodes
     gap: dict[str, Any] | None  # the fraction of the gap from it to the reference that the policy closes
     paired_qoe_lin: dict[str, dict[str, Any]] = {}  # as ``paired``, of QoE_lin per user (an env whose info has it)
+    capture: dict[str, Any] | None = None  # the policy's share of the causal ceiling's lead over fair_share
+    causal_share: dict[str, Any] | None = None  # the causal ceiling's share of the clairvoyant's lead over it
 
 
 def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.VREdgeConfig | None,
-                    env_fn: Callable[[], gym.Env], episodes: int, seed: int, reference: bool) -> dict[str, Records]:
+                    env_fn: Callable[[], gym.Env], episodes: int, seed: int, reference: bool | Sequence[str],
+                    ceiling_base: str = CEILING_BASE) -> dict[str, Records]:
     """The records of the episodes each player played, by name: the policy ``act`` (as ``label``), the baselines
-    ``names``, the clairvoyant reference where ``reference`` (VR-edge: ``vr_config``); the same held-out seeds for
-    each."""
+    ``names``, the references ``reference`` names (VR-edge: ``vr_config``; ``True``: the clairvoyant, ``False``:
+    none): the clairvoyant planner, and the causal ceiling :class:`envs.belief_mpc.BeliefMPC` on ``ceiling_base``
+    (:data:`CEILING_BASE`, or ``"policy"``: ``act``, the ceiling at its strongest), with :data:`CEILING_BASE` played
+    too where ``names`` lacks it; the same held-out seeds for each."""
     played = {label: run_episodes(act, env_fn, episodes, seed)}
     for name in names:
         played[name] = run_episodes(envs.make_baseline(name, vr_config), env_fn, episodes, seed)
-    if reference and vr_config is not None:
+    references = references_of(reference) if vr_config is not None else ()
+    if REFERENCE in references:
         played[REFERENCE] = run_episodes(ClairvoyantPlanner(vr_config), env_fn, episodes, seed, num_envs=64,
                                          with_envs=True)
+    if BELIEF in references:
+        base = act if ceiling_base == "policy" else ceiling_base
+        played[BELIEF] = run_episodes(BeliefMPC(vr_config, base=base), env_fn, episodes, seed, num_envs=64,
+                                      whole_batch=True)
+        if CEILING_BASE not in played:
+            played[CEILING_BASE] = run_episodes(envs.make_baseline(CEILING_BASE, vr_config), env_fn, episodes, seed)
     return played
+
+
+def references_of(reference: bool | Sequence[str]) -> tuple[str, ...]:
+    """The references to play, by name (:data:`REFERENCES`): ``True`` is the clairvoyant alone, ``False`` none."""
+    if isinstance(reference, bool):
+        return (REFERENCE,) if reference else ()
+    return tuple(reference)
 
 
 def compare_contenders(played: dict[str, Records], label: str, names: Sequence[str],
@@ -81,28 +104,44 @@ def compare_contenders(played: dict[str, Records], label: str, names: Sequence[s
     """The statistics of what each player scored, and the policy (``label``) against the others; the best baseline
     is picked on :data:`SELECTION_EPISODES` validation episodes of the run's seed ``run_seed``."""
     results = {name: summarize(records) for name, records in played.items()}
-    compared = list(names) + ([REFERENCE] if REFERENCE in played else [])
+    compared = list(names) + [r for r in REFERENCES if r in played]
     paired = {name: paired_difference(played[label], played[name]) for name in compared}
     with_qoe = all("qoe_lin" in r for records in played.values() for r in records)
     paired_qoe = {name: paired_difference(played[label], played[name], "qoe_lin") for name in compared} \
         if with_qoe else {}
     best, _ = best_baseline(list(names), vr_config, env_fn, validation_seeds(run_seed, SELECTION_EPISODES))
     gap = gap_closed(played[label], played[best], played[REFERENCE]) if REFERENCE in played and best else None
-    return Comparison(results, paired, best, gap, paired_qoe)
+    return Comparison(results, paired, best, gap, paired_qoe, *ceiling_figures(played, label))
+
+
+def ceiling_figures(played: dict[str, Records], label: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``(capture, causal_share)`` where the causal ceiling (:data:`BELIEF`) was played, paired over the same
+    episodes, each a ratio of mean leads over :data:`CEILING_BASE` with its 95% interval (delta method,
+    :func:`trainer.evaluation.statistics.gap_closed`): the **capture** ``(policy - fair_share) / (belief -
+    fair_share)``, with ``ceiling_tight`` (false where the policy scores above the ceiling: it is then no ceiling,
+    and a capture above 1 no success); the **causal share** ``(belief - fair_share) / (clairvoyant - fair_share)``
+    where the clairvoyant was played too."""
+    if BELIEF not in played:
+        return None, None
+    base, ceiling = played[CEILING_BASE], played[BELIEF]
+    capture = gap_closed(played[label], base, ceiling)
+    capture["ceiling_tight"] = paired_difference(ceiling, played[label])["mean"] >= 0
+    causal = gap_closed(ceiling, base, played[REFERENCE]) if REFERENCE in played else None
+    return capture, causal
 
 
 def comparison_payload(comparison: Comparison, label: str, names: Sequence[str]) -> dict[str, Any]:
-    """A comparison as ``evaluation.json`` holds it: ``policy``, ``baselines``, ``reference``,
+    """A comparison as ``evaluation.json`` holds it: ``policy``, ``baselines``, ``reference`` (by name),
     ``paired_reward_per_step``, ``paired_qoe_lin`` (VR-edge), ``best_baseline``, ``best_baseline_picked_on``,
-    ``gap_closed``."""
+    ``gap_closed``, ``capture`` and ``causal_share`` (:func:`ceiling_figures`; ``None`` where not played)."""
     results, best = comparison.results, comparison.best
     return {"policy": results[label], "baselines": {n: results[n] for n in names},
-            "reference": {REFERENCE: results[REFERENCE]} if REFERENCE in results else {},
+            "reference": {r: results[r] for r in REFERENCES if r in results},
             "paired_reward_per_step": comparison.paired,
             **({"paired_qoe_lin": comparison.paired_qoe_lin} if comparison.paired_qoe_lin else {}),
             "best_baseline": best,
             "best_baseline_picked_on": f"{SELECTION_EPISODES} validation episodes" if best else None,
-            "gap_closed": comparison.gap}
+            "gap_closed": comparison.gap, "capture": comparison.capture, "causal_share": comparison.causal_share}
 
 
 class Cell(NamedTuple):
@@ -177,8 +216,8 @@ class CellResult(NamedTuple):
 
 
 def play_cells(model: nn.Module, cfg: TrainConfig, cells: Sequence[Cell], env_kwargs: dict[str, Any],
-               label: str, names: Sequence[str], episodes: int, seed: int, reference: bool = True,
-               deterministic: bool = True) -> list[CellResult]:
+               label: str, names: Sequence[str], episodes: int, seed: int, reference: bool | Sequence[str] = True,
+               deterministic: bool = True, ceiling_base: str = CEILING_BASE) -> list[CellResult]:
     """Each cell's players (:func:`play_contenders`: the policy ``model`` as ``label``, the baselines ``names``, the
     reference) on the same held-out episodes of ``seed``, in cells of :func:`cell_slots` slots on ``env_kwargs``
     (the run's, held out), and how the policy compares (:func:`compare_contenders`)."""
@@ -190,7 +229,7 @@ def play_cells(model: nn.Module, cfg: TrainConfig, cells: Sequence[Cell], env_kw
     for cell in cells:
         kwargs = cell_env_kwargs(env_kwargs, slots, cell, trained.masked)
         vr_config, env_fn = envs.VREdgeConfig(**kwargs), functools.partial(gym.make, cfg.env, **kwargs)
-        played = play_contenders(act, label, names, vr_config, env_fn, episodes, seed, reference)
+        played = play_contenders(act, label, names, vr_config, env_fn, episodes, seed, reference, ceiling_base)
         out.append(CellResult(cell, kwargs, compare_contenders(played, label, names, vr_config, env_fn, cfg.seed)))
     return out
 
@@ -204,7 +243,8 @@ def cell_entry(result: CellResult, label: str, names: Sequence[str]) -> dict[str
 
 def evaluate_cells(model: nn.Module, cfg: TrainConfig, users: Sequence[int | str], churns: Sequence[float], *,
                    episodes: int = 50, seed: int = 0, baselines: Sequence[str] = tuple(envs.BASELINES),
-                   reference: bool = True, deterministic: bool = True, env_kwargs: dict[str, Any] | None = None
+                   reference: bool | Sequence[str] = True, deterministic: bool = True,
+                   env_kwargs: dict[str, Any] | None = None
                    ) -> list[dict[str, Any]]:
     """The policy ``model`` (trained as ``cfg`` says), the ``baselines`` and the reference on the same held-out
     episodes for each (users, churn) pair (:func:`play_cells`), one :func:`cell_entry` per pair, users first;

@@ -82,12 +82,14 @@ def _say_episode_ended() -> None:
 
 def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
                  num_envs: int = 16, seeds: list[int] | None = None,
-                 with_envs: bool = False) -> list[dict[str, float]]:
+                 with_envs: bool = False, whole_batch: bool = False) -> list[dict[str, float]]:
     """Play ``episodes`` full episodes (episode ``i`` reset with ``evaluation_seeds(seed)[i]``, or ``seeds[i]``).
 
     Up to ``num_envs`` envs run in lockstep (one batched env where the env has one: :func:`native_vector_env`) so
     that ``act`` sees batches ``[n, *obs]``; with ``with_envs`` it is called as ``act(obs, envs)`` with the ``n``
-    envs the observations came from (a clairvoyant reference reads their state). Each record has
+    envs the observations came from (a clairvoyant reference reads their state); with ``whole_batch`` (an env
+    batched natively) ``act`` sees every env's observation at every step, those whose episodes are done included
+    (their actions moot), so that a stateful controller (a filter) keeps one row per env. Each record has
     ``return``, ``length``, ``reward_per_step`` and the env's ``episode_metrics``
     (VR-edge: ``quality``, ``stall_s``, ``switches``); for envs whose ``info`` carries per-user ``qoe_lin`` and
     ``quality`` (VR-edge), also ``qoe_lin`` (per user and segment) and ``fairness`` (Jain's index of the users' mean
@@ -96,8 +98,19 @@ def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: i
     seeds = evaluation_seeds(seed, max(episodes, 0)) if seeds is None else list(seeds)
     if episodes < 1 or len(seeds) != episodes:
         raise ValueError(f"run_episodes got {len(seeds)} seeds for episodes={episodes}: must be >= 1, one seed each")
-    if not with_envs and (batched := native_vector_env(env_fn)) is not None:
-        return _batched_records(act, batched, seeds, num_envs)
+    batched = None if with_envs else native_vector_env(env_fn)
+    if batched is not None:
+        return _batched_records(act, batched, seeds, num_envs, whole_batch)
+    if whole_batch:
+        raise ValueError("run_episodes(whole_batch=True) needs an env batched natively (VR-edge's gym.make)")
+    return _single_records(act, env_fn, seeds, num_envs, with_envs)
+
+
+def _single_records(act: Callable[..., np.ndarray], env_fn: Callable[[], gym.Env], seeds: list[int], num_envs: int,
+                    with_envs: bool) -> list[dict[str, float]]:
+    """:func:`run_episodes`'s records, played in up to ``num_envs`` single envs in lockstep (``with_envs``: ``act``
+    also gets the envs)."""
+    episodes = len(seeds)
     envs = [env_fn() for _ in range(min(num_envs, episodes))]
     obs = [None] * len(envs)
     current = [-1] * len(envs)  # episode index each env is playing, -1 when idle
@@ -145,10 +158,11 @@ def native_vector_env(env_fn: Callable[[], gym.Env]) -> Callable[..., gym.vector
     return None
 
 
-def _batched_records(act: Act, make: Callable[..., gym.vector.VectorEnv], seeds: list[int], num_envs: int
-                     ) -> list[dict[str, float]]:
+def _batched_records(act: Act, make: Callable[..., gym.vector.VectorEnv], seeds: list[int], num_envs: int,
+                     whole_batch: bool = False) -> list[dict[str, float]]:
     """:func:`run_episodes`'s records, its ``num_envs`` envs one batched env: an env whose episode ends starts the
-    next seed's (its state spliced in from a fresh env reset with that seed), so ``act`` sees the same batches."""
+    next seed's (its state spliced in from a fresh env reset with that seed), so ``act`` sees the same batches
+    (``whole_batch``: every row at every step)."""
     env = make(num_envs=min(num_envs, len(seeds)))
     try:
         obs, _ = env.reset(seed=seeds[:env.num_envs])
@@ -159,7 +173,10 @@ def _batched_records(act: Act, make: Callable[..., gym.vector.VectorEnv], seeds:
         actions = np.zeros((env.num_envs, *env.single_action_space.shape), dtype=env.single_action_space.dtype)
         while (current >= 0).any():
             playing = current >= 0
-            actions[playing] = act(obs[playing])  # an idle env plays on, unrecorded: its actions are moot
+            if whole_batch:
+                actions[:] = act(obs)
+            else:
+                actions[playing] = act(obs[playing])  # an idle env plays on, unrecorded: its actions are moot
             obs, reward, terminated, truncated, info = env.step(actions)
             parts = {k: v for k, v in info.items() if not k.startswith(("_", "final_"))}
             for i in np.flatnonzero(playing):

@@ -1,0 +1,295 @@
+"""What a causal controller can know of the VR-edge cell: the exact posterior over its hidden state, from
+observations only, and futures of the cell sampled from it.
+
+The synthetic cell's capacity is ``nominal x multiplier[regime] x fade_depth^fade x exp(noise - std^2 / 2)``
+(:func:`envs.vr_edge._capacity`): a 3-regime Markov chain times a 2-state fade chain (6 hidden states ``h =
+2 regime + fade``), and AR(1) noise in log space. The observation shows the newest capacity over the episode's
+nominal capacity (the last entry of the capacity history; the ratio needs no nominal, whatever the users drawn),
+so given a hidden state the noise is fixed: ``noise_t(h) = log ratio_t - log(multiplier x fade factor) + std^2 / 2``.
+The likelihood of the observed capacities given a path of hidden states is then a product of Gaussian densities
+(the stationary one at reset, the AR(1) innovation's after), and the forward recursion over the 6 states
+
+    alpha_t(h) = sum_g alpha_{t-1}(g) T(g, h) N(noise_t(h); corr noise_{t-1}(g), (1 - corr^2) std^2)
+
+is the exact posterior (the Jacobian from noise to log capacity is 1 for every ``h``, so it cancels). Users'
+channels are observed exactly (an active user's channel quality inverts to its AR(1) logit).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from envs import rng
+from envs.settings import ConfigError
+from envs.vr_edge import (
+    REGIMES,
+    USER_FEATURES,
+    VREdgeConfig,
+    _capacity,
+    _cell_round,
+)
+
+FADES = 2  # a deep fade is on or off
+HIDDEN = len(REGIMES) * FADES  # hidden state h = FADES * regime + fade
+_REGIME_OF = np.repeat(np.arange(len(REGIMES)), FADES)  # [6]
+_FADE_OF = np.tile(np.arange(FADES), len(REGIMES)).astype(bool)  # [6]
+_CHANNEL = USER_FEATURES.index("channel")
+_FADE_DRAW = 4  # which uniform of a block the fade's step takes (envs.vr_edge._cell_round)
+
+
+def regime_transition(cfg: VREdgeConfig) -> np.ndarray:
+    """``[3, 3]``: P(next regime | regime) of the env's step (:func:`envs.vr_edge._cell_round`): it stays with
+    ``regime_stay_prob``, else moves to either other regime alike."""
+    move = (1 - cfg.regime_stay_prob) / (len(REGIMES) - 1)
+    return np.where(np.eye(len(REGIMES), dtype=bool), cfg.regime_stay_prob, move)
+
+
+def fade_transition(cfg: VREdgeConfig) -> np.ndarray:
+    """``[2, 2]``: P(next fade | fade) of the env's step: a fade starts with ``fade_prob``, ends with
+    ``fade_end_prob``."""
+    return np.array([[1 - cfg.fade_prob, cfg.fade_prob], [cfg.fade_end_prob, 1 - cfg.fade_end_prob]])
+
+
+def hidden_transition(cfg: VREdgeConfig) -> np.ndarray:
+    """``[6, 6]``: P(next h | h), the regime and the fade chains being independent."""
+    return np.kron(regime_transition(cfg), fade_transition(cfg))
+
+
+def initial_hidden(cfg: VREdgeConfig) -> np.ndarray:
+    """``[6]``: the law of h at reset (:func:`envs.vr_edge.initial_state`): any regime alike, no fade."""
+    return np.where(_FADE_OF, 0.0, 1.0 / len(REGIMES))
+
+
+def noise_given_hidden(cfg: VREdgeConfig, log_ratio: np.ndarray) -> np.ndarray:
+    """``[B, 6]``: the capacity's noise term in each hidden state, given the observed log capacity ratios ``[B]``
+    (the env's :func:`envs.vr_edge._capacity` at zero noise is what the noise multiplies)."""
+    at_zero_noise = _capacity(cfg, _REGIME_OF, np.zeros(HIDDEN), _FADE_OF, 1.0)
+    return np.asarray(log_ratio, dtype=np.float64)[:, None] - np.log(at_zero_noise)
+
+
+def innovation_std(cfg: VREdgeConfig) -> float:
+    """Standard deviation of the noise's AR(1) step: ``sqrt(1 - corr^2) std`` (stationary std ``noise_std``)."""
+    return math.sqrt(1 - cfg.noise_corr**2) * cfg.noise_std
+
+
+def log_normal_density(x: np.ndarray, mean: np.ndarray | float, std: float) -> np.ndarray:
+    """``log N(x; mean, std^2)``."""
+    z = (x - mean) / std
+    return -0.5 * z * z - math.log(std) - 0.5 * math.log(2 * math.pi)
+
+
+def log_sum_exp(x: np.ndarray, axis: int) -> np.ndarray:
+    """``log sum exp(x)`` along ``axis``, stable, ``-inf`` where every term is."""
+    top = np.max(x, axis=axis, keepdims=True)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.squeeze(safe, axis) + np.log(np.sum(np.exp(x - safe), axis=axis))
+
+
+def _log(p: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.log(p)
+
+
+def filter_refusal(cfg: VREdgeConfig) -> str:
+    """Why the hidden state of cells built with ``cfg`` cannot be filtered; ``""`` when it can."""
+    return refused_setting(cfg)[1]
+
+
+def refused_setting(cfg: VREdgeConfig) -> tuple[str, str]:
+    """The setting that keeps cells built with ``cfg`` from being filtered and why, or ``("", "")``."""
+    if cfg.capacity_trace:
+        return "capacity_trace", ("a trace-driven cell (capacity_trace) has no hidden regime or fade to filter: play "
+                                  "the synthetic cell")
+    if cfg.user_traces:  # the futures drawn for the users' channels would be the synthetic chain's, not the traces'
+        return "user_traces", ("users on recorded links (user_traces) follow no channel model to sample futures "
+                               "from: play the synthetic users")
+    for key, bad in (("noise_std", cfg.noise_std == 0), ("noise_corr", cfg.noise_corr == 1)):
+        if bad:
+            return key, "the filter needs capacity noise with a density (noise_std > 0 and noise_corr < 1)"
+    return "", ""
+
+
+class CellSeen(NamedTuple):
+    """What an observation shows of the cell and the users (:func:`cell_seen`), each ``[B]`` or ``[B, U]``."""
+
+    log_ratio: np.ndarray  # the newest capacity over the episode's nominal one, in log
+    t: np.ndarray  # the step of the episode
+    channel_logit: np.ndarray  # each active user's channel logit (0 for an inactive slot)
+    active: np.ndarray  # which slots hold a user
+    users: np.ndarray  # the users drawn for the episode (its nominal capacity's count)
+
+
+def cell_seen(cfg: VREdgeConfig, obs: np.ndarray) -> CellSeen:
+    """Read observations ``[B, obs_dim]`` (the layout of :func:`envs.vr_edge.observe`)."""
+    obs = np.asarray(obs, dtype=np.float64)
+    n_user = cfg.num_user_features * cfg.num_users
+    users = obs[:, :n_user].reshape(len(obs), cfg.num_users, cfg.num_user_features)
+    active = users[:, :, cfg.active_user_feature] > 0.5 if cfg.masked else np.ones(users.shape[:2], dtype=bool)
+    drawn = np.rint(active.sum(axis=1) / obs[:, -1]) if cfg.masked else np.full(len(obs), float(cfg.num_users))
+    logit = np.where(active, channel_logit(np.where(active, users[:, :, _CHANNEL], 0.5)), 0.0)
+    return CellSeen(np.log(obs[:, n_user + cfg.history - 1]), np.rint(obs[:, n_user + cfg.history] * cfg.max_steps
+                                                                      ).astype(np.int64), logit, active, drawn)
+
+
+def channel_logit(quality: np.ndarray) -> np.ndarray:
+    """The channel logit a quality in ``(0.25, 1)`` comes from: the inverse of :func:`envs.vr_edge._channel_quality`
+    (float32 observations: qualities within a rounding of 0.25 or 1 are taken just inside)."""
+    p = np.clip((quality - 0.25) / 0.75, 1e-7, 1 - 1e-7)
+    return np.log(p / (1 - p))
+
+
+class Futures(NamedTuple):
+    """Scenarios of the next ``H`` rounds of ``B`` envs, ``S`` each (:meth:`RegimeFilter.futures`); each
+    scenario's ``weight`` ``[B, S]`` (summing to 1 per env) makes weighted means over scenarios unbiased."""
+
+    capacity: np.ndarray  # [B, S, H] Mbit/s
+    channel_logit: np.ndarray  # [B, S, H, U]
+    regime: np.ndarray  # [B, S, H]
+    fade: np.ndarray  # [B, S, H] bool
+    weight: np.ndarray  # [B, S]
+
+
+class RegimeFilter:
+    """The exact posterior over the cell's hidden (regime, fade) of ``B`` envs, from their observations only, and
+    futures of the cell sampled from it (see the module's docstring for the recursion).
+
+    Call :meth:`update` with every observation of every env, in order: a row whose step is 0 starts its episode
+    anew (an env's reset, or an autoreset), any other must be the step after the row's last one.
+
+    Example:
+        >>> import envs
+        >>> from envs.belief import RegimeFilter
+        >>> venv = envs.VREdgeVectorEnv(4, num_users=2, seed=0, max_steps=20)
+        >>> obs, _ = venv.reset()
+        >>> belief = RegimeFilter(venv.config)
+        >>> belief.update(obs).shape               # P(regime, fade) per env
+        (4, 3, 2)
+        >>> obs, *_ = venv.step(np.zeros((4, 2), dtype=np.int64))
+        >>> bool(np.allclose(belief.update(obs).sum(axis=(1, 2)), 1.0))
+        True
+        >>> f = belief.futures(obs, scenarios=8, horizon=3)
+        >>> f.capacity.shape, f.channel_logit.shape, f.weight.shape
+        ((4, 8, 3), (4, 8, 3, 2), (4, 8))
+
+    Shapes: :meth:`update` returns ``[B, 3, 2]`` (regime: good, fair, poor; fade: off, on); :attr:`noise` is
+    ``[B, 6]``, the noise each hidden state implies now. A trace-driven cell is refused (a
+    :class:`envs.settings.ConfigError`): it has no model to filter.
+    """
+
+    def __init__(self, config: VREdgeConfig, seed: int = 0) -> None:
+        key, refused = refused_setting(config)
+        if refused:
+            raise ConfigError(key, getattr(config, key), f"cannot be filtered: {refused}", flag=False)
+        self.config = config
+        self._log_transition = _log(hidden_transition(config))  # [g, h]
+        self._log_initial = _log(initial_hidden(config))
+        self._key = rng.key_from_seed(seed)
+        self._draws = 0  # blocks drawn so far (futures' counter-based streams)
+        self.log_posterior: np.ndarray | None = None  # [B, 6]
+        self.noise: np.ndarray | None = None  # [B, 6]
+        self.t: np.ndarray | None = None  # [B]
+
+    def update(self, obs: np.ndarray) -> np.ndarray:
+        """Take in observations ``[B, obs_dim]`` of the ``B`` envs; returns P(regime, fade) ``[B, 3, 2]``."""
+        seen = cell_seen(self.config, obs)
+        self._check_order(seen.t)
+        noise = noise_given_hidden(self.config, seen.log_ratio)
+        start = self._log_initial + log_normal_density(noise, 0.0, self.config.noise_std)
+        if self.t is not None and len(self.t) == len(seen.t):  # (another number of envs: all start afresh)
+            step = self._log_step(noise)
+            start = np.where((seen.t == 0)[:, None], start, step)
+        self.log_posterior = start - log_sum_exp(start, axis=1)[:, None]
+        self.noise, self.t = noise, seen.t
+        return self.posterior
+
+    def _log_step(self, noise: np.ndarray) -> np.ndarray:
+        """Unnormalised log alpha ``[B, 6]`` one step on from the posterior, given the noise ``[B, 6]`` each hidden
+        state implies now."""
+        cfg = self.config
+        mean = cfg.noise_corr * self.noise[:, :, None]  # [B, g, 1]
+        terms = (self.log_posterior[:, :, None] + self._log_transition[None]
+                 + log_normal_density(noise[:, None, :], mean, innovation_std(cfg)))  # [B, g, h]
+        return log_sum_exp(terms, axis=1)
+
+    def _check_order(self, t: np.ndarray) -> None:
+        """A ``ValueError`` unless every row starts an episode or is the step after its last one."""
+        if self.t is not None and len(t) != len(self.t) and (t != 0).any():
+            raise ValueError(f"RegimeFilter tracks {len(self.t)} envs, got {len(t)} observations mid-episode: "
+                             "pass every env's observation at every step (or start afresh at step 0)")
+        if self.t is not None and len(t) == len(self.t):
+            skipped = (t != 0) & (t != self.t + 1)
+            if skipped.any():
+                i = int(np.flatnonzero(skipped)[0])
+                raise ValueError(f"RegimeFilter saw step {t[i]} of env {i} after step {self.t[i]}: it must see "
+                                 "every step of an episode, in order")
+        elif self.t is None and (t != 0).any():
+            raise ValueError("RegimeFilter must see each episode from its first observation (step 0), got step "
+                             f"{int(t[t != 0][0])}")
+
+    @property
+    def posterior(self) -> np.ndarray:
+        """P(regime, fade) ``[B, 3, 2]`` after the last :meth:`update`."""
+        return np.exp(self.log_posterior).reshape(-1, len(REGIMES), FADES)
+
+    def futures(self, obs: np.ndarray, scenarios: int, horizon: int) -> Futures:
+        """``scenarios`` futures of the next ``horizon`` rounds for each env of the last :meth:`update` (its
+        observations ``obs``): the hidden state now drawn from the posterior, then the env's own step
+        (:func:`envs.vr_edge._cell_round`) on counter-based draws of this filter's seed. The first round's fade
+        outcome is stratified (:func:`stratified_hidden`), so a rare fade is in every env's scenarios."""
+        cfg, seen, b = self.config, cell_seen(self.config, obs), len(obs)
+        n = b * scenarios
+        u = self._uniforms(n, horizon + 1)  # [H + 1, n, block]: one block per round, one for the draw of now
+        posterior = np.exp(self.log_posterior)
+        hidden, fade_next, weight = stratified_hidden(posterior, fade_transition(cfg)[_FADE_OF.astype(int), 1],
+                                                      scenarios, u[horizon][:, 0].reshape(b, scenarios))
+        state = {"regime": _REGIME_OF[hidden].ravel(), "fade": _FADE_OF[hidden].ravel(),
+                 "noise": np.take_along_axis(self.noise, hidden, axis=1).ravel(),
+                 "channel_logit": np.repeat(seen.channel_logit, scenarios, axis=0),
+                 "users": np.repeat(seen.users, scenarios)}
+        u[0][:, _FADE_DRAW] = fade_draw(cfg, state["fade"], fade_next.ravel(), u[horizon][:, 1])
+        rounds = []
+        for h in range(horizon):
+            cell, _, capacity, _ = _cell_round(cfg, state, u[h])
+            state.update(cell)
+            rounds.append((capacity, cell["channel_logit"], cell["regime"], cell["fade"]))
+        capacity, logit, regime, fade = (np.stack(x, axis=1).reshape(b, scenarios, horizon, *x[0].shape[1:])
+                                         for x in zip(*rounds))
+        return Futures(capacity, logit, regime, fade, weight)
+
+    def _uniforms(self, rows: int, blocks: int) -> np.ndarray:
+        """``[blocks, rows, block_size]`` uniforms, blocks not drawn before from this filter's stream."""
+        block = self.config.block_size
+        counters = np.arange(self._draws, self._draws + rows * blocks, dtype=np.uint64)
+        self._draws += rows * blocks
+        keys = np.full(len(counters), self._key, dtype=np.uint64)
+        return rng.uniform_block(keys, counters, block).reshape(blocks, rows, block)
+
+
+def stratified_hidden(posterior: np.ndarray, fade_next: np.ndarray, scenarios: int, v: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Hidden states now ``[B, S]`` for ``S`` scenarios, stratified by the fade of the next round: P(fade next)
+    ``p = posterior @ fade_next`` (``fade_next[h]``: P(fade next | h)); ``n = round(S p)`` scenarios (at least 1
+    where ``p > 0``, at most ``S - 1`` where ``p < 1``) have the fade next, each weighing ``p / n``, the others
+    not, each weighing ``(1 - p) / (S - n)``; within a stratum the state is drawn from the posterior given it
+    (inverse CDF of the uniforms ``v`` ``[B, S]``). Returns ``(hidden, fade next, weight)``, each ``[B, S]``."""
+    p = posterior @ fade_next  # [B]
+    n = np.where(p <= 0, 0, np.where(p >= 1, scenarios, np.clip(np.rint(scenarios * p), 1, scenarios - 1)))
+    on = np.arange(scenarios) < n[:, None]  # [B, S]
+    given = posterior[:, None, :] * np.where(on[..., None], fade_next, 1 - fade_next)  # [B, S, 6]
+    cdf = np.cumsum(given, axis=-1)
+    hidden = np.minimum((v[..., None] * cdf[..., -1:] > cdf).sum(axis=-1), HIDDEN - 1)
+    weight = np.where(on, (p / np.maximum(n, 1))[:, None], ((1 - p) / np.maximum(scenarios - n, 1))[:, None])
+    return hidden, on, weight
+
+
+def fade_draw(cfg: VREdgeConfig, fade: np.ndarray, fade_next: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The fade's uniform draw that makes the env's step (:func:`envs.vr_edge._cell_round`: a fade starts below
+    ``fade_prob``, goes on at or above ``fade_end_prob``) go from ``fade`` to ``fade_next``, spread by ``v`` in
+    (0, 1) over the interval that does."""
+    low = np.where(fade, np.where(fade_next, cfg.fade_end_prob, 0.0), np.where(fade_next, 0.0, cfg.fade_prob))
+    high = np.where(fade, np.where(fade_next, 1.0, cfg.fade_end_prob), np.where(fade_next, cfg.fade_prob, 1.0))
+    return low + v * (high - low)

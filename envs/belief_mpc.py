@@ -1,0 +1,176 @@
+"""A causal ceiling for VR-edge: model-predictive control over the belief about the cell, from observations only.
+
+Each step :class:`BeliefMPC` updates the exact filter over the cell's hidden state (:class:`envs.belief.RegimeFilter`),
+draws ``scenarios`` futures of the next ``horizon`` rounds from it (the same for every candidate; the first round's
+rare fade always among them, weighted), and improves a base policy by multiagent rollout (Bertsekas): user by user,
+with the others' levels fixed (the ones already improved, the base's for the rest), it tries every level for that
+user in this round, the base policy playing every user in the rounds after, and keeps the level of the highest
+expected sum of rewards over the scenarios (the base's level is a candidate, so on the scenarios drawn the plan is
+never worse than the base policy's). A plan that makes a user abandon is charged ``quality_weight`` per remaining
+round (as :mod:`envs.planner`). In a cell whose users vary it counts the users active now (it does not foresee
+churn within the horizon); an inactive slot plays level 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from envs.baselines import make_baseline, only_active
+from envs.belief import Futures, RegimeFilter, cell_seen
+from envs.settings import ConfigError, check_limits, setting
+from envs.vr_edge import (
+    VREdgeConfig,
+    _channel_quality,
+    _users_after_round,
+    decode_observation,
+    download_round,
+    observe,
+    user_mean,
+)
+
+Policy = Callable[[np.ndarray], np.ndarray]  # observations [B, obs_dim] -> levels [B, U]
+_TIE = 1e-9  # an expected return higher by less than this is rounding: the level in the plan stays
+
+
+@dataclass(frozen=True)
+class BeliefMPCSettings:
+    """How hard :class:`BeliefMPC` searches; defaults measured on validation seeds (``docs/benchmarks.md``).
+
+    >>> BeliefMPCSettings().horizon >= 1
+    True
+    >>> BeliefMPCSettings(scenarios=1)
+    Traceback (most recent call last):
+    ...
+    envs.settings.ConfigError: scenarios must be >= 2 and <= 1024, got 1
+    """
+
+    horizon: int = setting(12, "rounds each scenario looks ahead: this round's levels by rollout, the base policy "
+                           "in the rounds after", at_least=1, at_most=32)
+    scenarios: int = setting(16, "futures of the cell drawn per env and step, the same for every candidate (the "
+                             "first round's fade stratified)", at_least=2, at_most=1024)
+    sweeps: int = setting(1, "passes over the users, each improving one user's level at a time", at_least=1,
+                          at_most=8)
+    seed: int = setting(0, "seed of the scenarios' counter-based draws", at_least=0)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f.name, value, "must be an integer", flag=False)
+        check_limits(self, flags=False)
+
+
+class BeliefMPC:
+    """Belief-state MPC for ``B`` VR-edge envs: observations in, levels out, no env state read (module docstring).
+
+    Example:
+        >>> import envs
+        >>> from envs.belief_mpc import BeliefMPC
+        >>> venv = envs.VREdgeVectorEnv(2, num_users=3, seed=0, max_steps=20)
+        >>> obs, _ = venv.reset()
+        >>> mpc = BeliefMPC(venv.config, base="fair_share", horizon=2, scenarios=4)
+        >>> mpc(obs).shape   # one row per env, one level per user
+        (2, 3)
+
+    Shapes: ``mpc(obs [B, obs_dim]) -> [B, U]`` int64 levels. It is stateful (the filter): pass every env's
+    observation at every step, in order (``trainer.evaluation.run_episodes(..., whole_batch=True)``). ``base``: a
+    baseline's name, or any policy ``obs -> levels`` (a trained one; truncated and sampled, the rollout is not sure
+    to improve on it: measured worse on the default policy, ``docs/benchmarks.md``). Keyword
+    arguments are :class:`BeliefMPCSettings`; a trace-driven cell is refused (:class:`envs.belief.RegimeFilter`).
+    """
+
+    def __init__(self, config: VREdgeConfig, base: str | Policy = "fair_share", **settings: Any) -> None:
+        self.settings = BeliefMPCSettings(**settings)
+        self.config = config
+        self.filter = RegimeFilter(config, seed=self.settings.seed)
+        self.base = make_baseline(base, config) if isinstance(base, str) else base
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """Levels ``[B, U]`` for the next round of the ``B`` envs that show ``obs``."""
+        s = self.settings
+        self.filter.update(obs)
+        futures = self.filter.futures(obs, s.scenarios, s.horizon)
+        start = state_from_observation(self.config, obs)
+        plan = np.array(self.base(obs), dtype=np.int64)
+        for _ in range(s.sweeps):
+            plan = self._improved(start, futures, plan)
+        return only_active(self.config, obs, plan)
+
+    def _improved(self, start: dict[str, np.ndarray], futures: Futures, plan: np.ndarray) -> np.ndarray:
+        """``plan`` ``[B, U]`` after one pass over the users, each given its level of the highest expected return
+        with the others' fixed (its own kept unless another is better by more than :data:`_TIE`)."""
+        levels, rows = self.config.num_levels, np.arange(len(plan))
+        for u in range(self.config.num_users):
+            if "active" in start and not start["active"][:, u].any():
+                continue  # a slot active nowhere: nothing to improve
+            candidates = np.repeat(plan[:, None], levels, axis=1)  # [B, L, U]
+            candidates[:, :, u] = np.arange(levels)
+            value = self.expected_return(start, futures, candidates)
+            best = np.argmax(value, axis=1)
+            better = value[rows, best] > value[rows, plan[:, u]] + _TIE
+            plan[:, u] = np.where(better, best, plan[:, u])
+        return plan
+
+    def expected_return(self, start: dict[str, np.ndarray], futures: Futures, first: np.ndarray) -> np.ndarray:
+        """Expected sum of rewards ``[B, K]`` over the next ``horizon`` rounds of playing the levels ``first``
+        ``[B, K, U]`` this round and the base policy after, the weighted mean over the scenarios ``futures``."""
+        cfg = self.config
+        b, k, _ = first.shape
+        scenarios, horizon = futures.weight.shape[1], futures.capacity.shape[2]
+        sim = {key: np.repeat(v, scenarios * k, axis=0) for key, v in start.items()}  # [B * S * K, ...]
+        cell = {name: _per_candidate(getattr(futures, name), k) for name in
+                ("capacity", "channel_logit", "regime", "fade")}  # [B * S * K, H, ...]
+        cell["channel"] = _per_candidate(_channel_quality(futures.channel_logit), k)  # (once for all candidates)
+        actions = np.repeat(first[:, None], scenarios, axis=1).reshape(b * scenarios * k, -1)
+        total, alive = np.zeros(len(actions)), np.ones(len(actions))
+        remaining = cfg.max_steps - sim["t"]
+        for h in range(horizon):
+            if h:
+                actions = np.asarray(self.base(observe(cfg, sim)), dtype=np.int64)
+            sim, reward, abandoned = self._round(sim, {name: v[:, h] for name, v in cell.items()}, actions)
+            weight = alive * (h < remaining)
+            total += weight * reward
+            abandoned &= weight > 0
+            total -= abandoned * cfg.quality_weight * np.maximum(remaining - h - 1, 0)  # the rest is forfeit
+            alive *= ~abandoned
+        return (total.reshape(b, scenarios, k) * futures.weight[:, :, None]).sum(axis=1)
+
+    def _round(self, sim: dict[str, np.ndarray], cell: dict[str, np.ndarray], actions: np.ndarray
+               ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """One round of the simulated states ``sim`` in the scenario's ``cell`` (capacity, channel logits and
+        qualities, regime, fade), by the env's functions: the states after it, the reward and whether a user
+        abandoned."""
+        cfg = self.config
+        active = sim.get("active")
+        actions = actions if active is None else np.where(active, actions, 0)
+        r = download_round(cfg, sim["buffer"], sim["level"], cell["capacity"], cell["channel"], actions, active)
+        switched = (actions != sim["level"]).astype(np.float64)
+        users = _users_after_round(cfg, sim, r, actions, switched, cell["capacity"], active)
+        after = {**sim, **users, "t": sim["t"] + 1, "channel_logit": cell["channel_logit"], "regime": cell["regime"],
+                 "fade": cell["fade"]}
+        abandoned = np.any(users["cum_stall"] > cfg.abandon_stall_s, axis=1)
+        return after, user_mean(cfg, r["user_reward"], active), abandoned
+
+
+def _per_candidate(x: np.ndarray, k: int) -> np.ndarray:
+    """A scenario array ``[B, S, ...]`` as ``[B * S * k, ...]``: one row per (env, scenario, candidate)."""
+    return np.repeat(x, k, axis=1).reshape(-1, *x.shape[2:])
+
+
+def state_from_observation(cfg: VREdgeConfig, obs: np.ndarray) -> dict[str, np.ndarray]:
+    """The env state ``[B]`` an observation shows, as far as a round and :func:`envs.vr_edge.observe` read it: the
+    users' buffers, levels, throughputs, downloads, stalls and channels, the capacity history, the step, and
+    where the cell varies the users drawn and the active ones (the episode's running sums start at 0)."""
+    f, seen = decode_observation(cfg, obs), cell_seen(cfg, obs)
+    b = len(obs)
+    state = {"buffer": f["buffer"], "level": f["last_level"], "throughput": f["throughput"],
+             "download_time": f["download_time"], "stall": f["stall"], "cum_stall": f["cum_stall"],
+             "channel_logit": seen.channel_logit, "cap_history": f["cap_history"] * np.ones((b, 1)), "t": seen.t,
+             "ep_quality": np.zeros(b), "ep_stall": np.zeros(b), "ep_switches": np.zeros(b)}
+    if cfg.varies:
+        state.update(users=seen.users.astype(np.int64), active=seen.active)
+    return state
