@@ -49,17 +49,11 @@ def test_overlap_is_refused_naming_the_backends_it_works_with():
 def test_the_device_backend_trains_on_traces_as_sync_does(tmp_path):
     """The cell and every user on recorded traces, stepped as torch tensors: a run started on sync and resumed on
     the device backend has the numbers of one that stayed on it (the same files, windows and rewards)."""
-    import checkpoints
     write_traces(tmp_path / "links", files=4, seconds=30, seed=3)
     flags = ["--num-envs", "4", "--num-steps", "16", "--total-steps", "256", "--device", "cpu", "--seed", "5",
              "--compile", "off", "--env-kwargs", f"num_users=3,capacity_trace=pensieve,user_traces={tmp_path / 'links'}"
              ",trace_split=train,max_steps=20"]
-    moved, stayed = tmp_path / "moved", tmp_path / "stayed"
-    _trained([*flags, "--backend", "sync", "--run-dir", str(moved)], max_iterations=2)
-    _trained(["--resume", str(moved), "--backend", "device"])
-    _trained([*flags, "--backend", "device", "--run-dir", str(stayed)])
-    assert [r["iteration"] for r in _numbers(moved)] == [1, 2, 3, 4] and _numbers(moved) == _numbers(stayed)
-    a, b = (checkpoints.latest_loadable(d)[1] for d in (moved, stayed))
+    a, b = _moved_and_stayed(tmp_path, flags)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
     assert "capacity_trace=pensieve" in a["config"]["env_kwargs"]  # a shipped set is stored by its name
 
@@ -108,15 +102,9 @@ def test_a_run_moves_between_backends_on_resume_with_the_same_numbers(tmp_path, 
 def test_a_cell_whose_users_come_and_go_trains_on_the_device_backend_as_on_sync(tmp_path):
     """The recipe's cell (users drawn per episode, churn; a set policy: docs/cells.toml) stepped as torch tensors:
     a run started on sync and resumed on the device backend has the numbers of one that stayed on it."""
-    import checkpoints
     flags = ["--num-envs", "4", "--num-steps", "16", "--total-steps", "256", "--device", "cpu", "--seed", "5",
              "--compile", "off", "--config", str(RECIPE), "--env-kwargs", "num_users=6,users=2-6,churn=0.1"]
-    moved, stayed = tmp_path / "moved", tmp_path / "stayed"
-    _trained([*flags, "--backend", "sync", "--run-dir", str(moved)], max_iterations=2)
-    _trained(["--resume", str(moved), "--backend", "device"])
-    _trained([*flags, "--backend", "device", "--run-dir", str(stayed)])
-    assert [r["iteration"] for r in _numbers(moved)] == [1, 2, 3, 4] and _numbers(moved) == _numbers(stayed)
-    a, b = (checkpoints.latest_loadable(d)[1] for d in (moved, stayed))
+    a, b = _moved_and_stayed(tmp_path, flags)
     assert a["config"]["policy_arch"] == "set" and all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
 
 
@@ -128,3 +116,15 @@ def test_a_resume_does_not_move_a_run_to_or_from_ray(tmp_path, capsys):
         train_module.main(["--resume", str(run_dir), "--backend", "ray"])
     line = usage_error(refused.value.code, capsys.readouterr().err, "--backend", "'ray'", "'sync'")  # given, run's
     names(line, "serial", "async", "device")  # the backends a resume may move between
+
+
+def _moved_and_stayed(tmp_path, flags: list[str]) -> tuple[dict, dict]:
+    """A run of ``flags`` started on sync and resumed on the device backend, and one that stayed on the device
+    backend: their metrics are asserted equal; their last checkpoints' states returned."""
+    import checkpoints
+    moved, stayed = tmp_path / "moved", tmp_path / "stayed"
+    _trained([*flags, "--backend", "sync", "--run-dir", str(moved)], max_iterations=2)
+    _trained(["--resume", str(moved), "--backend", "device"])
+    _trained([*flags, "--backend", "device", "--run-dir", str(stayed)])
+    assert [r["iteration"] for r in _numbers(moved)] == [1, 2, 3, 4] and _numbers(moved) == _numbers(stayed)
+    return tuple(checkpoints.latest_loadable(d)[1] for d in (moved, stayed))

@@ -115,10 +115,7 @@ def test_slurm_share_of_a_big_node_uses_only_its_cores(monkeypatch):
       "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, None),
 ])
 def test_cgroup_quotas_v1_and_v2(tmp_path, files, expected):
-    for name, text in files.items():
-        path = tmp_path / ("proc" if name == "cgroup" else "fs") / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    _cgroup_files(tmp_path, files)
     assert cgroup_cpu_limit(tmp_path / "fs", tmp_path / "proc" / "cgroup") == expected
 
 
@@ -133,10 +130,7 @@ def test_cgroup_quotas_v1_and_v2(tmp_path, files, expected):
     ({"cgroup": "1:cpu:/\n"}, None),  # no memory controller
 ])
 def test_cgroup_memory_limits_v1_and_v2(tmp_path, files, expected):
-    for name, text in files.items():
-        path = tmp_path / ("proc" if name == "cgroup" else "fs") / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    _cgroup_files(tmp_path, files)
     assert cgroup_memory_available(tmp_path / "fs", tmp_path / "proc" / "cgroup") == expected
 
 
@@ -314,3 +308,11 @@ def test_a_gpu_learner_is_sized_by_the_gpus_free_memory_and_the_device_backend_b
     two_ranks = World(size=2, rank=0, local_rank=0, local_size=2)
     assert roomy.share(two_ranks).gpu_memory == 1 << 29  # one GPU, two ranks
     assert dataclasses.replace(roomy, gpus=2).share(two_ranks).gpu_memory == 1 << 30  # a GPU each
+
+
+def _cgroup_files(tmp_path, files: dict[str, str]) -> None:
+    """A simulated ``/proc/self/cgroup`` (``cgroup``) under ``tmp_path/proc`` and cgroup files under ``tmp_path/fs``."""
+    for name, text in files.items():
+        path = tmp_path / ("proc" if name == "cgroup" else "fs") / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
