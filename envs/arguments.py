@@ -43,4 +43,5 @@ def shown(value: Any) -> str:
 # it expects); an int is a number too, a bool is neither
 KINDS = {"int": (is_int, "an integer"), "float": (is_number, "a number"), "str": (is_str, "text"),
          "bool": (is_bool, "true or false"),
-         "int | str": (lambda x: is_int(x) or is_str(x), "a number or a range 'LOW-HIGH'")}
+         "int | str": (lambda x: is_int(x) or is_str(x), "a number or a range 'LOW-HIGH'"),
+         "float | str": (lambda x: is_number(x) or is_str(x), "a number or a range 'LOW-HIGH'")}

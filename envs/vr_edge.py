@@ -32,6 +32,7 @@ MASK_CELL_FEATURES = ("airtime_share", "load")  # 1 / active users; active users
 # capacity history, a trace's file and window, and the fade flag)
 _STATE_PER_USER = ("channel_logit", "buffer", "level", "throughput", "download_time", "stall", "cum_stall")
 _STATE_PER_ENV = ("key", "counter", "t", "regime", "noise", "ep_quality", "ep_stall", "ep_switches")
+_EPISODE_DRAWS = ("users", "churn")  # what a varying cell draws at reset and keeps for the episode
 # the arguments that size what a run holds per env: its state and observation (state_bytes, obs_dim), its
 # action (one level per user) and the scores a policy gives the actions (num_users x levels)
 MEMORY_ARGUMENTS = ("num_users", "history", "bitrates_mbps")
@@ -68,8 +69,9 @@ class VREdgeConfig:
     num_users: int = setting(8, "user slots of the cell (the most users at once)", at_least=1)
     users: int | str = setting("", "active users at reset: a number, or a range 'LOW-HIGH' drawn uniformly per "
                                "episode, within 1..num_users (empty: all num_users)")
-    churn: float = setting(0.0, "probability that each active user leaves, per step (free slots are joined at the "
-                           "rate that keeps the episode's drawn count expected)", at_least=0, at_most=1)
+    churn: float | str = setting(0.0, "probability that each active user leaves, per step, or a range 'LOW-HIGH' "
+                                 "drawn uniformly per episode, within 0..1 (free slots are joined at the rate that "
+                                 "keeps the episode's drawn count expected)")
     observe_active: bool = setting(False, "append each user's active flag and the active count to the observation "
                                    "(on by itself where users or churn make the cell vary)")
     bitrates_mbps: tuple[float, ...] = setting((5.0, 10.0, 20.0, 35.0, 55.0, 80.0), "the bitrate ladder, Mbit/s, "
@@ -119,6 +121,7 @@ class VREdgeConfig:
     _traces: TraceSet | None = field(init=False, repr=False, compare=False)
     _user_traces: TraceSet | None = field(init=False, repr=False, compare=False)
     _users_range: tuple[int, int] = field(init=False, repr=False, compare=False)
+    _churn_range: tuple[float, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_kinds(self)  # first: a limit compared with segment_s='abc' (from --env-kwargs) is a bare TypeError
@@ -126,6 +129,7 @@ class VREdgeConfig:
         _check_ladder(self)
         _check_cell(self)
         object.__setattr__(self, "_users_range", users_range(self.users, self.num_users))
+        object.__setattr__(self, "_churn_range", churn_range(self.churn))
         _check_traces(self)
         ladder = tuple(self.bitrates_mbps)
         ladder_arr = np.asarray(ladder, dtype=np.float64)
@@ -156,7 +160,16 @@ class VREdgeConfig:
         >>> VREdgeConfig().varies, VREdgeConfig(users="4-8").varies, VREdgeConfig(churn=0.05).varies
         (False, True, True)
         """
-        return self._users_range != (self.num_users, self.num_users) or self.churn > 0
+        return self._users_range != (self.num_users, self.num_users) or self.churn_range[1] > 0
+
+    @property
+    def churn_varies(self) -> bool:
+        """Whether ``churn`` is a range drawn per episode: then each env's state keeps its episode's ``churn``.
+
+        >>> VREdgeConfig(churn="0-0.1").churn_varies, VREdgeConfig(churn=0.05).churn_varies
+        (True, False)
+        """
+        return self.churn_range[0] < self.churn_range[1]
 
     @property
     def masked(self) -> bool:
@@ -191,15 +204,18 @@ class VREdgeConfig:
         """Bytes of one env's state (:func:`initial_state`'s leaves): 8 per user for each of ``_STATE_PER_USER``
         (and its trace's file and window with ``user_traces``), 8 per step of capacity history, 8 for each of
         ``_STATE_PER_ENV`` (and a cell trace's file and window), and the fade flag; where the cell :attr:`varies`,
-        8 for the episode's drawn ``users`` and one per slot for ``active``. Computed, not allocated: a run checks
-        what its envs need against the machine's memory before it builds one.
+        8 for each of the episode's draws (``users``, and ``churn`` where that is a range) and one per slot for
+        ``active``. Computed, not allocated: a run checks what its envs need against the machine's memory before
+        it builds one.
 
         >>> cfg, varied = VREdgeConfig(num_users=3, history=5), VREdgeConfig(num_users=3, users="1-3", churn=0.1)
-        >>> zero = np.zeros(1, np.uint64)
-        >>> [c.state_bytes == sum(v.nbytes for v in initial_state(c, zero, zero).values()) for c in (cfg, varied)]
-        [True, True]
+        >>> zero, ranged = np.zeros(1, np.uint64), VREdgeConfig(num_users=3, churn="0-0.1")
+        >>> [c.state_bytes == sum(v.nbytes for v in initial_state(c, zero, zero).values())
+        ...  for c in (cfg, varied, ranged)]
+        [True, True, True]
         """
-        per_env = len(_STATE_PER_ENV) + (2 if self.capacity_trace else 0) + (1 if self.varies else 0)
+        per_env = (len(_STATE_PER_ENV) + (2 if self.capacity_trace else 0) + (1 if self.varies else 0)
+                   + (1 if self.churn_varies else 0))
         per_user = len(_STATE_PER_USER) + (2 if self.user_traces else 0)  # a user's trace and window
         active = self.num_users if self.varies else 0  # one bool per slot, and the episode's drawn count
         return 8 * (per_user * self.num_users + self.history + per_env) + 1 + active
@@ -214,6 +230,11 @@ class VREdgeConfig:
     def users_range(self) -> tuple[int, int]:
         """The active users at reset, ``(low, high)``: drawn uniformly from ``low..high`` per episode."""
         return self._users_range
+
+    @property
+    def churn_range(self) -> tuple[float, float]:
+        """The churn, ``(low, high)``: drawn uniformly from ``low..high`` per episode (equal: a fixed churn)."""
+        return self._churn_range
 
     @property
     def nominal_capacity_mbps(self) -> float:
@@ -246,6 +267,29 @@ def users_range(users: int | str, num_users: int) -> tuple[int, int]:
         if 1 <= low_n <= high_n <= num_users:
             return low_n, high_n
     raise ConfigError("users", users, f"must be a number or a range 'LOW-HIGH' within 1..num_users ({num_users})",
+                      flag=False)
+
+
+def churn_range(churn: float | str) -> tuple[float, float]:
+    """``churn`` (a probability, or a range ``"LOW-HIGH"`` drawn uniformly per episode) as ``(low, high)`` within
+    ``0..1``; a :class:`envs.settings.ConfigError` otherwise.
+
+    >>> churn_range(0.05), churn_range("0-0.1"), churn_range("0.02")
+    ((0.05, 0.05), (0.0, 0.1), (0.02, 0.02))
+    >>> churn_range("0.2-0.1")
+    Traceback (most recent call last):
+    ...
+    envs.settings.ConfigError: churn must be a probability (>= 0 and <= 1) or a range 'LOW-HIGH' of them, got '0.2-0.1'
+    """
+    text = str(churn).strip()
+    low, sep, high = text.partition("-") if not is_number(churn) else (text, "", "")
+    try:
+        low_p, high_p = float(low), float(high if sep else low)
+    except ValueError:
+        low_p = high_p = math.nan
+    if 0 <= low_p <= high_p <= 1:
+        return low_p, high_p
+    raise ConfigError("churn", churn, "must be a probability (>= 0 and <= 1) or a range 'LOW-HIGH' of them",
                       flag=False)
 
 
@@ -365,12 +409,18 @@ def _count_draw(cfg: VREdgeConfig) -> int:
 
 def _drawn_users(cfg: VREdgeConfig, u: np.ndarray) -> dict[str, np.ndarray]:
     """The users at reset, where the cell varies: their count ``users`` ``[B]``, uniform over ``cfg.users_range``
-    from the reset's count draw, and ``active`` ``[B, U]``, the first that many slots; ``{}`` otherwise."""
+    from the reset's count draw, and ``active`` ``[B, U]``, the first that many slots; where ``churn`` is a range,
+    the episode's ``churn`` ``[B]``, uniform over it from the draw after (a churn draw no reset uses); ``{}`` where
+    the cell does not vary."""
     if not cfg.varies:
         return {}
     low, high = cfg.users_range
     users = np.minimum(low + (u[:, _count_draw(cfg)] * (high - low + 1)).astype(np.int64), high)
-    return {"users": users, "active": np.arange(cfg.num_users) < users[:, None]}
+    drawn = {"users": users, "active": np.arange(cfg.num_users) < users[:, None]}
+    if cfg.churn_varies:
+        low_p, high_p = cfg.churn_range
+        drawn["churn"] = low_p + u[:, _count_draw(cfg) + 1] * (high_p - low_p)
+    return drawn
 
 
 def _user_start(cfg: VREdgeConfig, b: int) -> dict[str, np.ndarray]:
@@ -543,7 +593,7 @@ def step_state(cfg: VREdgeConfig, s: dict[str, np.ndarray], actions: np.ndarray)
     reward = user_mean(cfg, r["user_reward"], active)
     parts = _reward_parts(cfg, s, r, switched, capacity, active)
     if active is not None:
-        new["users"] = s["users"]
+        new.update({k: s[k] for k in _EPISODE_DRAWS if k in s})
         new.update(_churned(cfg, new, active, u, terminated | truncated))
     return new, reward, terminated, truncated, parts
 
@@ -564,27 +614,34 @@ def _churned(cfg: VREdgeConfig, s: dict[str, np.ndarray], active: np.ndarray, u:
     """The users after the round's leaves and joins (none where the episode ended): ``active`` and the per-user
     leaves, every slot not active next round back at a user's start (so a joiner starts like a user at reset)."""
     draws = u[:, _count_draw(cfg) + 1:_count_draw(cfg) + 1 + cfg.num_users]
-    after = np.where(done[:, None], active, next_active(cfg, active, s["users"], draws))
+    after = np.where(done[:, None], active, next_active(cfg, active, s["users"], draws, episode_churn(cfg, s)))
     start = {**_user_start(cfg, len(done)), **_user_trace_start(cfg, u)}  # a joiner draws a trace of its own
     stayed = active & after  # a joiner was inactive in the round: it starts afresh
     return {"active": after, **{k: np.where(stayed, s[k], v) for k, v in start.items()}}
 
 
-def next_active(cfg: VREdgeConfig, active: np.ndarray, users: np.ndarray, draws: np.ndarray) -> np.ndarray:
+def episode_churn(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> float | np.ndarray:
+    """Each episode's churn: its draw ``[B]`` where ``churn`` is a range, else the setting (a float)."""
+    return s["churn"] if cfg.churn_varies else cfg.churn_range[0]
+
+
+def next_active(cfg: VREdgeConfig, active: np.ndarray, users: np.ndarray, draws: np.ndarray,
+                churn: float | np.ndarray) -> np.ndarray:
     """The active set ``[B, U]`` after one step of churn, from one uniform draw per slot ``draws`` ``[B, U]``.
 
-    An active user leaves when its draw is below ``churn``; a free slot is joined when its draw is below
-    ``q = min(1, n * churn / (U - n))`` (``n``: the episode's drawn ``users``; 1 where ``n = U``), which keeps
-    the expected active count at ``n``. If everyone would leave and nobody join, the leaver with the highest
-    draw stays.
+    An active user leaves when its draw is below the episode's ``churn`` (a float, or ``[B]``); a free slot is
+    joined when its draw is below ``q = min(1, n * churn / (U - n))`` (``n``: the episode's drawn ``users``; 1
+    where ``n = U``), which keeps the expected active count at ``n``. If everyone would leave and nobody join,
+    the leaver with the highest draw stays.
 
     >>> cfg = VREdgeConfig(num_users=4, churn=0.5)   # n = 2: q = 0.5; both users leave, nobody joins
-    >>> next_active(cfg, np.array([[True, True, False, False]]), np.array([2]), np.array([[0.1, 0.3, 0.7, 0.9]]))
+    >>> next_active(cfg, np.array([[True, True, False, False]]), np.array([2]), np.array([[0.1, 0.3, 0.7, 0.9]]),
+    ...             0.5)
     array([[False,  True, False, False]])
     """
-    churn, slots = cfg.churn, cfg.num_users
+    slots = cfg.num_users
     join = np.where(users >= slots, 1.0, np.minimum(1.0, users * churn / np.maximum(slots - users, 1)))
-    leave = active & (draws < churn)
+    leave = active & (draws < np.reshape(churn, (-1, 1)))
     after = (active & ~leave) | (~active & (draws < join[:, None]))
     keeper = np.argmax(np.where(leave, draws, -1.0), axis=1)  # the leaver with the highest draw
     nobody = ~after.any(axis=1)

@@ -28,6 +28,7 @@ from envs import rng
 from envs.traces import TraceSet
 from envs.vector import init_batched, reset_keys
 from envs.vr_edge import (
+    _EPISODE_DRAWS,
     _OBS_HIGH,
     _THROUGHPUT_EWMA,
     QOE_LIN_REBUFFER_PENALTY,
@@ -180,7 +181,11 @@ class TorchDynamics:
             return {}
         low, high = self.cfg.users_range
         users = torch.clamp(low + (u[:, _count_draw(self.cfg)] * (high - low + 1)).to(torch.int64), max=high)
-        return {"users": users, "active": self.slots < users[:, None]}
+        drawn = {"users": users, "active": self.slots < users[:, None]}
+        if self.cfg.churn_varies:
+            low_p, high_p = self.cfg.churn_range
+            drawn["churn"] = low_p + u[:, _count_draw(self.cfg) + 1] * (high_p - low_p)
+        return drawn
 
     def _drawn(self, keys: torch.Tensor, counters: torch.Tensor) -> dict[str, torch.Tensor]:
         """The leaves of fresh episode states that come from block ``counters``'s random draws."""
@@ -273,7 +278,7 @@ class TorchDynamics:
         reward = self._user_mean(r["user_reward"], active)
         parts = self._reward_parts(s, r, switched, capacity)
         if active is not None:
-            new["users"] = s["users"]
+            new.update({k: s[k] for k in _EPISODE_DRAWS if k in s})
             new.update(self._churned(new, active, u, terminated | truncated))
         return new, reward, terminated, truncated, parts
 
@@ -288,10 +293,10 @@ class TorchDynamics:
         """The users after the round's leaves and joins (as :func:`envs.vr_edge._churned`)."""
         cfg, first = self.cfg, _count_draw(self.cfg) + 1
         draws = u[:, first:first + cfg.num_users]
-        users = s["users"]
+        users, churn = s["users"], s["churn"] if cfg.churn_varies else cfg.churn_range[0]
         join = torch.where(users >= cfg.num_users, 1.0,
-                           torch.clamp(users * cfg.churn / torch.clamp(cfg.num_users - users, min=1), max=1.0))
-        leave = active & (draws < cfg.churn)
+                           torch.clamp(users * churn / torch.clamp(cfg.num_users - users, min=1), max=1.0))
+        leave = active & (draws < (churn[:, None] if cfg.churn_varies else churn))
         after = (active & ~leave) | (~active & (draws < join[:, None]))
         keeper = torch.argmax(torch.where(leave, draws, -1.0), dim=1)  # the leaver with the highest draw
         after = after | (~after.any(dim=1)[:, None] & (self.slots == keeper[:, None]))

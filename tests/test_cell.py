@@ -64,6 +64,28 @@ def test_bad_churn_and_kinds_are_one_line():
         VREdgeConfig(observe_active="yes")
 
 
+@pytest.mark.parametrize("churn", ["abc", "0.2-0.1", "0-1.5", -0.1, "0.1-"])
+def test_a_bad_churn_range_is_one_line(churn):
+    with raises(ConfigError, "churn", str(churn), "LOW-HIGH"):
+        VREdgeConfig(churn=churn)
+
+
+def test_a_churn_range_is_drawn_per_episode_and_each_episode_churns_at_its_draw():
+    """Each env's churn is uniform over the range, kept for its episode, and its users leave at that rate; a
+    range of one value is that fixed churn, its random stream included."""
+    counts, states = churn_run(200, num_users=8, users=4, churn="0-0.4")
+    drawn = states[0]["churn"]
+    assert drawn.min() < 0.05 and drawn.max() > 0.35 and abs(drawn.mean() - 0.2) < 0.04  # 128 uniform draws
+    assert all(np.array_equal(s["churn"], drawn) for s in states)  # no episode ends in 200 steps here
+    left = np.sum([a["active"] & ~b["active"] for a, b in zip(states, states[1:])], axis=(0, 2))
+    stayed = np.sum([a["active"] for a in states[:-1]], axis=(0, 2))
+    assert np.corrcoef(left / stayed, drawn)[0, 1] > 0.95  # the leave rate follows the episode's churn
+    assert abs(counts[50:].mean() - 4) < 0.2  # the joins keep the draw's count, whatever the churn
+    _, fixed = churn_run(20, num_users=8, users=4, churn=0.1)
+    _, single = churn_run(20, num_users=8, users=4, churn="0.1-0.1")
+    assert all(np.array_equal(a["active"], b["active"]) and "churn" not in b for a, b in zip(fixed, single))
+
+
 def test_the_trainer_takes_users_as_env_kwargs_and_answers_a_bad_range_in_one_line():
     from trainer.config import TrainConfig, format_env_kwargs, parse_env_kwargs
     assert parse_env_kwargs("users=4-12,churn=0.05") == {"users": "4-12", "churn": 0.05}

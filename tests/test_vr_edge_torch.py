@@ -78,6 +78,7 @@ def test_torch_env_follows_the_numpy_env_on_a_cell_of_varying_users():
     assert_equivalent(16, 300, users="2-6", churn=0.1, max_steps=40, abandon_stall_s=3.0)
     assert_equivalent(8, 200, num_users=4, users=4, churn=0.2, max_steps=30, abandon_stall_s=2.0,
                       reveal_hidden_state=True)  # every slot drawn, churn only: joins at rate 1
+    assert_equivalent(16, 200, users="2-6", churn="0-0.3", max_steps=40, abandon_stall_s=3.0)  # drawn per episode
 
 
 def test_a_varying_cells_nominal_capacity_is_float64_on_torch_too():

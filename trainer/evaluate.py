@@ -305,7 +305,8 @@ def _asked_cells(parser: OneLineParser, args: argparse.Namespace, model: nn.Modu
         if vr_config is None:
             check_vr_edge(cfg, cells_of(args.users or (), args.churn or ()))
         users = args.users if args.users is not None else user_counts(str(vr_config.users or vr_config.num_users))
-        cells = cells_of(users, args.churn if args.churn is not None else (vr_config.churn,))
+        churns = args.churn if args.churn is not None else tuple(dict.fromkeys(vr_config.churn_range))  # its ends
+        cells = cells_of(users, churns)
         cell_slots(model, cfg, vr_config, cells)
     except ConfigError as e:
         parser.error(str(e))
