@@ -242,7 +242,7 @@ def test_a_run_that_validated_says_its_best_without_playing_again(tmp_path, caps
     assert f"{best['val_vs_baseline']:+.3f}" in line
 
 
-@pytest.mark.parametrize("delay", [1.0])  # at 0 s a race remains (issue note of 2026-12-04)
+@pytest.mark.parametrize("delay", [0.0, 1.0])  # at once: while the policy loads (a loader once swallowed it)
 def test_a_stop_signal_during_the_final_validation_skips_it_and_the_run_ends_as_finished(tmp_path, delay):
     """Ctrl-C while the finished run measures itself, from the moment it says where its checkpoint is (a user who
     wants to skip it presses at once; the policy is still loading): the line says it was not measured, the commands
@@ -262,7 +262,8 @@ def test_a_stop_signal_during_the_final_validation_skips_it_and_the_run_ends_as_
         process.kill()
     lines = printed_lines(out)
     assert process.returncode == 0 and "Traceback" not in err, err[-2000:]
-    assert "reward/step" not in lines["quality"] and "evaluate" in lines and "train longer" in lines
+    assert "reward/step" not in lines["quality"] and "SIGINT" in lines["quality"]  # skipped, not failed
+    assert "evaluate" in lines and "train longer" in lines
     assert checkpoints.checkpoint_files(tmp_path / "run")  # the run is saved
 
 

@@ -200,8 +200,10 @@ def _ignore_stop_signals_at_exit() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
-class Skipped(Exception):
-    """A stop signal ended work that may be left undone (:func:`skippable`); ``signum`` says which."""
+class Skipped(BaseException):
+    """A stop signal ended work that may be left undone (:func:`skippable`); ``signum`` says which. Not an
+    ``Exception``, as ``KeyboardInterrupt`` is not: code that turns any error into its own (a loader that tries
+    the next checkpoint) must not swallow it."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
