@@ -17,7 +17,9 @@ channels are observed exactly (an active user's channel quality inverts to its A
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -259,6 +261,18 @@ class RegimeFilter:
         capacity, logit, regime, fade = (np.stack(x, axis=1).reshape(b, scenarios, horizon, *x[0].shape[1:])
                                          for x in zip(*rounds))
         return Futures(capacity, logit, regime, fade, weight)
+
+    def futures_after(self, known: Sequence[np.ndarray], scenarios: int, horizon: int) -> Futures:
+        """:meth:`futures` of the ``horizon`` rounds that follow known next rounds: ``known`` are their observations
+        ``[B, obs_dim]``, in order, from the step after the last :meth:`update` on (what the env will show: a
+        reference that peeks, :class:`envs.foresight.ForesightMPC`). The posterior takes them in on a copy, so this
+        filter's own is left as it was; the draws come from this filter's stream."""
+        ahead = copy.copy(self)  # (update replaces the arrays it holds, never writes into them)
+        for obs in known:
+            ahead.update(obs)
+        futures = ahead.futures(known[-1], scenarios, horizon)
+        self._draws = ahead._draws
+        return futures
 
     def _uniforms(self, rows: int, blocks: int) -> np.ndarray:
         """``[blocks, rows, block_size]`` uniforms, blocks not drawn before from this filter's stream."""

@@ -58,8 +58,7 @@ class ClairvoyantPlanner:
         self.config, self.lookahead, self.sweeps = config, lookahead, sweeps
 
     def __call__(self, obs: np.ndarray, envs: Sequence[gym.Env]) -> np.ndarray:
-        states = [env.unwrapped.get_state() for env in envs]
-        return self.plan({k: np.concatenate([s[k] for s in states]) for k in states[0]})
+        return self.plan(env_states(envs))
 
     def plan(self, state: dict[str, np.ndarray]) -> np.ndarray:
         """Levels ``[B, U]`` for the next round of ``B`` envs in ``state``."""
@@ -103,14 +102,9 @@ class ClairvoyantPlanner:
 
     def future(self, state: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """True capacities ``[B, H]`` (Mbit/s) and channel qualities ``[B, H, U]`` of the next ``H`` rounds."""
-        sim = {k: v.copy() for k, v in state.items()}
-        idle = np.zeros_like(state["level"])
-        capacity, channel = [], []
-        for _ in range(self.lookahead):  # actions do not change the cell or the channels: any will do
-            sim, _, _, _, parts = step_state(self.config, sim, idle)
-            capacity.append(parts["capacity_mbps"])
-            channel.append(channel_of(self.config, sim))
-        return np.stack(capacity, axis=1), np.stack(channel, axis=1)
+        rounds = true_rounds(self.config, state, self.lookahead)
+        return (np.stack([capacity for _, capacity in rounds], axis=1),
+                np.stack([channel_of(self.config, after) for after, _ in rounds], axis=1))
 
     def value(self, state: dict[str, np.ndarray], capacity: np.ndarray, channel: np.ndarray, live: np.ndarray,
               remaining: np.ndarray, plans: np.ndarray) -> np.ndarray:
@@ -134,3 +128,25 @@ class ClairvoyantPlanner:
             alive = alive * ~abandoned
             buffer, level = r["buffer"], plans[:, :, h]
         return total
+
+
+def env_states(envs: Sequence[gym.Env]) -> dict[str, np.ndarray]:
+    """The state ``[B]`` of ``envs``, their rows in order: single envs (one row each) or batched ones
+    (``VREdgeVectorEnv``: one row per env it batches), each read with its ``get_state()``."""
+    states = [env.unwrapped.get_state() for env in envs]
+    return {k: np.concatenate([s[k] for s in states]) for k in states[0]}
+
+
+def true_rounds(config: VREdgeConfig, state: dict[str, np.ndarray], rounds: int
+                ) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """The env's own next ``rounds`` rounds from ``state`` ``[B]`` (a copy moves on; ``state`` does not): per round
+    the state after it and the round's capacity ``[B]`` (Mbit/s). Its randomness is counter-based and the cell and
+    the users' channels do not depend on the actions (any will do: level 0 is played), so they are the true future;
+    the users' buffers and levels in these states are level 0's, not the plan's."""
+    sim = {k: v.copy() for k, v in state.items()}
+    idle = np.zeros_like(state["level"])
+    out = []
+    for _ in range(rounds):
+        sim, _, _, _, parts = step_state(config, sim, idle)
+        out.append((sim, parts["capacity_mbps"]))
+    return out
