@@ -91,12 +91,15 @@ class BeliefMPC:
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """Levels ``[B, U]`` for the next round of the ``B`` envs that show ``obs``."""
-        s = self.settings
         self.filter.update(obs)
-        futures = self.filter.futures(obs, s.scenarios, s.horizon)
+        return self.planned(obs, self.filter.futures(obs, self.settings.scenarios, self.settings.horizon))
+
+    def planned(self, obs: np.ndarray, futures: Futures) -> np.ndarray:
+        """Levels ``[B, U]`` for the envs that show ``obs``: the base policy's, improved by rollout on the
+        scenarios ``futures`` (``settings.sweeps`` passes over the users); an inactive slot's are 0."""
         start = state_from_observation(self.config, obs)
         plan = np.array(self.base(obs), dtype=np.int64)
-        for _ in range(s.sweeps):
+        for _ in range(self.settings.sweeps):
             plan = self._improved(start, futures, plan)
         return only_active(self.config, obs, plan)
 

@@ -89,8 +89,9 @@ def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: i
     that ``act`` sees batches ``[n, *obs]``; with ``with_envs`` it is called as ``act(obs, envs)`` with the ``n``
     envs the observations came from (a clairvoyant reference reads their state); with ``whole_batch`` (an env
     batched natively) ``act`` sees every env's observation at every step, those whose episodes are done included
-    (their actions moot), so that a stateful controller (a filter) keeps one row per env. Each record has
-    ``return``, ``length``, ``reward_per_step`` and the env's ``episode_metrics``
+    (their actions moot), so that a stateful controller (a filter) keeps one row per env (and with ``with_envs``,
+    ``act`` gets ``[env]``, the one batched env whose rows they are: a reference that reads the future). Each record
+    has ``return``, ``length``, ``reward_per_step`` and the env's ``episode_metrics``
     (VR-edge: ``quality``, ``stall_s``, ``switches``); for envs whose ``info`` carries per-user ``qoe_lin`` and
     ``quality`` (VR-edge), also ``qoe_lin`` (per user and segment) and ``fairness`` (Jain's index of the users' mean
     quality), both over the active users only where ``info["active"]`` says which are (a cell whose users vary).
@@ -98,9 +99,9 @@ def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: i
     seeds = evaluation_seeds(seed, max(episodes, 0)) if seeds is None else list(seeds)
     if episodes < 1 or len(seeds) != episodes:
         raise ValueError(f"run_episodes got {len(seeds)} seeds for episodes={episodes}: must be >= 1, one seed each")
-    batched = None if with_envs else native_vector_env(env_fn)
+    batched = None if with_envs and not whole_batch else native_vector_env(env_fn)
     if batched is not None:
-        return _batched_records(act, batched, seeds, num_envs, whole_batch)
+        return _batched_records(act, batched, seeds, num_envs, whole_batch, with_envs)
     if whole_batch:
         raise ValueError("run_episodes(whole_batch=True) needs an env batched natively (VR-edge's gym.make)")
     return _single_records(act, env_fn, seeds, num_envs, with_envs)
@@ -158,11 +159,11 @@ def native_vector_env(env_fn: Callable[[], gym.Env]) -> Callable[..., gym.vector
     return None
 
 
-def _batched_records(act: Act, make: Callable[..., gym.vector.VectorEnv], seeds: list[int], num_envs: int,
-                     whole_batch: bool = False) -> list[dict[str, float]]:
+def _batched_records(act: Callable[..., np.ndarray], make: Callable[..., gym.vector.VectorEnv], seeds: list[int],
+                     num_envs: int, whole_batch: bool = False, with_envs: bool = False) -> list[dict[str, float]]:
     """:func:`run_episodes`'s records, its ``num_envs`` envs one batched env: an env whose episode ends starts the
     next seed's (its state spliced in from a fresh env reset with that seed), so ``act`` sees the same batches
-    (``whole_batch``: every row at every step)."""
+    (``whole_batch``: every row at every step; with ``with_envs``, as ``act(obs, [env])``)."""
     env = make(num_envs=min(num_envs, len(seeds)))
     try:
         obs, _ = env.reset(seed=seeds[:env.num_envs])
@@ -174,7 +175,7 @@ def _batched_records(act: Act, make: Callable[..., gym.vector.VectorEnv], seeds:
         while (current >= 0).any():
             playing = current >= 0
             if whole_batch:
-                actions[:] = act(obs)
+                actions[:] = act(obs, [env]) if with_envs else act(obs)
             else:
                 actions[playing] = act(obs[playing])  # an idle env plays on, unrecorded: its actions are moot
             obs, reward, terminated, truncated, info = env.step(actions)
