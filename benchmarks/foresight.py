@@ -218,24 +218,25 @@ def _write(out: Path, text: str, rows: list[dict[str, Any]], played: list[Played
 
 
 def plot(rows: list[dict[str, Any]], png: Path) -> None:
-    """Reward per step against k with 95% intervals; the other players as horizontal lines, their intervals shaded."""
+    """Reward per step against k with 95% intervals (left) and paired with BeliefMPC (right); the other players as
+    horizontal lines (their intervals in the legend)."""
     from trainer.evaluation.report import pyplot, write_figure
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    curve = [r for r in rows if r["k"] != ""]
-    ax.errorbar([r["k"] for r in curve], [r["reward_per_step"] for r in curve],
-                yerr=[r["reward_per_step_ci95"] for r in curve], marker="o", capsize=4, color="C0",
-                label="ForesightMPC (k = 0: BeliefMPC)")
-    for i, r in enumerate(r for r in rows if r["k"] == ""):
-        mean, ci = r["reward_per_step"], r["reward_per_step_ci95"]
-        ax.axhline(mean, color=f"C{i + 1}", linestyle="--", label=r["player"])
-        ax.axhspan(mean - ci, mean + ci, color=f"C{i + 1}", alpha=0.12)
-    ax.set_xticks([r["k"] for r in curve])
-    ax.set_xlabel("k: rounds of the true future known")
-    ax.set_ylabel("mean reward per step (95% CI)")
-    ax.set_title(f"the foresight curve ({curve[0]['episodes']} held-out episodes)")
-    ax.legend(fontsize="small")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    curve, lines = [r for r in rows if r["k"] != ""], [r for r in rows if r["k"] == ""]
+    for ax, (key, what) in zip(axes, (("reward_per_step", "mean reward per step"),
+                                      ("vs_k0", "reward per step minus BeliefMPC's, paired"))):
+        ax.errorbar([r["k"] for r in curve], [r[key] for r in curve], yerr=[r[key + "_ci95"] for r in curve],
+                    marker="o", capsize=4, color="C0", label="ForesightMPC (k = 0: BeliefMPC)")
+        for i, r in enumerate(lines):
+            ax.axhline(r[key], color=f"C{i + 1}", linestyle="--",
+                       label=f"{r['player']} ({r[key]:{'+' if key == 'vs_k0' else ''}.3f} ± {r[key + '_ci95']:.3f})")
+        ax.set_xticks([r["k"] for r in curve])
+        ax.set_xlabel("k: rounds of the true future known")
+        ax.set_ylabel(f"{what} (95% CI)")
+        ax.legend(fontsize="small")
+    fig.suptitle(f"the foresight curve ({curve[0]['episodes']} held-out episodes)")
     fig.tight_layout()
     write_figure(fig, png)
     plt.close(fig)
