@@ -103,7 +103,6 @@ def _checked(parser: OneLineParser, args: Any) -> BeliefMPCSettings:
         return BeliefMPCSettings(horizon=args.horizon, scenarios=args.scenarios, sweeps=args.sweeps)
     except ConfigError as e:
         parser.error(str(ConfigError(e.key, e.value, e.rule)))  # (named by its flag)
-    raise AssertionError("unreachable")
 
 
 def _policy(parser: OneLineParser, args: Any) -> tuple[Any, dict[str, Any]]:

@@ -115,9 +115,30 @@ def test_the_curve_is_played_end_to_end_and_written(tmp_path, capsys):
     assert "| ForesightMPC k=2 | 2 |" in out and (tmp_path / "foresight.md").read_text().strip() in out
 
 
+def test_a_checkpoints_policy_is_played_on_the_runs_cell(tmp_path, capsys):
+    from benchmarks import foresight
+    from trainer.evaluation import policy_actions
+    from trainer.evaluation.policies import trained_model
+    from trainer.flags import parse_args
+    from trainer.train import train
+
+    run = tmp_path / "run"
+    train(parse_args(["--env", "VREdge-v0", "--env-kwargs", "num_users=2,max_steps=12", "--num-envs", "2",
+                      "--num-steps", "8", "--total-steps", "16", "--threads", "1", "--run-dir", str(run)]).config,
+          progress=False)
+    foresight.main(["--episodes", "2", "--horizon", "2", "--scenarios", "2", "--k", "1", "--checkpoint", str(run),
+                    "--out", str(tmp_path / "out")])  # (no --env-kwargs: the run's own cell)
+    rows = list(csv.DictReader((tmp_path / "out" / "foresight.csv").open()))
+    assert [r["player"] for r in rows][:2] == ["fair_share", "policy"]
+    env_fn = functools.partial(gym.make, "VREdge-v0", num_users=2, max_steps=12)
+    played = run_episodes(policy_actions(trained_model(run, "best")[0], True), env_fn, 2, 0)
+    assert float(rows[1]["reward_per_step"]) == summarize(played)["reward_per_step"]
+
+
 @pytest.mark.parametrize("argv, things", [(["--k", "-1"], ["--k", "-1"]), (["--horizon", "0"], ["--horizon", "0"]),
                                           (["--env-kwargs", "capacity_trace=pensieve"], ["capacity_trace"]),
-                                          (["--episodes", "0"], ["--episodes", "0"])])
+                                          (["--episodes", "0"], ["--episodes", "0"]),
+                                          (["--checkpoint", "no/such/run"], ["--checkpoint", "no/such/run"])])
 def test_bad_input_is_one_line_and_exit_status_2(argv, things, capsys):
     from benchmarks import foresight
 
