@@ -6,13 +6,14 @@ padded to more slots, side by side in one run (NumPy env and torch env).
     python -m benchmarks.cell --train         # whole trainings: the recipe against today's defaults
 
 Contenders (VREdge-v0 keyword arguments): today's default (8 of 8 slots), the fixed cell at 12 and 16 slots, and
-the recipe's cell (``users="4-12"``, ``churn=0.05``) in 12 and in 16 slots. Each is reported as env steps/s (the
-median of the rounds) and as the time per step against the fixed cell of as many slots and against the default.
+the recipe's cell (``users="2-12"``, ``churn="0-0.05"``: drawn per episode) in 12 and in 16 slots. Each is
+reported as env steps/s (the median of the rounds) and as the time per step against the fixed cell of as many
+slots and against the default.
 No policy: the env alone, with random actions and autoreset.
 
 ``--train``: ``python -m trainer.train`` as a user runs it (VR-edge's defaults, ``--compile off``, a fresh
 interpreter each, the contenders alternating within each round): today's defaults (8 slots), today's defaults at
-12 slots (a ``per_head`` policy) and the cell recipe (``docs/cells.toml``: 12 slots, 4-12 users, churn, a ``set``
+12 slots (a ``per_head`` policy) and the cell recipe (``docs/cells.toml``: 12 slots, 2-12 users, churn, a ``set``
 policy); the steady env steps/s of each (after the first iteration) and the time per env step against the
 12-slot defaults.
 """
@@ -32,13 +33,13 @@ import envs
 from benchmarks.backends import run as train_run
 from benchmarks.machine import print_machine, timed
 
-RECIPE = {"users": "4-12", "churn": 0.05}
+RECIPE = {"users": "2-12", "churn": "0-0.05"}
 CELLS = {  # name -> (slots, the other keyword arguments)
     "fixed 8 (default)": (8, {}),
     "fixed 12": (12, {}),
     "fixed 16": (16, {}),
-    "4-12, churn 0.05, 12 slots": (12, RECIPE),
-    "4-12, churn 0.05, 16 slots": (16, RECIPE),
+    "2-12, churn 0-0.05, 12 slots": (12, RECIPE),
+    "2-12, churn 0-0.05, 16 slots": (16, RECIPE),
 }
 
 
