@@ -33,7 +33,7 @@ from envs.settings import ConfigError
 from trainer.arguments import OneLineParser
 from trainer.evaluation.episodes import held_out_env_kwargs, policy_actions, run_episodes
 from trainer.evaluation.policies import picked_checkpoint, policy_from_state
-from trainer.evaluation.report import plus_minus, pyplot, write_figure
+from trainer.evaluation.report import check_writable, plus_minus, pyplot, write_figure
 from trainer.evaluation.statistics import gap_closed, paired_difference
 
 Records = list[dict[str, float]]
@@ -52,6 +52,11 @@ def spread(files: list[Path], n: int) -> list[Path]:
         return list(files)
     last = len(files) - 1
     return [files[round(i * last / (n - 1))] for i in range(n)] if n > 1 else [files[-1]]
+
+
+def checkpoints_of(run: Path, n: int) -> list[Path]:
+    """The checkpoints to score of ``run``: ``n`` of a run directory's, :func:`spread`; a checkpoint file itself."""
+    return [run] if run.is_file() else spread(sorted(checkpoints.checkpoint_files(run)), n)
 
 
 def run_cell(run: Path) -> dict[str, Any]:
@@ -124,7 +129,8 @@ def plot(rows: list[dict[str, Any]], out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     p = OneLineParser(prog="python -m benchmarks.capture", description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", type=Path, help="VR-edge run directories trained on one synthetic cell")
+    p.add_argument("runs", nargs="+", type=Path, help="VR-edge run directories (or checkpoint files) trained on one "
+                   "synthetic cell")
     p.add_argument("--out", type=Path, required=True, help="folder for the records, the table and the plot")
     p.add_argument("--checkpoints", type=int, default=4, help="checkpoints per run, spread (default: %(default)s)")
     p.add_argument("--episodes", type=int, default=50, help="held-out episodes (default: %(default)s)")
@@ -138,11 +144,14 @@ def main(argv: list[str] | None = None) -> None:
         p.error(str(e))
     if any(cell != cells[0] for cell in cells):
         p.error("the runs were trained on different cells: capture one cell's runs at a time")
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        check_writable(args.out, "the records, the table and the plot")
+    except ValueError as e:
+        p.error(str(e))
     print_machine()
     refs = references(cells[0], args.episodes, args.seed, args.out)
     rows = [checkpoint_row(f, cells[0], refs, args.episodes, args.seed) for run in args.runs
-            for f in spread(sorted(checkpoints.checkpoint_files(run)), args.checkpoints)]
+            for f in checkpoints_of(run, args.checkpoints)]
     text = table(rows, refs)
     (args.out / "table.md").write_text(text)
     (args.out / "table.json").write_text(json.dumps(rows, indent=1))

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         policy, env_kwargs = _policy(parser, args)
     except ValueError as e:  # (a checkpoint that does not load: CheckpointError is one)
-        raise SystemExit(f"error: {e}") from None
+        parser.error(str(e))
     config = _config(parser, env_kwargs)
     print_machine()
     print(f"{args.episodes} held-out episodes (seed {args.seed}), env {env_kwargs or 'defaults'}, BeliefMPC "

@@ -34,6 +34,9 @@ def test_each_checkpoints_capture_is_its_lead_over_fair_share_divided_by_the_cei
     capture.main([str(small_run), "--out", str(tmp_path), "--episodes", "3", "--checkpoints", "1"])
     assert (tmp_path / "references.json").stat().st_mtime_ns == kept  # the same episodes: not played again
     assert [r["env_steps"] for r in json.loads((tmp_path / "table.json").read_text())] == [256]
+    one = sorted((small_run / "checkpoints").glob("ckpt_*.pt"))[1]
+    capture.main([str(one), "--out", str(tmp_path), "--episodes", "3"])  # a checkpoint file: that one
+    assert [r["checkpoint"] for r in json.loads((tmp_path / "table.json").read_text())] == [str(one)]
 
 
 def test_a_run_the_ceiling_cannot_judge_is_one_line(tmp_path, capsys):
@@ -46,3 +49,9 @@ def test_a_run_the_ceiling_cannot_judge_is_one_line(tmp_path, capsys):
         capture.main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
     with exits(2, "--checkpoints", capsys=capsys):
         capture.main([str(cartpole), "--out", str(tmp_path / "out"), "--checkpoints", "0"])
+
+
+def test_an_out_folder_that_cannot_be_made_is_one_line(small_run, tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    with exits(2, "afile", "directory", capsys=capsys):
+        capture.main([str(small_run), "--out", str(tmp_path / "afile"), "--episodes", "3"])
