@@ -216,8 +216,6 @@ def skippable() -> Iterator[None]:
     stop signal raises :class:`Skipped` in it; the handlers from before the block (a finished run's notes) meet
     any other, during it and after. A stop signal already noted since the run finished skips the block at once: a
     Ctrl-C pressed as the run ends, a moment before the block began, means it too."""
-    if _NOTED:
-        raise Skipped(_NOTED[-1])
     before = {signum: signal.getsignal(signum) for signum in handled_stop_signals()}
 
     def skip(signum: int, frame) -> None:
@@ -227,7 +225,9 @@ def skippable() -> Iterator[None]:
 
     for signum in before:
         signal.signal(signum, skip)
-    try:
+    try:  # noted is checked once the handlers are ours: a signal noted a moment before is not missed
+        if _NOTED:
+            raise Skipped(_NOTED[-1])
         yield
     finally:
         for signum, handler in before.items():
