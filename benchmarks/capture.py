@@ -28,11 +28,11 @@ import checkpoints
 import envs
 from benchmarks.machine import print_machine
 from envs.belief import filter_refusal
-from envs.belief_mpc import BeliefMPC
 from envs.settings import ConfigError
 from trainer.arguments import OneLineParser
-from trainer.evaluation.episodes import held_out_env_kwargs, policy_actions, run_episodes
-from trainer.evaluation.policies import picked_checkpoint, policy_from_state
+from trainer.evaluation.cells import ceiling_records
+from trainer.evaluation.comparison import load_run, play
+from trainer.evaluation.episodes import run_episodes
 from trainer.evaluation.report import check_writable, plus_minus, pyplot, write_figure
 from trainer.evaluation.statistics import gap_closed, paired_difference
 
@@ -61,14 +61,12 @@ def checkpoints_of(run: Path, n: int) -> list[Path]:
 
 def run_cell(run: Path) -> dict[str, Any]:
     """The env arguments a run's policy is played with (its cell, held out), from its newest checkpoint."""
-    picked = picked_checkpoint(run, "latest")
-    _, cfg = policy_from_state(picked.state, picked.source)
-    if cfg.env != "VREdge-v0":
-        raise ConfigError("runs", str(run), message=f"{run}: trained on {cfg.env}; the ceiling is VR-edge's")
-    kwargs = held_out_env_kwargs(cfg.env_options, "")
-    if why := filter_refusal(envs.VREdgeConfig(**kwargs)):
+    loaded = load_run(run, "latest")
+    if loaded.cfg.env != "VREdge-v0":
+        raise ConfigError("runs", str(run), message=f"{run}: trained on {loaded.cfg.env}; the ceiling is VR-edge's")
+    if why := filter_refusal(envs.VREdgeConfig(**loaded.env_kwargs)):
         raise ConfigError("runs", str(run), message=f"{run}: {why}")
-    return kwargs
+    return loaded.env_kwargs
 
 
 def references(env_kwargs: dict[str, Any], episodes: int, seed: int, out: Path) -> dict[str, Records]:
@@ -79,22 +77,18 @@ def references(env_kwargs: dict[str, Any], episodes: int, seed: int, out: Path) 
         return kept["records"]
     cfg, env_fn = envs.VREdgeConfig(**env_kwargs), functools.partial(gym.make, "VREdge-v0", **env_kwargs)
     played = {BASE: run_episodes(envs.make_baseline(BASE, cfg), env_fn, episodes, seed),
-              CEILING: run_episodes(BeliefMPC(cfg, base=BASE), env_fn, episodes, seed, num_envs=64,
-                                    whole_batch=True)}
+              CEILING: ceiling_records(cfg, env_fn, episodes, seed, BASE)}
     path.write_text(json.dumps({"key": key, "records": played}))
     return played
 
 
-def checkpoint_row(source: Path, env_kwargs: dict[str, Any], refs: dict[str, Records], episodes: int, seed: int
-                   ) -> dict[str, Any]:
+def checkpoint_row(source: Path, refs: dict[str, Records], episodes: int, seed: int) -> dict[str, Any]:
     """One checkpoint's policy on the held-out episodes: its env steps, reward per step and capture."""
-    picked = picked_checkpoint(source)
-    model, _ = policy_from_state(picked.state, picked.source)
-    env_fn = functools.partial(gym.make, "VREdge-v0", **env_kwargs)
-    played = run_episodes(policy_actions(model, deterministic=True), env_fn, episodes, seed)
+    loaded = load_run(source, "latest")
+    played = play(loaded, episodes, seed)
     capture = gap_closed(played, refs[BASE], refs[CEILING])
     lead = paired_difference(played, refs[BASE])
-    return {"checkpoint": str(source), "env_steps": int(picked.state.get("env_steps", 0)),
+    return {"checkpoint": str(source), "env_steps": loaded.env_steps,
             "reward_per_step": sum(r["reward_per_step"] for r in played) / len(played),
             "vs_fair_share": lead["mean"], "vs_fair_share_ci95": lead["ci95"],
             "capture": capture["fraction"], "capture_ci95": capture["ci95"]}
@@ -150,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(str(e))
     print_machine()
     refs = references(cells[0], args.episodes, args.seed, args.out)
-    rows = [checkpoint_row(f, cells[0], refs, args.episodes, args.seed) for run in args.runs
+    rows = [checkpoint_row(f, refs, args.episodes, args.seed) for run in args.runs
             for f in checkpoints_of(run, args.checkpoints)]
     text = table(rows, refs)
     (args.out / "table.md").write_text(text)

@@ -83,12 +83,18 @@ def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.
         played[REFERENCE] = run_episodes(ClairvoyantPlanner(vr_config), env_fn, episodes, seed, num_envs=64,
                                          with_envs=True)
     if BELIEF in references:
-        base = act if ceiling_base == "policy" else ceiling_base
-        played[BELIEF] = run_episodes(BeliefMPC(vr_config, base=base), env_fn, episodes, seed, num_envs=64,
-                                      whole_batch=True)
+        played[BELIEF] = ceiling_records(vr_config, env_fn, episodes, seed, act if ceiling_base == "policy"
+                                         else ceiling_base)
         if CEILING_BASE not in played:
             played[CEILING_BASE] = run_episodes(envs.make_baseline(CEILING_BASE, vr_config), env_fn, episodes, seed)
     return played
+
+
+def ceiling_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
+                    base: str | Act = CEILING_BASE) -> Records:
+    """The causal ceiling's records (:class:`envs.belief_mpc.BeliefMPC` on ``base``, its defaults) on the held-out
+    episodes ``seed`` gives, every env's observation at every step in one batched env (its filter keeps a row each)."""
+    return run_episodes(BeliefMPC(vr_config, base=base), env_fn, episodes, seed, num_envs=64, whole_batch=True)
 
 
 def references_of(reference: bool | Sequence[str]) -> tuple[str, ...]:
