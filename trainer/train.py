@@ -146,6 +146,7 @@ def _say_summary(summary: dict) -> None:
         checkpoint = str(Path(summary["checkpoint"]).resolve())
         print(f"checkpoint:    {checkpoint}")
         if summary["finished"]:
+            _say_distilled(run_dir)
             _say_quality(run_dir, checkpoint)
         # the run directory stands for its newest checkpoint: a resume with nothing to do from an older one
         # names that one, so that evaluating it or training it longer goes on from what was described
@@ -157,6 +158,15 @@ def _say_summary(summary: dict) -> None:
         else:
             longer = str(summary["longer_total_steps"])  # a value to paste, not a placeholder
             print(f"train longer:  {train_command('--resume', target, '--total-steps', longer)}")
+
+
+def _say_distilled(run_dir: str) -> None:
+    """Where the run asks for it (``--distill-episodes``), the causal ceiling distilled into its policy, in one line
+    (``trainer.distill``; a stop signal skips it)."""
+    from trainer.distill import after_training
+
+    if line := after_training(run_dir):
+        print(f"distilled:     {line}")
 
 
 def _say_quality(run_dir: str, checkpoint: str) -> None:

@@ -21,6 +21,7 @@ from trainer.run_layout import VECTOR_ENVS
 Act = Callable[[np.ndarray], np.ndarray]
 _EVAL_STREAM = 0x5EED_E7A1  # spawn key that separates evaluation seeds from training seeds
 _VALIDATION_STREAM = 0x5EED_7A11  # and validation seeds (model selection during training) from both
+_DISTILL_STREAM = 0x5EED_D157  # and the episodes a policy plays to be distilled (trainer.ppo.distill) from all three
 _EPISODE_ENDED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("episode_ended",
                                                                                           default=None)
 
@@ -53,6 +54,12 @@ def evaluation_seeds(seed: int, episodes: int) -> list[int]:
 def validation_seeds(seed: int, episodes: int) -> list[int]:
     """One env seed per validation episode: a branch that neither training nor :func:`evaluation_seeds` uses."""
     return _branch_seeds(seed, episodes, _VALIDATION_STREAM)
+
+
+def distillation_seeds(seed: int, episodes: int) -> list[int]:
+    """One env seed per episode a policy plays to be labelled by an expert (``trainer.ppo.distill``): a branch that
+    neither training, :func:`evaluation_seeds` nor :func:`validation_seeds` uses."""
+    return _branch_seeds(seed, episodes, _DISTILL_STREAM)
 
 
 def _branch_seeds(seed: int, episodes: int, stream: int) -> list[int]:

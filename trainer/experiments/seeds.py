@@ -163,6 +163,7 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
     """Train (or resume) one seed's run; its exit status (:func:`train_seeds`'). ``alone``: the only job, its
     progress on the terminal; otherwise its output goes to the run's ``train.log`` and one line says what became
     of it."""
+    from trainer.distill import after_training
     from trainer.loop import TrainingStopped, train  # (torch: once the command line is checked)
 
     cfg = dataclasses.replace(cli.config, seed=run.seed, run_dir=str(run.run_dir))
@@ -185,6 +186,8 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
         say(f"seed {run.seed}: failed: {e or type(e).__name__}\n{where}".rstrip())
         return 1
     say(f"seed {run.seed}: finished at iteration {summary['iterations']} ({summary['env_steps']:,} env steps)")
+    if not summary["late_signal"] and (line := after_training(run.run_dir)):
+        say(f"seed {run.seed}: distilled: {line}")
     return 128 + summary["late_signal"] if summary["late_signal"] else 0  # a stop as it closed: no next seed
 
 

@@ -1,0 +1,119 @@
+"""Distil the causal ceiling into a trained VR-edge policy: one round of DAgger with ``BeliefMPC`` as the expert.
+
+    python -m trainer.distill RUN_DIR [--episodes 64] [--epochs 3] [--lr 1e-4] [--validation-episodes 64] [--seed 0]
+
+The run's newest checkpoint plays ``--episodes`` episodes of its own cell; ``envs.belief_mpc.BeliefMPC`` labels every
+state with the levels it would play; the actor is fine-tuned toward them (``trainer.ppo.distill``). The checkpoint
+is rewritten in place with the distilled weights (the weights before it kept beside them, as ``undistilled_model``,
+and what was done as ``distilled``) only where they score no lower on the run's validation episodes; otherwise it is
+left as it was. ``make train`` runs it after training. Running it again is a second DAgger round (the distilled
+policy plays, the expert labels again). A synthetic VR-edge cell only (the expert filters its hidden state);
+a PPO run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from collectors.stop_signals import exiting_at_once_on_stop_signals
+from envs.settings import ConfigError
+from trainer.arguments import OneLineParser
+
+NOTHING_WRITTEN = "nothing was written (the checkpoint is as it was)"
+
+
+def distill_run(run_dir: str | Path, **settings: Any) -> dict[str, Any]:
+    """Distil the newest checkpoint of ``run_dir`` (module docstring) with :class:`trainer.ppo.distill.DistillSettings`
+    ``settings``; returns :func:`trainer.ppo.distill.distilled`'s summary with the ``checkpoint`` file. Holds the run
+    directory's lock throughout (a training run there must not be writing). ``ValueError`` (``ConfigError``) where the
+    run cannot be distilled, in one line."""
+    import checkpoints
+    from trainer.evaluation.policies import policy_from_state
+    from trainer.ppo.distill import DistillSettings, distillation_refusal, distilled
+
+    chosen = DistillSettings(**settings)
+    with checkpoints.RunDirLock(run_dir):
+        source, state, _ = checkpoints.latest_loadable(run_dir)
+        model, cfg = policy_from_state(state, source)
+        if cfg.algo != "ppo":
+            raise ConfigError("run", str(run_dir), message=f"{run_dir}: an --algo {cfg.algo} run; distillation "
+                              "fine-tunes a PPO policy's actor")
+        if why := distillation_refusal(cfg.env, cfg.env_options):
+            raise ConfigError("run", str(run_dir), message=f"{run_dir}: {why}")
+        summary = distilled(model, cfg.env_options, cfg.seed, chosen, cfg.max_grad_norm)
+        if summary["kept"]:
+            state = {**state, "undistilled_model": state.get("undistilled_model", state["model"]),
+                     "model": {k: v.clone() for k, v in model.state_dict().items()},
+                     "distilled": [*state.get("distilled", []), _stored(summary)]}
+            if "acting_model" in state:  # --overlap: the policy that acts next is the distilled one
+                state["acting_model"] = state["model"]
+            source = checkpoints.save_in_run_dir(run_dir, state, int(state["iteration"]), cfg.keep_checkpoints)
+    return {**summary, "checkpoint": source}
+
+
+def _stored(summary: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint keeps of a distillation: plain numbers and lists."""
+    d = summary["difference"]
+    return {"states": summary["states"], "agreement": summary["agreement"], "cross_entropy": summary["cross_entropy"],
+            "validation_difference": float(d["mean"]), "validation_ci95": float(d["ci95"]),
+            "settings": summary["settings"]}
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """A distillation's outcome in words, one line."""
+    d, (agree_before, agree_after) = summary["difference"], summary["agreement"]
+    what = (f"BeliefMPC's levels on {summary['states']:,} states of {summary['episodes']} episodes; agreement "
+            f"{agree_before:.2f} -> {agree_after:.2f}; validation reward/step {d['mean']:+.4f} ± {d['ci95']:.4f} "
+            f"over {d['episodes']} episodes")
+    return what + ("" if summary["kept"] else " (lower: not kept, the checkpoint is as it was)")
+
+
+def after_training(run_dir: str | Path) -> str:
+    """What ``trainer.train`` says of a finished run whose config asks for distillation (``--distill-episodes``):
+    the run distilled (:func:`distill_run`), in one line; ``""`` where it does not ask. From the first moment a stop
+    signal skips it, and an error is said in the line: the run is saved either way."""
+    import checkpoints
+    from trainer.arguments import command
+    from trainer.interrupts import Skipped, skippable
+    from trainer.loop import error_text
+
+    try:
+        with skippable():
+            episodes = int(checkpoints.latest_loadable(run_dir)[1]["config"].get("distill_episodes", 0))
+            return summary_line(distill_run(run_dir, episodes=episodes)) if episodes else ""
+    except Skipped as e:
+        return f"not done ({e}); the run is saved: {command('-m', 'trainer.distill', str(run_dir))} does it"
+    except Exception as e:  # an env that fails, a cell the expert cannot play: the run is saved all the same
+        return f"not done: {error_text(e)}; the run is saved"
+
+
+def main(argv: list[str] | None = None) -> None:
+    from trainer.ppo.distill import DistillSettings
+
+    p = OneLineParser(prog="python -m trainer.distill", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", help="run directory (its newest checkpoint is distilled)")
+    for f in fields(DistillSettings):
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=float if f.type == "float" else int, default=f.default,
+                       help=f"{f.metadata['help']} (default: %(default)s)")
+    args = p.parse_args(argv)
+    if not Path(args.run).is_dir():
+        p.error(f"{args.run}: no such run directory")
+    settings = {f.name: getattr(args, f.name) for f in fields(DistillSettings)}
+    try:
+        with exiting_at_once_on_stop_signals(NOTHING_WRITTEN):
+            summary = distill_run(args.run, **settings)
+    except ConfigError as e:
+        p.error(str(e))
+    except ValueError as e:  # no loadable checkpoint, the run directory held by a live run
+        raise SystemExit(f"error: {e}") from None
+    print(f"distilled:  {summary_line(summary)}")
+    print(f"checkpoint: {Path(summary['checkpoint']).resolve()}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
