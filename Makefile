@@ -22,10 +22,8 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# the main job distils the causal ceiling into the policy once it has trained (docs/ceiling.md: it lifts the
-# policy's capture on every seed); --distill-episodes 0 in ARGS trains without
 train: setup
-	$(PY) -m trainer.train --distill-episodes 64 $(ARGS)
+	$(PY) -m trainer.train $(ARGS)
 
 need-run:
 	@test -n "$(RUN)" || { echo 'set RUN to a run directory, e.g. make $(MAKECMDGOALS) RUN=runs/VREdge-v0-s1-...'; exit 2; }

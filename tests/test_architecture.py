@@ -131,8 +131,9 @@ def test_no_library_module_imports_a_command_line():
 def test_only_the_registry_knows_the_algorithms():
     """The loop, evaluation and the shared modules reach an algorithm through ``trainer.registry`` only: they
     import nothing of ``trainer.ppo`` or ``trainer.apex`` and never compare ``cfg.algo`` (the PPO-only command
-    lines ``trainer.export`` and ``trainer.batching`` are PPO's)."""
-    algorithm_specific = ("trainer.ppo", "trainer.apex", "trainer.registry", "trainer.export", "trainer.batching")
+    lines ``trainer.export``, ``trainer.distill`` and ``trainer.batching`` are PPO's)."""
+    algorithm_specific = ("trainer.ppo", "trainer.apex", "trainer.registry", "trainer.export", "trainer.distill",
+                          "trainer.batching")
     graph, sources = import_graph(), modules()
     for name, targets in graph.items():
         if not name.startswith("trainer") or name.startswith(algorithm_specific):

@@ -16,6 +16,7 @@ import envs
 from envs.belief_mpc import BeliefMPC
 from tests.messages import exits, printed_lines
 from trainer import distill as distill_command
+from trainer.config import TrainConfig
 from trainer.evaluation.episodes import distillation_seeds, evaluation_seeds, run_episodes, validation_seeds
 from trainer.evaluation.policies import trained_model
 from trainer.flags import parse_args
@@ -107,10 +108,24 @@ def test_the_command_rewrites_the_newest_checkpoint_keeping_what_it_replaced(sma
         assert checkpoints.load(checkpoints.checkpoint_files(run)[0])["env_steps"] == 192  # it trains on
 
 
-def test_a_finished_run_that_asks_is_distilled_and_says_so(tmp_path, capsys):
-    run = tmp_path / "run"
+def test_which_finished_runs_are_distilled():
+    vr_edge = TrainConfig().to_dict()
+    assert distill_command.asks_for_distillation(vr_edge) == 64  # the defaults: make train
+    assert distill_command.asks_for_distillation({**vr_edge, "total_steps": 999_999}) == 0  # a short run
+    assert distill_command.asks_for_distillation({**vr_edge, "distill_episodes": 0}) == 0  # turned off
+    assert distill_command.asks_for_distillation({k: v for k, v in vr_edge.items() if k != "distill_episodes"}) == 0
+    assert distill_command.asks_for_distillation({**vr_edge, "env": "CartPole-v1", "env_kwargs": ""}) == 0
+    assert distill_command.asks_for_distillation({**vr_edge, "env_kwargs": "capacity_trace=pensieve"}) == 0
+    apex = TrainConfig.from_dict({"algo": "apex", "total_steps": 3_000_000}).to_dict()
+    assert distill_command.asks_for_distillation(apex) == 0
+
+
+def test_a_finished_run_that_asks_is_distilled_and_says_so(tmp_path, capsys, monkeypatch):
+    run, config = tmp_path / "run", tmp_path / "distil.toml"
+    config.write_text("distill_episodes = 2\n")
+    monkeypatch.setattr(distill_command, "DISTILL_AFTER_STEPS", 64)  # (a test run: as long as a real one)
     train_main(["--num-envs", "4", "--num-steps", "16", "--total-steps", "64", "--env-kwargs", SMALL_FLAG,
-                "--eval-episodes", "4", "--distill-episodes", "2", "--threads", "1", "--device", "cpu",
+                "--eval-episodes", "4", "--config", str(config), "--threads", "1", "--device", "cpu",
                 "--run-dir", str(run)])
     said = printed_lines(capsys.readouterr().out)
     assert "2 episodes" in said["distilled"] and "quality" in said

@@ -72,10 +72,28 @@ def summary_line(summary: dict[str, Any]) -> str:
     return what + ("" if summary["kept"] else " (lower: not kept, the checkpoint is as it was)")
 
 
+# distillation takes about 2 minutes on 2 cores (docs/ceiling.md): a run shorter than this (a minute or so of
+# training) is a test or a smoke run, not a policy to ship; it was measured on 3M-step runs
+DISTILL_AFTER_STEPS = 1_000_000
+
+
+def asks_for_distillation(config: dict[str, Any]) -> int:
+    """The episodes to distil a finished run with, from its stored ``config``: its ``distill_episodes`` where it is a
+    PPO run of at least :data:`DISTILL_AFTER_STEPS` env steps on a VR-edge cell the expert can play; else 0."""
+    from trainer.ppo.distill import distillation_refusal
+
+    if config.get("algo") != "ppo" or int(config.get("total_steps", 0)) < DISTILL_AFTER_STEPS:
+        return 0
+    from trainer.config import TrainConfig, with_current_names
+
+    env_options = TrainConfig.from_dict(with_current_names(config), stored=True).env_options
+    return 0 if distillation_refusal(str(config.get("env")), env_options) else int(config.get("distill_episodes", 0))
+
+
 def after_training(run_dir: str | Path) -> str:
-    """What ``trainer.train`` says of a finished run whose config asks for distillation (``--distill-episodes``):
-    the run distilled (:func:`distill_run`), in one line; ``""`` where it does not ask. From the first moment a stop
-    signal skips it, and an error is said in the line: the run is saved either way."""
+    """What ``trainer.train`` says of a finished run it distils (:func:`asks_for_distillation`): the run distilled
+    (:func:`distill_run`), in one line; ``""`` where it does not. From the first moment a stop signal skips it, and
+    an error is said in the line: the run is saved either way."""
     import checkpoints
     from trainer.arguments import command
     from trainer.interrupts import Skipped, skippable
@@ -83,7 +101,7 @@ def after_training(run_dir: str | Path) -> str:
 
     try:
         with skippable():
-            episodes = int(checkpoints.latest_loadable(run_dir)[1]["config"].get("distill_episodes", 0))
+            episodes = asks_for_distillation(checkpoints.latest_loadable(run_dir)[1]["config"])
             return summary_line(distill_run(run_dir, episodes=episodes)) if episodes else ""
     except Skipped as e:
         return f"not done ({e}); the run is saved: {command('-m', 'trainer.distill', str(run_dir))} does it"

@@ -44,7 +44,7 @@ class DistillSettings:
     >>> DistillSettings(lr=0)
     Traceback (most recent call last):
     ...
-    envs.settings.ConfigError: --lr must be > 0, got 0
+    envs.settings.ConfigError: --lr must be > 0 and <= 1, got 0
     """
 
     episodes: int = setting(64, "episodes the policy plays and BeliefMPC labels (300 states each on the default "

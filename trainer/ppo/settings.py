@@ -26,10 +26,10 @@ class PPOSettings:
     clip_coef: float = setting(0.2, "PPO clip range", above=0)
     ent_coef: float = setting(0.001, "entropy bonus")
     target_kl: float = setting(0.0, "stop the epochs early above this KL", at_least=0, zero="off")
-    distill_episodes: int = setting(0, "once the run has finished: distil the causal ceiling into the policy, "
-                                    "BeliefMPC labelling the states of this many episodes it plays (python -m "
-                                    "trainer.distill; VR-edge's synthetic cell; make train: 64)", at_least=0,
-                                    zero="off", resumable=True)
+    distill_episodes: int = setting(64, "once a run of at least 1M env steps on VR-edge's synthetic cell has "
+                                    "finished: distil the causal ceiling into its policy, BeliefMPC labelling the "
+                                    "states of this many episodes it plays (python -m trainer.distill)", at_least=0,
+                                    zero="off", resumable=True, flag=False)
     cuda_graphs: bool = setting(False, "on a CUDA learner: capture each minibatch step (loss, backward, clip, "
                                 "Adam) as one CUDA graph, replayed with one launch; with --backend device and "
                                 "--compile, the acting step too (torch.compile's reduce-overhead); measured by "
