@@ -99,6 +99,7 @@ def test_the_command_rewrites_the_newest_checkpoint_keeping_what_it_replaced(sma
     assert "agreement" in said["distilled"]
     new = checkpoints.load(source)
     kept = "not kept" not in said["distilled"]
+    assert [k["settings"]["seed"] for k in new.get("distilled", [])] == [0] * kept  # the first round: seed 0
     assert len(new.get("distilled", [])) == int(kept)
     if kept:
         assert all(torch.equal(new["undistilled_model"][k], v) for k, v in old["model"].items())
@@ -109,29 +110,34 @@ def test_the_command_rewrites_the_newest_checkpoint_keeping_what_it_replaced(sma
 
 
 def test_which_finished_runs_are_distilled():
-    vr_edge = TrainConfig().to_dict()
-    assert distill_command.asks_for_distillation(vr_edge) == 64  # the defaults: make train
-    assert distill_command.asks_for_distillation({**vr_edge, "total_steps": 999_999}) == 0  # a short run
-    assert distill_command.asks_for_distillation({**vr_edge, "distill_episodes": 0}) == 0  # turned off
-    assert distill_command.asks_for_distillation({k: v for k, v in vr_edge.items() if k != "distill_episodes"}) == 0
-    assert distill_command.asks_for_distillation({**vr_edge, "env": "CartPole-v1", "env_kwargs": ""}) == 0
-    assert distill_command.asks_for_distillation({**vr_edge, "env_kwargs": "capacity_trace=pensieve"}) == 0
+    vr_edge, no = TrainConfig().to_dict(), (0, 0)
+    assert distill_command.asks_for_distillation(vr_edge) == (64, 1)  # the defaults: make train
+    assert distill_command.asks_for_distillation({**vr_edge, "distill_rounds": 2}) == (64, 2)
+    assert distill_command.asks_for_distillation({**vr_edge, "total_steps": 999_999}) == no  # a short run
+    assert distill_command.asks_for_distillation({**vr_edge, "distill_episodes": 0}) == no  # turned off
+    assert distill_command.asks_for_distillation({k: v for k, v in vr_edge.items() if k != "distill_episodes"}) == no
+    assert distill_command.asks_for_distillation({**vr_edge, "env": "CartPole-v1", "env_kwargs": ""}) == no
+    assert distill_command.asks_for_distillation({**vr_edge, "env_kwargs": "capacity_trace=pensieve"}) == no
     apex = TrainConfig.from_dict({"algo": "apex", "total_steps": 3_000_000}).to_dict()
-    assert distill_command.asks_for_distillation(apex) == 0
+    assert distill_command.asks_for_distillation(apex) == no
 
 
 def test_a_finished_run_that_asks_is_distilled_and_says_so(tmp_path, capsys, monkeypatch):
     run, config = tmp_path / "run", tmp_path / "distil.toml"
-    config.write_text("distill_episodes = 2\n")
+    config.write_text("distill_episodes = 2\ndistill_rounds = 2\n")
     monkeypatch.setattr(distill_command, "DISTILL_AFTER_STEPS", 64)  # (a test run: as long as a real one)
     train_main(["--num-envs", "4", "--num-steps", "16", "--total-steps", "64", "--env-kwargs", SMALL_FLAG,
                 "--eval-episodes", "4", "--config", str(config), "--threads", "1", "--device", "cpu",
                 "--run-dir", str(run)])
-    said = printed_lines(capsys.readouterr().out)
-    assert "2 episodes" in said["distilled"] and "quality" in said
+    out = capsys.readouterr().out
+    rounds = [line for line in out.splitlines() if line.startswith("distilled:")]
+    assert len(rounds) == 2 and "round 2 of 2" in rounds[1] and "2 episodes" in rounds[0]
+    assert "quality" in printed_lines(out)
     newest = checkpoints.load(checkpoints.checkpoint_files(run)[0])
     assert newest["config"]["distill_episodes"] == 2
-    assert ("distilled" in newest) == ("not kept" not in said["distilled"])
+    kept = newest.get("distilled", [])
+    assert len(kept) == sum("not kept" not in line for line in rounds)
+    assert [k["settings"]["seed"] for k in kept] == [r for r, line in enumerate(rounds) if "not kept" not in line]
 
 
 def test_runs_that_cannot_be_distilled_are_one_line(tmp_path, capsys):
@@ -146,3 +152,14 @@ def test_runs_that_cannot_be_distilled_are_one_line(tmp_path, capsys):
         distill_command.main([str(cartpole), "--epochs", "0"])
     with exits(2, "--lr", capsys=capsys):
         distill_command.main([str(cartpole), "--lr", "-1"])
+
+
+def test_each_round_of_the_command_labels_episodes_of_its_own(small_run, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    scores = iter([[{"reward_per_step": 0.5}] * 4, [{"reward_per_step": 0.6}] * 4] * 2)  # each round: better
+    monkeypatch.setattr(distill, "validation_score", lambda *a, **k: next(scores))
+    for _ in range(2):
+        distill_command.main([str(run), "--episodes", "2", "--validation-episodes", "4", "--epochs", "1"])
+    kept = checkpoints.load(checkpoints.checkpoint_files(run)[0])["distilled"]
+    assert [k["settings"]["seed"] for k in kept] == [0, 1]

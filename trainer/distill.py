@@ -1,14 +1,14 @@
 """Distil the causal ceiling into a trained VR-edge policy: one round of DAgger with ``BeliefMPC`` as the expert.
 
-    python -m trainer.distill RUN_DIR [--episodes 64] [--epochs 3] [--lr 1e-4] [--validation-episodes 64] [--seed 0]
+    python -m trainer.distill RUN_DIR [--episodes 64] [--epochs 3] [--lr 1e-4] [--validation-episodes 64] [--seed S]
 
 The run's newest checkpoint plays ``--episodes`` episodes of its own cell; ``envs.belief_mpc.BeliefMPC`` labels every
 state with the levels it would play; the actor is fine-tuned toward them (``trainer.ppo.distill``). The checkpoint
 is rewritten in place with the distilled weights (the weights before it kept beside them, as ``undistilled_model``,
 and what was done as ``distilled``) only where they score no lower on the run's validation episodes; otherwise it is
-left as it was. ``make train`` runs it after training. Running it again is a second DAgger round (the distilled
-policy plays, the expert labels again). A synthetic VR-edge cell only (the expert filters its hidden state);
-a PPO run only.
+left as it was. ``trainer.train`` (so ``make train``) runs it when a VR-edge run of 1M+ steps finishes
+(``distill_rounds`` times). Running it again is another DAgger round (the distilled policy plays episodes of their
+own, the expert labels again). A synthetic VR-edge cell only (the expert filters its hidden state); a PPO run only.
 """
 
 from __future__ import annotations
@@ -26,18 +26,20 @@ from trainer.arguments import OneLineParser
 NOTHING_WRITTEN = "nothing was written (the checkpoint is as it was)"
 
 
-def distill_run(run_dir: str | Path, **settings: Any) -> dict[str, Any]:
+def distill_run(run_dir: str | Path, seed: int | None = None, **settings: Any) -> dict[str, Any]:
     """Distil the newest checkpoint of ``run_dir`` (module docstring) with :class:`trainer.ppo.distill.DistillSettings`
-    ``settings``; returns :func:`trainer.ppo.distill.distilled`'s summary with the ``checkpoint`` file. Holds the run
-    directory's lock throughout (a training run there must not be writing). ``ValueError`` (``ConfigError``) where the
-    run cannot be distilled, in one line."""
+    ``settings``; returns :func:`trainer.ppo.distill.distilled`'s summary with the ``checkpoint`` file. ``seed``
+    (of the labelled episodes): by default the number of rounds the checkpoint has kept, so that each round labels
+    episodes of its own. Holds the run directory's lock throughout (a training run there must not be writing).
+    ``ValueError`` (``ConfigError``) where the run cannot be distilled, in one line."""
     import checkpoints
     from trainer.evaluation.policies import policy_from_state
     from trainer.ppo.distill import DistillSettings, distillation_refusal, distilled
 
-    chosen = DistillSettings(**settings)
+    DistillSettings(**settings)  # bad settings: one line before the checkpoint is read
     with checkpoints.RunDirLock(run_dir):
         source, state, _ = checkpoints.latest_loadable(run_dir)
+        chosen = DistillSettings(**settings, seed=len(state.get("distilled", [])) if seed is None else seed)
         model, cfg = policy_from_state(state, source)
         if cfg.algo != "ppo":
             raise ConfigError("run", str(run_dir), message=f"{run_dir}: an --algo {cfg.algo} run; distillation "
@@ -77,36 +79,45 @@ def summary_line(summary: dict[str, Any]) -> str:
 DISTILL_AFTER_STEPS = 1_000_000
 
 
-def asks_for_distillation(config: dict[str, Any]) -> int:
-    """The episodes to distil a finished run with, from its stored ``config``: its ``distill_episodes`` where it is a
-    PPO run of at least :data:`DISTILL_AFTER_STEPS` env steps on a VR-edge cell the expert can play; else 0."""
+def asks_for_distillation(config: dict[str, Any]) -> tuple[int, int]:
+    """``(episodes, rounds)`` to distil a finished run with, from its stored ``config``: its ``distill_episodes``
+    and ``distill_rounds`` where it is a PPO run of at least :data:`DISTILL_AFTER_STEPS` env steps on a VR-edge cell
+    the expert can play; else ``(0, 0)``."""
     from trainer.ppo.distill import distillation_refusal
 
     if config.get("algo") != "ppo" or int(config.get("total_steps", 0)) < DISTILL_AFTER_STEPS:
-        return 0
+        return 0, 0
     from trainer.config import TrainConfig, with_current_names
 
     env_options = TrainConfig.from_dict(with_current_names(config), stored=True).env_options
-    return 0 if distillation_refusal(str(config.get("env")), env_options) else int(config.get("distill_episodes", 0))
+    episodes = int(config.get("distill_episodes", 0))
+    if not episodes or distillation_refusal(str(config.get("env")), env_options):
+        return 0, 0
+    return episodes, int(config.get("distill_rounds", 1))
 
 
-def after_training(run_dir: str | Path) -> str:
-    """What ``trainer.train`` says of a finished run it distils (:func:`asks_for_distillation`): the run distilled
-    (:func:`distill_run`), in one line; ``""`` where it does not. From the first moment a stop signal skips it, and
-    an error is said in the line: the run is saved either way."""
+def after_training(run_dir: str | Path) -> list[str]:
+    """What ``trainer.train`` says of a finished run it distils (:func:`asks_for_distillation`): each round of
+    :func:`distill_run` (round ``r`` labels the episodes of seed ``r``), one line each; none where it does not. From
+    the first moment a stop signal skips what is left, and an error is said in a line: the run is saved either way
+    (with the rounds done)."""
     import checkpoints
     from trainer.arguments import command
     from trainer.interrupts import Skipped, skippable
     from trainer.loop import error_text
 
+    lines: list[str] = []
     try:
         with skippable():
-            episodes = asks_for_distillation(checkpoints.latest_loadable(run_dir)[1]["config"])
-            return summary_line(distill_run(run_dir, episodes=episodes)) if episodes else ""
+            episodes, rounds = asks_for_distillation(checkpoints.latest_loadable(run_dir)[1]["config"])
+            for r in range(rounds):
+                said = summary_line(distill_run(run_dir, seed=r, episodes=episodes))
+                lines.append(f"round {r + 1} of {rounds}: {said}" if rounds > 1 else said)
     except Skipped as e:
-        return f"not done ({e}); the run is saved: {command('-m', 'trainer.distill', str(run_dir))} does it"
+        lines.append(f"not done ({e}); the run is saved: {command('-m', 'trainer.distill', str(run_dir))} does it")
     except Exception as e:  # an env that fails, a cell the expert cannot play: the run is saved all the same
-        return f"not done: {error_text(e)}; the run is saved"
+        lines.append(f"not done: {error_text(e)}; the run is saved")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,15 +127,17 @@ def main(argv: list[str] | None = None) -> None:
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", help="run directory (its newest checkpoint is distilled)")
     for f in fields(DistillSettings):
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=float if f.type == "float" else int, default=f.default,
-                       help=f"{f.metadata['help']} (default: %(default)s)")
+        default = None if f.name == "seed" else f.default
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=float if f.type == "float" else int, default=default,
+                       help=f"{f.metadata['help']} (default: " + ("the rounds the checkpoint has kept, so that each "
+                       "round labels episodes of its own)" if default is None else "%(default)s)"))
     args = p.parse_args(argv)
     if not Path(args.run).is_dir():
         p.error(f"{args.run}: no such run directory")
-    settings = {f.name: getattr(args, f.name) for f in fields(DistillSettings)}
+    settings = {f.name: getattr(args, f.name) for f in fields(DistillSettings) if f.name != "seed"}
     try:
         with exiting_at_once_on_stop_signals(NOTHING_WRITTEN):
-            summary = distill_run(args.run, **settings)
+            summary = distill_run(args.run, seed=args.seed, **settings)
     except ConfigError as e:
         p.error(str(e))
     except ValueError as e:  # no loadable checkpoint, the run directory held by a live run

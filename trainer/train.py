@@ -161,11 +161,11 @@ def _say_summary(summary: dict) -> None:
 
 
 def _say_distilled(run_dir: str) -> None:
-    """Where the run asks for it (``--distill-episodes``), the causal ceiling distilled into its policy, in one line
-    (``trainer.distill``; a stop signal skips it)."""
+    """A finished VR-edge run of 1M+ steps distilled (``trainer.distill.after_training``: the causal ceiling
+    distilled into its policy, a line per round; a stop signal skips it)."""
     from trainer.distill import after_training
 
-    if line := after_training(run_dir):
+    for line in after_training(run_dir):
         print(f"distilled:     {line}")
 
 

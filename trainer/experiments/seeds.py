@@ -186,7 +186,7 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
         say(f"seed {run.seed}: failed: {e or type(e).__name__}\n{where}".rstrip())
         return 1
     say(f"seed {run.seed}: finished at iteration {summary['iterations']} ({summary['env_steps']:,} env steps)")
-    if not summary["late_signal"] and (line := after_training(run.run_dir)):
+    for line in [] if summary["late_signal"] else after_training(run.run_dir):
         say(f"seed {run.seed}: distilled: {line}")
     return 128 + summary["late_signal"] if summary["late_signal"] else 0  # a stop as it closed: no next seed
 

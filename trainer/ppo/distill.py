@@ -30,6 +30,7 @@ from envs.belief_mpc import BeliefMPC
 from envs.settings import ConfigError, check_limits, setting
 from trainer.evaluation.episodes import distillation_seeds, policy_actions, run_episodes, validation_seeds
 from trainer.evaluation.statistics import paired_difference
+from trainer.ppo.settings import PPOSettings
 
 _BATCH = 64  # episodes labelled side by side: one batched env, one filter row each
 
@@ -47,8 +48,9 @@ class DistillSettings:
     envs.settings.ConfigError: --lr must be > 0 and <= 1, got 0
     """
 
-    episodes: int = setting(64, "episodes the policy plays and BeliefMPC labels (300 states each on the default "
-                            "cell; about 2 s each on a 2-core CPU)", at_least=1, at_most=100_000)
+    episodes: int = setting(PPOSettings.distill_episodes, "episodes the policy plays and BeliefMPC labels (300 "
+                            "states each on the default cell; about 2 s each on a 2-core CPU)", at_least=1,
+                            at_most=100_000)
     epochs: int = setting(3, "passes of the cross-entropy over the labelled states", at_least=1, at_most=100)
     lr: float = setting(1e-4, "Adam learning rate of the fine-tuning", above=0, at_most=1)
     minibatch_size: int = setting(256, "labelled states per step", at_least=1)
