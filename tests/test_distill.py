@@ -163,3 +163,19 @@ def test_each_round_of_the_command_labels_episodes_of_its_own(small_run, tmp_pat
         distill_command.main([str(run), "--episodes", "2", "--validation-episodes", "4", "--epochs", "1"])
     kept = checkpoints.load(checkpoints.checkpoint_files(run)[0])["distilled"]
     assert [k["settings"]["seed"] for k in kept] == [0, 1]
+
+
+def test_the_runs_checkpoints_folder_stands_for_the_run_and_a_file_or_an_empty_run_is_one_line(small_run, tmp_path,
+                                                                                                capsys):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    distill_command.main([str(run / "checkpoints"), "--episodes", "1", "--validation-episodes", "2", "--epochs", "1"])
+    said = printed_lines(capsys.readouterr().out)
+    assert said["checkpoint"].startswith(str((run / "checkpoints").resolve()) + "/ckpt_")  # the run's own folder
+    assert not (run / "checkpoints" / "checkpoints").exists()
+    newest = str(checkpoints.checkpoint_files(run)[0])
+    with exits(2, newest, "run directory", capsys=capsys):
+        distill_command.main([newest])
+    (tmp_path / "empty").mkdir()
+    with exits(2, "empty", "train", capsys=capsys):
+        distill_command.main([str(tmp_path / "empty")])

@@ -19,9 +19,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from collectors.stop_signals import exiting_at_once_on_stop_signals
 from envs.settings import ConfigError
-from trainer.arguments import OneLineParser
+from trainer.arguments import OneLineParser, counted
 
 NOTHING_WRITTEN = "nothing was written (the checkpoint is as it was)"
 
@@ -68,9 +67,10 @@ def _stored(summary: dict[str, Any]) -> dict[str, Any]:
 def summary_line(summary: dict[str, Any]) -> str:
     """A distillation's outcome in words, one line."""
     d, (agree_before, agree_after) = summary["difference"], summary["agreement"]
-    what = (f"BeliefMPC's levels on {summary['states']:,} states of {summary['episodes']} episodes; agreement "
+    episodes = counted(summary["episodes"], "episode")
+    what = (f"BeliefMPC's levels on {summary['states']:,} states of {episodes}; agreement "
             f"{agree_before:.2f} -> {agree_after:.2f}; validation reward/step {d['mean']:+.4f} ± {d['ci95']:.4f} "
-            f"over {d['episodes']} episodes")
+            f"over {counted(d['episodes'], 'episode')}")
     return what + ("" if summary["kept"] else " (lower: not kept, the checkpoint is as it was)")
 
 
@@ -132,16 +132,28 @@ def main(argv: list[str] | None = None) -> None:
                        help=f"{f.metadata['help']} (default: " + ("the rounds the checkpoint has kept, so that each "
                        "round labels episodes of its own)" if default is None else "%(default)s)"))
     args = p.parse_args(argv)
-    if not Path(args.run).is_dir():
-        p.error(f"{args.run}: no such run directory")
+    run = Path(args.run)
+    if run.is_file():
+        p.error(f"{run} is a file: pass the run directory it belongs to (its newest checkpoint is distilled)")
+    if not run.is_dir():
+        p.error(f"{run}: no such run directory")
+    run = run.parent if run.name == "checkpoints" else run  # the run's checkpoints folder stands for the run
     settings = {f.name: getattr(args, f.name) for f in fields(DistillSettings) if f.name != "seed"}
+    import checkpoints  # (torch: once the command line is checked)
+    from trainer.interrupts import StopSignals
+
     try:
-        with exiting_at_once_on_stop_signals(NOTHING_WRITTEN):
-            summary = distill_run(args.run, seed=args.seed, **settings)
+        with StopSignals():  # Ctrl-C or SIGTERM: one line, exit status 128 + the signal, the run directory unlocked
+            summary = distill_run(run, seed=args.seed, **settings)
     except ConfigError as e:
         p.error(str(e))
-    except ValueError as e:  # no loadable checkpoint, the run directory held by a live run
+    except checkpoints.CheckpointError:
+        p.error(f"{run}: no checkpoint to distil (train it first: python -m trainer.train --run-dir {run})")
+    except ValueError as e:  # the run directory held by a live run
         raise SystemExit(f"error: {e}") from None
+    except KeyboardInterrupt as e:
+        print(f"\n{str(e) or 'interrupted'}: {NOTHING_WRITTEN}", file=sys.stderr)
+        raise SystemExit(getattr(e, "exit_status", 130)) from None
     print(f"distilled:  {summary_line(summary)}")
     print(f"checkpoint: {Path(summary['checkpoint']).resolve()}")
 

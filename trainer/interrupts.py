@@ -210,6 +210,11 @@ class Skipped(BaseException):
         self.signum = signum
 
 
+def noted_signal() -> int | None:
+    """The last stop signal noted since the run finished (or that skipped a :func:`skippable` block); ``None``."""
+    return _NOTED[-1] if _NOTED else None
+
+
 @contextmanager
 def skippable() -> Iterator[None]:
     """For the block (work after the run is saved that may be left undone: the end-of-run validation), the first
@@ -221,6 +226,7 @@ def skippable() -> Iterator[None]:
     def skip(signum: int, frame) -> None:
         for other, handler in before.items():
             signal.signal(other, handler)
+        _NOTED.append(signum)  # a stop that skipped this block skips the blocks after it too
         raise Skipped(signum)
 
     for signum in before:

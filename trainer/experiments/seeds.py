@@ -164,6 +164,7 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
     progress on the terminal; otherwise its output goes to the run's ``train.log`` and one line says what became
     of it."""
     from trainer.distill import after_training
+    from trainer.interrupts import noted_signal
     from trainer.loop import TrainingStopped, train  # (torch: once the command line is checked)
 
     cfg = dataclasses.replace(cli.config, seed=run.seed, run_dir=str(run.run_dir))
@@ -188,6 +189,8 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
     say(f"seed {run.seed}: finished at iteration {summary['iterations']} ({summary['env_steps']:,} env steps)")
     for line in [] if summary["late_signal"] else after_training(run.run_dir):
         say(f"seed {run.seed}: distilled: {line}")
+    if not summary["late_signal"] and (signum := noted_signal()):  # a stop that skipped the distillation: no next seed
+        return 128 + signum
     return 128 + summary["late_signal"] if summary["late_signal"] else 0  # a stop as it closed: no next seed
 
 

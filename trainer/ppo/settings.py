@@ -29,7 +29,7 @@ class PPOSettings:
     distill_episodes: int = setting(64, "once a run of at least 1M env steps on VR-edge's synthetic cell has "
                                     "finished: distil the causal ceiling into its policy, BeliefMPC labelling the "
                                     "states of this many episodes it plays (python -m trainer.distill)", at_least=0,
-                                    zero="off", resumable=True, flag=False)
+                                    at_most=100_000, zero="off", resumable=True, flag=False)
     distill_rounds: int = setting(1, "rounds of that distillation, each on episodes of its own played by the policy "
                                   "the round before left (DAgger)", at_least=1, at_most=10, resumable=True, flag=False)
     cuda_graphs: bool = setting(False, "on a CUDA learner: capture each minibatch step (loss, backward, clip, "
