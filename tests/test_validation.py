@@ -287,18 +287,18 @@ def test_a_stop_signal_noted_as_the_run_ended_skips_the_final_validation_before_
 
 def test_a_stop_signal_that_skips_one_block_after_the_run_skips_the_next_too():
     """A Ctrl-C during the end-of-run distillation skips the quality line after it as well."""
-    from trainer.interrupts import Skipped, ignore_late_signals, noted_signal, skippable
+    from trainer.interrupts import Skipped, ignore_late_signals, noted_signals, skippable
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         ignore_late_signals()
         with pytest.raises(Skipped), skippable():
             signal.raise_signal(signal.SIGTERM)  # inside the first block (the distillation)
             pytest.fail("the signal did not skip the block")
-        assert noted_signal() == signal.SIGTERM
+        assert noted_signals() == (signal.SIGTERM,)
         with pytest.raises(Skipped), skippable():  # the quality line: skipped at once
             pytest.fail("the block ran")
         ignore_late_signals()
-        assert noted_signal() is None
+        assert noted_signals() == ()
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)

@@ -108,8 +108,10 @@ def after_training(run_dir: str | Path) -> list[str]:
 
     lines: list[str] = []
     try:
+        episodes, rounds = asks_for_distillation(checkpoints.latest_loadable(run_dir)[1]["config"])
+        if not episodes:  # (a run it does not distil says nothing, whatever signal came before)
+            return lines
         with skippable():
-            episodes, rounds = asks_for_distillation(checkpoints.latest_loadable(run_dir)[1]["config"])
             for r in range(rounds):
                 said = summary_line(distill_run(run_dir, seed=r, episodes=episodes))
                 lines.append(f"round {r + 1} of {rounds}: {said}" if rounds > 1 else said)

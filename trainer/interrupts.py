@@ -210,9 +210,10 @@ class Skipped(BaseException):
         self.signum = signum
 
 
-def noted_signal() -> int | None:
-    """The last stop signal noted since the run finished (or that skipped a :func:`skippable` block); ``None``."""
-    return _NOTED[-1] if _NOTED else None
+def noted_signals() -> tuple[int, ...]:
+    """The stop signals noted since the run finished (:func:`ignore_late_signals`), or that skipped a
+    :func:`skippable` block, oldest first."""
+    return tuple(_NOTED)
 
 
 @contextmanager

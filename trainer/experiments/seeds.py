@@ -164,7 +164,7 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
     progress on the terminal; otherwise its output goes to the run's ``train.log`` and one line says what became
     of it."""
     from trainer.distill import after_training
-    from trainer.interrupts import noted_signal
+    from trainer.interrupts import noted_signals
     from trainer.loop import TrainingStopped, train  # (torch: once the command line is checked)
 
     cfg = dataclasses.replace(cli.config, seed=run.seed, run_dir=str(run.run_dir))
@@ -187,10 +187,11 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
         say(f"seed {run.seed}: failed: {e or type(e).__name__}\n{where}".rstrip())
         return 1
     say(f"seed {run.seed}: finished at iteration {summary['iterations']} ({summary['env_steps']:,} env steps)")
+    noted = len(noted_signals())
     for line in [] if summary["late_signal"] else after_training(run.run_dir):
         say(f"seed {run.seed}: distilled: {line}")
-    if not summary["late_signal"] and (signum := noted_signal()):  # a stop that skipped the distillation: no next seed
-        return 128 + signum
+    if len(skipped_by := noted_signals()) > noted:  # a stop that skipped the distillation: no next seed
+        return 128 + skipped_by[-1]
     return 128 + summary["late_signal"] if summary["late_signal"] else 0  # a stop as it closed: no next seed
 
 
