@@ -14,6 +14,7 @@ own, the expert labels again). A synthetic VR-edge cell only (the expert filters
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -35,10 +36,10 @@ def distill_run(run_dir: str | Path, seed: int | None = None, **settings: Any) -
     from trainer.evaluation.policies import policy_from_state
     from trainer.ppo.distill import DistillSettings, distillation_refusal, distilled
 
-    DistillSettings(**settings)  # bad settings: one line before the checkpoint is read
+    chosen = DistillSettings(**settings)  # bad settings: one line before the checkpoint is read
     with checkpoints.RunDirLock(run_dir):
         source, state, _ = checkpoints.latest_loadable(run_dir)
-        chosen = DistillSettings(**settings, seed=len(state.get("distilled", [])) if seed is None else seed)
+        chosen = dataclasses.replace(chosen, seed=len(state.get("distilled", [])) if seed is None else seed)
         model, cfg = policy_from_state(state, source)
         if cfg.algo != "ppo":
             raise ConfigError("run", str(run_dir), message=f"{run_dir}: an --algo {cfg.algo} run; distillation "
@@ -139,10 +140,11 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"{run} is a file: pass the run directory it belongs to (its newest checkpoint is distilled)")
     if not run.is_dir():
         p.error(f"{run}: no such run directory")
-    run = run.parent if run.name == "checkpoints" else run  # the run's checkpoints folder stands for the run
-    settings = {f.name: getattr(args, f.name) for f in fields(DistillSettings) if f.name != "seed"}
     import checkpoints  # (torch: once the command line is checked)
     from trainer.interrupts import StopSignals
+
+    run = checkpoints.run_dir_of(run)  # the run's checkpoints folder stands for the run
+    settings = {f.name: getattr(args, f.name) for f in fields(DistillSettings) if f.name != "seed"}
 
     try:
         with StopSignals():  # Ctrl-C or SIGTERM: one line, exit status 128 + the signal, the run directory unlocked

@@ -60,10 +60,9 @@ class DistillSettings:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
-            kind = float if f.type == "float" else int
-            if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-                raise ConfigError(f.name, value, f"must be {'a number' if kind is float else 'an integer'}")
+            value, number = getattr(self, f.name), f.type == "float"
+            if isinstance(value, bool) or not isinstance(value, (int, float) if number else int):
+                raise ConfigError(f.name, value, "must be a number" if number else "must be an integer")
         check_limits(self)  # named as python -m trainer.distill's flags
 
 
