@@ -89,6 +89,7 @@ def test_a_distillation_that_scores_lower_on_validation_is_not_kept(small_run, m
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
+@pytest.mark.slow  # trains, distils (twice), resumes
 def test_the_command_rewrites_the_newest_checkpoint_keeping_what_it_replaced(small_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(small_run, run)
@@ -122,6 +123,7 @@ def test_which_finished_runs_are_distilled():
     assert distill_command.asks_for_distillation(apex) == no
 
 
+@pytest.mark.slow  # trains, distils (twice), resumes
 def test_a_finished_run_that_asks_is_distilled_and_says_so(tmp_path, capsys, monkeypatch):
     run, config = tmp_path / "run", tmp_path / "distil.toml"
     config.write_text("distill_episodes = 2\ndistill_rounds = 2\n")
