@@ -347,6 +347,21 @@ def test_what_rank_0_finds_wrong_for_every_rank_is_said_once(tmp_path):
 
 
 @pytest.mark.slow
+def test_another_rank_that_meets_rank_0s_mistake_waits_for_rank_0_to_say_it(tmp_path):
+    # exiting first, rank 1 would have torchrun stop rank 0 before it said a word (a race CI met)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
+    code = "import sys, trainer.train as t; print('imported', flush=True); t.main(sys.argv[1:])"
+    rank_1 = subprocess.Popen([sys.executable, "-c", code, "--resume", str(tmp_path / "no-such-run")], cwd=REPO,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert rank_1.stdout.readline() == "imported\n"
+    with pytest.raises(subprocess.TimeoutExpired):
+        rank_1.wait(timeout=3)  # still there, long after the mistake was found (a parse takes milliseconds)
+    rank_1.send_signal(signal.SIGTERM)  # what torchrun sends once rank 0 has said it and exited
+    out, err = rank_1.communicate(timeout=30)
+    assert rank_1.returncode == 2 and err == "" and out == ""  # rank 0 said it; this rank, nothing
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGTERM to rank 1", "SIGUSR1 to torchrun"])
 def test_a_stop_under_max_restarts_stays_a_stop_and_leaves_no_rank(tmp_path, how):
     """A signal to one rank stops the run (torchrun --max-restarts does not undo it); a SIGUSR1 that ends torchrun

@@ -12,12 +12,30 @@ import math
 import os
 import re
 import shlex
+import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NoReturn
 
 from envs.settings import ConfigError, did_you_mean
+
+RANK_0_GRACE_S = 15.0  # how long another rank waits for rank 0 to say what they both met
+
+
+def exit_after_rank_0(status: int) -> NoReturn:
+    """Under torchrun, end a rank other than 0 that met what rank 0 meets too (and says), with exit ``status``, once
+    rank 0 has had time to say it. Exiting first, this rank would have torchrun stop rank 0 (SIGTERM) before a word
+    was said; torchrun's SIGTERM after rank 0 has exited ends the wait, as does the grace running out."""
+    def leave(*_) -> NoReturn:
+        raise SystemExit(status)  # quietly (rank 0 speaks for every rank), and what this rank holds is closed
+
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, leave)
+    time.sleep(RANK_0_GRACE_S)
+    leave()
 
 
 def counted(n: int, noun: str, plural: str = "") -> str:
@@ -200,5 +218,5 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         if os.environ.get("RANK", "0") != "0":  # torchrun: every rank meets the same mistake, and rank 0 says it
-            self.exit(2)
+            exit_after_rank_0(2)
         self.exit(2, f"{self.prog}: error: {message}{self.suggestion(message)} (see --help)\n")

@@ -33,7 +33,7 @@ import checkpoints
 from collectors import EnvError, RayConnectError, WorkerDiedError
 from envs.settings import ConfigError
 from trainer.algorithm import NonFiniteLossError
-from trainer.arguments import command, counted
+from trainer.arguments import command, counted, exit_after_rank_0
 from trainer.common.world import LeadFailedError, RankLostError, World, WorldEnvironmentError
 from trainer.config import named
 from trainer.interrupts import Skipped, skippable
@@ -124,13 +124,13 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
     except ConfigError as e:  # a setting this machine cannot run: as the flags' errors, exit status 2
         _no_torchrun_restart()  # a restart would meet it again
         if rank:  # every rank meets it: rank 0 says it
-            raise SystemExit(2) from None
+            exit_after_rank_0(2)
         build_parser().error(f"{cli.error_text(e)}{_stored_setting(e.key, cli)}")
     except (ValueError, TypeError, NonFiniteLossError, WorkerDiedError, EnvError, RayConnectError,
             RankLostError, LeadFailedError) as e:
         # an env's error carries the env's own traceback; the trainer's frames above it would only be noise
         if rank and (isinstance(e, LeadFailedError) or isinstance(e, RankLostError) and 0 not in e.lost):
-            raise SystemExit(1) from None  # rank 0 lives, and says it
+            exit_after_rank_0(1)  # rank 0 lives, and says it
         raise SystemExit(f"rank {rank}: " * bool(rank) + error_text(e)) from None
     if not rank:
         _say_summary(summary)
