@@ -180,6 +180,39 @@ def test_without_a_compiler_the_reason_is_the_cause_not_its_header(tmp_path):
     assert one_line(RuntimeError(header)) == "RuntimeError: InvalidCxxCompiler: No working C++ compiler found in ..."
 
 
+@pytest.mark.slow  # (two processes that compile: the whole suite runs it)
+def test_a_kernel_left_cut_short_by_a_killed_build_is_built_again(monkeypatch, tmp_path):
+    """A run killed while inductor linked a kernel leaves the file empty or short, and inductor takes any file as
+    built: the next compile of that kernel failed to load it, in every later run, until the file was found."""
+    import os
+    import subprocess
+    import sys
+
+    from filelock import FileLock
+
+    def probe() -> str:
+        said = subprocess.run([sys.executable, "-c", "from trainer.common.devices import compile_unavailable; "
+                               "print(compile_unavailable('cpu'))"], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
+        assert said.returncode == 0, said.stderr[-2000:]
+        return said.stdout.strip()
+
+    assert probe() == "None"
+    kernel = next(tmp_path.glob("*/*.main.so"))  # the probe's addition
+    whole = kernel.read_bytes()
+    others = {p: p.read_bytes() for p in tmp_path.glob("*/*.so") if p != kernel}  # whole: kept
+    for cut in (0, len(whole) // 2):
+        kernel.write_bytes(whole[:cut])
+        assert probe() == "None"  # built again, not loaded cut short
+        assert kernel.read_bytes()[:4] == b"\x7fELF" and kernel.stat().st_size == len(whole)
+    from trainer.common.devices import remove_broken_builds
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    kernel.write_bytes(b"")
+    with FileLock(tmp_path / "locks" / f"{kernel.name.split('.')[0]}.lock"):  # being built by another process now
+        assert remove_broken_builds() == [] and kernel.exists()  # its builder's to finish
+    assert remove_broken_builds() == [kernel] and others == {p: p.read_bytes() for p in tmp_path.glob("*/*.so")}
+
+
 def test_a_compile_typo_gets_a_did_you_mean(capsys):
     with pytest.raises(SystemExit) as refused:
         parse_args(["--compile", "of"])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import struct
+from pathlib import Path
 
 import torch
 
@@ -40,8 +42,53 @@ def compile_unavailable(device: str) -> str | None:
     A probe compiles one addition: inductor needs a C++ compiler and Python's headers for the
     CPU and Triton for CUDA, and only a real build says whether they are there and work.
     """
+    remove_broken_builds()
     try:
         torch.compile(_add_one, fullgraph=True, dynamic=False)(torch.zeros(2, device=device))
     except Exception as e:  # noqa: BLE001 (any failure means: act eagerly, or refuse --compile on)
         return one_line(e)
     return None
+
+
+def _whole_elf(path: Path) -> bool:
+    """Whether the shared object at ``path`` is whole: an ELF file as long as its header says (the linker writes the
+    section headers last, so a build cut short is shorter than that)."""
+    try:
+        with path.open("rb") as f:
+            header = f.read(64)
+            size = f.seek(0, 2)
+    except OSError:
+        return True  # gone, or not ours to judge
+    if len(header) < 64 or header[:4] != b"\x7fELF":
+        return False  # empty, cut short, or not what a linker writes
+    if header[4] != 2:
+        return True  # not a 64-bit ELF file, which is all inductor builds: left as it is
+    end = "<" if header[5] == 1 else ">"
+    (section_headers,), (entry_size, entries) = struct.unpack_from(end + "Q", header, 40), struct.unpack_from(
+        end + "HH", header, 58)
+    return size >= section_headers + entry_size * entries
+
+
+def remove_broken_builds() -> list[Path]:
+    """Delete the kernels in inductor's on-disk cache that a build stopped midway left empty or cut short (a run
+    killed while it compiled): inductor takes any file there as built, and every later compile of that kernel
+    would fail to load it ("file too short"). A kernel being built now (its lock held) is left alone; the paths
+    removed are returned."""
+    try:
+        from filelock import FileLock, Timeout
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError:  # another torch: nothing known to clean
+        return []
+    root, removed = Path(cache_dir()), []
+    for built in root.glob("*/*.so"):
+        if _whole_elf(built):
+            continue
+        key = built.name.split(".")[0]  # inductor builds <key>[.main].so under locks/<key>.lock
+        try:
+            with FileLock(root / "locks" / f"{key}.lock", timeout=0):
+                if not _whole_elf(built):
+                    built.unlink(missing_ok=True)
+                    removed.append(built)
+        except Timeout:
+            continue  # being built by another process
+    return removed
