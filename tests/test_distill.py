@@ -90,24 +90,39 @@ def test_a_distillation_that_scores_lower_on_validation_is_not_kept(small_run, m
 
 
 @pytest.mark.slow  # trains, distils (twice), resumes
-def test_the_command_rewrites_the_newest_checkpoint_keeping_what_it_replaced(small_run, tmp_path, capsys):
+def test_the_command_rewrites_the_newest_checkpoint_keeping_what_it_replaced(small_run, tmp_path, monkeypatch,
+                                                                             capsys):
     run = tmp_path / "run"
     shutil.copytree(small_run, run)
     source = checkpoints.checkpoint_files(run)[0]
     old = checkpoints.load(source)
+    scores = iter([[{"reward_per_step": 0.5}] * 4, [{"reward_per_step": 0.6}] * 4])  # before, after: kept
+    monkeypatch.setattr(distill, "validation_score", lambda *a, **k: next(scores))
     distill_command.main([str(run), "--episodes", "2", "--validation-episodes", "4", "--epochs", "2", "--lr", "0.01"])
     said = printed_lines(capsys.readouterr().out)
-    assert "agreement" in said["distilled"]
+    assert "agreement" in said["distilled"] and "not kept" not in said["distilled"]
     new = checkpoints.load(source)
-    kept = "not kept" not in said["distilled"]
-    assert [k["settings"]["seed"] for k in new.get("distilled", [])] == [0] * kept  # the first round: seed 0
-    assert len(new.get("distilled", [])) == int(kept)
-    if kept:
-        assert all(torch.equal(new["undistilled_model"][k], v) for k, v in old["model"].items())
-        assert not all(torch.equal(new["model"][k], v) for k, v in old["model"].items())
-        assert new["iteration"] == old["iteration"] and new["optimizer"].keys() == old["optimizer"].keys()
-        train(parse_args(["--resume", str(run), "--total-steps", "192"]).config, resume=str(run), progress=False)
-        assert checkpoints.load(checkpoints.checkpoint_files(run)[0])["env_steps"] == 192  # it trains on
+    assert [k["settings"]["seed"] for k in new["distilled"]] == [0]  # the first round: seed 0
+    assert new["distilled"][0]["validation_difference"] == pytest.approx(0.1)
+    assert all(torch.equal(new["undistilled_model"][k], v) for k, v in old["model"].items())
+    assert not all(torch.equal(new["model"][k], v) for k, v in old["model"].items())
+    assert new["iteration"] == old["iteration"] and new["optimizer"].keys() == old["optimizer"].keys()
+    from trainer.ppo.export import export
+    card = export(run, ["torchscript"], out=tmp_path / "export")
+    assert card["checkpoint"]["distilled"] == new["distilled"]  # what is shipped says it was distilled
+    train(parse_args(["--resume", str(run), "--total-steps", "192"]).config, resume=str(run), progress=False)
+    assert checkpoints.load(checkpoints.checkpoint_files(run)[0])["env_steps"] == 192  # it trains on
+
+
+def test_a_round_not_kept_leaves_the_checkpoint_as_it_was(small_run, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    before = checkpoints.checkpoint_files(run)[0].read_bytes()
+    scores = iter([[{"reward_per_step": 0.5}] * 4, [{"reward_per_step": 0.4}] * 4])  # before, after: lower
+    monkeypatch.setattr(distill, "validation_score", lambda *a, **k: next(scores))
+    distill_command.main([str(run), "--episodes", "2", "--validation-episodes", "4", "--epochs", "1"])
+    assert "not kept" in printed_lines(capsys.readouterr().out)["distilled"]
+    assert [p.read_bytes() for p in checkpoints.checkpoint_files(run)] == [before]
 
 
 def test_which_finished_runs_are_distilled():

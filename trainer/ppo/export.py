@@ -354,7 +354,8 @@ def _staged_card(stage: Path, model: ActorCritic | SetActorCritic, policy: Expor
         "env": env_card,
         "training": cfg.to_dict(),
         "checkpoint": {"path": str(source.resolve()), "iteration": state["iteration"],
-                       "env_steps": state["env_steps"], "version": state.get("version")},
+                       "env_steps": state["env_steps"], "version": state.get("version"),
+                       "distilled": state.get("distilled", [])},  # trainer.distill's rounds, on these weights
         "evaluation": evaluation,
         "verification": {"seed": seed, "atol": atol, "observations": len(obs),
                          "edge_bound": EDGE_BOUND},
