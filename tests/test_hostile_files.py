@@ -184,7 +184,7 @@ def sweep(folder: Path, *extra: str) -> tuple[int, str, float]:
                    *TINY, "--total-steps", "32")
 
 
-@pytest.mark.parametrize("damage", ["emptied", "deleted"])
+@pytest.mark.parametrize("damage", ["emptied", pytest.param("deleted", marks=pytest.mark.slow)])  # (12 s each)
 def test_a_sweep_whose_study_lost_its_trials_is_refused(tmp_path, damage):
     """An emptied or deleted ``study.db`` turned a finished sweep into failed trials run over the old ones; now the
     same command, and ``--report``, are refused in one line naming the folder and the study, and nothing changes."""
@@ -253,7 +253,7 @@ def test_a_wrong_torchrun_environment_is_one_line(tmp_path, environment, named):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("rank", ["0", "1"])
+@pytest.mark.parametrize("rank", ["0", pytest.param("1", marks=pytest.mark.slow)])  # (a worker timeout each)
 def test_a_failed_rendezvous_is_one_line_within_the_worker_timeout(tmp_path, rank):
     """Rank 0 alone (its peer never comes) or rank 1 alone (no rank 0 at the address): one line naming the
     variables, once ``--worker-timeout`` has passed, without torch's C++ retry lines."""
