@@ -501,6 +501,7 @@ def test_stop_signals_while_a_finished_run_exits_leave_its_exit_status_0(tmp_pat
     assert sent > 0 and process.returncode == 0 and "Traceback" not in err, (sent, process.returncode, err[-2000:])
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_one_episode_has_no_interval_and_its_json_is_still_json(tmp_path, capsys):
     """A single episode gives no confidence interval: ``null`` in the JSON (NaN is not JSON: ``jq`` refuses it),
     nothing after the mean in the table."""

@@ -134,6 +134,7 @@ def test_cuda_graphs_on_a_cpu_learner_is_refused_naming_the_fix():
         run_layout(TrainConfig.from_dict(dict(device="cpu", cuda_graphs=True)), Machine(cores=2))
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_cuda_graphs_on_the_command_line_without_a_gpu_is_one_line(tmp_path):
     run = subprocess.run([sys.executable, "-m", "trainer.train", "--device", "cpu", "--cuda-graphs", "true",
                           "--total-steps", "1024", "--run-dir", str(tmp_path / "r")],

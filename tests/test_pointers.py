@@ -114,6 +114,7 @@ def test_links_planted_where_outputs_go_lead_nothing_out_of_the_run(two_runs, tm
     assert hashes(victim) == before
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_resume_follows_no_pointer_out_of_the_run(attacked):
     """The resume took the other run's state (iteration 4) and went on from it: rows 1, 2, then 5, 6."""
     victim, run_dir, before = attacked
@@ -186,6 +187,7 @@ def test_setting_aside_twice_keeps_both_copies(tmp_path):
     assert kept.items() <= hashes(tmp_path, "*.orphaned").items()
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_two_rollbacks_to_the_same_checkpoint_keep_every_copy_set_aside(tmp_path):
     """``--resume RUN/checkpoints/ckpt_1.pt`` twice: the second set iterations 2 and 3 aside over the first's."""
     run_dir = tmp_path / "run"

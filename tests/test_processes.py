@@ -368,6 +368,7 @@ def test_the_start_method_reaches_a_collector_and_its_collecting_process_through
     assert not mp.active_children()
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_a_run_spawns_its_workers_with_start_method_spawn_and_a_resume_may_change_it(tmp_path, capsys):
     """The command line: ``start_method = "spawn"`` (a key of the ``--config`` file) is in the layout line and the
     stored layout; how processes start changes no number, so a resume may change it (and stores the change)."""

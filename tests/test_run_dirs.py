@@ -394,6 +394,7 @@ def test_resuming_a_finished_run_says_so(two_iterations, capsys):
     names(capsys.readouterr().err, "--total-steps")  # how to make it do more
 
 
+@pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)
 def test_a_stop_signal_after_the_run_finished_is_ignored(tmp_path, capsys):
     import signal
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
