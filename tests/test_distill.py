@@ -110,8 +110,9 @@ def test_the_command_rewrites_the_newest_checkpoint_keeping_what_it_replaced(sma
     from trainer.ppo.export import export
     card = export(run, ["torchscript"], out=tmp_path / "export")
     assert card["checkpoint"]["distilled"] == new["distilled"]  # what is shipped says it was distilled
-    train(parse_args(["--resume", str(run), "--total-steps", "192"]).config, resume=str(run), progress=False)
-    assert checkpoints.load(checkpoints.checkpoint_files(run)[0])["env_steps"] == 192  # it trains on
+    train_main(["--resume", str(run), "--total-steps", "192"])  # as a user resumes it
+    resumed = checkpoints.load(checkpoints.checkpoint_files(run)[0])
+    assert resumed["env_steps"] == 192 and "distilled" not in resumed  # it trains on; the record stays where written
 
 
 def test_a_round_not_kept_leaves_the_checkpoint_as_it_was(small_run, tmp_path, monkeypatch, capsys):
