@@ -64,8 +64,8 @@ def _whole_elf(path: Path) -> bool:
     if header[4] != 2:
         return True  # not a 64-bit ELF file, which is all inductor builds: left as it is
     end = "<" if header[5] == 1 else ">"
-    (section_headers,), (entry_size, entries) = struct.unpack_from(end + "Q", header, 40), struct.unpack_from(
-        end + "HH", header, 58)
+    (section_headers,) = struct.unpack_from(end + "Q", header, 40)  # e_shoff: where the section headers start
+    entry_size, entries = struct.unpack_from(end + "HH", header, 58)  # e_shentsize, e_shnum
     return size >= section_headers + entry_size * entries
 
 
