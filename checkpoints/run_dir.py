@@ -1,4 +1,10 @@
-"""A run directory's checkpoints (``checkpoints/ckpt_<iteration>.pt``, retention, a ``latest`` pointer) and its lock."""
+"""A run directory's checkpoints (``checkpoints/ckpt_<iteration>.pt``, retention, a ``latest`` pointer) and its lock.
+
+A checkpoint file is never rewritten. New weights for an iteration already saved (a distillation round of the
+finished run's policy) are the next file of that iteration, ``ckpt_<iteration>_<revision>.pt``: the files are
+ordered by ``(iteration, revision)`` (:func:`checkpoint_order`), so that file is the run's newest, and the one before
+it stays as it was.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ except ImportError:  # Windows
 from checkpoints.files import POINTER_BYTES, read_small_file, write_whole
 from checkpoints.store import CheckpointError, load, save
 
-_NAME = re.compile(r"ckpt_(\d+)\.pt$")
+_NAME = re.compile(r"ckpt_(\d+)(?:_(\d+))?\.pt$")
 LATEST = "latest"
 BEST = "best"
 LOCK = "lock"
@@ -106,22 +112,33 @@ def best_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return best_or_why_not(run_dir)[0]
 
 
-def save_in_run_dir(run_dir: str | os.PathLike, state: dict[str, Any], iteration: int, keep: int) -> Path:
-    """Save ``state`` as iteration ``iteration``, point ``latest`` at it, keep the newest ``keep`` files.
+def save_in_run_dir(run_dir: str | os.PathLike, state: dict[str, Any], iteration: int, keep: int,
+                    revision: int = 0) -> Path:
+    """Save ``state`` as iteration ``iteration`` (its ``revision``-th file: :func:`checkpoint_name`), point ``latest``
+    at it, keep the newest ``keep`` files.
 
-    The pointer moves only after the new file is complete, so it never names a partial file,
-    and older files are deleted only after that.
+    The pointer moves only after the new file is complete, so it never names a partial file, and older files are
+    deleted only after that; retention never deletes the file just written nor the one ``best`` names.
     """
     if keep < 1:
         raise ValueError(f"keep={keep} is invalid: must be >= 1")
     directory = Path(run_dir) / "checkpoints"
-    path = save(directory / f"ckpt_{iteration:08d}.pt", state)
+    path = save(directory / checkpoint_name(iteration, revision), state)
     _write_pointer(directory, path.name)
-    best = best_checkpoint(run_dir)
+    kept = {path, best_checkpoint(run_dir)}
     for old in checkpoint_files(run_dir)[keep:]:
-        if old != best:
+        if old not in kept:
             old.unlink(missing_ok=True)
     return path
+
+
+def checkpoint_name(iteration: int, revision: int = 0) -> str:
+    """The file name of iteration ``iteration``'s checkpoint, or of its ``revision``-th new weights (>= 1).
+
+    >>> checkpoint_name(16), checkpoint_name(16, 2)
+    ('ckpt_00000016.pt', 'ckpt_00000016_2.pt')
+    """
+    return f"ckpt_{iteration:08d}" + (f"_{revision}" if revision else "") + ".pt"
 
 
 def remove_partial_saves(run_dir: str | os.PathLike) -> list[Path]:
@@ -140,12 +157,28 @@ def checkpoint_files(run_dir: str | os.PathLike) -> list[Path]:
     path = Path(run_dir)
     directory = _checkpoint_dir(path)
     files = [p for p in directory.glob("ckpt_*.pt") if _NAME.search(p.name)]
-    return sorted(files, key=checkpoint_iteration, reverse=True)
+    return sorted(files, key=checkpoint_order, reverse=True)
 
 
 def checkpoint_iteration(path: Path) -> int:
     """The iteration a checkpoint file holds, from its name."""
-    return int(_NAME.search(path.name).group(1))
+    return checkpoint_order(path)[0]
+
+
+def checkpoint_order(path: Path) -> tuple[int, int]:
+    """Where a checkpoint file stands in its run, from its name: ``(iteration, revision)``, newer is larger.
+
+    >>> checkpoint_order(Path("ckpt_00000016.pt")), checkpoint_order(Path("ckpt_00000016_1.pt"))
+    ((16, 0), (16, 1))
+    """
+    iteration, revision = _NAME.search(path.name).groups()
+    return int(iteration), int(revision or 0)
+
+
+def revision_of(path: Path) -> int:
+    """The revision a checkpoint file's name says (:func:`checkpoint_order`); 0 for a name of another form (a
+    checkpoint file passed by a name of the user's)."""
+    return checkpoint_order(path)[1] if _NAME.search(path.name) else 0
 
 
 def run_dir_of(checkpoint: str | os.PathLike) -> Path:
@@ -156,20 +189,22 @@ def run_dir_of(checkpoint: str | os.PathLike) -> Path:
     return path.parent.parent if path.parent.name == "checkpoints" else path.parent
 
 
-def set_aside_newer(run_dir: str | os.PathLike, iteration: int) -> list[Path]:
-    """Rename checkpoints newer than ``iteration`` to ``*.orphaned`` names no file has (``ckpt_N.pt.orphaned``,
-    else ``ckpt_N.pt.2.orphaned``, ...: what an earlier rollback set aside is never replaced); returns the new
-    names. The pointers stay true to the files: a ``latest`` that named a set-aside file (or none of the run's)
-    names the newest checkpoint left (or is removed when none is left), and a ``best`` that named one is dropped.
+def set_aside_newer(run_dir: str | os.PathLike, iteration: int, revision: int = 0) -> list[Path]:
+    """Rename checkpoints newer than ``(iteration, revision)`` (:func:`checkpoint_order`) to ``*.orphaned`` names no
+    file has (``ckpt_N.pt.orphaned``, else ``ckpt_N.pt.2.orphaned``, ...: what an earlier rollback set aside is never
+    replaced); returns the new names. The pointers stay true to the files: a ``latest`` that named a set-aside file
+    (or none of the run's) names the newest checkpoint left (or is removed when none is left), and a ``best`` that
+    named one is dropped.
     Only for the holder of the run directory's lock (:class:`RunDirLock`): nobody else renames its files.
 
     Resuming from an older checkpoint (or past a corrupted newer one) starts a new future:
     the newer files would otherwise win retention and the newest-first order over it.
     """
+    order = (iteration, revision)
     moved = []
     best = best_checkpoint(run_dir)
     for f in checkpoint_files(run_dir):
-        if checkpoint_iteration(f) > iteration:
+        if checkpoint_order(f) > order:
             target = _set_aside_name(f)
             os.replace(f, target)
             moved.append(target)
@@ -182,7 +217,7 @@ def set_aside_newer(run_dir: str | os.PathLike, iteration: int) -> list[Path]:
             _write_pointer(directory, left[0].name)
         else:
             (directory / LATEST).unlink()
-    if best is not None and checkpoint_iteration(best) > iteration:  # a best from the abandoned future
+    if best is not None and checkpoint_order(best) > order:  # a best from the abandoned future
         (directory / BEST).unlink(missing_ok=True)
     return moved
 
@@ -291,7 +326,7 @@ def lagging_latest(path: str | os.PathLike, loaded: Path) -> str:
     if path.is_file() and not (path.name == LATEST and _is_pointer(path)):  # a file named: a rollback, if older
         return ""
     named = _latest_pointer(loaded.parent)[0]
-    if named is None or not _NAME.search(named.name) or checkpoint_iteration(named) >= checkpoint_iteration(loaded):
+    if named is None or not _NAME.search(named.name) or checkpoint_order(named) >= checkpoint_order(loaded):
         return ""
     return (f"the run's latest pointer names {named.name}, but the newer {loaded.name} is complete and loads: the "
             f"pointer was not moved after that save (stopped between the two), so {loaded.name} holds the run's "

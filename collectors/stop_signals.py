@@ -63,6 +63,40 @@ def _hold(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Hold stop signals back for a block that must happen whole (a checkpoint and its pointers written): in the
+    main thread, where Python runs every handler, the handlers are replaced meanwhile by one that only notes the
+    signal; when the block ends, each signal noted is delivered to the handler it would have met (which may raise
+    there, once the block is done). Elsewhere, nothing is held.
+
+    Example:
+        >>> import os, signal
+        >>> try:
+        ...     with stop_signals_held():
+        ...         os.kill(os.getpid(), signal.SIGINT)  # noted, not raised, inside the block
+        ...         print("whole")
+        ... except KeyboardInterrupt:
+        ...     print("then stopped")
+        whole
+        then stopped
+    """
+    handlers: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {s: signal.signal(s, _hold) for s in STOP_SIGNALS
+                    if signal.getsignal(s) not in (signal.SIG_IGN, None)}  # (None: a C handler, not ours to swap)
+    caught_before = len(_held)
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        caught = list(dict.fromkeys(_held[caught_before:]))
+        del _held[caught_before:]
+        for signum in caught:  # to the handler it would have met (an outer block's _hold notes it again)
+            signal.raise_signal(signum)
+
+
+@contextlib.contextmanager
 def stop_signals_blocked() -> Iterator[None]:
     """Hold stop signals back while starting a process: the parent is not cut off mid-way through
     sending it its start-up data, and the child inherits the blocked mask until it ignores them
@@ -72,7 +106,7 @@ def stop_signals_blocked() -> Iterator[None]:
     Blocking them in this thread is not enough where the process has other threads (torch's, started with
     them unblocked): the kernel gives the signal to one of those, and Python runs its handler here all the
     same. In the main thread, the handlers are therefore replaced meanwhile by one that only notes the
-    signal (:func:`held_back` says whether one came).
+    signal (:func:`stop_signals_held`; :func:`held_back` says whether one came).
     """
     if not hasattr(signal, "pthread_sigmask"):  # Windows: nothing to hold back
         yield
@@ -82,22 +116,12 @@ def stop_signals_blocked() -> Iterator[None]:
     from multiprocessing import resource_tracker
 
     resource_tracker.ensure_running()
-    handlers: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        handlers = {s: signal.signal(s, _hold) for s in STOP_SIGNALS
-                    if signal.getsignal(s) not in (signal.SIG_IGN, None)}  # (None: a C handler, not ours to swap)
-    caught_before = len(_held)
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a signal pending in this thread meets _hold here
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-        caught = list(dict.fromkeys(_held[caught_before:]))
-        del _held[caught_before:]
-        for signum in caught:  # to the handler it would have met (an outer block's _hold notes it again)
-            signal.raise_signal(signum)
+    with stop_signals_held():
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a signal pending in this thread meets _hold here
 
 
 def held_back() -> bool:

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("envs", "collectors", "trainer", "checkpoints", "benchmarks")
 LIBRARIES = ("envs", "collectors", "trainer", "checkpoints")  # what the command lines and benchmarks build on
 COMMAND_LINES = {"trainer.train", "trainer.evaluate", "trainer.export", "trainer.batching", "trainer.compare",
-                 "trainer.sweep"}
+                 "trainer.sweep", "trainer.distill"}
 
 
 def modules() -> dict[str, Path]:

@@ -1,10 +1,13 @@
-"""Distilling the causal ceiling into a trained policy (``trainer.ppo.distill``, ``python -m trainer.distill``,
+"""Distilling the causal ceiling into a trained policy (``trainer.ppo.distillation``, ``python -m trainer.distill``,
 ``--distill-episodes``): the states labelled are the policy's own, the fine-tuning moves the actor toward the
-expert's levels and nothing else, a distillation that scores lower on validation is not kept, the checkpoint keeps
-what it replaced, and bad runs are one line."""
+expert's levels and nothing else, a distillation that scores lower on validation is not kept, a round kept is the
+run's next checkpoint (the one before stays as it was), and bad runs are one line."""
 
 import functools
+import os
 import shutil
+import signal
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -20,7 +23,7 @@ from trainer.config import TrainConfig
 from trainer.evaluation.episodes import distillation_seeds, evaluation_seeds, run_episodes, validation_seeds
 from trainer.evaluation.policies import trained_model
 from trainer.flags import parse_args
-from trainer.ppo import distill
+from trainer.ppo import distillation as distill
 from trainer.train import main as train_main
 from trainer.train import train
 
@@ -89,30 +92,34 @@ def test_a_distillation_that_scores_lower_on_validation_is_not_kept(small_run, m
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
-@pytest.mark.slow  # trains, distils (twice), resumes
-def test_the_command_rewrites_the_newest_checkpoint_keeping_what_it_replaced(small_run, tmp_path, monkeypatch,
-                                                                             capsys):
+@pytest.mark.slow  # trains, distils, resumes
+def test_a_round_kept_is_the_runs_next_checkpoint_and_the_one_before_stays(small_run, tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     shutil.copytree(small_run, run)
     source = checkpoints.checkpoint_files(run)[0]
-    old = checkpoints.load(source)
+    before, old = source.read_bytes(), checkpoints.load(source)
     scores = iter([[{"reward_per_step": 0.5}] * 4, [{"reward_per_step": 0.6}] * 4])  # before, after: kept
     monkeypatch.setattr(distill, "validation_score", lambda *a, **k: next(scores))
     distill_command.main([str(run), "--episodes", "2", "--validation-episodes", "4", "--epochs", "2", "--lr", "0.01"])
     said = printed_lines(capsys.readouterr().out)
     assert "agreement" in said["distilled"] and "not kept" not in said["distilled"]
-    new = checkpoints.load(source)
+    newest = checkpoints.checkpoint_files(run)[0]
+    assert said["checkpoint"] == str(newest.resolve()) and newest != source
+    assert (run / "checkpoints" / "latest").read_text().strip() == newest.name
+    assert source.read_bytes() == before  # the undistilled weights stay, as they were, the checkpoint before
+    new = checkpoints.load(newest)
     assert [k["settings"]["seed"] for k in new["distilled"]] == [0]  # the first round: seed 0
     assert new["distilled"][0]["validation_difference"] == pytest.approx(0.1)
-    assert all(torch.equal(new["undistilled_model"][k], v) for k, v in old["model"].items())
+    assert new["distilled"][0]["from"] == source.name and "undistilled_model" not in new  # no second copy
     assert not all(torch.equal(new["model"][k], v) for k, v in old["model"].items())
-    assert new["iteration"] == old["iteration"] and new["optimizer"].keys() == old["optimizer"].keys()
+    assert new["iteration"] == old["iteration"] and new["env_steps"] == old["env_steps"]
+    assert new["optimizer"].keys() == old["optimizer"].keys()
     from trainer.ppo.export import export
     card = export(run, ["torchscript"], out=tmp_path / "export")
     assert card["checkpoint"]["distilled"] == new["distilled"]  # what is shipped says it was distilled
     train_main(["--resume", str(run), "--total-steps", "192"])  # as a user resumes it
     resumed = checkpoints.load(checkpoints.checkpoint_files(run)[0])
-    assert resumed["env_steps"] == 192 and "distilled" not in resumed  # it trains on; the record stays where written
+    assert resumed["env_steps"] == 192 and resumed["distilled"] == new["distilled"]  # the record goes on with it
 
 
 def test_a_round_not_kept_leaves_the_checkpoint_as_it_was(small_run, tmp_path, monkeypatch, capsys):
@@ -128,22 +135,22 @@ def test_a_round_not_kept_leaves_the_checkpoint_as_it_was(small_run, tmp_path, m
 
 def test_which_finished_runs_are_distilled():
     vr_edge, no = TrainConfig().to_dict(), (0, 0)
-    assert distill_command.asks_for_distillation(vr_edge) == (64, 1)  # the defaults: make train
-    assert distill_command.asks_for_distillation({**vr_edge, "distill_rounds": 2}) == (64, 2)
-    assert distill_command.asks_for_distillation({**vr_edge, "total_steps": 999_999}) == no  # a short run
-    assert distill_command.asks_for_distillation({**vr_edge, "distill_episodes": 0}) == no  # turned off
-    assert distill_command.asks_for_distillation({k: v for k, v in vr_edge.items() if k != "distill_episodes"}) == no
-    assert distill_command.asks_for_distillation({**vr_edge, "env": "CartPole-v1", "env_kwargs": ""}) == no
-    assert distill_command.asks_for_distillation({**vr_edge, "env_kwargs": "capacity_trace=pensieve"}) == no
+    assert distill.rounds_asked(vr_edge) == (64, 1)  # the defaults: make train
+    assert distill.rounds_asked({**vr_edge, "distill_rounds": 2}) == (64, 2)
+    assert distill.rounds_asked({**vr_edge, "total_steps": 999_999}) == no  # a short run
+    assert distill.rounds_asked({**vr_edge, "distill_episodes": 0}) == no  # turned off
+    assert distill.rounds_asked({k: v for k, v in vr_edge.items() if k != "distill_episodes"}) == no
+    assert distill.rounds_asked({**vr_edge, "env": "CartPole-v1", "env_kwargs": ""}) == no
+    assert distill.rounds_asked({**vr_edge, "env_kwargs": "capacity_trace=pensieve"}) == no
     apex = TrainConfig.from_dict({"algo": "apex", "total_steps": 3_000_000}).to_dict()
-    assert distill_command.asks_for_distillation(apex) == no
+    assert distill.rounds_asked(apex) == no
 
 
 @pytest.mark.slow  # trains, distils (twice), resumes
 def test_a_finished_run_that_asks_is_distilled_and_says_so(tmp_path, capsys, monkeypatch):
     run, config = tmp_path / "run", tmp_path / "distil.toml"
     config.write_text("distill_episodes = 2\ndistill_rounds = 2\n")
-    monkeypatch.setattr(distill_command, "DISTILL_AFTER_STEPS", 64)  # (a test run: as long as a real one)
+    monkeypatch.setattr(distill, "DISTILL_AFTER_STEPS", 64)  # (a test run: as long as a real one)
     train_main(["--num-envs", "4", "--num-steps", "16", "--total-steps", "64", "--env-kwargs", SMALL_FLAG,
                 "--eval-episodes", "4", "--config", str(config), "--threads", "1", "--device", "cpu",
                 "--run-dir", str(run)])
@@ -156,6 +163,30 @@ def test_a_finished_run_that_asks_is_distilled_and_says_so(tmp_path, capsys, mon
     kept = newest.get("distilled", [])
     assert len(kept) == sum("not kept" not in line for line in rounds)
     assert [k["settings"]["seed"] for k in kept] == [r for r, line in enumerate(rounds) if "not kept" not in line]
+    files = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    train_main(["--resume", str(run)])  # nothing to train: nothing distilled, no file changed
+    out = capsys.readouterr().out
+    assert "distilled" not in printed_lines(out) and "quality" in printed_lines(out)
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == files
+    train_main(["--resume", str(run), "--total-steps", "128"])  # a resume that trains ends as the run did
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("distilled:")] and "quality" in printed_lines(out)
+
+
+@pytest.mark.slow  # trains two seeds, distils each
+def test_each_seed_of_a_seeds_run_ends_as_a_run_does(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(distill, "DISTILL_AFTER_STEPS", 64)
+    config = tmp_path / "distil.toml"
+    config.write_text("distill_episodes = 1\n")
+    with pytest.raises(SystemExit) as ended:
+        train_main(["--seeds", "1-2", "--num-envs", "4", "--num-steps", "16", "--total-steps", "64", "--env-kwargs",
+                    SMALL_FLAG, "--eval-episodes", "2", "--config", str(config), "--threads", "1", "--device", "cpu",
+                    "--run-dir", str(tmp_path / "seeds")])
+    err = capsys.readouterr().err.splitlines()
+    assert ended.value.code == 0
+    for seed in (1, 2):  # each seed's rounds, the checkpoint it ends with, how good it is
+        for label in ("distilled", "checkpoint", "quality"):
+            assert any(line.startswith(f"seed {seed}: {label}: ") for line in err), (seed, label, err)
 
 
 def test_runs_that_cannot_be_distilled_are_one_line(tmp_path, capsys):
@@ -197,3 +228,120 @@ def test_the_runs_checkpoints_folder_stands_for_the_run_and_a_file_or_an_empty_r
     (tmp_path / "empty").mkdir()
     with exits(2, "empty", "train", capsys=capsys):
         distill_command.main([str(tmp_path / "empty")])
+
+
+def _round_kept(monkeypatch) -> None:
+    """Every round scores higher on validation (so it is kept), whatever it learnt."""
+    scores = iter([[{"reward_per_step": 0.5}] * 4, [{"reward_per_step": 0.6}] * 4] * 10)
+    monkeypatch.setattr(distill, "validation_score", lambda *a, **k: next(scores))
+
+
+ROUND = ["--episodes", "1", "--validation-episodes", "4", "--epochs", "1"]
+
+
+@pytest.mark.slow  # trains, distils, resumes
+def test_a_torn_newest_checkpoint_is_set_aside_and_the_round_never_removes_the_runs_last_good_one(
+        tmp_path, monkeypatch, capsys):
+    """The issue's reproducer: with --keep-checkpoints 1 and the newest file torn, the round distils the good one,
+    sets the torn one aside as a resume does, and retention keeps what it wrote: the run resumes."""
+    run = tmp_path / "k1"
+    train_main(["--num-envs", "4", "--num-steps", "16", "--total-steps", "128", "--env-kwargs", SMALL_FLAG,
+                "--eval-episodes", "0", "--threads", "1", "--device", "cpu", "--keep-checkpoints", "1",
+                "--run-dir", str(run)])
+    (good,) = checkpoints.checkpoint_files(run)
+    torn = good.with_name(checkpoints.checkpoint_name(checkpoints.checkpoint_iteration(good) + 1))
+    torn.write_bytes(good.read_bytes()[:20_000])
+    _round_kept(monkeypatch)
+    capsys.readouterr()
+    distill_command.main([str(run), *ROUND])
+    out, err = capsys.readouterr()
+    written = Path(printed_lines(out)["checkpoint"])
+    assert written.is_file() and checkpoints.checkpoint_files(run) == [written]  # kept 1: the round's
+    assert torn.name in err and torn.with_name(torn.name + ".orphaned").is_file()  # set aside, and said
+    assert checkpoints.latest_loadable(run)[0] == written
+    train_main(["--resume", str(run), "--total-steps", "192"])  # the run goes on from it
+    assert checkpoints.load(checkpoints.checkpoint_files(run)[0])["env_steps"] == 192
+
+
+def _stop_once_saved(monkeypatch) -> list[Path]:
+    """A SIGINT sent the moment a checkpoint save has put its file and pointer in place; the files saved."""
+    saved, save = [], checkpoints.save_in_run_dir
+
+    def save_then_stop(*args, **kwargs):
+        saved.append(save(*args, **kwargs))
+        os.kill(os.getpid(), signal.SIGINT)
+        return saved[-1]
+
+    monkeypatch.setattr(checkpoints, "save_in_run_dir", save_then_stop)
+    return saved
+
+
+def test_a_stop_as_the_round_is_saved_says_the_file_it_saved(small_run, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    _round_kept(monkeypatch)
+    saved = _stop_once_saved(monkeypatch)
+    with pytest.raises(SystemExit) as info:
+        distill_command.main([str(run), *ROUND])
+    err = capsys.readouterr().err
+    assert info.value.code == 130 and saved and str(saved[0].resolve()) in err and "nothing was written" not in err
+    assert checkpoints.latest_loadable(run)[0] == saved[0]  # what it said is what is on disk
+    assert not (run / "lock").exists()
+
+
+def test_a_stop_as_a_round_after_training_is_saved_says_the_file_it_saved(small_run, tmp_path, monkeypatch):
+    from trainer import interrupts
+
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    monkeypatch.setattr(interrupts, "_NOTED", [])  # (the signal is noted: not for the tests after this one)
+    monkeypatch.setattr(distill, "DISTILL_AFTER_STEPS", 64)
+    _round_kept(monkeypatch)
+    saved = _stop_once_saved(monkeypatch)
+    config = {**checkpoints.load(checkpoints.checkpoint_files(run)[0])["config"], "distill_episodes": 1,
+              "distill_rounds": 2}
+    said = []
+    distill.rounds_after_training(run, config, lambda label, line: said.append(line))
+    assert len(saved) == 1 and len(said) == 1  # the second round never started
+    assert saved[0].name in said[0] and "SIGINT" in said[0] and "nothing was written" not in said[0]
+    assert checkpoints.checkpoint_files(run)[0] == saved[0]
+
+
+def test_a_tampered_record_of_rounds_or_a_seed_torch_cannot_take_is_one_line(small_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    with exits(2, "--seed", capsys=capsys):
+        distill_command.main([str(run), "--seed", str(2**64)])  # at once, not after the labels
+    newest = checkpoints.checkpoint_files(run)[0]
+    for record in (7, torch.zeros(2)):
+        checkpoints.save(newest, {**checkpoints.load(newest), "distilled": record})
+        with exits(1, newest, "distilled"):
+            distill_command.main([str(run), *ROUND])
+        from trainer.ppo.export import export
+        with pytest.raises(checkpoints.CheckpointError, match="distilled"):
+            export(run, ["torchscript"], out=tmp_path / "export")
+
+
+@pytest.mark.slow  # trains, distils
+@pytest.mark.parametrize("better", [True, False])
+def test_a_round_becomes_best_where_it_scores_no_lower_than_best_on_its_validation_episodes(
+        tmp_path, monkeypatch, capsys, better):
+    from trainer.evaluation.validation import Validator
+
+    run = tmp_path / "run"
+    train(parse_args(["--num-envs", "4", "--num-steps", "16", "--total-steps", "128", "--env-kwargs", SMALL_FLAG,
+                      "--eval-every", "1", "--eval-episodes", "2", "--threads", "1", "--device", "cpu",
+                      "--run-dir", str(run)]).config, progress=False)
+    best = checkpoints.best_checkpoint(run)
+    assert best is not None
+    play, shift = Validator._play, 1000.0 if better else -1000.0
+    monkeypatch.setattr(Validator, "_play", lambda self, act: [{**r, "return": r["return"] + shift}
+                                                               for r in play(self, act)])
+    _round_kept(monkeypatch)
+    distill_command.main([str(run), *ROUND])
+    written = Path(printed_lines(capsys.readouterr().out)["checkpoint"])
+    assert checkpoints.best_checkpoint(run) == (written if better else best)
+    if better:  # what evaluates, exports and loads a run's policy takes it, with the score it was chosen on
+        from trainer.evaluation.policies import picked_checkpoint
+        assert picked_checkpoint(run, "best").source == written
+        assert checkpoints.best_info(run)["val_return"] > 500

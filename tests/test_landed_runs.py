@@ -18,9 +18,10 @@ from trainer.run_files import resume_state
 
 LANDED = Path(__file__).resolve().parent / "data" / "landed"
 # iterations each landed run holds, the --total-steps that makes it longer, and the iterations that makes
-RUNS = {"ppo-vredge": (4, 384, 6), "apex-cartpole": (10, 240, 15)}
-# the checkpoint trainer.evaluate plays: the PPO run's best (validation) and the Ape-X run's newest (it validated not)
-EVALUATED = {"ppo-vredge": "ckpt_00000002.pt", "apex-cartpole": "ckpt_00000010.pt"}
+RUNS = {"ppo-vredge": (4, 384, 6), "apex-cartpole": (10, 240, 15), "ppo-vredge-distilled": (4, 384, 6)}
+# the checkpoint trainer.evaluate plays: the PPO runs' best (validation) and the Ape-X run's newest (it validated not)
+EVALUATED = {"ppo-vredge": "ckpt_00000002.pt", "apex-cartpole": "ckpt_00000010.pt",
+             "ppo-vredge-distilled": "ckpt_00000004.pt"}
 
 
 def landed(name: str, tmp_path: Path) -> Path:
@@ -94,3 +95,29 @@ def test_a_stored_ray_async_is_read_as_keep_collecting(tmp_path):
     cfg, _, saved, _ = resume_state(str(run_dir), {})
     assert cfg.keep_collecting is True and saved["config"]["keep_collecting"] is True
     assert trainer.load_policy(source).config.keep_collecting is True
+
+
+@pytest.mark.slow  # (processes that distil, export and train)
+def test_a_run_distilled_in_place_before_checkpoints_were_never_rewritten_goes_on(tmp_path):
+    """A run whose newest checkpoint a distillation rewrote in place (with ``undistilled_model`` beside the
+    distilled weights, and its ``distilled`` record) exports with its record, takes a new round as a new file,
+    and its record is carried into the checkpoints a resume writes."""
+    run_dir = landed("ppo-vredge-distilled", tmp_path)
+    old = checkpoints.checkpoint_files(run_dir)[0]
+    before, state = old.read_bytes(), checkpoints.load(old)
+    assert "undistilled_model" in state and len(state["distilled"]) == 1
+    python(["-m", "trainer.export", "--checkpoint", str(run_dir), "--format", "torchscript", "--out",
+            str(tmp_path / "shipped")], tmp_path)
+    card = json.loads((tmp_path / "shipped" / "policy.json").read_text())
+    assert card["checkpoint"]["distilled"] == state["distilled"]
+    python(["-m", "trainer.distill", str(run_dir), "--episodes", "1", "--validation-episodes", "2", "--epochs", "1",
+            "--lr", "1e-9"], tmp_path)
+    assert old.read_bytes() == before  # never rewritten
+    newest = checkpoints.checkpoint_files(run_dir)[0]
+    if newest != old:  # the round was kept (it scored no lower): the record grows, seeded by the rounds before
+        assert newest.name == "ckpt_00000004_1.pt"
+        assert [r["settings"]["seed"] for r in checkpoints.load(newest)["distilled"]] == [0, 1]
+    record = checkpoints.load(newest)["distilled"]
+    python(["-m", "trainer.train", "--resume", str(run_dir), "--total-steps", "384"], tmp_path)
+    resumed = checkpoints.load(checkpoints.checkpoint_files(run_dir)[0])
+    assert resumed["iteration"] == 6 and resumed["distilled"] == record

@@ -10,7 +10,9 @@ An algorithm is a subclass of :class:`Algorithm`, found by its ``--algo`` name i
    :meth:`~Algorithm.collector_options`) and attached (:meth:`~Algorithm.attach`); when resuming, the
    checkpoint is restored (:meth:`~Algorithm.restore`);
 4. the loop calls :meth:`~Algorithm.iterate` (a rollout in, a metrics row out) until the run is done, and
-   takes a :meth:`~Algorithm.snapshot` after each completed iteration: the snapshot is what a checkpoint holds.
+   takes a :meth:`~Algorithm.snapshot` after each completed iteration: the snapshot is what a checkpoint holds;
+5. once a run has trained to its last iteration, :meth:`~Algorithm.after_training` (PPO: distillation rounds),
+   then the quality line: ``trainer.run_end``, the same for a run, each of ``--seeds`` and a resume that trains.
 
 A snapshot is a dict of CPU tensors and plain data (``torch.load(weights_only=True)`` reads it) with at least
 ``version``, ``config`` (``TrainConfig.to_dict()``), ``iteration``, ``env_steps`` and ``model`` (the state dict
@@ -22,7 +24,9 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # torch loads only once a run starts: --help and a bad command line answer before it
@@ -172,6 +176,13 @@ class Algorithm(AlgorithmSpec, ABC):
     def end_notes(self) -> list[str]:
         """Lines for the user when the run has finished."""
         return []
+
+    @classmethod
+    def after_training(cls, run_dir: Path, config: dict[str, Any], say: Callable[[str, str], None]) -> None:
+        """What a run of ``config`` (``TrainConfig.to_dict()``) does once it has trained to its last iteration,
+        before its quality line: more work on the policy saved in ``run_dir`` (PPO: distillation rounds), each change
+        of weights a new checkpoint (``checkpoints.save_in_run_dir``), ``say(label, line)`` as it goes. A stop signal
+        may skip it (``trainer.interrupts.skippable``). Nothing by default."""
 
     def longer_total_steps(self) -> int:
         """The ``--total-steps`` that the finished run's "train longer" command names: twice the steps so far."""

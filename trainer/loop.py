@@ -222,7 +222,8 @@ def _claimed_run_dir(stack: contextlib.ExitStack, run: _Run, overwrite: bool) ->
         notes.append(f"removed {counted(len(partial), 'partial checkpoint file')} of a save that never finished "
                      f"({', '.join(p.name for p in partial)})")
     if run.saved is not None and not run.nothing_to_do:
-        moved = checkpoints.set_aside_newer(run.run_dir, run.saved["iteration"])
+        revision = checkpoints.revision_of(run.source)
+        moved = checkpoints.set_aside_newer(run.run_dir, run.saved["iteration"], revision)
         if moved:  # named as they are now: each has a name of its own, never one set aside before
             notes.append(f"set aside {', '.join(p.name for p in moved)} in {moved[0].parent}: newer than the "
                          "checkpoint resumed from")
@@ -437,11 +438,13 @@ def _summary(run: _Run, checkpoint: Path | None) -> dict:
     --total-steps that trains it longer (whole iterations: the command it goes into says nothing of rounding)."""
     algorithm = run.algorithm
     longer = algorithm.longer_total_steps()
+    started_at = run.saved["iteration"] if run.saved else 0
     return {"run_dir": str(run.run_dir), "iterations": algorithm.iteration, "env_steps": algorithm.env_steps,
             "checkpoint": str(checkpoint) if checkpoint else None, **algorithm.summary(),
             "longer_total_steps": -(-longer // run.per_iteration) * run.per_iteration,
             "recent_return": float(np.mean(algorithm.recent)) if algorithm.recent else None,
-            "finished": algorithm.iteration >= run.iterations}
+            "finished": algorithm.iteration >= run.iterations, "trained": algorithm.iteration > started_at,
+            "config": run.cfg.to_dict()}
 
 
 def _write_config(run_dir: Path, cfg: TrainConfig, layout: dict, thread_plan: dict | None) -> None:

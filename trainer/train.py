@@ -36,7 +36,6 @@ from trainer.algorithm import NonFiniteLossError
 from trainer.arguments import command, counted, exit_after_rank_0
 from trainer.common.world import LeadFailedError, RankLostError, World, WorldEnvironmentError
 from trainer.config import named
-from trainer.interrupts import Skipped, skippable
 from trainer.loop import TrainingStopped, error_text, train, train_command
 
 __all__ = ["TrainingStopped", "main", "train", "train_command"]
@@ -137,21 +136,20 @@ def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
 
 
 def _say_summary(summary: dict) -> None:
-    """Where a finished (or stopped early) run's files are, on stdout, and the commands that go on from it."""
+    """Where a finished (or stopped early) run's files are, on stdout, its end (``trainer.run_end``: distillation,
+    the checkpoint it ends with, the quality line) and the commands that go on from it."""
+    from trainer.run_end import end_of_run
+
     run_dir = str(Path(summary["run_dir"]).resolve())
     print(f"run directory: {run_dir} ({counted(summary['iterations'], 'iteration')}, {summary['env_steps']:,} env "
           "steps)")
     print(f"metrics:       {run_dir}/metrics.jsonl")
     if summary["checkpoint"]:
-        checkpoint = str(Path(summary["checkpoint"]).resolve())
-        print(f"checkpoint:    {checkpoint}")
-        if summary["finished"]:
-            _say_distilled(run_dir)
-            _say_quality(run_dir, checkpoint)
+        checkpoint = end_of_run(summary, _say).resolve()
         # the run directory stands for its newest checkpoint: a resume with nothing to do from an older one
         # names that one, so that evaluating it or training it longer goes on from what was described
-        newest = checkpoints.checkpoint_files(run_dir)[:1] == [Path(checkpoint)]
-        target = run_dir if newest else checkpoint
+        newest = [p.resolve() for p in checkpoints.checkpoint_files(run_dir)[:1]] == [checkpoint]
+        target = run_dir if newest else str(checkpoint)
         print(f"evaluate:      {command('-m', 'trainer.evaluate', '--checkpoint', target)}")
         if not summary["finished"]:
             print(f"resume:        {train_command('--resume', target)}")
@@ -160,38 +158,9 @@ def _say_summary(summary: dict) -> None:
             print(f"train longer:  {train_command('--resume', target, '--total-steps', longer)}")
 
 
-def _say_distilled(run_dir: str) -> None:
-    """A finished VR-edge run of 1M+ steps distilled (``trainer.distill.after_training``: the causal ceiling
-    distilled into its policy, a line per round; a stop signal skips it)."""
-    from trainer.distill import after_training
-
-    for line in after_training(run_dir):
-        print(f"distilled:     {line}")
-
-
-def _say_quality(run_dir: str, checkpoint: str) -> None:
-    """One line of how good a finished run is: its best checkpoint's validation where it validated, else its final
-    policy on the validation episodes (none with ``--eval-episodes 0``; from the first moment, a stop signal skips
-    it: the run is saved)."""
-    try:
-        with skippable():
-            line = _quality(run_dir, checkpoint)
-    except Skipped as e:
-        line = f"not measured ({e}); the run is saved"
-    except Exception as e:  # an env that hangs (--worker-timeout) or fails there: the run is saved all the same
-        line = f"not measured: {error_text(e)}; the run is saved"
-    if line:
-        print(f"quality:       {line}")
-
-
-def _quality(run_dir: str, checkpoint: str) -> str:
-    from trainer.evaluation.policies import trained_model
-    from trainer.evaluation.validation import best_quality_line, final_validation, quality_line
-
-    model, cfg, _ = trained_model(checkpoint)
-    if cfg.eval_every and (best := checkpoints.best_info(run_dir)):
-        return best_quality_line(best, cfg.eval_episodes)
-    return quality_line(final_validation(cfg, model)) if cfg.eval_episodes else ""
+def _say(label: str, line: str) -> None:
+    """One labelled line of the run's end on stdout, aligned with the others."""
+    print(f"{label + ':':<15}{line}")
 
 
 if __name__ == "__main__":

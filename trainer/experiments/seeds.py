@@ -163,9 +163,9 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
     """Train (or resume) one seed's run; its exit status (:func:`train_seeds`'). ``alone``: the only job, its
     progress on the terminal; otherwise its output goes to the run's ``train.log`` and one line says what became
     of it."""
-    from trainer.distill import after_training
     from trainer.interrupts import noted_signals
     from trainer.loop import TrainingStopped, train  # (torch: once the command line is checked)
+    from trainer.run_end import end_of_run
 
     cfg = dataclasses.replace(cli.config, seed=run.seed, run_dir=str(run.run_dir))
     resume = str(run.run_dir) if run.done else ""
@@ -188,9 +188,9 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
         return 1
     say(f"seed {run.seed}: finished at iteration {summary['iterations']} ({summary['env_steps']:,} env steps)")
     noted = len(noted_signals())
-    for line in [] if summary["late_signal"] else after_training(run.run_dir):
-        say(f"seed {run.seed}: distilled: {line}")
-    if len(skipped_by := noted_signals()) > noted:  # a stop that skipped the distillation: no next seed
+    if not summary["late_signal"]:  # (a stop as it closed: nothing more of this seed, nor the next)
+        end_of_run(summary, lambda label, line: say(f"seed {run.seed}: {label}: {line}"))
+    if len(skipped_by := noted_signals()) > noted:  # a stop that skipped the seed's end: no next seed
         return 128 + skipped_by[-1]
     return 128 + summary["late_signal"] if summary["late_signal"] else 0  # a stop as it closed: no next seed
 

@@ -4,7 +4,9 @@ iteration (a rollout in, the model updated, a metrics row out)."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +23,7 @@ from trainer.common.world import World
 from trainer.config import TrainConfig
 from trainer.metrics import metrics_row, run_episodes_and_reward, steps_per_second
 from trainer.ppo.cuda_graph import CapturedStep
+from trainer.ppo.distillation import distilled_record, rounds_after_training
 from trainer.ppo.minibatches import MinibatchPlan, plan_minibatches, rank_minibatch_size
 from trainer.ppo.model import ActorCritic
 from trainer.ppo.optimizer import fused_adam, load_optimizer_state, set_learning_rate
@@ -86,6 +89,8 @@ class PPO(PPOSpec, Algorithm):
     lags: dict = field(default_factory=dict)  # policy lag -> number of rollouts
     recent: deque = field(default_factory=lambda: deque(maxlen=100))
     pipeline: Pipeline | None = None
+    # the distillation rounds kept on the weights (trainer.ppo.distillation), carried into every later checkpoint
+    distilled: list = field(default_factory=list)
 
     @classmethod
     def make_model(cls, cfg: TrainConfig) -> ActorCritic | SetActorCritic:
@@ -222,6 +227,7 @@ class PPO(PPOSpec, Algorithm):
             "optimizer": self.optimizer.state_dict(),
             "reward_scaler": self.scaler.state_dict() if self.scaler else None,
             "recent_returns": list(self.recent),
+            "distilled": self.distilled,
             "rng": {**capture_rng(), "acting": self.acting.generator.get_state()},
             **self._pipeline_state(),  # "collector" (and, with --overlap, "acting_model")
         })
@@ -242,6 +248,7 @@ class PPO(PPOSpec, Algorithm):
         if self.scaler is not None and state["reward_scaler"] is not None:
             self.scaler.load_state_dict(state["reward_scaler"])
         self.recent.extend(state["recent_returns"])
+        self.distilled = distilled_record(state, "the checkpoint resumed from")
         restore_rng(state["rng"])
         self.acting.generator.set_state(state["rng"]["acting"])
         if self.world.size > 1:  # this rank's envs of the run's
@@ -253,6 +260,12 @@ class PPO(PPOSpec, Algorithm):
     # ------------------------------------------------------------------ the end
     def summary(self) -> dict[str, Any]:
         return {"lags": dict(self.lags), "dropped": self.dropped}
+
+    @classmethod
+    def after_training(cls, run_dir: Path, config: dict[str, Any], say: Callable[[str, str], None]) -> None:
+        """The distillation rounds the run asks for (``distill_episodes``, ``distill_rounds``; a VR-edge cell of
+        1M+ steps: :func:`trainer.ppo.distillation.rounds_asked`), each kept one a new checkpoint."""
+        rounds_after_training(run_dir, config, say)
 
     def end_notes(self) -> list[str]:
         if not self.keep_collecting:

@@ -40,6 +40,7 @@ from trainer.evaluation.episodes import run_episodes
 from trainer.evaluation.policies import picked_checkpoint, policy_from_state
 from trainer.evaluation.report import check_writable
 from trainer.interrupts import StopSignals
+from trainer.ppo.distillation import distilled_record
 from trainer.ppo.model import ActorCritic
 from trainer.ppo.set_model import SetActorCritic, split_observations
 from trainer.registry import algorithm_class
@@ -355,7 +356,7 @@ def _staged_card(stage: Path, model: ActorCritic | SetActorCritic, policy: Expor
         "training": cfg.to_dict(),
         "checkpoint": {"path": str(source.resolve()), "iteration": state["iteration"],
                        "env_steps": state["env_steps"], "version": state.get("version"),
-                       "distilled": state.get("distilled", [])},  # trainer.distill's rounds, on these weights
+                       "distilled": distilled_record(state, source)},  # the distillation rounds, on these weights
         "evaluation": evaluation,
         "verification": {"seed": seed, "atol": atol, "observations": len(obs),
                          "edge_bound": EDGE_BOUND},

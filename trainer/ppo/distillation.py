@@ -1,0 +1,333 @@
+"""Distilling the causal ceiling into a trained policy: rounds of DAgger with ``BeliefMPC`` as the expert, each a new
+checkpoint of the run (``python -m trainer.distill`` is its command line; a finished run asks for rounds through
+:meth:`trainer.ppo.algorithm.PPO.after_training`).
+
+The trained policy plays ``episodes`` episodes of its own cell (seeds of their own branch, disjoint from training,
+validation and test: :func:`trainer.evaluation.episodes.distillation_seeds`); at every state it visits,
+:class:`envs.belief_mpc.BeliefMPC` (on ``fair_share``, its defaults; observations only) says which levels it would
+play. The policy's actor is then fine-tuned toward those levels by cross-entropy (``epochs`` passes, Adam at ``lr``,
+the critic and the observation statistics untouched), and the result is kept only where it scores no lower than
+before on the run's validation episodes (paired; selection, never the test episodes).
+
+A round kept is written as the run's next checkpoint (``ckpt_<iteration>_<round>.pt``: the same iteration and
+counters, the distilled weights, the record of rounds ``distilled`` with this one last) through the run's one save
+path, with its pointers: ``latest``, and ``best`` where the run validated (``--eval-every``) and the distilled policy
+scores no lower than the best on its validation episodes. The checkpoint distilled stays as it was, the one before.
+
+Why it pays: PPO's policy reaches 0.75-0.88 of the ceiling's lead over ``fair_share`` and the seeds differ
+(``docs/ceiling.md``); the rollout's levels are a better target than the noisy policy gradient for the same states,
+and the policy averages the rollout's scenario noise over many states.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+import checkpoints
+import envs
+from collectors.stop_signals import stop_signals_held
+from envs.belief import filter_refusal
+from envs.belief_mpc import BeliefMPC
+from envs.settings import ConfigError, check_limits, setting
+from trainer.arguments import counted
+from trainer.evaluation.episodes import distillation_seeds, policy_actions, run_episodes, validation_seeds
+from trainer.evaluation.statistics import paired_difference, summarize
+from trainer.ppo.settings import PPOSettings
+
+_BATCH = 64  # episodes labelled side by side: one batched env, one filter row each
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    """How a run's policy is distilled (``python -m trainer.distill``); defaults measured on validation episodes
+    (``docs/ceiling.md``).
+
+    >>> DistillSettings().episodes
+    64
+    >>> DistillSettings(lr=0)
+    Traceback (most recent call last):
+    ...
+    envs.settings.ConfigError: --lr must be > 0 and <= 1, got 0
+    """
+
+    episodes: int = setting(PPOSettings.distill_episodes, "episodes the policy plays and BeliefMPC labels (300 "
+                            "states each on the default cell; about 2 s each on a 2-core CPU)", at_least=1,
+                            at_most=100_000)
+    epochs: int = setting(3, "passes of the cross-entropy over the labelled states", at_least=1, at_most=100)
+    lr: float = setting(1e-4, "Adam learning rate of the fine-tuning", above=0, at_most=1)
+    minibatch_size: int = setting(256, "labelled states per step", at_least=1)
+    validation_episodes: int = setting(64, "validation episodes the policy is scored on before and after (the run's "
+                                       "own validation seeds)", at_least=2, at_most=10_000)
+    seed: int = setting(0, "seed of the labelled episodes, the shuffles and the expert's scenarios", at_least=0,
+                        at_most=2**64 - 1)  # torch seeds the shuffles' generator with an unsigned 64-bit integer
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value, number = getattr(self, f.name), f.type == "float"
+            if isinstance(value, bool) or not isinstance(value, (int, float) if number else int):
+                raise ConfigError(f.name, value, "must be a number" if number else "must be an integer")
+        check_limits(self)  # named as python -m trainer.distill's flags
+
+
+class Labels(NamedTuple):
+    """States the policy visited and the expert's levels there: ``observations [S, obs]``, ``levels [S, U]``."""
+
+    observations: torch.Tensor
+    levels: torch.Tensor
+
+
+def expert_labels(model: nn.Module, env_kwargs: dict[str, Any], episodes: int, seed: int) -> Labels:
+    """Every state of ``episodes`` episodes the greedy ``model`` plays (:func:`distillation_seeds`), each with the
+    levels :class:`BeliefMPC` (on ``fair_share``; it follows the same observations) would play there.
+
+    Played ``_BATCH`` episodes at a time in one batched env, each batch with a fresh expert (one filter row per
+    env)."""
+    config = envs.VREdgeConfig(**env_kwargs)
+    make = functools.partial(gym.make, "VREdge-v0", **env_kwargs)
+    act, seeds = policy_actions(model.eval(), deterministic=True), distillation_seeds(seed, episodes)
+    observations: list[np.ndarray] = []
+    levels: list[np.ndarray] = []
+    for start in range(0, episodes, _BATCH):
+        expert, chunk = BeliefMPC(config, seed=seed), seeds[start:start + _BATCH]
+        seen: list[np.ndarray] = []
+        said: list[np.ndarray] = []
+
+        def labelled(obs: np.ndarray, expert: BeliefMPC = expert, seen: list = seen, said: list = said
+                     ) -> np.ndarray:
+            seen.append(obs.copy())
+            said.append(expert(obs))
+            return act(obs)
+
+        records = run_episodes(labelled, make, len(chunk), 0, num_envs=len(chunk), seeds=chunk, whole_batch=True)
+        # row i plays episode i alone (as many envs as episodes): its states are the first `length` (one that ended
+        # early, all its users gone, plays on idle, unrecorded)
+        live = np.arange(len(seen))[:, None] < np.array([int(r["length"]) for r in records])[None, :]  # [T, n]
+        observations.append(np.stack(seen)[live])
+        levels.append(np.stack(said)[live])
+    return Labels(torch.as_tensor(np.concatenate(observations), dtype=torch.float32),
+                  torch.as_tensor(np.concatenate(levels), dtype=torch.int64))
+
+
+def fine_tuned(model: nn.Module, labels: Labels, settings: DistillSettings, max_grad_norm: float) -> list[float]:
+    """Fine-tune ``model``'s actor in place toward ``labels`` by cross-entropy (minus the log-probability of the
+    expert's levels, :meth:`evaluate`'s, over the active users); returns each epoch's mean cross-entropy.
+
+    Only the actor's parameters move: the loss does not reach the critic, and the observation statistics are
+    buffers, not parameters. Deterministic: the shuffles come from ``settings.seed``."""
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model.train()
+    params = list(model.parameters())
+    optimizer = torch.optim.Adam(params, lr=settings.lr)
+    generator = torch.Generator().manual_seed(settings.seed)
+    n, size = len(labels.observations), settings.minibatch_size
+    losses = []
+    for _ in range(settings.epochs):
+        order, total, steps = torch.randperm(n, generator=generator), 0.0, 0
+        for first in range(0, max(n - size, 0) + 1, size):
+            rows = order[first:first + size]
+            log_prob = model.evaluate(labels.observations[rows], labels.levels[rows])[0]
+            loss = -log_prob.mean()
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            optimizer.step()
+            total, steps = total + loss.item(), steps + 1
+        losses.append(total / steps)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return losses
+
+
+def validation_score(model: nn.Module, env_kwargs: dict[str, Any], run_seed: int, episodes: int
+                     ) -> list[dict[str, float]]:
+    """The greedy ``model``'s records on the run's first ``episodes`` validation episodes (the quality line's)."""
+    make = functools.partial(gym.make, "VREdge-v0", **env_kwargs)
+    seeds = validation_seeds(run_seed, episodes)
+    return run_episodes(policy_actions(model.eval(), deterministic=True), make, episodes, 0, seeds=seeds)
+
+
+def distillation_refusal(env: str, env_kwargs: dict[str, Any]) -> str:
+    """Why a run of ``env`` with ``env_kwargs`` cannot be distilled; ``""`` when it can."""
+    if env != "VREdge-v0":
+        return f"trained on {env}: the expert (BeliefMPC) plays VR-edge's synthetic cell only"
+    return filter_refusal(envs.VREdgeConfig(**env_kwargs))
+
+
+def distilled(model: nn.Module, env_kwargs: dict[str, Any], run_seed: int, settings: DistillSettings,
+              max_grad_norm: float) -> dict[str, Any]:
+    """Distil into ``model`` in place (module docstring); returns what happened: ``states`` labelled, the
+    ``agreement`` with the expert's levels before and after, each epoch's ``cross_entropy``, the validation
+    ``difference`` (after - before, paired) and whether the distilled weights were ``kept`` (else ``model`` is as
+    it was)."""
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    labels = expert_labels(model, env_kwargs, settings.episodes, settings.seed)
+    scored = validation_score(model, env_kwargs, run_seed, settings.validation_episodes)
+    agreement = [_agreement(model, labels)]
+    losses = fine_tuned(model, labels, settings, max_grad_norm)
+    agreement.append(_agreement(model, labels))
+    after = validation_score(model, env_kwargs, run_seed, settings.validation_episodes)
+    difference = paired_difference(after, scored)
+    kept = difference["mean"] >= 0
+    if not kept:
+        model.load_state_dict(before)
+    return {"states": len(labels.observations), "episodes": settings.episodes, "agreement": agreement,
+            "cross_entropy": losses, "difference": difference, "kept": kept,
+            "validation_reward_per_step": summarize(after)["reward_per_step"],
+            "settings": {f.name: getattr(settings, f.name) for f in fields(settings)}}
+
+
+@torch.no_grad()
+def _agreement(model: nn.Module, labels: Labels) -> float:
+    """The share of the slots' levels where the greedy ``model`` plays the expert's (an inactive slot: both 0)."""
+    return float((model.act_deterministic(labels.observations) == labels.levels).double().mean())
+
+
+# ---------------------------------------------------------------------------------------------- rounds on a run
+
+# distillation takes about 2 minutes on 2 cores (docs/ceiling.md): a run shorter than this (a minute or so of
+# training) is a test or a smoke run, not a policy to ship; it was measured on 3M-step runs
+DISTILL_AFTER_STEPS = 1_000_000
+
+
+def distilled_record(state: dict[str, Any], source: str | Path) -> list[dict[str, Any]]:
+    """The rounds kept on a checkpoint's weights (its ``distilled``, oldest first; ``[]`` where none); a
+    ``checkpoints.CheckpointError`` in one line, naming ``source``, where it is anything but a list of records (a
+    file edited by hand)."""
+    record = state.get("distilled", [])
+    if not isinstance(record, list) or not all(isinstance(r, dict) for r in record):
+        raise checkpoints.CheckpointError(f"{source}: its record of distillation rounds ('distilled') is a "
+                                          f"{type(record).__name__}, not a list of rounds: the file was edited?")
+    return record
+
+
+def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] | None = None,
+                **settings: Any) -> dict[str, Any]:
+    """One round on the newest checkpoint of ``run_dir`` (module docstring) with :class:`DistillSettings`
+    ``settings``; returns :func:`distilled`'s summary with the ``checkpoint`` the run now ends with (the round's, where
+    kept) and ``notes`` (files set aside). ``seed`` (of the labelled episodes): by default the rounds the checkpoint
+    has kept, so that each round labels episodes of its own. ``saved``: the round's checkpoint is appended to it the
+    moment it is on disk with its pointers (a stop signal is held back until then, and may come at once after).
+
+    Holds the run directory's lock throughout (a training run there must not be writing). As a resume does, it sets
+    aside files newer than the checkpoint it distils (they do not load) and the remains of a save that never
+    finished. ``ValueError`` (``ConfigError``) where the run cannot be distilled, in one line."""
+    from trainer.evaluation.policies import policy_from_state
+
+    chosen = DistillSettings(**settings)  # bad settings: one line before the checkpoint is read
+    with checkpoints.RunDirLock(run_dir):
+        source, state, _ = checkpoints.latest_loadable(run_dir)
+        record = distilled_record(state, source)
+        chosen = dataclasses.replace(chosen, seed=len(record) if seed is None else seed)
+        model, cfg = policy_from_state(state, source)
+        if cfg.algo != "ppo":
+            raise ConfigError("run", str(run_dir), message=f"{run_dir}: an --algo {cfg.algo} run; distillation "
+                              "fine-tunes a PPO policy's actor")
+        if why := distillation_refusal(cfg.env, cfg.env_options):
+            raise ConfigError("run", str(run_dir), message=f"{run_dir}: {why}")
+        iteration, revision = int(state["iteration"]), checkpoints.revision_of(source)
+        moved = checkpoints.set_aside_newer(run_dir, iteration, revision)
+        checkpoints.remove_partial_saves(run_dir)
+        notes = [f"set aside {', '.join(p.name for p in moved)}: newer than {source.name}, none loads"] if moved else []
+        summary = distilled(model, cfg.env_options, cfg.seed, chosen, cfg.max_grad_norm)
+        if summary["kept"]:
+            weights = {k: v.clone() for k, v in model.state_dict().items()}
+            state = {**state, "model": weights, "distilled": [*record, _stored(summary, source)]}
+            if "acting_model" in state:  # --overlap: the policy that acts next is the distilled one
+                state["acting_model"] = weights
+            best = _validated_against_best(cfg, run_dir, iteration, model)
+            with stop_signals_held():  # the file and its pointers are one step: a stop waits for the whole
+                source = checkpoints.save_in_run_dir(run_dir, state, iteration, cfg.keep_checkpoints, revision + 1)
+                if best is not None:
+                    best.saved(source)
+                if saved is not None:
+                    saved.append(source)
+    return {**summary, "checkpoint": source, "notes": notes}
+
+
+def _validated_against_best(cfg: Any, run_dir: str | Path, iteration: int, model: nn.Module) -> Any:
+    """Where the run has a ``best`` checkpoint (it validated, ``--eval-every``): a ``Validator`` that has played
+    ``model`` on the run's validation episodes (the best's own) and knows whether it scores no lower than the best
+    (its ``saved`` then moves the pointer); ``None`` otherwise."""
+    if checkpoints.best_info(run_dir) is None:
+        return None
+    from trainer.evaluation.validation import Validator
+
+    validator = Validator(dataclasses.replace(cfg, eval_every=1), run_dir, iteration)
+    validator.evaluate(iteration, model)
+    return validator
+
+
+def _stored(summary: dict[str, Any], source: Path) -> dict[str, Any]:
+    """What a checkpoint keeps of a distillation round: plain numbers and lists, and the file it started from."""
+    d = summary["difference"]
+    return {"from": source.name, "states": summary["states"], "agreement": summary["agreement"],
+            "cross_entropy": summary["cross_entropy"], "validation_difference": float(d["mean"]),
+            "validation_ci95": float(d["ci95"]),
+            "validation_reward_per_step": float(summary["validation_reward_per_step"]),
+            "settings": summary["settings"]}
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """A round's outcome in words, one line."""
+    d, (agree_before, agree_after) = summary["difference"], summary["agreement"]
+    episodes = counted(summary["episodes"], "episode")
+    what = (f"BeliefMPC's levels on {summary['states']:,} states of {episodes}; agreement "
+            f"{agree_before:.2f} -> {agree_after:.2f}; validation reward/step {d['mean']:+.4f} ± {d['ci95']:.4f} "
+            f"over {counted(d['episodes'], 'episode')}")
+    if summary["kept"]:
+        return what + f"; kept as {Path(summary['checkpoint']).name}"
+    return what + f" (lower: not kept, nothing written; the run ends with {Path(summary['checkpoint']).name})"
+
+
+def rounds_asked(config: dict[str, Any]) -> tuple[int, int]:
+    """``(episodes, rounds)`` to distil a finished run with, from its stored ``config``: its ``distill_episodes``
+    and ``distill_rounds`` where it is a PPO run of at least :data:`DISTILL_AFTER_STEPS` env steps on a VR-edge cell
+    the expert can play; else ``(0, 0)``."""
+    if config.get("algo") != "ppo" or int(config.get("total_steps", 0)) < DISTILL_AFTER_STEPS:
+        return 0, 0
+    from trainer.config import TrainConfig, with_current_names
+
+    env_options = TrainConfig.from_dict(with_current_names(config), stored=True).env_options
+    episodes = int(config.get("distill_episodes", 0))
+    if not episodes or distillation_refusal(str(config.get("env")), env_options):
+        return 0, 0
+    return episodes, int(config.get("distill_rounds", 1))
+
+
+def rounds_after_training(run_dir: Path, config: dict[str, Any], say: Callable[[str, str], None]) -> None:
+    """The rounds a finished run asks for (:func:`rounds_asked`, from its ``config``), round ``r`` labelling the
+    episodes of seed ``r``; ``say("distilled", line)`` for each as it ends. From the first moment a stop signal skips
+    what is left, and an error is said in a line: the run is saved either way, with the rounds written, and the line
+    names what is on disk."""
+    from trainer.arguments import command
+    from trainer.interrupts import Skipped, skippable
+    from trainer.loop import error_text
+
+    episodes, rounds = rounds_asked(config)
+    if not episodes:  # (a run it does not distil says nothing, whatever signal came before)
+        return
+    saved: list[Path] = []
+    try:
+        with skippable():
+            for r in range(rounds):
+                said = summary_line(distill_run(run_dir, seed=r, saved=saved, episodes=episodes))
+                say("distilled", f"round {r + 1} of {rounds}: {said}" if rounds > 1 else said)
+        return
+    except Skipped as e:
+        ended = f"stopped ({e})"
+    except Exception as e:  # an env that fails, a cell the expert cannot play: the run is saved all the same
+        ended = f"failed: {error_text(e)}"
+    on_disk = f"{saved[-1].name} holds the rounds done" if saved else "nothing was written"
+    say("distilled", f"{ended}; {on_disk}; {command('-m', 'trainer.distill', str(run_dir))} does a round")
