@@ -71,14 +71,14 @@ def stop_signals_held() -> Iterator[None]:
 
     Example:
         >>> import os, signal
-        >>> try:
-        ...     with stop_signals_held():
-        ...         os.kill(os.getpid(), signal.SIGINT)  # noted, not raised, inside the block
-        ...         print("whole")
-        ... except KeyboardInterrupt:
-        ...     print("then stopped")
-        whole
-        then stopped
+        >>> said = []
+        >>> before = signal.signal(signal.SIGUSR1, lambda signum, frame: said.append("delivered"))
+        >>> with stop_signals_held():
+        ...     os.kill(os.getpid(), signal.SIGUSR1)  # noted, not delivered, inside the block
+        ...     said.append("whole")
+        >>> said
+        ['whole', 'delivered']
+        >>> _ = signal.signal(signal.SIGUSR1, before)
     """
     handlers: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():

@@ -409,9 +409,10 @@ EXPORT_STOPPED = "nothing was written (the previous export, if any, is unchanged
     ("export", None, EXPORT_STOPPED), pytest.param("export", 0.8, EXPORT_STOPPED, marks=pytest.mark.slow),
     # raised inside torch's C++ initialisation, the signal aborted the process (SIGABRT, a pybind11 trace)
     ("evaluate", None, "nothing was evaluated; run the same command again"),
+    ("distill", None, "nothing was written; run the same command again"),
 ])
 def test_ctrl_c_while_a_command_loads_torch_is_one_line(tmp_path, command_line, delay, said):
-    """``trainer.export`` or ``trainer.evaluate`` stopped while torch and the rest load (``delay`` None: as soon as
+    """``trainer.export``, ``trainer.evaluate`` or ``trainer.distill`` stopped while torch and the rest load (``delay`` None: as soon as
     torch's library is mapped, whatever the machine's speed; else after ``delay`` seconds): one line, exit status
     130, no import traceback, nothing written."""
     import signal
@@ -420,7 +421,8 @@ def test_ctrl_c_while_a_command_loads_torch_is_one_line(tmp_path, command_line, 
     run_dir = tmp_path / "run"
     train_cli.main(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "16", "--total-steps", "32",
                     "--device", "cpu", "--run-dir", str(run_dir)])
-    process = subprocess.Popen([sys.executable, "-m", f"trainer.{command_line}", "--checkpoint", str(run_dir)],
+    where = [str(run_dir)] if command_line == "distill" else ["--checkpoint", str(run_dir)]
+    process = subprocess.Popen([sys.executable, "-m", f"trainer.{command_line}", *where],
                                cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if delay is None:
         _wait_until_torch_loads(process)

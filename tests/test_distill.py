@@ -345,3 +345,19 @@ def test_a_round_becomes_best_where_it_scores_no_lower_than_best_on_its_validati
         from trainer.evaluation.policies import picked_checkpoint
         assert picked_checkpoint(run, "best").source == written
         assert checkpoints.best_info(run)["val_return"] > 500
+
+
+def test_a_stop_signal_once_the_round_is_done_is_said_and_stops_nothing(small_run, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    _round_kept(monkeypatch)
+    line = distill.summary_line
+
+    def said_with_a_signal(summary):  # a Ctrl-C as the command says what it did
+        os.kill(os.getpid(), signal.SIGINT)
+        return line(summary)
+
+    monkeypatch.setattr(distill, "summary_line", said_with_a_signal)
+    distill_command.main([str(run), *ROUND])  # returns: the work is done
+    out, err = capsys.readouterr()
+    assert Path(printed_lines(out)["checkpoint"]).is_file() and "SIGINT" in err and "nothing to stop" in err
