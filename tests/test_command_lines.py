@@ -412,9 +412,9 @@ EXPORT_STOPPED = "nothing was written (the previous export, if any, is unchanged
     ("distill", None, "nothing was written; run the same command again"),
 ])
 def test_ctrl_c_while_a_command_loads_torch_is_one_line(tmp_path, command_line, delay, said):
-    """``trainer.export``, ``trainer.evaluate`` or ``trainer.distill`` stopped while torch and the rest load (``delay`` None: as soon as
-    torch's library is mapped, whatever the machine's speed; else after ``delay`` seconds): one line, exit status
-    130, no import traceback, nothing written."""
+    """``trainer.export``, ``trainer.evaluate`` or ``trainer.distill`` stopped while torch and the rest load
+    (``delay`` None: as soon as torch's library is mapped, whatever the machine's speed; else after ``delay``
+    seconds): one line, exit status 130, no import traceback, nothing written."""
     import signal
     import time
 
