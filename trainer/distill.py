@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> None:
         # Ctrl-C or SIGTERM: one line saying what is on disk, exit status 128 + the signal, the run directory
         # unlocked; once done, a signal is noted and the process ends as it would have
         with StopSignals(until_exit=True) as signals:
-            summary = distill_run(run, seed=args.seed, saved=saved, **settings)
+            summary = distill_run(run, seed=args.seed, saved=saved, **settings,
+                                  started=lambda line: print(f"distilling: {line}", file=sys.stderr, flush=True))
             signals.finish()
     except ConfigError as e:
         p.error(str(e))

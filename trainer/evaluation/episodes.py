@@ -21,7 +21,7 @@ from trainer.run_layout import VECTOR_ENVS
 Act = Callable[[np.ndarray], np.ndarray]
 _EVAL_STREAM = 0x5EED_E7A1  # spawn key that separates evaluation seeds from training seeds
 _VALIDATION_STREAM = 0x5EED_7A11  # and validation seeds (model selection during training) from both
-_DISTILL_STREAM = 0x5EED_D157  # and the episodes a policy plays to be distilled (trainer.ppo.distill) from all three
+_DISTILL_STREAM = 0x5EED_D157  # and the episodes a policy plays to be distilled from all three
 _EPISODE_ENDED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("episode_ended",
                                                                                           default=None)
 
@@ -38,12 +38,21 @@ def episodes_shown(total: int, what: str = "episodes") -> Iterator[None]:
 
     bar = tqdm(total=total, unit="ep", desc=what, dynamic_ncols=True, file=sys.stderr,
                disable=not sys.stderr.isatty())
-    token = _EPISODE_ENDED.set(bar.update)
+    try:
+        with episodes_counted(bar.update):
+            yield
+    finally:
+        bar.close()
+
+
+@contextlib.contextmanager
+def episodes_counted(ended: Callable[[], None]) -> Iterator[None]:
+    """For the block, ``ended()`` once for every episode :func:`run_episodes` finishes (a bar of the caller's)."""
+    token = _EPISODE_ENDED.set(ended)
     try:
         yield
     finally:
         _EPISODE_ENDED.reset(token)
-        bar.close()
 
 
 def evaluation_seeds(seed: int, episodes: int) -> list[int]:
@@ -57,7 +66,7 @@ def validation_seeds(seed: int, episodes: int) -> list[int]:
 
 
 def distillation_seeds(seed: int, episodes: int) -> list[int]:
-    """One env seed per episode a policy plays to be labelled by an expert (``trainer.ppo.distill``): a branch that
+    """One env seed per episode a policy plays to be labelled by an expert (``trainer.ppo.distillation``): a branch that
     neither training, :func:`evaluation_seeds` nor :func:`validation_seeds` uses."""
     return _branch_seeds(seed, episodes, _DISTILL_STREAM)
 
