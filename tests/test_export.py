@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import checkpoints
-from tests.factories import settings_file
+from tests.factories import replace_weights_in_place, settings_file
 from tests.messages import exits, names, not_names, raises, usage_error
 from trainer import train as train_module
 from trainer.evaluate import main as evaluate_main
@@ -218,14 +218,6 @@ def test_export_ships_the_checkpoint_evaluate_measured_and_says_when_the_evaluat
     names(err, "evaluation.json", older.name, f"python -m trainer.evaluate --checkpoint {newest}")
     err, card = exported(str(run))
     assert card["evaluation"]["same_checkpoint"] and "note:" not in err
-
-
-def replace_weights_in_place(path: Path) -> None:
-    """Rewrite the checkpoint file ``path`` with other weights, under the same name (as a distillation round did
-    before every change of weights was a new file)."""
-    state = checkpoints.load(path)
-    state["model"] = {k: v + 0.05 if v.is_floating_point() else v for k, v in state["model"].items()}
-    checkpoints.save(path, state)
 
 
 def test_an_evaluation_of_a_checkpoint_rewritten_since_is_not_of_the_checkpoint_exported(tmp_path, cartpole, capsys):
