@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import checkpoints
 from benchmarks import backends, cell, device_check, double_buffer, env_steps, scaling, worker_start
-from tests.factories import settings_file
+from tests.factories import replace_weights_in_place, settings_file
 from tests.messages import exits
 
 # without a GPU, the check must not read as if it had met the GPU targets
@@ -258,6 +259,51 @@ def test_cells_table_pairs_each_run_with_the_baselines_as_evaluate_does(tmp_path
     cells_table.main([*argv, "--episodes", "2"])  # asked otherwise: every record played again, as asked now
     assert "12 records to play" in capsys.readouterr().out
     assert {r["paired"]["fair_share"]["episodes"] for r in json.loads((out / "table.json").read_text())} == {2}
+
+
+@pytest.mark.slow  # a tiny training, then its episodes, four times
+def test_cells_table_plays_a_run_again_once_its_checkpoint_holds_other_weights(tmp_path, capsys):
+    """A run's records are kept by its checkpoint's content, not its path: the same --out after the checkpoint file
+    was rewritten with other weights plays the run again (the baseline's records are kept), and the table's numbers
+    and checkpoint are the new weights'; records that name no content (an older version's) are played again too."""
+    from benchmarks import cells_table
+    from trainer.evaluation.cells import evaluate_cells
+    from trainer.evaluation.policies import trained_model
+    from trainer.train import main as train
+
+    run = tmp_path / "a"
+    train(["--env", "VREdge-v0", "--env-kwargs", "num_users=3,users=2-3,churn=0.05,max_steps=20", "--num-envs", "2",
+           "--num-steps", "8", "--total-steps", "16", "--compile", "off", "--threads", "1", "--eval-episodes", "0",
+           "--config", settings_file("policy_arch_set"), "--run-dir", str(run)])
+    out = tmp_path / "table"
+    argv = [str(run), "--users", "2", "--churn", "0", "--episodes", "2", "--baselines", "fair_share", "--jobs", "1",
+            "--out", str(out)]
+
+    def tabled(plays: int) -> dict:
+        cells_table.main(argv)
+        assert f"{plays} records to play" in capsys.readouterr().out
+        [row] = json.loads((out / "table.json").read_text())
+        model, cfg, source = trained_model(run, pick="best")
+        assert row["checkpoint"] == str(source) and row["checkpoint_sha256"] == checkpoints.content_hash(source)
+        [now] = evaluate_cells(model, cfg, (2,), (0.0,), episodes=2, baselines=("fair_share",), reference=False)
+        assert row["policy"]["mean"] == now["policy"]["reward_per_step"]  # the numbers of the weights there now
+        return row
+
+    first = tabled(2)
+    source = Path(first["checkpoint"])
+    replace_weights_in_place(source)
+    second = tabled(1)  # the run again, not the baseline
+    assert second["checkpoint_sha256"] != first["checkpoint_sha256"]
+    assert second["policy"] != first["policy"]
+    record = out / "users-2_churn-0" / "a.json"
+    kept = json.loads(record.read_text())
+    assert kept["played_with"]["checkpoint_sha256"] == second["checkpoint_sha256"]
+    del kept["played_with"]["checkpoint_sha256"]  # as an older version wrote it: by path alone
+    record.write_text(json.dumps(kept))
+    tabled(1)
+    asked = {**kept["played_with"], "checkpoint_sha256": first["checkpoint_sha256"]}  # changed since it was checked
+    with pytest.raises(cells_table.CheckpointChangedError):  # what a player meets: it plays none of it
+        cells_table._checked_model(asked)
 
 
 @pytest.mark.slow  # a tiny training

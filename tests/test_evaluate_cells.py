@@ -32,8 +32,8 @@ from trainer.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 VARYING = "num_users=6,users=2-6,churn=0.05,max_steps=20"  # 6 slots; episodes of 20 steps: tiny, fast
-TODAYS_KEYS = ["checkpoint", "checkpoint_kind", "env", "env_kwargs", "episodes", "seed", "actions", "policy",
-               "baselines", "reference", "paired_reward_per_step", "paired_qoe_lin", "best_baseline",
+TODAYS_KEYS = ["checkpoint", "checkpoint_sha256", "checkpoint_kind", "env", "env_kwargs", "episodes", "seed", "actions",
+               "policy", "baselines", "reference", "paired_reward_per_step", "paired_qoe_lin", "best_baseline",
                "best_baseline_picked_on", "gap_closed", "capture", "causal_share"]
 PER_HEAD = ("--config", settings_file("policy_arch_per_head"))
 CELL_KEYS = {"users", "churn", "policy", "baselines", "reference", "paired_reward_per_step", "best_baseline"}
@@ -86,6 +86,7 @@ def test_cells_are_one_entry_per_pair_in_order_each_player_on_the_episodes_a_dir
     assert [(c["users"], c["churn"]) for c in cells] == [(2, 0), (2, 0.05), (4, 0), (4, 0.05), (6, 0), (6, 0.05)]
     assert all(CELL_KEYS <= set(c) for c in cells) and payload["slots"] == 6
     assert not {"policy", "baselines"} & set(payload)  # the results are the cells'
+    assert payload["checkpoint_sha256"] == checkpoints.content_hash(payload["checkpoint"])  # what they are of
     fair_share = functools.partial(envs.make_baseline, "fair_share")
     greedy = lambda config: policy_actions(model, deterministic=True)  # noqa: E731
     for c in cells:
@@ -121,6 +122,7 @@ def test_without_users_the_evaluation_is_todays(varying_run, capsys):
     payload = _json(capsys, ["--checkpoint", str(varying_run), "--episodes", "2", "--baselines", "bola",
                              "--reference", "none", "--out", str(varying_run / "todays")])
     assert list(payload) == TODAYS_KEYS
+    assert payload["checkpoint_sha256"] == checkpoints.content_hash(payload["checkpoint"])
     assert payload["env_kwargs"] == {"num_users": 6, "users": "2-6", "churn": 0.05, "max_steps": 20}
     env_fn = functools.partial(gym.make, "VREdge-v0", **payload["env_kwargs"])  # the run's own cell
     bola = envs.make_baseline("bola", envs.VREdgeConfig(**payload["env_kwargs"]))

@@ -235,6 +235,7 @@ class _Setup(NamedTuple):
     """What is evaluated, and where the results go (:func:`_setup`)."""
 
     source: Path  # the checkpoint file
+    sha256: str  # its content hash (checkpoints.content_hash): what the results name it by, with its path
     which: str  # which checkpoint it is, in words
     model: nn.Module  # its policy
     cfg: TrainConfig  # its run's
@@ -263,6 +264,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     from trainer.evaluation.report import check_writable
 
     source, state, which = picked_checkpoint(args.checkpoint, args.pick)
+    sha256 = checkpoints.content_hash(source)  # right after the load: the weights evaluated (the path may change)
     trained_on = state.get("config", {}).get("env")
     traced = sorted(TRACE_ARGUMENTS & args.given.keys())
     if traced and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
@@ -289,7 +291,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
     cells = _asked_cells(parser, args, model, cfg, vr_config)
-    return _Setup(source, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells)
+    return _Setup(source, sha256, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells)
 
 
 def _asked_cells(parser: OneLineParser, args: argparse.Namespace, model: nn.Module, cfg: TrainConfig,
@@ -355,7 +357,8 @@ def _payload(args: argparse.Namespace, setup: _Setup, label: str, comparison: Co
 
 def _payload_head(args: argparse.Namespace, setup: _Setup) -> dict[str, Any]:
     """What every evaluation's JSON starts with: what was evaluated, and on which episodes."""
-    return {"checkpoint": str(setup.source.resolve()), "checkpoint_kind": setup.which, "env": setup.cfg.env,
+    return {"checkpoint": str(setup.source.resolve()), "checkpoint_sha256": setup.sha256,
+            "checkpoint_kind": setup.which, "env": setup.cfg.env,
             "env_kwargs": setup.env_kwargs, "episodes": args.episodes, "seed": args.seed,
             "actions": "greedy" if args.deterministic else "sampled",
             **({"belief_base": args.belief_base} if "belief" in _with_reference(args, setup) else {})}
