@@ -182,8 +182,12 @@ def test_each_seed_of_a_seeds_run_ends_as_a_run_does(tmp_path, capsys, monkeypat
         train_main(["--seeds", "1-2", "--num-envs", "4", "--num-steps", "16", "--total-steps", "64", "--env-kwargs",
                     SMALL_FLAG, "--eval-episodes", "2", "--config", str(config), "--threads", "1", "--device", "cpu",
                     "--run-dir", str(tmp_path / "seeds")])
-    err = capsys.readouterr().err.splitlines()
+    out, err = capsys.readouterr()
+    err = err.splitlines()
     assert ended.value.code == 0
+    said = printed_lines(out)  # and how to go on: evaluate a seed, compare the seeds with another setup
+    assert "trainer.evaluate" in said["evaluate"] and str(tmp_path / "seeds" / "s1") in said["evaluate"]
+    assert "trainer.compare" in said["compare"]
     for seed in (1, 2):  # each seed's rounds, the checkpoint it ends with, how good it is
         for label in ("distilled", "checkpoint", "quality"):
             assert any(line.startswith(f"seed {seed}: {label}: ") for line in err), (seed, label, err)
