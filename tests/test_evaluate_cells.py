@@ -143,6 +143,8 @@ def fixed_runs(tmp_path_factory) -> dict[str, Path]:
     (["--users", "4,x"], ["--users", "x"]),
     (["--users", "4-2"], ["--users", "4-2", "2-4"]),  # a range that runs backwards: how to write it
     (["--users", "2,2"], ["--users", "2"]),
+    (["--users", "²"], ["--users", "²"]),  # a digit to str.isdigit, not to int(): it was a traceback
+    (["--users", "2-²"], ["--users", "2-²"]),
     (["--churn", "2"], ["--churn", "2"]),
     (["--users", "2", "--churn", "0,-0.1"], ["--churn", "-0.1"]),
 ])

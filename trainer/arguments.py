@@ -50,6 +50,17 @@ def command(*args: str) -> str:
     return " ".join(shlex.quote(a) for a in (os.path.abspath(sys.executable), *args))  # (no "../.venv": any dir)
 
 
+def is_count(text: str) -> bool:
+    """Whether ``text`` is a whole number written in the digits 0-9, as the lists of ``--seeds`` and ``--users``
+    take them. Not ``str.isdigit``: it takes ``"²"`` too, which ``int`` refuses (a traceback, not the list's
+    one-line error).
+
+    >>> is_count("12"), is_count("²"), is_count(""), is_count("-1")
+    (True, False, False, False)
+    """
+    return re.fullmatch(r"[0-9]+", text) is not None
+
+
 def seed_list(text: str) -> tuple[int, ...]:
     """The seeds of ``--seeds``: ranges and single seeds separated by commas, each once, in order; an
     ``argparse.ArgumentTypeError`` saying what is wrong otherwise.
@@ -60,7 +71,7 @@ def seed_list(text: str) -> tuple[int, ...]:
     seeds: list[int] = []
     for part in text.split(","):
         low, dash, high = part.strip().partition("-")
-        if not (low.isdigit() and (high.isdigit() or not dash)) or dash and int(high) < int(low):
+        if not (is_count(low) and (is_count(high) or not dash)) or dash and int(high) < int(low):
             raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a seed or a range of seeds (e.g. 1-5 or 1,3,7)")
         seeds += range(int(low), int(high or low) + 1)
     twice = sorted({s for s in seeds if seeds.count(s) > 1})
@@ -103,9 +114,9 @@ def user_counts(text: str) -> tuple[int | str, ...]:
     counts: list[int | str] = []
     for part in (p.strip() for p in text.split(",")):
         low, dash, high = part.partition("-")
-        if low.isdigit() and high.isdigit() and int(high) < int(low) >= 1:
+        if is_count(low) and is_count(high) and int(high) < int(low) >= 1:
             raise ConfigError("users", text, f"{USERS_RULE}: {part} runs backwards (write {high}-{low})")
-        if not (low.isdigit() and int(low) >= 1 and (not dash or high.isdigit() and int(high) >= int(low))):
+        if not (is_count(low) and int(low) >= 1 and (not dash or is_count(high) and int(high) >= int(low))):
             raise ConfigError("users", text, f"{USERS_RULE}: {part or 'an empty entry'} is not one")
         count = f"{int(low)}-{int(high)}" if dash else int(low)
         if count in counts:
