@@ -19,6 +19,7 @@ step and the episodes it won too, and each run's checkpoint: ``checkpoint``, ``c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import multiprocessing
@@ -32,7 +33,9 @@ import checkpoints
 import envs
 from benchmarks.machine import print_machine
 from envs.settings import ConfigError
+from envs.traces import TRACE_ARGUMENTS, TraceError
 from trainer.arguments import OneLineParser, churn_levels, user_counts
+from trainer.config import TrainConfig
 from trainer.evaluation.cells import Cell, cell_env_kwargs, cell_slots, cells_of, check_vr_edge
 from trainer.evaluation.episodes import held_out_env_kwargs, run_episodes
 from trainer.evaluation.statistics import paired_difference, summarize
@@ -167,6 +170,36 @@ def table(args: argparse.Namespace, cells: list[Cell], runs: _Runs) -> tuple[str
     return "\n".join(lines), rows
 
 
+def _stored_config(p: OneLineParser, run: Path) -> TrainConfig:
+    """The training config that ``run``'s ``config.json`` holds (as trainer.train wrote it; an older version's names
+    read as today's); a usage error naming the file and what is wrong with it where it is missing, unreadable, not
+    JSON, not a run's config, or a config no run could have had (a file damaged or edited by hand)."""
+    from trainer.config import format_env_kwargs, with_current_names
+
+    path = run / "config.json"
+    if not path.is_file():
+        p.error(f"{run}: not a run directory (no config.json); pass the folders trainer.train wrote")
+    try:
+        held = json.loads(checkpoints.read_small_file(path))
+    except OSError as e:  # a FIFO or an oversized file planted there, no permission
+        why = f"cannot be read ({e.strerror or e})"
+    except ValueError:  # not UTF-8, not JSON
+        why = "is not JSON"
+    else:
+        why = "" if isinstance(held, dict) and isinstance(held.get("config"), dict) else 'holds no "config" object'
+    if not why:
+        try:  # its settings' types and limits too: a damaged value is said here, not as a traceback further on
+            cfg = TrainConfig.from_dict(with_current_names(held["config"]), stored=True)
+            untraced = {k: v for k, v in cfg.env_options.items() if k not in TRACE_ARGUMENTS}
+            # (without its traces: a trace folder that moved is said where the cells are built, as what it is)
+            dataclasses.replace(cfg, env_kwargs=format_env_kwargs(untraced)).validate()
+            return cfg
+        except (ValueError, TypeError) as e:  # (ConfigError is a ValueError)
+            why = f"holds a config no run can have ({e})"
+    p.error(f"{path} {why}: it is not the file trainer.train wrote; put the run's own config.json back (from a copy "
+            "of the run), or pass another run directory")
+
+
 class _Runs(NamedTuple):
     """What the runs of one recipe share, as :func:`_check_runs` found it."""
 
@@ -179,7 +212,6 @@ def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -
     """Every run a VR-edge run whose policy can act on ``cells``, named apart from the others and the baselines, and
     all of one recipe played in as many slots: a usage error otherwise, before anything is played."""
     from checkpoints import CheckpointError
-    from trainer.config import TrainConfig
     from trainer.evaluation.policies import make_model, picked_checkpoint
 
     names = [run.name for run in args.runs]
@@ -190,9 +222,7 @@ def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -
     slots: dict[Path, int] = {}
     played: dict[Path, dict[str, str]] = {}
     for run in args.runs:
-        if not (run / "config.json").is_file():
-            p.error(f"{run}: not a run directory (no config.json); pass the folders trainer.train wrote")
-        cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text())["config"])
+        cfg = _stored_config(p, run)
         if cfg.env != "VREdge-v0":
             p.error(f"{run}: trained on {cfg.env}; cells_table plays runs of a VR-edge cell recipe (VREdge-v0)")
         recipes[run] = held_out_env_kwargs(cfg.env_options, "")
@@ -201,7 +231,7 @@ def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -
             slots[run] = cell_slots(make_model(cfg), cfg, envs.VREdgeConfig(**recipes[run]), cells)
             if not args.runs_later:
                 played[run] = _checkpoint_named(picked_checkpoint(run, "best").source)
-        except ConfigError as e:
+        except (ConfigError, TraceError) as e:  # (a trace folder that moved since the run was trained, say)
             p.error(f"{run}: {e}")
         except CheckpointError as e:
             p.error(f"{run}: {e}; while its training goes on, --runs-later plays the baselines")
