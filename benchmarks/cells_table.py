@@ -34,10 +34,10 @@ import envs
 from benchmarks.machine import print_machine
 from envs.settings import ConfigError
 from envs.traces import TRACE_ARGUMENTS, TraceError
-from trainer.arguments import OneLineParser, churn_levels, user_counts
+from trainer.arguments import OneLineParser, churn_levels, most_users, user_counts
 from trainer.config import TrainConfig
 from trainer.evaluation.cells import Cell, cell_env_kwargs, cell_slots, cells_of, check_vr_edge
-from trainer.evaluation.episodes import held_out_env_kwargs, run_episodes
+from trainer.evaluation.episodes import EPISODE_BATCH, held_out_env_kwargs, run_episodes
 from trainer.evaluation.statistics import paired_difference, summarize
 
 if TYPE_CHECKING:
@@ -170,6 +170,18 @@ def table(args: argparse.Namespace, cells: list[Cell], runs: _Runs) -> tuple[str
     return "\n".join(lines), rows
 
 
+def _check_cells_fit(args: argparse.Namespace, cfg: TrainConfig, cells: list[Cell], kwargs: dict[str, Any]) -> None:
+    """A :class:`ConfigError` where ``--jobs`` players at once, each playing its episodes as ``trainer.evaluate``
+    does, in cells of env arguments ``kwargs`` (those of the most users) would not fit this machine's memory: said
+    before anything is played, not as each player's allocation error."""
+    from trainer.memory import check_cells_fit
+    from trainer.run_layout import memory_available
+
+    asked = ",".join(dict.fromkeys(str(c.users) for c in cells))
+    check_cells_fit(asked, kwargs, args.jobs * min(args.episodes, EPISODE_BATCH), memory_available(),
+                    widest_layer=max(cfg.hidden_sizes), fewer_with="--jobs or --episodes")
+
+
 def _stored_config(p: OneLineParser, run: Path) -> TrainConfig:
     """The training config that ``run``'s ``config.json`` holds (as trainer.train wrote it; an older version's names
     read as today's); a usage error naming the file and what is wrong with it where it is missing, unreadable, not
@@ -221,6 +233,7 @@ def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -
     recipes: dict[Path, dict[str, Any]] = {}
     slots: dict[Path, int] = {}
     played: dict[Path, dict[str, str]] = {}
+    biggest = max(cells, key=lambda c: most_users(c.users))
     for run in args.runs:
         cfg = _stored_config(p, run)
         if cfg.env != "VREdge-v0":
@@ -228,7 +241,9 @@ def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -
         recipes[run] = held_out_env_kwargs(cfg.env_options, "")
         try:
             check_vr_edge(cfg, cells)  # the model's shape, not its weights, says which slots it acts on
-            slots[run] = cell_slots(make_model(cfg), cfg, envs.VREdgeConfig(**recipes[run]), cells)
+            trained = envs.VREdgeConfig(**recipes[run])
+            slots[run] = cell_slots(make_model(cfg), cfg, trained, cells)
+            _check_cells_fit(args, cfg, cells, cell_env_kwargs(recipes[run], slots[run], biggest, trained.masked))
             if not args.runs_later:
                 played[run] = _checkpoint_named(picked_checkpoint(run, "best").source)
         except (ConfigError, TraceError) as e:  # (a trace folder that moved since the run was trained, say)

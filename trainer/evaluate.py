@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from collectors.stop_signals import exiting_at_once_on_stop_signals
 from envs.settings import ConfigError, did_you_mean
-from trainer.arguments import OneLineParser, churn_levels, counted, not_a_directory, user_counts
+from trainer.arguments import OneLineParser, churn_levels, counted, most_users, not_a_directory, user_counts
 from trainer.interrupts import StopSignals, ignore_late_signals
 
 if TYPE_CHECKING:  # (torch loads once the command line is checked)
@@ -309,10 +309,26 @@ def _asked_cells(parser: OneLineParser, args: argparse.Namespace, model: nn.Modu
         users = args.users if args.users is not None else user_counts(str(vr_config.users or vr_config.num_users))
         churns = args.churn if args.churn is not None else tuple(dict.fromkeys(vr_config.churn_range))  # its ends
         cells = cells_of(users, churns)
-        cell_slots(model, cfg, vr_config, cells)
+        _check_cells_fit(args, cfg, cells, cell_slots(model, cfg, vr_config, cells), vr_config)
     except ConfigError as e:
         parser.error(str(e))
     return cells
+
+
+def _check_cells_fit(args: argparse.Namespace, cfg: TrainConfig, cells: list[Cell], slots: int,
+                     vr_config: VREdgeConfig) -> None:
+    """A :class:`ConfigError` where cells of ``slots`` user slots, played as the episodes are (up to
+    ``EPISODE_BATCH`` envs at once), would not fit this machine's memory: said before any env is built, not as an
+    allocation error once one is (``--users 100000000``)."""
+    from trainer.evaluation.cells import cell_env_kwargs
+    from trainer.evaluation.episodes import EPISODE_BATCH
+    from trainer.memory import check_cells_fit
+    from trainer.run_layout import memory_available
+
+    biggest = max(cells, key=lambda c: most_users(c.users))
+    asked = ",".join(dict.fromkeys(str(c.users) for c in cells))
+    check_cells_fit(asked, cell_env_kwargs(vr_config.to_dict(), slots, biggest, vr_config.masked),
+                    min(args.episodes, EPISODE_BATCH), memory_available(), widest_layer=max(cfg.hidden_sizes))
 
 
 def _played(args: argparse.Namespace, setup: _Setup, label: str) -> dict[str, list[dict[str, float]]]:
