@@ -8,21 +8,26 @@ so that ``--help`` and a typo answer before torch loads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
+import select
 import shlex
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
 from envs.settings import ConfigError, did_you_mean
 
 RANK_0_GRACE_S = 15.0  # how long another rank waits for rank 0 to say what they both met
+# a command whose standard output's reader has gone (`| head -1`): what a shell reports for a tool that a closed
+# pipe stopped (SIGPIPE, 13 on every Unix; Windows has no such signal)
+CLOSED_STDOUT_STATUS = 128 + getattr(signal, "SIGPIPE", 13)
 
 
 def exit_after_rank_0(status: int) -> NoReturn:
@@ -36,6 +41,39 @@ def exit_after_rank_0(status: int) -> NoReturn:
         signal.signal(stop, leave)
     time.sleep(RANK_0_GRACE_S)
     leave()
+
+
+@contextlib.contextmanager
+def ending_quietly_when_stdout_closes() -> Iterator[None]:
+    """Around a command's ``main`` (as a decorator, ``@ending_quietly_when_stdout_closes()``): standard output's
+    reader gone (``python -m trainer.evaluate ... | head -1``) ends the command quietly with exit status
+    :data:`CLOSED_STDOUT_STATUS` (141, as a shell reports a tool that a closed pipe stopped: ``set -o pipefail``
+    sees it), not with a ``BrokenPipeError`` traceback, nor with Python's "Exception ignored" at exit. What the
+    command had left to do after that moment is not done; what it wrote before is whole (its files are written
+    before it says so). A ``BrokenPipeError`` of another pipe (a worker's) is raised as it was."""
+    try:
+        yield
+        if sys.stdout is not None:  # (None: started with no standard output at all)
+            sys.stdout.flush()  # what is still buffered meets a closed pipe here, not in the interpreter's exit
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # (no file descriptor: a stream in this process)
+            # the interpreter's flush at exit writes what is still buffered nowhere, rather than fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(CLOSED_STDOUT_STATUS) from None
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe (or socket) whose reader has gone, as ``poll`` tells it on Unix; where it
+    cannot tell (Windows; a stream without a file descriptor, as a test's), a ``BrokenPipeError`` is taken for it."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        events = poller.poll(0)
+    except (AttributeError, OSError, ValueError):
+        return True
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in events)
 
 
 def counted(n: int, noun: str, plural: str = "") -> str:
