@@ -19,6 +19,7 @@ step and the episodes it won too, and each run's checkpoint: ``checkpoint``, ``c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import multiprocessing
@@ -32,9 +33,11 @@ import checkpoints
 import envs
 from benchmarks.machine import print_machine
 from envs.settings import ConfigError
-from trainer.arguments import OneLineParser, churn_levels, user_counts
+from envs.traces import TRACE_ARGUMENTS, TraceError
+from trainer.arguments import OneLineParser, churn_levels, most_users, user_counts
+from trainer.config import TrainConfig
 from trainer.evaluation.cells import Cell, cell_env_kwargs, cell_slots, cells_of, check_vr_edge
-from trainer.evaluation.episodes import held_out_env_kwargs, run_episodes
+from trainer.evaluation.episodes import EPISODE_BATCH, held_out_env_kwargs, run_episodes
 from trainer.evaluation.statistics import paired_difference, summarize
 
 if TYPE_CHECKING:
@@ -167,6 +170,48 @@ def table(args: argparse.Namespace, cells: list[Cell], runs: _Runs) -> tuple[str
     return "\n".join(lines), rows
 
 
+def _check_cells_fit(args: argparse.Namespace, cfg: TrainConfig, cells: list[Cell], kwargs: dict[str, Any]) -> None:
+    """A :class:`ConfigError` where ``--jobs`` players at once, each playing its episodes as ``trainer.evaluate``
+    does, in cells of env arguments ``kwargs`` (those of the most users) would not fit this machine's memory: said
+    before anything is played, not as each player's allocation error."""
+    from trainer.memory import check_cells_fit
+    from trainer.run_layout import memory_available
+
+    asked = ",".join(dict.fromkeys(str(c.users) for c in cells))
+    check_cells_fit(asked, kwargs, args.jobs * min(args.episodes, EPISODE_BATCH), memory_available(),
+                    widest_layer=max(cfg.hidden_sizes), fewer_with="--jobs or --episodes")
+
+
+def _stored_config(p: OneLineParser, run: Path) -> TrainConfig:
+    """The training config that ``run``'s ``config.json`` holds (as trainer.train wrote it; an older version's names
+    read as today's); a usage error naming the file and what is wrong with it where it is missing, unreadable, not
+    JSON, not a run's config, or a config no run could have had (a file damaged or edited by hand)."""
+    from trainer.config import format_env_kwargs, with_current_names
+
+    path = run / "config.json"
+    if not path.is_file():
+        p.error(f"{run}: not a run directory (no config.json); pass the folders trainer.train wrote")
+    try:
+        held = json.loads(checkpoints.read_small_file(path))
+    except OSError as e:  # a FIFO or an oversized file planted there, no permission
+        why = f"cannot be read ({e.strerror or e})"
+    except ValueError:  # not UTF-8, not JSON
+        why = "is not JSON"
+    else:
+        why = "" if isinstance(held, dict) and isinstance(held.get("config"), dict) else 'holds no "config" object'
+    if not why:
+        try:  # its settings' types and limits too: a damaged value is said here, not as a traceback further on
+            cfg = TrainConfig.from_dict(with_current_names(held["config"]), stored=True)
+            untraced = {k: v for k, v in cfg.env_options.items() if k not in TRACE_ARGUMENTS}
+            # (without its traces: a trace folder that moved is said where the cells are built, as what it is)
+            dataclasses.replace(cfg, env_kwargs=format_env_kwargs(untraced)).validate()
+            return cfg
+        except (ValueError, TypeError) as e:  # (ConfigError is a ValueError)
+            why = f"holds a config no run can have ({e})"
+    p.error(f"{path} {why}: it is not the file trainer.train wrote; put the run's own config.json back (from a copy "
+            "of the run), or pass another run directory")
+
+
 class _Runs(NamedTuple):
     """What the runs of one recipe share, as :func:`_check_runs` found it."""
 
@@ -179,7 +224,6 @@ def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -
     """Every run a VR-edge run whose policy can act on ``cells``, named apart from the others and the baselines, and
     all of one recipe played in as many slots: a usage error otherwise, before anything is played."""
     from checkpoints import CheckpointError
-    from trainer.config import TrainConfig
     from trainer.evaluation.policies import make_model, picked_checkpoint
 
     names = [run.name for run in args.runs]
@@ -189,19 +233,20 @@ def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -
     recipes: dict[Path, dict[str, Any]] = {}
     slots: dict[Path, int] = {}
     played: dict[Path, dict[str, str]] = {}
+    biggest = max(cells, key=lambda c: most_users(c.users))
     for run in args.runs:
-        if not (run / "config.json").is_file():
-            p.error(f"{run}: not a run directory (no config.json); pass the folders trainer.train wrote")
-        cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text())["config"])
+        cfg = _stored_config(p, run)
         if cfg.env != "VREdge-v0":
             p.error(f"{run}: trained on {cfg.env}; cells_table plays runs of a VR-edge cell recipe (VREdge-v0)")
         recipes[run] = held_out_env_kwargs(cfg.env_options, "")
         try:
             check_vr_edge(cfg, cells)  # the model's shape, not its weights, says which slots it acts on
-            slots[run] = cell_slots(make_model(cfg), cfg, envs.VREdgeConfig(**recipes[run]), cells)
+            trained = envs.VREdgeConfig(**recipes[run])
+            slots[run] = cell_slots(make_model(cfg), cfg, trained, cells)
+            _check_cells_fit(args, cfg, cells, cell_env_kwargs(recipes[run], slots[run], biggest, trained.masked))
             if not args.runs_later:
                 played[run] = _checkpoint_named(picked_checkpoint(run, "best").source)
-        except ConfigError as e:
+        except (ConfigError, TraceError) as e:  # (a trace folder that moved since the run was trained, say)
             p.error(f"{run}: {e}")
         except CheckpointError as e:
             p.error(f"{run}: {e}; while its training goes on, --runs-later plays the baselines")

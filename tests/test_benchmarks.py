@@ -339,6 +339,32 @@ def test_cells_table_refuses_runs_it_cannot_pair_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "table").exists()  # refused before anything was played
 
 
+@pytest.mark.parametrize("held, things", [
+    ("not JSON {", ["config.json", "not JSON"]),
+    ('["config"]', ["config.json", '"config"']),  # JSON of another shape
+    ('{"config": {"hidden": "x"}}', ["config.json", "--hidden", "x"]),  # a run's config, one value damaged
+])
+def test_cells_table_names_a_damaged_config_json_in_one_line(tmp_path, capsys, held, things):
+    """Issue 61: a config.json that is not JSON, or not of a run's shape, was a JSONDecodeError (or KeyError)
+    traceback with exit status 1."""
+    from benchmarks import cells_table
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(held)
+    with exits(2, *things, capsys=capsys):
+        cells_table.main([str(run), "--users", "2", "--churn", "0", "--out", str(tmp_path / "table")])
+    assert not (tmp_path / "table").exists()
+
+
+def test_cells_table_refuses_a_user_count_int_does_not_read_in_one_line(tmp_path, capsys):
+    """Issue 61: ``"²"`` is a digit to ``str.isdigit`` and not to ``int``: a traceback, before."""
+    from benchmarks import cells_table
+
+    with exits(2, "--users", "²", capsys=capsys):  # (answered before the run is looked for)
+        cells_table.main([str(tmp_path / "none"), "--users", "²", "--out", str(tmp_path / "table")])
+
+
 @pytest.mark.slow  # a tiny training, then its episodes
 def test_cells_table_plays_a_per_head_run_in_its_own_slots_as_evaluate_does(tmp_path):
     """A policy whose parameters fix its slots (per-head, 4 slots) plays 2 and 3 users in cells of 4 slots, not 3."""

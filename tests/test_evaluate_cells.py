@@ -8,6 +8,9 @@ from __future__ import annotations
 import functools
 import json
 import re
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -19,7 +22,7 @@ import checkpoints
 import envs
 from envs.settings import ConfigError
 from tests.factories import settings_file
-from tests.messages import exits, names, raises
+from tests.messages import exits, names, raises, usage_error
 from trainer import compare as compare_cli
 from trainer import evaluate as evaluate_cli
 from trainer.config import TrainConfig
@@ -143,6 +146,8 @@ def fixed_runs(tmp_path_factory) -> dict[str, Path]:
     (["--users", "4,x"], ["--users", "x"]),
     (["--users", "4-2"], ["--users", "4-2", "2-4"]),  # a range that runs backwards: how to write it
     (["--users", "2,2"], ["--users", "2"]),
+    (["--users", "²"], ["--users", "²"]),  # a digit to str.isdigit, not to int(): it was a traceback
+    (["--users", "2-²"], ["--users", "2-²"]),
     (["--churn", "2"], ["--churn", "2"]),
     (["--users", "2", "--churn", "0,-0.1"], ["--churn", "-0.1"]),
 ])
@@ -168,6 +173,26 @@ def test_users_on_another_env_and_varying_users_for_a_policy_without_the_mask_ar
                              "--baselines", "none", "--reference", "none"])
     assert [(c["users"], c["churn"]) for c in payload["cells"]] == [(3, 0.0)]
     assert "observe_active" not in payload["cells"][0]["env_kwargs"]
+
+
+def _limit_memory() -> None:
+    """8 GB of address space: what is allocated before a memory check would fail as an allocation, not swap."""
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+
+def test_cells_larger_than_the_memory_are_refused_in_one_line_before_an_env_is_built(tmp_path):
+    """Issue 61: a set policy plays any slot count, and ``--users 100000000`` was a numpy allocation error (about 3
+    GiB an observation) once the policy had loaded; the memory check refuses it at once, naming the most users that
+    fit this machine."""
+    run = _train(tmp_path / "set", "VREdge-v0", VARYING, 1, "--config", settings_file("policy_arch_set"))
+    proc = subprocess.run([sys.executable, "-m", "trainer.evaluate", "--checkpoint", str(run), "--users",
+                           "2,100000000", "--out", str(tmp_path / "out")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, preexec_fn=_limit_memory)
+    line = usage_error(proc.returncode, proc.stderr, "--users", "2,100000000", "memory")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    most = int(re.search(r"at most ([\d,]+) users", line).group(1).replace(",", ""))
+    assert 6 < most < 100_000_000, line  # the 6 slots it was trained on fit any machine
+    assert not list((tmp_path / "out").glob("*")), "nothing is written"
 
 
 class _AnySlots(torch.nn.Module):

@@ -90,6 +90,18 @@ def test_pick_best_takes_the_best_pointer_and_latest_the_newest(run, tmp_path):
     assert trainer.load_policy(copy, pick="latest").source == newest
 
 
+def test_a_pick_with_nothing_skipped_says_nothing(run, tmp_path, capsys):
+    """Issue 61: ``pick="latest"`` said a blank ``skipped`` line (no problem to name) on stderr."""
+    copy = Path(shutil.copytree(run, tmp_path / "run"))
+    capsys.readouterr()
+    trainer.load_policy(run, pick="latest")  # a run without a best pointer
+    trainer.load_policy(run)
+    checkpoints.set_best(copy, checkpoints.checkpoint_files(copy)[-1], {"val_return": 1.0}, keep=2)
+    trainer.load_policy(copy, pick="latest")  # a best pointer there, not asked for
+    said = capsys.readouterr()
+    assert said.err == "" and said.out == "", said
+
+
 def test_stochastic_samples_where_greedy_does_not(run):
     observations = np.repeat(played_observations(1), 256, axis=0)
     assert len(set(trainer.load_policy(run)(observations).tolist())) == 1

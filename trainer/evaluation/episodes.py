@@ -22,6 +22,7 @@ Act = Callable[[np.ndarray], np.ndarray]
 _EVAL_STREAM = 0x5EED_E7A1  # spawn key that separates evaluation seeds from training seeds
 _VALIDATION_STREAM = 0x5EED_7A11  # and validation seeds (model selection during training) from both
 _DISTILL_STREAM = 0x5EED_D157  # and the episodes a policy plays to be distilled from all three
+EPISODE_BATCH = 16  # the envs run_episodes plays in lockstep by default (at most: one per episode)
 _EPISODE_ENDED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("episode_ended",
                                                                                           default=None)
 
@@ -97,7 +98,7 @@ def _say_episode_ended() -> None:
 
 
 def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
-                 num_envs: int = 16, seeds: list[int] | None = None,
+                 num_envs: int = EPISODE_BATCH, seeds: list[int] | None = None,
                  with_envs: bool = False, whole_batch: bool = False) -> list[dict[str, float]]:
     """Play ``episodes`` full episodes (episode ``i`` reset with ``evaluation_seeds(seed)[i]``, or ``seeds[i]``).
 
