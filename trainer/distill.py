@@ -27,11 +27,12 @@ from dataclasses import fields
 from pathlib import Path
 
 from envs.settings import ConfigError
-from trainer.arguments import OneLineParser
+from trainer.arguments import OneLineParser, ending_quietly_when_stdout_closes
 
 NOTHING_WRITTEN = "nothing was written (the run ends with the checkpoint it ended with before)"
 
 
+@ending_quietly_when_stdout_closes()  # `| head -1`: exit status 141, no traceback (the round is saved before it speaks)
 def main(argv: list[str] | None = None) -> None:
     import checkpoints
     from trainer.interrupts import StopSignals
