@@ -104,7 +104,7 @@ class RoundProgress:
         total = self.labels + 2 * settings.validation_episodes + settings.epochs
         self.bar = tqdm(total=total, desc="distilling", dynamic_ncols=True, file=sys.stderr,
                         disable=not (sys.stderr.isatty() if shown is None else shown),
-                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
+                        bar_format="{desc}{percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
 
     def phase(self, what: str) -> None:
         """The phase now under way, in a few words."""
