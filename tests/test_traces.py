@@ -295,13 +295,13 @@ def test_evaluation_plays_a_given_folder_whole_and_a_split_set_on_its_test_folde
     write_traces(tmp_path / "flat", files=5, seconds=10)
     flat = str(tmp_path / "flat")
     trained = {"capacity_trace": flat, "trace_split": "train"}
-    assert held_out_env_kwargs(trained, "")["trace_split"] == "test"  # the run's own folder: as runs always were
-    assert held_out_env_kwargs(trained, flat)["trace_split"] == "all"  # a folder given: every file of it
-    assert held_out_env_kwargs(trained, flat, "test")["trace_split"] == "test"  # unless a split is asked for
-    assert held_out_env_kwargs(trained, "pensieve")["trace_split"] == "test"
-    assert held_out_env_kwargs({"capacity_trace": "pensieve", "trace_split": "train"}, "")["trace_split"] == "test"
+    assert held_out_env_kwargs("VREdge-v0", trained, "")["trace_split"] == "test"  # the run's own folder: as runs always were
+    assert held_out_env_kwargs("VREdge-v0", trained, flat)["trace_split"] == "all"  # a folder given: every file of it
+    assert held_out_env_kwargs("VREdge-v0", trained, flat, "test")["trace_split"] == "test"  # unless a split is asked for
+    assert held_out_env_kwargs("VREdge-v0", trained, "pensieve")["trace_split"] == "test"
+    assert held_out_env_kwargs("VREdge-v0", {"capacity_trace": "pensieve", "trace_split": "train"}, "")["trace_split"] == "test"
     # users on a split set: its train files are never played in evaluation, whatever the cell replays
-    assert held_out_env_kwargs({"user_traces": "pensieve", "trace_split": "train"}, flat)["trace_split"] == "test"
+    assert held_out_env_kwargs("VREdge-v0", {"user_traces": "pensieve", "trace_split": "train"}, flat)["trace_split"] == "test"
 
 
 def test_a_shipped_sets_name_is_stored_as_a_name_and_paths_absolute(tmp_path, monkeypatch):
