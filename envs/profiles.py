@@ -33,11 +33,13 @@ class Expert:
 
     A ``stateful`` expert (a filter that follows each env's observations) sees every row of one natively batched
     env at every step, those whose episodes are over included; a stateless one sees only the rows playing.
-    ``refusal(env_kwargs)`` says why it cannot serve those arguments (``""``: it can)."""
+    ``refusal(env_kwargs)`` says why it cannot serve those arguments (``""``: it can); ``pace``: how long it takes,
+    measured, for the line a distillation starts with (``""``: not said)."""
 
     name: str
     make: Callable[[EnvKwargs, int], Act]
     stateful: bool = False
+    pace: str = ""
     refusal: Callable[[EnvKwargs], str] = lambda kwargs: ""
 
 
@@ -123,9 +125,12 @@ def register_profile(env_id: str, profile: EnvProfile) -> None:
 def profile_of(env_id: str) -> EnvProfile:
     """``env_id``'s profile (``"module:Id"`` as ``gymnasium.make`` takes it), :data:`GENERIC` where it declared
     none."""
-    found = _PROFILES.get(env_id.rpartition(":")[2], GENERIC)
+    module, _, name = env_id.rpartition(":")
+    if module and name not in _PROFILES:  # the module registers the env, and its profile beside it
+        importlib.import_module(module)
+    found = _PROFILES.get(name, GENERIC)
     if isinstance(found, str):
-        found = _PROFILES[env_id.rpartition(":")[2]] = importlib.import_module(found).PROFILE
+        found = _PROFILES[name] = importlib.import_module(found).PROFILE
     return found
 
 

@@ -291,17 +291,17 @@ def test_a_flat_folder_replays_as_before_under_the_auto_split(tmp_path):
 
 
 def test_evaluation_plays_a_given_folder_whole_and_a_split_set_on_its_test_folder(tmp_path):
-    from trainer.evaluation import held_out_env_kwargs
+    from envs.vr_edge_profile import held_out_arguments as held_out_env_kwargs  # (VR-edge's profile: its rule)
     write_traces(tmp_path / "flat", files=5, seconds=10)
     flat = str(tmp_path / "flat")
     trained = {"capacity_trace": flat, "trace_split": "train"}
-    assert held_out_env_kwargs("VREdge-v0", trained, "")["trace_split"] == "test"  # the run's own folder: as runs always were
-    assert held_out_env_kwargs("VREdge-v0", trained, flat)["trace_split"] == "all"  # a folder given: every file of it
-    assert held_out_env_kwargs("VREdge-v0", trained, flat, "test")["trace_split"] == "test"  # unless a split is asked for
-    assert held_out_env_kwargs("VREdge-v0", trained, "pensieve")["trace_split"] == "test"
-    assert held_out_env_kwargs("VREdge-v0", {"capacity_trace": "pensieve", "trace_split": "train"}, "")["trace_split"] == "test"
+    assert held_out_env_kwargs(trained, "")["trace_split"] == "test"  # the run's own folder: as runs always were
+    assert held_out_env_kwargs(trained, flat)["trace_split"] == "all"  # a folder given: every file of it
+    assert held_out_env_kwargs(trained, flat, "test")["trace_split"] == "test"  # unless a split is asked for
+    assert held_out_env_kwargs(trained, "pensieve")["trace_split"] == "test"
+    assert held_out_env_kwargs({"capacity_trace": "pensieve", "trace_split": "train"}, "")["trace_split"] == "test"
     # users on a split set: its train files are never played in evaluation, whatever the cell replays
-    assert held_out_env_kwargs("VREdge-v0", {"user_traces": "pensieve", "trace_split": "train"}, flat)["trace_split"] == "test"
+    assert held_out_env_kwargs({"user_traces": "pensieve", "trace_split": "train"}, flat)["trace_split"] == "test"
 
 
 def test_a_shipped_sets_name_is_stored_as_a_name_and_paths_absolute(tmp_path, monkeypatch):

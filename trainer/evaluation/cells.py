@@ -77,8 +77,9 @@ def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.
     (:data:`CEILING_BASE`, or ``"policy"``: ``act``, the ceiling at its strongest), with :data:`CEILING_BASE` played
     too where ``names`` lacks it; the same held-out seeds for each."""
     played = {label: run_episodes(act, env_fn, episodes, seed)}
+    baselines = profile_of(env_fn.args[0]).baselines  # (env_fn: gym.make's partial, the env's id and arguments)
     for name in names:
-        played[name] = run_episodes(envs.make_baseline(name, vr_config), env_fn, episodes, seed)
+        played[name] = run_episodes(baselines[name](env_fn.keywords), env_fn, episodes, seed)
     references = references_of(reference) if vr_config is not None else ()
     if REFERENCE in references:
         played[REFERENCE] = run_episodes(ClairvoyantPlanner(vr_config), env_fn, episodes, seed, num_envs=64,

@@ -246,7 +246,8 @@ def distilled(model: nn.Module, env: str, env_kwargs: dict[str, Any], run_seed: 
     kept = difference["mean"] >= 0
     if not kept:
         model.load_state_dict(before)
-    return {"states": len(labels.observations), "episodes": settings.episodes, "agreement": agreement,
+    return {"expert": profile.expert.name, "score_label": profile.score_label,
+            "states": len(labels.observations), "episodes": settings.episodes, "agreement": agreement,
             "cross_entropy": losses, "difference": difference, "kept": kept,
             "validation_reward_per_step": summarize(after)["reward_per_step"],
             "settings": {f.name: getattr(settings, f.name) for f in fields(settings)}}
@@ -307,9 +308,11 @@ def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] 
         aside = ", ".join(p.name for p in moved)
         notes = [f"newer than {source.name}, none loading, set aside as {aside}"] if moved else []
         validation = counted(chosen.validation_episodes, "validation episode")
-        started(f"BeliefMPC labels the states of {counted(chosen.episodes, 'episode')} that {source.name}'s policy "
-                f"plays (64 episodes of 300 steps: 2 min 16 s on a 2-core AMD EPYC), the actor is fine-tuned toward "
-                f"its levels, and kept where it scores no lower on {validation}")
+        expert = profile_of(cfg.env).expert
+        pace = f" ({expert.pace})" if expert.pace else ""
+        started(f"{expert.name} labels the states of {counted(chosen.episodes, 'episode')} that {source.name}'s "
+                f"policy plays{pace}, the actor is fine-tuned toward its actions, and kept where it scores no lower "
+                f"on {validation}")
         summary = distilled(model, cfg.env, cfg.env_options, cfg.seed, chosen, cfg.max_grad_norm)
         if summary["kept"]:
             weights = {k: v.clone() for k, v in model.state_dict().items()}
@@ -353,8 +356,8 @@ def summary_line(summary: dict[str, Any]) -> str:
     """A round's outcome in words, one line: what was labelled, and whether it was kept and why."""
     d, (agree_before, agree_after) = summary["difference"], summary["agreement"]
     on = counted(d["episodes"], "validation episode")
-    change = f"{d['mean']:+.4f} ± {d['ci95']:.4f} reward/step (95% CI) on {on}, after minus before"
-    what = (f"BeliefMPC's levels on {summary['states']:,} states of {counted(summary['episodes'], 'episode')}; "
+    change = f"{d['mean']:+.4f} ± {d['ci95']:.4f} {summary['score_label']} (95% CI) on {on}, after minus before"
+    what = (f"{summary['expert']}'s actions on {summary['states']:,} states of {counted(summary['episodes'], 'episode')}; "
             f"agreement {agree_before:.2f} -> {agree_after:.2f}")
     if summary["kept"]:
         return f"{what}; kept as {Path(summary['checkpoint']).name}: it scores no lower, {change}"
