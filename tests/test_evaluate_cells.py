@@ -17,14 +17,23 @@ import torch
 
 import checkpoints
 import envs
+from envs.planner import ClairvoyantPlanner
 from envs.settings import ConfigError
 from tests.factories import settings_file
 from tests.messages import exits, names, raises
 from trainer import compare as compare_cli
 from trainer import evaluate as evaluate_cli
 from trainer.config import TrainConfig
-from trainer.evaluation import policy_actions, run_episodes, summarize
-from trainer.evaluation.cells import acts_on_any_slot_count, cell_slots, cells_of, evaluate_cells
+from trainer.evaluation import policy_actions, run_episodes, summarize, validation_seeds
+from trainer.evaluation.baselines import best_baseline
+from trainer.evaluation.cells import (
+    acts_on_any_slot_count,
+    cell_slots,
+    cells_of,
+    evaluate_cells,
+    play_contenders,
+)
+from trainer.evaluation.episodes import Player, episodes_shown, play_together
 from trainer.evaluation.policies import trained_model
 from trainer.evaluation.report import json_ready
 from trainer.flags import parse_args
@@ -280,3 +289,48 @@ def test_compare_shows_every_episode_it_plays_in_a_terminal(varying_run, monkeyp
     compare_cli.main([str(varying_run), "--episodes", "3", "--out", str(tmp_path)])
     counts = terminal.counts()
     assert (3, 3) in counts and {t for _, t in counts} == {3}, terminal.text[-500:]
+
+
+def _cell(users: int | str, churn: float) -> tuple[envs.VREdgeConfig, functools.partial]:
+    """The config and env of a cell of ``users`` of 6 slots (the mask shown, as the varying run was trained)."""
+    kwargs = dict(num_users=6, users=users, churn=churn, max_steps=20, observe_active=True)
+    return envs.VREdgeConfig(**kwargs), functools.partial(gym.make, "VREdge-v0", **kwargs)
+
+
+def test_players_played_together_score_each_episode_as_each_played_alone(varying_run):
+    """The policy and every baseline play in one batched env, the clairvoyant in one of its own, the validation
+    episodes in another: each deterministic player's records are, episode for episode, those it plays alone
+    (``run_episodes``: 16 envs, one player), the policy's over 18 episodes (its batches of 16, then 2)."""
+    model, _, _ = trained_model(varying_run, "best")
+    config, env_fn = _cell("2-6", 0.05)
+    greedy = policy_actions(model, deterministic=True)
+    played = play_contenders(greedy, "policy", list(envs.BASELINES), config, env_fn, 18, 0, ("clairvoyant",))
+    assert list(played) == ["policy", *envs.BASELINES, "clairvoyant"]
+    assert played["policy"] == run_episodes(greedy, env_fn, 18, 0)
+    deterministic = [n for n in envs.BASELINES if n != "random"]  # (random draws its levels in another order)
+    for name in deterministic:
+        assert played[name] == run_episodes(envs.make_baseline(name, config), env_fn, 18, 0), name
+    assert played["clairvoyant"] == run_episodes(ClairvoyantPlanner(config), env_fn, 18, 0, with_envs=True)
+    seeds = validation_seeds(1, 16)
+    _, validation = best_baseline(list(envs.BASELINES), config, env_fn, seeds)
+    for name in deterministic:
+        assert validation[name] == run_episodes(envs.make_baseline(name, config), env_fn, 16, 0, seeds=seeds), name
+    assert len(played["random"]) == 18 and len(validation["random"]) == 16
+
+
+def test_a_batched_env_moves_the_bar_by_its_steps_not_only_as_its_episodes_end(monkeypatch):
+    """4 episodes of 20 steps, played at once: every 5 steps are an episode's worth, and the bar says so, long before
+    the episodes end together."""
+    import tqdm
+
+    terminal, events = _Terminal(), []
+    monkeypatch.setattr("sys.stderr", terminal)  # (the bar is drawn on a terminal only)
+    monkeypatch.setattr(tqdm.tqdm, "update", lambda bar, n=1: events.append(("bar", n)))
+    step = envs.VREdgeVectorEnv.step
+    monkeypatch.setattr(envs.VREdgeVectorEnv, "step", lambda env, a: (events.append(("step", 1)), step(env, a))[1])
+    config, env_fn = _cell(6, 0.0)
+    with episodes_shown(4):
+        records, = play_together([Player(envs.make_baseline("lowest", config), [1, 2, 3, 4])], env_fn)
+    assert [r["length"] for r in records] == [20] * 4  # (the lowest level never stalls: all end at step 20)
+    steps_before = [sum(n for kind, n in events[:i] if kind == "step") for i, e in enumerate(events) if e[0] == "bar"]
+    assert steps_before == [5, 10, 15, 20] and sum(n for kind, n in events if kind == "bar") == 4

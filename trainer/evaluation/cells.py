@@ -43,7 +43,17 @@ from envs.settings import ConfigError
 from trainer.arguments import most_users
 from trainer.config import TrainConfig
 from trainer.evaluation.baselines import best_baseline
-from trainer.evaluation.episodes import Act, held_out_env_kwargs, policy_actions, run_episodes, validation_seeds
+from trainer.evaluation.episodes import (
+    POLICY_BATCH,
+    Act,
+    Player,
+    evaluation_seeds,
+    held_out_env_kwargs,
+    play_together,
+    policy_actions,
+    run_episodes,
+    validation_seeds,
+)
 from trainer.evaluation.report import pyplot, write_figure
 from trainer.evaluation.statistics import gap_closed, paired_difference, summarize
 
@@ -74,20 +84,29 @@ def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.
     ``names``, the references ``reference`` names (VR-edge: ``vr_config``; ``True``: the clairvoyant, ``False``:
     none): the clairvoyant planner, and the causal ceiling :class:`envs.belief_mpc.BeliefMPC` on ``ceiling_base``
     (:data:`CEILING_BASE`, or ``"policy"``: ``act``, the ceiling at its strongest), with :data:`CEILING_BASE` played
-    too where ``names`` lacks it; the same held-out seeds for each."""
-    played = {label: run_episodes(act, env_fn, episodes, seed)}
-    for name in names:
-        played[name] = run_episodes(envs.make_baseline(name, vr_config), env_fn, episodes, seed)
+    too where ``names`` lacks it; the same held-out seeds for each. The policy and the baselines play together, in
+    one batched env (:func:`trainer.evaluation.episodes.play_together`), each reference in one of its own."""
     references = references_of(reference) if vr_config is not None else ()
+    baselines = list(names) + ([CEILING_BASE] if BELIEF in references and CEILING_BASE not in names else [])
+    seeds = evaluation_seeds(seed, episodes)
+    players = [Player(act, seeds, POLICY_BATCH)] + [Player(envs.make_baseline(n, vr_config), seeds) for n in baselines]
+    played = dict(zip([label, *baselines], play_together(players, env_fn)))
     if REFERENCE in references:
-        played[REFERENCE] = run_episodes(ClairvoyantPlanner(vr_config), env_fn, episodes, seed, num_envs=64,
-                                         with_envs=True)
+        played[REFERENCE] = clairvoyant_records(vr_config, env_fn, episodes, seed)
     if BELIEF in references:
         played[BELIEF] = ceiling_records(vr_config, env_fn, episodes, seed, act if ceiling_base == "policy"
                                          else ceiling_base)
-        if CEILING_BASE not in played:
-            played[CEILING_BASE] = run_episodes(envs.make_baseline(CEILING_BASE, vr_config), env_fn, episodes, seed)
-    return played
+    return {name: played[name] for name in [label, *names, *REFERENCES, CEILING_BASE] if name in played}
+
+
+def clairvoyant_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], episodes: int, seed: int
+                        ) -> Records:
+    """The clairvoyant reference's records (:class:`envs.planner.ClairvoyantPlanner`) on the held-out episodes
+    ``seed`` gives: one batched env, a row per episode, planned from its state at every step (a row whose episode
+    ended too: its plan is moot). Its plans are each row's own, so they are those of single envs, at a batched
+    env's cost."""
+    return run_episodes(ClairvoyantPlanner(vr_config), env_fn, episodes, seed, num_envs=episodes, with_envs=True,
+                        whole_batch=True)
 
 
 def ceiling_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
