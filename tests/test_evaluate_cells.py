@@ -6,6 +6,7 @@ work on runs trained on a cell whose users vary."""
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 from pathlib import Path
@@ -24,14 +25,16 @@ from tests.messages import exits, names, raises
 from trainer import compare as compare_cli
 from trainer import evaluate as evaluate_cli
 from trainer.config import TrainConfig
-from trainer.evaluation import policy_actions, run_episodes, summarize, validation_seeds
+from trainer.evaluation import paired_difference, policy_actions, run_episodes, summarize, validation_seeds
 from trainer.evaluation.baselines import best_baseline
 from trainer.evaluation.cells import (
     acts_on_any_slot_count,
     cell_slots,
+    cells_figure,
     cells_of,
     evaluate_cells,
     play_contenders,
+    plot_band,
 )
 from trainer.evaluation.episodes import Player, episodes_shown, play_together
 from trainer.evaluation.policies import trained_model
@@ -114,16 +117,22 @@ def test_cells_are_one_entry_per_pair_in_order_each_player_on_the_episodes_a_dir
         assert not png.exists()
 
 
-def test_the_python_api_gives_the_command_lines_cells_with_the_reference_and_ranges(varying_run, capsys):
+def test_the_python_api_gives_the_command_lines_cells_with_the_reference_where_asked_and_ranges(varying_run, capsys):
     model, cfg, _ = trained_model(varying_run, "best")
-    entries = evaluate_cells(model, cfg, (3, "2-6"), (0.05,), episodes=2, baselines=("buffer",))
-    payload = _json(capsys, ["--checkpoint", str(varying_run), "--pick", "best", "--users", "3,2-6",
-                             "--churn", "0.05", "--episodes", "2", "--baselines", "buffer"])
+    entries = evaluate_cells(model, cfg, (3, "2-6"), (0.05,), episodes=2, baselines=("buffer",), reference=True)
+    payload = _json(capsys, ["--checkpoint", str(varying_run), "--pick", "best", "--users", "3,2-6", "--churn",
+                             "0.05", "--episodes", "2", "--baselines", "buffer", "--reference", "clairvoyant"])
     assert json.loads(json.dumps(json_ready(entries), allow_nan=False)) == payload["cells"]
     assert [e["users"] for e in entries] == [3, "2-6"]
     for e in entries:
         assert set(e["reference"]) == {"clairvoyant"} and set(e["paired_reward_per_step"]) == {"buffer", "clairvoyant"}
         assert e["gap_closed"]["episodes"] == 2 and e["env_kwargs"]["num_users"] == 6
+    # not asked for, across cells the reference is not played (it would cost more than every other player)
+    unasked = _json(capsys, ["--checkpoint", str(varying_run), "--users", "3", "--churn", "0.05", "--episodes", "2",
+                             "--baselines", "buffer"])["cells"][0]
+    assert unasked["reference"] == {} and unasked["gap_closed"] is None and set(unasked["paired_reward_per_step"]) == {
+        "buffer"}
+    assert unasked["policy"] == payload["cells"][0]["policy"]  # the same episodes
 
 
 def test_without_users_the_evaluation_is_todays(varying_run, capsys):
@@ -316,6 +325,64 @@ def test_players_played_together_score_each_episode_as_each_played_alone(varying
     for name in deterministic:
         assert validation[name] == run_episodes(envs.make_baseline(name, config), env_fn, 16, 0, seeds=seeds), name
     assert len(played["random"]) == 18 and len(validation["random"]) == 16
+
+
+def _leads_table(text: str) -> tuple[dict[tuple[str, str], dict[str, str]], int]:
+    """The summary table of a cell evaluation's output: the policy's lead ``+0.012±0.034`` over each player, by
+    (users, churn) and name (the table whose cells hold intervals); and how many leads it counts above zero."""
+    blocks = [b.splitlines() for b in text.split("\n\n")]
+    for lines in blocks:
+        heads = [i for i, line in enumerate(lines) if line.split()[:2] == ["users", "churn"]]
+        if heads and "±" in lines[heads[0] + 1]:
+            names_ = lines[heads[0]].split()[2:]
+            rows = {tuple(line.split()[:2]): dict(zip(names_, line.split()[2:])) for line in lines[heads[0] + 1:]}
+            break
+    counted = next(int(m.group(1)) for m in re.finditer(r"in (\d+) of \d+", text))
+    return rows, counted
+
+
+def test_the_summary_is_the_policy_minus_each_baseline_paired_over_each_cells_episodes(varying_run, capsys):
+    evaluate_cli.main(["--checkpoint", str(varying_run), "--users", "2,6", "--churn", "0,0.05", "--episodes", "3",
+                       "--baselines", "fair_share,bola", "--out", str(varying_run.parent / "summary")])
+    table, counted = _leads_table(capsys.readouterr().out)
+    model, _, _ = trained_model(varying_run, "best")
+    greedy = policy_actions(model, deterministic=True)
+    above = 0
+    for users, churn in itertools.product((2, 6), (0.0, 0.05)):
+        config, env_fn = _cell(users, churn)
+        policy = run_episodes(greedy, env_fn, 3, 0)
+        for name in ("fair_share", "bola"):
+            d = paired_difference(policy, run_episodes(envs.make_baseline(name, config), env_fn, 3, 0))
+            assert table[(str(users), f"{churn:g}")][name] == f"{d['mean']:+.3f}±{d['ci95']:.3f}", (users, churn)
+            above += d["mean"] - d["ci95"] > 0
+    assert len(table) == 4 and counted == above
+
+
+def _entry(users: int, churn: float, **scores: float) -> dict:
+    """A cell entry (``evaluation_cells.json``'s) of the policy's and the baselines' mean rewards per step."""
+    result = {n: {"reward_per_step": m, "reward_per_step_ci95": 0.01} for n, m in scores.items()}
+    return {"users": users, "churn": churn, "policy": result.pop("policy"), "baselines": result, "reference": {}}
+
+
+def test_the_plot_shows_the_players_far_below_on_a_panel_of_their_own_and_the_legend_clear_of_every_line():
+    pytest.importorskip("matplotlib")
+    entries = [_entry(u, c, policy=0.70 + u / 100, random=-0.75 + u / 20, lowest=0.0, throughput=0.66,
+                      fair_share=0.69 + u / 100, robust_mpc=0.68) for u, c in itertools.product((2, 8), (0.0, 0.05))]
+    assert plot_band(entries).far_below == ("random", "lowest")
+    fig = cells_figure(entries)
+    main, below = fig.axes[:2], fig.axes[2:]
+    for ax in main:  # every competitive player with its interval, and not 0 (lowest) nor below
+        assert ax.get_legend_handles_labels()[1] == ["policy", "throughput", "fair_share", "robust_mpc"]
+        low, high = ax.get_ylim()
+        assert 0.0 < low <= 0.66 - 0.01 and high >= 0.78 + 0.01
+    for ax in below:
+        assert ax.get_legend_handles_labels()[1] == ["random", "lowest"]
+    fig.canvas.draw()
+    legend = fig.legends[0].get_window_extent()
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["policy", *entries[0]["baselines"]]  # each once
+    assert not any(legend.overlaps(ax.get_window_extent()) for ax in fig.axes)
+    close = [_entry(u, 0.0, policy=0.7, fair_share=0.69) for u in (2, 8)]  # no player far below: one row
+    assert plot_band(close).far_below == () and len(cells_figure(close).axes) == 1
 
 
 def test_a_batched_env_moves_the_bar_by_its_steps_not_only_as_its_episodes_end(monkeypatch):

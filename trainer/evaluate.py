@@ -85,24 +85,24 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
 
 
 def _evaluate_cells(args: argparse.Namespace, setup: _Setup, label: str, signals: StopSignals, out: TextIO) -> None:
-    """``--users``/``--churn``: every player on the same held-out episodes for each (users, churn) pair, a block of
-    the table per pair, ``evaluation_cells.json`` (``cells``: one entry per pair) and its plot."""
-    from trainer.evaluation.cells import cell_entry, play_cells, plot_cells
+    """``--users``/``--churn``: every player on the same held-out episodes for each (users, churn) pair, a line of
+    each table per pair (what each scored, then the summary: the policy minus each), ``evaluation_cells.json``
+    (``cells``: one entry per pair, every statistic) and its plot."""
+    from trainer.evaluation.cells import cell_entry, leads_table, play_cells, plot_cells, scores_table
     from trainer.evaluation.episodes import episodes_shown
 
     with episodes_shown(len(setup.cells) * _episodes_per_cell(args, setup)):
         results = play_cells(setup.model, setup.cfg, setup.cells, setup.env_kwargs, label, setup.names,
                              args.episodes, args.seed, _with_reference(args, setup), args.deterministic,
                              args.belief_base)
+    entries = [cell_entry(r, label, setup.names) for r in results]
     _print_header(args, setup, out)
-    print(f"in cells of {results[0].env_kwargs['num_users']} user slots, each block's users and churn in place of "
+    print(f"in cells of {results[0].env_kwargs['num_users']} user slots, each line's users and churn in place of "
           "the run's", file=out)
-    for r in results:
-        print(f"\nusers {r.cell.users}, churn {r.cell.churn:g}", file=out)
-        _print_comparison(r.comparison, out, args.belief_base)
-    head = _payload_head(args, setup)
-    payload = {**head, "slots": results[0].env_kwargs["num_users"],
-               "cells": [cell_entry(r, label, setup.names) for r in results]}
+    print(f"\n{scores_table(entries)}", file=out)
+    if summary := leads_table(entries):  # (none where the policy played alone)
+        print(f"\n{summary}", file=out)
+    payload = {**_payload_head(args, setup), "slots": results[0].env_kwargs["num_users"], "cells": entries}
     _write_results(args, setup, payload, lambda png: plot_cells(payload["cells"], png), signals, out, CELLS_FILES)
 
 
@@ -123,12 +123,13 @@ def _parser() -> OneLineParser:
     mode.add_argument("--stochastic", dest="deterministic", action="store_false", help="sample actions")
     p.add_argument("--baselines", default="all",
                    help="'all', 'none' or comma-separated names (VR-edge only; default: %(default)s)")
-    p.add_argument("--reference", default=REFERENCE, metavar="NAMES",
+    p.add_argument("--reference", default=None, metavar="NAMES",
                    help="VR-edge: the references played beside the policy, comma-separated, or none: clairvoyant "
                         "(envs.planner; sees the true future: the fraction of the gap from the best baseline that "
                         "the policy closes), belief (envs.belief_mpc: the causal ceiling, from observations only: "
                         "the policy's capture of its lead over fair_share and, with clairvoyant, its causal share "
-                        "of the clairvoyant's; synthetic cells only) (default: %(default)s)")
+                        "of the clairvoyant's; synthetic cells only) (default: clairvoyant; with --users or "
+                        "--churn none, as the references cost most of a cell evaluation's time)")
     p.add_argument("--belief-base", choices=("fair_share", "policy"), default="fair_share",
                    help="with --reference belief: the base policy the causal ceiling improves by rollout, fair_share "
                         "or the policy evaluated (the ceiling at its strongest: in expectation no worse than the "
@@ -178,7 +179,7 @@ def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> li
     _check_numbers(parser, args)
     args.given = _given_env_kwargs(parser, args)
     asked_baselines = _asked_baselines(parser, args.baselines)
-    args.reference = _asked_references(parser, args.reference)
+    args.reference = _asked_references(parser, args.reference) if args.reference is not None else None
     try:
         args.users = user_counts(args.users) if args.users is not None else None
         args.churn = churn_levels(args.churn) if args.churn is not None else None
@@ -282,7 +283,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
               file=sys.stderr)
     env_kwargs = held_out_env_kwargs(cfg.env_options, args.given)
     vr_config = envs.VREdgeConfig(**env_kwargs) if vr_edge else None  # a bad trace fails here, at once
-    if vr_config is not None and "belief" in args.reference and (refused := filter_refusal(vr_config)):
+    if vr_config is not None and "belief" in (args.reference or ()) and (refused := filter_refusal(vr_config)):
         parser.error(f"--reference belief: {refused}; drop belief")
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
     out_dir = Path(args.out) if args.out else run_dir
@@ -335,8 +336,13 @@ def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
 
 
 def _with_reference(args: argparse.Namespace, setup: _Setup) -> tuple[str, ...]:
-    """The references played: those asked for (the clairvoyant by default), on VR-edge."""
-    return args.reference if setup.vr_config is not None else ()
+    """The references played: those asked for, on VR-edge; by default the clairvoyant, and none across cells
+    (``--users``/``--churn``), where it would cost several times what every other player costs."""
+    if setup.vr_config is None:
+        return ()
+    if args.reference is None:
+        return () if setup.cells else (REFERENCE,)
+    return args.reference
 
 
 def _compared(played: dict[str, list[dict[str, float]]], label: str, setup: _Setup) -> Comparison:
