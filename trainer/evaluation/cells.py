@@ -299,6 +299,7 @@ def _players(entry: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _cell_name(entry: dict[str, Any]) -> str:
+    """A cell's users and churn, as the tables' first two columns."""
     return f"{str(entry['users']):>5} {entry['churn']:>6g}"
 
 
@@ -312,6 +313,9 @@ def scores_table(entries: list[dict[str, Any]]) -> str:
     lines += [_cell_name(e) + "".join(f"{_players(e)[n]['reward_per_step']:>{width}.3f}" for n in names)
               for e in entries]
     return "\n".join(lines)
+
+
+_FIGURES = {"gap closed": "gap_closed", "capture": "capture"}  # a cell's ratios where references were played
 
 
 class Lead(NamedTuple):
@@ -340,7 +344,7 @@ def leads_table(entries: list[dict[str, Any]], most_named: int = 6) -> str:
     if not found:
         return ""
     others = list(dict.fromkeys(lead.other for lead in found))
-    figures = [f for f in _FIGURES if any(e.get(key) for e in entries for key in [_FIGURES[f]])]
+    figures = [title for title, key in _FIGURES.items() if any(e.get(key) for e in entries)]
     width = max([15, *(len(n) + 2 for n in others + figures)])
     by_cell = {(lead.users, lead.churn, lead.other): lead for lead in found}
     lines = ["policy minus each, reward per step paired over the same episodes (mean ± 95% CI), per cell"
@@ -365,8 +369,6 @@ def leads_table(entries: list[dict[str, Any]], most_named: int = 6) -> str:
                      + (f" and {len(behind) - most_named} more" if len(behind) > most_named else ""))
     return "\n".join(lines)
 
-
-_FIGURES = {"gap closed": "gap_closed", "capture": "capture"}  # a cell's ratios where references were played
 
 
 def _ratio_text(figure: dict[str, Any] | None) -> str:

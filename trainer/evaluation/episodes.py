@@ -245,10 +245,11 @@ class Player(NamedTuple):
     act: Act
     seeds: list[int]
     batch: int | None = None  # at most this many of its rows per call of ``act``, its episodes in order (None: all)
-    # Why a trained policy plays in batches of POLICY_BATCH: its matrix products take another kernel for a batch
-    # of 1 or 2 rows (logits 1e-6 apart, measured with the cells recipe's set policy), so batches of 16 in episode
-    # order keep its records those of run_episodes (16 envs), which trainer.compare and benchmarks.cells_table
-    # play. The baselines act on each row alone: any batch gives the same actions.
+    # Why a trained policy plays in batches of POLICY_BATCH: its matrix products take other kernels for a batch of
+    # 1 to 3 rows (logits 1e-6 apart, measured with the cells recipe's set policy; from 4 rows on, the same to the
+    # last bit), so batches of 16 in episode order (the last one 50 - 48 = 2 rows, as run_episodes' last envs)
+    # keep its records those of run_episodes, which trainer.compare and benchmarks.cells_table play. A baseline
+    # acts on each row alone: any batch gives the same actions.
 
 
 def play_together(players: Sequence[Player], env_fn: Callable[[], gym.Env]) -> list[Records]:
@@ -257,12 +258,15 @@ def play_together(players: Sequence[Player], env_fn: Callable[[], gym.Env]) -> l
     player acts on the rows of its episodes still playing (a row whose episode ended plays on, unrecorded); an env
     that is not batched natively plays each player's episodes with :func:`run_episodes`.
 
-    Why: VR-edge's batched env steps 512 rows in about the time of 16 (10 ms against 3, 2-core AMD EPYC), so the
-    players of a cell (the policy, 7 baselines, their validation episodes) step together in a twentieth of the
-    time they took one after another; and no env is restarted. The same episodes (env ``i`` reset with its seed
-    plays exactly that seed's episode), so a deterministic player's records are those of :func:`run_episodes`;
-    a player that draws random numbers (``random``, a sampling policy) draws them in another order.
+    Why: VR-edge's batched env steps 512 rows in about three times the time of 16 (10 ms against 3, 2-core AMD
+    EPYC), so the players of a cell (the policy and 7 baselines, 50 episodes each) step together in about a tenth
+    of the time they took one after another, 16 envs at a time; and no env is made anew for each episode. The same
+    episodes (env ``i`` reset with its seed plays exactly that seed's episode), so a deterministic player's records
+    are those of :func:`run_episodes`; a player that draws random numbers (``random``, a sampling policy) draws them
+    in another order.
     """
+    if not players or not all(p.seeds for p in players):
+        raise ValueError("play_together needs players, each with at least one episode (seed) to play")
     make = native_vector_env(env_fn)
     if make is None:
         return [run_episodes(p.act, env_fn, len(p.seeds), 0, num_envs=p.batch or POLICY_BATCH, seeds=p.seeds)
