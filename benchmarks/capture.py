@@ -88,7 +88,7 @@ def checkpoint_row(source: Path, refs: dict[str, Records], episodes: int, seed: 
     played = play(loaded, episodes, seed)
     capture = gap_closed(played, refs[BASE], refs[CEILING])
     lead = paired_difference(played, refs[BASE])
-    return {"checkpoint": str(source), "env_steps": loaded.env_steps,
+    return {"checkpoint": str(source), "checkpoint_sha256": loaded.sha256, "env_steps": loaded.env_steps,
             "reward_per_step": sum(r["reward_per_step"] for r in played) / len(played),
             "vs_fair_share": lead["mean"], "vs_fair_share_ci95": lead["ci95"],
             "capture": capture["fraction"], "capture_ci95": capture["ci95"]}

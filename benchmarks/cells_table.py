@@ -9,15 +9,17 @@ greedy policy, each baseline) plays the same held-out episodes (evaluation seed 
 arguments, in the slots trainer.evaluate plays them in), and the baselines are played once for all the runs, not
 once per run. Each player's episode records go to ``OUT/<cell>/<player>.json`` as soon as they are played, so a
 stopped table goes on where it stopped, and ``--runs-later`` plays the baselines before the runs have finished
-training. ``--jobs`` players at a time, one thread each. Prints a Markdown table (a row per cell: each baseline's
-reward per step, then per run the policy minus each baseline, paired, mean ± 95% interval) and writes it to
-``OUT/table.md``, with every number in ``OUT/table.json`` (the policy's own reward per step and the episodes it won
-too).
+training. A run's records name its checkpoint by content hash: a run whose checkpoint holds other weights now (a new
+best, a file rewritten) is played again. ``--jobs`` players at a time, one thread each. Prints a Markdown table (a
+row per cell: each baseline's reward per step, then per run the policy minus each baseline, paired, mean ± 95%
+interval) and writes it to ``OUT/table.md``, with every number in ``OUT/table.json`` (the policy's own reward per
+step and the episodes it won too, and each run's checkpoint: ``checkpoint``, ``checkpoint_sha256``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import multiprocessing
@@ -25,24 +27,34 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import checkpoints
 import envs
 from benchmarks.machine import print_machine
 from envs.settings import ConfigError
-from trainer.arguments import OneLineParser, churn_levels, user_counts
+from envs.traces import TRACE_ARGUMENTS, TraceError
+from trainer.arguments import OneLineParser, churn_levels, most_users, user_counts
+from trainer.config import TrainConfig
 from trainer.evaluation.cells import Cell, cell_env_kwargs, cell_slots, cells_of, check_vr_edge
-from trainer.evaluation.episodes import held_out_env_kwargs, run_episodes
+from trainer.evaluation.episodes import EPISODE_BATCH, held_out_env_kwargs, run_episodes
 from trainer.evaluation.statistics import paired_difference, summarize
 
+if TYPE_CHECKING:
+    from torch import nn
+
 DEFAULT_BASELINES = ("fair_share", "robust_mpc")
+
+
+class CheckpointChangedError(ValueError):
+    """A run's checkpoint that holds other weights than when the table began (its content hash is another)."""
 
 
 def _cell_name(cell: Cell) -> str:
     return f"users-{cell.users}_churn-{cell.churn:g}"
 
 
-def _play(task: tuple[str, str | None, dict[str, Any], int, int, str]) -> str:
+def _play(task: tuple[str, str | None, dict[str, Any], str]) -> str:
     """Play one player (a baseline by name, or a run's policy) on one cell's episodes; write its records."""
     import gymnasium as gym
     import torch
@@ -54,16 +66,41 @@ def _play(task: tuple[str, str | None, dict[str, Any], int, int, str]) -> str:
         act = envs.make_baseline(player, envs.VREdgeConfig(**kwargs))
     else:
         from trainer.evaluation.episodes import policy_actions
-        from trainer.evaluation.policies import trained_model
 
-        model, _, _ = trained_model(run, pick="best")
-        act = policy_actions(model, deterministic=True)
+        act = policy_actions(_checked_model(played_with), deterministic=True)
     records = run_episodes(act, functools.partial(gym.make, "VREdge-v0", **kwargs), played_with["episodes"],
                            played_with["seed"])
     tmp = Path(out).with_suffix(".tmp")
     tmp.write_text(json.dumps({"played_with": played_with, "records": records}))
     os.replace(tmp, out)  # whole or absent: a stopped table plays it again
     return out
+
+
+def _checked_model(played_with: dict[str, Any]) -> nn.Module:
+    """The policy of the checkpoint file ``played_with`` names, once its content is the one named: the records say
+    which weights they are of (the run's best may have moved, or its file been rewritten, since the table began)."""
+    from trainer.evaluation.policies import policy_from_state
+
+    path = Path(played_with["checkpoint"])
+    state = checkpoints.load(path)
+    if checkpoints.content_hash(path) != played_with["checkpoint_sha256"]:  # (after the load: of what it loaded)
+        raise CheckpointChangedError(f"{path} holds other weights than when the table began; the same command "
+                                     "plays the run again")
+    return policy_from_state(state, path)[0]
+
+
+def _checkpoint_named(source: Path) -> dict[str, str]:
+    """A run's checkpoint file as its records name it: its path, and its content hash, which says whether records
+    are of it."""
+    return {"checkpoint": str(source), "checkpoint_sha256": checkpoints.content_hash(source)}
+
+
+def _same_play(kept: dict[str, Any] | None, asked: dict[str, Any]) -> bool:
+    """Whether records played with ``kept`` are what ``asked`` asks for: the same cell, episodes and seed and, for a
+    run, a checkpoint of the same content hash, wherever it lies (records without one, of an older version: not)."""
+    def content(played_with: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in played_with.items() if k != "checkpoint"}  # (the path: where, not what)
+    return kept is not None and content(kept) == content(json.loads(json.dumps(asked)))  # (as JSON reads it back)
 
 
 def _played_with(path: Path) -> dict[str, Any] | None:
@@ -81,7 +118,7 @@ def _leave_ctrl_c_to_the_parent() -> None:
 
 def _tasks(args: argparse.Namespace, cells: list[Cell], runs: _Runs) -> list[tuple]:
     """Every (player, cell) not played as asked now: the baselines, then the runs whose training has finished. A
-    record played otherwise (other episodes, seed or slots; a run's other checkpoint) is played again."""
+    record played otherwise (other episodes, seed or slots; a run's checkpoint of other content) is played again."""
     tasks = []
     masked = envs.VREdgeConfig(**runs.env_kwargs).masked
     for cell in cells:
@@ -90,11 +127,11 @@ def _tasks(args: argparse.Namespace, cells: list[Cell], runs: _Runs) -> list[tup
         folder = args.out / _cell_name(cell)
         folder.mkdir(parents=True, exist_ok=True)
         players = [(name, None, played_with) for name in args.baselines]
-        players += [(run.name, str(run), {**played_with, "checkpoint": runs.checkpoints[run]})
+        players += [(run.name, str(run), {**played_with, **runs.checkpoints[run]})
                     for run in args.runs if not args.runs_later]
         for player, run, asked in players:
             out = folder / f"{player}.json"
-            if _played_with(out) != json.loads(json.dumps(asked)):  # (as JSON reads it back: tuples are lists)
+            if not _same_play(_played_with(out), asked):
                 tasks.append((player, run, asked, str(out)))
     # the slowest first (the robust MPC plans every step), so that the last ones to finish are short
     return sorted(tasks, key=lambda t: t[0] != "robust_mpc")
@@ -109,12 +146,15 @@ def _reward_per_step(records: list[dict[str, float]]) -> dict[str, float]:
     return {"mean": summary["reward_per_step"], "ci95": summary["reward_per_step_ci95"]}
 
 
-def table(args: argparse.Namespace, cells: list[Cell], slots: int) -> tuple[str, list[dict[str, Any]]]:
+def table(args: argparse.Namespace, cells: list[Cell], runs: _Runs) -> tuple[str, list[dict[str, Any]]]:
     """The Markdown table and its numbers: a row per cell (each baseline's reward per step), a column per run (its
-    policy's reward per step minus each baseline's, paired: mean ± 95% interval, in the order of the baselines)."""
+    policy's reward per step minus each baseline's, paired: mean ± 95% interval, in the order of the baselines);
+    each run's checkpoint named by its content hash, in both."""
     head = ["users", "churn", *args.baselines, *(f"{run.name}: policy minus each" for run in args.runs)]
-    lines = [f"{args.episodes} held-out episodes per cell (seed {args.seed}) in cells of {slots} user slots\n",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    played = ", ".join(f"{run.name} {Path(runs.checkpoints[run]['checkpoint']).name} (sha256 "
+                       f"{runs.checkpoints[run]['checkpoint_sha256'][:12]})" for run in args.runs)
+    lines = [f"{args.episodes} held-out episodes per cell (seed {args.seed}) in cells of {runs.slots} user slots; "
+             f"checkpoints: {played}\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
     for cell in cells:
         baselines = {b: _records(args, cell, b) for b in args.baselines}
@@ -122,11 +162,54 @@ def table(args: argparse.Namespace, cells: list[Cell], slots: int) -> tuple[str,
         for run in args.runs:
             policy = _records(args, cell, run.name)
             paired = {b: paired_difference(policy, records) for b, records in baselines.items()}
-            rows.append({"users": cell.users, "churn": cell.churn, "run": str(run), "policy": _reward_per_step(policy),
+            rows.append({"users": cell.users, "churn": cell.churn, "run": str(run), **runs.checkpoints[run],
+                         "policy": _reward_per_step(policy),
                          "baselines": {b: _reward_per_step(r) for b, r in baselines.items()}, "paired": paired})
             cols.append(" / ".join(f"{p['mean']:+.3f} ± {p['ci95']:.3f}" for p in paired.values()))
         lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines), rows
+
+
+def _check_cells_fit(args: argparse.Namespace, cfg: TrainConfig, cells: list[Cell], kwargs: dict[str, Any]) -> None:
+    """A :class:`ConfigError` where ``--jobs`` players at once, each playing its episodes as ``trainer.evaluate``
+    does, in cells of env arguments ``kwargs`` (those of the most users) would not fit this machine's memory: said
+    before anything is played, not as each player's allocation error."""
+    from trainer.memory import check_cells_fit
+    from trainer.run_layout import memory_available
+
+    asked = ",".join(dict.fromkeys(str(c.users) for c in cells))
+    check_cells_fit(asked, kwargs, args.jobs * min(args.episodes, EPISODE_BATCH), memory_available(),
+                    widest_layer=max(cfg.hidden_sizes), fewer_with="--jobs or --episodes")
+
+
+def _stored_config(p: OneLineParser, run: Path) -> TrainConfig:
+    """The training config that ``run``'s ``config.json`` holds (as trainer.train wrote it; an older version's names
+    read as today's); a usage error naming the file and what is wrong with it where it is missing, unreadable, not
+    JSON, not a run's config, or a config no run could have had (a file damaged or edited by hand)."""
+    from trainer.config import format_env_kwargs, with_current_names
+
+    path = run / "config.json"
+    if not path.is_file():
+        p.error(f"{run}: not a run directory (no config.json); pass the folders trainer.train wrote")
+    try:
+        held = json.loads(checkpoints.read_small_file(path))
+    except OSError as e:  # a FIFO or an oversized file planted there, no permission
+        why = f"cannot be read ({e.strerror or e})"
+    except ValueError:  # not UTF-8, not JSON
+        why = "is not JSON"
+    else:
+        why = "" if isinstance(held, dict) and isinstance(held.get("config"), dict) else 'holds no "config" object'
+    if not why:
+        try:  # its settings' types and limits too: a damaged value is said here, not as a traceback further on
+            cfg = TrainConfig.from_dict(with_current_names(held["config"]), stored=True)
+            untraced = {k: v for k, v in cfg.env_options.items() if k not in TRACE_ARGUMENTS}
+            # (without its traces: a trace folder that moved is said where the cells are built, as what it is)
+            dataclasses.replace(cfg, env_kwargs=format_env_kwargs(untraced)).validate()
+            return cfg
+        except (ValueError, TypeError) as e:  # (ConfigError is a ValueError)
+            why = f"holds a config no run can have ({e})"
+    p.error(f"{path} {why}: it is not the file trainer.train wrote; put the run's own config.json back (from a copy "
+            "of the run), or pass another run directory")
 
 
 class _Runs(NamedTuple):
@@ -134,14 +217,13 @@ class _Runs(NamedTuple):
 
     slots: int  # the slots every cell is played in (trainer.evaluate's: cell_slots)
     env_kwargs: dict[str, Any]  # the recipe's held-out env arguments
-    checkpoints: dict[Path, str]  # the checkpoint each run plays (none with --runs-later)
+    checkpoints: dict[Path, dict[str, str]]  # the checkpoint each run plays, named (none with --runs-later)
 
 
 def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -> _Runs:
     """Every run a VR-edge run whose policy can act on ``cells``, named apart from the others and the baselines, and
     all of one recipe played in as many slots: a usage error otherwise, before anything is played."""
     from checkpoints import CheckpointError
-    from trainer.config import TrainConfig
     from trainer.evaluation.policies import make_model, picked_checkpoint
 
     names = [run.name for run in args.runs]
@@ -150,20 +232,21 @@ def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -
                 "by it); pass runs whose folders are named apart")
     recipes: dict[Path, dict[str, Any]] = {}
     slots: dict[Path, int] = {}
-    played: dict[Path, str] = {}
+    played: dict[Path, dict[str, str]] = {}
+    biggest = max(cells, key=lambda c: most_users(c.users))
     for run in args.runs:
-        if not (run / "config.json").is_file():
-            p.error(f"{run}: not a run directory (no config.json); pass the folders trainer.train wrote")
-        cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text())["config"])
+        cfg = _stored_config(p, run)
         if cfg.env != "VREdge-v0":
             p.error(f"{run}: trained on {cfg.env}; cells_table plays runs of a VR-edge cell recipe (VREdge-v0)")
         recipes[run] = held_out_env_kwargs(cfg.env_options, "")
         try:
             check_vr_edge(cfg, cells)  # the model's shape, not its weights, says which slots it acts on
-            slots[run] = cell_slots(make_model(cfg), cfg, envs.VREdgeConfig(**recipes[run]), cells)
+            trained = envs.VREdgeConfig(**recipes[run])
+            slots[run] = cell_slots(make_model(cfg), cfg, trained, cells)
+            _check_cells_fit(args, cfg, cells, cell_env_kwargs(recipes[run], slots[run], biggest, trained.masked))
             if not args.runs_later:
-                played[run] = str(picked_checkpoint(run, "best").source)
-        except ConfigError as e:
+                played[run] = _checkpoint_named(picked_checkpoint(run, "best").source)
+        except (ConfigError, TraceError) as e:  # (a trace folder that moved since the run was trained, say)
             p.error(f"{run}: {e}")
         except CheckpointError as e:
             p.error(f"{run}: {e}; while its training goes on, --runs-later plays the baselines")
@@ -176,6 +259,24 @@ def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -
             p.error(f"{first} plays in {slots[first]} user slots and {run} in {slots[run]} (a policy whose "
                     "parameters fix its slots plays in its own); pass runs of one policy_arch")
     return _Runs(slots[first], recipes[first], played)
+
+
+def _play_all(args: argparse.Namespace, tasks: list[tuple]) -> None:
+    """Play ``tasks``, ``--jobs`` at a time, each said as it is done; a stop signal, or a run's checkpoint that holds
+    other weights than when the table began, ends the command, every record played kept."""
+    print(f"{len(tasks)} records to play (a player in a cell each), {args.jobs} at a time", flush=True)
+    played = 0
+    with multiprocessing.get_context("spawn").Pool(args.jobs, initializer=_leave_ctrl_c_to_the_parent) as pool:
+        try:
+            for done in pool.imap_unordered(_play, tasks):
+                played += 1
+                print(f"played {done}", flush=True)
+        except CheckpointChangedError as e:  # the records kept name the weights they are of: none is mistaken
+            sys.exit(f"error: {e}")
+        except KeyboardInterrupt:  # the pool's exit terminates the players; what they finished is kept
+            print(f"stopped: every player that finished is kept in {args.out} (of {len(tasks)}: {played} reported); "
+                  "the same command goes on", file=sys.stderr)
+            sys.exit(130)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -216,22 +317,12 @@ def _main(argv: list[str] | None) -> None:
     runs = _check_runs(p, args, cells)
     print_machine()
     tasks = _tasks(args, cells, runs)
-    print(f"{len(tasks)} records to play (a player in a cell each), {args.jobs} at a time", flush=True)
-    played = 0
-    with multiprocessing.get_context("spawn").Pool(args.jobs, initializer=_leave_ctrl_c_to_the_parent) as pool:
-        try:
-            for done in pool.imap_unordered(_play, tasks):
-                played += 1
-                print(f"played {done}", flush=True)
-        except KeyboardInterrupt:  # the pool's exit terminates the players; what they finished is kept
-            print(f"stopped: every player that finished is kept in {args.out} (of {len(tasks)}: {played} reported); "
-                  "the same command goes on", file=sys.stderr)
-            sys.exit(130)
+    _play_all(args, tasks)
     if args.runs_later:
         print(f"the baselines are played; once the runs have finished, the same command without --runs-later plays "
               f"them and writes {args.out / 'table.md'}")
         return
-    text, rows = table(args, cells, runs.slots)
+    text, rows = table(args, cells, runs)
     (args.out / "table.md").write_text(text + "\n")
     (args.out / "table.json").write_text(json.dumps(rows, indent=1))
     print(text)

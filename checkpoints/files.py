@@ -2,12 +2,13 @@
 appended one way: a regular file, opened without blocking, no larger than a cap. Anything else (a FIFO that would
 block the reader forever, a device that never ends, a directory, a file grown past its cap) is an
 :class:`UnreadableFileError`, an ``OSError`` whose ``strerror`` says why: what the callers already take for
-"unreadable"."""
+"unreadable". And a file of any size by its content: :func:`content_hash`, what results name a checkpoint by."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import stat
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import BinaryIO, TextIO
 POINTER_BYTES = 1 << 16  # a pointer (latest, best) or a lock: a file name and a few numbers
 SMALL_BYTES = 1 << 24  # config.json, seeds.json, a study's side files: kilobytes
 LOG_BYTES = 1 << 30  # metrics.jsonl: ~1 KB a row, a million iterations; read as a stream, a line at a time
+HASH_CHUNK = 1 << 20  # a checkpoint (a replay buffer inside) may be GiBs: hashed a MiB at a time
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # (Windows has none, and no FIFOs in a folder)
 
 
@@ -74,6 +76,27 @@ def reading(path: str | os.PathLike, limit: int = LOG_BYTES) -> Iterator[BinaryI
     """``path`` open for reading as a stream (``metrics.jsonl``), once :func:`open_regular` has checked it."""
     with os.fdopen(open_regular(path, os.O_RDONLY, limit), "rb") as f:
         yield f
+
+
+def content_hash(path: str | os.PathLike) -> str:
+    """The hex SHA-256 of the regular file ``path``'s bytes, read a chunk at a time (:func:`open_regular`, any size).
+
+    What a result names a checkpoint by next to its path: a path may come to hold other weights (a file replaced,
+    a run directory copied over another), its content hash never does.
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     _ = (Path(folder) / "ckpt.pt").write_bytes(b"abc")
+    ...     content_hash(Path(folder) / "ckpt.pt")
+    'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad'
+    """
+    digest = hashlib.sha256()
+    chunk = bytearray(HASH_CHUNK)
+    with os.fdopen(open_regular(path, os.O_RDONLY, None), "rb") as f:
+        while read := f.readinto(chunk):
+            digest.update(memoryview(chunk)[:read])
+    return digest.hexdigest()
 
 
 def appending(path: str | os.PathLike) -> TextIO:

@@ -92,8 +92,14 @@ def stop_signals_held() -> Iterator[None]:
             signal.signal(signum, handler)
         caught = list(dict.fromkeys(_held[caught_before:]))
         del _held[caught_before:]
+        raised: BaseException | None = None
         for signum in caught:  # to the handler it would have met (an outer block's _hold notes it again)
-            signal.raise_signal(signum)
+            try:
+                signal.raise_signal(signum)
+            except BaseException as error:  # (a Ctrl-C's KeyboardInterrupt): the others are delivered first
+                raised = raised or error
+        if raised is not None:
+            raise raised
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ for the model and the reward formula.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -262,7 +263,7 @@ def users_range(users: int | str, num_users: int) -> tuple[int, int]:
     text = str(users).strip()
     low, sep, high = text.partition("-")
     bounds = (low, high) if sep else (text, text)
-    if all(b.strip().isdigit() for b in bounds):
+    if all(re.fullmatch(r"[0-9]+", b.strip()) for b in bounds):  # not isdigit: "²" is a digit that int() refuses
         low_n, high_n = (int(b) for b in bounds)
         if 1 <= low_n <= high_n <= num_users:
             return low_n, high_n

@@ -11,12 +11,21 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import checkpoints
 import envs
 
 
 def settings_file(name: str) -> str:
     """``tests/settings/<name>.toml``, for ``--config``: the settings a test sets that have no flag."""
     return str(Path(__file__).with_name("settings") / f"{name}.toml")
+
+
+def replace_weights_in_place(path: Path) -> None:
+    """Rewrite the checkpoint file ``path`` with other weights, under the same name (as a distillation round did
+    before every change of weights was a new file)."""
+    state = checkpoints.load(path)
+    state["model"] = {k: v + 0.05 if v.is_floating_point() else v for k, v in state["model"].items()}
+    checkpoints.save(path, state)
 
 
 def cartpole() -> gym.Env:

@@ -113,6 +113,7 @@ def test_a_bad_trace_is_refused_at_once(tmp_path, trace, where, facts):
     (["--env-kwargs", "fade_prob=nan"], ["fade_prob", "nan", ">= 0 and <= 1"], None),
     (["--env-kwargs", "num-users=6"], ["num-users", "num_users=6"], None),  # what to write instead
     (["--env-kwargs", "num_userz=6"], ["num_userz"], "num_users"),
+    (["--env-kwargs", "users=²"], ["users", "²"], None),  # a digit to str.isdigit, not to int(): int()'s words
     (["--algo", "apex", "--env", "CartPole-v1", "--learning-starts", "0", "--replay-capacity", "16",
       "--minibatch-size", "128"], ["--minibatch-size", "128", "--replay-capacity", "16"], None),
 ])

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import checkpoints
 from benchmarks import backends, cell, device_check, double_buffer, env_steps, scaling, worker_start
-from tests.factories import settings_file
+from tests.factories import replace_weights_in_place, settings_file
 from tests.messages import exits
 
 # without a GPU, the check must not read as if it had met the GPU targets
@@ -260,6 +261,51 @@ def test_cells_table_pairs_each_run_with_the_baselines_as_evaluate_does(tmp_path
     assert {r["paired"]["fair_share"]["episodes"] for r in json.loads((out / "table.json").read_text())} == {2}
 
 
+@pytest.mark.slow  # a tiny training, then its episodes, four times
+def test_cells_table_plays_a_run_again_once_its_checkpoint_holds_other_weights(tmp_path, capsys):
+    """A run's records are kept by its checkpoint's content, not its path: the same --out after the checkpoint file
+    was rewritten with other weights plays the run again (the baseline's records are kept), and the table's numbers
+    and checkpoint are the new weights'; records that name no content (an older version's) are played again too."""
+    from benchmarks import cells_table
+    from trainer.evaluation.cells import evaluate_cells
+    from trainer.evaluation.policies import trained_model
+    from trainer.train import main as train
+
+    run = tmp_path / "a"
+    train(["--env", "VREdge-v0", "--env-kwargs", "num_users=3,users=2-3,churn=0.05,max_steps=20", "--num-envs", "2",
+           "--num-steps", "8", "--total-steps", "16", "--compile", "off", "--threads", "1", "--eval-episodes", "0",
+           "--config", settings_file("policy_arch_set"), "--run-dir", str(run)])
+    out = tmp_path / "table"
+    argv = [str(run), "--users", "2", "--churn", "0", "--episodes", "2", "--baselines", "fair_share", "--jobs", "1",
+            "--out", str(out)]
+
+    def tabled(plays: int) -> dict:
+        cells_table.main(argv)
+        assert f"{plays} records to play" in capsys.readouterr().out
+        [row] = json.loads((out / "table.json").read_text())
+        model, cfg, source = trained_model(run, pick="best")
+        assert row["checkpoint"] == str(source) and row["checkpoint_sha256"] == checkpoints.content_hash(source)
+        [now] = evaluate_cells(model, cfg, (2,), (0.0,), episodes=2, baselines=("fair_share",), reference=False)
+        assert row["policy"]["mean"] == now["policy"]["reward_per_step"]  # the numbers of the weights there now
+        return row
+
+    first = tabled(2)
+    source = Path(first["checkpoint"])
+    replace_weights_in_place(source)
+    second = tabled(1)  # the run again, not the baseline
+    assert second["checkpoint_sha256"] != first["checkpoint_sha256"]
+    assert second["policy"] != first["policy"]
+    record = out / "users-2_churn-0" / "a.json"
+    kept = json.loads(record.read_text())
+    assert kept["played_with"]["checkpoint_sha256"] == second["checkpoint_sha256"]
+    del kept["played_with"]["checkpoint_sha256"]  # as an older version wrote it: by path alone
+    record.write_text(json.dumps(kept))
+    tabled(1)
+    asked = {**kept["played_with"], "checkpoint_sha256": first["checkpoint_sha256"]}  # changed since it was checked
+    with pytest.raises(cells_table.CheckpointChangedError):  # what a player meets: it plays none of it
+        cells_table._checked_model(asked)
+
+
 @pytest.mark.slow  # a tiny training
 def test_cells_table_refuses_runs_it_cannot_pair_in_one_line(tmp_path, capsys):
     from benchmarks import cells_table
@@ -291,6 +337,32 @@ def test_cells_table_refuses_runs_it_cannot_pair_in_one_line(tmp_path, capsys):
         with exits(2, *things, capsys=capsys):
             cells_table.main([*map(str, runs), *tail, *flags])
     assert not (tmp_path / "table").exists()  # refused before anything was played
+
+
+@pytest.mark.parametrize("held, things", [
+    ("not JSON {", ["config.json", "not JSON"]),
+    ('["config"]', ["config.json", '"config"']),  # JSON of another shape
+    ('{"config": {"hidden": "x"}}', ["config.json", "--hidden", "x"]),  # a run's config, one value damaged
+])
+def test_cells_table_names_a_damaged_config_json_in_one_line(tmp_path, capsys, held, things):
+    """Issue 61: a config.json that is not JSON, or not of a run's shape, was a JSONDecodeError (or KeyError)
+    traceback with exit status 1."""
+    from benchmarks import cells_table
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(held)
+    with exits(2, *things, capsys=capsys):
+        cells_table.main([str(run), "--users", "2", "--churn", "0", "--out", str(tmp_path / "table")])
+    assert not (tmp_path / "table").exists()
+
+
+def test_cells_table_refuses_a_user_count_int_does_not_read_in_one_line(tmp_path, capsys):
+    """Issue 61: ``"²"`` is a digit to ``str.isdigit`` and not to ``int``: a traceback, before."""
+    from benchmarks import cells_table
+
+    with exits(2, "--users", "²", capsys=capsys):  # (answered before the run is looked for)
+        cells_table.main([str(tmp_path / "none"), "--users", "²", "--out", str(tmp_path / "table")])
 
 
 @pytest.mark.slow  # a tiny training, then its episodes

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+import checkpoints
 from benchmarks import capture
 from tests.messages import exits
 from trainer.flags import parse_args
@@ -36,7 +37,8 @@ def test_each_checkpoints_capture_is_its_lead_over_fair_share_divided_by_the_cei
     assert [r["env_steps"] for r in json.loads((tmp_path / "table.json").read_text())] == [256]
     one = sorted((small_run / "checkpoints").glob("ckpt_*.pt"))[1]
     capture.main([str(one), "--out", str(tmp_path), "--episodes", "3"])  # a checkpoint file: that one
-    assert [r["checkpoint"] for r in json.loads((tmp_path / "table.json").read_text())] == [str(one)]
+    [row] = json.loads((tmp_path / "table.json").read_text())
+    assert row["checkpoint"] == str(one) and row["checkpoint_sha256"] == checkpoints.content_hash(one)
 
 
 def test_a_run_the_ceiling_cannot_judge_is_one_line(tmp_path, capsys):

@@ -180,3 +180,19 @@ def test_a_checkpoint_gets_the_permissions_of_any_new_file(tmp_path):
     (tmp_path / "other").write_text("")
     path = checkpoints.save(tmp_path / "ckpt_00000001.pt", {"i": 1})
     assert path.stat().st_mode & 0o777 == (tmp_path / "other").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_checkpoints_content_hash_is_the_sha256_of_its_bytes_read_in_chunks(tmp_path, monkeypatch):
+    """Any size (read a chunk at a time: a small chunk here, so that a small file spans several), and another
+    content under the same path is another hash; what is not a regular file is refused, never waited on."""
+    import hashlib
+
+    monkeypatch.setattr(checkpoints.files, "HASH_CHUNK", 1000)
+    path = checkpoints.save(tmp_path / "ckpt_00000001.pt", sample_state())
+    assert path.stat().st_size > 3 * 1000
+    assert checkpoints.content_hash(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+    before = checkpoints.content_hash(path)
+    checkpoints.save(path, {**sample_state(), "counters": [2]})  # the same path, other weights
+    assert checkpoints.content_hash(path) not in ("", before)
+    with pytest.raises(checkpoints.UnreadableFileError):
+        checkpoints.content_hash(tmp_path)

@@ -15,7 +15,7 @@ import pytest
 import checkpoints
 from envs.make_traces import write_traces
 from tests.factories import settings_file
-from tests.messages import exits, names, not_names, printed_lines, raises, suggestion, usage_error
+from tests.messages import exits, mentions, names, not_names, printed_lines, raises, suggestion, usage_error
 from trainer import evaluate as evaluate_cli
 from trainer import train as train_cli
 from trainer.config import new_run_config
@@ -593,3 +593,101 @@ def test_ctrl_c_during_an_evaluation_is_one_line(tmp_path, delay, signum):
                                              "finish (its results are written once every episode is played)"), \
         err[-2000:]
     assert not (run_dir / "evaluation.json").exists()
+
+
+# ---------------------------------------------------------------------------- a reader of stdout that has gone
+
+def _with_stdout_closed(args: list[str], cwd: Path, buffered: bool) -> subprocess.CompletedProcess:
+    """``python ARGS`` whose standard output is a pipe closed before it writes a byte (``| head -1`` once head has
+    its line); ``buffered``: stdout buffered as Python buffers a pipe (a closed reader is met at exit, or once the
+    buffer fills), else every write met at once (``PYTHONUNBUFFERED``, set in some shells and CI). The environment
+    is this process's otherwise (its PYTHONPATH: the code under test)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | ({} if buffered else
+                                                                             {"PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    err = process.communicate(timeout=300)[1]
+    return subprocess.CompletedProcess(process.args, process.returncode, "", err)
+
+
+def _quiet(done: subprocess.CompletedProcess) -> None:
+    """The command ended as a closed pipe ends a tool: exit status 141 (128 + SIGPIPE), no traceback, nor Python's
+    "Exception ignored" at exit."""
+    assert done.returncode == 141, (done.returncode, done.stderr[-2000:])
+    assert not mentions(done.stderr, "Traceback") and not mentions(done.stderr, "BrokenPipeError"), done.stderr
+
+
+@pytest.mark.parametrize("buffered", [True, False])
+def test_a_closed_stdout_ends_training_quietly_with_the_run_saved(tmp_path, buffered):
+    """Issue 61: ``python -m trainer.train ... | head -1`` ended in a BrokenPipeError traceback (exit status 1),
+    or, stdout buffered, Python's "Exception ignored" (120)."""
+    run_dir = tmp_path / "run"
+    _quiet(_with_stdout_closed(["-m", "trainer.train", "--env", "CartPole-v1", "--num-envs", "2", "--num-steps",
+                                "16", "--total-steps", "32", "--device", "cpu", "--run-dir", str(run_dir)], tmp_path,
+                               buffered))
+    assert checkpoints.checkpoint_files(run_dir)  # saved before a word was said
+
+
+@pytest.mark.parametrize("buffered", [True, False])
+def test_a_closed_stdout_ends_an_evaluation_quietly_its_json_and_plot_of_one_evaluation(tmp_path, buffered):
+    """Issue 61: a closed stdout was a BrokenPipeError traceback, and where it was met after evaluation.json was
+    replaced (the "replaced the previous" line), the new JSON stood beside the old plot. Now both are written
+    before a word is said: buffered, the command meets the closed pipe at its end, both files new; unbuffered, at
+    the table's first line, both files the earlier evaluation's."""
+    pytest.importorskip("matplotlib")  # (without it there is no plot to keep beside the JSON)
+    run_dir = tmp_path / "run"
+    train_cli.main(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "16", "--total-steps", "32",
+                    "--device", "cpu", "--run-dir", str(run_dir)])
+    evaluate_cli.main(["--checkpoint", str(run_dir), "--episodes", "1"])
+    files = [run_dir / "evaluation.json", run_dir / "evaluation.png"]
+    before = [(f.stat().st_ino, f.stat().st_mtime_ns) for f in files]
+    _quiet(_with_stdout_closed(["-m", "trainer.evaluate", "--checkpoint", str(run_dir), "--episodes", "2"], tmp_path,
+                               buffered))
+    replaced = [(f.stat().st_ino, f.stat().st_mtime_ns) != was for f, was in zip(files, before)]
+    assert replaced == [buffered, buffered]
+    assert json.loads(files[0].read_text())["episodes"] == (2 if buffered else 1)
+
+
+def test_an_evaluation_whose_stdout_closes_after_the_table_leaves_its_json_and_plot_together(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """Where exactly the closed pipe is met: at the "replaced the previous evaluation.json" line, which came between
+    the JSON and the plot (a new JSON beside an old plot); now after both."""
+    pytest.importorskip("matplotlib")
+    run_dir = tmp_path / "run"
+    train_cli.main(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "16", "--total-steps", "32",
+                    "--device", "cpu", "--run-dir", str(run_dir)])
+    evaluate_cli.main(["--checkpoint", str(run_dir), "--episodes", "1"])
+    png = run_dir / "evaluation.png"
+    was = (png.stat().st_ino, png.stat().st_mtime_ns)
+
+    class ClosedAtReplaced:  # a pipe whose reader goes once the table is read
+        def write(self, text: str) -> int:
+            if "replaced the previous" in text:
+                raise BrokenPipeError(32, "Broken pipe")
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr("sys.stdout", ClosedAtReplaced())
+    with pytest.raises(SystemExit) as ended:
+        evaluate_cli.main(["--checkpoint", str(run_dir), "--episodes", "2"])
+    assert ended.value.code == 141
+    assert json.loads((run_dir / "evaluation.json").read_text())["episodes"] == 2
+    assert (png.stat().st_ino, png.stat().st_mtime_ns) != was  # the plot of these results, beside them
+
+
+def test_a_broken_pipe_that_is_not_stdouts_is_still_an_error(tmp_path):
+    """A worker's pipe that breaks is a failure to say, not a reader of stdout that has gone: stdout open, the
+    error goes on as it was."""
+    program = ("from trainer.arguments import ending_quietly_when_stdout_closes as quiet\n"
+               "@quiet()\n"
+               "def main():\n"
+               "    print('a line')\n"
+               "    raise BrokenPipeError(32, 'a worker has gone')\n"
+               "main()\n")
+    done = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 1 and done.stdout == "a line\n", done
+    assert "BrokenPipeError: [Errno 32] a worker has gone" in done.stderr, done.stderr

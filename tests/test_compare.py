@@ -190,9 +190,11 @@ def test_runs_play_the_episodes_trainer_evaluate_plays_and_a_group_against_itsel
     payload = _json(tmp_path / "cmp" / "compare.json")
     evaluate_cli.main(["--checkpoint", str(seeds / "s1"), "--episodes", "2", "--seed", "3", "--pick", "latest",
                        "--baselines", "none", "--reference", "none", "--out", str(tmp_path / "eval")])
-    evaluated = _json(tmp_path / "eval" / "evaluation.json")["policy"]
+    evaluation = _json(tmp_path / "eval" / "evaluation.json")
+    evaluated = evaluation["policy"]
     assert payload["groups"]["s1"]["return"]["scores"] == [evaluated["mean_return"]]
     assert payload["groups"]["s1"]["runs"][0]["checkpoint_kind"] == "the latest checkpoint"
+    assert payload["groups"]["s1"]["runs"][0]["checkpoint_sha256"] == evaluation["checkpoint_sha256"]  # the same
     same = next(p for p in payload["pairs"] if (p["a"], p["b"]) == ("all", "again"))
     for key in ("return", "reward_per_step"):
         assert same[key]["probability_of_improvement"] == 0.5 and same[key]["paired_difference"]["mean"] == 0.0

@@ -348,3 +348,19 @@ def test_cuda_without_a_gpu_is_one_line_before_any_line_about_the_run(argv, caps
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     usage_error(e.value.code, err, "--device", argv[1], "cpu")  # the device asked for, and the way out
+    assert torch.__version__ in err  # and why torch sees no GPU: a CPU build of torch (below), or no GPU found
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("cuda", [None, "12.8"])
+def test_cuda_without_a_gpu_says_whether_the_torch_build_or_the_machine_lacks_it(cuda, monkeypatch, capsys):
+    """A CPU build of torch sees no GPU even where nvidia-smi shows one: the line says so, and where a CUDA build
+    is; a CUDA build that finds none says so, and where to look."""
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--device", "cuda"])
+    if cuda is None:
+        usage_error(e.value.code, capsys.readouterr().err, "is a CPU build", "nvidia-smi", "install a CUDA build",
+                    "docs/device.md#a-cuda-build-of-torch", "--device cpu")
+    else:
+        usage_error(e.value.code, capsys.readouterr().err, "(CUDA 12.8) finds no GPU", "nvidia-smi", "--device cpu")

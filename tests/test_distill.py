@@ -182,8 +182,12 @@ def test_each_seed_of_a_seeds_run_ends_as_a_run_does(tmp_path, capsys, monkeypat
         train_main(["--seeds", "1-2", "--num-envs", "4", "--num-steps", "16", "--total-steps", "64", "--env-kwargs",
                     SMALL_FLAG, "--eval-episodes", "2", "--config", str(config), "--threads", "1", "--device", "cpu",
                     "--run-dir", str(tmp_path / "seeds")])
-    err = capsys.readouterr().err.splitlines()
+    out, err = capsys.readouterr()
+    err = err.splitlines()
     assert ended.value.code == 0
+    said = printed_lines(out)  # and how to go on: evaluate a seed, compare the seeds with another setup
+    assert "trainer.evaluate" in said["evaluate"] and str(tmp_path / "seeds" / "s1") in said["evaluate"]
+    assert "trainer.compare" in said["compare"]
     for seed in (1, 2):  # each seed's rounds, the checkpoint it ends with, how good it is
         for label in ("distilled", "checkpoint", "quality"):
             assert any(line.startswith(f"seed {seed}: {label}: ") for line in err), (seed, label, err)
@@ -301,7 +305,7 @@ def test_a_stop_as_a_round_after_training_is_saved_says_the_file_it_saved(small_
     config = {**checkpoints.load(checkpoints.checkpoint_files(run)[0])["config"], "distill_episodes": 1,
               "distill_rounds": 2}
     said = []
-    distill.rounds_after_training(run, config, lambda label, line: said.append(line))
+    distill.rounds_after_training(run, config, lambda label, line: said.append(line) if label == "distilled" else None)
     assert len(saved) == 1 and len(said) == 1  # the second round never started
     assert saved[0].name in said[0] and "SIGINT" in said[0] and "nothing was written" not in said[0]
     assert checkpoints.checkpoint_files(run)[0] == saved[0]
@@ -361,3 +365,36 @@ def test_a_stop_signal_once_the_round_is_done_is_said_and_stops_nothing(small_ru
     distill_command.main([str(run), *ROUND])  # returns: the work is done
     out, err = capsys.readouterr()
     assert Path(printed_lines(out)["checkpoint"]).is_file() and "SIGINT" in err and "nothing to stop" in err
+
+
+def test_a_round_says_what_it_will_do_then_shows_each_phase_on_a_bar(small_run, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    shown, progress = [], distill.RoundProgress
+
+    def on_a_terminal(*args, **kwargs):  # (the test's stderr is no terminal: the bar drawn all the same)
+        shown.append(progress(*args, shown=True))
+        return shown[-1]
+
+    monkeypatch.setattr(distill, "RoundProgress", on_a_terminal)
+    distill_command.main([str(run), *ROUND])
+    err = capsys.readouterr().err
+    start = [line for line in err.splitlines() if line.startswith("distilling: ") and "fine-tuned" in line]
+    assert len(start) == 1 and "1 episode" in start[0] and "4 validation episodes" in start[0]
+    bar = shown[0].bar
+    assert bar.n == bar.total  # every phase moved it to its end
+    for phase in ("labels the states", "validation before", "fine-tuning", "validation after"):
+        assert phase in err, phase
+
+
+def test_a_run_too_short_for_the_rounds_it_asks_for_says_so(tmp_path, capsys):
+    config = tmp_path / "recipe.toml"
+    config.write_text("distill_rounds = 2\n")
+    run = tmp_path / "run"
+    train_main(["--num-envs", "4", "--num-steps", "16", "--total-steps", "64", "--env-kwargs", SMALL_FLAG,
+                "--eval-episodes", "0", "--config", str(config), "--threads", "1", "--device", "cpu",
+                "--run-dir", str(run)])
+    said = printed_lines(capsys.readouterr().out)["distilled"]
+    assert "not done" in said and "64" in said and f"{distill.DISTILL_AFTER_STEPS:,}" in said and "2 rounds" in said
+    assert "trainer.distill" in said and str(run) in said
+    assert len(checkpoints.checkpoint_files(run)) == 1  # nothing distilled

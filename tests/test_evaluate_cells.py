@@ -9,6 +9,9 @@ import functools
 import itertools
 import json
 import re
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -21,7 +24,7 @@ import envs
 from envs.planner import ClairvoyantPlanner
 from envs.settings import ConfigError
 from tests.factories import settings_file
-from tests.messages import exits, names, raises
+from tests.messages import exits, names, raises, usage_error
 from trainer import compare as compare_cli
 from trainer import evaluate as evaluate_cli
 from trainer.config import TrainConfig
@@ -44,8 +47,8 @@ from trainer.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 VARYING = "num_users=6,users=2-6,churn=0.05,max_steps=20"  # 6 slots; episodes of 20 steps: tiny, fast
-TODAYS_KEYS = ["checkpoint", "checkpoint_kind", "env", "env_kwargs", "episodes", "seed", "actions", "policy",
-               "baselines", "reference", "paired_reward_per_step", "paired_qoe_lin", "best_baseline",
+TODAYS_KEYS = ["checkpoint", "checkpoint_sha256", "checkpoint_kind", "env", "env_kwargs", "episodes", "seed", "actions",
+               "policy", "baselines", "reference", "paired_reward_per_step", "paired_qoe_lin", "best_baseline",
                "best_baseline_picked_on", "gap_closed", "capture", "causal_share"]
 PER_HEAD = ("--config", settings_file("policy_arch_per_head"))
 CELL_KEYS = {"users", "churn", "policy", "baselines", "reference", "paired_reward_per_step", "best_baseline"}
@@ -98,6 +101,7 @@ def test_cells_are_one_entry_per_pair_in_order_each_player_on_the_episodes_a_dir
     assert [(c["users"], c["churn"]) for c in cells] == [(2, 0), (2, 0.05), (4, 0), (4, 0.05), (6, 0), (6, 0.05)]
     assert all(CELL_KEYS <= set(c) for c in cells) and payload["slots"] == 6
     assert not {"policy", "baselines"} & set(payload)  # the results are the cells'
+    assert payload["checkpoint_sha256"] == checkpoints.content_hash(payload["checkpoint"])  # what they are of
     fair_share = functools.partial(envs.make_baseline, "fair_share")
     greedy = lambda config: policy_actions(model, deterministic=True)  # noqa: E731
     for c in cells:
@@ -139,6 +143,7 @@ def test_without_users_the_evaluation_is_todays(varying_run, capsys):
     payload = _json(capsys, ["--checkpoint", str(varying_run), "--episodes", "2", "--baselines", "bola",
                              "--reference", "none", "--out", str(varying_run / "todays")])
     assert list(payload) == TODAYS_KEYS
+    assert payload["checkpoint_sha256"] == checkpoints.content_hash(payload["checkpoint"])
     assert payload["env_kwargs"] == {"num_users": 6, "users": "2-6", "churn": 0.05, "max_steps": 20}
     env_fn = functools.partial(gym.make, "VREdge-v0", **payload["env_kwargs"])  # the run's own cell
     bola = envs.make_baseline("bola", envs.VREdgeConfig(**payload["env_kwargs"]))
@@ -159,6 +164,8 @@ def fixed_runs(tmp_path_factory) -> dict[str, Path]:
     (["--users", "4,x"], ["--users", "x"]),
     (["--users", "4-2"], ["--users", "4-2", "2-4"]),  # a range that runs backwards: how to write it
     (["--users", "2,2"], ["--users", "2"]),
+    (["--users", "²"], ["--users", "²"]),  # a digit to str.isdigit, not to int(): it was a traceback
+    (["--users", "2-²"], ["--users", "2-²"]),
     (["--churn", "2"], ["--churn", "2"]),
     (["--users", "2", "--churn", "0,-0.1"], ["--churn", "-0.1"]),
 ])
@@ -184,6 +191,37 @@ def test_users_on_another_env_and_varying_users_for_a_policy_without_the_mask_ar
                              "--baselines", "none", "--reference", "none"])
     assert [(c["users"], c["churn"]) for c in payload["cells"]] == [(3, 0.0)]
     assert "observe_active" not in payload["cells"][0]["env_kwargs"]
+
+
+def _limit_memory() -> None:
+    """8 GB of address space: what is allocated before a memory check would fail as an allocation, not swap."""
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+
+def test_cells_larger_than_the_memory_are_refused_in_one_line_before_an_env_is_built(tmp_path):
+    """Issue 61: a set policy plays any slot count, and ``--users 100000000`` was a numpy allocation error (about 3
+    GiB an observation) once the policy had loaded; the memory check refuses it at once, naming the most users that
+    fit this machine."""
+    run = _train(tmp_path / "set", "VREdge-v0", VARYING, 1, "--config", settings_file("policy_arch_set"))
+    proc = subprocess.run([sys.executable, "-m", "trainer.evaluate", "--checkpoint", str(run), "--users",
+                           "2,100000000", "--out", str(tmp_path / "out")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, preexec_fn=_limit_memory)
+    line = usage_error(proc.returncode, proc.stderr, "--users", "2,100000000", "memory")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    most = int(re.search(r"at most ([\d,]+) users", line).group(1).replace(",", ""))
+    assert 6 < most < 100_000_000, line  # the 6 slots it was trained on fit any machine
+    assert not list((tmp_path / "out").glob("*")), "nothing is written"
+
+
+@pytest.mark.parametrize(("episodes", "rows"), [("20", 60), ("3", 32)])
+def test_the_memory_check_counts_the_rows_a_pair_plays_together(varying_run, capsys, monkeypatch, episodes, rows):
+    """A pair's policy and baselines play in one batched env, a row per episode (3 players x 20 episodes: 60 rows),
+    and its 2 baselines' 16 validation episodes each in another (32): the memory check counts the most of these, not
+    the 16 envs at once that run_episodes plays."""
+    monkeypatch.setattr("trainer.run_layout.memory_available", lambda: 1)  # nothing fits: the error says the rows
+    with exits(2, "--users 2,6", "memory", f"{rows} envs at once", capsys=capsys):
+        evaluate_cli.main(["--checkpoint", str(varying_run), "--users", "2,6", "--episodes", episodes,
+                           "--baselines", "fair_share,bola", "--out", str(varying_run.parent / "memory")])
 
 
 class _AnySlots(torch.nn.Module):

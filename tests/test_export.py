@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import checkpoints
-from tests.factories import settings_file
+from tests.factories import replace_weights_in_place, settings_file
 from tests.messages import exits, names, not_names, raises, usage_error
 from trainer import train as train_module
 from trainer.evaluate import main as evaluate_main
@@ -125,7 +125,7 @@ def test_exports_match_the_trained_model_in_a_process_without_this_package(tmp_p
     assert card["checkpoint"]["env_steps"] == state["env_steps"]
     assert card["env"]["id"] == env and card["training"]["policy_arch"] == arch
     for fmt, entry in card["files"].items():
-        assert entry["sha256"] == export_cli._sha256(out / entry["file"]), fmt
+        assert entry["sha256"] == checkpoints.content_hash(out / entry["file"]), fmt
         checks = entry["verification"]["slots"] if arch == "set" else {"": entry["verification"]}
         assert all(c["actions_identical"] == c["observations"] for c in checks.values())
         if arch == "set":  # checked at 1, 2, half and all slots, and permuted
@@ -218,6 +218,40 @@ def test_export_ships_the_checkpoint_evaluate_measured_and_says_when_the_evaluat
     names(err, "evaluation.json", older.name, f"python -m trainer.evaluate --checkpoint {newest}")
     err, card = exported(str(run))
     assert card["evaluation"]["same_checkpoint"] and "note:" not in err
+
+
+def test_an_evaluation_of_a_checkpoint_rewritten_since_is_not_of_the_checkpoint_exported(tmp_path, cartpole, capsys):
+    """The card and the evaluation name the checkpoint by content, not by path alone: once the file evaluated holds
+    other weights under the same name, the card says its evaluation is not of what is exported, and so does the
+    command; an evaluation that names no content (an older version's) is not taken for the checkpoint's either."""
+    run = tmp_path / "run"
+    shutil.copytree(cartpole, run)
+    source = checkpoints.checkpoint_files(run)[0]  # the one a run without --eval-every evaluates and exports
+
+    def exported() -> tuple[str, dict]:
+        export_main(["--checkpoint", str(run), "--format", "torchscript"])
+        return capsys.readouterr().err, json.loads((run / "export" / "policy.json").read_text())
+
+    evaluate_main(["--checkpoint", str(run), "--episodes", "2"])
+    evaluated = json.loads((run / "evaluation.json").read_text())
+    assert evaluated["checkpoint"] == str(source.resolve())
+    assert evaluated["checkpoint_sha256"] == checkpoints.content_hash(source)
+    err, card = exported()
+    assert card["checkpoint"]["sha256"] == checkpoints.content_hash(source) and card["evaluation"]["same_checkpoint"]
+    assert "note:" not in err
+
+    replace_weights_in_place(source)
+    err, card = exported()
+    assert card["checkpoint"]["path"] == str(source.resolve())  # the same path ...
+    assert card["checkpoint"]["sha256"] == checkpoints.content_hash(source) != evaluated["checkpoint_sha256"]
+    assert not card["evaluation"]["same_checkpoint"]  # ... other weights: not what was evaluated
+    names(err, "evaluation.json", f"python -m trainer.evaluate --checkpoint {source}")
+
+    without_hash = {k: v for k, v in evaluated.items() if k != "checkpoint_sha256"}
+    (run / "evaluation.json").write_text(json.dumps({**without_hash, "checkpoint": str(source.resolve())}))
+    err, card = exported()
+    assert not card["evaluation"]["same_checkpoint"]
+    names(err, "evaluation.json", f"python -m trainer.evaluate --checkpoint {source}")
 
 
 def test_a_pointer_that_names_no_checkpoint_is_not_called_corrupted(tmp_path, cartpole, capsys):

@@ -302,6 +302,25 @@ def test_stop_signals_held_back_wait_for_the_block_though_another_thread_takes_t
                                        "handlers kept True"], out
 
 
+def test_stop_signals_held_are_all_delivered_though_the_first_raises():
+    """A Ctrl-C and a SIGTERM both held: the Ctrl-C's KeyboardInterrupt, raised by its handler first (Python runs
+    pending handlers in signal-number order), lost the SIGTERM (the CI failure of 366d93a, a timing race there)."""
+    script = textwrap.dedent("""
+        import os, signal
+        from collectors.stop_signals import stop_signals_held
+        signal.signal(signal.SIGTERM, lambda s, f: print("SIGTERM handled", flush=True))
+        try:
+            with stop_signals_held():
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGTERM)
+                print("whole", flush=True)
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt after the block", flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.splitlines() == ["whole", "SIGTERM handled", "KeyboardInterrupt after the block"], out
+
+
 @pytest.mark.parametrize("first", [
     pickle.dumps(("buffers", [0], {"actions": list(range(1000))}))[:40],  # truncated: the parent died mid-send
     pickle.dumps(("close", None)),  # closed during start-up (Ctrl-C): it printed a ValueError traceback

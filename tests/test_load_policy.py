@@ -90,6 +90,18 @@ def test_pick_best_takes_the_best_pointer_and_latest_the_newest(run, tmp_path):
     assert trainer.load_policy(copy, pick="latest").source == newest
 
 
+def test_a_pick_with_nothing_skipped_says_nothing(run, tmp_path, capsys):
+    """Issue 61: ``pick="latest"`` said a blank ``skipped`` line (no problem to name) on stderr."""
+    copy = Path(shutil.copytree(run, tmp_path / "run"))
+    capsys.readouterr()
+    trainer.load_policy(run, pick="latest")  # a run without a best pointer
+    trainer.load_policy(run)
+    checkpoints.set_best(copy, checkpoints.checkpoint_files(copy)[-1], {"val_return": 1.0}, keep=2)
+    trainer.load_policy(copy, pick="latest")  # a best pointer there, not asked for
+    said = capsys.readouterr()
+    assert said.err == "" and said.out == "", said
+
+
 def test_stochastic_samples_where_greedy_does_not(run):
     observations = np.repeat(played_observations(1), 256, axis=0)
     assert len(set(trainer.load_policy(run)(observations).tolist())) == 1
@@ -130,20 +142,25 @@ def test_the_package_loads_torch_only_when_load_policy_is_used():
     assert done.returncode == 0, done.stderr
 
 
-def test_the_readmes_lines_act_on_a_trained_vr_edge_run_in_a_fresh_interpreter(tmp_path):
-    """As a user pastes them into a new Python: nothing imported before (VREdge-v0 must be registered by what the
-    lines import), and the action is the one trainer.evaluate plays on that observation."""
+def test_the_readmes_lines_act_on_the_newest_run_in_a_fresh_interpreter_as_written(tmp_path, monkeypatch):
+    """As a user pastes them into a new Python in the checkout after ``make train``, unchanged: nothing imported
+    before (VREdge-v0 must be registered by what the lines import), the newest run under ``runs/`` is the one they
+    load (an older run beside it is not), and the action is the one trainer.evaluate plays on that observation."""
     code = re.search(r"<!-- docs-test: run by tests/test_load_policy.py -->\n```python\n(.*?)```",
                      (REPO / "README.md").read_text(), re.S).group(1)
-    example_run = re.search(r'"(runs/[^"]+)"', code).group(1)
-    run_dir = trained(tmp_path / "run", ["--env", "VREdge-v0", "--num-envs", "2", "--num-steps", "8",
-                                         "--total-steps", "16", "--threads", "1", "--device", "cpu"])
-    shown = "import json; print(json.dumps([observation.tolist(), action.tolist()]))\n"
-    code = code.replace(example_run, str(run_dir)) + shown
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=300)
+    older = tmp_path / "runs" / "VREdge-v0-s1-20000101-000000"  # not a run at all: loading it would fail
+    older.mkdir(parents=True)
+    os.utime(older, (0, 0))
+    monkeypatch.chdir(tmp_path)  # a new run's default directory is runs/<env>-s<seed>-<time>, as make train's
+    train(parse_args(["--env", "VREdge-v0", "--num-envs", "2", "--num-steps", "8", "--total-steps", "16",
+                      "--threads", "1", "--device", "cpu", "--eval-episodes", "0"]).config, progress=False)
+    (run_dir,) = set((tmp_path / "runs").iterdir()) - {older}
+    shown = "import json; print(json.dumps([str(run), observation.tolist(), action.tolist()]))\n"
+    done = subprocess.run([sys.executable, "-c", code + shown], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    observation, action = json.loads(done.stdout.strip().splitlines()[-1])
+    loaded, observation, action = json.loads(done.stdout.strip().splitlines()[-1])
+    assert Path(loaded) == Path("runs") / run_dir.name
     observation = np.asarray(observation, dtype=np.float32)
     assert np.array_equal(action, evaluated_actions(run_dir, observation[None])[0])
 

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -217,6 +218,7 @@ def test_the_final_validation_is_the_policy_against_the_best_baseline_on_the_val
     # what the run printed is that result, between the checkpoint and the commands that go on from it
     assert list(lines).index("quality") == list(lines).index("checkpoint") + 1 < list(lines).index("evaluate")
     assert best in lines["quality"] and f"{result['difference']['mean']:+.3f}" in lines["quality"]
+    assert re.search(r"\(better in \d+\); took \d+ s$", lines["quality"])  # the time it took, labelled as one
 
 
 def test_the_final_validation_of_another_env_is_its_mean_return_and_it_can_be_turned_off(tmp_path, capsys):
@@ -227,7 +229,8 @@ def test_the_final_validation_of_another_env_is_its_mean_return_and_it_can_be_tu
     model, cfg, _ = trained_model(tmp_path / "on")
     returns = summarize(run_episodes(policy_actions(model, True), functools.partial(gym.make, "CartPole-v1"), 3, 0,
                                      seeds=validation_seeds(1, 3)))["mean_return"]
-    assert f"{returns:.2f}" in printed_lines(capsys.readouterr().out)["quality"]
+    line = printed_lines(capsys.readouterr().out)["quality"]
+    assert f"{returns:.2f}" in line and re.search(r"validation episodes; took \d+ s$", line)
     train_cli.main([*cartpole, "--run-dir", str(tmp_path / "off"), "--eval-episodes", "0"])
     assert "quality" not in printed_lines(capsys.readouterr().out)
 

@@ -8,21 +8,26 @@ so that ``--help`` and a typo answer before torch loads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
+import select
 import shlex
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
 from envs.settings import ConfigError, did_you_mean
 
 RANK_0_GRACE_S = 15.0  # how long another rank waits for rank 0 to say what they both met
+# a command whose standard output's reader has gone (`| head -1`): what a shell reports for a tool that a closed
+# pipe stopped (SIGPIPE, 13 on every Unix; Windows has no such signal)
+CLOSED_STDOUT_STATUS = 128 + getattr(signal, "SIGPIPE", 13)
 
 
 def exit_after_rank_0(status: int) -> NoReturn:
@@ -38,6 +43,39 @@ def exit_after_rank_0(status: int) -> NoReturn:
     leave()
 
 
+@contextlib.contextmanager
+def ending_quietly_when_stdout_closes() -> Iterator[None]:
+    """Around a command's ``main`` (as a decorator, ``@ending_quietly_when_stdout_closes()``): standard output's
+    reader gone (``python -m trainer.evaluate ... | head -1``) ends the command quietly with exit status
+    :data:`CLOSED_STDOUT_STATUS` (141, as a shell reports a tool that a closed pipe stopped: ``set -o pipefail``
+    sees it), not with a ``BrokenPipeError`` traceback, nor with Python's "Exception ignored" at exit. What the
+    command had left to do after that moment is not done; what it wrote before is whole (its files are written
+    before it says so). A ``BrokenPipeError`` of another pipe (a worker's) is raised as it was."""
+    try:
+        yield
+        if sys.stdout is not None:  # (None: started with no standard output at all)
+            sys.stdout.flush()  # what is still buffered meets a closed pipe here, not in the interpreter's exit
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # (no file descriptor: a stream in this process)
+            # the interpreter's flush at exit writes what is still buffered nowhere, rather than fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(CLOSED_STDOUT_STATUS) from None
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe (or socket) whose reader has gone, as ``poll`` tells it on Unix; where it
+    cannot tell (Windows; a stream without a file descriptor, as a test's), a ``BrokenPipeError`` is taken for it."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        events = poller.poll(0)
+    except (AttributeError, OSError, ValueError):
+        return True
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in events)
+
+
 def counted(n: int, noun: str, plural: str = "") -> str:
     """``n`` and its noun, singular for one: ``counted(1, "env")`` is ``'1 env'``, ``counted(3, "minibatch",
     "minibatches")`` is ``'3 minibatches'``."""
@@ -50,6 +88,17 @@ def command(*args: str) -> str:
     return " ".join(shlex.quote(a) for a in (os.path.abspath(sys.executable), *args))  # (no "../.venv": any dir)
 
 
+def is_count(text: str) -> bool:
+    """Whether ``text`` is a whole number written in the digits 0-9, as the lists of ``--seeds`` and ``--users``
+    take them. Not ``str.isdigit``: it takes ``"²"`` too, which ``int`` refuses (a traceback, not the list's
+    one-line error).
+
+    >>> is_count("12"), is_count("²"), is_count(""), is_count("-1")
+    (True, False, False, False)
+    """
+    return re.fullmatch(r"[0-9]+", text) is not None
+
+
 def seed_list(text: str) -> tuple[int, ...]:
     """The seeds of ``--seeds``: ranges and single seeds separated by commas, each once, in order; an
     ``argparse.ArgumentTypeError`` saying what is wrong otherwise.
@@ -60,7 +109,7 @@ def seed_list(text: str) -> tuple[int, ...]:
     seeds: list[int] = []
     for part in text.split(","):
         low, dash, high = part.strip().partition("-")
-        if not (low.isdigit() and (high.isdigit() or not dash)) or dash and int(high) < int(low):
+        if not (is_count(low) and (is_count(high) or not dash)) or dash and int(high) < int(low):
             raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a seed or a range of seeds (e.g. 1-5 or 1,3,7)")
         seeds += range(int(low), int(high or low) + 1)
     twice = sorted({s for s in seeds if seeds.count(s) > 1})
@@ -103,9 +152,9 @@ def user_counts(text: str) -> tuple[int | str, ...]:
     counts: list[int | str] = []
     for part in (p.strip() for p in text.split(",")):
         low, dash, high = part.partition("-")
-        if low.isdigit() and high.isdigit() and int(high) < int(low) >= 1:
+        if is_count(low) and is_count(high) and int(high) < int(low) >= 1:
             raise ConfigError("users", text, f"{USERS_RULE}: {part} runs backwards (write {high}-{low})")
-        if not (low.isdigit() and int(low) >= 1 and (not dash or high.isdigit() and int(high) >= int(low))):
+        if not (is_count(low) and int(low) >= 1 and (not dash or is_count(high) and int(high) >= int(low))):
             raise ConfigError("users", text, f"{USERS_RULE}: {part or 'an empty entry'} is not one")
         count = f"{int(low)}-{int(high)}" if dash else int(low)
         if count in counts:

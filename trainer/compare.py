@@ -284,8 +284,8 @@ def _payload(args: argparse.Namespace, groups: list[_Group], loaded: dict[Path, 
     comparison = compared({g.label: [played[r.resolve()] for r in g.runs] for g in groups}, keys)
 
     def run_entry(run: LoadedRun) -> dict[str, Any]:
-        return {"run": str(run.run.resolve()), "checkpoint": str(run.source.resolve()), "checkpoint_kind": run.which,
-                "env_steps": run.env_steps}
+        return {"run": str(run.run.resolve()), "checkpoint": str(run.source.resolve()),
+                "checkpoint_sha256": run.sha256, "checkpoint_kind": run.which, "env_steps": run.env_steps}
 
     return {"env": first.cfg.env, "env_kwargs": first.env_kwargs, "episodes": args.episodes, "seed": args.seed,
             "actions": "greedy", "pick": args.pick, "scored_by": list(keys),

@@ -27,11 +27,12 @@ from dataclasses import fields
 from pathlib import Path
 
 from envs.settings import ConfigError
-from trainer.arguments import OneLineParser
+from trainer.arguments import OneLineParser, ending_quietly_when_stdout_closes
 
 NOTHING_WRITTEN = "nothing was written (the run ends with the checkpoint it ended with before)"
 
 
+@ending_quietly_when_stdout_closes()  # `| head -1`: exit status 141, no traceback (the round is saved before it speaks)
 def main(argv: list[str] | None = None) -> None:
     import checkpoints
     from trainer.interrupts import StopSignals
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
         # Ctrl-C or SIGTERM: one line saying what is on disk, exit status 128 + the signal, the run directory
         # unlocked; once done, a signal is noted and the process ends as it would have
         with StopSignals(until_exit=True) as signals:
-            summary = distill_run(run, seed=args.seed, saved=saved, **settings)
+            summary = distill_run(run, seed=args.seed, saved=saved, **settings,
+                                  started=lambda line: print(f"distilling: {line}", file=sys.stderr, flush=True))
             signals.finish()
     except ConfigError as e:
         p.error(str(e))

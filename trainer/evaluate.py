@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from collectors.stop_signals import exiting_at_once_on_stop_signals
 from envs.settings import ConfigError, did_you_mean
-from trainer.arguments import OneLineParser, churn_levels, counted, not_a_directory, user_counts
+from trainer.arguments import (
+    OneLineParser,
+    churn_levels,
+    counted,
+    ending_quietly_when_stdout_closes,
+    most_users,
+    not_a_directory,
+    user_counts,
+)
 from trainer.interrupts import StopSignals, ignore_late_signals
 
 if TYPE_CHECKING:  # (torch loads once the command line is checked)
@@ -42,9 +50,11 @@ REFERENCES = (REFERENCE, "belief")  # (trainer.evaluation.cells.REFERENCES)
 CELLS_FILES = ("evaluation_cells.json", "evaluation_cells.png")  # what --users/--churn write
 
 
+@ending_quietly_when_stdout_closes()
 def main(argv: list[str] | None = None) -> None:
     """``python -m trainer.evaluate``; Ctrl-C or SIGTERM at any moment is one line and exit status 128 + the
-    signal."""
+    signal; a reader of its standard output that has gone (``| head -1``) ends it quietly, exit status 141, its
+    files written together or not at all."""
     with StopSignals() as signals:
         try:
             _evaluate(argv, signals)
@@ -236,6 +246,7 @@ class _Setup(NamedTuple):
     """What is evaluated, and where the results go (:func:`_setup`)."""
 
     source: Path  # the checkpoint file
+    sha256: str  # its content hash (checkpoints.content_hash): what the results name it by, with its path
     which: str  # which checkpoint it is, in words
     model: nn.Module  # its policy
     cfg: TrainConfig  # its run's
@@ -264,6 +275,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     from trainer.evaluation.report import check_writable
 
     source, state, which = picked_checkpoint(args.checkpoint, args.pick)
+    sha256 = checkpoints.content_hash(source)  # right after the load: the weights evaluated (the path may change)
     trained_on = state.get("config", {}).get("env")
     traced = sorted(TRACE_ARGUMENTS & args.given.keys())
     if traced and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
@@ -289,12 +301,12 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     out_dir = Path(args.out) if args.out else run_dir
     check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
-    cells = _asked_cells(parser, args, model, cfg, vr_config)
-    return _Setup(source, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells)
+    cells = _asked_cells(parser, args, model, cfg, vr_config, names)
+    return _Setup(source, sha256, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells)
 
 
 def _asked_cells(parser: OneLineParser, args: argparse.Namespace, model: nn.Module, cfg: TrainConfig,
-                 vr_config: VREdgeConfig | None) -> list[Cell]:
+                 vr_config: VREdgeConfig | None, names: list[str]) -> list[Cell]:
     """The (users, churn) pairs ``--users`` and ``--churn`` ask for (the one not given: the run's own), none where
     neither is given; a usage error where the policy cannot act on them (another env than VR-edge, more users
     than a fixed-slot policy has slots, users that vary for a policy trained without the active mask)."""
@@ -308,10 +320,28 @@ def _asked_cells(parser: OneLineParser, args: argparse.Namespace, model: nn.Modu
         users = args.users if args.users is not None else user_counts(str(vr_config.users or vr_config.num_users))
         churns = args.churn if args.churn is not None else tuple(dict.fromkeys(vr_config.churn_range))  # its ends
         cells = cells_of(users, churns)
-        cell_slots(model, cfg, vr_config, cells)
+        _check_cells_fit(args, cfg, cells, cell_slots(model, cfg, vr_config, cells), vr_config, names)
     except ConfigError as e:
         parser.error(str(e))
     return cells
+
+
+def _check_cells_fit(args: argparse.Namespace, cfg: TrainConfig, cells: list[Cell], slots: int,
+                     vr_config: VREdgeConfig, names: list[str]) -> None:
+    """A :class:`ConfigError` where cells of ``slots`` user slots, played as the episodes are (every player of a
+    pair in one batched env, a row per episode: :func:`trainer.evaluation.cells.rows_at_once`; the policy acting
+    on up to ``EPISODE_BATCH`` rows at once), would not fit this machine's memory: said before any env is built,
+    not as an allocation error once one is (``--users 100000000``)."""
+    from trainer.evaluation.cells import cell_env_kwargs, rows_at_once
+    from trainer.evaluation.episodes import EPISODE_BATCH
+    from trainer.memory import check_cells_fit
+    from trainer.run_layout import memory_available
+
+    biggest = max(cells, key=lambda c: most_users(c.users))
+    asked = ",".join(dict.fromkeys(str(c.users) for c in cells))
+    check_cells_fit(asked, cell_env_kwargs(vr_config.to_dict(), slots, biggest, vr_config.masked),
+                    rows_at_once(args.episodes, names, args.reference or ()), memory_available(),
+                    widest_layer=max(cfg.hidden_sizes), policy_rows=min(args.episodes, EPISODE_BATCH))
 
 
 def _played(args: argparse.Namespace, setup: _Setup, label: str) -> dict[str, list[dict[str, float]]]:
@@ -361,7 +391,8 @@ def _payload(args: argparse.Namespace, setup: _Setup, label: str, comparison: Co
 
 def _payload_head(args: argparse.Namespace, setup: _Setup) -> dict[str, Any]:
     """What every evaluation's JSON starts with: what was evaluated, and on which episodes."""
-    return {"checkpoint": str(setup.source.resolve()), "checkpoint_kind": setup.which, "env": setup.cfg.env,
+    return {"checkpoint": str(setup.source.resolve()), "checkpoint_sha256": setup.sha256,
+            "checkpoint_kind": setup.which, "env": setup.cfg.env,
             "env_kwargs": setup.env_kwargs, "episodes": args.episodes, "seed": args.seed,
             "actions": "greedy" if args.deterministic else "sampled",
             **({"belief_base": args.belief_base} if "belief" in _with_reference(args, setup) else {})}
@@ -436,7 +467,9 @@ def _write_results(args: argparse.Namespace, setup: _Setup, payload: dict[str, A
                    draw: Callable[[Path], Path | None], signals: StopSignals, out: TextIO,
                    files: tuple[str, str] = ("evaluation.json", "evaluation.png")) -> None:
     """Write ``files``: the JSON (replaced whole, said when it replaces one) and the plot ``draw`` makes (``None``
-    without matplotlib), under ``signals``: a stop signal waits for them, then has nothing left to stop."""
+    without matplotlib: an earlier evaluation's plot is removed), under ``signals``: a stop signal waits for them,
+    then has nothing left to stop. Both are written before a word is said: a reader of ``out`` that has gone
+    (``| head -1``) stops the command with the two of one evaluation in place, never a new JSON beside an old plot."""
     from trainer.evaluation.report import json_ready, write_replacing
 
     payload = json_ready(payload)
@@ -444,10 +477,12 @@ def _write_results(args: argparse.Namespace, setup: _Setup, payload: dict[str, A
     replaced = _described(out_dir / files[0])
     with signals.critical():
         write_replacing(out_dir / files[0], json.dumps(payload, indent=2, allow_nan=False))
+        png = draw(out_dir / files[1])
+        if png is None:  # no plot of these results: none of earlier ones beside them
+            (out_dir / files[1]).unlink(missing_ok=True)
         if replaced:  # a quick look must not pass unnoticed over a long evaluation (export's card reads this file)
             keep = "another --out DIR" if args.out else "--out DIR"
             print(f"replaced the previous {out_dir / files[0]} ({replaced}); {keep} keeps both", file=out)
-        png = draw(out_dir / files[1])
         print(f"\nwrote {out_dir / files[0]}" +
               (f" and {png}" if png else " (pip install matplotlib for a plot)"), file=out)
         if args.json:

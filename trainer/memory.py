@@ -7,8 +7,10 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from envs.settings import ConfigError
+from envs.traces import TRACE_ARGUMENTS
 from envs.vr_edge import MEMORY_ARGUMENTS, VREdgeConfig
 from trainer.arguments import counted
 from trainer.common.devices import learner_device
@@ -33,10 +35,7 @@ def _env_sizes(cfg: TrainConfig) -> EnvSizes:
     """What one env of the run holds, in bytes: VR-edge's from its arguments (nothing is built: its observation may
     be what does not fit), any other env's from the spaces of one built."""
     if cfg.env == "VREdge-v0":
-        vr = VREdgeConfig(**cfg.env_options)
-        observation = 4 * vr.obs_dim  # float32
-        return EnvSizes(observation, action=8 * vr.num_users, scores=vr.num_users * vr.num_levels,
-                        own=vr.state_bytes + 2 * observation, scaled_by=MEMORY_ARGUMENTS)  # (+ its space's bounds)
+        return vr_edge_sizes(VREdgeConfig(**cfg.env_options))
     observations, actions, _ = model_spaces(cfg)
     observation = observations.dtype.itemsize * math.prod(observations.shape)
     heads = action_heads(actions)
@@ -44,6 +43,50 @@ def _env_sizes(cfg: TrainConfig) -> EnvSizes:
         return EnvSizes(observation, action=0, scores=0)
     action = 4 * heads.sizes[0] if heads.kind == "box" else 8 * len(heads.sizes)  # float32 reals, int64 choices
     return EnvSizes(observation, action, scores=sum(heads.sizes))
+
+
+def vr_edge_sizes(vr: VREdgeConfig) -> EnvSizes:
+    """What one VR-edge env of ``vr`` holds, in bytes, from its arguments alone (nothing is built)."""
+    observation = 4 * vr.obs_dim  # float32
+    return EnvSizes(observation, action=8 * vr.num_users, scores=vr.num_users * vr.num_levels,
+                    own=vr.state_bytes + 2 * observation, scaled_by=MEMORY_ARGUMENTS)  # (+ its space's bounds)
+
+
+def check_cells_fit(asked: str, env_kwargs: dict[str, Any], envs_at_once: int, available: int | None,
+                    widest_layer: int = 0, fewer_with: str = "--episodes", policy_rows: int | None = None) -> None:
+    """Raise :class:`ConfigError` (``--users``, given as ``asked``) where ``envs_at_once`` VR-edge envs of
+    ``env_kwargs`` (the cells' arguments, their ``num_users`` slots the most of them), and a policy acting on each
+    user slot whose widest layer has ``widest_layer`` units (a float32 output each, for every slot of the
+    ``policy_rows`` envs it acts on at once; ``None``: every env), would need more than ``available`` bytes of
+    memory (``None``: not known, and not checked); the error names the most users that fit and ``fewer_with``, the
+    flag that plays fewer envs at once. Only what the envs, their observations and the policy's scores hold is
+    counted besides (not the episodes' records, nor the interpreter): an evaluation refused would not have fitted,
+    and it is refused before anything is built (``trainer.evaluate --users 100000000`` was an allocation error once
+    the policy had loaded).
+
+    >>> check_cells_fit("2,100000000", {"num_users": 100_000_000}, envs_at_once=16, available=64 << 30)
+    Traceback (most recent call last):
+    ...
+    envs.settings.ConfigError: --users 2,100000000: cells of 100,000,000 user slots would need at least 256.3 GiB \
+of memory, more than the 64.0 GiB available here (16 envs at once, 17,200,000,157 bytes each); at most 24,970,739 \
+users fit (a lower --episodes plays fewer envs at once)
+    """
+    def needed(users: int) -> int:  # (every slot active, no traces: what any cell of these slots holds at least)
+        untraced = {k: v for k, v in env_kwargs.items() if k not in TRACE_ARGUMENTS}
+        env = vr_edge_sizes(VREdgeConfig(**{**untraced, "num_users": users, "users": users}))
+        acting = envs_at_once if policy_rows is None else min(policy_rows, envs_at_once)
+        return envs_at_once * (env.observation + env.action + env.per_env) + acting * 4 * widest_layer * users
+
+    slots = env_kwargs["num_users"]
+    if available is None or needed(slots) <= available:
+        return
+    most = _most_that_fits(available, needed, slots)
+    fewer = f" (a lower {fewer_with} plays fewer envs at once)" if envs_at_once > 1 else ""
+    raise ConfigError("users", asked, message=(
+        f"--users {asked}: cells of {slots:,} user slots would need at least {_bytes(needed(slots))} of memory, more "
+        f"than the {_bytes(available)} available here ({counted(envs_at_once, 'env')} at once, "
+        f"{needed(slots) // envs_at_once:,} bytes each); "
+        + (f"at most {most:,} users fit{fewer}" if most else f"not even one user fits{fewer}")))
 
 
 def _rollout_copies(cfg: TrainConfig, device: str) -> int:

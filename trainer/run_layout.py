@@ -41,6 +41,12 @@ VECTOR_ENVS = {"VREdge-v0": envs.VREdgeVectorEnv}  # natively batched: one vecto
 TORCH_ENVS = {"VREdge-v0": envs.VREdgeTorchEnv}  # written in torch: --backend device steps them on the learner's device
 
 
+def memory_available() -> int:
+    """Bytes of memory this process may still use: the machine's available memory, or less where a cgroup (a
+    container, a SLURM job) limits it."""
+    return min(psutil.virtual_memory().available, cgroup_memory_available() or math.inf)  # a job's own limit
+
+
 @dataclass(frozen=True)
 class Machine:
     """What a run may use: cores (affinity and cgroup quota), GPUs, memory, and for Ray the cluster's CPUs.
@@ -63,7 +69,7 @@ class Machine:
         """This machine; for ``backend="ray"`` also connects to (or starts) Ray to read its CPUs; the memory free on
         the GPU the learner's ``device`` (``--device``) names, where that is one."""
         cores, gpus = usable_cores(), torch.cuda.device_count()
-        memory = min(psutil.virtual_memory().available, cgroup_memory_available() or math.inf)  # a job's own limit
+        memory = memory_available()
         learner = learner_device(device, gpus) if gpus else "cpu"  # (no GPU: --device cuda is refused elsewhere)
         gpu_memory = torch.cuda.mem_get_info(torch.device(learner))[0] if learner != "cpu" else None
         if backend != "ray":

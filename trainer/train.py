@@ -33,7 +33,7 @@ import checkpoints
 from collectors import EnvError, RayConnectError, WorkerDiedError
 from envs.settings import ConfigError
 from trainer.algorithm import NonFiniteLossError
-from trainer.arguments import command, counted, exit_after_rank_0
+from trainer.arguments import command, counted, ending_quietly_when_stdout_closes, exit_after_rank_0
 from trainer.common.world import LeadFailedError, RankLostError, World, WorldEnvironmentError
 from trainer.config import named
 from trainer.loop import TrainingStopped, error_text, train, train_command
@@ -89,6 +89,7 @@ def _stored_setting(key: str, cli: CommandLine) -> str:
 NOTHING_TO_SAVE = "before the first iteration completed: nothing to save; run the same command again"
 
 
+@ending_quietly_when_stdout_closes()  # `| head -1`: exit status 141, no traceback (the run is saved before it speaks)
 def main(argv: list[str] | None = None, cli: CommandLine | None = None) -> None:
     """``python -m trainer.train``: the command line ``argv`` (or the one already parsed, ``cli``) run."""
     cli = cli or parse_args(argv)

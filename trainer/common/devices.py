@@ -21,9 +21,26 @@ def learner_device(name: str, gpus: int) -> str:
     if name == "auto":
         return "cuda" if gpus else "cpu"
     if name.startswith("cuda") and not gpus:
-        raise ConfigError("device", name, "CUDA is not available here; use --device cpu or auto",
-                          message=f"--device {name} requested but CUDA is not available here; use --device cpu or auto")
+        why = no_gpu_reason(torch.__version__, torch.version.cuda)
+        raise ConfigError("device", name, f"CUDA is not available here: {why}; use --device cpu or auto",
+                          message=f"--device {name} requested but CUDA is not available here: {why}; use --device "
+                                  "cpu or auto")
     return name
+
+
+def no_gpu_reason(version: str, cuda: str | None) -> str:
+    """Why torch ``version`` (built for CUDA ``cuda``, ``None`` for a CPU build) sees no GPU, in words: a CPU build
+    sees none even where ``nvidia-smi`` shows one, and then the fix is another torch, not another machine.
+
+    >>> no_gpu_reason("2.13.0+cpu", None)
+    'torch 2.13.0+cpu is a CPU build, which sees no GPU even where nvidia-smi shows one (install a CUDA build of torch: docs/device.md#a-cuda-build-of-torch)'
+    >>> no_gpu_reason("2.13.0+cu128", "12.8")
+    'torch 2.13.0+cu128 (CUDA 12.8) finds no GPU (nvidia-smi says whether this machine has one, and its driver)'
+    """  # noqa: E501
+    if cuda is None:
+        return (f"torch {version} is a CPU build, which sees no GPU even where nvidia-smi shows one (install a CUDA "
+                "build of torch: docs/device.md#a-cuda-build-of-torch)")
+    return f"torch {version} (CUDA {cuda}) finds no GPU (nvidia-smi says whether this machine has one, and its driver)"
 
 
 def resolve_device(name: str) -> torch.device:

@@ -44,9 +44,10 @@ from trainer.arguments import most_users
 from trainer.config import TrainConfig
 from trainer.evaluation.baselines import best_baseline
 from trainer.evaluation.episodes import (
-    POLICY_BATCH,
+    EPISODE_BATCH,
     Act,
     Player,
+    Records,
     evaluation_seeds,
     held_out_env_kwargs,
     play_together,
@@ -62,7 +63,6 @@ BELIEF = "belief"  # the causal ceiling's (envs.belief_mpc.BeliefMPC on fair_sha
 REFERENCES = (REFERENCE, BELIEF)
 CEILING_BASE = "fair_share"  # the base the causal ceiling improves on, and the lower end of its figures
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
-Records = list[dict[str, float]]  # one per episode (run_episodes)
 
 
 class Comparison(NamedTuple):
@@ -89,7 +89,7 @@ def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.
     references = references_of(reference) if vr_config is not None else ()
     baselines = list(names) + ([CEILING_BASE] if BELIEF in references and CEILING_BASE not in names else [])
     seeds = evaluation_seeds(seed, episodes)
-    players = [Player(act, seeds, POLICY_BATCH)] + [Player(envs.make_baseline(n, vr_config), seeds) for n in baselines]
+    players = [Player(act, seeds, EPISODE_BATCH)] + [Player(envs.make_baseline(n, vr_config), seeds) for n in baselines]
     played = dict(zip([label, *baselines], play_together(players, env_fn)))
     if REFERENCE in references:
         played[REFERENCE] = clairvoyant_records(vr_config, env_fn, episodes, seed)
@@ -114,6 +114,20 @@ def ceiling_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env],
     """The causal ceiling's records (:class:`envs.belief_mpc.BeliefMPC` on ``base``, its defaults) on the held-out
     episodes ``seed`` gives, every env's observation at every step in one batched env (its filter keeps a row each)."""
     return run_episodes(BeliefMPC(vr_config, base=base), env_fn, episodes, seed, num_envs=64, whole_batch=True)
+
+
+def rows_at_once(episodes: int, names: Sequence[str], reference: bool | Sequence[str]) -> int:
+    """The most env rows one pair's players hold at once (:func:`play_contenders`, then :func:`compare_contenders`'
+    validation episodes): the policy's and the baselines' ``episodes`` each (:data:`CEILING_BASE`'s too where the
+    causal ceiling needs it) in one batched env, or the baselines' :data:`SELECTION_EPISODES` each in one; each
+    reference plays fewer rows, in one of its own. What a memory check counts (``trainer.evaluate --users``).
+
+    >>> rows_at_once(50, ["fair_share", "buffer"], False), rows_at_once(2, ["fair_share", "buffer"], ["belief"])
+    (150, 32)
+    """
+    references = references_of(reference)
+    players = 1 + len(names) + (BELIEF in references and CEILING_BASE not in names)
+    return max(episodes * players, SELECTION_EPISODES * len(names))
 
 
 def references_of(reference: bool | Sequence[str]) -> tuple[str, ...]:
@@ -368,7 +382,6 @@ def leads_table(entries: list[dict[str, Any]], most_named: int = 6) -> str:
                                             for b in behind[:most_named])
                      + (f" and {len(behind) - most_named} more" if len(behind) > most_named else ""))
     return "\n".join(lines)
-
 
 
 def _ratio_text(figure: dict[str, Any] | None) -> str:

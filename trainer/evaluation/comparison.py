@@ -13,16 +13,15 @@ import gymnasium as gym
 import numpy as np
 from torch import nn
 
+import checkpoints
 from trainer.config import TrainConfig
 from trainer.evaluation import aggregate
-from trainer.evaluation.episodes import held_out_env_kwargs, policy_actions, run_episodes
+from trainer.evaluation.episodes import Records, held_out_env_kwargs, policy_actions, run_episodes
 from trainer.evaluation.policies import picked_checkpoint, policy_from_state
 from trainer.evaluation.report import plus_minus, pyplot, write_figures
 from trainer.evaluation.statistics import paired_difference
 
 SCORES = {"return": "return", "reward_per_step": "reward/step"}  # what a run can be scored by, as the table says it
-
-Records = list[dict[str, float]]  # one per episode (run_episodes)
 
 
 class LoadedRun(NamedTuple):
@@ -47,6 +46,7 @@ class LoadedRun(NamedTuple):
 
     run: Path  # the run directory
     source: Path  # its checkpoint file
+    sha256: str  # its content hash (checkpoints.content_hash): what results name it by, with its path
     which: str  # which checkpoint that is, in words
     env_steps: int  # the env steps it was trained for
     model: nn.Module  # its policy, frozen, on the CPU
@@ -58,8 +58,9 @@ def load_run(run: Path, pick: str) -> LoadedRun:
     """The policy of a run directory's ``pick`` (``best`` or ``latest``: :func:`picked_checkpoint`); a
     ``ValueError`` (``CheckpointError``) naming it where none loads."""
     picked = picked_checkpoint(run, pick)
+    sha256 = checkpoints.content_hash(picked.source)  # right after the load: the weights played (the path may change)
     model, cfg = policy_from_state(picked.state, picked.source)
-    return LoadedRun(run, picked.source, picked.label, int(picked.state.get("env_steps", 0)), model, cfg,
+    return LoadedRun(run, picked.source, sha256, picked.label, int(picked.state.get("env_steps", 0)), model, cfg,
                      held_out_env_kwargs(cfg.env_options, ""))
 
 

@@ -21,10 +21,10 @@ from trainer.run_layout import VECTOR_ENVS
 
 Act = Callable[[np.ndarray], np.ndarray]
 Records = list[dict[str, float]]  # one per episode (run_episodes)
-POLICY_BATCH = 16  # rows a trained policy acts on at once (run_episodes' envs): see Player.batch
 _EVAL_STREAM = 0x5EED_E7A1  # spawn key that separates evaluation seeds from training seeds
 _VALIDATION_STREAM = 0x5EED_7A11  # and validation seeds (model selection during training) from both
-_DISTILL_STREAM = 0x5EED_D157  # and the episodes a policy plays to be distilled (trainer.ppo.distill) from all three
+_DISTILL_STREAM = 0x5EED_D157  # and the episodes a policy plays to be distilled from all three
+EPISODE_BATCH = 16  # the envs run_episodes plays in lockstep by default (at most: one per episode); see Player.batch
 _PLAYED: contextvars.ContextVar[Callable[[Fraction | int], None] | None] = contextvars.ContextVar("played",
                                                                                                   default=None)
 
@@ -44,21 +44,32 @@ def episodes_shown(total: int, what: str = "episodes") -> Iterator[None]:
 
     bar = tqdm(total=total, unit="ep", desc=what, dynamic_ncols=True, file=sys.stderr,
                disable=not sys.stderr.isatty())
-    owed = Fraction(0)  # played, not yet shown: less than an episode
+    try:
+        with episodes_counted(bar.update):
+            yield
+    finally:
+        bar.close()
 
-    def played(amount: Fraction | int) -> None:
+
+@contextlib.contextmanager
+def episodes_counted(played: Callable[[int], None]) -> Iterator[None]:
+    """For the block, ``played(n)`` as the episodes :func:`run_episodes` and :func:`play_together` play add up to
+    ``n`` more whole episodes (a bar of the caller's): a batched env's steps count as fractions of an episode
+    (:func:`episodes_shown`), summed until they make a whole one, so that every episode played counts 1 in all."""
+    owed = Fraction(0)  # played, not yet counted: less than an episode
+
+    def add(amount: Fraction | int) -> None:
         nonlocal owed
         owed += amount
         if (whole := int(owed)) > 0:
-            bar.update(whole)
+            played(whole)
             owed -= whole
 
-    token = _PLAYED.set(played)
+    token = _PLAYED.set(add)
     try:
         yield
     finally:
         _PLAYED.reset(token)
-        bar.close()
 
 
 def evaluation_seeds(seed: int, episodes: int) -> list[int]:
@@ -72,7 +83,7 @@ def validation_seeds(seed: int, episodes: int) -> list[int]:
 
 
 def distillation_seeds(seed: int, episodes: int) -> list[int]:
-    """One env seed per episode a policy plays to be labelled by an expert (``trainer.ppo.distill``): a branch that
+    """One env seed per episode a policy plays to be labelled by an expert (``trainer.ppo.distillation``): a branch that
     neither training, :func:`evaluation_seeds` nor :func:`validation_seeds` uses."""
     return _branch_seeds(seed, episodes, _DISTILL_STREAM)
 
@@ -120,7 +131,7 @@ class _StepsShown:
 
 
 def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
-                 num_envs: int = 16, seeds: list[int] | None = None,
+                 num_envs: int = EPISODE_BATCH, seeds: list[int] | None = None,
                  with_envs: bool = False, whole_batch: bool = False) -> list[dict[str, float]]:
     """Play ``episodes`` full episodes (episode ``i`` reset with ``evaluation_seeds(seed)[i]``, or ``seeds[i]``).
 
@@ -245,7 +256,7 @@ class Player(NamedTuple):
     act: Act
     seeds: list[int]
     batch: int | None = None  # at most this many of its rows per call of ``act``, its episodes in order (None: all)
-    # Why a trained policy plays in batches of POLICY_BATCH: its matrix products take other kernels for a batch of
+    # Why a trained policy plays in batches of EPISODE_BATCH: its matrix products take other kernels for a batch of
     # 1 to 3 rows (logits 1e-6 apart, measured with the cells recipe's set policy; from 4 rows on, the same to the
     # last bit), so batches of 16 in episode order (the last one 50 - 48 = 2 rows, as run_episodes' last envs)
     # keep its records those of run_episodes, which trainer.compare and benchmarks.cells_table play. A baseline
@@ -269,7 +280,7 @@ def play_together(players: Sequence[Player], env_fn: Callable[[], gym.Env]) -> l
         raise ValueError("play_together needs players, each with at least one episode (seed) to play")
     make = native_vector_env(env_fn)
     if make is None:
-        return [run_episodes(p.act, env_fn, len(p.seeds), 0, num_envs=p.batch or POLICY_BATCH, seeds=p.seeds)
+        return [run_episodes(p.act, env_fn, len(p.seeds), 0, num_envs=p.batch or EPISODE_BATCH, seeds=p.seeds)
                 for p in players]
     ends = np.cumsum([len(p.seeds) for p in players])
     env = make(num_envs=int(ends[-1]))

@@ -187,7 +187,8 @@ def picked_checkpoint(path: str | Path, pick: str = "latest", say_refused: bool 
             print(f"skipped the best checkpoint: {e}", file=sys.stderr)
             instead = f"the best checkpoint, {best.name}, does not load"
     picked = _newest(path, "the latest checkpoint", said=best)
-    if say_refused and best is None and instead != checkpoints.NO_BEST:  # a pointer there, not followed
+    # a pointer there, not followed ("": pick="latest", which asks for none; nothing was skipped)
+    if say_refused and best is None and instead not in ("", checkpoints.NO_BEST):
         print(f"skipped {instead}", file=sys.stderr)
     return picked._replace(label=picked.label + (f" ({instead})" if pick == "best" else ""))
 

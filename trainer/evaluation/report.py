@@ -145,7 +145,7 @@ def check_writable(directory: Path, what: str = "the evaluation outputs", run_di
 def format_ceiling(capture: dict[str, Any], causal_share: dict[str, Any] | None, base: str = "fair_share") -> str:
     """The causal ceiling's lines of the table (``trainer.evaluation.cells.ceiling_figures``): its causal share of
     the clairvoyant's lead over fair_share, where the clairvoyant was played, and the policy's capture of its own
-    lead; a ceiling the policy beats is said to be no ceiling, its capture no success. ``base``: what the ceiling's
+    lead; a ceiling the policy beats is said to be not tight, and a capture above 1 no gain beyond what is reachable. ``base``: what the ceiling's
     rollout improves on (``fair_share`` or ``policy``).
 
     >>> print(format_ceiling({"fraction": 0.5, "ci95": 0.1, "gap": 0.02, "ceiling_tight": True}, None))
@@ -166,8 +166,9 @@ def format_ceiling(capture: dict[str, Any], causal_share: dict[str, Any] | None,
         lines.append(f"capture: the policy reaches {_ratio(capture)} of the causal ceiling's lead over fair_share "
                      f"({capture['gap']:+.3f} reward/step)")
     else:
-        lines.append(f"capture: {_ratio(capture)}, but the policy scores above the causal ceiling here: the ceiling "
-                     "is not tight (no ceiling), and a capture above 1 is no success")
+        lines.append(f"capture: {_ratio(capture)}, above 1: the policy plays at least as well as the causal ceiling "
+                     "here; the ceiling is not tight (BeliefMPC bounds the best causal play from below), so this is "
+                     "no gain beyond what is reachable")
     return "\n".join(lines)
 
 

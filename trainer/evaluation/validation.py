@@ -169,7 +169,7 @@ def final_validation(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]
 def quality_line(result: dict[str, Any]) -> str:
     """:func:`final_validation`'s result in words, one line."""
     policy, episodes = result["policy"], counted(result["episodes"], "validation episode")
-    took = f"; {result['seconds']:.0f} s"
+    took = f"; took {result['seconds']:.0f} s"
     if "baseline" not in result:
         mean_return = _interval(policy["mean_return"], policy["mean_return_ci95"])
         return f"mean return {mean_return}, greedy, on {episodes}{took}"

@@ -208,6 +208,8 @@ def _said_end(folder: Path, cfg: TrainConfig, cli: CommandLine, statuses: list[i
     if unfinished:
         print(f"resume:        {train_command(*cli.argv)}")
     else:
+        print(f"evaluate:      {command('-m', 'trainer.evaluate', '--checkpoint', str(runs[0].run_dir.resolve()))}"
+              + (f" (one seed's; s{runs[1].seed}, ... alike)" if len(runs) > 1 else ""))
         print(f"compare:       {command('-m', 'trainer.compare', str(folder.resolve()), 'OTHER_FOLDER')}")
     stopped = [s for s in statuses if s >= 128]
     return stopped[0] if stopped else max(statuses, default=0) if unfinished else 0

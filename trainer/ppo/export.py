@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import importlib
 import json
 import logging
@@ -262,10 +261,6 @@ def _env_card(env_id: str, env_kwargs: dict[str, Any]) -> dict[str, Any]:
         env.close()
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _need_onnx() -> None:
     missing = []
     for name in ONNX_MODULES:
@@ -288,6 +283,7 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     if "onnx" in formats:
         _need_onnx()
     source, state, which = picked_checkpoint(checkpoint, pick)
+    sha256 = checkpoints.content_hash(source)  # right after the load: the weights exported (the path may change)
     model, cfg = policy_from_state(state, source)
     if not isinstance(model, (ActorCritic, SetActorCritic)):
         raise ValueError(f"{source} is {algorithm_class(cfg.algo).model_name} (--algo {cfg.algo}); trainer.export "
@@ -297,15 +293,15 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     run_dir = checkpoints.run_dir_of(checkpoint)  # the run given: never one a pointer would lead to
     given_out = out is not None and str(out) != ""
     out = Path(out) if out else run_dir / "export"
-    evaluation = _evaluation(run_dir, source)  # a malformed file fails here, before the work
+    evaluation = _evaluation(run_dir, sha256)  # a malformed file fails here, before the work
     made = next((d for d in reversed((out, *out.parents)) if not d.exists()), None)  # the first it will make
     check_writable(out, "the exported policy", run_dir=None if given_out else run_dir)
-    _say_evaluation_differs(evaluation, source)
+    _say_evaluation_differs(evaluation, source, sha256)
     for stale in out.glob(".export-*"):  # stage folders of an export that was killed
         shutil.rmtree(stale, ignore_errors=True)
     stage = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
-        card = _staged_card(stage, model, policy, formats, cfg, state, source, evaluation, seed, atol)
+        card = _staged_card(stage, model, policy, formats, cfg, state, source, sha256, evaluation, seed, atol)
         with signals.critical():
             for fmt in FILES:
                 if fmt not in formats:  # the card describes every policy file next to it
@@ -320,11 +316,12 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     return card
 
 
-def _say_evaluation_differs(evaluation: dict[str, Any] | None, source: Path) -> None:
-    """A note on stderr where the run's ``evaluation.json`` (which the card keeps) is not of what is exported."""
+def _say_evaluation_differs(evaluation: dict[str, Any] | None, source: Path, sha256: str) -> None:
+    """A note on stderr where the run's ``evaluation.json`` (which the card keeps) is not of what is exported:
+    of another checkpoint's weights (``sha256``: those exported), or of sampled actions."""
     differs = []
     if evaluation and not evaluation["same_checkpoint"]:
-        differs.append(f"of another checkpoint ({Path(evaluation['checkpoint']).name})")
+        differs.append(_other_checkpoint(evaluation, sha256))
     if evaluation and evaluation.get("actions") == "sampled":  # (files of older versions do not say)
         differs.append("of sampled actions, where the export acts greedily")
     if differs:
@@ -333,11 +330,21 @@ def _say_evaluation_differs(evaluation: dict[str, Any] | None, source: Path) -> 
               "describes what is exported", file=sys.stderr)
 
 
+def _other_checkpoint(evaluation: dict[str, Any], sha256: str) -> str:
+    """Which checkpoint an evaluation of other weights than those exported (content hash ``sha256``) is of, in
+    words: named by its content hash, or, written before evaluations had one, said to name none."""
+    name = Path(evaluation["checkpoint"]).name
+    if not isinstance(evaluation.get("checkpoint_sha256"), str):
+        return (f"of {name} without its content hash (an older version wrote it), so not known to be of the "
+                "weights exported")
+    return f"of other weights ({name} of sha256 {evaluation['checkpoint_sha256'][:12]}; exported: {sha256[:12]})"
+
+
 def _staged_card(stage: Path, model: ActorCritic | SetActorCritic, policy: ExportedPolicy, formats: list[str],
-                 cfg: TrainConfig, state: dict[str, Any], source: Path, evaluation: dict[str, Any] | None, seed: int,
-                 atol: float) -> dict[str, Any]:
-    """The card of the policy files written in ``stage``, each verified against ``model``; the card is written
-    there too, last."""
+                 cfg: TrainConfig, state: dict[str, Any], source: Path, sha256: str,
+                 evaluation: dict[str, Any] | None, seed: int, atol: float) -> dict[str, Any]:
+    """The card of the policy files written in ``stage``, each verified against ``model`` (of the checkpoint
+    ``source``, of content hash ``sha256``); the card is written there too, last."""
     env_card = _env_card(cfg.env, cfg.env_options)
     obs_dim = env_card["observation_space"]["shape"][0]
     obs = verification_observations(model, cfg.env, seed, env_kwargs=cfg.env_options)
@@ -345,8 +352,8 @@ def _staged_card(stage: Path, model: ActorCritic | SetActorCritic, policy: Expor
     for fmt in formats:
         path = stage / FILES[fmt]
         export_file(policy, fmt, path, obs_dim)
-        files[fmt] = {"file": FILES[fmt], "sha256": _sha256(path), "verification": _verified(model, path, obs, seed,
-                                                                                            atol),
+        files[fmt] = {"file": FILES[fmt], "sha256": checkpoints.content_hash(path),
+                      "verification": _verified(model, path, obs, seed, atol),
                       **({"opset": OPSET, "load": "onnxruntime.InferenceSession"} if fmt == "onnx"
                          else {"load": "torch.jit.load"})}
     card = {
@@ -354,7 +361,7 @@ def _staged_card(stage: Path, model: ActorCritic | SetActorCritic, policy: Expor
         **_signature(model, obs_dim),
         "env": env_card,
         "training": cfg.to_dict(),
-        "checkpoint": {"path": str(source.resolve()), "iteration": state["iteration"],
+        "checkpoint": {"path": str(source.resolve()), "sha256": sha256, "iteration": state["iteration"],
                        "env_steps": state["env_steps"], "version": state.get("version"),
                        "distilled": distilled_record(state, source)},  # the distillation rounds, on these weights
         "evaluation": evaluation,
@@ -394,8 +401,9 @@ def _remove_if_empty(out: Path, made: Path | None) -> None:
             break
 
 
-def _evaluation(run_dir: Path, source: Path) -> dict[str, Any] | None:
-    """The run's ``evaluation.json``, where there is one, and whether it evaluated this checkpoint."""
+def _evaluation(run_dir: Path, sha256: str) -> dict[str, Any] | None:
+    """The run's ``evaluation.json``, where there is one, and whether it evaluated this checkpoint: the weights of
+    content hash ``sha256``, whatever their path (one without a hash, of an older version, is not known to)."""
     path = run_dir / "evaluation.json"
     if not path.exists():
         return None
@@ -406,6 +414,6 @@ def _evaluation(run_dir: Path, source: Path) -> dict[str, Any] | None:
     if not isinstance(payload, dict) or not isinstance(payload.get("checkpoint"), str):
         raise ValueError(f"{path} is not an evaluation trainer.evaluate wrote (a JSON object with a 'checkpoint' "
                          "path); the card would describe it: run trainer.evaluate again, or move the file away")
-    same = Path(payload["checkpoint"]).resolve() == source.resolve()
+    same = payload.get("checkpoint_sha256") == sha256
     return {"file": str(path.resolve()), "same_checkpoint": same,
             **payload}
