@@ -7,7 +7,7 @@ from collections.abc import Callable
 import gymnasium as gym
 
 import envs
-from trainer.evaluation.episodes import run_episodes
+from trainer.evaluation.episodes import Player, play_together
 from trainer.evaluation.statistics import summarize
 
 
@@ -17,8 +17,10 @@ def best_baseline(names: list[str], config: envs.VREdgeConfig, env_fn: Callable[
 
     Pick it on other episodes than those it is then compared on: the best of several baselines
     on the test episodes is, by selection, lucky on them, which would shrink the policy's lead.
+    The baselines play together, in one batched env (:func:`trainer.evaluation.episodes.play_together`).
     """
-    played = {name: run_episodes(envs.make_baseline(name, config), env_fn, len(seeds), 0, seeds=seeds)
-              for name in names}
+    records = play_together([Player(envs.make_baseline(n, config), list(seeds)) for n in names], env_fn) \
+        if names else []
+    played = dict(zip(names, records))
     best = max(names, key=lambda n: summarize(played[n])["reward_per_step"]) if names else None
     return best, played
