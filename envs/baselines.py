@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from envs.vr_edge import VREdgeConfig, decode_observation
+from envs.vr_edge_config import VREdgeConfig
+from envs.vr_edge_dynamics import decode_observation
 
 Baseline = Callable[[np.ndarray], np.ndarray]
 _TIE = 1e-9  # QoE differences below this are rounding: such plans tie
@@ -31,7 +32,7 @@ _PLANS_AT_ONCE = 1 << 16  # plans scored in one array: 512 KiB of float64, withi
 
 def _highest_level_below(cfg: VREdgeConfig, rate_mbps: np.ndarray) -> np.ndarray:
     """Highest ladder level whose bitrate is at most ``rate_mbps`` (level 0 if none is)."""
-    return np.maximum(np.searchsorted(cfg._ladder, rate_mbps, side="right") - 1, 0)
+    return np.maximum(np.searchsorted(cfg.ladder, rate_mbps, side="right") - 1, 0)
 
 
 def active_count(cfg: VREdgeConfig, f: dict[str, np.ndarray]) -> int | np.ndarray:
@@ -126,7 +127,7 @@ def mpc_levels(cfg: VREdgeConfig, buffer: np.ndarray, last_level: np.ndarray, ra
     buffer = np.reshape(buffer, -1).astype(np.float64)
     last = np.reshape(last_level, -1)
     rate = np.broadcast_to(np.reshape(rate_mbps, -1), buffer.shape)
-    q = cfg._quality
+    q = cfg.quality
     gain = cfg.quality_weight * q - cfg.switch_weight * np.abs(q - q[:, None])  # [last level, level]: the env's
     first = np.empty(len(buffer), dtype=np.int64)
     per = max(1, _PLANS_AT_ONCE // levels ** horizon)
@@ -142,7 +143,7 @@ def _first_levels(cfg: VREdgeConfig, buffer: np.ndarray, last: np.ndarray, rate:
     stall."""
     levels, n = cfg.num_levels, len(buffer)
     buf = buffer[:, None]  # [n, prefixes]
-    download = cfg._ladder * cfg.segment_s / rate[:, None, None]  # [n, 1, L]
+    download = cfg.ladder * cfg.segment_s / rate[:, None, None]  # [n, 1, L]
     value, step_gain = np.zeros(buf.shape), gain[last][:, None, :]
     for h in range(horizon):
         stall = np.maximum(download - buf[..., None], 0.0)  # [n, prefixes, L]
@@ -178,7 +179,7 @@ def robust_mpc_policy(cfg: VREdgeConfig, share: float = 0.85, horizon: int = 5) 
         f = decode_observation(cfg, obs)
         rate = share * robust_capacity(f["cap_history"])[:, None] * f["channel"] / active_count(cfg, f)
         if cfg.masked:  # an inactive slot shows no channel: any rate will do, its level is 0
-            rate = np.where(f["active"], rate, cfg._ladder[0])
+            rate = np.where(f["active"], rate, cfg.ladder[0])
         return only_active(cfg, obs, mpc_levels(cfg, f["buffer"], f["last_level"], rate, horizon))
     return act
 
@@ -196,7 +197,7 @@ def bola_parameters(cfg: VREdgeConfig, low_s: float, high_s: float) -> tuple[flo
         raise ValueError("BOLA needs a ladder of at least 2 bitrates")
     if not 0 <= low_s < high_s:
         raise ValueError(f"BOLA buffer levels low_s={low_s} and high_s={high_s} are invalid: need 0 <= low_s < high_s")
-    size = cfg._ladder * cfg.segment_s
+    size = cfg.ladder * cfg.segment_s
     utility = np.log(size / size[0])
 
     def c(a: int, b: int) -> float:
@@ -216,7 +217,7 @@ def bola_policy(cfg: VREdgeConfig, low_s: float = 1.0, high_s: float = 3.5) -> B
     buffer. ``low_s`` and ``high_s`` were tuned on training seeds.
     """
     v, gamma = bola_parameters(cfg, low_s, high_s)
-    size = cfg._ladder * cfg.segment_s
+    size = cfg.ladder * cfg.segment_s
     utility = np.log(size / size[0])
 
     def act(obs: np.ndarray) -> np.ndarray:
