@@ -172,6 +172,7 @@ class VREdgeConfig:
     _ladder = property(lambda self: self.ladder)
     _quality = property(lambda self: self.quality)
     _traces = property(lambda self: self.traces)
+    _user_traces = property(lambda self: self.link_traces)
 
     @property
     def num_levels(self) -> int:
