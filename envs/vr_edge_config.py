@@ -168,12 +168,6 @@ class VREdgeConfig:
         """Where each uniform of a step's (and a reset's) block goes (:mod:`envs.vr_edge_draws`)."""
         return DrawLayout.of(self.num_users, self.varies)
 
-    # the names code written before the split reads (tests among it)
-    _ladder = property(lambda self: self.ladder)
-    _quality = property(lambda self: self.quality)
-    _traces = property(lambda self: self.traces)
-    _user_traces = property(lambda self: self.link_traces)
-
     @property
     def num_levels(self) -> int:
         return len(self.bitrates_mbps)

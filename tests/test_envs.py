@@ -140,7 +140,7 @@ def test_reward_is_documented_formula_of_info_components():
         q = info["quality"]
         expected = np.mean(q - 3.0 * info["stall_s"] - 0.5 * np.abs(q - prev_q))
         assert r == pytest.approx(expected)
-        np.testing.assert_allclose(q, cfg._quality[a])
+        np.testing.assert_allclose(q, cfg.quality[a])
         prev_q = q
         if term or trunc:
             break

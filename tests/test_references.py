@@ -38,12 +38,12 @@ def test_mpc_hand_computed_lookahead_changes_the_decision():
 
 def _best_plan_first_level(cfg, buffer, last, rate, horizon):
     """The first level of the best plan by enumerating every plan (the lowest plan of equal QoE)."""
-    q = cfg._quality
+    q = cfg.quality
     best, first = -math.inf, None
     for plan in itertools.product(range(cfg.num_levels), repeat=horizon):
         buf, prev, value = buffer, last, 0.0
         for level in plan:
-            download = cfg._ladder[level] * cfg.segment_s / rate
+            download = cfg.ladder[level] * cfg.segment_s / rate
             value += (cfg.quality_weight * q[level] - cfg.switch_weight * abs(q[level] - q[prev])
                       - cfg.stall_weight * max(download - buf, 0.0))
             buf, prev = min(max(buf - download, 0.0) + cfg.segment_s, cfg.max_buffer_s), level
