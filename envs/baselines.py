@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from envs.vr_edge import VREdgeConfig, decode_observation
+from envs.vr_edge_config import VREdgeConfig
+from envs.vr_edge_dynamics import decode_observation
 
 Baseline = Callable[[np.ndarray], np.ndarray]
 _TIE = 1e-9  # QoE differences below this are rounding: such plans tie
@@ -33,7 +34,7 @@ _KEPT_AT_MOST = 1 << 19  # prefixes a search keeps at most (8 MiB an array) befo
 
 def _highest_level_below(cfg: VREdgeConfig, rate_mbps: np.ndarray) -> np.ndarray:
     """Highest ladder level whose bitrate is at most ``rate_mbps`` (level 0 if none is)."""
-    return np.maximum(np.searchsorted(cfg._ladder, rate_mbps, side="right") - 1, 0)
+    return np.maximum(np.searchsorted(cfg.ladder, rate_mbps, side="right") - 1, 0)
 
 
 def active_count(cfg: VREdgeConfig, f: dict[str, np.ndarray]) -> int | np.ndarray:
@@ -129,7 +130,7 @@ def mpc_levels(cfg: VREdgeConfig, buffer: np.ndarray, last_level: np.ndarray, ra
     buffer = np.reshape(buffer, -1).astype(np.float64)
     last = np.reshape(last_level, -1)
     rate = np.broadcast_to(np.reshape(rate_mbps, -1), buffer.shape)
-    q = cfg._quality
+    q = cfg.quality
     gain = cfg.quality_weight * q - cfg.switch_weight * np.abs(q - q[:, None])  # [last level, level]: the env's
     first = np.empty(len(buffer), dtype=np.int64)
     for s in range(0, len(buffer), _SEARCHED_AT_ONCE):
@@ -158,7 +159,7 @@ def _first_levels(cfg: VREdgeConfig, buffer: np.ndarray, last: np.ndarray, rate:
     """:func:`_enumerated_first_levels` for a few users."""
     levels, n = cfg.num_levels, len(buffer)
     buf = buffer[:, None]  # [n, prefixes]
-    download = cfg._ladder * cfg.segment_s / rate[:, None, None]  # [n, 1, L]
+    download = cfg.ladder * cfg.segment_s / rate[:, None, None]  # [n, 1, L]
     value, step_gain = np.zeros(buf.shape), gain[last][:, None, :]
     for h in range(horizon):
         stall = np.maximum(download - buf[..., None], 0.0)  # [n, prefixes, L]
@@ -196,7 +197,7 @@ def _searched_first_levels(cfg: VREdgeConfig, buffer: np.ndarray, last: np.ndarr
     or a score is not a number (a rate of 0 where stalls weigh nothing): enumerate them.
     """
     levels, n = cfg.num_levels, len(buffer)
-    download = cfg._ladder * cfg.segment_s / rate[:, None]  # [n, L]
+    download = cfg.ladder * cfg.segment_s / rate[:, None]  # [n, L]
     floor = _held_plan_scores(cfg, buffer, last, download, horizon, gain).max(axis=1)  # a plan's score: <= the best
     reach = floor - _TIE  # a plan below it is neither the best nor tied with it
     best_gain, top_gain = gain.max(axis=1), gain.max()  # a segment's best gain after each level, after any
@@ -288,7 +289,7 @@ def bola_parameters(cfg: VREdgeConfig, low_s: float, high_s: float) -> tuple[flo
         raise ValueError("BOLA needs a ladder of at least 2 bitrates")
     if not 0 <= low_s < high_s:
         raise ValueError(f"BOLA buffer levels low_s={low_s} and high_s={high_s} are invalid: need 0 <= low_s < high_s")
-    size = cfg._ladder * cfg.segment_s
+    size = cfg.ladder * cfg.segment_s
     utility = np.log(size / size[0])
 
     def c(a: int, b: int) -> float:
@@ -308,7 +309,7 @@ def bola_policy(cfg: VREdgeConfig, low_s: float = 1.0, high_s: float = 3.5) -> B
     buffer. ``low_s`` and ``high_s`` were tuned on training seeds.
     """
     v, gamma = bola_parameters(cfg, low_s, high_s)
-    size = cfg._ladder * cfg.segment_s
+    size = cfg.ladder * cfg.segment_s
     utility = np.log(size / size[0])
 
     def act(obs: np.ndarray) -> np.ndarray:

@@ -38,12 +38,12 @@ def test_mpc_hand_computed_lookahead_changes_the_decision():
 
 def _best_plan_first_level(cfg, buffer, last, rate, horizon):
     """The first level of the best plan by enumerating every plan (the lowest plan of equal QoE)."""
-    q = cfg._quality
+    q = cfg.quality
     best, first = -math.inf, None
     for plan in itertools.product(range(cfg.num_levels), repeat=horizon):
         buf, prev, value = buffer, last, 0.0
         for level in plan:
-            download = cfg._ladder[level] * cfg.segment_s / rate
+            download = cfg.ladder[level] * cfg.segment_s / rate
             value += (cfg.quality_weight * q[level] - cfg.switch_weight * abs(q[level] - q[prev])
                       - cfg.stall_weight * max(download - buf, 0.0))
             buf, prev = min(max(buf - download, 0.0) + cfg.segment_s, cfg.max_buffer_s), level
@@ -70,7 +70,7 @@ def test_mpc_levels_searched_by_branch_and_bound_are_the_enumerations_to_the_las
     """The search drops most plans; what it plays is what scoring every plan plays, near-ties included (buffers and
     rates rounded), in a cell of the default ladder and in one where every plan ties (nothing to drop: enumerated)."""
     cfg = envs.VREdgeConfig(num_users=1, **weights)
-    q = cfg._quality
+    q = cfg.quality
     gain = cfg.quality_weight * q - cfg.switch_weight * np.abs(q - q[:, None])
     rng = np.random.default_rng(7)
     buffer = np.concatenate([np.round(rng.uniform(0, 4, 600), 1), rng.uniform(0, 4, 600)])
@@ -104,7 +104,7 @@ def test_robust_mpc_plans_the_active_users_alone_as_it_played_every_slot_before(
     f = envs.vr_edge.decode_observation(cfg, obs)
     assert 0 < f["active"].sum() < f["active"].size
     rate = 0.85 * robust_capacity(f["cap_history"])[:, None] * f["channel"] / f["active"].sum(axis=1, keepdims=True)
-    every_slot = mpc_levels(cfg, f["buffer"], f["last_level"], np.where(f["active"], rate, cfg._ladder[0]), 5)
+    every_slot = mpc_levels(cfg, f["buffer"], f["last_level"], np.where(f["active"], rate, cfg.ladder[0]), 5)
     played = envs.make_baseline("robust_mpc", cfg)(obs)
     np.testing.assert_array_equal(played, np.where(f["active"], every_slot, 0))
 
