@@ -5,6 +5,7 @@ work on runs trained on a cell whose users vary."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -27,18 +28,11 @@ from tests.factories import settings_file
 from tests.messages import exits, names, raises, usage_error
 from trainer import compare as compare_cli
 from trainer import evaluate as evaluate_cli
+from trainer.common.policy_layout import FLAT, PolicyLayout
 from trainer.config import TrainConfig
 from trainer.evaluation import paired_difference, policy_actions, run_episodes, summarize, validation_seeds
 from trainer.evaluation.baselines import best_baseline
-from trainer.evaluation.cells import (
-    acts_on_any_slot_count,
-    cell_slots,
-    cells_figure,
-    cells_of,
-    evaluate_cells,
-    play_contenders,
-    plot_band,
-)
+from trainer.evaluation.cells import cell_slots, cells_figure, cells_of, evaluate_cells, play_contenders, plot_band
 from trainer.evaluation.episodes import Player, episodes_shown, play_together
 from trainer.evaluation.policies import trained_model
 from trainer.evaluation.report import json_ready
@@ -94,7 +88,7 @@ def _direct(player, users: int, churn: float, episodes: int) -> dict:
 
 def test_cells_are_one_entry_per_pair_in_order_each_player_on_the_episodes_a_direct_run_plays(varying_run, capsys):
     model, _, _ = trained_model(varying_run, "best")
-    assert model.per_head is not None  # a per-head policy: its parameters fix its 6 slots
+    assert model.layout.kind == "per_head"  # a per-head policy: its parameters fix its 6 slots
     payload = _json(capsys, ["--checkpoint", str(varying_run), "--users", "2,4,6", "--churn", "0,0.05",
                              "--episodes", "2", "--baselines", "fair_share", "--reference", "none"])
     cells = payload["cells"]
@@ -224,24 +218,28 @@ def test_the_memory_check_counts_the_rows_a_pair_plays_together(varying_run, cap
                            "--baselines", "fair_share,bola", "--out", str(varying_run.parent / "memory")])
 
 
-class _AnySlots(torch.nn.Module):
-    """A model that says it acts on any slot count (as a set policy does)."""
+class _Laid(torch.nn.Module):
+    """A model of no class the trainer knows, with a layout: the layout alone says which slots it acts on."""
 
-    any_slot_count = True
+    def __init__(self, layout: PolicyLayout) -> None:
+        super().__init__()
+        self.layout = layout
 
 
 def test_a_policy_for_any_slot_count_plays_in_cells_of_the_most_users_and_a_fixed_one_is_refused():
     cfg = TrainConfig.from_dict({"env": "VREdge-v0", "env_kwargs": VARYING})
     trained = envs.VREdgeConfig(**cfg.env_options)
     cells = cells_of((2, "4-12"), (0.0,))
-    assert acts_on_any_slot_count(_AnySlots(), cfg) and cell_slots(_AnySlots(), cfg, trained, cells) == 12
-    fixed = torch.nn.Module()
-    assert not acts_on_any_slot_count(fixed, cfg)
-    assert cell_slots(fixed, cfg, trained, cells_of((2, 4), (0.0,))) == 6  # its own slots, fewer users asked
-    with raises(ConfigError, "--users 2,4-12", "6", key="users"):
-        cell_slots(fixed, cfg, trained, cells)
-    fixed.any_slot_count = False  # a model's own word wins over its config's
-    assert not acts_on_any_slot_count(fixed, TrainConfig.from_dict({"env": "VREdge-v0"}))
+    assert cell_slots(_Laid(PolicyLayout("set", 8, 7, 7)), cfg, trained, cells) == 12
+    for fixed in (_Laid(FLAT), _Laid(PolicyLayout("per_head", 8, 7))):
+        assert cell_slots(fixed, cfg, trained, cells_of((2, 4), (0.0,))) == 6  # its own slots, fewer users asked
+        with raises(ConfigError, "--users 2,4-12", "6", key="users"):
+            cell_slots(fixed, cfg, trained, cells)
+    # the model's layout decides, not its config's policy_arch (Ape-X on "auto" branches per head where PPO's
+    # auto is a set policy)
+    with raises(ConfigError, "--users 2,4-12", "per-head", key="users"):
+        cell_slots(_Laid(PolicyLayout("per_head", 8, 7)), dataclasses.replace(cfg, policy_arch="set"), trained,
+                   cells)
 
 
 class _Cell(gym.Env):
@@ -286,7 +284,7 @@ def test_a_set_policy_trained_on_6_slots_plays_in_cells_of_the_most_users_asked(
     trained with."""
     run = _train(tmp_path / "set", "VREdge-v0", VARYING, 1, "--config", str(ROOT / "docs" / "cells.toml"))
     model, cfg, _ = trained_model(run, "latest")
-    assert cfg.policy_arch == "set" and acts_on_any_slot_count(model, cfg)
+    assert cfg.policy_arch == "set" and model.layout.kind == "set"
     payload = _json(capsys, ["--checkpoint", str(run), "--users", "2,8", "--churn", "0.05", "--episodes", "2",
                              "--baselines", "fair_share", "--reference", "none"])
     assert payload["slots"] == 8 and [c["env_kwargs"]["num_users"] for c in payload["cells"]] == [8, 8]

@@ -6,15 +6,17 @@ playing them on one cell shares with ``trainer.evaluate`` without ``--users``: :
 A cell is ``num_users`` slots with ``users`` active (a number, or a range drawn per episode) and ``churn``; every
 pair is played in cells with the same slot count, the most users asked for, on the run's own env arguments
 otherwise, with the active mask in the observation wherever the run was trained with it. A policy whose parameters
-fix its slot count (``flat``, ``per_head``) plays in cells of its own slot count, and no more users than that;
-one that acts on any slot count (:func:`acts_on_any_slot_count`: a set policy) plays in cells of the most users.
+fix its slot count (``model.layout``'s kind ``flat``, ``per_head``) plays in cells of its own slot count, and no
+more users than that; one that acts on any slot count (kind ``set``) plays in cells of the most users.
 
 Example: a fair-share "policy" and the robust MPC at 2 and 3 of 3 slots, without and with churn::
 
     >>> import torch
+    >>> from trainer.common.policy_layout import FLAT
     >>> from trainer.config import TrainConfig
     >>> cfg = TrainConfig.from_dict({"env": "VREdge-v0", "env_kwargs": "num_users=3,users=2-3,max_steps=20"})
     >>> class FairShare(torch.nn.Module):  # a model that plays the fair-share baseline
+    ...     layout = FLAT
     ...     def act_deterministic(self, obs):
     ...         return torch.from_numpy(envs.make_baseline("fair_share", envs.VREdgeConfig(**cfg.env_options))(
     ...             obs.numpy()))
@@ -197,25 +199,16 @@ def cells_of(users: Sequence[int | str], churns: Sequence[float]) -> list[Cell]:
     return [Cell(u, float(c)) for u, c in itertools.product(users, churns)]
 
 
-def acts_on_any_slot_count(model: nn.Module, cfg: TrainConfig) -> bool:
-    """Whether ``model`` (trained as ``cfg`` says) acts on observations of any number of user slots: a model that
-    says so (``model.any_slot_count``), a set policy (``policy_arch = "set"``, or a model whose ``layout`` can tell
-    which observation widths it ``fits``). A flat or per-head policy's parameters fix its slot count."""
-    if getattr(model, "any_slot_count", None) is not None:
-        return bool(model.any_slot_count)
-    return cfg.policy_arch == "set" or callable(getattr(getattr(model, "layout", None), "fits", None))
-
-
 def cell_slots(model: nn.Module, cfg: TrainConfig, trained: envs.VREdgeConfig, cells: Sequence[Cell]) -> int:
     """The slot count every cell is played with: the most users asked for, or, for a policy whose parameters fix
     its slot count, its own (``trained.num_users``). A :class:`envs.settings.ConfigError` where the policy cannot
     act on the cells: more users than its slots, or users that vary for a policy trained without the mask."""
     asked = ",".join(dict.fromkeys(str(c.users) for c in cells))
-    if acts_on_any_slot_count(model, cfg):
+    if model.layout.kind == "set":  # no parameter depends on the slot count
         slots = max(most_users(c.users) for c in cells)
     elif (slots := trained.num_users) < max(most_users(c.users) for c in cells):
         raise ConfigError("users", asked, message=(
-            f"--users {asked}: the policy ({'per-head' if getattr(model, 'per_head', None) else 'flat'}, "
+            f"--users {asked}: the policy ({model.layout.kind.replace('_', '-')}, "
             f"policy_arch = {cfg.policy_arch!r}) acts on {slots} user slots, which its parameters fix; pass --users "
             f"up to {slots}, or train with policy_arch = \"set\" (a policy for any slot count)"))
     varying = [c for c in cells if envs.VREdgeConfig(num_users=slots, users=c.users, churn=c.churn).varies]
