@@ -2,11 +2,12 @@
 observations only, and futures of the cell sampled from it.
 
 The synthetic cell's capacity is ``nominal x multiplier[regime] x fade_depth^fade x exp(noise - std^2 / 2)``
-(:func:`envs.vr_edge._capacity`): a 3-regime Markov chain times a 2-state fade chain (6 hidden states ``h =
-2 regime + fade``), and AR(1) noise in log space. The observation shows the newest capacity over the episode's
-nominal capacity (the last entry of the capacity history; the ratio needs no nominal, whatever the users drawn),
-so given a hidden state the noise is fixed: ``noise_t(h) = log ratio_t - log(multiplier x fade factor) + std^2 / 2``.
-The likelihood of the observed capacities given a path of hidden states is then a product of Gaussian densities
+(:func:`envs.vr_edge_dynamics.synthetic_capacity`): a 3-regime Markov chain times a 2-state fade chain (6 hidden
+states ``h = 2 regime + fade``), and AR(1) noise in log space. The observation shows the newest capacity over the
+episode's nominal capacity (the last entry of the capacity history; the ratio needs no nominal, whatever the users
+drawn), so given a hidden state the noise is fixed:
+``noise_t(h) = log ratio_t - log(multiplier x fade factor) + std^2 / 2``. The likelihood of the observed capacities
+given a path of hidden states is then a product of Gaussian densities
 (the stationary one at reset, the AR(1) innovation's after), and the forward recursion over the 6 states
 
     alpha_t(h) = sum_g alpha_{t-1}(g) T(g, h) N(noise_t(h); corr noise_{t-1}(g), (1 - corr^2) std^2)
@@ -26,24 +27,19 @@ import numpy as np
 
 from envs import rng
 from envs.settings import ConfigError
-from envs.vr_edge import (
-    REGIMES,
-    USER_FEATURES,
-    VREdgeConfig,
-    _capacity,
-    _cell_round,
-)
+from envs.vr_edge_config import REGIMES, USER_FEATURES, VREdgeConfig
+from envs.vr_edge_draws import Draw
+from envs.vr_edge_dynamics import cell_round, synthetic_capacity
 
 FADES = 2  # a deep fade is on or off
 HIDDEN = len(REGIMES) * FADES  # hidden state h = FADES * regime + fade
 _REGIME_OF = np.repeat(np.arange(len(REGIMES)), FADES)  # [6]
 _FADE_OF = np.tile(np.arange(FADES), len(REGIMES)).astype(bool)  # [6]
 _CHANNEL = USER_FEATURES.index("channel")
-_FADE_DRAW = 4  # which uniform of a block the fade's step takes (envs.vr_edge._cell_round)
 
 
 def regime_transition(cfg: VREdgeConfig) -> np.ndarray:
-    """``[3, 3]``: P(next regime | regime) of the env's step (:func:`envs.vr_edge._cell_round`): it stays with
+    """``[3, 3]``: P(next regime | regime) of the env's step (:func:`envs.vr_edge_dynamics.cell_round`): it stays with
     ``regime_stay_prob``, else moves to either other regime alike."""
     move = (1 - cfg.regime_stay_prob) / (len(REGIMES) - 1)
     return np.where(np.eye(len(REGIMES), dtype=bool), cfg.regime_stay_prob, move)
@@ -61,14 +57,14 @@ def hidden_transition(cfg: VREdgeConfig) -> np.ndarray:
 
 
 def initial_hidden(cfg: VREdgeConfig) -> np.ndarray:
-    """``[6]``: the law of h at reset (:func:`envs.vr_edge.initial_state`): any regime alike, no fade."""
+    """``[6]``: the law of h at reset (:func:`envs.vr_edge_dynamics.initial_state`): any regime alike, no fade."""
     return np.where(_FADE_OF, 0.0, 1.0 / len(REGIMES))
 
 
 def noise_given_hidden(cfg: VREdgeConfig, log_ratio: np.ndarray) -> np.ndarray:
     """``[B, 6]``: the capacity's noise term in each hidden state, given the observed log capacity ratios ``[B]``
-    (the env's :func:`envs.vr_edge._capacity` at zero noise is what the noise multiplies)."""
-    at_zero_noise = _capacity(cfg, _REGIME_OF, np.zeros(HIDDEN), _FADE_OF, 1.0)
+    (the env's :func:`envs.vr_edge_dynamics.synthetic_capacity` at zero noise is what the noise multiplies)."""
+    at_zero_noise = synthetic_capacity(cfg, _REGIME_OF, np.zeros(HIDDEN), _FADE_OF, 1.0)
     return np.asarray(log_ratio, dtype=np.float64)[:, None] - np.log(at_zero_noise)
 
 
@@ -126,7 +122,7 @@ class CellSeen(NamedTuple):
 
 
 def cell_seen(cfg: VREdgeConfig, obs: np.ndarray) -> CellSeen:
-    """Read observations ``[B, obs_dim]`` (the layout of :func:`envs.vr_edge.observe`)."""
+    """Read observations ``[B, obs_dim]`` (the layout of :func:`envs.vr_edge_dynamics.observe`)."""
     obs = np.asarray(obs, dtype=np.float64)
     n_user = cfg.num_user_features * cfg.num_users
     users = obs[:, :n_user].reshape(len(obs), cfg.num_users, cfg.num_user_features)
@@ -138,8 +134,9 @@ def cell_seen(cfg: VREdgeConfig, obs: np.ndarray) -> CellSeen:
 
 
 def channel_logit(quality: np.ndarray) -> np.ndarray:
-    """The channel logit a quality in ``(0.25, 1)`` comes from: the inverse of :func:`envs.vr_edge._channel_quality`
-    (float32 observations: qualities within a rounding of 0.25 or 1 are taken just inside)."""
+    """The channel logit a quality in ``(0.25, 1)`` comes from: the inverse of
+    :func:`envs.vr_edge_dynamics.channel_quality` (float32 observations: qualities within a rounding of 0.25 or 1 are
+    taken just inside)."""
     p = np.clip((quality - 0.25) / 0.75, 1e-7, 1 - 1e-7)
     return np.log(p / (1 - p))
 
@@ -240,7 +237,7 @@ class RegimeFilter:
     def futures(self, obs: np.ndarray, scenarios: int, horizon: int) -> Futures:
         """``scenarios`` futures of the next ``horizon`` rounds for each env of the last :meth:`update` (its
         observations ``obs``): the hidden state now drawn from the posterior, then the env's own step
-        (:func:`envs.vr_edge._cell_round`) on counter-based draws of this filter's seed. The first round's fade
+        (:func:`envs.vr_edge_dynamics.cell_round`) on counter-based draws of this filter's seed. The first round's fade
         outcome is stratified (:func:`stratified_hidden`), so a rare fade is in every env's scenarios."""
         cfg, seen, b = self.config, cell_seen(self.config, obs), len(obs)
         n = b * scenarios
@@ -252,10 +249,10 @@ class RegimeFilter:
                  "noise": np.take_along_axis(self.noise, hidden, axis=1).ravel(),
                  "channel_logit": np.repeat(seen.channel_logit, scenarios, axis=0),
                  "users": np.repeat(seen.users, scenarios)}
-        u[0][:, _FADE_DRAW] = fade_draw(cfg, state["fade"], fade_next.ravel(), u[horizon][:, 1])
+        u[0][:, Draw.FADE] = fade_draw(cfg, state["fade"], fade_next.ravel(), u[horizon][:, 1])
         rounds = []
         for h in range(horizon):
-            cell, _, capacity, _ = _cell_round(cfg, state, u[h])
+            cell, _, capacity, _ = cell_round(cfg, state, u[h])
             state.update(cell)
             rounds.append((capacity, cell["channel_logit"], cell["regime"], cell["fade"]))
         capacity, logit, regime, fade = (np.stack(x, axis=1).reshape(b, scenarios, horizon, *x[0].shape[1:])
@@ -301,7 +298,7 @@ def stratified_hidden(posterior: np.ndarray, fade_next: np.ndarray, scenarios: i
 
 
 def fade_draw(cfg: VREdgeConfig, fade: np.ndarray, fade_next: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """The fade's uniform draw that makes the env's step (:func:`envs.vr_edge._cell_round`: a fade starts below
+    """The fade's uniform draw that makes the env's step (:func:`envs.vr_edge_dynamics.cell_round`: a fade starts below
     ``fade_prob``, goes on at or above ``fade_end_prob``) go from ``fade`` to ``fade_next``, spread by ``v`` in
     (0, 1) over the interval that does."""
     low = np.where(fade, np.where(fade_next, cfg.fade_end_prob, 0.0), np.where(fade_next, 0.0, cfg.fade_prob))

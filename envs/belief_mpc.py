@@ -22,14 +22,14 @@ import numpy as np
 from envs.baselines import make_baseline, only_active
 from envs.belief import Futures, RegimeFilter, cell_seen
 from envs.settings import ConfigError, check_limits, setting
-from envs.vr_edge import (
-    VREdgeConfig,
-    _channel_quality,
-    _users_after_round,
+from envs.vr_edge_config import VREdgeConfig
+from envs.vr_edge_dynamics import (
+    channel_quality,
     decode_observation,
     download_round,
     observe,
     user_mean,
+    users_after_round,
 )
 
 Policy = Callable[[np.ndarray], np.ndarray]  # observations [B, obs_dim] -> levels [B, U]
@@ -127,7 +127,7 @@ class BeliefMPC:
         sim = {key: np.repeat(v, scenarios * k, axis=0) for key, v in start.items()}  # [B * S * K, ...]
         cell = {name: _per_candidate(getattr(futures, name), k) for name in
                 ("capacity", "channel_logit", "regime", "fade")}  # [B * S * K, H, ...]
-        cell["channel"] = _per_candidate(_channel_quality(futures.channel_logit), k)  # (once for all candidates)
+        cell["channel"] = _per_candidate(channel_quality(futures.channel_logit), k)  # (once for all candidates)
         actions = np.repeat(first[:, None], scenarios, axis=1).reshape(b * scenarios * k, -1)
         total, alive = np.zeros(len(actions)), np.ones(len(actions))
         remaining = cfg.max_steps - sim["t"]
@@ -152,7 +152,7 @@ class BeliefMPC:
         actions = actions if active is None else np.where(active, actions, 0)
         r = download_round(cfg, sim["buffer"], sim["level"], cell["capacity"], cell["channel"], actions, active)
         switched = (actions != sim["level"]).astype(np.float64)
-        users = _users_after_round(cfg, sim, r, actions, switched, cell["capacity"], active)
+        users = users_after_round(cfg, sim, r, actions, switched, cell["capacity"], active)
         after = {**sim, **users, "t": sim["t"] + 1, "channel_logit": cell["channel_logit"], "regime": cell["regime"],
                  "fade": cell["fade"]}
         abandoned = np.any(users["cum_stall"] > cfg.abandon_stall_s, axis=1)
@@ -165,8 +165,8 @@ def _per_candidate(x: np.ndarray, k: int) -> np.ndarray:
 
 
 def state_from_observation(cfg: VREdgeConfig, obs: np.ndarray) -> dict[str, np.ndarray]:
-    """The env state ``[B]`` an observation shows, as far as a round and :func:`envs.vr_edge.observe` read it: the
-    users' buffers, levels, throughputs, downloads, stalls and channels, the capacity history, the step, and
+    """The env state ``[B]`` an observation shows, as far as a round and :func:`envs.vr_edge_dynamics.observe` read
+    it: the users' buffers, levels, throughputs, downloads, stalls and channels, the capacity history, the step, and
     where the cell varies the users drawn and the active ones (the episode's running sums start at 0)."""
     f, seen = decode_observation(cfg, obs), cell_seen(cfg, obs)
     b = len(obs)

@@ -23,7 +23,8 @@ from envs.belief import Futures
 from envs.belief_mpc import BeliefMPC, Policy
 from envs.planner import env_states, true_rounds
 from envs.settings import ConfigError
-from envs.vr_edge import VREdgeConfig, observe
+from envs.vr_edge_config import VREdgeConfig
+from envs.vr_edge_dynamics import observe
 
 
 class ForesightMPC(BeliefMPC):

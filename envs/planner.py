@@ -28,7 +28,8 @@ from collections.abc import Sequence
 import gymnasium as gym
 import numpy as np
 
-from envs.vr_edge import VREdgeConfig, channel_of, download_round, step_state, user_mean
+from envs.vr_edge_config import VREdgeConfig
+from envs.vr_edge_dynamics import channel_of, download_round, step_state, user_mean
 
 _START_FACTORS = np.array([0.7, 1.0, 1.3, 1.6, 2.0])
 
@@ -74,7 +75,7 @@ class ClairvoyantPlanner:
         # round by round or held at the horizon's worst round
         share = capacity[:, None, :, None] * channel[:, None] / count * _START_FACTORS[:, None, None]
         starts = np.concatenate([share, np.repeat(share.min(axis=2, keepdims=True), horizon, axis=2)], axis=1)
-        starts = np.maximum(np.searchsorted(cfg._ladder, starts, side="right") - 1, 0)  # [B, S, H, U]
+        starts = np.maximum(np.searchsorted(cfg.ladder, starts, side="right") - 1, 0)  # [B, S, H, U]
         plan = starts[np.arange(b), np.argmax(self.value(state, capacity, channel, live, remaining, starts), axis=1)]
         moves = self._moves(cfg.num_levels, horizon)  # [K, H] new level, -1: keep
         rows = np.arange(b)

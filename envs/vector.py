@@ -12,15 +12,12 @@ from gymnasium.vector.utils import batch_space
 
 from envs import rng
 from envs.settings import ConfigError
-from envs.vr_edge import (
-    VREdgeConfig,
-    action_space,
-    burn_cpu,
+from envs.vr_edge import action_space, burn_cpu, observation_space
+from envs.vr_edge_config import VREdgeConfig, head_observation_layout
+from envs.vr_edge_dynamics import (
     checked_state,
     episode_metrics,
-    head_observation_layout,
     initial_state,
-    observation_space,
     observe,
     step_state,
     validate_actions,

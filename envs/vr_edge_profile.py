@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from envs.profiles import Act, EnvKwargs, EnvProfile, EnvSizes, Expert
 from envs.traces import TRACE_ARGUMENTS, TraceNotFoundError, has_split_folders, trace_root
-from envs.vr_edge import MEMORY_ARGUMENTS, VREdgeConfig, torch_env_refusal
+from envs.vr_edge_config import MEMORY_ARGUMENTS, VREdgeConfig, torch_env_refusal
 
 
 def arguments() -> EnvKwargs:

@@ -1,4 +1,4 @@
-"""VR-edge on torch tensors of any device: the dynamics of :mod:`envs.vr_edge`, ported, and the batched env.
+"""VR-edge on torch tensors of any device: the dynamics of :mod:`envs.vr_edge_dynamics`, ported, and the batched env.
 
 A separate port rather than one source for NumPy and torch: the NumPy dynamics write
 observations into views and index with ``put_along_axis``, and the torch ones must avoid both
@@ -27,17 +27,17 @@ from gymnasium.vector import AutoresetMode
 from envs import rng
 from envs.traces import TraceSet
 from envs.vector import init_batched, reset_keys
-from envs.vr_edge import (
-    _EPISODE_DRAWS,
-    _OBS_HIGH,
-    _THROUGHPUT_EWMA,
+from envs.vr_edge_config import (
+    EPISODE_DRAWS,
+    OBS_HIGH,
     QOE_LIN_REBUFFER_PENALTY,
     REGIMES,
+    THROUGHPUT_EWMA,
     VREdgeConfig,
-    _count_draw,
-    checked_state,
     torch_env_refusal,
 )
+from envs.vr_edge_draws import Draw
+from envs.vr_edge_dynamics import checked_state
 
 
 def _int64(c: int) -> int:
@@ -122,15 +122,16 @@ class TorchDynamics:
         check_config(cfg)
         self.cfg = cfg
         self.device = torch.device(device)
-        self.ladder = torch.as_tensor(cfg._ladder, dtype=torch.float64, device=self.device)
-        self.quality = torch.as_tensor(cfg._quality, dtype=torch.float64, device=self.device)
-        self.regime_mult = torch.as_tensor(cfg._regime_mult, dtype=torch.float64, device=self.device)
+        self.ladder = torch.as_tensor(cfg.ladder, dtype=torch.float64, device=self.device)
+        self.quality = torch.as_tensor(cfg.quality, dtype=torch.float64, device=self.device)
+        self.draws = cfg.draws  # where each uniform of a block goes: read here, not inside a compiled step
+        self.regime_mult = torch.as_tensor(cfg.regime_multiplier, dtype=torch.float64, device=self.device)
         self.fade_factor = torch.tensor([1.0, cfg.fade_depth], dtype=torch.float64, device=self.device)
         self.regimes = torch.arange(len(REGIMES), device=self.device)
         self.user_ranks = torch.arange(cfg.num_users - 1, -1, -1, dtype=torch.int64, device=self.device)
         self.slots = torch.arange(cfg.num_users, device=self.device)
-        self.cell_traces = TraceTensors(cfg._traces, self.device) if cfg._traces is not None else None
-        self.user_traces = TraceTensors(cfg._user_traces, self.device) if cfg._user_traces is not None else None
+        self.cell_traces = TraceTensors(cfg.traces, self.device) if cfg.traces is not None else None
+        self.user_traces = TraceTensors(cfg.link_traces, self.device) if cfg.link_traces is not None else None
 
     def _capacity(self, regime: torch.Tensor, noise: torch.Tensor, fade: torch.Tensor,
                   nominal: float | torch.Tensor) -> torch.Tensor:
@@ -139,66 +140,65 @@ class TorchDynamics:
         return nominal * self.regime_mult[regime] * lognormal * self.fade_factor[fade.to(torch.int64)]
 
     def _nominal(self, s: dict[str, torch.Tensor]) -> float | torch.Tensor:
-        """Each episode's nominal capacity (as :func:`envs.vr_edge.episode_nominal`)."""
+        """Each episode's nominal capacity (as :func:`envs.vr_edge_dynamics.episode_nominal`)."""
         return (s["users"].to(torch.float64) * self.cfg.capacity_per_user_mbps if self.cfg.varies
                 else self.cfg.nominal_capacity_mbps)
 
     def _trace_capacity(self, trace: torch.Tensor, pos: torch.Tensor, nominal: float | torch.Tensor) -> torch.Tensor:
-        """A cell trace window's capacity (as :func:`envs.vr_edge._trace_capacity`)."""
+        """A cell trace window's capacity (as :func:`envs.vr_edge_dynamics.trace_capacity`)."""
         capacity = self.cell_traces.capacity(trace, pos)
         cfg = self.cfg
         return capacity * (nominal / cfg.nominal_capacity_mbps) if cfg.varies and not cfg.trace_scale else capacity
 
     def _trace_start(self, u: torch.Tensor, nominal: float | torch.Tensor) -> tuple[dict[str, torch.Tensor],
                                                                                    torch.Tensor | None]:
-        """The traces' leaves of fresh episodes (as :func:`envs.vr_edge.initial_state`'s) and the cell trace's
+        """The traces' leaves of fresh episodes (as :func:`envs.vr_edge_dynamics.initial_state`'s) and the cell trace's
         first capacity (``None`` without a cell trace)."""
         leaves, capacity = self._user_trace_start(u), None
-        if self.cell_traces is not None:  # draws 1 and 4 are free at reset: the trace file and its start window
-            trace, pos = self.cell_traces.start(u[:, 1], u[:, 4])
+        if self.cell_traces is not None:  # NEXT_REGIME and FADE are free at reset: the trace's file and start window
+            trace, pos = self.cell_traces.start(u[:, Draw.NEXT_REGIME], u[:, Draw.FADE])
             leaves.update(trace=trace, trace_pos=pos)
             capacity = self._trace_capacity(trace, pos, nominal)
         return leaves, capacity
 
     def _user_trace_start(self, u: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Each user's trace and start window (as :func:`envs.vr_edge._user_trace_start`); ``{}`` without."""
+        """Each user's trace and start window (as :func:`envs.vr_edge_dynamics._user_trace_start`); ``{}`` without."""
         if self.user_traces is None:
             return {}
-        n = self.cfg.num_users
-        trace, pos = self.user_traces.start(u[:, 5:5 + n], u[:, 5 + n:5 + 2 * n])
+        trace, pos = self.user_traces.start(u[:, self.draws.channel], u[:, self.draws.channel_pair])
         return {"user_trace": trace, "user_trace_pos": pos}
 
     def _channel(self, s: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Each user's link quality in the round ``s`` last played (as :func:`envs.vr_edge.channel_of`)."""
+        """Each user's link quality in the round ``s`` last played (as :func:`envs.vr_edge_dynamics.channel_of`)."""
         if self.user_traces is not None:
             return self.user_traces.capacity(s["user_trace"], s["user_trace_pos"])
         return 0.25 + 0.75 / (1.0 + torch.exp(-s["channel_logit"]))
 
     def _drawn_users(self, u: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The users at reset where the cell varies, ``users`` and ``active`` (as :func:`envs.vr_edge._drawn_users`);
-        ``{}`` otherwise."""
+        """The users at reset where the cell varies, ``users`` and ``active`` (as
+        :func:`envs.vr_edge_dynamics._drawn_users`); ``{}`` otherwise."""
         if not self.cfg.varies:
             return {}
         low, high = self.cfg.users_range
-        users = torch.clamp(low + (u[:, _count_draw(self.cfg)] * (high - low + 1)).to(torch.int64), max=high)
+        users = torch.clamp(low + (u[:, self.draws.users] * (high - low + 1)).to(torch.int64), max=high)
         drawn = {"users": users, "active": self.slots < users[:, None]}
         if self.cfg.churn_varies:
             low_p, high_p = self.cfg.churn_range
-            drawn["churn"] = low_p + u[:, _count_draw(self.cfg) + 1] * (high_p - low_p)
+            drawn["churn"] = low_p + u[:, self.draws.episode_churn] * (high_p - low_p)
         return drawn
 
     def _drawn(self, keys: torch.Tensor, counters: torch.Tensor) -> dict[str, torch.Tensor]:
         """The leaves of fresh episode states that come from block ``counters``'s random draws."""
-        cfg, n_users = self.cfg, self.cfg.num_users
+        cfg = self.cfg
         u = uniform_block(keys, counters, cfg.block_size)
-        regime = torch.clamp((u[:, 0] * 3).to(torch.int64), max=2)
-        noise = cfg.noise_std * _normals(u[:, 2], u[:, 3])
+        regime = torch.clamp((u[:, Draw.REGIME] * 3).to(torch.int64), max=2)
+        noise = cfg.noise_std * _normals(u[:, Draw.NOISE], u[:, Draw.NOISE_PAIR])
         users = self._drawn_users(u)
         cap = self._capacity(regime, noise, torch.zeros_like(regime, dtype=torch.bool), self._nominal(users))
         traces, trace_cap = self._trace_start(u, self._nominal(users))
         cap = cap if trace_cap is None else trace_cap
         return {"counter": counters + 1, "regime": regime, "noise": noise,
-                "channel_logit": cfg.channel_std * _normals(u[:, 5:5 + n_users], u[:, 5 + n_users:5 + 2 * n_users]),
+                "channel_logit": cfg.channel_std * _normals(u[:, self.draws.channel], u[:, self.draws.channel_pair]),
                 "cap_history": cap[:, None].repeat(1, cfg.history), **users, **traces}
 
     def _constant_leaves(self) -> dict[str, tuple[bool | int | float, torch.dtype, bool]]:
@@ -211,14 +211,15 @@ class TorchDynamics:
                 "ep_stall": (0.0, f64, False), "ep_switches": (0.0, f64, False)}
 
     def initial_state(self, keys: torch.Tensor, counters: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Fresh states for ``[B]`` envs, drawn from block ``counters`` (as :func:`envs.vr_edge.initial_state`)."""
+        """Fresh states for ``[B]`` envs, drawn from block ``counters`` (as
+        :func:`envs.vr_edge_dynamics.initial_state`)."""
         b, n_users = keys.shape[0], self.cfg.num_users
         constants = {k: torch.full((b, n_users) if per_user else (b,), value, dtype=dtype, device=keys.device)
                      for k, (value, dtype, per_user) in self._constant_leaves().items()}
         return {"key": keys, **constants, **self._drawn(keys, counters)}
 
     def observe(self, s: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``[B, obs_dim]`` float32 observations (as :func:`envs.vr_edge.observe`)."""
+        """``[B, obs_dim]`` float32 observations (as :func:`envs.vr_edge_dynamics.observe`)."""
         cfg = self.cfg
         b = s["t"].shape[0]
         users = torch.stack([
@@ -240,11 +241,11 @@ class TorchDynamics:
             users, mask_cell = self._observe_mask(s, users)
             parts.append(mask_cell)
         # rounded to float32 before the clip, as NumPy's assignment into a float32 array does
-        return torch.clamp(torch.cat([users.reshape(b, -1), *parts], dim=1).to(torch.float32), max=_OBS_HIGH)
+        return torch.clamp(torch.cat([users.reshape(b, -1), *parts], dim=1).to(torch.float32), max=OBS_HIGH)
 
     def _observe_mask(self, s: dict[str, torch.Tensor], users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The users' features ``[B, U, F]`` with the active flag last (an inactive slot's all 0) and the cell's
-        two mask features ``[B, 2]`` (as :func:`envs.vr_edge._observe_mask`)."""
+        two mask features ``[B, 2]`` (as :func:`envs.vr_edge_dynamics._observe_mask`)."""
         cfg = self.cfg
         active = s["active"] if cfg.varies else torch.ones(users.shape[:2], dtype=torch.bool, device=users.device)
         flag = active.to(torch.float64)
@@ -261,7 +262,7 @@ class TorchDynamics:
 
     def _step_state(self, s: dict[str, torch.Tensor], actions: torch.Tensor):
         """Advance every env by one segment round: ``(state, reward, terminated, truncated, parts)``, as
-        :func:`envs.vr_edge.step_state` does."""
+        :func:`envs.vr_edge_dynamics.step_state` does."""
         cfg = self.cfg
         u = uniform_block(s["key"], s["counter"], cfg.block_size)
         cell, capacity, channel = self._cell_round(s, u)
@@ -278,21 +279,22 @@ class TorchDynamics:
         reward = self._user_mean(r["user_reward"], active)
         parts = self._reward_parts(s, r, switched, capacity)
         if active is not None:
-            new.update({k: s[k] for k in _EPISODE_DRAWS if k in s})
+            new.update({k: s[k] for k in EPISODE_DRAWS if k in s})
             new.update(self._churned(new, active, u, terminated | truncated))
         return new, reward, terminated, truncated, parts
 
     def _user_mean(self, x: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
-        """The mean ``[B]`` of ``x`` ``[B, U]`` over the ``active`` users (as :func:`envs.vr_edge.user_mean`)."""
+        """The mean ``[B]`` of ``x`` ``[B, U]`` over the ``active`` users (as
+        :func:`envs.vr_edge_dynamics.user_mean`)."""
         if active is None:
             return x.sum(dim=1) * (1.0 / self.cfg.num_users)
         return (x * active).sum(dim=1) / active.sum(dim=1)
 
     def _churned(self, s: dict[str, torch.Tensor], active: torch.Tensor, u: torch.Tensor, done: torch.Tensor
                  ) -> dict[str, torch.Tensor]:
-        """The users after the round's leaves and joins (as :func:`envs.vr_edge._churned`)."""
-        cfg, first = self.cfg, _count_draw(self.cfg) + 1
-        draws = u[:, first:first + cfg.num_users]
+        """The users after the round's leaves and joins (as :func:`envs.vr_edge_dynamics._churned`)."""
+        cfg = self.cfg
+        draws = u[:, self.draws.churn]
         users, churn = s["users"], s["churn"] if cfg.churn_varies else cfg.churn_range[0]
         join = torch.where(users >= cfg.num_users, 1.0,
                            torch.clamp(users * churn / torch.clamp(cfg.num_users - users, min=1), max=1.0))
@@ -309,14 +311,14 @@ class TorchDynamics:
     def _cell_round(self, s: dict[str, torch.Tensor], u: torch.Tensor):
         """The cell in the round the uniform draws ``u`` give: ``(cell, capacity, channel)``, the cell's state
         leaves, its capacity ``[B]`` and the users' channel qualities ``[B, U]``."""
-        cfg, n_users = self.cfg, self.cfg.num_users
-        leave = u[:, 0] >= cfg.regime_stay_prob
-        regime = torch.where(leave, (s["regime"] + 1 + (u[:, 1] * 2).to(torch.int64)) % 3, s["regime"])
+        cfg = self.cfg
+        leave = u[:, Draw.REGIME] >= cfg.regime_stay_prob
+        regime = torch.where(leave, (s["regime"] + 1 + (u[:, Draw.NEXT_REGIME] * 2).to(torch.int64)) % 3, s["regime"])
         noise = cfg.noise_corr * s["noise"] + math.sqrt(1 - cfg.noise_corr**2) * cfg.noise_std * _normals(
-            u[:, 2], u[:, 3])
-        fade = torch.where(s["fade"], u[:, 4] >= cfg.fade_end_prob, u[:, 4] < cfg.fade_prob)
+            u[:, Draw.NOISE], u[:, Draw.NOISE_PAIR])
+        fade = torch.where(s["fade"], u[:, Draw.FADE] >= cfg.fade_end_prob, u[:, Draw.FADE] < cfg.fade_prob)
         logit = cfg.channel_corr * s["channel_logit"] + math.sqrt(1 - cfg.channel_corr**2) * cfg.channel_std * (
-            _normals(u[:, 5:5 + n_users], u[:, 5 + n_users:5 + 2 * n_users]))
+            _normals(u[:, self.draws.channel], u[:, self.draws.channel_pair]))
         cell = {"regime": regime, "noise": noise, "fade": fade, "channel_logit": logit}
         capacity = self._capacity(regime, noise, fade, self._nominal(s))
         if self.cell_traces is not None:  # a recorded trace replaces the synthetic capacity; the draws stay the same
@@ -329,7 +331,7 @@ class TorchDynamics:
 
     def _download_round(self, s: dict[str, torch.Tensor], capacity: torch.Tensor, channel: torch.Tensor,
                         actions: torch.Tensor, active: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """One segment round for every user (:func:`envs.vr_edge.download_round`'s leaves, ``[B, U]``); a slot
+        """One segment round for every user (:func:`envs.vr_edge_dynamics.download_round`'s leaves, ``[B, U]``); a slot
         not ``active`` has no work."""
         cfg, buffer = self.cfg, s["buffer"]
         bitrate = self.ladder[actions]
@@ -355,7 +357,7 @@ class TorchDynamics:
         return {
             "buffer": r["buffer"],
             "level": actions,
-            "throughput": _THROUGHPUT_EWMA * s["throughput"] + (1 - _THROUGHPUT_EWMA) * r["bitrate_mbps"]
+            "throughput": THROUGHPUT_EWMA * s["throughput"] + (1 - THROUGHPUT_EWMA) * r["bitrate_mbps"]
             / download,
             "download_time": r["download_time"],
             "stall": stall,

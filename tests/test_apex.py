@@ -20,6 +20,7 @@ from trainer.apex.exploration import EpsilonGreedy, apex_epsilons
 from trainer.apex.nstep import STEP_KEYS, NStepBuilder, nstep_transitions
 from trainer.apex.q_network import QNetwork
 from trainer.apex.replay import PrioritizedReplay, SumTree
+from trainer.common.policy_layout import PolicyLayout
 from trainer.flags import parse_args
 
 # upper 0.1% quantiles of the chi-square distribution (df: value), so a correct sampler fails 1 run in 1000;
@@ -255,7 +256,7 @@ def test_epsilon_greedy_explores_at_each_envs_rate_whatever_the_grouping():
 
 def test_branching_network_shares_its_advantage_across_heads():
     q = QNetwork(gym.spaces.Box(0, 1, (2 * 3 + 1,)), gym.spaces.MultiDiscrete([5, 5]), hidden=(16, 16),
-                 per_head=(3, 1))
+                 layout=PolicyLayout("per_head", 3, 1))
     obs = torch.rand(4, 7)
     swapped = torch.cat([obs[:, 3:6], obs[:, 0:3], obs[:, 6:]], -1)  # the two users trade places
     out, out_swapped = q(obs), q(swapped)

@@ -21,7 +21,7 @@ from envs.belief import (
     stratified_hidden,
 )
 from envs.settings import ConfigError
-from envs.vr_edge import _capacity, _cell_round, _channel_quality
+from envs.vr_edge_dynamics import cell_round, channel_quality, synthetic_capacity
 
 TRACE = "0 50\n1 60\n2 40\n3 70\n4 55\n"
 
@@ -86,7 +86,7 @@ def test_the_transition_law_is_the_env_step():
     for regime, fade in itertools.product(range(3), (False, True)):
         state = {"regime": np.full(n, regime), "noise": np.zeros(n), "fade": np.full(n, fade),
                  "channel_logit": np.zeros((n, 1))}
-        cell, *_ = _cell_round(cfg, state, u)
+        cell, *_ = cell_round(cfg, state, u)
         freq = np.bincount(2 * cell["regime"] + cell["fade"], minlength=HIDDEN) / n
         np.testing.assert_allclose(freq, hidden_transition(cfg)[2 * regime + fade], atol=4e-3)
     assert regime_transition(cfg).sum(axis=1) == pytest.approx(1) and fade_transition(cfg).sum(axis=1) == \
@@ -101,7 +101,7 @@ def test_the_fade_draw_makes_the_env_step_go_where_asked():
         u[:, 4] = fade_draw(cfg, np.full(50, fade), np.full(50, fade_next), v)
         state = {"regime": np.zeros(50, dtype=np.int64), "noise": np.zeros(50), "fade": np.full(50, fade),
                  "channel_logit": np.zeros((50, 1))}
-        assert (_cell_round(cfg, state, u)[0]["fade"] == fade_next).all()
+        assert (cell_round(cfg, state, u)[0]["fade"] == fade_next).all()
 
 
 def test_the_posterior_is_calibrated_against_the_revealed_hidden_state():
@@ -160,7 +160,7 @@ def test_skipping_a_step_or_joining_mid_episode_is_refused():
 
 def test_channel_logits_invert_the_observed_quality():
     logit = np.linspace(-4, 4, 41)
-    np.testing.assert_allclose(channel_logit(_channel_quality(logit).astype(np.float32)), logit, atol=1e-4)
+    np.testing.assert_allclose(channel_logit(channel_quality(logit).astype(np.float32)), logit, atol=1e-4)
 
 
 def test_futures_are_the_env_cell_from_the_posterior():
@@ -175,7 +175,7 @@ def test_futures_are_the_env_cell_from_the_posterior():
     assert (f.weight[0] * f.fade[0, :, 0]).sum() == pytest.approx(p_fade, rel=1e-9)  # exact: stratified
     # E[capacity next round] in closed form: sum_h P(h) sum_h' T(h, h') nominal x level(h') x E exp(noise' - s^2/2),
     # noise' ~ N(corr noise(h), innovation^2)
-    level = _capacity(cfg, np.repeat(np.arange(3), 2), np.zeros(HIDDEN), np.tile([False, True], 3), 1.0)
+    level = synthetic_capacity(cfg, np.repeat(np.arange(3), 2), np.zeros(HIDDEN), np.tile([False, True], 3), 1.0)
     innovation2 = (1 - cfg.noise_corr**2) * cfg.noise_std**2
     lognormal = np.exp(cfg.noise_corr * belief.noise[0] + 0.5 * innovation2)  # [h]: E exp(noise') given h
     expected = cfg.nominal_capacity_mbps * np.sum(belief.posterior[0].ravel()[:, None] * hidden_transition(cfg)

@@ -188,7 +188,7 @@ def test_the_reward_is_the_mean_over_active_users_of_their_terms():
     cfg = VREdgeConfig(users="2-5", churn=0.1)
     for _, state, a, _, reward, info, _ in masked_steps(users="2-5", churn=0.1):
         active = state["active"]
-        change = np.abs(cfg._quality[np.where(active, a, 0)] - cfg._quality[state["level"]])
+        change = np.abs(cfg.quality[np.where(active, a, 0)] - cfg.quality[state["level"]])
         terms = cfg.quality_weight * info["quality"] - cfg.stall_weight * info["stall_s"] - cfg.switch_weight * change
         want = np.array([terms[i][active[i]].mean() for i in range(len(a))])
         np.testing.assert_allclose(reward, want, rtol=0, atol=1e-12)

@@ -1,4 +1,8 @@
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -32,6 +36,33 @@ def test_registered_and_configurable_through_make():
     obs, _ = env.reset(seed=0)
     assert obs.shape == (7 * 4 + 4 + 1,)
     assert env.action_space == gym.spaces.MultiDiscrete([6] * 4)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("code", [
+    "import envs, gymnasium; env = gymnasium.make('VREdge-v0', num_users=4)",  # import the package, then make
+    "import gymnasium; env = gymnasium.make('envs:VREdge-v0', num_users=4)",  # Gymnasium's module:id form
+    "import gymnasium, envs; env = gymnasium.make('VREdge-v0', num_users=4)",  # Gymnasium loaded first
+])
+def test_gymnasium_conventions_make_the_env_in_a_fresh_process(code):
+    """Both of Gymnasium's conventions for a package's envs work, whichever of the two is imported first (a fresh
+    process: this one registered the env long ago)."""
+    done = subprocess.run([sys.executable, "-c", f"{code}; print(env.observation_space.shape)"], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["(33,)"]
+
+
+def test_importing_envs_loads_neither_gymnasium_nor_numpy_nor_torch():
+    """``import envs`` (and ``envs.settings``, which the trainer's ``--help`` reads) stays light: it registers the env
+    when Gymnasium loads, without loading it."""
+    code = "import sys, envs, envs.settings; print(sorted({'gymnasium', 'numpy', 'torch'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_same_seed_and_actions_give_same_trajectory_and_different_seeds_differ():
@@ -109,7 +140,7 @@ def test_reward_is_documented_formula_of_info_components():
         q = info["quality"]
         expected = np.mean(q - 3.0 * info["stall_s"] - 0.5 * np.abs(q - prev_q))
         assert r == pytest.approx(expected)
-        np.testing.assert_allclose(q, cfg._quality[a])
+        np.testing.assert_allclose(q, cfg.quality[a])
         prev_q = q
         if term or trunc:
             break

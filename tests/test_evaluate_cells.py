@@ -5,7 +5,9 @@ work on runs trained on a cell whose users vary."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 import json
 import re
 import resource
@@ -20,14 +22,18 @@ import torch
 
 import checkpoints
 import envs
+from envs.planner import ClairvoyantPlanner
 from envs.settings import ConfigError
 from tests.factories import settings_file
 from tests.messages import exits, names, raises, usage_error
 from trainer import compare as compare_cli
 from trainer import evaluate as evaluate_cli
+from trainer.common.policy_layout import FLAT, PolicyLayout
 from trainer.config import TrainConfig
-from trainer.evaluation import policy_actions, run_episodes, summarize
-from trainer.evaluation.cells import acts_on_any_slot_count, cell_slots, cells_of, evaluate_cells
+from trainer.evaluation import paired_difference, policy_actions, run_episodes, summarize, validation_seeds
+from trainer.evaluation.baselines import best_baseline
+from trainer.evaluation.cells import cell_slots, cells_figure, cells_of, evaluate_cells, play_contenders, plot_band
+from trainer.evaluation.episodes import Player, episodes_shown, play_together
 from trainer.evaluation.policies import trained_model
 from trainer.evaluation.report import json_ready
 from trainer.flags import parse_args
@@ -82,7 +88,7 @@ def _direct(player, users: int, churn: float, episodes: int) -> dict:
 
 def test_cells_are_one_entry_per_pair_in_order_each_player_on_the_episodes_a_direct_run_plays(varying_run, capsys):
     model, _, _ = trained_model(varying_run, "best")
-    assert model.per_head is not None  # a per-head policy: its parameters fix its 6 slots
+    assert model.layout.kind == "per_head"  # a per-head policy: its parameters fix its 6 slots
     payload = _json(capsys, ["--checkpoint", str(varying_run), "--users", "2,4,6", "--churn", "0,0.05",
                              "--episodes", "2", "--baselines", "fair_share", "--reference", "none"])
     cells = payload["cells"]
@@ -109,16 +115,22 @@ def test_cells_are_one_entry_per_pair_in_order_each_player_on_the_episodes_a_dir
         assert not png.exists()
 
 
-def test_the_python_api_gives_the_command_lines_cells_with_the_reference_and_ranges(varying_run, capsys):
+def test_the_python_api_gives_the_command_lines_cells_with_the_reference_where_asked_and_ranges(varying_run, capsys):
     model, cfg, _ = trained_model(varying_run, "best")
-    entries = evaluate_cells(model, cfg, (3, "2-6"), (0.05,), episodes=2, baselines=("buffer",))
-    payload = _json(capsys, ["--checkpoint", str(varying_run), "--pick", "best", "--users", "3,2-6",
-                             "--churn", "0.05", "--episodes", "2", "--baselines", "buffer"])
+    entries = evaluate_cells(model, cfg, (3, "2-6"), (0.05,), episodes=2, baselines=("buffer",), reference=True)
+    payload = _json(capsys, ["--checkpoint", str(varying_run), "--pick", "best", "--users", "3,2-6", "--churn",
+                             "0.05", "--episodes", "2", "--baselines", "buffer", "--reference", "clairvoyant"])
     assert json.loads(json.dumps(json_ready(entries), allow_nan=False)) == payload["cells"]
     assert [e["users"] for e in entries] == [3, "2-6"]
     for e in entries:
         assert set(e["reference"]) == {"clairvoyant"} and set(e["paired_reward_per_step"]) == {"buffer", "clairvoyant"}
         assert e["gap_closed"]["episodes"] == 2 and e["env_kwargs"]["num_users"] == 6
+    # not asked for, across cells the reference is not played (it would cost more than every other player)
+    unasked = _json(capsys, ["--checkpoint", str(varying_run), "--users", "3", "--churn", "0.05", "--episodes", "2",
+                             "--baselines", "buffer"])["cells"][0]
+    assert unasked["reference"] == {} and unasked["gap_closed"] is None and set(unasked["paired_reward_per_step"]) == {
+        "buffer"}
+    assert unasked["policy"] == payload["cells"][0]["policy"]  # the same episodes
 
 
 def test_without_users_the_evaluation_is_todays(varying_run, capsys):
@@ -195,24 +207,39 @@ def test_cells_larger_than_the_memory_are_refused_in_one_line_before_an_env_is_b
     assert not list((tmp_path / "out").glob("*")), "nothing is written"
 
 
-class _AnySlots(torch.nn.Module):
-    """A model that says it acts on any slot count (as a set policy does)."""
+@pytest.mark.parametrize(("episodes", "rows"), [("20", 60), ("3", 32)])
+def test_the_memory_check_counts_the_rows_a_pair_plays_together(varying_run, capsys, monkeypatch, episodes, rows):
+    """A pair's policy and baselines play in one batched env, a row per episode (3 players x 20 episodes: 60 rows),
+    and its 2 baselines' 16 validation episodes each in another (32): the memory check counts the most of these, not
+    the 16 envs at once that run_episodes plays."""
+    monkeypatch.setattr("trainer.run_layout.memory_available", lambda: 1)  # nothing fits: the error says the rows
+    with exits(2, "--users 2,6", "memory", f"{rows} envs at once", capsys=capsys):
+        evaluate_cli.main(["--checkpoint", str(varying_run), "--users", "2,6", "--episodes", episodes,
+                           "--baselines", "fair_share,bola", "--out", str(varying_run.parent / "memory")])
 
-    any_slot_count = True
+
+class _Laid(torch.nn.Module):
+    """A model of no class the trainer knows, with a layout: the layout alone says which slots it acts on."""
+
+    def __init__(self, layout: PolicyLayout) -> None:
+        super().__init__()
+        self.layout = layout
 
 
 def test_a_policy_for_any_slot_count_plays_in_cells_of_the_most_users_and_a_fixed_one_is_refused():
     cfg = TrainConfig.from_dict({"env": "VREdge-v0", "env_kwargs": VARYING})
     trained = envs.VREdgeConfig(**cfg.env_options)
     cells = cells_of((2, "4-12"), (0.0,))
-    assert acts_on_any_slot_count(_AnySlots(), cfg) and cell_slots(_AnySlots(), cfg, trained, cells) == 12
-    fixed = torch.nn.Module()
-    assert not acts_on_any_slot_count(fixed, cfg)
-    assert cell_slots(fixed, cfg, trained, cells_of((2, 4), (0.0,))) == 6  # its own slots, fewer users asked
-    with raises(ConfigError, "--users 2,4-12", "6", key="users"):
-        cell_slots(fixed, cfg, trained, cells)
-    fixed.any_slot_count = False  # a model's own word wins over its config's
-    assert not acts_on_any_slot_count(fixed, TrainConfig.from_dict({"env": "VREdge-v0"}))
+    assert cell_slots(_Laid(PolicyLayout("set", 8, 7, 7)), cfg, trained, cells) == 12
+    for fixed in (_Laid(FLAT), _Laid(PolicyLayout("per_head", 8, 7))):
+        assert cell_slots(fixed, cfg, trained, cells_of((2, 4), (0.0,))) == 6  # its own slots, fewer users asked
+        with raises(ConfigError, "--users 2,4-12", "6", key="users"):
+            cell_slots(fixed, cfg, trained, cells)
+    # the model's layout decides, not its config's policy_arch (Ape-X on "auto" branches per head where PPO's
+    # auto is a set policy)
+    with raises(ConfigError, "--users 2,4-12", "per-head", key="users"):
+        cell_slots(_Laid(PolicyLayout("per_head", 8, 7)), dataclasses.replace(cfg, policy_arch="set"), trained,
+                   cells)
 
 
 class _Cell(gym.Env):
@@ -257,7 +284,7 @@ def test_a_set_policy_trained_on_6_slots_plays_in_cells_of_the_most_users_asked(
     trained with."""
     run = _train(tmp_path / "set", "VREdge-v0", VARYING, 1, "--config", str(ROOT / "docs" / "cells.toml"))
     model, cfg, _ = trained_model(run, "latest")
-    assert cfg.policy_arch == "set" and acts_on_any_slot_count(model, cfg)
+    assert cfg.policy_arch == "set" and model.layout.kind == "set"
     payload = _json(capsys, ["--checkpoint", str(run), "--users", "2,8", "--churn", "0.05", "--episodes", "2",
                              "--baselines", "fair_share", "--reference", "none"])
     assert payload["slots"] == 8 and [c["env_kwargs"]["num_users"] for c in payload["cells"]] == [8, 8]
@@ -307,3 +334,106 @@ def test_compare_shows_every_episode_it_plays_in_a_terminal(varying_run, monkeyp
     compare_cli.main([str(varying_run), "--episodes", "3", "--out", str(tmp_path)])
     counts = terminal.counts()
     assert (3, 3) in counts and {t for _, t in counts} == {3}, terminal.text[-500:]
+
+
+def _cell(users: int | str, churn: float) -> tuple[envs.VREdgeConfig, functools.partial]:
+    """The config and env of a cell of ``users`` of 6 slots (the mask shown, as the varying run was trained)."""
+    kwargs = dict(num_users=6, users=users, churn=churn, max_steps=20, observe_active=True)
+    return envs.VREdgeConfig(**kwargs), functools.partial(gym.make, "VREdge-v0", **kwargs)
+
+
+def test_players_played_together_score_each_episode_as_each_played_alone(varying_run):
+    """The policy and every baseline play in one batched env, the clairvoyant in one of its own, the validation
+    episodes in another: each deterministic player's records are, episode for episode, those it plays alone
+    (``run_episodes``: 16 envs, one player), the policy's over 18 episodes (its batches of 16, then 2)."""
+    model, _, _ = trained_model(varying_run, "best")
+    config, env_fn = _cell("2-6", 0.05)
+    greedy = policy_actions(model, deterministic=True)
+    played = play_contenders(greedy, "policy", list(envs.BASELINES), config, env_fn, 18, 0, ("clairvoyant",))
+    assert list(played) == ["policy", *envs.BASELINES, "clairvoyant"]
+    assert played["policy"] == run_episodes(greedy, env_fn, 18, 0)
+    deterministic = [n for n in envs.BASELINES if n != "random"]  # (random draws its levels in another order)
+    for name in deterministic:
+        assert played[name] == run_episodes(envs.make_baseline(name, config), env_fn, 18, 0), name
+    assert played["clairvoyant"] == run_episodes(ClairvoyantPlanner(config), env_fn, 18, 0, with_envs=True)
+    seeds = validation_seeds(1, 16)
+    _, validation = best_baseline(list(envs.BASELINES), config, env_fn, seeds)
+    for name in deterministic:
+        assert validation[name] == run_episodes(envs.make_baseline(name, config), env_fn, 16, 0, seeds=seeds), name
+    assert len(played["random"]) == 18 and len(validation["random"]) == 16
+
+
+def _leads_table(text: str) -> tuple[dict[tuple[str, str], dict[str, str]], int]:
+    """The summary table of a cell evaluation's output: the policy's lead ``+0.012±0.034`` over each player, by
+    (users, churn) and name (the table whose cells hold intervals); and how many leads it counts above zero."""
+    blocks = [b.splitlines() for b in text.split("\n\n")]
+    for lines in blocks:
+        heads = [i for i, line in enumerate(lines) if line.split()[:2] == ["users", "churn"]]
+        if heads and "±" in lines[heads[0] + 1]:
+            names_ = lines[heads[0]].split()[2:]
+            rows = {tuple(line.split()[:2]): dict(zip(names_, line.split()[2:])) for line in lines[heads[0] + 1:]}
+            break
+    counted = next(int(m.group(1)) for m in re.finditer(r"in (\d+) of \d+", text))
+    return rows, counted
+
+
+def test_the_summary_is_the_policy_minus_each_baseline_paired_over_each_cells_episodes(varying_run, capsys):
+    evaluate_cli.main(["--checkpoint", str(varying_run), "--users", "2,6", "--churn", "0,0.05", "--episodes", "3",
+                       "--baselines", "fair_share,bola", "--out", str(varying_run.parent / "summary")])
+    table, counted = _leads_table(capsys.readouterr().out)
+    model, _, _ = trained_model(varying_run, "best")
+    greedy = policy_actions(model, deterministic=True)
+    above = 0
+    for users, churn in itertools.product((2, 6), (0.0, 0.05)):
+        config, env_fn = _cell(users, churn)
+        policy = run_episodes(greedy, env_fn, 3, 0)
+        for name in ("fair_share", "bola"):
+            d = paired_difference(policy, run_episodes(envs.make_baseline(name, config), env_fn, 3, 0))
+            assert table[(str(users), f"{churn:g}")][name] == f"{d['mean']:+.3f}±{d['ci95']:.3f}", (users, churn)
+            above += d["mean"] - d["ci95"] > 0
+    assert len(table) == 4 and counted == above
+
+
+def _entry(users: int, churn: float, **scores: float) -> dict:
+    """A cell entry (``evaluation_cells.json``'s) of the policy's and the baselines' mean rewards per step."""
+    result = {n: {"reward_per_step": m, "reward_per_step_ci95": 0.01} for n, m in scores.items()}
+    return {"users": users, "churn": churn, "policy": result.pop("policy"), "baselines": result, "reference": {}}
+
+
+def test_the_plot_shows_the_players_far_below_on_a_panel_of_their_own_and_the_legend_clear_of_every_line():
+    pytest.importorskip("matplotlib")
+    entries = [_entry(u, c, policy=0.70 + u / 100, random=-0.75 + u / 20, lowest=0.0, throughput=0.66,
+                      fair_share=0.69 + u / 100, robust_mpc=0.68) for u, c in itertools.product((2, 8), (0.0, 0.05))]
+    assert plot_band(entries).far_below == ("random", "lowest")
+    fig = cells_figure(entries)
+    main, below = fig.axes[:2], fig.axes[2:]
+    for ax in main:  # every competitive player with its interval, and not 0 (lowest) nor below
+        assert ax.get_legend_handles_labels()[1] == ["policy", "throughput", "fair_share", "robust_mpc"]
+        low, high = ax.get_ylim()
+        assert 0.0 < low <= 0.66 - 0.01 and high >= 0.78 + 0.01
+    for ax in below:
+        assert ax.get_legend_handles_labels()[1] == ["random", "lowest"]
+    fig.canvas.draw()
+    legend = fig.legends[0].get_window_extent()
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["policy", *entries[0]["baselines"]]  # each once
+    assert not any(legend.overlaps(ax.get_window_extent()) for ax in fig.axes)
+    close = [_entry(u, 0.0, policy=0.7, fair_share=0.69) for u in (2, 8)]  # no player far below: one row
+    assert plot_band(close).far_below == () and len(cells_figure(close).axes) == 1
+
+
+def test_a_batched_env_moves_the_bar_by_its_steps_not_only_as_its_episodes_end(monkeypatch):
+    """4 episodes of 20 steps, played at once: every 5 steps are an episode's worth, and the bar says so, long before
+    the episodes end together."""
+    import tqdm
+
+    terminal, events = _Terminal(), []
+    monkeypatch.setattr("sys.stderr", terminal)  # (the bar is drawn on a terminal only)
+    monkeypatch.setattr(tqdm.tqdm, "update", lambda bar, n=1: events.append(("bar", n)))
+    step = envs.VREdgeVectorEnv.step
+    monkeypatch.setattr(envs.VREdgeVectorEnv, "step", lambda env, a: (events.append(("step", 1)), step(env, a))[1])
+    config, env_fn = _cell(6, 0.0)
+    with episodes_shown(4):
+        records, = play_together([Player(envs.make_baseline("lowest", config), [1, 2, 3, 4])], env_fn)
+    assert [r["length"] for r in records] == [20] * 4  # (the lowest level never stalls: all end at step 20)
+    steps_before = [sum(n for kind, n in events[:i] if kind == "step") for i, e in enumerate(events) if e[0] == "bar"]
+    assert steps_before == [5, 10, 15, 20] and sum(n for kind, n in events if kind == "bar") == 4

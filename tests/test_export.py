@@ -104,7 +104,7 @@ def test_exports_match_the_trained_model_in_a_process_without_this_package(tmp_p
     out = run_dir / "export"
     card = json.loads((out / "policy.json").read_text())
     model, cfg, source = trained_model(run_dir)
-    assert cfg.policy_arch == arch and bool(getattr(model, "per_head", None)) == (arch == "per_head")
+    assert cfg.policy_arch == arch and model.layout.kind == arch
     obs = export_cli.verification_observations(model, env, seed=11,  # not the seed the command verified on
                                                env_kwargs=env_kwargs)
     parts = [obs]

@@ -38,12 +38,12 @@ def test_mpc_hand_computed_lookahead_changes_the_decision():
 
 def _best_plan_first_level(cfg, buffer, last, rate, horizon):
     """The first level of the best plan by enumerating every plan (the lowest plan of equal QoE)."""
-    q = cfg._quality
+    q = cfg.quality
     best, first = -math.inf, None
     for plan in itertools.product(range(cfg.num_levels), repeat=horizon):
         buf, prev, value = buffer, last, 0.0
         for level in plan:
-            download = cfg._ladder[level] * cfg.segment_s / rate
+            download = cfg.ladder[level] * cfg.segment_s / rate
             value += (cfg.quality_weight * q[level] - cfg.switch_weight * abs(q[level] - q[prev])
                       - cfg.stall_weight * max(download - buf, 0.0))
             buf, prev = min(max(buf - download, 0.0) + cfg.segment_s, cfg.max_buffer_s), level
@@ -65,6 +65,22 @@ def test_mpc_levels_are_the_first_levels_of_the_best_plans_enumerated(horizon):
                                              rate.reshape(20, 15), horizon).reshape(-1), expected)
 
 
+@pytest.mark.parametrize("weights", [{}, {"stall_weight": 0.0}, {"quality_weight": 0.0, "switch_weight": 0.0}])
+def test_mpc_levels_searched_by_branch_and_bound_are_the_enumerations_to_the_last_bit(weights):
+    """The search drops most plans; what it plays is what scoring every plan plays, near-ties included (buffers and
+    rates rounded), in a cell of the default ladder and in one where every plan ties (nothing to drop: enumerated)."""
+    cfg = envs.VREdgeConfig(num_users=1, **weights)
+    q = cfg.quality
+    gain = cfg.quality_weight * q - cfg.switch_weight * np.abs(q - q[:, None])
+    rng = np.random.default_rng(7)
+    buffer = np.concatenate([np.round(rng.uniform(0, 4, 600), 1), rng.uniform(0, 4, 600)])
+    last = rng.integers(0, cfg.num_levels, 1200)
+    rate = np.concatenate([np.round(rng.lognormal(3, 1.2, 600), 0) + 1, rng.lognormal(3, 1.2, 600)])
+    for horizon in (2, 5):
+        enumerated = envs.baselines._enumerated_first_levels(cfg, buffer, last, rate, horizon, gain)
+        np.testing.assert_array_equal(mpc_levels(cfg, buffer, last, rate, horizon), enumerated)
+
+
 def test_robust_mpc_policy_plays_mpc_on_each_users_share_of_the_robust_capacity():
     env = envs.SyntheticVREdgeEnv(num_users=3, seed=0, **SMALL)
     env.reset()
@@ -77,6 +93,20 @@ def test_robust_mpc_policy_plays_mpc_on_each_users_share_of_the_robust_capacity(
     rate = 1.3 * (4 / (1 / 3 + 1 / 6 + 1 / 6 + 1 / 12) / 1.625) * channel / 3  # share 1.3 of the equal airtime
     expected = mpc_levels(env.config, state["buffer"], state["level"], rate, horizon=5)
     np.testing.assert_array_equal(envs.make_baseline("robust_mpc", env.config, share=1.3)(obs), expected)
+
+
+def test_robust_mpc_plans_the_active_users_alone_as_it_played_every_slot_before():
+    venv = envs.VREdgeVectorEnv(8, num_users=6, users="1-4", churn=0.2, seed=3)
+    obs, _ = venv.reset()
+    for _ in range(5):  # users have left and joined
+        obs, *_ = venv.step(np.ones((8, 6), dtype=np.int64))
+    cfg = venv.config
+    f = envs.vr_edge.decode_observation(cfg, obs)
+    assert 0 < f["active"].sum() < f["active"].size
+    rate = 0.85 * robust_capacity(f["cap_history"])[:, None] * f["channel"] / f["active"].sum(axis=1, keepdims=True)
+    every_slot = mpc_levels(cfg, f["buffer"], f["last_level"], np.where(f["active"], rate, cfg.ladder[0]), 5)
+    played = envs.make_baseline("robust_mpc", cfg)(obs)
+    np.testing.assert_array_equal(played, np.where(f["active"], every_slot, 0))
 
 
 def test_bola_parameters_and_decisions_hand_computed():

@@ -15,7 +15,7 @@ from tests.factories import MaskedCellEnv, settings_file
 from tests.messages import raises
 from trainer import train as train_module
 from trainer.common.moments import merged_moments, weighted_batch_moments
-from trainer.common.spaces import SetLayout
+from trainer.common.policy_layout import PolicyLayout
 from trainer.config import TrainConfig
 from trainer.evaluation.policies import make_model, trained_model
 from trainer.flags import parse_args
@@ -23,11 +23,11 @@ from trainer.ppo.model import ActorCritic
 from trainer.ppo.set_model import SetActorCritic, split_observations
 
 F, C, LEVELS, ACTIVE = 8, 6, 4, 7  # the masked VR-edge contract: 7 features + the active flag, 2 more cell ones
-LAYOUT = SetLayout(F, C, ACTIVE)
+LAYOUT = PolicyLayout("set", F, C, ACTIVE)
 
 
-def set_model(slots: int, layout: SetLayout = LAYOUT, seed: int = 0) -> SetActorCritic:
-    space = gym.spaces.Box(-np.inf, np.inf, (slots * layout.features + layout.cell,), np.float32)
+def set_model(slots: int, layout: PolicyLayout = LAYOUT, seed: int = 0) -> SetActorCritic:
+    space = gym.spaces.Box(-np.inf, np.inf, (slots * layout.features + layout.shared,), np.float32)
     return SetActorCritic(space, gym.spaces.MultiDiscrete([LEVELS] * slots), layout, seed=seed)
 
 
@@ -54,7 +54,7 @@ def trained_like(model: SetActorCritic, seed: int = 1) -> SetActorCritic:
     return model.eval()
 
 
-def permuted(obs: torch.Tensor, perm: torch.Tensor, layout: SetLayout = LAYOUT) -> torch.Tensor:
+def permuted(obs: torch.Tensor, perm: torch.Tensor, layout: PolicyLayout = LAYOUT) -> torch.Tensor:
     users, cell = split_observations(obs, layout)
     return torch.cat([users[:, perm].reshape(len(obs), -1), cell], dim=1)
 
@@ -177,23 +177,23 @@ def test_the_moments_of_active_users_merge_across_ranks_of_unequal_counts():
 
 def test_auto_picks_set_only_where_the_env_declares_active_user_feature(monkeypatch):
     masked = make_model(TrainConfig.from_dict({"env": "tests.factories:MaskedCell-v0"}))
-    assert isinstance(masked, SetActorCritic) and masked.layout == SetLayout(4, 2, 3)
+    assert isinstance(masked, SetActorCritic) and masked.layout == PolicyLayout("set", 4, 2, 3)
     unmasked = make_model(TrainConfig.from_dict({"env": "tests.factories:MaskedCell-v0",
                                                  "env_kwargs": "masked=false"}))
-    assert isinstance(unmasked, ActorCritic) and unmasked.per_head == (4, 2)  # today's per_head
+    assert isinstance(unmasked, ActorCritic) and unmasked.layout == PolicyLayout("per_head", 4, 2)  # today's per_head
     vr = make_model(TrainConfig.from_dict({"env": "VREdge-v0"}))  # today's default, bit for bit
-    assert isinstance(vr, ActorCritic) and vr.per_head == (7, 5)
+    assert isinstance(vr, ActorCritic) and vr.layout == PolicyLayout("per_head", 7, 5)
     default = ActorCritic(gym.make("VREdge-v0").observation_space, gym.make("VREdge-v0").action_space,
-                          seed=1, per_head=(7, 5))  # (the default seed)
+                          seed=1, layout=PolicyLayout("per_head", 7, 5))  # (the default seed)
     assert all(torch.equal(a, b) for a, b in zip(vr.state_dict().values(), default.state_dict().values()))
     explicit = make_model(TrainConfig.from_dict({"env": "VREdge-v0", "policy_arch": "set"}))
-    assert isinstance(explicit, SetActorCritic) and explicit.layout == SetLayout(7, 5, None)
+    assert isinstance(explicit, SetActorCritic) and explicit.layout == PolicyLayout("set", 7, 5)
     with raises(ConfigError, "policy_arch", "'set'", "CartPole-v1", "head_observation_layout", key="policy_arch"):
         make_model(TrainConfig.from_dict({"env": "CartPole-v1", "policy_arch": "set"}))
     with raises(ConfigError, "policy_arch", "PPO", key="policy_arch"):
         make_model(TrainConfig.from_dict({"env": "VREdge-v0", "policy_arch": "set", "algo": "apex"}))
     apex = make_model(TrainConfig.from_dict({"env": "tests.factories:MaskedCell-v0", "algo": "apex"}))
-    assert apex.per_head == (4, 2)  # Ape-X branches per head at the env's slots
+    assert apex.layout == PolicyLayout("per_head", 4, 2)  # Ape-X branches per head at the env's slots
 
 
 def train(argv: list[str], **kw) -> dict:

@@ -108,12 +108,12 @@ def test_bad_paths_and_arguments(tmp_path):
 
 def test_train_test_split_is_by_file_disjoint_and_stable(tmp_path):
     write_traces(tmp_path, files=10, seconds=4)
-    train = envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split="train")._traces.files
-    test = envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split="test")._traces.files
-    every = envs.VREdgeConfig(capacity_trace=str(tmp_path))._traces.files
+    train = envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split="train").traces.files
+    test = envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split="test").traces.files
+    every = envs.VREdgeConfig(capacity_trace=str(tmp_path)).traces.files
     assert len(test) == 2 and not set(train) & set(test) and sorted(train + test) == sorted(every)
     write_traces(tmp_path / "more", files=1, seconds=4, seed=5)  # a sub-directory is not a trace
-    assert envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split="test")._traces.files == test
+    assert envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split="test").traces.files == test
 
 
 def test_generator_is_deterministic_and_writes_both_formats(tmp_path):
@@ -144,7 +144,7 @@ def test_an_episode_replays_its_file_from_a_seeded_offset(tmp_path):
 
 def test_default_scale_maps_each_file_to_the_nominal_capacity(tmp_path):
     write_traces(tmp_path, files=2, seconds=10)
-    traces = envs.VREdgeConfig(num_users=4, capacity_trace=str(tmp_path))._traces
+    traces = envs.VREdgeConfig(num_users=4, capacity_trace=str(tmp_path)).traces
     for offset, length in zip(traces.offsets, traces.lengths):
         assert traces.rates[offset:offset + length].mean() == pytest.approx(400.0)
 
@@ -256,13 +256,13 @@ def test_bad_env_kwargs_are_one_line_errors(text, named, suggested):
 
 def test_the_shipped_pensieve_set_is_named_and_keeps_train_and_test_apart():
     from envs.traces import TRACE_SETS_DIR
-    train = envs.VREdgeConfig(capacity_trace="pensieve", trace_split="train")._traces.files
-    test = envs.VREdgeConfig(capacity_trace="pensieve", trace_split="test")._traces.files
-    both = envs.VREdgeConfig(capacity_trace="pensieve", trace_split="all")._traces.files
+    train = envs.VREdgeConfig(capacity_trace="pensieve", trace_split="train").traces.files
+    test = envs.VREdgeConfig(capacity_trace="pensieve", trace_split="test").traces.files
+    both = envs.VREdgeConfig(capacity_trace="pensieve", trace_split="all").traces.files
     assert (len(train), len(test)) == (127, 142)  # the set's own folders, every file of each
     assert all("/train/" in f for f in train) and all("/test/" in f for f in test)
     assert sorted(both) == sorted(train + test)
-    assert envs.VREdgeConfig(capacity_trace="pensieve")._traces.files == train  # auto: a split set's train folder
+    assert envs.VREdgeConfig(capacity_trace="pensieve").traces.files == train  # auto: a split set's train folder
     for name in ("LICENSE", "SOURCE.md"):  # beside the files, never read as a trace
         assert (TRACE_SETS_DIR / "pensieve" / name).is_file()
 
@@ -272,12 +272,12 @@ def test_a_users_own_train_and_test_folders_work_as_the_shipped_set(tmp_path):
     write_traces(tmp_path / "test", files=3, seconds=10, seed=2)
     (tmp_path / "README.md").write_text("not a trace\n")  # beside the folders: not read
     for split, count in (("train", 5), ("auto", 5), ("test", 3), ("all", 8)):
-        files = envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split=split)._traces.files
+        files = envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split=split).traces.files
         assert len(files) == count  # no file of a folder dropped by the hash split
     flat = tmp_path / "train"  # one flat folder: auto plays every file, bit for bit as "all" did
-    assert envs.VREdgeConfig(capacity_trace=str(flat))._traces.files == \
-        envs.VREdgeConfig(capacity_trace=str(flat), trace_split="all")._traces.files
-    assert len(envs.VREdgeConfig(capacity_trace=str(flat), trace_split="test")._traces.files) == 1  # the hash split
+    assert envs.VREdgeConfig(capacity_trace=str(flat)).traces.files == \
+        envs.VREdgeConfig(capacity_trace=str(flat), trace_split="all").traces.files
+    assert len(envs.VREdgeConfig(capacity_trace=str(flat), trace_split="test").traces.files) == 1  # the hash split
 
 
 def test_a_flat_folder_replays_as_before_under_the_auto_split(tmp_path):
@@ -442,7 +442,7 @@ def test_a_csv_is_split_into_one_trace_per_key(tmp_path):
         f"{path}[run=1,area=a]": [10.0, 20.0, 30.0], f"{path}[run=2,area=a]": [5.0, 7.0],
         f"{path}[run=1,area=b]": [4.0, 4.0]}
     cfg = envs.VREdgeConfig(capacity_trace=str(path), trace_column="Throughput", trace_key="run")
-    assert len(cfg._traces.files) == 2
+    assert len(cfg.traces.files) == 2
 
 
 @pytest.mark.parametrize("text, column, key, where, named", [

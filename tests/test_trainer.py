@@ -226,10 +226,11 @@ def test_vtrace_on_policy_equals_n_step_return_and_gae_lambda_one():
 
 def test_per_head_actor_shares_one_network_across_heads():
     import envs
+    from trainer.common.policy_layout import PolicyLayout
     from trainer.ppo.model import ActorCritic
     env = envs.SyntheticVREdgeEnv(num_users=3)
-    ac = ActorCritic(env.observation_space, env.action_space, per_head=env.head_observation_layout,
-                     normalize_obs=False, seed=0)
+    ac = ActorCritic(env.observation_space, env.action_space,
+                     layout=PolicyLayout("per_head", *env.head_observation_layout), normalize_obs=False, seed=0)
     torch.nn.init.normal_(ac.actor_head.weight)
     obs = torch.rand(6, env.observation_space.shape[0])
     swapped = obs.clone()  # exchange users 0 and 2: their logits must swap too
@@ -241,14 +242,15 @@ def test_per_head_actor_shares_one_network_across_heads():
     out = ac.act(obs)
     assert torch.allclose(ac.evaluate(obs, out["action"])[0], out["log_prob"], atol=1e-5)
     with raises(ValueError, f"{f + 1} per head", env.observation_space.shape[0]):  # the layout, the size
-        ActorCritic(env.observation_space, env.action_space, per_head=(f + 1, 5))
+        ActorCritic(env.observation_space, env.action_space, layout=PolicyLayout("per_head", f + 1, 5))
 
 
 def test_policy_arch_auto_uses_the_env_layout_where_declared():
+    from trainer.common.policy_layout import FLAT, PolicyLayout
     from trainer.evaluation.policies import make_model
-    assert make_model(parse_args(["--env", "VREdge-v0"]).config).per_head == (7, 5)
-    assert make_model(TrainConfig.from_dict({"env": "VREdge-v0", "policy_arch": "flat"})).per_head is None
-    assert make_model(parse_args(["--env", "CartPole-v1"]).config).per_head is None
+    assert make_model(parse_args(["--env", "VREdge-v0"]).config).layout == PolicyLayout("per_head", 7, 5)
+    assert make_model(TrainConfig.from_dict({"env": "VREdge-v0", "policy_arch": "flat"})).layout == FLAT
+    assert make_model(parse_args(["--env", "CartPole-v1"]).config).layout == FLAT
     with raises(ValueError, "policy_arch", "'per_head'", "CartPole-v1", key="policy_arch"):
         make_model(TrainConfig.from_dict({"env": "CartPole-v1", "policy_arch": "per_head"}))
 

@@ -23,7 +23,7 @@ def links(tmp_path_factory):
 def test_each_user_replays_its_own_trace_window_by_window(links):
     env = envs.SyntheticVREdgeEnv(num_users=4, seed=3, user_traces=links)
     obs, _ = env.reset()
-    traces = env.config._user_traces
+    traces = env.config.link_traces
     start = env.get_state()
     trace, pos = start["user_trace"][0], start["user_trace_pos"][0]
     assert len({(t, p) for t, p in zip(trace, pos)}) == 4  # a file and a start of its own
@@ -36,7 +36,7 @@ def test_each_user_replays_its_own_trace_window_by_window(links):
 
 
 def test_the_sets_mean_maps_to_the_synthetic_channels_mean(links):
-    traces = envs.VREdgeConfig(user_traces=links)._user_traces
+    traces = envs.VREdgeConfig(user_traces=links).link_traces
     assert traces.rates.mean() == pytest.approx(MEAN_CHANNEL_QUALITY, rel=1e-3)  # (the 1% floor lifts it a little)
     synthetic = envs.VREdgeVectorEnv(64, num_users=8, max_steps=300)
     synthetic.reset(seed=0)
@@ -61,7 +61,7 @@ def test_a_traced_cell_and_traced_users_together(links, tmp_path):
     env = envs.SyntheticVREdgeEnv(num_users=2, seed=5, capacity_trace=str(tmp_path), user_traces=links,
                                   trace_scale=1.0)
     env.reset()
-    cell, users = env.config._traces, env.config._user_traces
+    cell, users = env.config.traces, env.config.link_traces
     for _ in range(10):
         *_, info = env.step(np.ones(2, dtype=np.int64))
         s = env.get_state()
@@ -80,7 +80,7 @@ def test_a_joiner_draws_a_trace_of_its_own(links):
         after = env.get_state()
         joined = after["active"][0] & ~before["active"][0]
         u = rng.uniform_block(before["key"], before["counter"], env.config.block_size)  # the round's draws
-        trace, pos = env.config._user_traces.start(u[:, 5:9], u[:, 9:13])
+        trace, pos = env.config.link_traces.start(u[:, 5:9], u[:, 9:13])
         stayed = after["active"][0] & before["active"][0]
         assert np.array_equal(after["user_trace"][0][joined], trace[0][joined])
         assert np.array_equal(after["user_trace_pos"][0][joined], pos[0][joined])

@@ -71,6 +71,9 @@ class AlgorithmSpec:
     # that imports no torch
     Settings: ClassVar[type] = NoSettings
     stochastic: ClassVar[bool] = True  # whether its model samples actions (trainer.evaluate --stochastic)
+    # whether trainer.export ships its model: an actor-critic with probabilities and values, and an ``exported``
+    # method (greedy action, probabilities, value in one pass)
+    exportable: ClassVar[bool] = False
     # the TrainConfig values it runs with where the user sets none, by env id ("*": every other env), over the
     # fields' own defaults: what learns on VR-edge is not what learns on CartPole
     defaults: ClassVar[dict[str, dict[str, Any]]] = {}

@@ -95,24 +95,24 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
 
 
 def _evaluate_cells(args: argparse.Namespace, setup: _Setup, label: str, signals: StopSignals, out: TextIO) -> None:
-    """``--users``/``--churn``: every player on the same held-out episodes for each (users, churn) pair, a block of
-    the table per pair, ``evaluation_cells.json`` (``cells``: one entry per pair) and its plot."""
-    from trainer.evaluation.cells import cell_entry, play_cells, plot_cells
+    """``--users``/``--churn``: every player on the same held-out episodes for each (users, churn) pair, a line of
+    each table per pair (what each scored, then the summary: the policy minus each), ``evaluation_cells.json``
+    (``cells``: one entry per pair, every statistic) and its plot."""
+    from trainer.evaluation.cells import cell_entry, leads_table, play_cells, plot_cells, scores_table
     from trainer.evaluation.episodes import episodes_shown
 
     with episodes_shown(len(setup.cells) * _episodes_per_cell(args, setup)):
         results = play_cells(setup.model, setup.cfg, setup.cells, setup.env_kwargs, label, setup.names,
                              args.episodes, args.seed, _with_reference(args, setup), args.deterministic,
                              args.belief_base)
+    entries = [cell_entry(r, label, setup.names) for r in results]
     _print_header(args, setup, out)
-    print(f"in cells of {results[0].env_kwargs['num_users']} user slots, each block's users and churn in place of "
+    print(f"in cells of {results[0].env_kwargs['num_users']} user slots, each line's users and churn in place of "
           "the run's", file=out)
-    for r in results:
-        print(f"\nusers {r.cell.users}, churn {r.cell.churn:g}", file=out)
-        _print_comparison(r.comparison, out, args.belief_base)
-    head = _payload_head(args, setup)
-    payload = {**head, "slots": results[0].env_kwargs["num_users"],
-               "cells": [cell_entry(r, label, setup.names) for r in results]}
+    print(f"\n{scores_table(entries)}", file=out)
+    if summary := leads_table(entries):  # (none where the policy played alone)
+        print(f"\n{summary}", file=out)
+    payload = {**_payload_head(args, setup), "slots": results[0].env_kwargs["num_users"], "cells": entries}
     _write_results(args, setup, payload, lambda png: plot_cells(payload["cells"], png), signals, out, CELLS_FILES)
 
 
@@ -133,12 +133,13 @@ def _parser() -> OneLineParser:
     mode.add_argument("--stochastic", dest="deterministic", action="store_false", help="sample actions")
     p.add_argument("--baselines", default="all",
                    help="'all', 'none' or comma-separated names (VR-edge only; default: %(default)s)")
-    p.add_argument("--reference", default=REFERENCE, metavar="NAMES",
+    p.add_argument("--reference", default=None, metavar="NAMES",
                    help="VR-edge: the references played beside the policy, comma-separated, or none: clairvoyant "
                         "(envs.planner; sees the true future: the fraction of the gap from the best baseline that "
                         "the policy closes), belief (envs.belief_mpc: the causal ceiling, from observations only: "
                         "the policy's capture of its lead over fair_share and, with clairvoyant, its causal share "
-                        "of the clairvoyant's; synthetic cells only) (default: %(default)s)")
+                        "of the clairvoyant's; synthetic cells only) (default: clairvoyant; with --users or "
+                        "--churn none, as the references cost most of a cell evaluation's time)")
     p.add_argument("--belief-base", choices=("fair_share", "policy"), default="fair_share",
                    help="with --reference belief: the base policy the causal ceiling improves by rollout, fair_share "
                         "or the policy evaluated (the ceiling at its strongest: in expectation no worse than the "
@@ -188,7 +189,7 @@ def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> li
     _check_numbers(parser, args)
     args.given = _given_env_kwargs(parser, args)
     asked_baselines = _asked_baselines(parser, args.baselines)
-    args.reference = _asked_references(parser, args.reference)
+    args.reference = _asked_references(parser, args.reference) if args.reference is not None else None
     try:
         args.users = user_counts(args.users) if args.users is not None else None
         args.churn = churn_levels(args.churn) if args.churn is not None else None
@@ -298,18 +299,18 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
         names = [n for n in names if n in profile.baselines]
     env_kwargs = held_out_env_kwargs(cfg.env, cfg.env_options, args.given)
     vr_config = envs.VREdgeConfig(**env_kwargs) if profile.cells else None  # a bad trace fails here, at once
-    if vr_config is not None and "belief" in args.reference and (refused := filter_refusal(vr_config)):
+    if vr_config is not None and "belief" in (args.reference or ()) and (refused := filter_refusal(vr_config)):
         parser.error(f"--reference belief: {refused}; drop belief")
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
     out_dir = Path(args.out) if args.out else run_dir
     check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
-    cells = _asked_cells(parser, args, model, cfg, vr_config)
+    cells = _asked_cells(parser, args, model, cfg, vr_config, names)
     return _Setup(source, sha256, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells)
 
 
 def _asked_cells(parser: OneLineParser, args: argparse.Namespace, model: nn.Module, cfg: TrainConfig,
-                 vr_config: VREdgeConfig | None) -> list[Cell]:
+                 vr_config: VREdgeConfig | None, names: list[str]) -> list[Cell]:
     """The (users, churn) pairs ``--users`` and ``--churn`` ask for (the one not given: the run's own), none where
     neither is given; a usage error where the policy cannot act on them (another env than VR-edge, more users
     than a fixed-slot policy has slots, users that vary for a policy trained without the active mask)."""
@@ -323,18 +324,19 @@ def _asked_cells(parser: OneLineParser, args: argparse.Namespace, model: nn.Modu
         users = args.users if args.users is not None else user_counts(str(vr_config.users or vr_config.num_users))
         churns = args.churn if args.churn is not None else tuple(dict.fromkeys(vr_config.churn_range))  # its ends
         cells = cells_of(users, churns)
-        _check_cells_fit(args, cfg, cells, cell_slots(model, cfg, vr_config, cells), vr_config)
+        _check_cells_fit(args, cfg, cells, cell_slots(model, cfg, vr_config, cells), vr_config, names)
     except ConfigError as e:
         parser.error(str(e))
     return cells
 
 
 def _check_cells_fit(args: argparse.Namespace, cfg: TrainConfig, cells: list[Cell], slots: int,
-                     vr_config: VREdgeConfig) -> None:
-    """A :class:`ConfigError` where cells of ``slots`` user slots, played as the episodes are (up to
-    ``EPISODE_BATCH`` envs at once), would not fit this machine's memory: said before any env is built, not as an
-    allocation error once one is (``--users 100000000``)."""
-    from trainer.evaluation.cells import cell_env_kwargs
+                     vr_config: VREdgeConfig, names: list[str]) -> None:
+    """A :class:`ConfigError` where cells of ``slots`` user slots, played as the episodes are (every player of a
+    pair in one batched env, a row per episode: :func:`trainer.evaluation.cells.rows_at_once`; the policy acting
+    on up to ``EPISODE_BATCH`` rows at once), would not fit this machine's memory: said before any env is built,
+    not as an allocation error once one is (``--users 100000000``)."""
+    from trainer.evaluation.cells import cell_env_kwargs, rows_at_once
     from trainer.evaluation.episodes import EPISODE_BATCH
     from trainer.memory import check_cells_fit
     from trainer.run_layout import memory_available
@@ -342,7 +344,8 @@ def _check_cells_fit(args: argparse.Namespace, cfg: TrainConfig, cells: list[Cel
     biggest = max(cells, key=lambda c: most_users(c.users))
     asked = ",".join(dict.fromkeys(str(c.users) for c in cells))
     check_cells_fit(cfg.env, asked, cell_env_kwargs(vr_config.to_dict(), slots, biggest, vr_config.masked),
-                    min(args.episodes, EPISODE_BATCH), memory_available(), widest_layer=max(cfg.hidden_sizes))
+                    rows_at_once(args.episodes, names, args.reference or ()), memory_available(),
+                    widest_layer=max(cfg.hidden_sizes), policy_rows=min(args.episodes, EPISODE_BATCH))
 
 
 def _played(args: argparse.Namespace, setup: _Setup, label: str) -> dict[str, list[dict[str, float]]]:
@@ -367,8 +370,13 @@ def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
 
 
 def _with_reference(args: argparse.Namespace, setup: _Setup) -> tuple[str, ...]:
-    """The references played: those asked for (the clairvoyant by default), on VR-edge."""
-    return args.reference if setup.vr_config is not None else ()
+    """The references played: those asked for, on VR-edge; by default the clairvoyant, and none across cells
+    (``--users``/``--churn``), where it would cost several times what every other player costs."""
+    if setup.vr_config is None:
+        return ()
+    if args.reference is None:
+        return () if setup.cells else (REFERENCE,)
+    return args.reference
 
 
 def _compared(played: dict[str, list[dict[str, float]]], label: str, setup: _Setup) -> Comparison:

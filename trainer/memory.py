@@ -44,16 +44,16 @@ def _env_sizes(cfg: TrainConfig) -> EnvSizes:
 
 
 def check_cells_fit(env: str, asked: str, env_kwargs: dict[str, Any], envs_at_once: int, available: int | None,
-                    widest_layer: int = 0, fewer_with: str = "--episodes") -> None:
-    """Raise :class:`ConfigError` (``--users``, given as ``asked``) where ``envs_at_once`` envs of ``env`` (one
-    with cells of users: VR-edge) and ``env_kwargs`` (the cells' arguments, their ``num_users`` slots the most of
-    them), and a policy acting on each
-    user slot whose widest layer has ``widest_layer`` units (a float32 output each, for every slot of every env),
-    would need more than ``available`` bytes of memory (``None``: not known, and not checked); the error names the
-    most users that fit and ``fewer_with``, the flag that plays fewer envs at once. Only what the envs, their
-    observations and the policy's scores hold is counted besides (not the episodes' records, nor the interpreter):
-    an evaluation refused would not have fitted, and it is refused before anything is built (``trainer.evaluate
-    --users 100000000`` was an allocation error once the policy had loaded).
+                    widest_layer: int = 0, fewer_with: str = "--episodes", policy_rows: int | None = None) -> None:
+    """Raise :class:`ConfigError` (``--users``, given as ``asked``) where ``envs_at_once`` envs of ``env`` (one with
+    cells of users: VR-edge) and ``env_kwargs`` (the cells' arguments, their ``num_users`` slots the most of them),
+    and a policy acting on each user slot whose widest layer has ``widest_layer`` units (a float32 output each, for
+    every slot of the ``policy_rows`` envs it acts on at once; ``None``: every env), would need more than
+    ``available`` bytes of memory (``None``: not known, and not checked); the error names the most users that fit
+    and ``fewer_with``, the flag that plays fewer envs at once. Only what the envs, their observations and the
+    policy's scores hold is counted besides (not the episodes' records, nor the interpreter): an evaluation refused
+    would not have fitted, and it is refused before anything is built (``trainer.evaluate --users 100000000`` was
+    an allocation error once the policy had loaded).
 
     >>> check_cells_fit("VREdge-v0", "2,100000000", {"num_users": 100_000_000}, envs_at_once=16, available=64 << 30)
     Traceback (most recent call last):
@@ -67,7 +67,8 @@ users fit (a lower --episodes plays fewer envs at once)
     def needed(users: int) -> int:  # (every slot active, no traces: what any cell of these slots holds at least)
         untraced = {k: v for k, v in env_kwargs.items() if k not in profile.trace_arguments}
         env = profile.sizes({**untraced, "num_users": users, "users": users})
-        return envs_at_once * (env.observation + env.action + env.per_env + 4 * widest_layer * users)
+        acting = envs_at_once if policy_rows is None else min(policy_rows, envs_at_once)
+        return envs_at_once * (env.observation + env.action + env.per_env) + acting * 4 * widest_layer * users
 
     slots = env_kwargs["num_users"]
     if available is None or needed(slots) <= available:

@@ -45,7 +45,8 @@ from trainer.apex.settings import ApeXSettings
 from trainer.apex.spec import ApeXSpec
 from trainer.common.devices import resolve_device
 from trainer.common.flat_params import flat_parameters
-from trainer.common.spaces import SetLayout, model_spaces
+from trainer.common.policy_layout import PolicyLayout
+from trainer.common.spaces import model_spaces
 from trainer.common.state import capture_rng, cpu_copy, restore_rng
 from trainer.config import TrainConfig
 from trainer.metrics import metrics_row, run_episodes_and_reward, steps_per_second
@@ -133,17 +134,17 @@ class ApeX(ApeXSpec, Algorithm):
     @classmethod
     def make_model(cls, cfg: TrainConfig) -> QNetwork:
         """The Q-network for ``cfg.env``: branching with the env's per-head split where it declares one."""
-        obs_space, act_space, per_head = model_spaces(cfg)
+        obs_space, act_space, layout = model_spaces(cfg)
         refusal = actions_refused(act_space)
         if refusal:  # the env the user chose: a usage error, as a bad flag's
             raise ConfigError("algo", cfg.algo, message=refusal)
-        if isinstance(per_head, SetLayout):  # a set policy is PPO's; auto branches per head, at the env's slots
+        if layout.kind == "set":  # a set policy is PPO's; auto branches per head, at the env's slots
             if cfg.policy_arch == "set":
                 raise ConfigError("policy_arch", cfg.policy_arch, "is PPO's (--algo ppo); Ape-X takes per_head, flat "
                                   "or auto", flag=False)
-            per_head = (per_head.features, per_head.cell)
+            layout = PolicyLayout("per_head", layout.features, layout.shared)
         torch.manual_seed(cfg.seed)
-        return QNetwork(obs_space, act_space, cfg.hidden_sizes, per_head=per_head)
+        return QNetwork(obs_space, act_space, cfg.hidden_sizes, layout=layout)
 
     @classmethod
     def new(cls, cfg: TrainConfig, layout: RunLayout) -> ApeX:

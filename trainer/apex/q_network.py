@@ -9,6 +9,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from trainer.common.policy_layout import FLAT, PolicyLayout
 from trainer.common.spaces import action_heads
 
 
@@ -41,14 +42,14 @@ class QNetwork(nn.Module):
 
     For a ``MultiDiscrete`` space with equal heads (VR-edge: one bitrate per user) it is the action-branching
     architecture of Tavakoli et al. (AAAI 2018): one advantage branch per action dimension, one state value,
-    all over the shared trunk. With ``per_head=(f, c)`` (the observation is ``f`` features per head, then
-    ``c`` shared ones: VR-edge's ``head_observation_layout``), the branches are one advantage MLP shared by
+    all over the shared trunk. With a ``per_head`` ``layout`` (the observation is ``features`` per head, then
+    ``shared`` ones: VR-edge's ``head_observation_layout``), the branches are one advantage MLP shared by
     all heads, each fed the trunk's output plus its own head's features, so users are treated alike
     whatever their position; without it, one linear advantage layer per head.
     """
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: tuple[int, ...] = (64, 64),
-                 per_head: tuple[int, int] | None = None) -> None:
+                 layout: PolicyLayout = FLAT) -> None:
         super().__init__()
         if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
             raise TypeError(f"the Q-network needs a flat Box observation space, got {obs_space}")
@@ -58,13 +59,16 @@ class QNetwork(nn.Module):
         heads = action_heads(act_space)
         self.heads, self.actions, self.multi = len(heads.sizes), heads.sizes[0], heads.kind == "multi"
         self.obs_dim = n_obs = obs_space.shape[0]
-        if per_head is not None and (not self.multi or self.heads * per_head[0] + per_head[1] != n_obs):
-            raise ValueError(f"per-head layout {per_head} does not fit {self.heads} heads and {n_obs} observations")
-        self.per_head = per_head
+        if layout.kind == "set":  # its branches are per head: their count is fixed
+            raise ValueError("a set layout is PPO's SetActorCritic's; the Q-network reads flat and per-head ones")
+        if layout.kind == "per_head" and (not self.multi or self.heads * layout.features + layout.shared != n_obs):
+            raise ValueError(f"per-head layout ({layout.features} per head x {self.heads} heads + {layout.shared} "
+                             f"shared) does not fit {n_obs} observations")
+        self.layout = layout
         self.trunk, width = _relu_mlp(n_obs, hidden)
         self.value = nn.Linear(width, 1)
-        if per_head:
-            branch, size = _relu_mlp(width + per_head[0], hidden[-1:])
+        if layout.kind == "per_head":
+            branch, size = _relu_mlp(width + layout.features, hidden[-1:])
             self.advantage = nn.Sequential(branch, nn.Linear(size, self.actions))
         else:
             self.advantage = nn.Linear(width, self.heads * self.actions)
@@ -74,8 +78,8 @@ class QNetwork(nn.Module):
         obs = obs.float()
         h = self.trunk(obs)
         b = h.shape[0]
-        if self.per_head:
-            f = self.per_head[0]
+        if self.layout.kind == "per_head":
+            f = self.layout.features
             own = obs[:, :self.heads * f].reshape(b, self.heads, f)
             adv = self.advantage(torch.cat([h.unsqueeze(1).expand(b, self.heads, h.shape[1]), own], -1))
         else:

@@ -12,6 +12,7 @@ import envs.vr_edge  # noqa: F401 - registers VREdge-v0
 from envs.arguments import KINDS, shown
 from envs.settings import ConfigError, did_you_mean
 from trainer.arguments import command
+from trainer.common.policy_layout import FLAT, PolicyLayout
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -124,29 +125,12 @@ def _refused_arguments(env: str, given: dict, error: TypeError, parameters: dict
             f"{'it' if len(unknown) == 1 else 'them'})")
 
 
-class SetLayout(NamedTuple):
-    """A set policy's observation (``policy_arch = "set"``): ``features`` per user slot, for any number of slots,
-    then ``cell`` features; ``active`` is the index, among a user's features, of its 1.0 / 0.0 "active" flag, or
-    ``None`` where every slot is always active (the env's ``active_user_feature``)."""
-
-    features: int
-    cell: int
-    active: int | None
-
-    def fits(self, width: int) -> bool:
-        """Whether an observation ``width`` wide is ``users >= 1`` slots and the cell's features.
-
-        >>> SetLayout(7, 5, None).fits(7 * 3 + 5), SetLayout(7, 5, None).fits(7 * 3 + 4)
-        (True, False)
-        """
-        return width > self.cell and (width - self.cell) % self.features == 0
-
-
-def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int] | SetLayout | None]:
-    """``(observation space, action space, layout)`` of ``cfg.env`` as ``policy_arch`` asks: the env's
-    ``head_observation_layout`` ``(features per head, shared features)`` for a per-head actor (``per_head``, and
-    ``auto`` where the env declares one), a :class:`SetLayout` for a set policy (``set``, and ``auto`` where the
-    env also declares an ``active_user_feature``: its user count varies), none for ``flat``."""
+def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, PolicyLayout]:
+    """``(observation space, action space, layout)`` of ``cfg.env`` as ``policy_arch`` asks (the one place a
+    :class:`~trainer.common.policy_layout.PolicyLayout` is decided): ``per_head`` on the env's
+    ``head_observation_layout`` ``(features per head, shared features)`` for ``per_head``, and ``auto`` where the
+    env declares one; ``set`` for ``set``, and ``auto`` where the env also declares an ``active_user_feature`` (its
+    user count varies); ``flat`` otherwise."""
     check_env_id(cfg.env)  # a module:id's module imported (gymnasium's own error would be a traceback)
     parameters = constructor_parameters(cfg.env) if cfg.env_options else None
     mistyped = _mistyped_argument(cfg.env, cfg.env_options, parameters) if parameters else ""
@@ -176,7 +160,7 @@ def model_spaces(cfg: TrainConfig) -> tuple[gym.Space, gym.Space, tuple[int, int
         env.close()
 
 
-def _layout(cfg: TrainConfig, env: gym.Env) -> tuple[int, int] | SetLayout | None:
+def _layout(cfg: TrainConfig, env: gym.Env) -> PolicyLayout:
     """The layout ``cfg.policy_arch`` asks of ``env`` (unwrapped); ``ConfigError`` where the env declares none."""
     split = getattr(env, "head_observation_layout", None)
     active = getattr(env, "active_user_feature", None)
@@ -184,5 +168,7 @@ def _layout(cfg: TrainConfig, env: gym.Env) -> tuple[int, int] | SetLayout | Non
         raise ConfigError("policy_arch", cfg.policy_arch, f"{cfg.env} declares no head_observation_layout; use "
                           "policy_arch = \"flat\" or \"auto\"", flag=False)
     if cfg.policy_arch == "set" or (cfg.policy_arch == "auto" and split is not None and active is not None):
-        return SetLayout(int(split[0]), int(split[1]), None if active is None else int(active))
-    return split if cfg.policy_arch in ("auto", "per_head") else None
+        return PolicyLayout("set", int(split[0]), int(split[1]), None if active is None else int(active))
+    if cfg.policy_arch in ("auto", "per_head") and split is not None:
+        return PolicyLayout("per_head", int(split[0]), int(split[1]))
+    return FLAT

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 
 from envs.profiles import profile_of
-from trainer.evaluation.episodes import run_episodes
+from trainer.evaluation.episodes import Player, play_together
 
 
 def best_baseline(env: str, names: Sequence[str], env_kwargs: dict[str, Any], env_fn: Callable[[], gym.Env],
@@ -20,9 +20,11 @@ def best_baseline(env: str, names: Sequence[str], env_kwargs: dict[str, Any], en
 
     Pick it on other episodes than those it is then compared on: the best of several baselines
     on the test episodes is, by selection, lucky on them, which would shrink the policy's lead.
+    The baselines play together, in one batched env (:func:`trainer.evaluation.episodes.play_together`).
     """
     profile = profile_of(env)
-    played = {name: run_episodes(profile.baselines[name](env_kwargs), env_fn, len(seeds), 0, seeds=seeds)
-              for name in names}
+    records = play_together([Player(profile.baselines[n](env_kwargs), list(seeds)) for n in names], env_fn) \
+        if names else []
+    played = dict(zip(names, records))
     best = max(names, key=lambda n: np.mean([r[profile.score] for r in played[n]])) if names else None
     return best, played

@@ -6,15 +6,17 @@ playing them on one cell shares with ``trainer.evaluate`` without ``--users``: :
 A cell is ``num_users`` slots with ``users`` active (a number, or a range drawn per episode) and ``churn``; every
 pair is played in cells with the same slot count, the most users asked for, on the run's own env arguments
 otherwise, with the active mask in the observation wherever the run was trained with it. A policy whose parameters
-fix its slot count (``flat``, ``per_head``) plays in cells of its own slot count, and no more users than that;
-one that acts on any slot count (:func:`acts_on_any_slot_count`: a set policy) plays in cells of the most users.
+fix its slot count (``model.layout``'s kind ``flat``, ``per_head``) plays in cells of its own slot count, and no
+more users than that; one that acts on any slot count (kind ``set``) plays in cells of the most users.
 
 Example: a fair-share "policy" and the robust MPC at 2 and 3 of 3 slots, without and with churn::
 
     >>> import torch
+    >>> from trainer.common.policy_layout import FLAT
     >>> from trainer.config import TrainConfig
     >>> cfg = TrainConfig.from_dict({"env": "VREdge-v0", "env_kwargs": "num_users=3,users=2-3,max_steps=20"})
     >>> class FairShare(torch.nn.Module):  # a model that plays the fair-share baseline
+    ...     layout = FLAT
     ...     def act_deterministic(self, obs):
     ...         return torch.from_numpy(envs.make_baseline("fair_share", envs.VREdgeConfig(**cfg.env_options))(
     ...             obs.numpy()))
@@ -44,7 +46,18 @@ from envs.settings import ConfigError
 from trainer.arguments import most_users
 from trainer.config import TrainConfig
 from trainer.evaluation.baselines import best_baseline
-from trainer.evaluation.episodes import Act, held_out_env_kwargs, policy_actions, run_episodes, validation_seeds
+from trainer.evaluation.episodes import (
+    EPISODE_BATCH,
+    Act,
+    Player,
+    Records,
+    evaluation_seeds,
+    held_out_env_kwargs,
+    play_together,
+    policy_actions,
+    run_episodes,
+    validation_seeds,
+)
 from trainer.evaluation.report import pyplot, write_figure
 from trainer.evaluation.statistics import gap_closed, paired_difference, summarize
 
@@ -53,7 +66,6 @@ BELIEF = "belief"  # the causal ceiling's (envs.belief_mpc.BeliefMPC on fair_sha
 REFERENCES = (REFERENCE, BELIEF)
 CEILING_BASE = "fair_share"  # the base the causal ceiling improves on, and the lower end of its figures
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
-Records = list[dict[str, float]]  # one per episode (run_episodes)
 
 
 class Comparison(NamedTuple):
@@ -75,21 +87,30 @@ def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.
     ``names``, the references ``reference`` names (VR-edge: ``vr_config``; ``True``: the clairvoyant, ``False``:
     none): the clairvoyant planner, and the causal ceiling :class:`envs.belief_mpc.BeliefMPC` on ``ceiling_base``
     (:data:`CEILING_BASE`, or ``"policy"``: ``act``, the ceiling at its strongest), with :data:`CEILING_BASE` played
-    too where ``names`` lacks it; the same held-out seeds for each."""
-    played = {label: run_episodes(act, env_fn, episodes, seed)}
-    baselines = profile_of(env_fn.args[0]).baselines  # (env_fn: gym.make's partial, the env's id and arguments)
-    for name in names:
-        played[name] = run_episodes(baselines[name](env_fn.keywords), env_fn, episodes, seed)
+    too where ``names`` lacks it; the same held-out seeds for each. The policy and the baselines play together, in
+    one batched env (:func:`trainer.evaluation.episodes.play_together`), each reference in one of its own."""
     references = references_of(reference) if vr_config is not None else ()
+    baselines = list(names) + ([CEILING_BASE] if BELIEF in references and CEILING_BASE not in names else [])
+    seeds = evaluation_seeds(seed, episodes)
+    made = profile_of(env_fn.args[0]).baselines  # (env_fn: gym.make's partial, of the env's id and arguments)
+    players = [Player(act, seeds, EPISODE_BATCH)] + [Player(made[n](env_fn.keywords), seeds) for n in baselines]
+    played = dict(zip([label, *baselines], play_together(players, env_fn)))
     if REFERENCE in references:
-        played[REFERENCE] = run_episodes(ClairvoyantPlanner(vr_config), env_fn, episodes, seed, num_envs=64,
-                                         with_envs=True)
+        played[REFERENCE] = clairvoyant_records(vr_config, env_fn, episodes, seed)
     if BELIEF in references:
         played[BELIEF] = ceiling_records(vr_config, env_fn, episodes, seed, act if ceiling_base == "policy"
                                          else ceiling_base)
-        if CEILING_BASE not in played:
-            played[CEILING_BASE] = run_episodes(envs.make_baseline(CEILING_BASE, vr_config), env_fn, episodes, seed)
-    return played
+    return {name: played[name] for name in [label, *names, *REFERENCES, CEILING_BASE] if name in played}
+
+
+def clairvoyant_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], episodes: int, seed: int
+                        ) -> Records:
+    """The clairvoyant reference's records (:class:`envs.planner.ClairvoyantPlanner`) on the held-out episodes
+    ``seed`` gives: one batched env, a row per episode, planned from its state at every step (a row whose episode
+    ended too: its plan is moot). Its plans are each row's own, so they are those of single envs, at a batched
+    env's cost."""
+    return run_episodes(ClairvoyantPlanner(vr_config), env_fn, episodes, seed, num_envs=episodes, with_envs=True,
+                        whole_batch=True)
 
 
 def ceiling_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
@@ -97,6 +118,20 @@ def ceiling_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env],
     """The causal ceiling's records (:class:`envs.belief_mpc.BeliefMPC` on ``base``, its defaults) on the held-out
     episodes ``seed`` gives, every env's observation at every step in one batched env (its filter keeps a row each)."""
     return run_episodes(BeliefMPC(vr_config, base=base), env_fn, episodes, seed, num_envs=64, whole_batch=True)
+
+
+def rows_at_once(episodes: int, names: Sequence[str], reference: bool | Sequence[str]) -> int:
+    """The most env rows one pair's players hold at once (:func:`play_contenders`, then :func:`compare_contenders`'
+    validation episodes): the policy's and the baselines' ``episodes`` each (:data:`CEILING_BASE`'s too where the
+    causal ceiling needs it) in one batched env, or the baselines' :data:`SELECTION_EPISODES` each in one; each
+    reference plays fewer rows, in one of its own. What a memory check counts (``trainer.evaluate --users``).
+
+    >>> rows_at_once(50, ["fair_share", "buffer"], False), rows_at_once(2, ["fair_share", "buffer"], ["belief"])
+    (150, 32)
+    """
+    references = references_of(reference)
+    players = 1 + len(names) + (BELIEF in references and CEILING_BASE not in names)
+    return max(episodes * players, SELECTION_EPISODES * len(names))
 
 
 def references_of(reference: bool | Sequence[str]) -> tuple[str, ...]:
@@ -167,25 +202,16 @@ def cells_of(users: Sequence[int | str], churns: Sequence[float]) -> list[Cell]:
     return [Cell(u, float(c)) for u, c in itertools.product(users, churns)]
 
 
-def acts_on_any_slot_count(model: nn.Module, cfg: TrainConfig) -> bool:
-    """Whether ``model`` (trained as ``cfg`` says) acts on observations of any number of user slots: a model that
-    says so (``model.any_slot_count``), a set policy (``policy_arch = "set"``, or a model whose ``layout`` can tell
-    which observation widths it ``fits``). A flat or per-head policy's parameters fix its slot count."""
-    if getattr(model, "any_slot_count", None) is not None:
-        return bool(model.any_slot_count)
-    return cfg.policy_arch == "set" or callable(getattr(getattr(model, "layout", None), "fits", None))
-
-
 def cell_slots(model: nn.Module, cfg: TrainConfig, trained: envs.VREdgeConfig, cells: Sequence[Cell]) -> int:
     """The slot count every cell is played with: the most users asked for, or, for a policy whose parameters fix
     its slot count, its own (``trained.num_users``). A :class:`envs.settings.ConfigError` where the policy cannot
     act on the cells: more users than its slots, or users that vary for a policy trained without the mask."""
     asked = ",".join(dict.fromkeys(str(c.users) for c in cells))
-    if acts_on_any_slot_count(model, cfg):
+    if model.layout.kind == "set":  # no parameter depends on the slot count
         slots = max(most_users(c.users) for c in cells)
     elif (slots := trained.num_users) < max(most_users(c.users) for c in cells):
         raise ConfigError("users", asked, message=(
-            f"--users {asked}: the policy ({'per-head' if getattr(model, 'per_head', None) else 'flat'}, "
+            f"--users {asked}: the policy ({model.layout.kind.replace('_', '-')}, "
             f"policy_arch = {cfg.policy_arch!r}) acts on {slots} user slots, which its parameters fix; pass --users "
             f"up to {slots}, or train with policy_arch = \"set\" (a policy for any slot count)"))
     varying = [c for c in cells if envs.VREdgeConfig(num_users=slots, users=c.users, churn=c.churn).varies]
@@ -226,7 +252,7 @@ class CellResult(NamedTuple):
 
 
 def play_cells(model: nn.Module, cfg: TrainConfig, cells: Sequence[Cell], env_kwargs: dict[str, Any],
-               label: str, names: Sequence[str], episodes: int, seed: int, reference: bool | Sequence[str] = True,
+               label: str, names: Sequence[str], episodes: int, seed: int, reference: bool | Sequence[str] = False,
                deterministic: bool = True, ceiling_base: str = CEILING_BASE) -> list[CellResult]:
     """Each cell's players (:func:`play_contenders`: the policy ``model`` as ``label``, the baselines ``names``, the
     reference) on the same held-out episodes of ``seed``, in cells of :func:`cell_slots` slots on ``env_kwargs``
@@ -253,7 +279,7 @@ def cell_entry(result: CellResult, label: str, names: Sequence[str]) -> dict[str
 
 def evaluate_cells(model: nn.Module, cfg: TrainConfig, users: Sequence[int | str], churns: Sequence[float], *,
                    episodes: int = 50, seed: int = 0, baselines: Sequence[str] = tuple(envs.BASELINES),
-                   reference: bool | Sequence[str] = True, deterministic: bool = True,
+                   reference: bool | Sequence[str] = False, deterministic: bool = True,
                    env_kwargs: dict[str, Any] | None = None
                    ) -> list[dict[str, Any]]:
     """The policy ``model`` (trained as ``cfg`` says), the ``baselines`` and the reference on the same held-out
@@ -278,33 +304,175 @@ def _finite(value: float | None) -> float:
     return value if value is not None and math.isfinite(value) else 0.0
 
 
+def _players(entry: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A cell entry's (:func:`cell_entry`'s) players' results, by name: the policy, the baselines, the references."""
+    return {"policy": entry["policy"], **entry["baselines"], **entry["reference"]}
+
+
+def _cell_name(entry: dict[str, Any]) -> str:
+    """A cell's users and churn, as the tables' first two columns."""
+    return f"{str(entry['users']):>5} {entry['churn']:>6g}"
+
+
+def scores_table(entries: list[dict[str, Any]]) -> str:
+    """Each player's mean reward per step in each cell (:func:`cell_entry`'s), a line per cell: the short form of
+    what each scored (each mean's interval, and every other statistic, in ``evaluation_cells.json``)."""
+    names = list(_players(entries[0]))
+    width = max([8, *(len(n) + 1 for n in names)])
+    lines = ["reward per step, mean over the held-out episodes:",
+             f"{'users':>5} {'churn':>6}" + "".join(f"{n:>{width}}" for n in names)]
+    lines += [_cell_name(e) + "".join(f"{_players(e)[n]['reward_per_step']:>{width}.3f}" for n in names)
+              for e in entries]
+    return "\n".join(lines)
+
+
+_FIGURES = {"gap closed": "gap_closed", "capture": "capture"}  # a cell's ratios where references were played
+
+
+class Lead(NamedTuple):
+    """The policy minus one other player in one cell, paired over the same episodes (:func:`leads`)."""
+
+    users: int | str
+    churn: float
+    other: str
+    mean: float
+    ci95: float | None  # None: one episode, no interval
+
+
+def leads(entries: list[dict[str, Any]]) -> list[Lead]:
+    """The policy's paired lead in reward per step over each baseline (and reference) in each cell, in the order of
+    the cells, then of the players."""
+    return [Lead(e["users"], e["churn"], name, d["mean"], d["ci95"])
+            for e in entries for name, d in e["paired_reward_per_step"].items()]
+
+
+def leads_table(entries: list[dict[str, Any]], most_named: int = 6) -> str:
+    """The summary of a cell evaluation: the policy minus each baseline (and reference) per cell, paired over the
+    same episodes (mean ± 95% interval), a line per cell (users x churn), with the gap closed and the capture where
+    the references were played; then how many of the leads over a baseline are above 0 with 95% confidence, how
+    many below, and (up to ``most_named``) which are below; ``""`` where the policy played alone."""
+    found = leads(entries)
+    if not found:
+        return ""
+    others = list(dict.fromkeys(lead.other for lead in found))
+    figures = [title for title, key in _FIGURES.items() if any(e.get(key) for e in entries)]
+    width = max([15, *(len(n) + 2 for n in others + figures)])
+    by_cell = {(lead.users, lead.churn, lead.other): lead for lead in found}
+    lines = ["policy minus each, reward per step paired over the same episodes (mean ± 95% CI), per cell"
+             + (f"; then {', '.join(figures)} (fractions, 95% CI)" if figures else "") + ":",
+             f"{'users':>5} {'churn':>6}" + "".join(f"{n:>{width}}" for n in others + figures)]
+    for e in entries:
+        cells = [by_cell.get((e["users"], e["churn"], n)) for n in others]
+        ratios = [e.get(_FIGURES[f]) for f in figures]
+        lines.append(_cell_name(e) + "".join(f"{_lead_text(c) if c else '-':>{width}}" for c in cells)
+                     + "".join(f"{_ratio_text(r):>{width}}" for r in ratios))
+    against = [lead for lead in found if lead.other not in REFERENCES]  # (a reference is a bound, not a rival)
+    if not against:
+        return "\n".join(lines)
+    ahead = sum(_above_zero(lead) for lead in against)
+    behind = [lead for lead in against if _above_zero(lead._replace(mean=-lead.mean))]
+    spanning = len(against) - ahead - len(behind)
+    lines.append(f"\nthe policy leads (95% interval above 0) in {ahead} of {len(against)} (cell, baseline) pairs, "
+                 f"trails (below 0) in {len(behind)}" + (f", the interval spans 0 in {spanning}" if spanning else ""))
+    if behind:
+        lines.append("trails: " + ", ".join(f"{b.other} at {b.users} users, churn {b.churn:g} ({_lead_text(b)})"
+                                            for b in behind[:most_named])
+                     + (f" and {len(behind) - most_named} more" if len(behind) > most_named else ""))
+    return "\n".join(lines)
+
+
+def _ratio_text(figure: dict[str, Any] | None) -> str:
+    """``0.250±0.120`` of a cell's gap closed or capture; ``-`` where there is none (undefined: NaN)."""
+    if not figure or not math.isfinite(figure["fraction"]):
+        return "-"
+    ci = figure.get("ci95")
+    return f"{figure['fraction']:.3f}" + (f"±{ci:.3f}" if ci is not None and math.isfinite(ci) else "")
+
+
+def _above_zero(lead: Lead) -> bool:
+    """Whether the policy's lead is above 0 with 95% confidence (one episode has no interval: not)."""
+    return lead.ci95 is not None and math.isfinite(lead.ci95) and lead.mean - lead.ci95 > 0
+
+
+def _lead_text(lead: Lead) -> str:
+    """``+0.022±0.009`` (no interval for one episode)."""
+    return f"{lead.mean:+.3f}" + (f"±{lead.ci95:.3f}" if lead.ci95 is not None and math.isfinite(lead.ci95) else "")
+
+
+class Band(NamedTuple):
+    """Where the players of a cell evaluation's plot go (:func:`plot_band`)."""
+
+    low: float  # the main axis' range of reward per step
+    high: float
+    far_below: tuple[str, ...]  # the players drawn in a panel of their own, under it
+
+
+def plot_band(entries: list[dict[str, Any]]) -> Band:
+    """The main axis' range and the players off it: a player whose mean falls below those of the policy, the best
+    baseline of each cell and the references by more than their spread, in some cell (``random``, ``lowest``), is
+    far below, drawn in a panel of its own; the main axis spans every other player's intervals.
+
+    Why: ``random`` (down to -0.75) and ``lowest`` stretched one axis over the band where the policy and six
+    baselines lie (0.6-0.75), and the policy could not be told from ``fair_share``.
+    """
+    core = []  # the policy, each cell's best baseline, the references: what the axis must tell apart
+    for e in entries:
+        core += [e["policy"]["reward_per_step"], *(r["reward_per_step"] for r in e["reference"].values())]
+        core += [max(r["reward_per_step"] for r in e["baselines"].values())] if e["baselines"] else []
+    low, high = min(core), max(core)
+    far = tuple(n for n in _players(entries[0]) if n != "policy" and any(
+        _players(e)[n]["reward_per_step"] < low - max(high - low, 1e-3) for e in entries))
+    shown = [(r["reward_per_step"], _finite(r["reward_per_step_ci95"]))
+             for e in entries for n, r in _players(e).items() if n not in far]
+    low, high = min(m - ci for m, ci in shown), max(m + ci for m, ci in shown)
+    margin = 0.06 * max(high - low, 1e-3)
+    return Band(low - margin, high + margin, far)
+
+
+def cells_figure(entries: list[dict[str, Any]]) -> Any:
+    """The matplotlib figure of :func:`plot_cells`: reward per step against the users, one line per player with its
+    95% intervals, one column of panels per churn; the competitive players on the main row, on :func:`plot_band`'s
+    range, the players far below it on a row of their own; the legend right of the panels, clear of every line."""
+    plt = pyplot()
+    churns = list(dict.fromkeys(e["churn"] for e in entries))
+    band = plot_band(entries)
+    rows = 2 if band.far_below else 1
+    fig, axes = plt.subplots(rows, len(churns), figsize=(5.5 * len(churns) + 2.2, 4.2 + 2.2 * (rows - 1)),
+                             squeeze=False, sharex="col", sharey="row", layout="constrained",
+                             gridspec_kw={"height_ratios": [2.2, 1][:rows]})
+    names = list(_players(entries[0]))
+    for column, churn in enumerate(churns):
+        cells = [e for e in entries if e["churn"] == churn]
+        xs = [_user_axis(e["users"]) for e in cells]
+        dodge = 0.05 * min([b - a for a, b in zip(sorted(xs), sorted(xs)[1:]) if b > a] or [1.0])
+        for i, name in enumerate(names):  # (each player a little aside: the intervals overlap less)
+            ax = axes[1 if name in band.far_below else 0][column]
+            scores = [_players(e)[name] for e in cells]
+            ax.errorbar([x + (i - (len(names) - 1) / 2) * dodge for x in xs], [r["reward_per_step"] for r in scores],
+                        yerr=[_finite(r["reward_per_step_ci95"]) for r in scores], color=f"C{i}", marker="o",
+                        capsize=3, label=name)
+        axes[0][column].set(title=f"churn {churn:g}", ylim=(band.low, band.high))
+        axes[-1][column].set(xlabel="active users")
+        axes[-1][column].set_xticks(xs, [str(e["users"]) for e in cells])
+        for ax in axes[:, column]:
+            ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("mean reward per step (95% CI)")
+    if band.far_below:
+        axes[1][0].set_ylabel("far below (own scale)")
+    shown = {}  # each player's line once, in the players' order
+    for ax in axes[:, 0]:
+        shown.update({label: handle for handle, label in zip(*ax.get_legend_handles_labels())})
+    fig.legend([shown[n] for n in names], names, loc="outside right upper", fontsize="small")
+    return fig
+
+
 def plot_cells(entries: list[dict[str, Any]], out: Path) -> Path | None:
-    """Reward per step against the users of each cell (:func:`cell_entry`'s), one line per player with 95% intervals,
-    one panel per churn; written as ``out``; ``None`` without matplotlib."""
+    """:func:`cells_figure`, written as ``out``; ``None`` without matplotlib."""
     try:
         plt = pyplot()
     except ImportError:
         return None
-    churns = list(dict.fromkeys(e["churn"] for e in entries))
-    fig, axes = plt.subplots(1, len(churns), figsize=(5.5 * len(churns), 4.2), squeeze=False, sharey=True)
-    players = [("policy", lambda e: e["policy"])]
-    players += [(n, functools.partial(lambda e, n: e["baselines"][n], n=n)) for n in entries[0]["baselines"]]
-    players += [(n, functools.partial(lambda e, n: e["reference"][n], n=n)) for n in entries[0]["reference"]]
-    for ax, churn in zip(axes[0], churns):
-        rows = [e for e in entries if e["churn"] == churn]
-        xs = [_user_axis(e["users"]) for e in rows]
-        dodge = 0.05 * min([b - a for a, b in zip(sorted(xs), sorted(xs)[1:]) if b > a] or [1.0])
-        for i, (name, of) in enumerate(players):  # (each player a little aside: the intervals overlap less)
-            ax.errorbar([x + (i - (len(players) - 1) / 2) * dodge for x in xs],
-                        [of(e)["reward_per_step"] for e in rows], color=f"C{i}", marker="o", capsize=3,
-                        yerr=[_finite(of(e)["reward_per_step_ci95"]) for e in rows], label=name)
-        ax.set_xticks(xs, [str(e["users"]) for e in rows])
-        ax.set(title=f"churn {churn:g}", xlabel="active users")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("mean reward per step (95% CI)")
-    axes[0][-1].legend(fontsize="small")
-    fig.tight_layout()
+    fig = cells_figure(entries)
     write_figure(fig, out)
     plt.close(fig)
     return out
-

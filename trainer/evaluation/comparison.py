@@ -17,14 +17,12 @@ import checkpoints
 from envs.profiles import profile_of
 from trainer.config import TrainConfig
 from trainer.evaluation import aggregate
-from trainer.evaluation.episodes import held_out_env_kwargs, policy_actions, run_episodes
+from trainer.evaluation.episodes import Records, held_out_env_kwargs, policy_actions, run_episodes
 from trainer.evaluation.policies import picked_checkpoint, policy_from_state
 from trainer.evaluation.report import plus_minus, pyplot, write_figures
 from trainer.evaluation.statistics import paired_difference
 
 SCORES = {"return": "return", "reward_per_step": "reward/step"}  # what a run can be scored by, as the table says it
-
-Records = list[dict[str, float]]  # one per episode (run_episodes)
 
 
 class LoadedRun(NamedTuple):

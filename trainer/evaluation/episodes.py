@@ -7,8 +7,9 @@ import contextlib
 import contextvars
 import functools
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from fractions import Fraction
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -19,21 +20,25 @@ from envs.profiles import profile_of
 from trainer.evaluation.statistics import jain_index
 
 Act = Callable[[np.ndarray], np.ndarray]
+Records = list[dict[str, float]]  # one per episode (run_episodes)
 _EVAL_STREAM = 0x5EED_E7A1  # spawn key that separates evaluation seeds from training seeds
 _VALIDATION_STREAM = 0x5EED_7A11  # and validation seeds (model selection during training) from both
 _DISTILL_STREAM = 0x5EED_D157  # and the episodes a policy plays to be distilled from all three
-EPISODE_BATCH = 16  # the envs run_episodes plays in lockstep by default (at most: one per episode)
-_EPISODE_ENDED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("episode_ended",
-                                                                                          default=None)
+EPISODE_BATCH = 16  # the envs run_episodes plays in lockstep by default (at most: one per episode); see Player.batch
+_PLAYED: contextvars.ContextVar[Callable[[Fraction | int], None] | None] = contextvars.ContextVar("played",
+                                                                                                  default=None)
 
 
 @contextlib.contextmanager
 def episodes_shown(total: int, what: str = "episodes") -> Iterator[None]:
-    """For the block, a progress bar of ``total`` episodes that every episode :func:`run_episodes` finishes moves
-    (on standard error, where it is a terminal: a piped or captured run prints nothing more).
+    """For the block, a progress bar of ``total`` episodes that the episodes :func:`run_episodes` and
+    :func:`play_together` play move (on standard error, where it is a terminal: a piped or captured run prints
+    nothing more): by each step of a batched env (a step of ``n`` episodes of ``T`` steps is ``n / T`` of an
+    episode, the bar showing the whole episodes' worth played), else by each episode finished.
 
     Why: an evaluation plays every player's episodes, then the baselines' validation episodes, for minutes
-    without a line; the commands know the total, the players' code need not know the bar.
+    without a line; the commands know the total, the players' code need not know the bar. By the step: the
+    episodes of a batched env end together, so a bar moved only as they end stood still for a whole cell.
     """
     from tqdm import tqdm
 
@@ -47,13 +52,24 @@ def episodes_shown(total: int, what: str = "episodes") -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def episodes_counted(ended: Callable[[], None]) -> Iterator[None]:
-    """For the block, ``ended()`` once for every episode :func:`run_episodes` finishes (a bar of the caller's)."""
-    token = _EPISODE_ENDED.set(ended)
+def episodes_counted(played: Callable[[int], None]) -> Iterator[None]:
+    """For the block, ``played(n)`` as the episodes :func:`run_episodes` and :func:`play_together` play add up to
+    ``n`` more whole episodes (a bar of the caller's): a batched env's steps count as fractions of an episode
+    (:func:`episodes_shown`), summed until they make a whole one, so that every episode played counts 1 in all."""
+    owed = Fraction(0)  # played, not yet counted: less than an episode
+
+    def add(amount: Fraction | int) -> None:
+        nonlocal owed
+        owed += amount
+        if (whole := int(owed)) > 0:
+            played(whole)
+            owed -= whole
+
+    token = _PLAYED.set(add)
     try:
         yield
     finally:
-        _EPISODE_ENDED.reset(token)
+        _PLAYED.reset(token)
 
 
 def evaluation_seeds(seed: int, episodes: int) -> list[int]:
@@ -92,9 +108,26 @@ def policy_actions(model: torch.nn.Module, deterministic: bool) -> Act:
     return act
 
 
-def _say_episode_ended() -> None:
-    if (ended := _EPISODE_ENDED.get()) is not None:  # within episodes_shown
-        ended()
+def _say_played(amount: Fraction | int = 1) -> None:
+    """Move the bar of :func:`episodes_shown`, where there is one, by ``amount`` episodes."""
+    if (played := _PLAYED.get()) is not None:
+        played(amount)
+
+
+class _StepsShown:
+    """What a batched env's steps add to the bar: each step ``1 / max_steps`` of an episode per row playing, the
+    rest of an episode as it ends (one that ended early); whole episodes as they end where the env names no
+    ``max_steps``."""
+
+    def __init__(self, env: gym.vector.VectorEnv) -> None:
+        self.max_steps = getattr(getattr(env, "config", None), "max_steps", None)
+
+    def stepped(self, rows: int) -> None:
+        if self.max_steps:
+            _say_played(Fraction(rows, self.max_steps))
+
+    def ended(self, length: int) -> None:
+        _say_played(Fraction(max(self.max_steps - length, 0), self.max_steps) if self.max_steps else 1)
 
 
 def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
@@ -150,7 +183,7 @@ def _single_records(act: Callable[..., np.ndarray], env_fn: Callable[[], gym.Env
                     records[current[i]] = {**stats[i].record(),
                                            **{k: float(v) for k, v in info.get("episode_metrics", {}).items()}}
                     stats[i] = _EpisodeStats()
-                    _say_episode_ended()
+                    _say_played()
                     if next_episode < episodes:
                         obs[i], _ = envs[i].reset(seed=seeds[next_episode])
                         current[i], next_episode = next_episode, next_episode + 1
@@ -182,6 +215,7 @@ def _batched_records(act: Callable[..., np.ndarray], make: Callable[..., gym.vec
     next seed's (its state spliced in from a fresh env reset with that seed), so ``act`` sees the same batches
     (``whole_batch``: every row at every step; with ``with_envs``, as ``act(obs, [env])``)."""
     env = make(num_envs=min(num_envs, len(seeds)))
+    shown = _StepsShown(env)
     try:
         obs, _ = env.reset(seed=seeds[:env.num_envs])
         current = np.arange(env.num_envs)  # episode index each env is playing, -1 when idle
@@ -196,6 +230,7 @@ def _batched_records(act: Callable[..., np.ndarray], make: Callable[..., gym.vec
             else:
                 actions[playing] = act(obs[playing])  # an idle env plays on, unrecorded: its actions are moot
             obs, reward, terminated, truncated, info = env.step(actions)
+            shown.stepped(int(playing.sum()))
             parts = {k: v for k, v in info.items() if not k.startswith(("_", "final_"))}
             for i in np.flatnonzero(playing):
                 stats[i].add(float(reward[i]), {k: v[i] if v.ndim > 1 else float(v[i]) for k, v in parts.items()})
@@ -203,8 +238,8 @@ def _batched_records(act: Callable[..., np.ndarray], make: Callable[..., gym.vec
                     continue
                 metrics = info["final_info"].get("episode_metrics", {})
                 records[current[i]] = {**stats[i].record(), **{k: float(v[i]) for k, v in metrics.items()}}
+                shown.ended(stats[i].length)
                 stats[i] = _EpisodeStats()
-                _say_episode_ended()
                 if next_episode < len(seeds):
                     obs[i] = _restarted(env, i, make, seeds[next_episode])
                     current[i], next_episode = next_episode, next_episode + 1
@@ -213,6 +248,106 @@ def _batched_records(act: Callable[..., np.ndarray], make: Callable[..., gym.vec
     finally:
         env.close()
     return records
+
+
+class Player(NamedTuple):
+    """One player of :func:`play_together`: how it acts, and the episodes it plays (one env seed each)."""
+
+    act: Act
+    seeds: list[int]
+    batch: int | None = None  # at most this many of its rows per call of ``act``, its episodes in order (None: all)
+    # Why a trained policy plays in batches of EPISODE_BATCH: its matrix products take other kernels for a batch of
+    # 1 to 3 rows (logits 1e-6 apart, measured with the cells recipe's set policy; from 4 rows on, the same to the
+    # last bit), so batches of 16 in episode order (the last one 50 - 48 = 2 rows, as run_episodes' last envs)
+    # keep its records those of run_episodes, which trainer.compare and benchmarks.cells_table play. A baseline
+    # acts on each row alone: any batch gives the same actions.
+
+
+def play_together(players: Sequence[Player], env_fn: Callable[[], gym.Env]) -> list[Records]:
+    """Each player's records (as :func:`run_episodes` makes them, in the order of its seeds), all of them played in
+    one natively batched env (:func:`native_vector_env`), one row per episode: every row steps at once, and each
+    player acts on the rows of its episodes still playing (a row whose episode ended plays on, unrecorded); an env
+    that is not batched natively plays each player's episodes with :func:`run_episodes`.
+
+    Why: VR-edge's batched env steps 512 rows in about three times the time of 16 (10 ms against 3, 2-core AMD
+    EPYC), so the players of a cell (the policy and 7 baselines, 50 episodes each) step together in about a tenth
+    of the time they took one after another, 16 envs at a time; and no env is made anew for each episode. The same
+    episodes (env ``i`` reset with its seed plays exactly that seed's episode), so a deterministic player's records
+    are those of :func:`run_episodes`; a player that draws random numbers (``random``, a sampling policy) draws them
+    in another order.
+    """
+    if not players or not all(p.seeds for p in players):
+        raise ValueError("play_together needs players, each with at least one episode (seed) to play")
+    make = native_vector_env(env_fn)
+    if make is None:
+        return [run_episodes(p.act, env_fn, len(p.seeds), 0, num_envs=p.batch or EPISODE_BATCH, seeds=p.seeds)
+                for p in players]
+    ends = np.cumsum([len(p.seeds) for p in players])
+    env = make(num_envs=int(ends[-1]))
+    shown = _StepsShown(env)
+    try:
+        obs, _ = env.reset(seed=[s for p in players for s in p.seeds])
+        playing = np.ones(env.num_envs, dtype=bool)
+        stats = _RowStats(env.num_envs)
+        records: list[dict[str, float]] = [{}] * env.num_envs
+        actions = np.zeros((env.num_envs, *env.single_action_space.shape), dtype=env.single_action_space.dtype)
+        while playing.any():
+            for player, end in zip(players, ends):
+                _act_on_rows(player, end - len(player.seeds), playing, obs, actions)
+            obs, reward, terminated, truncated, info = env.step(actions)
+            shown.stepped(int(playing.sum()))
+            stats.add(playing, reward, info)
+            for i in np.flatnonzero(playing & (terminated | truncated)):
+                metrics = info["final_info"].get("episode_metrics", {})
+                records[i] = {**stats.record(i), **{k: float(v[i]) for k, v in metrics.items()}}
+                playing[i] = False
+                shown.ended(int(stats.length[i]))
+    finally:
+        env.close()
+    return [records[end - len(p.seeds):end] for p, end in zip(players, ends)]
+
+
+def _act_on_rows(player: Player, start: int, playing: np.ndarray, obs: np.ndarray, actions: np.ndarray) -> None:
+    """``player``'s actions into ``actions``, for its rows (from ``start``) still ``playing``, in its batches."""
+    rows = len(player.seeds)
+    batch = player.batch or rows
+    for first in range(start, start + rows, batch):
+        live = first + np.flatnonzero(playing[first:min(first + batch, start + rows)])
+        if len(live):
+            actions[live] = player.act(obs[live])
+
+
+class _RowStats:
+    """:class:`_EpisodeStats` for every row of a batched env at once (the same sums, added in the same order: the
+    same numbers to the last bit), for the rows playing."""
+
+    def __init__(self, rows: int) -> None:
+        self.ret, self.length = np.zeros(rows), np.zeros(rows, dtype=np.int64)
+        self.qoe_lin = self.quality = self.active = None  # [rows, U] where info has per-user QoE
+        self.masked = False
+
+    def add(self, playing: np.ndarray, reward: np.ndarray, info: dict[str, Any]) -> None:
+        self.ret[playing] += reward[playing]
+        self.length[playing] += 1
+        if "qoe_lin" not in info or "quality" not in info:
+            return
+        quality = np.asarray(info["quality"], dtype=np.float64)
+        if self.quality is None:
+            self.qoe_lin, self.quality, self.active = (np.zeros(quality.shape) for _ in range(3))
+        self.masked = self.masked or "active" in info
+        active = np.asarray(info["active"], dtype=np.float64) if "active" in info else np.ones_like(quality)
+        self.qoe_lin[playing] += np.asarray(info["qoe_lin"], dtype=np.float64)[playing]
+        self.quality[playing] += quality[playing]
+        self.active[playing] += active[playing]
+
+    def record(self, i: int) -> dict[str, float]:
+        """Row ``i``'s episode record (:meth:`_EpisodeStats.record`)."""
+        episode = _EpisodeStats()
+        episode.ret, episode.length = float(self.ret[i]), int(self.length[i])
+        if self.quality is not None:
+            episode.per_user, episode.masked = True, self.masked
+            episode.qoe_lin, episode.quality, episode.active = self.qoe_lin[i], self.quality[i], self.active[i]
+        return episode.record()
 
 
 def _restarted(env: gym.vector.VectorEnv, i: int, make: Callable[..., gym.vector.VectorEnv], seed: int

@@ -14,7 +14,7 @@ from torch import nn
 
 import checkpoints
 from envs.settings import ConfigError
-from trainer.common.spaces import SetLayout, check_env_id, model_spaces
+from trainer.common.spaces import check_env_id, model_spaces
 from trainer.config import TrainConfig, format_env_kwargs, with_current_names
 from trainer.evaluation.episodes import policy_actions
 from trainer.registry import ALGORITHMS, algorithm_class, algorithm_spec
@@ -130,8 +130,8 @@ class TrainedPolicy:
 
     def __init__(self, model: nn.Module, config: TrainConfig, source: Path, stochastic: bool = False) -> None:
         self.model, self.config, self.source, self.stochastic = model, config, source, stochastic
-        self.observation_space, self.action_space, layout = model_spaces(config)
-        self._set = layout if isinstance(layout, SetLayout) else None  # a set policy acts at any slot count
+        self.observation_space, self.action_space, _ = model_spaces(config)
+        self._set = model.layout if model.layout.kind == "set" else None  # a set policy acts at any slot count
         self._act = policy_actions(model, deterministic=not stochastic)  # what trainer.evaluate plays
 
     def __call__(self, observation: np.ndarray) -> np.ndarray:
@@ -146,7 +146,7 @@ class TrainedPolicy:
             return self._act(observations[None])[0]
         if observations.shape[1:] == shape:
             return self._act(observations)
-        slots = (f" (a set policy: F * users + C = {self._set.features} * users + {self._set.cell} wide, for any "
+        slots = (f" (a set policy: F * users + C = {self._set.features} * users + {self._set.shared} wide, for any "
                  "number of users >= 1)") if self._set is not None else ""
         raise ValueError(f"an observation of shape {list(observations.shape)}: {self.config.env}'s are "
                          f"{list(shape)}, one, or [n, {', '.join(map(str, shape))}] for a batch{slots}")

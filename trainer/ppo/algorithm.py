@@ -17,7 +17,7 @@ from trainer import __version__
 from trainer.algorithm import ENVS_NOT_RESTORED, Algorithm, NonFiniteLossError
 from trainer.common.devices import resolve_device
 from trainer.common.flat_params import flat_parameters
-from trainer.common.spaces import SetLayout, model_spaces
+from trainer.common.spaces import model_spaces
 from trainer.common.state import capture_rng, cpu_copy, restore_rng
 from trainer.common.world import World
 from trainer.config import TrainConfig
@@ -97,15 +97,15 @@ class PPO(PPOSpec, Algorithm):
         """The actor-critic for ``cfg.env`` (a per-head actor where the env declares the split and
         ``policy_arch`` allows; a set actor-critic for ``policy_arch = "set"``, or ``auto`` on a cell whose user
         count varies)."""
-        obs_space, act_space, per_head = model_spaces(cfg)
+        obs_space, act_space, layout = model_spaces(cfg)
         ppo = cfg.algo_settings
-        if isinstance(per_head, SetLayout):
+        if layout.kind == "set":
             if ppo.shared_trunk:
                 raise ConfigError("shared_trunk", True, "is not available with a set policy (policy_arch = \"set\", "
                                   "or auto on a cell whose user count varies): set it false", flag=False)
-            return SetActorCritic(obs_space, act_space, per_head, cfg.hidden_sizes, ppo.normalize_obs, seed=cfg.seed)
+            return SetActorCritic(obs_space, act_space, layout, cfg.hidden_sizes, ppo.normalize_obs, seed=cfg.seed)
         return ActorCritic(obs_space, act_space, cfg.hidden_sizes, ppo.shared_trunk, ppo.normalize_obs,
-                           seed=cfg.seed, per_head=per_head)
+                           seed=cfg.seed, layout=layout)
 
     @classmethod
     def new(cls, cfg: TrainConfig, layout: RunLayout) -> PPO:

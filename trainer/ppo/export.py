@@ -42,7 +42,7 @@ from trainer.interrupts import StopSignals
 from trainer.ppo.distillation import distilled_record
 from trainer.ppo.model import ActorCritic
 from trainer.ppo.set_model import SetActorCritic, split_observations
-from trainer.registry import algorithm_class
+from trainer.registry import algorithm_spec
 
 OPSET = 18  # supported by every ONNX Runtime since 1.14 and by torch's dynamo exporter
 ATOL = 1e-5
@@ -83,11 +83,7 @@ class ExportedPolicy(nn.Module):
         self.model = model
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if isinstance(self.model, SetActorCritic):  # any slot count: obs [B, F * users + C]
-            return self.model.exported(obs)
-        out, value = self.model._heads(obs)
-        logp = self.model._grouped_log_probs(out)
-        return self.model._shape_action(logp.argmax(-1)), logp.exp(), value
+        return self.model.exported(obs)
 
 
 def export_file(policy: ExportedPolicy, fmt: str, path: Path, obs_dim: int) -> None:
@@ -95,8 +91,9 @@ def export_file(policy: ExportedPolicy, fmt: str, path: Path, obs_dim: int) -> N
     policy, any number of user slots: the ONNX input ``obs`` is ``[batch, F * users + C]``)."""
     example = torch.zeros(2, obs_dim)  # not 1: an exporter may take a batch of 1 for a constant
     shapes = {0: torch.export.Dim("batch")}
-    if isinstance(policy.model, SetActorCritic):  # the width is a user count's: F per slot, then the cell's C
-        shapes[1] = policy.model.layout.features * torch.export.Dim("users", min=1) + policy.model.layout.cell
+    layout = policy.model.layout
+    if layout.kind == "set":  # any slot count: the width is a user count's, F per slot, then the cell's C
+        shapes[1] = layout.features * torch.export.Dim("users", min=1) + layout.shared
     policy.eval()
     with torch.no_grad(), warnings.catch_warnings():
         # TorchScript is deprecated in favour of torch.export, but unlike a .pt2 file it loads in
@@ -211,13 +208,13 @@ def slot_cases(model: ActorCritic | SetActorCritic, obs: np.ndarray, seed: int) 
     take any slot count, and must act for the users, whatever their order, as the model does).
 
     >>> import gymnasium as gym
-    >>> from trainer.common.spaces import SetLayout
+    >>> from trainer.common.policy_layout import PolicyLayout
     >>> model = SetActorCritic(gym.spaces.Box(0, 1, (4 * 2 + 1,)), gym.spaces.MultiDiscrete([3] * 4),
-    ...                        SetLayout(2, 1, None))
+    ...                        PolicyLayout("set", 2, 1))
     >>> {k: v.shape for k, v in slot_cases(model, np.zeros((5, 9), np.float32), seed=0).items()}
     {'1 of 4 slots': (5, 3), '2 of 4 slots': (5, 5), '4 of 4 slots': (5, 9), '4 slots permuted': (5, 9)}
     """
-    if not isinstance(model, SetActorCritic):
+    if model.layout.kind != "set":  # its parameters fix the width: the observations as they are
         return {"": obs}
     users, cell = (t.numpy() for t in split_observations(torch.from_numpy(obs), model.layout))
     slots = users.shape[1]
@@ -285,8 +282,8 @@ def export(checkpoint: str | Path, formats: list[str], out: str | Path | None = 
     source, state, which = picked_checkpoint(checkpoint, pick)
     sha256 = checkpoints.content_hash(source)  # right after the load: the weights exported (the path may change)
     model, cfg = policy_from_state(state, source)
-    if not isinstance(model, (ActorCritic, SetActorCritic)):
-        raise ValueError(f"{source} is {algorithm_class(cfg.algo).model_name} (--algo {cfg.algo}); trainer.export "
+    if not algorithm_spec(cfg.algo).exportable:
+        raise ValueError(f"{source} is {algorithm_spec(cfg.algo).model_name} (--algo {cfg.algo}); trainer.export "
                          "ships PPO policies (probabilities and values); evaluate it with trainer.evaluate")
     policy = ExportedPolicy(model)  # before any file is written: a Box policy fails here
     print(f"exporting {which}: {source}", file=sys.stderr)
@@ -376,12 +373,13 @@ def _staged_card(stage: Path, model: ActorCritic | SetActorCritic, policy: Expor
 def _signature(model: ActorCritic | SetActorCritic, obs_dim: int) -> dict[str, Any]:
     """The card's ``inputs`` and ``outputs``: what the files take and give."""
     value = "float32 [batch]: the critic's value"
-    if isinstance(model, SetActorCritic):
-        f, c, active = model.layout
+    layout = model.layout
+    if layout.kind == "set":
+        f, c, active = layout.features, layout.shared, layout.active
         flag = f", user feature {active} its active flag (1.0 / 0.0)" if active is not None else ""
         return {"inputs": {"obs": f"float32 [batch, {f} * users + {c}]: raw observations, any number of user slots "
-                                  f"({(obs_dim - c) // f} in training): {f} features per user{flag}, then {c} of the "
-                                  "cell (the normaliser is inside)"},
+                                  f"({layout.slots(obs_dim)} in training): {f} features per user{flag}, then {c} of "
+                                  "the cell (the normaliser is inside)"},
                 "outputs": {"action": "int64 greedy action, [batch, users] (an inactive user's: 0)",
                             "probs": "float32 [batch, users, actions]: action probabilities per user",
                             "value": value}}

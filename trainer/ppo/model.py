@@ -11,6 +11,7 @@ from torch import nn
 from collectors.resources import torch_threads
 from trainer.common import noise
 from trainer.common.moments import merged_moments
+from trainer.common.policy_layout import FLAT, PolicyLayout
 from trainer.common.spaces import action_heads
 from trainer.common.world import ALONE, World
 
@@ -142,15 +143,16 @@ class ActorCritic(nn.Module):
     ``torch.distributions`` object (no per-step validation); ``evaluate`` returns
     log-probs, entropies and values for PPO's loss. By default the actor and critic
     are separate MLPs, run together as one ``StackedMLP``; ``shared_trunk`` selects
-    one trunk for both heads instead. ``per_head=(f, c)``, for an
-    observation made of ``f`` features per action head followed by ``c`` shared ones
-    (VR-edge: one head per user), makes the actor one MLP shared by all heads, each
-    seeing its own features and the shared ones.
+    one trunk for both heads instead. A ``per_head`` ``layout``
+    (:class:`~trainer.common.policy_layout.PolicyLayout`: ``features`` per action head
+    followed by ``shared`` ones; VR-edge: one head per user) makes the actor one MLP shared
+    by all heads, each seeing its own features and the shared ones. ``layout`` is kept as
+    the model's: what export and evaluation read to know which policy this is.
     """
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: tuple[int, ...] = (64, 64),
                  shared_trunk: bool = False, normalize_obs: bool = True, seed: int = 0,
-                 per_head: tuple[int, int] | None = None) -> None:
+                 layout: PolicyLayout = FLAT) -> None:
         super().__init__()
         if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
             raise TypeError(f"ActorCritic needs a flat Box observation space, got {obs_space}")
@@ -164,13 +166,15 @@ class ActorCritic(nn.Module):
             self.nvec = heads.sizes
         torch.manual_seed(seed)
         n_obs = obs_space.shape[0]
-        self.per_head = _check_per_head(per_head, self, n_obs, shared_trunk)
+        self.layout = _check_layout(layout, self, n_obs, shared_trunk)
+        per_head = layout.kind == "per_head"
         self.norm = RunningNorm((n_obs,)) if normalize_obs else nn.Identity()
         n_out = self.nvec[0] if per_head else sum(self.nvec) if self.kind != "box" else self.act_dim
         self.nets = None if per_head or shared_trunk else StackedMLP(n_obs, hidden, outputs=((n_out, 0.01), (1, 1.0)))
         if self.nets is None:
             if per_head:  # the actor reads per-head rows, the critic the whole observation
-                self.actor_trunk, self.critic_trunk = _tanh_mlp(sum(per_head), hidden), _tanh_mlp(n_obs, hidden)
+                self.actor_trunk = _tanh_mlp(layout.features + layout.shared, hidden)
+                self.critic_trunk = _tanh_mlp(n_obs, hidden)
             else:
                 self.actor_trunk = self.critic_trunk = _tanh_mlp(n_obs, hidden)
             self.actor_head = _layer(hidden[-1], n_out, 0.01)
@@ -193,8 +197,8 @@ class ActorCritic(nn.Module):
     def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(actor output [B, n_out], value [B])``."""
         z = self.norm(obs.float())
-        if self.per_head:  # one actor shared by all heads: [its own features, the shared ones] -> its logits
-            f, c = self.per_head
+        if self.layout.kind == "per_head":  # one actor shared by all heads: [its own features, the shared ones]
+            f, c = self.layout.features, self.layout.shared
             b, k = z.shape[0], len(self.nvec)
             rows = torch.cat([z[:, :k * f].reshape(b, k, f), z[:, k * f:].unsqueeze(1).expand(b, k, c)], dim=-1)
             logits = self.actor_head(self.actor_trunk(rows)).reshape(b, -1)
@@ -268,6 +272,13 @@ class ActorCritic(nn.Module):
         """Probabilities ``[B, heads, max n]`` of the categorical heads (padding has probability 0)."""
         return self._grouped_log_probs(self._heads(obs)[0]).exp()
 
+    def exported(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(greedy action, probs [B, heads, max n], value [B])`` in one pass: what an exported file runs
+        (categorical heads only: ``trainer.ppo.export`` refuses a Box policy before it asks)."""
+        out, value = self._heads(obs)
+        logp = self._grouped_log_probs(out)
+        return self._shape_action(logp.argmax(-1)), logp.exp(), value
+
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(log_prob, entropy, value)`` of given actions, each ``[B]``, differentiable."""
         out, value = self._heads(obs)
@@ -281,20 +292,23 @@ class ActorCritic(nn.Module):
         return log_prob, entropy, value
 
 
-def _check_per_head(per_head, model: ActorCritic, n_obs: int, shared_trunk: bool) -> tuple[int, int] | None:
-    """Validate a per-head observation layout ``(features per head, shared features)``."""
-    if per_head is None:
-        return None
-    f, c = per_head
+def _check_layout(layout: PolicyLayout, model: ActorCritic, n_obs: int, shared_trunk: bool) -> PolicyLayout:
+    """``layout``, where this actor-critic can read it: flat, or per head (a set layout is
+    :class:`~trainer.ppo.set_model.SetActorCritic`'s)."""
+    if layout.kind == "set":
+        raise ValueError("a set layout is SetActorCritic's (trainer.ppo.set_model): ActorCritic's parameters fix "
+                         "the slot count")
+    if layout.kind == "flat":
+        return layout
     if model.kind != "multi" or len(set(model.nvec)) != 1:
         raise ValueError("a per-head actor needs a MultiDiscrete action space with equal heads")
-    if len(model.nvec) * f + c != n_obs:
-        raise ValueError(f"per-head layout ({f} per head x {len(model.nvec)} heads + {c} shared) does not match "
-                         f"the observation size {n_obs}")
+    if len(model.nvec) * layout.features + layout.shared != n_obs:
+        raise ValueError(f"per-head layout ({layout.features} per head x {len(model.nvec)} heads + {layout.shared} "
+                         f"shared) does not match the observation size {n_obs}")
     if shared_trunk:
         raise ValueError("shared_trunk is not available with a per-head actor (its critic reads the whole "
                          "observation)")
-    return int(f), int(c)
+    return layout
 
 
 def _normal_log_prob(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:

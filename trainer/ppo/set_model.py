@@ -10,27 +10,28 @@ import torch
 from torch import nn
 
 from trainer.common import noise
-from trainer.common.spaces import SetLayout, action_heads
+from trainer.common.policy_layout import PolicyLayout
+from trainer.common.spaces import action_heads
 from trainer.common.world import ALONE, World
 from trainer.ppo.model import RunningNorm, _layer, _tanh_mlp, orthogonal
 
 
-def split_observations(x: torch.Tensor, layout: SetLayout) -> tuple[torch.Tensor, torch.Tensor]:
+def split_observations(x: torch.Tensor, layout: PolicyLayout) -> tuple[torch.Tensor, torch.Tensor]:
     """``(users [B, U, F], cell [B, C])`` of flat observations ``[B, U * F + C]``; ``U`` is read from the width.
 
     Slices from the end and a ``-1`` reshape, not ``(width - C) // F``: a trace (TorchScript, ONNX) then keeps the
     slot count dynamic.
 
-    >>> users, cell = split_observations(torch.zeros(2, 3 * 7 + 4), SetLayout(7, 4, None))
+    >>> users, cell = split_observations(torch.zeros(2, 3 * 7 + 4), PolicyLayout("set", 7, 4))
     >>> users.shape, cell.shape
     (torch.Size([2, 3, 7]), torch.Size([2, 4]))
     """
-    f, c = layout.features, layout.cell
+    f, c = layout.features, layout.shared
     users = x[:, :-c] if c else x
     return users.reshape(x.shape[0], -1, f), x[:, x.shape[1] - c:] if c else x[:, :0]
 
 
-def active_users(users: torch.Tensor, layout: SetLayout) -> torch.Tensor:
+def active_users(users: torch.Tensor, layout: PolicyLayout) -> torch.Tensor:
     """``bool [B, U]``: which slots of raw user features ``[B, U, F]`` hold an active user (all, without a flag)."""
     if layout.active is None:
         return torch.ones(users.shape[:2], dtype=torch.bool, device=users.device)
@@ -43,18 +44,18 @@ class SetNorm(nn.Module):
     (float64 moments, merged across data-parallel ranks).
 
     Example (2 slots of 3 features, then 1 cell feature; slot 1 inactive, its flag at index 2):
-        >>> norm = SetNorm(SetLayout(3, 1, active=2))
+        >>> norm = SetNorm(PolicyLayout("set", 3, 1, active=2))
         >>> obs = torch.tensor([[4.0, 5.0, 1.0, 0.0, 0.0, 0.0, 9.0]])  # [B, U * F + C]
         >>> norm.update(obs)
         >>> round(norm.users.mean[0].item(), 3), norm(obs).shape  # slot 1's zeros are not counted
         (4.0, torch.Size([1, 7]))
     """
 
-    def __init__(self, layout: SetLayout, clip: float = 10.0) -> None:
+    def __init__(self, layout: PolicyLayout, clip: float = 10.0) -> None:
         super().__init__()
         self.layout = layout
         self.users = RunningNorm((layout.features,), clip)
-        self.cell = RunningNorm((layout.cell,), clip)
+        self.cell = RunningNorm((layout.shared,), clip)
 
     @torch.no_grad()
     def update(self, x: torch.Tensor, world: World = ALONE) -> None:
@@ -122,7 +123,7 @@ class SetActorCritic(nn.Module):
     actor head ``3H -> H -> levels``; critic ``2H + C -> H -> 1``.
 
     Example (4 slots, 2 of them active; the same weights act on 6 slots):
-        >>> layout = SetLayout(features=3, cell=2, active=2)
+        >>> layout = PolicyLayout("set", features=3, shared=2, active=2)
         >>> obs_space = gym.spaces.Box(0, 1, (4 * 3 + 2,))
         >>> ac = SetActorCritic(obs_space, gym.spaces.MultiDiscrete([5] * 4), layout, seed=0)
         >>> obs = torch.zeros(8, 4 * 3 + 2); obs[:, [2, 5]] = 1.0  # users 0 and 1 active
@@ -135,12 +136,12 @@ class SetActorCritic(nn.Module):
 
     kind = "multi"  # what ExportedPolicy and the trainer ask of an actor-critic
 
-    def __init__(self, obs_space: gym.Space, act_space: gym.Space, layout: SetLayout,
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, layout: PolicyLayout,
                  hidden: tuple[int, ...] = (64, 64), normalize_obs: bool = True, seed: int = 0) -> None:
         super().__init__()
-        self.layout = SetLayout(*layout)
-        self.levels = _check_set_spaces(obs_space, act_space, self.layout)
-        f, c, h = self.layout.features, self.layout.cell, hidden[-1]
+        self.levels = _check_set_spaces(obs_space, act_space, layout)
+        self.layout = layout
+        f, c, h = layout.features, layout.shared, hidden[-1]
         torch.manual_seed(seed)
         self.norm = SetNorm(self.layout) if normalize_obs else nn.Identity()
         # the actor's and the critic's encoders stacked: half the ops of two (see StackedMLP)
@@ -236,17 +237,17 @@ def _masked_log_prob(logp: torch.Tensor, action: torch.Tensor, active: torch.Ten
     return torch.where(active, logp.gather(-1, action[..., None])[..., 0], 0.0).sum(-1)
 
 
-def _check_set_spaces(obs_space: gym.Space, act_space: gym.Space, layout: SetLayout) -> int:
+def _check_set_spaces(obs_space: gym.Space, act_space: gym.Space, layout: PolicyLayout) -> int:
     """The levels of each user's head; ``ValueError`` where the spaces do not fit a set policy with ``layout``."""
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         raise TypeError(f"SetActorCritic needs a flat Box observation space, got {obs_space}")
     heads = action_heads(act_space)
     if heads is None or heads.kind != "multi" or len(set(heads.sizes)) != 1:
         raise ValueError(f"a set policy needs a MultiDiscrete action space with equal heads, got {act_space}")
-    f, c, active = layout
-    if f < 1 or c < 0 or len(heads.sizes) * f + c != obs_space.shape[0]:
+    if layout.kind != "set":
+        raise ValueError(f"SetActorCritic reads a set layout, got {layout} (ActorCritic reads flat and per-head ones)")
+    f, c = layout.features, layout.shared
+    if len(heads.sizes) * f + c != obs_space.shape[0]:
         raise ValueError(f"set layout ({f} per user x {len(heads.sizes)} users + {c} cell) does not match the "
                          f"observation size {obs_space.shape[0]}")
-    if active is not None and not 0 <= active < f:
-        raise ValueError(f"active_user_feature {active} is not one of a user's {f} features")
     return heads.sizes[0]
