@@ -356,9 +356,9 @@ def summary_line(summary: dict[str, Any]) -> str:
     """A round's outcome in words, one line: what was labelled, and whether it was kept and why."""
     d, (agree_before, agree_after) = summary["difference"], summary["agreement"]
     on = counted(d["episodes"], "validation episode")
-    change = (f"{d['mean']:+.4f} ± {d['ci95']:.4f} {summary['score_label']} (95% CI) on {on}, "
-              "after minus before")
-    what = (f"{summary['expert']}'s actions on {summary['states']:,} states of {counted(summary['episodes'], 'episode')}; "
+    change = f"{d['mean']:+.4f} ± {d['ci95']:.4f} {summary['score_label']} (95% CI) on {on}, after minus before"
+    episodes = counted(summary["episodes"], "episode")
+    what = (f"{summary['expert']}'s actions on {summary['states']:,} states of {episodes}; "
             f"agreement {agree_before:.2f} -> {agree_after:.2f}")
     if summary["kept"]:
         return f"{what}; kept as {Path(summary['checkpoint']).name}: it scores no lower, {change}"
