@@ -226,10 +226,8 @@ def _searched_first_levels(cfg: VREdgeConfig, buffer: np.ndarray, last: np.ndarr
         kept = bound >= reach[user]
         user, first, prev, buf, value = user[kept], first[kept], level[kept], grown[kept], total[kept]
     starts = np.flatnonzero(np.r_[True, user[1:] != user[:-1]]) if len(user) else np.empty(0, np.int64)
-    if len(starts) != n:  # a score that is not a number dropped a user's every plan
-        return None
-    best = np.maximum.reduceat(total, starts)
-    if np.isnan(best).any():
+    best = np.maximum.reduceat(total, starts) if len(starts) == n else None  # (else: a NaN dropped a user's plans)
+    if best is None or np.isnan(best).any():  # a score that is not a number: enumerate
         return None
     tied = total >= (best - _TIE)[user]
     return np.minimum.reduceat(np.where(tied, first, levels), starts)
