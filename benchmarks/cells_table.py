@@ -178,7 +178,7 @@ def _check_cells_fit(args: argparse.Namespace, cfg: TrainConfig, cells: list[Cel
     from trainer.run_layout import memory_available
 
     asked = ",".join(dict.fromkeys(str(c.users) for c in cells))
-    check_cells_fit(asked, kwargs, args.jobs * min(args.episodes, EPISODE_BATCH), memory_available(),
+    check_cells_fit(cfg.env, asked, kwargs, args.jobs * min(args.episodes, EPISODE_BATCH), memory_available(),
                     widest_layer=max(cfg.hidden_sizes), fewer_with="--jobs or --episodes")
 
 
@@ -238,7 +238,7 @@ def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -
         cfg = _stored_config(p, run)
         if cfg.env != "VREdge-v0":
             p.error(f"{run}: trained on {cfg.env}; cells_table plays runs of a VR-edge cell recipe (VREdge-v0)")
-        recipes[run] = held_out_env_kwargs(cfg.env_options, "")
+        recipes[run] = held_out_env_kwargs(cfg.env, cfg.env_options)
         try:
             check_vr_edge(cfg, cells)  # the model's shape, not its weights, says which slots it acts on
             trained = envs.VREdgeConfig(**recipes[run])

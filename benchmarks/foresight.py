@@ -121,11 +121,11 @@ def _policy(parser: OneLineParser, args: Any) -> tuple[Any, dict[str, Any]]:
         parser.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
     from trainer.evaluation.policies import trained_model
 
-    model, cfg, source = trained_model(args.checkpoint, args.pick, held_out_env_kwargs({}, given))
+    model, cfg, source = trained_model(args.checkpoint, args.pick, held_out_env_kwargs("VREdge-v0", {}, given))
     if cfg.env != "VREdge-v0":
         parser.error(f"--checkpoint {args.checkpoint}: trained on {cfg.env}; the foresight curve is VREdge-v0's")
     print(f"loaded {source}", file=sys.stderr)
-    return policy_actions(model, deterministic=True), held_out_env_kwargs(cfg.env_options, given)
+    return policy_actions(model, deterministic=True), held_out_env_kwargs(cfg.env, cfg.env_options, given)
 
 
 def _config(parser: OneLineParser, env_kwargs: dict[str, Any]) -> envs.VREdgeConfig:

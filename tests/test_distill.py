@@ -49,7 +49,7 @@ def test_the_labelled_episodes_are_none_of_trainings_validations_or_tests():
 
 def test_each_state_the_policy_visits_is_labelled_with_what_the_expert_plays_there(small_run):
     model = trained_model(small_run)[0]
-    labels = distill.expert_labels(model, SMALL, episodes=3, seed=0)
+    labels = distill.expert_labels(model, "VREdge-v0", SMALL, episodes=3, seed=0)
     assert labels.observations.shape[0] == 36 and labels.levels.shape == (36, 2)  # 3 episodes of 12 steps
     # the same observations in the same order to a fresh expert: the same levels (it reads observations only)
     expert = BeliefMPC(envs.VREdgeConfig(**SMALL))
@@ -69,7 +69,7 @@ def test_each_state_the_policy_visits_is_labelled_with_what_the_expert_plays_the
 
 def test_fine_tuning_moves_the_actor_toward_the_levels_and_leaves_the_critic(small_run):
     model = trained_model(small_run)[0]
-    labels = distill.expert_labels(model, SMALL, episodes=4, seed=0)
+    labels = distill.expert_labels(model, "VREdge-v0", SMALL, episodes=4, seed=0)
     obs = labels.observations
     value_before, agree_before = model.value(obs).clone(), distill._agreement(model, labels)
     buffers = {k: v.clone() for k, v in model.named_buffers()}
@@ -86,7 +86,7 @@ def test_a_distillation_that_scores_lower_on_validation_is_not_kept(small_run, m
     before = {k: v.clone() for k, v in model.state_dict().items()}
     scores = iter([[{"reward_per_step": 0.5}] * 4, [{"reward_per_step": 0.4}] * 4])  # before, after
     monkeypatch.setattr(distill, "validation_score", lambda *a, **k: next(scores))
-    summary = distill.distilled(model, SMALL, 1, distill.DistillSettings(episodes=2, epochs=5, lr=1e-2,
+    summary = distill.distilled(model, "VREdge-v0", SMALL, 1, distill.DistillSettings(episodes=2, epochs=5, lr=1e-2,
                                                                          validation_episodes=4), 0.5)
     assert not summary["kept"] and summary["difference"]["mean"] == pytest.approx(-0.1)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

@@ -291,7 +291,7 @@ def test_a_flat_folder_replays_as_before_under_the_auto_split(tmp_path):
 
 
 def test_evaluation_plays_a_given_folder_whole_and_a_split_set_on_its_test_folder(tmp_path):
-    from trainer.evaluation import held_out_env_kwargs
+    from envs.vr_edge_profile import held_out_arguments as held_out_env_kwargs  # (VR-edge's profile: its rule)
     write_traces(tmp_path / "flat", files=5, seconds=10)
     flat = str(tmp_path / "flat")
     trained = {"capacity_trace": flat, "trace_split": "train"}

@@ -233,9 +233,11 @@ def _check_one_env(parser: OneLineParser, loaded: dict[Path, LoadedRun]) -> Load
 
 
 def _default_curve(env: str) -> str:
-    """What the learning curves show where --curve says nothing: VR-edge's score, its reward per step; elsewhere the
-    episode return (CartPole's reward is 1 at every step: its return is what learning changes)."""
-    return "reward_per_step" if env == "VREdge-v0" else "episode_return"
+    """What the learning curves show where --curve says nothing: the column the env's profile names (VR-edge: its
+    score, the reward per step); elsewhere the episode return (CartPole's reward is 1 at every step: its return is
+    what learning changes)."""
+    from envs.profiles import profile_of
+    return profile_of(env).curve
 
 
 def _curves(groups: list[_Group], metric: str) -> dict[str, dict[str, Any]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from collectors.backend_names import BACKENDS
+from envs.profiles import profile_of
 from envs.settings import FORMER_NAMES, ConfigError, check_limits, did_you_mean, flag_name, limits_of, setting
 from trainer.algorithm import AlgorithmSpec
 from trainer.registry import ALGORITHMS, algorithm_spec, default_settings, owners, reads, settings_class
@@ -194,8 +195,8 @@ class TrainConfig:
         spec.check_config(self)
 
     def _check_env_kwargs(self) -> None:
-        """``env_kwargs``: its syntax, and for VR-edge every argument's name and value (a typo would otherwise
-        surface as a TypeError from deep inside gym.make)."""
+        """``env_kwargs``: its syntax, and where the env's profile declares its arguments every one's name and value
+        (a typo would otherwise surface as a TypeError from deep inside gym.make)."""
         try:
             options = self.env_options
         except ValueError as e:
@@ -203,27 +204,18 @@ class TrainConfig:
         if "render_mode" in options:
             raise ConfigError("env_kwargs", self.env_kwargs, message="--env-kwargs render_mode: training renders "
                               "no env (they step in batches, in this process or in workers); drop it")
-        if self.env != "VREdge-v0":
-            return
-        from envs import VREdgeConfig
-        from envs.traces import TraceNotFoundError
-        from envs.vr_edge import torch_env_refusal
         known = env_argument_defaults(self.env)
+        if not known:  # an env whose arguments are not declared: gym.make checks them
+            return
         unknown = sorted(set(options) - set(known))
         if unknown:
-            raise ConfigError("env_kwargs", self.env_kwargs, message=f"--env-kwargs: VR-edge has no argument "
+            raise ConfigError("env_kwargs", self.env_kwargs, message=f"--env-kwargs: {self.env} has no argument "
                               f"{', '.join(unknown)}{did_you_mean(unknown, known)}; its arguments are "
                               f"{', '.join(known)}")
-        if self.backend == "device" and (why := torch_env_refusal(**options)):  # before traces are read
-            raise ConfigError("env_kwargs", self.env_kwargs, message=f"--backend device: {why}")
-        try:  # every value too (types, ranges, traces): a one-line error now, not one from inside gym.make
-            VREdgeConfig(**options)
-        except TraceNotFoundError as e:
-            raise ConfigError("env_kwargs", self.env_kwargs, message=f"--env-kwargs: {e} (traces that moved: "
-                              "--env-kwargs capacity_trace=NEW_DIR or user_traces=NEW_DIR with --resume, "
-                              "--capacity-trace NEW_DIR with trainer.evaluate)") from None
-        except ValueError as e:  # VR-edge names the argument and its rule
-            raise ConfigError("env_kwargs", self.env_kwargs, message=f"--env-kwargs: {e}") from None
+        try:  # every value too (types, ranges, files): a one-line error now, not one from inside gym.make
+            profile_of(self.env).check_arguments(options, self.backend)
+        except ValueError as e:  # the profile names the argument and its rule
+            raise ConfigError("env_kwargs", self.env_kwargs, message=str(e)) from None
 
     @property
     def env_options(self) -> dict[str, Any]:
@@ -404,11 +396,8 @@ def format_env_kwargs(options: dict[str, Any]) -> str:
 
 
 def env_argument_defaults(env: str) -> dict[str, Any]:
-    """The env's constructor arguments and their defaults, where they are known (VR-edge's); ``{}`` for others."""
-    if env != "VREdge-v0":
-        return {}
-    from envs import VREdgeConfig
-    return VREdgeConfig().to_dict()
+    """The env's constructor arguments and their defaults, where its profile declares them; ``{}`` for others."""
+    return profile_of(env).arguments()
 
 
 _UNSET = object()  # an argument neither the run nor the env's defaults set

@@ -183,7 +183,7 @@ def _add_env_flags(p: OneLineParser) -> None:
                         "drops the run's); only arguments that keep the observation and action shapes")
 
 
-def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> list[str]:
+def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> list[str] | None:
     """The baselines asked for, once what needs no checkpoint is checked: a mistake is a usage error, answered at
     once, before torch loads."""
     _check_numbers(parser, args)
@@ -259,7 +259,7 @@ class _Setup(NamedTuple):
     cells: list[Cell]  # the (users, churn) pairs asked for (--users, --churn); none: the run's own cell
 
 
-def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: list[str]) -> _Setup:
+def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: list[str] | None) -> _Setup:
     """The checkpoint's policy and what it is played against; what the checkpoint cannot do with these flags is a
     usage error, a checkpoint or config that does not load a ``ValueError`` (``CheckpointError``)."""
     import functools
@@ -269,6 +269,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     import checkpoints
     import envs
     from envs.belief import filter_refusal
+    from envs.profiles import profile_of, profiled_envs
     from envs.traces import TRACE_ARGUMENTS
     from trainer.evaluation import held_out_env_kwargs
     from trainer.evaluation.policies import picked_checkpoint, policy_from_state, sampling_refused
@@ -277,24 +278,27 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     source, state, which = picked_checkpoint(args.checkpoint, args.pick)
     sha256 = checkpoints.content_hash(source)  # right after the load: the weights evaluated (the path may change)
     trained_on = state.get("config", {}).get("env")
-    traced = sorted(TRACE_ARGUMENTS & args.given.keys())
-    if traced and trained_on != "VREdge-v0":  # before building the env with traces it cannot take
+    traced = sorted((TRACE_ARGUMENTS - profile_of(trained_on).trace_arguments) & args.given.keys())
+    if traced:  # before building the env with traces it cannot take
         flags = {"--capacity-trace": args.capacity_trace, "--trace-split": args.trace_split}
         flag = next((f for f, given in flags.items() if given), f"--env-kwargs {traced[0]}")
-        parser.error(f"{flag} applies to VREdge-v0, not {trained_on} ({source}); drop it")
+        parser.error(f"{flag} applies to {', '.join(profiled_envs('trace_arguments'))}, not {trained_on} ({source}); "
+                     "drop it")
     # the given arguments, traces with the split they are played with (a file: all of it), not the run's own split
-    model, cfg = policy_from_state(state, source, held_out_env_kwargs({}, args.given))  # the run's traces may be gone
+    model, cfg = policy_from_state(state, source, held_out_env_kwargs(trained_on, {}, args.given))  # (traces gone?)
     if not args.deterministic and (refused := sampling_refused(cfg, source)):
         parser.error(f"--stochastic: {refused}; drop --stochastic")
     if args.env and args.env != cfg.env:
         parser.error(f"--env {args.env}: {source} was trained on {cfg.env}")
-    vr_edge = cfg.env == "VREdge-v0"
-    names = asked_baselines if vr_edge else []  # the baselines are VR-edge's
-    if asked_baselines and not vr_edge and args.baselines != "all":  # named ones: say why none is played
-        print(f"note: --baselines are VR-edge's; {cfg.env} has none, so the policy is evaluated alone",
-              file=sys.stderr)
-    env_kwargs = held_out_env_kwargs(cfg.env_options, args.given)
-    vr_config = envs.VREdgeConfig(**env_kwargs) if vr_edge else None  # a bad trace fails here, at once
+    profile = profile_of(cfg.env)
+    names = list(profile.baselines) if asked_baselines is None else asked_baselines
+    if other := [n for n in names if n not in profile.baselines]:  # another env's: say why they are not played
+        print(f"note: {cfg.env} has no baseline {', '.join(other)}"
+              + (f" (its baselines: {', '.join(profile.baselines)})" if profile.baselines else "")
+              + ", so it is not played", file=sys.stderr)
+        names = [n for n in names if n in profile.baselines]
+    env_kwargs = held_out_env_kwargs(cfg.env, cfg.env_options, args.given)
+    vr_config = envs.VREdgeConfig(**env_kwargs) if profile.cells else None  # a bad trace fails here, at once
     if vr_config is not None and "belief" in (args.reference or ()) and (refused := filter_refusal(vr_config)):
         parser.error(f"--reference belief: {refused}; drop belief")
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
@@ -339,7 +343,7 @@ def _check_cells_fit(args: argparse.Namespace, cfg: TrainConfig, cells: list[Cel
 
     biggest = max(cells, key=lambda c: most_users(c.users))
     asked = ",".join(dict.fromkeys(str(c.users) for c in cells))
-    check_cells_fit(asked, cell_env_kwargs(vr_config.to_dict(), slots, biggest, vr_config.masked),
+    check_cells_fit(cfg.env, asked, cell_env_kwargs(vr_config.to_dict(), slots, biggest, vr_config.masked),
                     rows_at_once(args.episodes, names, args.reference or ()), memory_available(),
                     widest_layer=max(cfg.hidden_sizes), policy_rows=min(args.episodes, EPISODE_BATCH))
 
@@ -523,18 +527,21 @@ def _asked_references(parser: OneLineParser, spec: str) -> tuple[str, ...]:
     return names
 
 
-def _asked_baselines(parser: OneLineParser, spec: str) -> list[str]:
-    """The baselines ``--baselines`` names (``all``, ``none`` or a comma-separated list); an unknown name is a
-    usage error."""
-    from envs import BASELINES
+def _asked_baselines(parser: OneLineParser, spec: str) -> list[str] | None:
+    """The baselines ``--baselines`` names (``none``, a comma-separated list; ``None`` for ``all``: every baseline
+    of the env played, known once the checkpoint is); a name no env's profile declares is a usage error."""
+    from envs.profiles import profiled_baselines
 
     if spec in ("", "none"):
         return []
-    names = list(BASELINES) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in BASELINES]
+    if spec == "all":
+        return None
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    known = profiled_baselines()
+    unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"--baselines={spec!r} is invalid: unknown {', '.join(unknown)}; use all, none or names "
-                     f"from {', '.join(BASELINES)}{did_you_mean(unknown, BASELINES)}")
+                     f"from {', '.join(known)}{did_you_mean(unknown, known)}")
     return names
 
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from envs.profiles import EnvSizes, profile_of
 from envs.settings import ConfigError
-from envs.traces import TRACE_ARGUMENTS
-from envs.vr_edge import MEMORY_ARGUMENTS, VREdgeConfig
 from trainer.arguments import counted
 from trainer.common.devices import learner_device
 from trainer.common.spaces import action_heads, model_spaces
@@ -32,10 +30,10 @@ def check_memory(cfg: TrainConfig, machine: Machine) -> None:
 
 
 def _env_sizes(cfg: TrainConfig) -> EnvSizes:
-    """What one env of the run holds, in bytes: VR-edge's from its arguments (nothing is built: its observation may
-    be what does not fit), any other env's from the spaces of one built."""
-    if cfg.env == "VREdge-v0":
-        return vr_edge_sizes(VREdgeConfig(**cfg.env_options))
+    """What one env of the run holds, in bytes: from its arguments where its profile says how (nothing is built: its
+    observation may be what does not fit), else from the spaces of one built."""
+    if (sizes := profile_of(cfg.env).sizes) is not None:
+        return sizes(cfg.env_options)
     observations, actions, _ = model_spaces(cfg)
     observation = observations.dtype.itemsize * math.prod(observations.shape)
     heads = action_heads(actions)
@@ -45,35 +43,30 @@ def _env_sizes(cfg: TrainConfig) -> EnvSizes:
     return EnvSizes(observation, action, scores=sum(heads.sizes))
 
 
-def vr_edge_sizes(vr: VREdgeConfig) -> EnvSizes:
-    """What one VR-edge env of ``vr`` holds, in bytes, from its arguments alone (nothing is built)."""
-    observation = 4 * vr.obs_dim  # float32
-    return EnvSizes(observation, action=8 * vr.num_users, scores=vr.num_users * vr.num_levels,
-                    own=vr.state_bytes + 2 * observation, scaled_by=MEMORY_ARGUMENTS)  # (+ its space's bounds)
-
-
-def check_cells_fit(asked: str, env_kwargs: dict[str, Any], envs_at_once: int, available: int | None,
+def check_cells_fit(env: str, asked: str, env_kwargs: dict[str, Any], envs_at_once: int, available: int | None,
                     widest_layer: int = 0, fewer_with: str = "--episodes", policy_rows: int | None = None) -> None:
-    """Raise :class:`ConfigError` (``--users``, given as ``asked``) where ``envs_at_once`` VR-edge envs of
-    ``env_kwargs`` (the cells' arguments, their ``num_users`` slots the most of them), and a policy acting on each
-    user slot whose widest layer has ``widest_layer`` units (a float32 output each, for every slot of the
-    ``policy_rows`` envs it acts on at once; ``None``: every env), would need more than ``available`` bytes of
-    memory (``None``: not known, and not checked); the error names the most users that fit and ``fewer_with``, the
-    flag that plays fewer envs at once. Only what the envs, their observations and the policy's scores hold is
-    counted besides (not the episodes' records, nor the interpreter): an evaluation refused would not have fitted,
-    and it is refused before anything is built (``trainer.evaluate --users 100000000`` was an allocation error once
-    the policy had loaded).
+    """Raise :class:`ConfigError` (``--users``, given as ``asked``) where ``envs_at_once`` envs of ``env`` (one with
+    cells of users: VR-edge) and ``env_kwargs`` (the cells' arguments, their ``num_users`` slots the most of them),
+    and a policy acting on each user slot whose widest layer has ``widest_layer`` units (a float32 output each, for
+    every slot of the ``policy_rows`` envs it acts on at once; ``None``: every env), would need more than
+    ``available`` bytes of memory (``None``: not known, and not checked); the error names the most users that fit
+    and ``fewer_with``, the flag that plays fewer envs at once. Only what the envs, their observations and the
+    policy's scores hold is counted besides (not the episodes' records, nor the interpreter): an evaluation refused
+    would not have fitted, and it is refused before anything is built (``trainer.evaluate --users 100000000`` was
+    an allocation error once the policy had loaded).
 
-    >>> check_cells_fit("2,100000000", {"num_users": 100_000_000}, envs_at_once=16, available=64 << 30)
+    >>> check_cells_fit("VREdge-v0", "2,100000000", {"num_users": 100_000_000}, envs_at_once=16, available=64 << 30)
     Traceback (most recent call last):
     ...
     envs.settings.ConfigError: --users 2,100000000: cells of 100,000,000 user slots would need at least 256.3 GiB \
 of memory, more than the 64.0 GiB available here (16 envs at once, 17,200,000,157 bytes each); at most 24,970,739 \
 users fit (a lower --episodes plays fewer envs at once)
     """
+    profile = profile_of(env)
+
     def needed(users: int) -> int:  # (every slot active, no traces: what any cell of these slots holds at least)
-        untraced = {k: v for k, v in env_kwargs.items() if k not in TRACE_ARGUMENTS}
-        env = vr_edge_sizes(VREdgeConfig(**{**untraced, "num_users": users, "users": users}))
+        untraced = {k: v for k, v in env_kwargs.items() if k not in profile.trace_arguments}
+        env = profile.sizes({**untraced, "num_users": users, "users": users})
         acting = envs_at_once if policy_rows is None else min(policy_rows, envs_at_once)
         return envs_at_once * (env.observation + env.action + env.per_env) + acting * 4 * widest_layer * users
 
@@ -137,22 +130,6 @@ copies, and 1,225 bytes per env besides); at most 1,920,824 steps fit with --num
     raise ConfigError("num_envs", cfg.num_envs, f"{why}; " + (
         f"at most {most:,} envs fit with --num-steps {cfg.num_steps}" if most else
         f"not one env fits with --num-steps {cfg.num_steps}: lower both"))
-
-
-@dataclass(frozen=True)
-class EnvSizes:
-    """What one env of a run holds, in bytes, for the memory the run needs (:func:`memory_needed`)."""
-
-    observation: int  # one observation
-    action: int  # one action, as the policy returns it
-    scores: int  # the numbers a policy scores one env's actions with (float32 each): the actions of all its heads
-    own: int = 0  # what the env holds itself (its state, its spaces' bounds), where it says
-    scaled_by: tuple[str, ...] = ()  # the env's arguments that scale these
-
-    @property
-    def per_env(self) -> int:
-        """Bytes per env besides the rollout: the env's own and the policy's scores."""
-        return self.own + 4 * self.scores
 
 
 def rollout_step_bytes(env: EnvSizes) -> int:

@@ -56,5 +56,5 @@ def _quality(run_dir: Path, checkpoint: Path) -> str:
 
     model, cfg, _ = trained_model(checkpoint)
     if cfg.eval_every and (best := checkpoints.best_info(run_dir)):
-        return best_quality_line(best, cfg.eval_episodes)
+        return best_quality_line(cfg.env, best, cfg.eval_episodes)
     return quality_line(final_validation(cfg, model)) if cfg.eval_episodes else ""

@@ -24,11 +24,11 @@ import numpy as np
 import psutil
 import torch
 
-import envs
 from collectors import watchdog
 from collectors.processes import start_method_of
 from collectors.resources import async_workers, cgroup_memory_available, largest_divisor_at_most, usable_cores
 from collectors.seeding import env_seeds
+from envs.profiles import profile_of, profiled_envs
 from envs.settings import ConfigError
 from trainer.arguments import counted
 from trainer.common.devices import compile_unavailable, learner_device
@@ -36,9 +36,6 @@ from trainer.common.spaces import check_env_id
 from trainer.common.world import ALONE, World
 from trainer.config import TrainConfig, format_env_kwargs
 from trainer.registry import algorithm_spec
-
-VECTOR_ENVS = {"VREdge-v0": envs.VREdgeVectorEnv}  # natively batched: one vector env per process or actor
-TORCH_ENVS = {"VREdge-v0": envs.VREdgeTorchEnv}  # written in torch: --backend device steps them on the learner's device
 
 
 def memory_available() -> int:
@@ -148,10 +145,11 @@ class RunLayout:
     def env_factories(self) -> list[Callable[[], Any]]:
         """Picklable zero-argument factories, one per entry of ``factory_envs``."""
         if self.backend == "device":
-            return [functools.partial(TORCH_ENVS[self.env], self.num_envs, compile=self.acting_compile,
-                                      **self.env_kwargs)]
-        if self.vectorized:
-            return [functools.partial(VECTOR_ENVS[self.env], n, **self.env_kwargs) for n in self.factory_envs]
+            return [functools.partial(profile_of(self.env).torch_env_class(), self.num_envs,
+                                      compile=self.acting_compile, **self.env_kwargs)]
+        if self.vectorized:  # natively batched: one vector env per process or actor
+            batched = profile_of(self.env).vector_env_class()
+            return [functools.partial(batched, n, **self.env_kwargs) for n in self.factory_envs]
         return [functools.partial(gym.make, self.env, **self.env_kwargs)] * len(self.factory_envs)
 
     def collector_seed(self, seed: int) -> int | list[int]:
@@ -318,7 +316,7 @@ def run_layout(cfg: TrainConfig, machine: Machine, world: World = ALONE) -> RunL
     # the algorithm decides whether its Ray actors keep collecting while it learns (IMPALA's and Ape-X's do)
     keep_collecting = cfg.backend == "ray" and algorithm_spec(cfg.algo).keep_collecting(cfg)
     _check_torch_env(cfg)
-    vectorized = cfg.env in VECTOR_ENVS and cfg.backend != "serial"
+    vectorized = bool(profile_of(cfg.env).vector_env) and cfg.backend != "serial"
     notes += _ray_settings_ignored(cfg)
     # --overlap: the collecting process (and its workers) keep collecting while this one learns,
     # so collection gets the cores but one, and learning the cores collection leaves
@@ -441,12 +439,13 @@ def _check_torch_env(cfg: TrainConfig) -> None:
     settings it can run (checked here, before any write)."""
     if cfg.backend != "device":
         return
-    if cfg.env not in TORCH_ENVS:
+    torch_env = profile_of(cfg.env).torch_env_class()
+    if torch_env is None:
         raise ConfigError("backend", cfg.backend,
                           message=f"--backend device needs an env written in torch; {cfg.env} has none (these do: "
-                                  f"{', '.join(TORCH_ENVS)}): use --backend sync or async")
+                                  f"{', '.join(profiled_envs('torch_env'))}): use --backend sync or async")
     try:
-        TORCH_ENVS[cfg.env](1, **cfg.env_options)
+        torch_env(1, **cfg.env_options)
     except ValueError as e:
         raise ConfigError("env_kwargs", cfg.env_kwargs, message=f"--backend device: {e}") from None
 

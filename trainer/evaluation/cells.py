@@ -41,6 +41,7 @@ from torch import nn
 import envs
 from envs.belief_mpc import BeliefMPC
 from envs.planner import ClairvoyantPlanner
+from envs.profiles import profile_of, profiled_envs
 from envs.settings import ConfigError
 from trainer.arguments import most_users
 from trainer.config import TrainConfig
@@ -91,7 +92,8 @@ def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.
     references = references_of(reference) if vr_config is not None else ()
     baselines = list(names) + ([CEILING_BASE] if BELIEF in references and CEILING_BASE not in names else [])
     seeds = evaluation_seeds(seed, episodes)
-    players = [Player(act, seeds, EPISODE_BATCH)] + [Player(envs.make_baseline(n, vr_config), seeds) for n in baselines]
+    made = profile_of(env_fn.args[0]).baselines  # (env_fn: gym.make's partial, of the env's id and arguments)
+    players = [Player(act, seeds, EPISODE_BATCH)] + [Player(made[n](env_fn.keywords), seeds) for n in baselines]
     played = dict(zip([label, *baselines], play_together(players, env_fn)))
     if REFERENCE in references:
         played[REFERENCE] = clairvoyant_records(vr_config, env_fn, episodes, seed)
@@ -150,7 +152,8 @@ def compare_contenders(played: dict[str, Records], label: str, names: Sequence[s
     with_qoe = all("qoe_lin" in r for records in played.values() for r in records)
     paired_qoe = {name: paired_difference(played[label], played[name], "qoe_lin") for name in compared} \
         if with_qoe else {}
-    best, _ = best_baseline(list(names), vr_config, env_fn, validation_seeds(run_seed, SELECTION_EPISODES))
+    best, _ = best_baseline(env_fn.args[0], list(names), env_fn.keywords, env_fn,
+                            validation_seeds(run_seed, SELECTION_EPISODES))
     gap = gap_closed(played[label], played[best], played[REFERENCE]) if REFERENCE in played and best else None
     return Comparison(results, paired, best, gap, paired_qoe, *ceiling_figures(played, label))
 
@@ -222,10 +225,11 @@ def cell_slots(model: nn.Module, cfg: TrainConfig, trained: envs.VREdgeConfig, c
 
 
 def check_vr_edge(cfg: TrainConfig, cells: Sequence[Cell]) -> None:
-    """A :class:`envs.settings.ConfigError` unless ``cfg``'s env is VR-edge, the env whose cells have users."""
-    if cfg.env != "VREdge-v0":
+    """A :class:`envs.settings.ConfigError` unless ``cfg``'s env has cells of users (its profile says)."""
+    if not profile_of(cfg.env).cells:
         raise ConfigError("users", ",".join(str(c.users) for c in cells),
-                          message=f"--users and --churn apply to VREdge-v0, not {cfg.env}; drop them")
+                          message=f"--users and --churn apply to {', '.join(profiled_envs('cells'))}, not {cfg.env}; "
+                                  "drop them")
 
 
 def cell_env_kwargs(env_kwargs: dict[str, Any], slots: int, cell: Cell, masked: bool) -> dict[str, Any]:
@@ -282,7 +286,7 @@ def evaluate_cells(model: nn.Module, cfg: TrainConfig, users: Sequence[int | str
     episodes for each (users, churn) pair (:func:`play_cells`), one :func:`cell_entry` per pair, users first;
     ``env_kwargs`` in place of the run's own held-out ones. What ``trainer.evaluate --users --churn --json`` lists
     as ``cells``; a :class:`envs.settings.ConfigError` where the policy cannot act on the cells."""
-    kwargs = held_out_env_kwargs(cfg.env_options, "") if env_kwargs is None else env_kwargs
+    kwargs = held_out_env_kwargs(cfg.env, cfg.env_options) if env_kwargs is None else env_kwargs
     label = f"policy ({'greedy' if deterministic else 'stochastic'})"
     results = play_cells(model, cfg, cells_of(users, churns), kwargs, label, list(baselines), episodes, seed,
                          reference, deterministic)

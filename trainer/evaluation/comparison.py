@@ -14,6 +14,7 @@ import numpy as np
 from torch import nn
 
 import checkpoints
+from envs.profiles import profile_of
 from trainer.config import TrainConfig
 from trainer.evaluation import aggregate
 from trainer.evaluation.episodes import Records, held_out_env_kwargs, policy_actions, run_episodes
@@ -61,7 +62,7 @@ def load_run(run: Path, pick: str) -> LoadedRun:
     sha256 = checkpoints.content_hash(picked.source)  # right after the load: the weights played (the path may change)
     model, cfg = policy_from_state(picked.state, picked.source)
     return LoadedRun(run, picked.source, sha256, picked.label, int(picked.state.get("env_steps", 0)), model, cfg,
-                     held_out_env_kwargs(cfg.env_options, ""))
+                     held_out_env_kwargs(cfg.env, cfg.env_options))
 
 
 def play(run: LoadedRun, episodes: int, seed: int) -> Records:
@@ -72,9 +73,10 @@ def play(run: LoadedRun, episodes: int, seed: int) -> Records:
 
 
 def score_keys(env: str) -> tuple[str, ...]:
-    """What a run on ``env`` is scored by, each the mean over its episodes: the return, and on VR-edge also the
-    reward per step (its score in ``trainer.evaluate`` and validation)."""
-    return ("return", "reward_per_step") if env == "VREdge-v0" else ("return",)
+    """What a run on ``env`` is scored by, each the mean over its episodes: the return, and the env's own score
+    where its profile declares another (VR-edge: the reward per step, its score in ``trainer.evaluate`` and
+    validation)."""
+    return tuple(dict.fromkeys(("return", profile_of(env).score)))
 
 
 def scores_of(played: list[Records], key: str) -> np.ndarray:

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from collectors.resources import torch_threads
+from envs.profiles import profile_of
 from trainer.evaluation.statistics import jain_index
-from trainer.run_layout import VECTOR_ENVS
 
 Act = Callable[[np.ndarray], np.ndarray]
 Records = list[dict[str, float]]  # one per episode (run_episodes)
@@ -197,15 +197,15 @@ def _single_records(act: Callable[..., np.ndarray], env_fn: Callable[[], gym.Env
 
 def native_vector_env(env_fn: Callable[[], gym.Env]) -> Callable[..., gym.vector.VectorEnv] | None:
     """``make(num_envs=n)``: ``n`` of ``env_fn``'s envs natively batched, where ``env_fn`` is ``gym.make`` of an env
-    the trainer batches natively (VR-edge, whose batched env ``i`` reset with seed ``s_i`` plays exactly the single
-    env's episode); else ``None``.
+    whose profile declares a batched env (VR-edge, whose batched env ``i`` reset with seed ``s_i`` plays exactly the
+    single env's episode); else ``None``.
 
     Why: VR-edge's single env costs ~0.3 ms a step in Python, its batched env about that for all at once: a
     heuristic's 16 episodes take 0.15 s instead of 0.8 s.
     """
-    if (isinstance(env_fn, functools.partial) and env_fn.func is gym.make and len(env_fn.args) == 1
-            and env_fn.args[0] in VECTOR_ENVS):
-        return functools.partial(VECTOR_ENVS[env_fn.args[0]], **env_fn.keywords)
+    if isinstance(env_fn, functools.partial) and env_fn.func is gym.make and len(env_fn.args) == 1:
+        batched = profile_of(env_fn.args[0]).vector_env_class()
+        return None if batched is None else functools.partial(batched, **env_fn.keywords)
     return None
 
 
@@ -402,39 +402,13 @@ class _EpisodeStats:
         return out
 
 
-def held_out_env_kwargs(trained: dict[str, Any], given: str | dict[str, Any], split: str = "") -> dict[str, Any]:
-    """The env arguments to evaluate with: the run's own (``trained``) with ``given`` over them key by key
-    (``trainer.evaluate --env-kwargs``; a text is ``--capacity-trace``'s set), the traces played on the files of
-    ``split`` (``--trace-split``) or of a ``trace_split`` in ``given``, where either is given. Else a set that comes
-    split (``train/``, ``test/``; a shipped set) is played on its test folder (and then a flat folder beside it, as
-    ``user_traces``, on its hash-split test files: one split applies to both); a set given (``capacity_trace`` or
-    ``user_traces`` in ``given``) on all its files; the run's own flat folders on their hash-split held-out
-    (``test``) files, as every run trained on them was evaluated.
+def held_out_env_kwargs(env: str, trained: dict[str, Any], given: str | dict[str, Any] = "", split: str = ""
+                        ) -> dict[str, Any]:
+    """The arguments ``env``'s held-out episodes are played with: the run's own (``trained``) with ``given`` over
+    them (``trainer.evaluate --env-kwargs``), as the env's profile chooses them (VR-edge: a trace set's test split,
+    :func:`envs.vr_edge_profile.held_out_arguments`; an env without a profile: its own arguments).
 
-    >>> held_out_env_kwargs({"num_users": 6, "capacity_trace": "trace.log"}, "")  # one file: all of it
-    {'num_users': 6, 'capacity_trace': 'trace.log', 'trace_split': 'all'}
-    >>> held_out_env_kwargs({}, "pensieve")["trace_split"]  # a shipped set: its test folder
-    'test'
-    >>> held_out_env_kwargs({"num_users": 6}, {"user_traces": "pensieve", "max_steps": 99})  # a synthetic run
-    {'num_users': 6, 'user_traces': 'pensieve', 'max_steps': 99, 'trace_split': 'test'}
-    >>> import tempfile
-    >>> with tempfile.TemporaryDirectory() as traces:  # the run's own folder: its held-out files
-    ...     held_out_env_kwargs({"capacity_trace": traces, "trace_split": "train"}, "")["trace_split"]
-    'test'
-    >>> with tempfile.TemporaryDirectory() as traces:  # a folder given: all of it
-    ...     held_out_env_kwargs({"capacity_trace": "t/", "trace_split": "train"}, traces)["trace_split"]
-    'all'
+    >>> held_out_env_kwargs("CartPole-v1", {"sutton_barto_reward": True}, {})
+    {'sutton_barto_reward': True}
     """
-    from envs.traces import has_split_folders, trace_root
-
-    given = ({"capacity_trace": given} if given else {}) if isinstance(given, str) else dict(given)
-    kwargs = {**trained, **given}
-    sets = [kwargs[k] for k in ("capacity_trace", "user_traces") if kwargs.get(k)]
-    if sets and "trace_split" not in given:
-        came_split = any(has_split_folders(s) for s in sets)  # its train files never played: test for all
-        set_given = any(given.get(k) for k in ("capacity_trace", "user_traces"))
-        own_folders = not set_given and all(trace_root(s).is_dir() for s in sets)
-        kwargs["trace_split"] = split or ("test" if came_split or own_folders else "all")
-    elif not sets and "trace_split" not in given and {"capacity_trace", "user_traces"} & given.keys():
-        kwargs["trace_split"] = "auto"  # the run's traces given as none (capacity_trace=): the synthetic cell
-    return kwargs
+    return profile_of(env).held_out(trained, given, split)

@@ -2,14 +2,14 @@
 
 Every ``K`` iterations the greedy policy plays ``--eval-episodes`` validation episodes, whose
 seeds come from a ``SeedSequence`` branch that neither training nor ``trainer.evaluate``'s
-test episodes use. The metrics row gets its reward per step and, for VR-edge, the paired
-difference against the best heuristic baseline on the same episodes (chosen once, when the
-run starts). A validation mean return (not reward per step, which is constant in envs like CartPole)
+test episodes use. The metrics row gets its reward per step and, where the env's profile declares baselines
+(VR-edge's heuristics), the paired difference against the best of them on the same episodes (chosen once, when
+the run starts). A validation mean return (not reward per step, which is constant in envs like CartPole)
 at least as high as the best so far saves a checkpoint at once and points
 the run's ``best`` pointer at it (next to ``latest``; retention keeps it).
 
-At the end of a run (unless ``--eval-episodes 0``) the final policy plays the same validation episodes,
-against the best baseline on them for VR-edge: :func:`final_validation`, one line of how good the run is.
+At the end of a run (unless ``--eval-episodes 0``) the final policy plays the same validation episodes, against
+the best baseline on them where the env has baselines: :func:`final_validation`, one line of how good the run is.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 import checkpoints
-import envs
 from collectors.deadlines import Deadline
 from collectors.watchdog import Watchdog
+from envs.profiles import profile_of
 from trainer.arguments import counted
 from trainer.config import TrainConfig
 from trainer.evaluation.baselines import best_baseline
@@ -98,11 +98,9 @@ class Validator:
         self.policy = make_model(cfg).eval()  # a CPU copy: the learner's model may live on a GPU
         self.env_fn = validation_envs(cfg)
         self.baseline, self.baseline_records = None, None
-        if cfg.env == "VREdge-v0":
-            env = self.env_fn()
-            config = env.unwrapped.config
-            env.close()
-            self.baseline, played = best_baseline(list(envs.BASELINES), config, self.env_fn, self.seeds)
+        self.score = profile_of(cfg.env).score
+        if baselines := list(profile_of(cfg.env).baselines):
+            self.baseline, played = best_baseline(cfg.env, baselines, cfg.env_options, self.env_fn, self.seeds)
             self.baseline_records = played[self.baseline]
         best = checkpoints.best_info(self.run_dir)
         # a best from this run's past (not from iterations a resume set aside) is the score to beat
@@ -124,7 +122,7 @@ class Validator:
         score = summary["mean_return"]
         row: dict[str, Any] = {"val_return": score, "val_reward_per_step": summary["reward_per_step"]}
         if self.baseline_records is not None:
-            d = paired_difference(records, self.baseline_records)
+            d = paired_difference(records, self.baseline_records, self.score)
             row.update(val_baseline=self.baseline, val_vs_baseline=d["mean"], val_vs_baseline_ci95=d["ci95"])
         # a tie goes to the later checkpoint: in a capped env (CartPole's 500) the first perfect score is often a
         # lucky one on the way up, and a later one has kept it for longer
@@ -144,8 +142,9 @@ class Validator:
 
 def final_validation(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
     """The greedy ``model`` on the run's validation episodes: ``episodes``, ``policy`` (:func:`summarize`), the
-    ``seconds`` it took and, for VR-edge, the ``baseline`` best on the same episodes and the paired ``difference``.
-    In a terminal a bar shows the episodes played, and that Ctrl-C skips them.
+    ``seconds`` it took and, where the env's profile declares baselines, the ``baseline`` best on the same episodes
+    and the paired ``difference`` by the profile's score (``score``, shown as ``score_label``). In a terminal a bar
+    shows the episodes played, and that Ctrl-C skips them.
 
     The baseline is picked on the episodes it is compared on: by selection it is lucky on them, so the policy's
     lead is if anything understated; ``trainer.evaluate`` picks it on other episodes than its test episodes.
@@ -153,16 +152,15 @@ def final_validation(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]
     started = time.perf_counter()
     seeds = validation_seeds(cfg.seed, cfg.eval_episodes)
     env_fn = validation_envs(cfg)
-    vr_edge = cfg.env == "VREdge-v0"
-    with episodes_shown(len(seeds) * (1 + len(envs.BASELINES) * vr_edge), "quality (Ctrl-C skips it)"):
+    profile = profile_of(cfg.env)
+    baselines = list(profile.baselines)
+    with episodes_shown(len(seeds) * (1 + len(baselines)), "quality (Ctrl-C skips it)"):
         records = run_episodes(policy_actions(model.eval(), deterministic=True), env_fn, len(seeds), 0, seeds=seeds)
-        result: dict[str, Any] = {"episodes": len(seeds), "policy": summarize(records)}
-        if vr_edge:
-            env = env_fn()
-            config = env.unwrapped.config
-            env.close()
-            name, played = best_baseline(list(envs.BASELINES), config, env_fn, seeds)
-            result.update(baseline=name, difference=paired_difference(records, played[name]))
+        result: dict[str, Any] = {"episodes": len(seeds), "policy": summarize(records), "score": profile.score,
+                                  "score_label": profile.score_label}
+        if baselines:
+            name, played = best_baseline(cfg.env, baselines, cfg.env_options, env_fn, seeds)
+            result.update(baseline=name, difference=paired_difference(records, played[name], profile.score))
     return {**result, "seconds": time.perf_counter() - started}
 
 
@@ -173,21 +171,28 @@ def quality_line(result: dict[str, Any]) -> str:
     if "baseline" not in result:
         mean_return = _interval(policy["mean_return"], policy["mean_return_ci95"])
         return f"mean return {mean_return}, greedy, on {episodes}{took}"
-    d = result["difference"]
-    return (f"{policy['reward_per_step']:.3f} reward/step, {_interval(d['mean'], d['ci95'], '+.3f')} against "
+    d, score = result["difference"], _summary_key(result["score"])
+    return (f"{policy[score]:.3f} {result['score_label']}, {_interval(d['mean'], d['ci95'], '+.3f')} against "
             f"{result['baseline']}, the best baseline on the same {episodes} (better in {d['wins']}){took}")
 
 
-def best_quality_line(best: dict[str, Any], episodes: int) -> str:
-    """The ``best`` checkpoint's validation (:func:`checkpoints.best_info`, on ``episodes`` episodes) in words, one
-    line."""
+def best_quality_line(env: str, best: dict[str, Any], episodes: int) -> str:
+    """The ``best`` checkpoint's validation (:func:`checkpoints.best_info`, on ``episodes`` episodes) of a run on
+    ``env`` in words, one line."""
     line = f"the best checkpoint (iteration {best.get('iteration', '?')}): "
     on = f"on {counted(episodes, 'validation episode')}"
     if "val_baseline" not in best:
         return line + f"mean return {best.get('val_return', float('nan')):.2f}, greedy, {on}"
-    return line + (f"{best['val_reward_per_step']:.3f} reward/step, "
+    profile = profile_of(env)
+    value = best.get(f"val_{profile.score}", float("nan"))  # (val_return, val_reward_per_step: Validator's row)
+    return line + (f"{value:.3f} {profile.score_label}, "
                    f"{_interval(best['val_vs_baseline'], best['val_vs_baseline_ci95'], '+.3f')} against "
                    f"{best['val_baseline']} {on}")
+
+
+def _summary_key(score: str) -> str:
+    """The key :func:`summarize` gives the mean of a record's ``score``."""
+    return "mean_" + score if score in ("return", "length") else score
 
 
 def _interval(value: float, ci95: float, spec: str = ".2f") -> str:

@@ -35,10 +35,8 @@ import torch
 from torch import nn
 
 import checkpoints
-import envs
 from collectors.stop_signals import stop_signals_held
-from envs.belief import filter_refusal
-from envs.belief_mpc import BeliefMPC
+from envs.profiles import Act, profile_of
 from envs.settings import ConfigError, check_limits, setting
 from trainer.arguments import counted
 from trainer.evaluation.episodes import (
@@ -128,38 +126,44 @@ class Labels(NamedTuple):
     levels: torch.Tensor
 
 
-def expert_labels(model: nn.Module, env_kwargs: dict[str, Any], episodes: int, seed: int,
+def expert_labels(model: nn.Module, env: str, env_kwargs: dict[str, Any], episodes: int, seed: int,
                   advance: Callable[[int], None] = lambda states: None) -> Labels:
-    """Every state of ``episodes`` episodes the greedy ``model`` plays (:func:`distillation_seeds`), each with the
-    levels :class:`BeliefMPC` (on ``fair_share``; it follows the same observations) would play there.
+    """Every state of ``episodes`` episodes the greedy ``model`` plays in ``env`` (:func:`distillation_seeds`), each
+    with the action the env's expert (its profile's: VR-edge's ``BeliefMPC`` on ``fair_share``, which follows the
+    same observations) would play there.
 
-    Played ``_BATCH`` episodes at a time in one batched env, each batch with a fresh expert (one filter row per
-    env); ``advance(n)`` after each step's ``n`` states are labelled (a bar)."""
-    config = envs.VREdgeConfig(**env_kwargs)
-    make = functools.partial(gym.make, "VREdge-v0", **env_kwargs)
+    Played ``_BATCH`` episodes at a time, each batch with a fresh expert; a stateful one (a filter, one row per
+    env) sees one natively batched env's every row. ``advance(n)`` after each step's ``n`` states are labelled (a
+    bar)."""
+    expert = profile_of(env).expert
+    make = functools.partial(gym.make, env, **env_kwargs)
     act, seeds = policy_actions(model.eval(), deterministic=True), distillation_seeds(seed, episodes)
     observations: list[np.ndarray] = []
-    levels: list[np.ndarray] = []
+    actions: list[np.ndarray] = []
     for start in range(0, episodes, _BATCH):
-        expert, chunk = BeliefMPC(config, seed=seed), seeds[start:start + _BATCH]
+        teacher, chunk = expert.make(env_kwargs, seed), seeds[start:start + _BATCH]
         seen: list[np.ndarray] = []
         said: list[np.ndarray] = []
 
-        def labelled(obs: np.ndarray, expert: BeliefMPC = expert, seen: list = seen, said: list = said
-                     ) -> np.ndarray:
+        def labelled(obs: np.ndarray, teacher: Act = teacher, seen: list = seen, said: list = said) -> np.ndarray:
             seen.append(obs.copy())
-            said.append(expert(obs))
+            said.append(np.asarray(teacher(obs)))
             advance(len(obs))
             return act(obs)
 
+        if not expert.stateful:  # it sees the rows playing, each one a state of an episode
+            run_episodes(labelled, make, len(chunk), 0, num_envs=len(chunk), seeds=chunk)
+            observations.append(np.concatenate(seen))
+            actions.append(np.concatenate(said))
+            continue
         records = run_episodes(labelled, make, len(chunk), 0, num_envs=len(chunk), seeds=chunk, whole_batch=True)
         # row i plays episode i alone (as many envs as episodes): its states are the first `length` (one that ended
         # early, all its users gone, plays on idle, unrecorded)
         live = np.arange(len(seen))[:, None] < np.array([int(r["length"]) for r in records])[None, :]  # [T, n]
         observations.append(np.stack(seen)[live])
-        levels.append(np.stack(said)[live])
+        actions.append(np.stack(said)[live])
     return Labels(torch.as_tensor(np.concatenate(observations), dtype=torch.float32),
-                  torch.as_tensor(np.concatenate(levels), dtype=torch.int64))
+                  torch.as_tensor(np.concatenate(actions), dtype=torch.int64))
 
 
 def fine_tuned(model: nn.Module, labels: Labels, settings: DistillSettings, max_grad_norm: float,
@@ -197,50 +201,53 @@ def fine_tuned(model: nn.Module, labels: Labels, settings: DistillSettings, max_
     return losses
 
 
-def validation_score(model: nn.Module, env_kwargs: dict[str, Any], run_seed: int, episodes: int
+def validation_score(model: nn.Module, env: str, env_kwargs: dict[str, Any], run_seed: int, episodes: int
                      ) -> list[dict[str, float]]:
     """The greedy ``model``'s records on the run's first ``episodes`` validation episodes (the quality line's)."""
-    make = functools.partial(gym.make, "VREdge-v0", **env_kwargs)
+    make = functools.partial(gym.make, env, **env_kwargs)
     seeds = validation_seeds(run_seed, episodes)
     return run_episodes(policy_actions(model.eval(), deterministic=True), make, episodes, 0, seeds=seeds)
 
 
 def distillation_refusal(env: str, env_kwargs: dict[str, Any]) -> str:
     """Why a run of ``env`` with ``env_kwargs`` cannot be distilled; ``""`` when it can."""
-    if env != "VREdge-v0":
-        return f"trained on {env}: the expert (BeliefMPC) plays VR-edge's synthetic cell only"
-    return filter_refusal(envs.VREdgeConfig(**env_kwargs))
+    if (expert := profile_of(env).expert) is None:
+        return f"trained on {env}, which declares no distillation expert (envs.profiles.EnvProfile.expert)"
+    return expert.refusal(env_kwargs)
 
 
-def distilled(model: nn.Module, env_kwargs: dict[str, Any], run_seed: int, settings: DistillSettings,
+def distilled(model: nn.Module, env: str, env_kwargs: dict[str, Any], run_seed: int, settings: DistillSettings,
               max_grad_norm: float, progress: RoundProgress | None = None) -> dict[str, Any]:
     """Distil into ``model`` in place (module docstring); returns what happened: ``states`` labelled, the
     ``agreement`` with the expert's levels before and after, each epoch's ``cross_entropy``, the validation
     ``difference`` (after - before, paired) and whether the distilled weights were ``kept`` (else ``model`` is as
     it was). ``progress``: a bar it moves (:class:`RoundProgress`; by default one on a terminal)."""
-    progress = progress or RoundProgress(settings, envs.VREdgeConfig(**env_kwargs).max_steps)
+    profile = profile_of(env)
+    steps = profile.episode_steps(env_kwargs) or gym.spec(env).max_episode_steps or 1  # (a bar's total: a guess)
+    progress = progress or RoundProgress(settings, steps)
     try:
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        progress.phase(f"BeliefMPC labels the states of {counted(settings.episodes, 'episode')}")
-        labels = expert_labels(model, env_kwargs, settings.episodes, settings.seed, progress.advance)
+        progress.phase(f"{profile.expert.name} labels the states of {counted(settings.episodes, 'episode')}")
+        labels = expert_labels(model, env, env_kwargs, settings.episodes, settings.seed, progress.advance)
         progress.labelled()
         progress.phase("validation before")
         with episodes_counted(progress.advance):
-            scored = validation_score(model, env_kwargs, run_seed, settings.validation_episodes)
+            scored = validation_score(model, env, env_kwargs, run_seed, settings.validation_episodes)
         agreement = [_agreement(model, labels)]
         progress.phase(f"fine-tuning on {len(labels.observations):,} states")
         losses = fine_tuned(model, labels, settings, max_grad_norm, progress.advance)
         agreement.append(_agreement(model, labels))
         progress.phase("validation after")
         with episodes_counted(progress.advance):
-            after = validation_score(model, env_kwargs, run_seed, settings.validation_episodes)
+            after = validation_score(model, env, env_kwargs, run_seed, settings.validation_episodes)
     finally:
         progress.close()
-    difference = paired_difference(after, scored)
+    difference = paired_difference(after, scored, profile.score)
     kept = difference["mean"] >= 0
     if not kept:
         model.load_state_dict(before)
-    return {"states": len(labels.observations), "episodes": settings.episodes, "agreement": agreement,
+    return {"expert": profile.expert.name, "score_label": profile.score_label,
+            "states": len(labels.observations), "episodes": settings.episodes, "agreement": agreement,
             "cross_entropy": losses, "difference": difference, "kept": kept,
             "validation_reward_per_step": summarize(after)["reward_per_step"],
             "settings": {f.name: getattr(settings, f.name) for f in fields(settings)}}
@@ -301,10 +308,12 @@ def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] 
         aside = ", ".join(p.name for p in moved)
         notes = [f"newer than {source.name}, none loading, set aside as {aside}"] if moved else []
         validation = counted(chosen.validation_episodes, "validation episode")
-        started(f"BeliefMPC labels the states of {counted(chosen.episodes, 'episode')} that {source.name}'s policy "
-                f"plays (64 episodes of 300 steps: 2 min 16 s on a 2-core AMD EPYC), the actor is fine-tuned toward "
-                f"its levels, and kept where it scores no lower on {validation}")
-        summary = distilled(model, cfg.env_options, cfg.seed, chosen, cfg.max_grad_norm)
+        expert = profile_of(cfg.env).expert
+        pace = f" ({expert.pace})" if expert.pace else ""
+        started(f"{expert.name} labels the states of {counted(chosen.episodes, 'episode')} that {source.name}'s "
+                f"policy plays{pace}, the actor is fine-tuned toward its actions, and kept where it scores no lower "
+                f"on {validation}")
+        summary = distilled(model, cfg.env, cfg.env_options, cfg.seed, chosen, cfg.max_grad_norm)
         if summary["kept"]:
             weights = {k: v.clone() for k, v in model.state_dict().items()}
             state = {**state, "model": weights, "distilled": [*record, _stored(summary, source)]}
@@ -347,8 +356,9 @@ def summary_line(summary: dict[str, Any]) -> str:
     """A round's outcome in words, one line: what was labelled, and whether it was kept and why."""
     d, (agree_before, agree_after) = summary["difference"], summary["agreement"]
     on = counted(d["episodes"], "validation episode")
-    change = f"{d['mean']:+.4f} ± {d['ci95']:.4f} reward/step (95% CI) on {on}, after minus before"
-    what = (f"BeliefMPC's levels on {summary['states']:,} states of {counted(summary['episodes'], 'episode')}; "
+    change = f"{d['mean']:+.4f} ± {d['ci95']:.4f} {summary['score_label']} (95% CI) on {on}, after minus before"
+    episodes = counted(summary["episodes"], "episode")
+    what = (f"{summary['expert']}'s actions on {summary['states']:,} states of {episodes}; "
             f"agreement {agree_before:.2f} -> {agree_after:.2f}")
     if summary["kept"]:
         return f"{what}; kept as {Path(summary['checkpoint']).name}: it scores no lower, {change}"

@@ -1,0 +1,160 @@
+"""What a trainer needs to know of an env beyond its spaces, declared by the env and looked up by its id.
+
+The trainer asks an env's :class:`EnvProfile` (its headline score, its baselines and expert, how its held-out
+episodes are chosen, what one env holds in memory, whether it plays natively batched, whether it has cells of
+users) and never branches on an env's id. An env registered without a profile gets :data:`GENERIC`: scored by
+its return, no baselines, no expert, evaluated on its own arguments.
+
+VR-edge's profile is :data:`envs.vr_edge_profile.PROFILE`, registered here by name so that it loads (with NumPy)
+only when asked. An env of your own registers its profile beside its ``gymnasium.register``:
+
+    >>> import gymnasium as gym
+    >>> from envs.profiles import EnvProfile, profile_of, register_profile
+    >>> gym.register(id="Steady-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv")
+    >>> register_profile("Steady-v0", EnvProfile(baselines={"left": lambda kwargs: lambda obs: obs[:, 0] * 0}))
+    >>> list(profile_of("Steady-v0").baselines), profile_of("CartPole-v1").score
+    (['left'], 'return')
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Act = Callable[[Any], Any]  # a batch of observations [n, *obs] -> a batch of actions [n, *action]
+EnvKwargs = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Expert:
+    """An env's distillation expert: ``make(env_kwargs, seed)`` builds one that acts on a batch of observations.
+
+    A ``stateful`` expert (a filter that follows each env's observations) sees every row of one natively batched
+    env at every step, those whose episodes are over included; a stateless one sees only the rows playing.
+    ``refusal(env_kwargs)`` says why it cannot serve those arguments (``""``: it can); ``pace``: how long it takes,
+    measured, for the line a distillation starts with (``""``: not said)."""
+
+    name: str
+    make: Callable[[EnvKwargs, int], Act]
+    stateful: bool = False
+    pace: str = ""
+    refusal: Callable[[EnvKwargs], str] = lambda kwargs: ""
+
+
+@dataclass(frozen=True)
+class EnvSizes:
+    """What one env holds, in bytes, for the memory a run needs (``trainer.memory``).
+
+    >>> EnvSizes(observation=244, action=64, scores=48, own=1033).per_env
+    1225
+    """
+
+    observation: int  # one observation
+    action: int  # one action, as the policy returns it
+    scores: int  # the numbers a policy scores one env's actions with (float32 each): the actions of all its heads
+    own: int = 0  # what the env holds itself (its state, its spaces' bounds), where it says
+    scaled_by: tuple[str, ...] = ()  # the env's arguments that scale these: what to lower when it does not fit
+
+    @property
+    def per_env(self) -> int:
+        """Bytes per env besides the rollout: the env's own and the policy's scores."""
+        return self.own + 4 * self.scores
+
+
+def _own_arguments(trained: EnvKwargs, given: EnvKwargs | str, split: str = "") -> EnvKwargs:
+    return {**trained, **(given or {})}
+
+
+@dataclass(frozen=True)
+class EnvProfile:
+    """What the trainer knows of an env (module docstring). Every field has the generic env's value by default.
+
+    ``score``: the key of an episode's record (:func:`trainer.evaluation.episodes.run_episodes`) a policy is judged
+    by (validation's best, the quality line, the paired comparisons), shown as ``score_label``; ``curve``: the
+    training log's column learning curves show by default. ``baselines``: name -> ``make(env_kwargs)``, a
+    heuristic that acts on a batch of observations. ``references``: the names of the references
+    ``trainer.evaluate --reference`` may play. ``expert``: what distillation labels with (:class:`Expert`).
+    ``arguments()``: the env's constructor arguments and their defaults (``{}``: not known, not checked);
+    ``check_arguments(env_kwargs, backend)`` raises ``ValueError`` with one line where they are refused.
+    ``file_arguments``: the arguments that name files (made absolute, may move); ``trace_arguments``: those
+    ``trainer.evaluate``'s trace flags set. ``held_out(trained, given, split)``: the arguments held-out episodes
+    are played with (a trace set's test split). ``episode_steps(env_kwargs)``: the steps of a whole episode, where
+    known (a bar's total). ``sizes(env_kwargs)``: :class:`EnvSizes` without building an env (``None``: measured
+    from one built). ``vector_env`` and ``torch_env``: ``"module:Class"`` of its natively batched env
+    (``Class(num_envs, **env_kwargs)``) and of its torch env (``--backend device``). ``cells``: whether it has
+    cells of users (``trainer.evaluate --users``).
+    """
+
+    score: str = "return"
+    score_label: str = "return"
+    curve: str = "episode_return"
+    baselines: Mapping[str, Callable[[EnvKwargs], Act]] = field(default_factory=dict)
+    references: tuple[str, ...] = ()
+    expert: Expert | None = None
+    arguments: Callable[[], EnvKwargs] = dict
+    check_arguments: Callable[[EnvKwargs, str], None] = lambda kwargs, backend: None
+    file_arguments: frozenset[str] = frozenset()
+    trace_arguments: frozenset[str] = frozenset()
+    held_out: Callable[[EnvKwargs, Any, str], EnvKwargs] = _own_arguments
+    sizes: Callable[[EnvKwargs], EnvSizes] | None = None
+    episode_steps: Callable[[EnvKwargs], int | None] = lambda kwargs: None
+    vector_env: str = ""
+    torch_env: str = ""
+    cells: bool = False
+
+    def vector_env_class(self) -> Callable[..., Any] | None:
+        """The natively batched env's class (imported now), or ``None`` where the env has none."""
+        return _loaded(self.vector_env)
+
+    def torch_env_class(self) -> Callable[..., Any] | None:
+        """The torch env's class (imported now: it loads torch), or ``None`` where the env has none."""
+        return _loaded(self.torch_env)
+
+
+GENERIC = EnvProfile()
+_PROFILES: dict[str, EnvProfile | str] = {"VREdge-v0": "envs.vr_edge_profile"}  # a module's PROFILE, on first ask
+
+
+def register_profile(env_id: str, profile: EnvProfile) -> None:
+    """Declare ``env_id``'s profile (beside its ``gymnasium.register``); a second call replaces the first."""
+    _PROFILES[env_id] = profile
+
+
+def profile_of(env_id: str) -> EnvProfile:
+    """``env_id``'s profile (``"module:Id"`` as ``gymnasium.make`` takes it), :data:`GENERIC` where it declared
+    none."""
+    module, _, name = env_id.rpartition(":")
+    if module and name not in _PROFILES:  # the module registers the env, and its profile beside it
+        importlib.import_module(module)
+    found = _PROFILES.get(name, GENERIC)
+    if isinstance(found, str):
+        found = _PROFILES[name] = importlib.import_module(found).PROFILE
+    return found
+
+
+def profiled_envs(declaring: str) -> list[str]:
+    """The ids of the envs whose profile declares ``declaring`` (a field of :class:`EnvProfile`, e.g.
+    ``"torch_env"``), for a message naming the alternatives.
+
+    >>> profiled_envs("torch_env")
+    ['VREdge-v0']
+    """
+    return [env for env in list(_PROFILES) if getattr(profile_of(env), declaring)]
+
+
+def profiled_baselines() -> list[str]:
+    """Every baseline name some env's profile declares (a name no env has is a typo).
+
+    >>> "fair_share" in profiled_baselines()
+    True
+    """
+    return list(dict.fromkeys(name for env in list(_PROFILES) for name in profile_of(env).baselines))
+
+
+def _loaded(entry_point: str) -> Callable[..., Any] | None:
+    if not entry_point:
+        return None
+    module, _, name = entry_point.partition(":")
+    return getattr(importlib.import_module(module), name)

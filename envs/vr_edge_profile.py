@@ -1,0 +1,111 @@
+"""VR-edge's profile (:class:`envs.profiles.EnvProfile`): what the trainer knows of ``VREdge-v0``.
+
+Scored by reward per step; the streaming literature's heuristics as baselines (:data:`envs.baselines.BASELINES`),
+the clairvoyant planner and the causal ceiling as references, ``BeliefMPC`` (on ``fair_share``) as the distillation
+expert; held-out episodes on a trace set's test split; cells of users. Loaded on first ask
+(:func:`envs.profiles.profile_of`).
+"""
+
+from __future__ import annotations
+
+from envs.profiles import Act, EnvKwargs, EnvProfile, EnvSizes, Expert
+from envs.traces import TRACE_ARGUMENTS, TraceNotFoundError, has_split_folders, trace_root
+from envs.vr_edge_config import MEMORY_ARGUMENTS, VREdgeConfig, torch_env_refusal
+
+
+def arguments() -> EnvKwargs:
+    """Every argument of ``VREdge-v0`` and its default."""
+    return VREdgeConfig().to_dict()
+
+
+def check_arguments(env_kwargs: EnvKwargs, backend: str) -> None:
+    """``ValueError`` with one line where ``env_kwargs`` are refused, with ``backend`` (``device``: the torch
+    env's limits, before any trace is read), else every value (types, ranges, traces)."""
+    if backend == "device" and (why := torch_env_refusal(**env_kwargs)):
+        raise ValueError(f"--backend device: {why}")
+    try:
+        VREdgeConfig(**env_kwargs)
+    except TraceNotFoundError as e:
+        raise ValueError(f"--env-kwargs: {e} (traces that moved: --env-kwargs capacity_trace=NEW_DIR or "
+                         "user_traces=NEW_DIR with --resume, --capacity-trace NEW_DIR with trainer.evaluate)") from None
+    except ValueError as e:  # VR-edge names the argument and its rule
+        raise ValueError(f"--env-kwargs: {e}") from None
+
+
+def sizes(env_kwargs: EnvKwargs) -> EnvSizes:
+    """What one env of ``env_kwargs`` holds, in bytes, from its arguments alone (nothing is built: its observation
+    may be what does not fit)."""
+    vr = VREdgeConfig(**env_kwargs)
+    observation = 4 * vr.obs_dim  # float32
+    return EnvSizes(observation, action=8 * vr.num_users, scores=vr.num_users * vr.num_levels,
+                    own=vr.state_bytes + 2 * observation, scaled_by=MEMORY_ARGUMENTS)  # (+ its space's bounds)
+
+
+def held_out_arguments(trained: EnvKwargs, given: str | EnvKwargs, split: str = "") -> EnvKwargs:
+    """The env arguments to evaluate with: the run's own (``trained``) with ``given`` over them key by key
+    (``trainer.evaluate --env-kwargs``; a text is ``--capacity-trace``'s set), the traces played on the files of
+    ``split`` (``--trace-split``) or of a ``trace_split`` in ``given``, where either is given. Else a set that comes
+    split (``train/``, ``test/``; a shipped set) is played on its test folder (and then a flat folder beside it, as
+    ``user_traces``, on its hash-split test files: one split applies to both); a set given (``capacity_trace`` or
+    ``user_traces`` in ``given``) on all its files; the run's own flat folders on their hash-split held-out
+    (``test``) files, as every run trained on them was evaluated.
+
+    >>> held_out_arguments({"num_users": 6, "capacity_trace": "trace.log"}, "")  # one file: all of it
+    {'num_users': 6, 'capacity_trace': 'trace.log', 'trace_split': 'all'}
+    >>> held_out_arguments({}, "pensieve")["trace_split"]  # a shipped set: its test folder
+    'test'
+    >>> held_out_arguments({"num_users": 6}, {"user_traces": "pensieve", "max_steps": 99})  # a synthetic run
+    {'num_users': 6, 'user_traces': 'pensieve', 'max_steps': 99, 'trace_split': 'test'}
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as traces:  # the run's own folder: its held-out files
+    ...     held_out_arguments({"capacity_trace": traces, "trace_split": "train"}, "")["trace_split"]
+    'test'
+    >>> with tempfile.TemporaryDirectory() as traces:  # a folder given: all of it
+    ...     held_out_arguments({"capacity_trace": "t/", "trace_split": "train"}, traces)["trace_split"]
+    'all'
+    """
+    given = ({"capacity_trace": given} if given else {}) if isinstance(given, str) else dict(given)
+    kwargs = {**trained, **given}
+    sets = [kwargs[k] for k in ("capacity_trace", "user_traces") if kwargs.get(k)]
+    if sets and "trace_split" not in given:
+        came_split = any(has_split_folders(s) for s in sets)  # its train files never played: test for all
+        set_given = any(given.get(k) for k in ("capacity_trace", "user_traces"))
+        own_folders = not set_given and all(trace_root(s).is_dir() for s in sets)
+        kwargs["trace_split"] = split or ("test" if came_split or own_folders else "all")
+    elif not sets and "trace_split" not in given and {"capacity_trace", "user_traces"} & given.keys():
+        kwargs["trace_split"] = "auto"  # the run's traces given as none (capacity_trace=): the synthetic cell
+    return kwargs
+
+
+def _baseline(name: str):
+    def make(env_kwargs: EnvKwargs) -> Act:
+        from envs.baselines import make_baseline
+        return make_baseline(name, VREdgeConfig(**env_kwargs))
+    return make
+
+
+def _expert(env_kwargs: EnvKwargs, seed: int) -> Act:
+    from envs.belief_mpc import BeliefMPC
+    return BeliefMPC(VREdgeConfig(**env_kwargs), seed=seed)
+
+
+def _expert_refusal(env_kwargs: EnvKwargs) -> str:
+    from envs.belief import filter_refusal
+    return filter_refusal(VREdgeConfig(**env_kwargs))
+
+
+def _baseline_names() -> tuple[str, ...]:
+    from envs.baselines import BASELINES
+    return tuple(BASELINES)
+
+
+PROFILE = EnvProfile(
+    score="reward_per_step", score_label="reward/step", curve="reward_per_step",
+    baselines={name: _baseline(name) for name in _baseline_names()},
+    references=("clairvoyant", "belief"),
+    expert=Expert("BeliefMPC", _expert, stateful=True, refusal=_expert_refusal,
+                  pace="64 episodes of 300 steps: 2 min 16 s on a 2-core AMD EPYC"),
+    arguments=arguments, check_arguments=check_arguments,
+    file_arguments=frozenset({"capacity_trace", "user_traces"}), trace_arguments=TRACE_ARGUMENTS,
+    held_out=held_out_arguments, sizes=sizes, episode_steps=lambda kwargs: VREdgeConfig(**kwargs).max_steps,
+    vector_env="envs.vector:VREdgeVectorEnv", torch_env="envs.vr_edge_torch:VREdgeTorchEnv", cells=True)
