@@ -80,11 +80,12 @@ class EnvProfile:
     ``check_arguments(env_kwargs, backend)`` raises ``ValueError`` with one line where they are refused.
     ``file_arguments``: the arguments that name files (made absolute, may move); ``trace_arguments``: those
     ``trainer.evaluate``'s trace flags set. ``held_out(trained, given, split)``: the arguments held-out episodes
-    are played with (a trace set's test split). ``episode_steps(env_kwargs)``: the steps of a whole episode, where
-    known (a bar's total). ``sizes(env_kwargs)``: :class:`EnvSizes` without building an env (``None``: measured
-    from one built). ``vector_env`` and ``torch_env``: ``"module:Class"`` of its natively batched env
-    (``Class(num_envs, **env_kwargs)``) and of its torch env (``--backend device``). ``cells``: whether it has
-    cells of users (``trainer.evaluate --users``).
+    are played with (a trace set's test split); ``played_on(env_kwargs, given)``: the arguments an evaluation's
+    header lists, and the files it replays in words (``""``: none). ``episode_steps(env_kwargs)``: the steps of a
+    whole episode, where known (a bar's total). ``sizes(env_kwargs)``: :class:`EnvSizes` without building an env
+    (``None``: measured from one built). ``vector_env`` and ``torch_env``: ``"module:Class"`` of its natively
+    batched env (``Class(num_envs, **env_kwargs)``) and of its torch env (``--backend device``). ``cells``: whether
+    it has cells of users (``trainer.evaluate --users``).
     """
 
     score: str = "return"
@@ -98,6 +99,7 @@ class EnvProfile:
     file_arguments: frozenset[str] = frozenset()
     trace_arguments: frozenset[str] = frozenset()
     held_out: Callable[[EnvKwargs, Any, str], EnvKwargs] = _own_arguments
+    played_on: Callable[[EnvKwargs, EnvKwargs], tuple[EnvKwargs, str]] = lambda kwargs, given: (kwargs, "")
     sizes: Callable[[EnvKwargs], EnvSizes] | None = None
     episode_steps: Callable[[EnvKwargs], int | None] = lambda kwargs: None
     vector_env: str = ""

@@ -77,6 +77,31 @@ def held_out_arguments(trained: EnvKwargs, given: str | EnvKwargs, split: str = 
     return kwargs
 
 
+_TRACE_SETS = ("capacity_trace", "user_traces")
+_SPLIT_PLAYED = {"test": "their test split, held out from training", "all": "all their files",
+                 "train": "their train split (the files training plays)"}
+
+
+def played_on(env_kwargs: EnvKwargs, given: EnvKwargs) -> tuple[EnvKwargs, str]:
+    """An evaluation's arguments in words: those to list, and the trace sets it plays (``, capacity traces pensieve
+    (the run's own), user traces ...: their test split, held out from training``; ``""`` on the synthetic cell).
+
+    >>> played_on({"num_users": 4, "capacity_trace": "pensieve", "trace_split": "test"}, {})
+    ({'num_users': 4}, ", capacity traces pensieve (the run's own): their test split, held out from training")
+    """
+    others = {k: v for k, v in env_kwargs.items() if k not in _TRACE_SETS + ("trace_split",)}
+    played = {k: (env_kwargs[k], "" if k in given else " (the run's own)") for k in _TRACE_SETS if env_kwargs.get(k)}
+    if not played:
+        return others, ""
+    if len(set(played.values())) == 1 and len(played) == 2:  # one set for both
+        sets = ["capacity and user traces {}{}".format(*played["capacity_trace"])]
+    else:
+        sets = [f"{'capacity' if k == 'capacity_trace' else 'user'} traces {v}{whose}"
+                for k, (v, whose) in played.items()]
+    split = _SPLIT_PLAYED.get(env_kwargs.get("trace_split", ""), "")
+    return others, f", {' and '.join(sets)}" + (f": {split}" if split else "")
+
+
 def _baseline(name: str):
     def make(env_kwargs: EnvKwargs) -> Act:
         from envs.baselines import make_baseline
@@ -107,5 +132,6 @@ PROFILE = EnvProfile(
                   pace="64 episodes of 300 steps: 2 min 16 s on a 2-core AMD EPYC"),
     arguments=arguments, check_arguments=check_arguments,
     file_arguments=frozenset({"capacity_trace", "user_traces"}), trace_arguments=TRACE_ARGUMENTS,
-    held_out=held_out_arguments, sizes=sizes, episode_steps=lambda kwargs: VREdgeConfig(**kwargs).max_steps,
+    held_out=held_out_arguments, played_on=played_on, sizes=sizes,
+    episode_steps=lambda kwargs: VREdgeConfig(**kwargs).max_steps,
     vector_env="envs.vector:VREdgeVectorEnv", torch_env="envs.vr_edge_torch:VREdgeTorchEnv", cells=True)

@@ -410,34 +410,15 @@ def _print_results(args: argparse.Namespace, setup: _Setup, comparison: Comparis
 
 
 def _print_header(args: argparse.Namespace, setup: _Setup, out: TextIO) -> None:
-    """What was played, on ``out``: the env and its arguments, the episodes, the checkpoint."""
+    """What was played, on ``out``: the env and its arguments (the files it replays, as its profile says them),
+    the episodes, the checkpoint."""
+    from envs.profiles import profile_of
     from trainer.config import format_env_kwargs
 
-    env_kwargs = setup.env_kwargs
-    others = {k: v for k, v in env_kwargs.items() if k not in _TRACE_SETS + ("trace_split",)}  # traces: after
+    others, files = profile_of(setup.cfg.env).played_on(setup.env_kwargs, args.given)
     arguments = f" ({format_env_kwargs(others)})" if others else ""
     print(f"{setup.cfg.env}{arguments}: {counted(args.episodes, 'episode')} on held-out seeds (seed {args.seed}"
-          f"{_traces_played(env_kwargs, args.given)}), {setup.which} {setup.source}", file=out)
-
-
-_TRACE_SETS = ("capacity_trace", "user_traces")
-_SPLIT_PLAYED = {"test": "their test split, held out from training", "all": "all their files",
-                 "train": "their train split (the files training plays)"}
-
-
-def _traces_played(env_kwargs: dict[str, Any], given: dict[str, Any]) -> str:
-    """The trace sets an evaluation plays, in words (``, capacity traces pensieve (the run's own), user traces ...:
-    their test split, held out from training``); ``""`` on the synthetic cell."""
-    played = {k: (env_kwargs[k], "" if k in given else " (the run's own)") for k in _TRACE_SETS if env_kwargs.get(k)}
-    if not played:
-        return ""
-    if len(set(played.values())) == 1 and len(played) == 2:  # one set for both
-        sets = ["capacity and user traces {}{}".format(*played["capacity_trace"])]
-    else:
-        sets = [f"{'capacity' if k == 'capacity_trace' else 'user'} traces {v}{whose}"
-                for k, (v, whose) in played.items()]
-    split = _SPLIT_PLAYED.get(env_kwargs.get("trace_split", ""), "")
-    return f", {' and '.join(sets)}" + (f": {split}" if split else "")
+          f"{files}), {setup.which} {setup.source}", file=out)
 
 
 def _print_comparison(comparison: Comparison, out: TextIO, belief_base: str = "fair_share") -> None:
