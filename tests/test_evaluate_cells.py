@@ -364,7 +364,7 @@ def test_players_played_together_score_each_episode_as_each_played_alone(varying
         assert played[name] == run_episodes(envs.make_baseline(name, config), env_fn, 18, 0), name
     assert played["clairvoyant"] == reference_episodes(ClairvoyantPlanner(config), env_fn, 18, 0)
     seeds = validation_seeds(1, 16)
-    _, validation = best_baseline(list(envs.BASELINES), config, env_fn, seeds)
+    _, validation = best_baseline("VREdge-v0", list(envs.BASELINES), config.to_dict(), env_fn, seeds)
     for name in deterministic:
         assert validation[name] == run_episodes(envs.make_baseline(name, config), env_fn, 16, 0, seeds=seeds), name
     assert len(played["random"]) == 18 and len(validation["random"]) == 16

@@ -20,6 +20,7 @@ from envs.profiles import profile_of
 from trainer.evaluation.statistics import jain_index
 
 Act = Callable[[np.ndarray], np.ndarray]
+Plan = Callable[[np.ndarray, Sequence[gym.Env]], np.ndarray]  # a reference's: (obs, the envs of its rows) -> actions
 Records = list[dict[str, float]]  # one per episode (run_episodes)
 _EVAL_STREAM = 0x5EED_E7A1  # spawn key that separates evaluation seeds from training seeds
 _VALIDATION_STREAM = 0x5EED_7A11  # and validation seeds (model selection during training) from both
@@ -144,9 +145,8 @@ def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: i
     return _batched_records(_on_rows(act), make, seeds, num_envs)
 
 
-def reference_episodes(plan: Callable[[np.ndarray, Sequence[gym.Env]], np.ndarray], env_fn: Callable[[], gym.Env],
-                       episodes: int, seed: int, num_envs: int = EPISODE_BATCH, seeds: list[int] | None = None
-                       ) -> Records:
+def reference_episodes(plan: Plan, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
+                       num_envs: int = EPISODE_BATCH, seeds: list[int] | None = None) -> Records:
     """A reference's records (as :func:`run_episodes`'), played in up to ``num_envs`` single envs in lockstep:
     ``plan(obs [n, *obs], envs) -> actions [n, ...]``, ``envs`` the ``n`` envs of the rows playing, whose state it
     reads (the clairvoyant, :class:`envs.planner.ClairvoyantPlanner`)."""
@@ -162,8 +162,7 @@ def filter_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed
     return _batched_records(_on_every_row(act), make, _episode_seeds(episodes, seed, seeds), num_envs)
 
 
-def batched_reference_episodes(plan: Callable[[np.ndarray, Sequence[gym.Env]], np.ndarray],
-                               env_fn: Callable[[], gym.Env], episodes: int, seed: int,
+def batched_reference_episodes(plan: Plan, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
                                num_envs: int = EPISODE_BATCH, seeds: list[int] | None = None) -> Records:
     """A reference's records played as :func:`filter_episodes` plays a filter: ``plan(obs [num_envs, *obs],
     [env])`` every row at every step, ``env`` the one batched env whose state it reads (a stateful reference:
@@ -177,7 +176,7 @@ def _episode_seeds(episodes: int, seed: int, seeds: list[int] | None) -> list[in
     refused."""
     seeds = evaluation_seeds(seed, max(episodes, 0)) if seeds is None else list(seeds)
     if episodes < 1 or len(seeds) != episodes:
-        raise ValueError(f"run_episodes got {len(seeds)} seeds for episodes={episodes}: must be >= 1, one seed each")
+        raise ValueError(f"got {len(seeds)} seeds to play episodes={episodes}: must be >= 1, one seed each")
     return seeds
 
 
@@ -192,7 +191,8 @@ def _natively_batched(env_fn: Callable[[], gym.Env], what: str) -> Callable[...,
 
 
 # How a mode calls its player: (obs [rows, *obs], the rows playing [rows] bool, the envs the rows are) -> the rows
-# it acted on (an index into the rows) and their actions. The loops below are the same for every mode.
+# it acted on (an index into the rows) and their actions. The two loops below (single envs: the modes that act on
+# the rows playing; one batched env: every mode) are each the same for every mode.
 _Call = Callable[[np.ndarray, np.ndarray, Sequence[gym.Env]], tuple[Any, np.ndarray]]
 
 
@@ -200,7 +200,7 @@ def _on_rows(act: Act) -> _Call:
     return lambda obs, playing, envs: (playing, act(obs[playing]))
 
 
-def _reading_envs(plan: Callable[[np.ndarray, Sequence[gym.Env]], np.ndarray]) -> _Call:
+def _reading_envs(plan: Plan) -> _Call:
     return lambda obs, playing, envs: (playing, plan(obs[playing], [e for e, p in zip(envs, playing) if p]))
 
 
@@ -208,7 +208,7 @@ def _on_every_row(act: Act) -> _Call:
     return lambda obs, playing, envs: (slice(None), act(obs))
 
 
-def _every_row_reading_env(plan: Callable[[np.ndarray, Sequence[gym.Env]], np.ndarray]) -> _Call:
+def _every_row_reading_env(plan: Plan) -> _Call:
     return lambda obs, playing, envs: (slice(None), plan(obs, envs))
 
 
