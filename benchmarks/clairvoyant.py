@@ -19,7 +19,7 @@ import gymnasium as gym
 
 import envs
 from envs.planner import ClairvoyantPlanner
-from trainer.evaluation import paired_difference, run_episodes, summarize
+from trainer.evaluation import paired_difference, reference_episodes, summarize
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def play(lookahead: int, sweeps: int) -> tuple[list[dict[str, float]], float]:
         start = time.perf_counter()
-        records = run_episodes(ClairvoyantPlanner(config, lookahead, sweeps), env_fn, args.episodes, args.seed,
-                               num_envs=64, with_envs=True)
+        records = reference_episodes(ClairvoyantPlanner(config, lookahead, sweeps), env_fn, args.episodes, args.seed,
+                                     num_envs=64)
         return records, time.perf_counter() - start
 
     default, _ = play(5, 2)

@@ -144,18 +144,18 @@ def _play_all(args: Any, config: envs.VREdgeConfig, env_kwargs: dict[str, Any], 
     """Every player's records on the same held-out episodes, each said as it is played."""
     from envs.foresight import ForesightMPC
     from envs.planner import ClairvoyantPlanner
-    from trainer.evaluation import run_episodes, summarize
+    from trainer.evaluation import batched_reference_episodes, reference_episodes, run_episodes, summarize
 
     env_fn = functools.partial(gym.make, "VREdge-v0", **env_kwargs)
     mpc = {"horizon": settings.horizon, "scenarios": settings.scenarios, "sweeps": settings.sweeps}
     players: list[tuple[str, int | None, Any]] = [
         ("fair_share", None, lambda: run_episodes(envs.make_baseline("fair_share", config), env_fn, args.episodes,
                                                   args.seed)),
-        *[(_name(k), k, functools.partial(run_episodes, ForesightMPC(config, k, **mpc), env_fn, args.episodes,
-                                          args.seed, num_envs=64, with_envs=True, whole_batch=True))
+        *[(_name(k), k, functools.partial(batched_reference_episodes, ForesightMPC(config, k, **mpc), env_fn,
+                                          args.episodes, args.seed, num_envs=64))
           for k in args.k],
-        (CLAIRVOYANT, None, lambda: run_episodes(ClairvoyantPlanner(config), env_fn, args.episodes, args.seed,
-                                                 num_envs=64, with_envs=True))]
+        (CLAIRVOYANT, None, lambda: reference_episodes(ClairvoyantPlanner(config), env_fn, args.episodes, args.seed,
+                                                       num_envs=64))]
     if policy is not None:
         players.insert(1, ("policy", None, lambda: run_episodes(policy, env_fn, args.episodes, args.seed)))
     played = []

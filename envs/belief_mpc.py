@@ -77,7 +77,7 @@ class BeliefMPC:
         (2, 3)
 
     Shapes: ``mpc(obs [B, obs_dim]) -> [B, U]`` int64 levels. It is stateful (the filter): pass every env's
-    observation at every step, in order (``trainer.evaluation.run_episodes(..., whole_batch=True)``). ``base``: a
+    observation at every step, in order (``trainer.evaluation.filter_episodes``). ``base``: a
     baseline's name, or any policy ``obs -> levels`` (a trained one; truncated and sampled, the rollout is not sure
     to improve on it: measured worse on the default policy, ``docs/benchmarks.md``). Keyword
     arguments are :class:`BeliefMPCSettings`; a trace-driven cell is refused (:class:`envs.belief.RegimeFilter`).

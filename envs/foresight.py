@@ -42,9 +42,9 @@ class ForesightMPC(BeliefMPC):
         (2, 4, 3)
 
     Shapes: ``mpc(obs [B, obs_dim], envs) -> [B, U]`` int64 levels, ``envs`` the envs whose ``B`` rows ``obs`` are
-    (single envs or one ``VREdgeVectorEnv``; ``trainer.evaluation.run_episodes(..., with_envs=True,
-    whole_batch=True)``). Stateful as BeliefMPC (the filter): every env's observation at every step, in order.
-    ``base`` and the keyword arguments are BeliefMPC's (:class:`envs.belief_mpc.BeliefMPCSettings`).
+    (single envs or one ``VREdgeVectorEnv``; ``trainer.evaluation.batched_reference_episodes``). Stateful as
+    BeliefMPC (the filter): every env's observation at every step, in order. ``base`` and the keyword
+    arguments are BeliefMPC's (:class:`envs.belief_mpc.BeliefMPCSettings`).
     """
 
     def __init__(self, config: VREdgeConfig, known: int, base: str | Policy = "fair_share", **settings: Any) -> None:

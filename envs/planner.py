@@ -49,7 +49,7 @@ class ClairvoyantPlanner:
     Shapes: :meth:`plan` maps a batched env state (``[B]`` leading axis, as
     ``VREdgeVectorEnv.get_state()`` returns) to levels ``[B, U]``; calling it with
     observations ``[B, obs_dim]`` and the ``B`` envs they came from does the same for
-    single envs (``trainer.evaluation.run_episodes(..., with_envs=True)``).
+    single envs (``trainer.evaluation.reference_episodes``).
     """
 
     def __init__(self, config: VREdgeConfig, lookahead: int = 5, sweeps: int = 2) -> None:

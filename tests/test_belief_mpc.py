@@ -1,5 +1,5 @@
 """The causal ceiling (envs.belief_mpc.BeliefMPC): its rollout is the env's rounds, its rollout never lowers the base
-plan's expected return, it counts active users, its settings are checked, and run_episodes(whole_batch=True) shows
+plan's expected return, it counts active users, its settings are checked, and filter_episodes shows
 it every env at every step."""
 
 import functools
@@ -13,7 +13,7 @@ from envs.belief import Futures
 from envs.belief_mpc import BeliefMPC, BeliefMPCSettings, state_from_observation
 from envs.settings import ConfigError
 from envs.vr_edge import step_state
-from trainer.evaluation import run_episodes
+from trainer.evaluation import filter_episodes, run_episodes
 
 
 def _true_future(venv: envs.VREdgeVectorEnv, horizon: int, base) -> tuple[Futures, np.ndarray]:
@@ -66,7 +66,7 @@ def test_it_beats_a_weak_base_policy_it_improves():
     env_fn = functools.partial(gym.make, "VREdge-v0", num_users=3, max_steps=30)
     top = lambda obs: np.full((len(obs), 3), cfg.num_levels - 1)  # noqa: E731
     mpc = BeliefMPC(cfg, base=top, horizon=3, scenarios=4)
-    rollout = run_episodes(mpc, env_fn, 4, 0, num_envs=4, whole_batch=True)
+    rollout = filter_episodes(mpc, env_fn, 4, 0, num_envs=4)
     plain = run_episodes(top, env_fn, 4, 0)
     assert all(r["reward_per_step"] > p["reward_per_step"] + 0.1 for r, p in zip(rollout, plain))
 
@@ -105,7 +105,7 @@ def test_settings_are_declared_with_help_and_limits():
         assert help_of(f) and (limits_of(f).at_least is not None)
 
 
-def test_whole_batch_shows_every_env_at_every_step():
+def test_filter_episodes_shows_every_env_at_every_step():
     seen = []
 
     def act(obs):
@@ -113,13 +113,13 @@ def test_whole_batch_shows_every_env_at_every_step():
         return np.zeros((len(obs), 2), dtype=np.int64)
 
     env_fn = functools.partial(gym.make, "VREdge-v0", num_users=2, max_steps=5)
-    records = run_episodes(act, env_fn, 5, 0, num_envs=3, whole_batch=True)
+    records = filter_episodes(act, env_fn, 5, 0, num_envs=3)
     assert len(records) == 5 and set(seen) == {3}
     seen.clear()
     run_episodes(act, env_fn, 5, 0, num_envs=3)
     assert min(seen) < 3  # without it, idle envs are left out
     with pytest.raises(ValueError, match="batched"):
-        run_episodes(act, functools.partial(gym.make, "CartPole-v1"), 1, 0, whole_batch=True)
+        filter_episodes(act, functools.partial(gym.make, "CartPole-v1"), 1, 0)
 
 
 # ---------------------------------------------------------------- trainer.evaluate --reference belief
@@ -150,7 +150,7 @@ def test_evaluate_plays_the_causal_ceiling_paired_and_reports_capture_and_causal
     payload = json.loads(out)
     cfg = envs.VREdgeConfig(num_users=3, max_steps=20)
     env_fn = functools.partial(gym.make, "VREdge-v0", num_users=3, max_steps=20)
-    belief = run_episodes(BeliefMPC(cfg), env_fn, 3, 0, num_envs=64, whole_batch=True)  # what it should have played
+    belief = filter_episodes(BeliefMPC(cfg), env_fn, 3, 0, num_envs=64)  # what it should have played
     fair = run_episodes(envs.make_baseline("fair_share", cfg), env_fn, 3, 0)
     policy = run_episodes(policy_actions(trained_model(tiny_run, "best")[0], True), env_fn, 3, 0)
     clairvoyant = payload["reference"]["clairvoyant"]
@@ -218,7 +218,7 @@ def test_the_ceiling_on_the_policy_improves_on_the_policy_itself(tiny_run, capsy
     cfg = envs.VREdgeConfig(num_users=3, max_steps=20)
     env_fn = functools.partial(gym.make, "VREdge-v0", num_users=3, max_steps=20)
     act = policy_actions(trained_model(tiny_run, "best")[0], True)
-    direct = run_episodes(BeliefMPC(cfg, base=act), env_fn, 2, 0, num_envs=64, whole_batch=True)
+    direct = filter_episodes(BeliefMPC(cfg, base=act), env_fn, 2, 0, num_envs=64)
     assert payload["belief_base"] == "policy" and payload["reference"]["belief"] == summarize(direct)
     assert payload["paired_reward_per_step"]["belief"]["mean"] < 0  # the rollout improves on its base: the policy
     assert payload["capture"]["ceiling_tight"]

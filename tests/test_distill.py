@@ -20,7 +20,12 @@ from envs.belief_mpc import BeliefMPC
 from tests.messages import exits, printed_lines
 from trainer import distill as distill_command
 from trainer.config import TrainConfig
-from trainer.evaluation.episodes import distillation_seeds, evaluation_seeds, run_episodes, validation_seeds
+from trainer.evaluation.episodes import (
+    distillation_seeds,
+    evaluation_seeds,
+    filter_episodes,
+    validation_seeds,
+)
 from trainer.evaluation.policies import trained_model
 from trainer.flags import parse_args
 from trainer.ppo import distillation as distill
@@ -62,8 +67,8 @@ def test_each_state_the_policy_visits_is_labelled_with_what_the_expert_plays_the
         seen.append(obs.copy())
         return model.act_deterministic(torch.as_tensor(obs, dtype=torch.float32)).numpy()
 
-    run_episodes(greedy, functools.partial(gym.make, "VREdge-v0", **SMALL), 3, 0, num_envs=3,
-                 seeds=distillation_seeds(0, 3), whole_batch=True)
+    filter_episodes(greedy, functools.partial(gym.make, "VREdge-v0", **SMALL), 3, 0, num_envs=3,
+                    seeds=distillation_seeds(0, 3))
     assert np.allclose(np.stack(seen).reshape(36, -1), labels.observations.numpy())
 
 

@@ -30,7 +30,14 @@ from trainer import compare as compare_cli
 from trainer import evaluate as evaluate_cli
 from trainer.common.policy_layout import FLAT, PolicyLayout
 from trainer.config import TrainConfig
-from trainer.evaluation import paired_difference, policy_actions, run_episodes, summarize, validation_seeds
+from trainer.evaluation import (
+    paired_difference,
+    policy_actions,
+    reference_episodes,
+    run_episodes,
+    summarize,
+    validation_seeds,
+)
 from trainer.evaluation.baselines import best_baseline
 from trainer.evaluation.cells import cell_slots, cells_figure, cells_of, evaluate_cells, play_contenders, plot_band
 from trainer.evaluation.episodes import Player, episodes_shown, play_together
@@ -355,7 +362,7 @@ def test_players_played_together_score_each_episode_as_each_played_alone(varying
     deterministic = [n for n in envs.BASELINES if n != "random"]  # (random draws its levels in another order)
     for name in deterministic:
         assert played[name] == run_episodes(envs.make_baseline(name, config), env_fn, 18, 0), name
-    assert played["clairvoyant"] == run_episodes(ClairvoyantPlanner(config), env_fn, 18, 0, with_envs=True)
+    assert played["clairvoyant"] == reference_episodes(ClairvoyantPlanner(config), env_fn, 18, 0)
     seeds = validation_seeds(1, 16)
     _, validation = best_baseline("VREdge-v0", list(envs.BASELINES), config.to_dict(), env_fn, seeds)
     for name in deterministic:

@@ -14,7 +14,7 @@ from envs.belief_mpc import BeliefMPC
 from envs.foresight import ForesightMPC
 from envs.settings import ConfigError
 from tests.messages import exits, raises
-from trainer.evaluation import run_episodes, summarize
+from trainer.evaluation import batched_reference_episodes, filter_episodes, run_episodes, summarize
 
 CELLS = [{}, {"num_users": 4, "users": "2-3", "churn": 0.05}]
 
@@ -79,10 +79,10 @@ def test_known_rounds_open_every_scenario_and_the_filter_draws_the_rest_given_th
 def test_what_a_known_round_is_worth_is_played_by_run_episodes_on_the_batched_env():
     kw = {"num_users": 3, "max_steps": 25}
     cfg, env_fn = envs.VREdgeConfig(**kw), functools.partial(gym.make, "VREdge-v0", **kw)
-    play = functools.partial(run_episodes, env_fn=env_fn, episodes=3, seed=0, num_envs=64, whole_batch=True)
-    belief = play(BeliefMPC(cfg, horizon=3, scenarios=4))
-    assert play(ForesightMPC(cfg, 0, horizon=3, scenarios=4), with_envs=True) == belief
-    assert play(ForesightMPC(cfg, 3, horizon=3, scenarios=4), with_envs=True) != belief
+    play = functools.partial(batched_reference_episodes, env_fn=env_fn, episodes=3, seed=0, num_envs=64)
+    belief = filter_episodes(BeliefMPC(cfg, horizon=3, scenarios=4), env_fn, 3, 0, num_envs=64)
+    assert play(ForesightMPC(cfg, 0, horizon=3, scenarios=4)) == belief
+    assert play(ForesightMPC(cfg, 3, horizon=3, scenarios=4)) != belief
 
 
 @pytest.mark.parametrize("known", [-1, 1.5, True, "2"])
@@ -108,7 +108,7 @@ def test_the_curve_is_played_end_to_end_and_written(tmp_path, capsys):
                                            "clairvoyant"]
     cfg, env_fn = envs.VREdgeConfig(num_users=2, max_steps=12), functools.partial(gym.make, "VREdge-v0",
                                                                                    num_users=2, max_steps=12)
-    belief = run_episodes(BeliefMPC(cfg, horizon=2, scenarios=2), env_fn, 2, 0, num_envs=64, whole_batch=True)
+    belief = filter_episodes(BeliefMPC(cfg, horizon=2, scenarios=2), env_fn, 2, 0, num_envs=64)
     assert float(rows[1]["reward_per_step"]) == summarize(belief)["reward_per_step"]  # k = 0: BeliefMPC's numbers
     share = rows[-1]["share_of_clairvoyant_lead"]  # (NaN where the clairvoyant is not ahead of BeliefMPC)
     assert float(rows[1]["vs_k0"]) == 0 and (share == "nan" or float(share) == 1.0)

@@ -14,7 +14,7 @@ from envs.baselines import bola_parameters, mpc_levels, robust_capacity
 from envs.planner import ClairvoyantPlanner
 from envs.vr_edge import observe
 from tests.messages import raises
-from trainer.evaluation import gap_closed, jain_index, run_episodes, summarize, t_quantile_975
+from trainer.evaluation import gap_closed, jain_index, reference_episodes, run_episodes, summarize, t_quantile_975
 
 SMALL = dict(bitrates_mbps=(1.0, 2.0, 4.0), max_buffer_s=4.0, segment_s=1.0)  # quality 0, 0.5, 1
 
@@ -142,8 +142,8 @@ def test_planner_is_never_worse_than_any_baseline_on_a_set_of_seeds():
     env_fn = functools.partial(gym.make, "VREdge-v0", **kwargs)
     cfg = envs.VREdgeConfig(**kwargs)
     seeds = list(range(100, 108))
-    planned = run_episodes(ClairvoyantPlanner(cfg), env_fn, len(seeds), 0, seeds=seeds, with_envs=True)
-    again = run_episodes(ClairvoyantPlanner(cfg), env_fn, len(seeds), 0, seeds=seeds, with_envs=True, num_envs=3)
+    planned = reference_episodes(ClairvoyantPlanner(cfg), env_fn, len(seeds), 0, seeds=seeds)
+    again = reference_episodes(ClairvoyantPlanner(cfg), env_fn, len(seeds), 0, seeds=seeds, num_envs=3)
     assert planned == again  # deterministic, whatever the batching
     for name in envs.BASELINES:
         played = run_episodes(envs.make_baseline(name, cfg), env_fn, len(seeds), 0, seeds=seeds)

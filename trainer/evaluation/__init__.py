@@ -5,7 +5,8 @@ The words: *evaluation* plays a trained policy on test episodes (``python -m tra
 *validation* plays it on validation episodes during training (``--eval-every``, :mod:`.validation`) to pick
 the best checkpoint. Each has its own seeds, and training never uses either.
 
-- :mod:`.episodes`: the held-out seeds and env arguments, :func:`run_episodes`, one record per episode;
+- :mod:`.episodes`: the held-out seeds and env arguments, one record per episode: :func:`run_episodes` (a policy),
+  :func:`reference_episodes` (a player that reads the envs), :func:`filter_episodes` (a stateful controller);
 - :mod:`.statistics`: means with 95% CIs, paired differences, the gap closed, Jain's index;
 - :mod:`.aggregate`: over runs, as rliable: the interquartile mean, the probability of improvement, stratified
   bootstrap CIs;
@@ -18,13 +19,17 @@ the best checkpoint. Each has its own seeds, and training never uses either.
 """
 
 from trainer.evaluation.episodes import (
+    batched_reference_episodes,
     evaluation_seeds,
+    filter_episodes,
     held_out_env_kwargs,
     policy_actions,
+    reference_episodes,
     run_episodes,
     validation_seeds,
 )
 from trainer.evaluation.statistics import gap_closed, jain_index, paired_difference, summarize, t_quantile_975
 
-__all__ = ["evaluation_seeds", "gap_closed", "held_out_env_kwargs", "jain_index", "paired_difference",
-           "policy_actions", "run_episodes", "summarize", "t_quantile_975", "validation_seeds"]
+__all__ = ["batched_reference_episodes", "evaluation_seeds", "filter_episodes", "gap_closed", "held_out_env_kwargs",
+           "jain_index", "paired_difference", "policy_actions", "reference_episodes", "run_episodes", "summarize",
+           "t_quantile_975", "validation_seeds"]

@@ -51,11 +51,12 @@ from trainer.evaluation.episodes import (
     Act,
     Player,
     Records,
+    batched_reference_episodes,
     evaluation_seeds,
+    filter_episodes,
     held_out_env_kwargs,
     play_together,
     policy_actions,
-    run_episodes,
     validation_seeds,
 )
 from trainer.evaluation.report import pyplot, write_figure
@@ -109,15 +110,14 @@ def clairvoyant_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.E
     ``seed`` gives: one batched env, a row per episode, planned from its state at every step (a row whose episode
     ended too: its plan is moot). Its plans are each row's own, so they are those of single envs, at a batched
     env's cost."""
-    return run_episodes(ClairvoyantPlanner(vr_config), env_fn, episodes, seed, num_envs=episodes, with_envs=True,
-                        whole_batch=True)
+    return batched_reference_episodes(ClairvoyantPlanner(vr_config), env_fn, episodes, seed, num_envs=episodes)
 
 
 def ceiling_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
                     base: str | Act = CEILING_BASE) -> Records:
     """The causal ceiling's records (:class:`envs.belief_mpc.BeliefMPC` on ``base``, its defaults) on the held-out
     episodes ``seed`` gives, every env's observation at every step in one batched env (its filter keeps a row each)."""
-    return run_episodes(BeliefMPC(vr_config, base=base), env_fn, episodes, seed, num_envs=64, whole_batch=True)
+    return filter_episodes(BeliefMPC(vr_config, base=base), env_fn, episodes, seed, num_envs=64)
 
 
 def rows_at_once(episodes: int, names: Sequence[str], reference: bool | Sequence[str]) -> int:

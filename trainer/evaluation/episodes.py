@@ -20,6 +20,7 @@ from envs.profiles import profile_of
 from trainer.evaluation.statistics import jain_index
 
 Act = Callable[[np.ndarray], np.ndarray]
+Plan = Callable[[np.ndarray, Sequence[gym.Env]], np.ndarray]  # a reference's: (obs, the envs of its rows) -> actions
 Records = list[dict[str, float]]  # one per episode (run_episodes)
 _EVAL_STREAM = 0x5EED_E7A1  # spawn key that separates evaluation seeds from training seeds
 _VALIDATION_STREAM = 0x5EED_7A11  # and validation seeds (model selection during training) from both
@@ -131,40 +132,93 @@ class _StepsShown:
 
 
 def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
-                 num_envs: int = EPISODE_BATCH, seeds: list[int] | None = None,
-                 with_envs: bool = False, whole_batch: bool = False) -> list[dict[str, float]]:
-    """Play ``episodes`` full episodes (episode ``i`` reset with ``evaluation_seeds(seed)[i]``, or ``seeds[i]``).
+                 num_envs: int = EPISODE_BATCH, seeds: list[int] | None = None) -> Records:
+    """A policy's or a heuristic's records of ``episodes`` whole episodes, episode ``i`` reset with
+    ``evaluation_seeds(seed)[i]`` (or ``seeds[i]``): ``act(obs [n, *obs]) -> actions [n, ...]`` on the ``n <=
+    num_envs`` rows playing, in one batched env where the env's profile declares one (:func:`native_vector_env`).
+    A record: ``return``, ``length``, ``reward_per_step``, the env's ``episode_metrics`` and, where ``info`` has
+    per-user ``qoe_lin`` and ``quality`` (VR-edge), ``qoe_lin`` and ``fairness`` over the active users."""
+    seeds = _episode_seeds(episodes, seed, seeds)
+    make = native_vector_env(env_fn)
+    if make is None:
+        return _single_records(_on_rows(act), env_fn, seeds, num_envs)
+    return _batched_records(_on_rows(act), make, seeds, num_envs)
 
-    Up to ``num_envs`` envs run in lockstep (one batched env where the env has one: :func:`native_vector_env`) so
-    that ``act`` sees batches ``[n, *obs]``; with ``with_envs`` it is called as ``act(obs, envs)`` with the ``n``
-    envs the observations came from (a clairvoyant reference reads their state); with ``whole_batch`` (an env
-    batched natively) ``act`` sees every env's observation at every step, those whose episodes are done included
-    (their actions moot), so that a stateful controller (a filter) keeps one row per env (and with ``with_envs``,
-    ``act`` gets ``[env]``, the one batched env whose rows they are: a reference that reads the future). Each record
-    has ``return``, ``length``, ``reward_per_step`` and the env's ``episode_metrics``
-    (VR-edge: ``quality``, ``stall_s``, ``switches``); for envs whose ``info`` carries per-user ``qoe_lin`` and
-    ``quality`` (VR-edge), also ``qoe_lin`` (per user and segment) and ``fairness`` (Jain's index of the users' mean
-    quality), both over the active users only where ``info["active"]`` says which are (a cell whose users vary).
-    """
+
+def reference_episodes(plan: Plan, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
+                       num_envs: int = EPISODE_BATCH, seeds: list[int] | None = None) -> Records:
+    """A reference's records (as :func:`run_episodes`'), played in up to ``num_envs`` single envs in lockstep:
+    ``plan(obs [n, *obs], envs) -> actions [n, ...]``, ``envs`` the ``n`` envs of the rows playing, whose state it
+    reads (the clairvoyant, :class:`envs.planner.ClairvoyantPlanner`)."""
+    return _single_records(_reading_envs(plan), env_fn, _episode_seeds(episodes, seed, seeds), num_envs)
+
+
+def filter_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: int, num_envs: int = EPISODE_BATCH,
+                    seeds: list[int] | None = None) -> Records:
+    """A stateful controller's records (as :func:`run_episodes`'), played in one natively batched env of
+    ``num_envs`` rows: ``act(obs [num_envs, *obs])`` sees every row at every step, rows whose episodes ended
+    included (their actions moot), so that it keeps a row per env (a filter: :class:`envs.belief_mpc.BeliefMPC`)."""
+    make = _natively_batched(env_fn, "filter_episodes")
+    return _batched_records(_on_every_row(act), make, _episode_seeds(episodes, seed, seeds), num_envs)
+
+
+def batched_reference_episodes(plan: Plan, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
+                               num_envs: int = EPISODE_BATCH, seeds: list[int] | None = None) -> Records:
+    """A reference's records played as :func:`filter_episodes` plays a filter: ``plan(obs [num_envs, *obs],
+    [env])`` every row at every step, ``env`` the one batched env whose state it reads (a stateful reference:
+    :class:`envs.foresight.ForesightMPC`; the clairvoyant's plans, each row's own, at a batched env's cost)."""
+    make = _natively_batched(env_fn, "batched_reference_episodes")
+    return _batched_records(_every_row_reading_env(plan), make, _episode_seeds(episodes, seed, seeds), num_envs)
+
+
+def _episode_seeds(episodes: int, seed: int, seeds: list[int] | None) -> list[int]:
+    """One env seed per episode: ``seeds``, or ``evaluation_seeds(seed, episodes)``; a count that is not one each
+    refused."""
     seeds = evaluation_seeds(seed, max(episodes, 0)) if seeds is None else list(seeds)
     if episodes < 1 or len(seeds) != episodes:
-        raise ValueError(f"run_episodes got {len(seeds)} seeds for episodes={episodes}: must be >= 1, one seed each")
-    batched = None if with_envs and not whole_batch else native_vector_env(env_fn)
-    if batched is not None:
-        return _batched_records(act, batched, seeds, num_envs, whole_batch, with_envs)
-    if whole_batch:
-        raise ValueError("run_episodes(whole_batch=True) needs an env batched natively (VR-edge's gym.make)")
-    return _single_records(act, env_fn, seeds, num_envs, with_envs)
+        raise ValueError(f"got {len(seeds)} seeds to play episodes={episodes}: must be >= 1, one seed each")
+    return seeds
 
 
-def _single_records(act: Callable[..., np.ndarray], env_fn: Callable[[], gym.Env], seeds: list[int], num_envs: int,
-                    with_envs: bool) -> list[dict[str, float]]:
-    """:func:`run_episodes`'s records, played in up to ``num_envs`` single envs in lockstep (``with_envs``: ``act``
-    also gets the envs)."""
+def _natively_batched(env_fn: Callable[[], gym.Env], what: str) -> Callable[..., gym.vector.VectorEnv]:
+    """``env_fn``'s batched env (:func:`native_vector_env`); one without refused in one line that names it."""
+    make = native_vector_env(env_fn)
+    if make is None:
+        name = env_fn.args[0] if isinstance(env_fn, functools.partial) and env_fn.args else env_fn
+        raise ValueError(f"{what} needs an env batched natively, and {name!r} has none (its profile declares no "
+                         f"vector_env): play it with run_episodes or reference_episodes")
+    return make
+
+
+# How a mode calls its player: (obs [rows, *obs], the rows playing [rows] bool, the envs the rows are) -> the rows
+# it acted on (an index into the rows) and their actions. The two loops below (single envs: the modes that act on
+# the rows playing; one batched env: every mode) are each the same for every mode.
+_Call = Callable[[np.ndarray, np.ndarray, Sequence[gym.Env]], tuple[Any, np.ndarray]]
+
+
+def _on_rows(act: Act) -> _Call:
+    return lambda obs, playing, envs: (playing, act(obs[playing]))
+
+
+def _reading_envs(plan: Plan) -> _Call:
+    return lambda obs, playing, envs: (playing, plan(obs[playing], [e for e, p in zip(envs, playing) if p]))
+
+
+def _on_every_row(act: Act) -> _Call:
+    return lambda obs, playing, envs: (slice(None), act(obs))
+
+
+def _every_row_reading_env(plan: Plan) -> _Call:
+    return lambda obs, playing, envs: (slice(None), plan(obs, envs))
+
+
+def _single_records(call: _Call, env_fn: Callable[[], gym.Env], seeds: list[int], num_envs: int) -> Records:
+    """The records of ``seeds``' episodes, played in up to ``num_envs`` single envs in lockstep, the player called
+    as ``call`` says on the envs playing."""
     episodes = len(seeds)
     envs = [env_fn() for _ in range(min(num_envs, episodes))]
     obs = [None] * len(envs)
-    current = [-1] * len(envs)  # episode index each env is playing, -1 when idle
+    current = np.full(len(envs), -1)  # episode index each env is playing, -1 when idle
     stats = [_EpisodeStats() for _ in envs]
     records: list[dict[str, float] | None] = [None] * episodes
     next_episode = 0
@@ -172,11 +226,10 @@ def _single_records(act: Callable[..., np.ndarray], env_fn: Callable[[], gym.Env
         obs[i], _ = env.reset(seed=seeds[next_episode])
         current[i], next_episode = next_episode, next_episode + 1
     try:
-        while any(c >= 0 for c in current):
-            active = [i for i, c in enumerate(current) if c >= 0]
-            batch = np.stack([obs[i] for i in active])
-            actions = act(batch, [envs[i] for i in active]) if with_envs else act(batch)
-            for j, i in enumerate(active):
+        while (current >= 0).any():
+            playing = current >= 0
+            _, actions = call(np.stack(obs), playing, envs)
+            for j, i in enumerate(np.flatnonzero(playing)):
                 obs[i], reward, terminated, truncated, info = envs[i].step(actions[j])
                 stats[i].add(float(reward), info)
                 if terminated or truncated:
@@ -209,11 +262,11 @@ def native_vector_env(env_fn: Callable[[], gym.Env]) -> Callable[..., gym.vector
     return None
 
 
-def _batched_records(act: Callable[..., np.ndarray], make: Callable[..., gym.vector.VectorEnv], seeds: list[int],
-                     num_envs: int, whole_batch: bool = False, with_envs: bool = False) -> list[dict[str, float]]:
-    """:func:`run_episodes`'s records, its ``num_envs`` envs one batched env: an env whose episode ends starts the
-    next seed's (its state spliced in from a fresh env reset with that seed), so ``act`` sees the same batches
-    (``whole_batch``: every row at every step; with ``with_envs``, as ``act(obs, [env])``)."""
+def _batched_records(call: _Call, make: Callable[..., gym.vector.VectorEnv], seeds: list[int], num_envs: int
+                     ) -> Records:
+    """The records of ``seeds``' episodes, its ``num_envs`` envs one batched env, the player called as ``call``
+    says: an env whose episode ends starts the next seed's (its state spliced in from a fresh env reset with that
+    seed); an idle env plays on, unrecorded (its actions moot)."""
     env = make(num_envs=min(num_envs, len(seeds)))
     shown = _StepsShown(env)
     try:
@@ -225,10 +278,8 @@ def _batched_records(act: Callable[..., np.ndarray], make: Callable[..., gym.vec
         actions = np.zeros((env.num_envs, *env.single_action_space.shape), dtype=env.single_action_space.dtype)
         while (current >= 0).any():
             playing = current >= 0
-            if whole_batch:
-                actions[:] = act(obs, [env]) if with_envs else act(obs)
-            else:
-                actions[playing] = act(obs[playing])  # an idle env plays on, unrecorded: its actions are moot
+            rows, acted = call(obs, playing, [env])
+            actions[rows] = acted
             obs, reward, terminated, truncated, info = env.step(actions)
             shown.stepped(int(playing.sum()))
             parts = {k: v for k, v in info.items() if not k.startswith(("_", "final_"))}

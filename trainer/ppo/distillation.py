@@ -42,6 +42,7 @@ from trainer.arguments import counted
 from trainer.evaluation.episodes import (
     distillation_seeds,
     episodes_counted,
+    filter_episodes,
     policy_actions,
     run_episodes,
     validation_seeds,
@@ -156,7 +157,7 @@ def expert_labels(model: nn.Module, env: str, env_kwargs: dict[str, Any], episod
             observations.append(np.concatenate(seen))
             actions.append(np.concatenate(said))
             continue
-        records = run_episodes(labelled, make, len(chunk), 0, num_envs=len(chunk), seeds=chunk, whole_batch=True)
+        records = filter_episodes(labelled, make, len(chunk), 0, num_envs=len(chunk), seeds=chunk)
         # row i plays episode i alone (as many envs as episodes): its states are the first `length` (one that ended
         # early, all its users gone, plays on idle, unrecorded)
         live = np.arange(len(seen))[:, None] < np.array([int(r["length"]) for r in records])[None, :]  # [T, n]
