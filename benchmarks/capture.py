@@ -30,8 +30,8 @@ from benchmarks.machine import print_machine
 from envs.belief import filter_refusal
 from envs.settings import ConfigError
 from trainer.arguments import OneLineParser
-from trainer.evaluation.cells import ceiling_records
 from trainer.evaluation.comparison import load_run, play
+from trainer.evaluation.contenders import ceiling_records
 from trainer.evaluation.episodes import run_episodes
 from trainer.evaluation.report import check_writable, plus_minus, pyplot, write_figure
 from trainer.evaluation.statistics import gap_closed, paired_difference

@@ -129,7 +129,10 @@ def profile_of(env_id: str) -> EnvProfile:
     none."""
     module, _, name = env_id.rpartition(":")
     if module and name not in _PROFILES:  # the module registers the env, and its profile beside it
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except ImportError:  # (the env's own check says so, in one line: trainer.common.spaces.check_env_id)
+            return GENERIC
     found = _PROFILES.get(name, GENERIC)
     if isinstance(found, str):
         found = _PROFILES[name] = importlib.import_module(found).PROFILE
@@ -146,13 +149,14 @@ def profiled_envs(declaring: str) -> list[str]:
     return [env for env in list(_PROFILES) if getattr(profile_of(env), declaring)]
 
 
-def profiled_baselines() -> list[str]:
-    """Every baseline name some env's profile declares (a name no env has is a typo).
+def names_declared(field: str) -> list[str]:
+    """Every name of ``field`` (``"baselines"`` or ``"references"``) some env's profile declares (a name no env has
+    is a typo: a usage error before a checkpoint is read).
 
-    >>> "fair_share" in profiled_baselines()
-    True
+    >>> "fair_share" in names_declared("baselines"), names_declared("references")
+    (True, ['clairvoyant', 'belief'])
     """
-    return list(dict.fromkeys(name for env in list(_PROFILES) for name in profile_of(env).baselines))
+    return list(dict.fromkeys(name for env in list(_PROFILES) for name in getattr(profile_of(env), field)))
 
 
 def _loaded(entry_point: str) -> Callable[..., Any] | None:

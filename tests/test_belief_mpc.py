@@ -168,7 +168,7 @@ def test_evaluate_plays_the_causal_ceiling_paired_and_reports_capture_and_causal
 
 
 def test_a_ceiling_the_policy_beats_is_said_to_be_no_ceiling():
-    from trainer.evaluation.cells import ceiling_figures
+    from trainer.evaluation.contenders import ceiling_figures
     from trainer.evaluation.report import format_ceiling
 
     episodes = lambda *scores: [{"reward_per_step": s} for s in scores]  # noqa: E731

@@ -39,7 +39,8 @@ from trainer.evaluation import (
     validation_seeds,
 )
 from trainer.evaluation.baselines import best_baseline
-from trainer.evaluation.cells import cell_slots, cells_figure, cells_of, evaluate_cells, play_contenders, plot_band
+from trainer.evaluation.cells import cell_slots, cells_figure, cells_of, evaluate_cells, plot_band
+from trainer.evaluation.contenders import play_contenders
 from trainer.evaluation.episodes import Player, episodes_shown, play_together
 from trainer.evaluation.policies import trained_model
 from trainer.evaluation.report import json_ready

@@ -43,10 +43,9 @@ if TYPE_CHECKING:  # (torch loads once the command line is checked)
 
     from envs import VREdgeConfig
     from trainer.config import TrainConfig
-    from trainer.evaluation.cells import Cell, Comparison
+    from trainer.evaluation.cells import Cell
+    from trainer.evaluation.contenders import Comparison
 
-REFERENCE = "clairvoyant"  # (trainer.evaluation.cells.REFERENCE: the reference's name in the results)
-REFERENCES = (REFERENCE, "belief")  # (trainer.evaluation.cells.REFERENCES)
 CELLS_FILES = ("evaluation_cells.json", "evaluation_cells.png")  # what --users/--churn write
 
 
@@ -238,6 +237,7 @@ def _import_the_evaluation() -> None:
         import envs.planner  # noqa: F401
         import trainer.evaluation.baselines  # noqa: F401
         import trainer.evaluation.cells  # noqa: F401
+        import trainer.evaluation.contenders  # noqa: F401
         import trainer.evaluation.policies  # noqa: F401
         import trainer.evaluation.report  # noqa: F401
 
@@ -333,10 +333,11 @@ def _asked_cells(parser: OneLineParser, args: argparse.Namespace, model: nn.Modu
 def _check_cells_fit(args: argparse.Namespace, cfg: TrainConfig, cells: list[Cell], slots: int,
                      vr_config: VREdgeConfig, names: list[str]) -> None:
     """A :class:`ConfigError` where cells of ``slots`` user slots, played as the episodes are (every player of a
-    pair in one batched env, a row per episode: :func:`trainer.evaluation.cells.rows_at_once`; the policy acting
+    pair in one batched env, a row per episode: :func:`trainer.evaluation.contenders.rows_at_once`; the policy acting
     on up to ``EPISODE_BATCH`` rows at once), would not fit this machine's memory: said before any env is built,
     not as an allocation error once one is (``--users 100000000``)."""
-    from trainer.evaluation.cells import cell_env_kwargs, rows_at_once
+    from trainer.evaluation.cells import cell_env_kwargs
+    from trainer.evaluation.contenders import rows_at_once
     from trainer.evaluation.episodes import EPISODE_BATCH
     from trainer.memory import check_cells_fit
     from trainer.run_layout import memory_available
@@ -352,7 +353,7 @@ def _played(args: argparse.Namespace, setup: _Setup, label: str) -> dict[str, li
     """The records of the episodes each player played, by name: the policy (``label``), the baselines, the
     clairvoyant reference where asked for; the same held-out seeds for each."""
     from trainer.evaluation import policy_actions
-    from trainer.evaluation.cells import play_contenders
+    from trainer.evaluation.contenders import play_contenders
 
     return play_contenders(policy_actions(setup.model, args.deterministic), label, setup.names, setup.vr_config,
                            setup.env_fn, args.episodes, args.seed, _with_reference(args, setup), args.belief_base)
@@ -361,7 +362,7 @@ def _played(args: argparse.Namespace, setup: _Setup, label: str) -> dict[str, li
 def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
     """The episodes an evaluation plays per cell: each player's held-out ones, then each baseline's validation
     episodes (where the best baseline is picked)."""
-    from trainer.evaluation.cells import SELECTION_EPISODES
+    from trainer.evaluation.contenders import SELECTION_EPISODES
 
     references = _with_reference(args, setup)
     ceiling_base = "belief" in references and "fair_share" not in setup.names  # (played for the capture)
@@ -370,25 +371,27 @@ def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
 
 
 def _with_reference(args: argparse.Namespace, setup: _Setup) -> tuple[str, ...]:
-    """The references played: those asked for, on VR-edge; by default the clairvoyant, and none across cells
-    (``--users``/``--churn``), where it would cost several times what every other player costs."""
-    if setup.vr_config is None:
-        return ()
+    """The references played: those asked for that the env's profile declares; by default its first (VR-edge's
+    clairvoyant), and none across cells (``--users``/``--churn``), where it would cost several times what every
+    other player costs."""
+    from envs.profiles import profile_of
+
+    declared = profile_of(setup.cfg.env).references
     if args.reference is None:
-        return () if setup.cells else (REFERENCE,)
-    return args.reference
+        return () if setup.cells else declared[:1]
+    return tuple(r for r in args.reference if r in declared)
 
 
 def _compared(played: dict[str, list[dict[str, float]]], label: str, setup: _Setup) -> Comparison:
     """The statistics of what each player scored, and the policy (``label``) against the others."""
-    from trainer.evaluation.cells import compare_contenders
+    from trainer.evaluation.contenders import compare_contenders
 
     return compare_contenders(played, label, setup.names, setup.vr_config, setup.env_fn, setup.cfg.seed)
 
 
 def _payload(args: argparse.Namespace, setup: _Setup, label: str, comparison: Comparison) -> dict[str, Any]:
     """What ``evaluation.json`` holds (and ``--json`` prints)."""
-    from trainer.evaluation.cells import comparison_payload
+    from trainer.evaluation.contenders import comparison_payload
 
     return {**_payload_head(args, setup), **comparison_payload(comparison, label, setup.names)}
 
@@ -405,47 +408,21 @@ def _payload_head(args: argparse.Namespace, setup: _Setup) -> dict[str, Any]:
 def _print_results(args: argparse.Namespace, setup: _Setup, comparison: Comparison, out: TextIO) -> None:
     """The results as a table on ``out``: what was played, each player's statistics, the paired differences and
     the gap closed."""
+    from trainer.evaluation.contenders import comparison_text
+
     _print_header(args, setup, out)
-    _print_comparison(comparison, out, args.belief_base)
+    print(comparison_text(comparison, args.belief_base), file=out)
 
 
 def _print_header(args: argparse.Namespace, setup: _Setup, out: TextIO) -> None:
-    """What was played, on ``out``: the env and its arguments (the files it replays, as its profile says them),
+    """What was played, on ``out``: the env, its arguments and the files it replays (as its profile words them),
     the episodes, the checkpoint."""
     from envs.profiles import profile_of
     from trainer.config import format_env_kwargs
 
     others, files = profile_of(setup.cfg.env).played_on(setup.env_kwargs, args.given)
-    arguments = f" ({format_env_kwargs(others)})" if others else ""
-    print(f"{setup.cfg.env}{arguments}: {counted(args.episodes, 'episode')} on held-out seeds (seed {args.seed}"
-          f"{files}), {setup.which} {setup.source}", file=out)
-
-
-def _print_comparison(comparison: Comparison, out: TextIO, belief_base: str = "fair_share") -> None:
-    """One comparison on ``out``: each player's statistics, the paired differences, the gap closed and, where the
-    causal ceiling (on ``belief_base``) was played, its causal share and the policy's capture."""
-    from trainer.evaluation.cells import SELECTION_EPISODES
-    from trainer.evaluation.report import format_table, plus_minus
-
-    print(format_table(comparison.results), file=out)
-    if comparison.paired:
-        qoe = comparison.paired_qoe_lin
-        print("\npolicy minus baseline, paired over the same episodes (mean ± 95% CI, policy better in): reward/step"
-              + (" | QoE_lin/user" if qoe else ""), file=out)
-        for name, d in comparison.paired.items():
-            q = qoe.get(name)
-            also = f" | {q['mean']:+.3f} {plus_minus(q['ci95']):<9}{q['wins']}/{q['episodes']}" if q else ""
-            print(f"  vs {name:<14}{d['mean']:+.3f} {plus_minus(d['ci95']):<9}{d['wins']}/{d['episodes']} "
-                  f"episodes{also}", file=out)
-    gap = comparison.gap
-    if gap:
-        interval = f" {plus_minus(gap['ci95'])} (95% CI)" if plus_minus(gap["ci95"]) else ""
-        print(f"\ngap closed: the policy closes {gap['fraction']:.3f}{interval} of the gap "
-              f"between the best baseline ({comparison.best}, picked on {SELECTION_EPISODES} validation episodes) "
-              f"and the clairvoyant reference ({gap['gap']:+.3f} reward/step)", file=out)
-    if comparison.capture is not None:
-        from trainer.evaluation.report import format_ceiling
-        print("\n" + format_ceiling(comparison.capture, comparison.causal_share, belief_base), file=out)
+    print(f"{setup.cfg.env}{f' ({format_env_kwargs(others)})' if others else ''}: {counted(args.episodes, 'episode')}"
+          f" on held-out seeds (seed {args.seed}{files}), {setup.which} {setup.source}", file=out)
 
 
 def _write_results(args: argparse.Namespace, setup: _Setup, payload: dict[str, Any],
@@ -496,29 +473,32 @@ def _check_numbers(parser: OneLineParser, args: argparse.Namespace) -> None:
 
 
 def _asked_references(parser: OneLineParser, spec: str) -> tuple[str, ...]:
-    """The references ``--reference`` names (``none``, or names of :data:`REFERENCES`, comma-separated); an unknown
-    name is a usage error."""
+    """The references ``--reference`` names (``none``, or names some env's profile declares, comma-separated); an
+    unknown name is a usage error."""
+    from envs.profiles import names_declared
+
     if spec.strip() in ("", "none"):
         return ()
     names = tuple(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
-    unknown = [n for n in names if n not in REFERENCES]
+    known = names_declared("references")
+    unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"--reference={spec!r} is invalid: unknown {', '.join(unknown)}; use none or names from "
-                     f"{', '.join(REFERENCES)}{did_you_mean(unknown, REFERENCES)}")
+                     f"{', '.join(known)}{did_you_mean(unknown, known)}")
     return names
 
 
 def _asked_baselines(parser: OneLineParser, spec: str) -> list[str] | None:
     """The baselines ``--baselines`` names (``none``, a comma-separated list; ``None`` for ``all``: every baseline
     of the env played, known once the checkpoint is); a name no env's profile declares is a usage error."""
-    from envs.profiles import profiled_baselines
+    from envs.profiles import names_declared
 
     if spec in ("", "none"):
         return []
     if spec == "all":
         return None
     names = [n.strip() for n in spec.split(",") if n.strip()]
-    known = profiled_baselines()
+    known = names_declared("baselines")
     unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"--baselines={spec!r} is invalid: unknown {', '.join(unknown)}; use all, none or names "

@@ -143,7 +143,7 @@ def check_writable(directory: Path, what: str = "the evaluation outputs", run_di
 
 
 def format_ceiling(capture: dict[str, Any], causal_share: dict[str, Any] | None, base: str = "fair_share") -> str:
-    """The causal ceiling's lines of the table (``trainer.evaluation.cells.ceiling_figures``): its causal share of
+    """The causal ceiling's lines of the table (``trainer.evaluation.contenders.ceiling_figures``): its causal share of
     the clairvoyant's lead over fair_share, where the clairvoyant was played, and the policy's capture of its own
     lead; a ceiling the policy beats is said to be not tight, and a capture above 1 no gain beyond what is reachable. ``base``: what the ceiling's
     rollout improves on (``fair_share`` or ``policy``).

@@ -1,0 +1,180 @@
+"""A policy against its contenders on the same held-out episodes: the baselines and the references played beside it
+(:func:`play_contenders`), the statistics of each and the policy's paired leads (:func:`compare_contenders`), in
+words (:func:`comparison_text`) and as JSON (:func:`comparison_payload`); what ``trainer.evaluate`` shows for one
+cell, and for each of ``--users``' cells (:mod:`trainer.evaluation.cells`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+
+import envs
+from envs.belief_mpc import BeliefMPC
+from envs.planner import ClairvoyantPlanner
+from envs.profiles import profile_of
+from trainer.evaluation.baselines import best_baseline
+from trainer.evaluation.episodes import (
+    EPISODE_BATCH,
+    Act,
+    Player,
+    Records,
+    batched_reference_episodes,
+    evaluation_seeds,
+    filter_episodes,
+    play_together,
+    validation_seeds,
+)
+from trainer.evaluation.report import format_ceiling, format_table, plus_minus
+from trainer.evaluation.statistics import gap_closed, paired_difference, summarize
+
+REFERENCE = "clairvoyant"  # the reference's name in the results (trainer.evaluate --reference)
+BELIEF = "belief"  # the causal ceiling's (envs.belief_mpc.BeliefMPC on fair_share or the policy): --reference belief
+REFERENCES = (REFERENCE, BELIEF)
+CEILING_BASE = "fair_share"  # the base the causal ceiling improves on, and the lower end of its figures
+SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
+
+
+class Comparison(NamedTuple):
+    """The players' results on one cell and how the policy compares (:func:`compare_contenders`)."""
+
+    results: dict[str, dict[str, Any]]  # each player's summary, by name
+    paired: dict[str, dict[str, Any]]  # policy minus each baseline (and the reference), paired over episodes
+    best: str | None  # the best baseline, picked on validation episodes
+    gap: dict[str, Any] | None  # the fraction of the gap from it to the reference that the policy closes
+    paired_qoe_lin: dict[str, dict[str, Any]] = {}  # as ``paired``, of QoE_lin per user (an env whose info has it)
+    capture: dict[str, Any] | None = None  # the policy's share of the causal ceiling's lead over fair_share
+    causal_share: dict[str, Any] | None = None  # the causal ceiling's share of the clairvoyant's lead over it
+
+
+def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.VREdgeConfig | None,
+                    env_fn: Callable[[], gym.Env], episodes: int, seed: int, reference: bool | Sequence[str],
+                    ceiling_base: str = CEILING_BASE) -> dict[str, Records]:
+    """The records of the episodes each player played, by name: the policy ``act`` (as ``label``), the baselines
+    ``names``, the references ``reference`` names (VR-edge: ``vr_config``; ``True``: the clairvoyant, ``False``:
+    none): the clairvoyant planner, and the causal ceiling :class:`envs.belief_mpc.BeliefMPC` on ``ceiling_base``
+    (:data:`CEILING_BASE`, or ``"policy"``: ``act``, the ceiling at its strongest), with :data:`CEILING_BASE` played
+    too where ``names`` lacks it; the same held-out seeds for each. The policy and the baselines play together, in
+    one batched env (:func:`trainer.evaluation.episodes.play_together`), each reference in one of its own."""
+    references = references_of(reference) if vr_config is not None else ()
+    baselines = list(names) + ([CEILING_BASE] if BELIEF in references and CEILING_BASE not in names else [])
+    seeds = evaluation_seeds(seed, episodes)
+    made = profile_of(env_fn.args[0]).baselines  # (env_fn: gym.make's partial, of the env's id and arguments)
+    players = [Player(act, seeds, EPISODE_BATCH)] + [Player(made[n](env_fn.keywords), seeds) for n in baselines]
+    played = dict(zip([label, *baselines], play_together(players, env_fn)))
+    if REFERENCE in references:
+        played[REFERENCE] = clairvoyant_records(vr_config, env_fn, episodes, seed)
+    if BELIEF in references:
+        played[BELIEF] = ceiling_records(vr_config, env_fn, episodes, seed, act if ceiling_base == "policy"
+                                         else ceiling_base)
+    return {name: played[name] for name in [label, *names, *REFERENCES, CEILING_BASE] if name in played}
+
+
+def clairvoyant_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], episodes: int, seed: int
+                        ) -> Records:
+    """The clairvoyant reference's records (:class:`envs.planner.ClairvoyantPlanner`) on the held-out episodes
+    ``seed`` gives: one batched env, a row per episode, planned from its state at every step (a row whose episode
+    ended too: its plan is moot). Its plans are each row's own, so they are those of single envs, at a batched
+    env's cost."""
+    return batched_reference_episodes(ClairvoyantPlanner(vr_config), env_fn, episodes, seed, num_envs=episodes)
+
+
+def ceiling_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
+                    base: str | Act = CEILING_BASE) -> Records:
+    """The causal ceiling's records (:class:`envs.belief_mpc.BeliefMPC` on ``base``, its defaults) on the held-out
+    episodes ``seed`` gives, every env's observation at every step in one batched env (its filter keeps a row each)."""
+    return filter_episodes(BeliefMPC(vr_config, base=base), env_fn, episodes, seed, num_envs=64)
+
+
+def rows_at_once(episodes: int, names: Sequence[str], reference: bool | Sequence[str]) -> int:
+    """The most env rows one pair's players hold at once (:func:`play_contenders`, then :func:`compare_contenders`'
+    validation episodes): the policy's and the baselines' ``episodes`` each (:data:`CEILING_BASE`'s too where the
+    causal ceiling needs it) in one batched env, or the baselines' :data:`SELECTION_EPISODES` each in one; each
+    reference plays fewer rows, in one of its own. What a memory check counts (``trainer.evaluate --users``).
+
+    >>> rows_at_once(50, ["fair_share", "buffer"], False), rows_at_once(2, ["fair_share", "buffer"], ["belief"])
+    (150, 32)
+    """
+    references = references_of(reference)
+    players = 1 + len(names) + (BELIEF in references and CEILING_BASE not in names)
+    return max(episodes * players, SELECTION_EPISODES * len(names))
+
+
+def references_of(reference: bool | Sequence[str]) -> tuple[str, ...]:
+    """The references to play, by name (:data:`REFERENCES`): ``True`` is the clairvoyant alone, ``False`` none."""
+    if isinstance(reference, bool):
+        return (REFERENCE,) if reference else ()
+    return tuple(reference)
+
+
+def compare_contenders(played: dict[str, Records], label: str, names: Sequence[str],
+                       vr_config: envs.VREdgeConfig | None, env_fn: Callable[[], gym.Env], run_seed: int
+                       ) -> Comparison:
+    """The statistics of what each player scored, and the policy (``label``) against the others; the best baseline
+    is picked on :data:`SELECTION_EPISODES` validation episodes of the run's seed ``run_seed``."""
+    results = {name: summarize(records) for name, records in played.items()}
+    compared = list(names) + [r for r in REFERENCES if r in played]
+    paired = {name: paired_difference(played[label], played[name]) for name in compared}
+    with_qoe = all("qoe_lin" in r for records in played.values() for r in records)
+    paired_qoe = {name: paired_difference(played[label], played[name], "qoe_lin") for name in compared} \
+        if with_qoe else {}
+    best, _ = best_baseline(env_fn.args[0], list(names), env_fn.keywords, env_fn,
+                            validation_seeds(run_seed, SELECTION_EPISODES))
+    gap = gap_closed(played[label], played[best], played[REFERENCE]) if REFERENCE in played and best else None
+    return Comparison(results, paired, best, gap, paired_qoe, *ceiling_figures(played, label))
+
+
+def ceiling_figures(played: dict[str, Records], label: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``(capture, causal_share)`` where the causal ceiling (:data:`BELIEF`) was played, paired over the same
+    episodes, each a ratio of mean leads over :data:`CEILING_BASE` with its 95% interval (delta method,
+    :func:`trainer.evaluation.statistics.gap_closed`): the **capture** ``(policy - fair_share) / (belief -
+    fair_share)``, with ``ceiling_tight`` (false where the policy scores above the ceiling: it is then no ceiling,
+    and a capture above 1 no success); the **causal share** ``(belief - fair_share) / (clairvoyant - fair_share)``
+    where the clairvoyant was played too."""
+    if BELIEF not in played:
+        return None, None
+    base, ceiling = played[CEILING_BASE], played[BELIEF]
+    capture = gap_closed(played[label], base, ceiling)
+    capture["ceiling_tight"] = paired_difference(ceiling, played[label])["mean"] >= 0
+    causal = gap_closed(ceiling, base, played[REFERENCE]) if REFERENCE in played else None
+    return capture, causal
+
+
+def comparison_payload(comparison: Comparison, label: str, names: Sequence[str]) -> dict[str, Any]:
+    """A comparison as ``evaluation.json`` holds it: ``policy``, ``baselines``, ``reference`` (by name),
+    ``paired_reward_per_step``, ``paired_qoe_lin`` (VR-edge), ``best_baseline``, ``best_baseline_picked_on``,
+    ``gap_closed``, ``capture`` and ``causal_share`` (:func:`ceiling_figures`; ``None`` where not played)."""
+    results, best = comparison.results, comparison.best
+    return {"policy": results[label], "baselines": {n: results[n] for n in names},
+            "reference": {r: results[r] for r in REFERENCES if r in results},
+            "paired_reward_per_step": comparison.paired,
+            **({"paired_qoe_lin": comparison.paired_qoe_lin} if comparison.paired_qoe_lin else {}),
+            "best_baseline": best,
+            "best_baseline_picked_on": f"{SELECTION_EPISODES} validation episodes" if best else None,
+            "gap_closed": comparison.gap, "capture": comparison.capture, "causal_share": comparison.causal_share}
+
+
+def comparison_text(comparison: Comparison, belief_base: str = CEILING_BASE) -> str:
+    """One comparison in words: each player's statistics, the paired differences, the gap closed and, where the
+    causal ceiling (on ``belief_base``) was played, its causal share and the policy's capture."""
+    lines = [format_table(comparison.results)]
+    if comparison.paired:
+        qoe = comparison.paired_qoe_lin
+        lines.append("\npolicy minus baseline, paired over the same episodes (mean ± 95% CI, policy better in): "
+                     "reward/step" + (" | QoE_lin/user" if qoe else ""))
+        for name, d in comparison.paired.items():
+            q = qoe.get(name)
+            also = f" | {q['mean']:+.3f} {plus_minus(q['ci95']):<9}{q['wins']}/{q['episodes']}" if q else ""
+            lines.append(f"  vs {name:<14}{d['mean']:+.3f} {plus_minus(d['ci95']):<9}{d['wins']}/{d['episodes']} "
+                         f"episodes{also}")
+    gap = comparison.gap
+    if gap:
+        interval = f" {plus_minus(gap['ci95'])} (95% CI)" if plus_minus(gap["ci95"]) else ""
+        lines.append(f"\ngap closed: the policy closes {gap['fraction']:.3f}{interval} of the gap between the best "
+                     f"baseline ({comparison.best}, picked on {SELECTION_EPISODES} validation episodes) and the "
+                     f"clairvoyant reference ({gap['gap']:+.3f} reward/step)")
+    if comparison.capture is not None:
+        lines.append("\n" + format_ceiling(comparison.capture, comparison.causal_share, belief_base))
+    return "\n".join(lines)
