@@ -183,8 +183,42 @@ def load_traces(path: str, segment_s: float, split: str, scale: float | None, no
     """Read the traces of ``split`` in the set ``path`` names (:func:`trace_files`) as a :class:`TraceSet`.
 
     ``scale`` multiplies the Mbit/s; ``None`` scales each trace to a mean of ``nominal_mbps``. ``column`` and
-    ``key``: a CSV's throughput column and the columns whose values make one trace each."""
-    names, windows = _set_windows(path, segment_s, split, column, key, setting)
+    ``key``: a CSV's throughput column and the columns whose values make one trace each. The set is cached by its
+    files' versions (:func:`file_versions`) and these arguments: configs that name the same files share one set,
+    read-only, and a file that changed (or a folder that gained one) is read again."""
+    return _scaled_set(file_versions(path, split, setting), segment_s, scale, nominal_mbps, column, key)
+
+
+def load_link_traces(path: str, segment_s: float, split: str, mean_quality: float, column: str = "",
+                     key: str = "") -> TraceSet:
+    """The users' traces (``user_traces``): each window's rate times ``mean_quality / the set's mean rate`` (the
+    set's mean maps to ``mean_quality``), floored at :data:`MIN_CAPACITY_FRACTION` of ``mean_quality``; cached as
+    :func:`load_traces`'s."""
+    return _link_set(file_versions(path, split, "user_traces"), segment_s, mean_quality, column, key)
+
+
+# a trace set's files as read: (the name it is listed by, the resolved path, st_mtime_ns, st_size) each
+FileVersions = tuple[tuple[str, str, int, int], ...]
+SET_CACHE_SIZE = 16  # trace sets kept (each also holds its files' windows in trace_windows's cache)
+
+
+def file_versions(path: str, split: str, setting: str = "capacity_trace") -> FileVersions:
+    """The files of ``split`` in the set ``path`` names (:func:`trace_files`) with their versions: what a cached set
+    is keyed by. Listing and stat-ing them is all it reads."""
+    versions = []
+    for f in trace_files(path, split, setting):
+        try:
+            info = f.stat()
+        except OSError as e:
+            raise TraceError(f"{f}: cannot be read ({e.strerror})") from None
+        versions.append((str(f), str(f.resolve()), info.st_mtime_ns, info.st_size))
+    return tuple(versions)
+
+
+@functools.lru_cache(maxsize=SET_CACHE_SIZE)
+def _scaled_set(versions: FileVersions, segment_s: float, scale: float | None, nominal_mbps: float, column: str,
+                key: str) -> TraceSet:
+    names, windows = _set_windows(versions, segment_s, column, key)
     scaled = []
     for name, rates in zip(names, windows):
         factor = nominal_mbps / rates.mean() if scale is None else scale
@@ -195,32 +229,30 @@ def load_traces(path: str, segment_s: float, split: str, scale: float | None, no
     return _concatenated(names, scaled)
 
 
-def load_link_traces(path: str, segment_s: float, split: str, mean_quality: float, column: str = "",
-                     key: str = "") -> TraceSet:
-    """The users' traces (``user_traces``): each window's rate times ``mean_quality / the set's mean rate`` (the
-    set's mean maps to ``mean_quality``), floored at :data:`MIN_CAPACITY_FRACTION` of ``mean_quality``."""
-    names, windows = _set_windows(path, segment_s, split, column, key, "user_traces")
+@functools.lru_cache(maxsize=SET_CACHE_SIZE)
+def _link_set(versions: FileVersions, segment_s: float, mean_quality: float, column: str, key: str) -> TraceSet:
+    names, windows = _set_windows(versions, segment_s, column, key)
     factor = mean_quality / np.concatenate(windows).mean()
     return _concatenated(names, [np.maximum(w * factor, MIN_CAPACITY_FRACTION * mean_quality) for w in windows])
 
 
 def _concatenated(names: list[str], windows: list[np.ndarray]) -> TraceSet:
+    """The set of ``windows``, its arrays read-only (a cached set is shared by every config that names it)."""
     lengths = np.array([len(w) for w in windows], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    return TraceSet(tuple(names), np.concatenate(windows), offsets, lengths)
+    arrays = np.concatenate(windows), offsets, lengths
+    for a in arrays:
+        a.flags.writeable = False
+    return TraceSet(tuple(names), *arrays)
 
 
-def _set_windows(path: str, segment_s: float, split: str, column: str, key: str, setting: str
+def _set_windows(versions: FileVersions, segment_s: float, column: str, key: str
                  ) -> tuple[list[str], list[np.ndarray]]:
-    """The names and unscaled windows of every trace of ``split`` in the set ``path`` names."""
+    """The names and unscaled windows of every trace of the files ``versions`` lists."""
     names, windows = [], []
-    for f in trace_files(path, split, setting):
-        try:
-            info = f.stat()
-        except OSError as e:
-            raise TraceError(f"{f}: cannot be read ({e.strerror})") from None
-        traces = trace_windows(str(f.resolve()), info.st_mtime_ns, info.st_size, segment_s, column, key)
-        names += [f"{f}{suffix}" for suffix in traces[0]]
+    for name, resolved, mtime_ns, size in versions:
+        traces = trace_windows(resolved, mtime_ns, size, segment_s, column, key)
+        names += [f"{name}{suffix}" for suffix in traces[0]]
         windows += traces[1]
     return names, windows
 

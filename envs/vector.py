@@ -28,7 +28,7 @@ def init_batched(env: gym.vector.VectorEnv, num_envs: int, config: VREdgeConfig,
     """Give a batched VR-edge env (NumPy's or torch's) what both set alike: config, size, seed and spaces."""
     if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
         raise ConfigError("num_envs", num_envs, "must be an integer >= 1", flag=False)
-    env.config, env.num_envs, env._seed = config, int(num_envs), seed
+    env.config, env.num_envs, env._seed = config.read_traces(), int(num_envs), seed  # a bad trace: here
     env.single_observation_space = observation_space(config)
     env.single_action_space = action_space(config)
     env.head_observation_layout = head_observation_layout(config)

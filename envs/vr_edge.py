@@ -105,7 +105,7 @@ class SyntheticVREdgeEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, num_users: int = 8, seed: int | None = None, **config: Any) -> None:
-        self.config = VREdgeConfig(num_users=num_users, **config)
+        self.config = VREdgeConfig(num_users=num_users, **config).read_traces()  # a bad trace: here
         if seed is not None:
             rng.key_from_seed(seed)  # validates early
         self._seed = seed

@@ -2,8 +2,10 @@
 data.
 
 A config is its settings and what follows from them (the ladder's qualities, the observation's size, the layout of
-a step's draws); the recorded traces it names are read on first use (:attr:`VREdgeConfig.traces`) and kept by the
-config. The dynamics are in :mod:`envs.vr_edge_dynamics`, the Gymnasium env in :mod:`envs.vr_edge`.
+a step's draws). Building one reads no file: the recorded traces it names are read on first use
+(:attr:`VREdgeConfig.traces`, or :meth:`VREdgeConfig.read_traces` where an error should come at once), kept by the
+config and shared by every config that names the same files (:func:`envs.traces.load_traces`). The dynamics are
+in :mod:`envs.vr_edge_dynamics`, the Gymnasium env in :mod:`envs.vr_edge`.
 """
 
 from __future__ import annotations
@@ -122,9 +124,8 @@ class VREdgeConfig:
         self.users_range, self.churn_range  # noqa: B018 - their rules (a ConfigError), at construction
         _check_traces(self)
         object.__setattr__(self, "bitrates_mbps", tuple(self.bitrates_mbps))
-        # a trace file that is missing or unreadable is a one-line error at construction, where the trainer checks
-        # --env-kwargs (tests/test_traces.py): the first use of the traces, whose sets the config keeps after
-        self.traces, self.link_traces  # noqa: B018
+        # nothing is read here: the traces on first use (a file that is missing or unreadable is a one-line error
+        # then; the trainer asks for them where it checks --env-kwargs, envs.vr_edge_profile.check_arguments)
 
     # what follows from the settings: computed on first use and kept (the config is frozen, so they never go
     # stale; a cached_property writes the instance's __dict__ past the frozen __setattr__)
@@ -162,6 +163,13 @@ class VREdgeConfig:
             return None
         return load_link_traces(self.user_traces, self.segment_s, self.trace_split, MEAN_CHANNEL_QUALITY,
                                 self.trace_column, self.trace_key)
+
+    def read_traces(self) -> VREdgeConfig:
+        """This config, its trace sets read (:attr:`traces`, :attr:`link_traces`): where a missing or unreadable
+        file should be its one-line error now (an env's constructor, the trainer's check of ``--env-kwargs``) rather
+        than at first use. A set is read once per version of its files (:func:`envs.traces.load_traces`)."""
+        self.traces, self.link_traces  # noqa: B018
+        return self
 
     @cached_property
     def draws(self) -> DrawLayout:

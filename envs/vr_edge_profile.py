@@ -24,7 +24,7 @@ def check_arguments(env_kwargs: EnvKwargs, backend: str) -> None:
     if backend == "device" and (why := torch_env_refusal(**env_kwargs)):
         raise ValueError(f"--backend device: {why}")
     try:
-        VREdgeConfig(**env_kwargs)
+        VREdgeConfig(**env_kwargs).read_traces()  # building a config reads no file: its traces, here
     except TraceNotFoundError as e:
         raise ValueError(f"--env-kwargs: {e} (traces that moved: --env-kwargs capacity_trace=NEW_DIR or "
                          "user_traces=NEW_DIR with --resume, --capacity-trace NEW_DIR with trainer.evaluate)") from None

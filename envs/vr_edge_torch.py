@@ -84,9 +84,10 @@ class TraceTensors:
 
     def __init__(self, traces: TraceSet, device: torch.device) -> None:
         self.count = len(traces.files)
-        self.rates = torch.as_tensor(traces.rates, dtype=torch.float64, device=device)
-        self.offsets = torch.as_tensor(traces.offsets, dtype=torch.int64, device=device)
-        self.lengths = torch.as_tensor(traces.lengths, dtype=torch.int64, device=device)
+        # copies: the set's arrays are read-only, shared by every config that names its files (envs.traces)
+        self.rates = torch.tensor(traces.rates, dtype=torch.float64, device=device)
+        self.offsets = torch.tensor(traces.offsets, dtype=torch.int64, device=device)
+        self.lengths = torch.tensor(traces.lengths, dtype=torch.int64, device=device)
 
     def start(self, u_file: torch.Tensor, u_offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """File index and start window from two tensors of uniforms (as :meth:`envs.traces.TraceSet.start`)."""

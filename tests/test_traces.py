@@ -93,17 +93,54 @@ def test_errors_never_quote_the_file(tmp_path, text):
 
 
 def test_bad_paths_and_arguments(tmp_path):
-    with raises(ValueError, "capacity_trace", tmp_path / "missing"):
-        envs.VREdgeConfig(capacity_trace=str(tmp_path / "missing"))
-    with raises(ValueError, "capacity_trace", tmp_path):
-        envs.VREdgeConfig(capacity_trace=str(tmp_path))
+    """A bad set is a one-line error where the traces are first used (the config reads none: its ``traces``, an
+    env), and where the trainer checks its env arguments (:func:`envs.vr_edge_profile.check_arguments`)."""
+    from envs.vr_edge_profile import check_arguments
+
+    def refused(*things, **kwargs):
+        config = envs.VREdgeConfig(**kwargs)  # pure data: the files are not read here
+        for first_use in (lambda: config.traces, lambda: envs.SyntheticVREdgeEnv(**kwargs),
+                          lambda: check_arguments(kwargs, "serial")):
+            with raises(ValueError, *things):
+                first_use()
+
+    refused("capacity_trace", tmp_path / "missing", capacity_trace=str(tmp_path / "missing"))
+    refused("capacity_trace", tmp_path, capacity_trace=str(tmp_path))  # an empty folder
     (tmp_path / "a.log").write_text("0 1\n3 1\n")
-    with raises(ValueError, tmp_path / "a.log", "trace_split='train'", "2", "trace_split='all'"):  # the way out
-        envs.VREdgeConfig(capacity_trace=str(tmp_path / "a.log"), trace_split="train")
+    refused(tmp_path / "a.log", "trace_split='train'", "2", "trace_split='all'",  # the way out
+            capacity_trace=str(tmp_path / "a.log"), trace_split="train")
     with raises(ValueError, "trace_split", "'validation'", "train", "test"):  # and what it takes
         envs.VREdgeConfig(capacity_trace=str(tmp_path), trace_split="validation")
     with raises(ValueError, "trace_split", "capacity_trace"):
         envs.VREdgeConfig(trace_split="test")
+
+
+def test_a_config_reads_no_file_and_configs_of_the_same_files_share_one_set(tmp_path, monkeypatch):
+    """Building a VREdgeConfig lists and opens nothing; its traces are read on first use, once per version of the
+    files: every config and env that names them shares one read-only set, and a file that changed is read again."""
+    import envs.traces as traces
+    listed, opened = [], []
+    trace_files, open_trace = traces.trace_files, traces.open_trace
+    monkeypatch.setattr(traces, "trace_files", lambda *a, **k: listed.append(a) or trace_files(*a, **k))
+    monkeypatch.setattr(traces, "open_trace", lambda path: opened.append(path) or open_trace(path))
+    paths = write_traces(tmp_path / "set", files=3, seconds=6)
+    kwargs = dict(num_users=2, capacity_trace=str(tmp_path / "set"), user_traces=str(tmp_path / "set"))
+    config = envs.VREdgeConfig(**kwargs)
+    envs.VREdgeConfig(capacity_trace=str(tmp_path / "missing"), user_traces=str(tmp_path / "missing"))  # data
+    assert listed == [] and opened == []
+    cell = config.traces
+    assert len(listed) == 1 and sorted(opened) == sorted(str(p) for p in paths)  # each file once
+    assert config.link_traces is not None and len(opened) == 3  # the users' set: the same files, read
+    assert not cell.rates.flags.writeable and not cell.lengths.flags.writeable  # shared: never written
+    one, two = envs.SyntheticVREdgeEnv(seed=1, **kwargs), envs.SyntheticVREdgeEnv(seed=2, **kwargs)
+    vector = envs.VREdgeVectorEnv(2, **kwargs)
+    assert one.config is not two.config and len(opened) == 3  # nothing read again
+    for env in (one, two, vector):
+        assert env.config.traces is cell and env.config.link_traces is config.link_traces
+    paths[0].write_text("0 1\n1 2\n2 3\n3 4\n")  # changed (its size too): read again, by the next config
+    changed = envs.VREdgeConfig(**kwargs).traces
+    assert changed is not cell and opened[3:] == [str(paths[0])] and len(changed.rates) != len(cell.rates)
+    assert config.traces is cell  # a config keeps what it read
 
 
 def test_train_test_split_is_by_file_disjoint_and_stable(tmp_path):
@@ -400,7 +437,7 @@ def test_a_folder_of_ten_thousand_empty_files_is_one_line(tmp_path):
     for i in range(10_000):
         (folder / f"e{i:05d}.log").touch()
     with raises(ValueError, folder / "e00000.log", "empty"):
-        envs.VREdgeConfig(capacity_trace=str(folder))
+        envs.VREdgeConfig(capacity_trace=str(folder)).read_traces()
 
 
 # ---------------------------------------------------------------------------- more formats: HSDPA/4G logs, CSV

@@ -138,10 +138,19 @@ def test_user_traces_leave_the_synthetic_draws_and_the_cell_alone(links):
 
 
 def test_bad_user_traces_are_one_line(tmp_path):
-    with raises(ValueError, "user_traces", tmp_path / "missing"):
-        envs.VREdgeConfig(user_traces=str(tmp_path / "missing"))
+    """At first use (the config reads no file: its ``link_traces``, an env) and where the trainer checks its env
+    arguments."""
+    from envs.vr_edge_profile import check_arguments
+
+    def refused(path, *named):
+        config = envs.VREdgeConfig(user_traces=str(path))  # pure data: the files are not read here
+        for first_use in (lambda: config.link_traces, lambda: envs.SyntheticVREdgeEnv(user_traces=str(path)),
+                          lambda: check_arguments({"user_traces": str(path)}, "serial")):
+            with raises(ValueError, *named):
+                first_use()
+
+    refused(tmp_path / "missing", "user_traces", tmp_path / "missing")
     (tmp_path / "bad.log").write_text("0 1\n1 -1\n")
-    with raises(ValueError, f"{tmp_path / 'bad.log'}:2"):
-        envs.VREdgeConfig(user_traces=str(tmp_path / "bad.log"))
+    refused(tmp_path / "bad.log", f"{tmp_path / 'bad.log'}:2")
     with raises(ValueError, "trace_split", "user_traces"):
         envs.VREdgeConfig(trace_split="test")

@@ -298,7 +298,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
               + ", so it is not played", file=sys.stderr)
         names = [n for n in names if n in profile.baselines]
     env_kwargs = held_out_env_kwargs(cfg.env, cfg.env_options, args.given)
-    vr_config = envs.VREdgeConfig(**env_kwargs) if profile.cells else None  # a bad trace fails here, at once
+    vr_config = envs.VREdgeConfig(**env_kwargs).read_traces() if profile.cells else None  # a bad trace: at once
     if vr_config is not None and "belief" in (args.reference or ()) and (refused := filter_refusal(vr_config)):
         parser.error(f"--reference belief: {refused}; drop belief")
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
