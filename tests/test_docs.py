@@ -281,3 +281,30 @@ def test_examples_not_run_here_are_the_known_exceptions_and_compile():
     assert {m["marker"] for _, m in marked} == NOT_RUN_HERE  # none unexplained, none left over
     for page, m in marked:
         compile(m["body"], f"{page} ({m['marker']})", "exec")
+
+
+# ---------------------------------------------------------------------------- the manual's size and map
+
+def unreleased_entries(changelog: str) -> list[str]:
+    """The physical lines of the changelog's ``Unreleased`` section that are not blank or a heading."""
+    section = changelog.split("## Unreleased", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_the_changelog_says_each_change_in_one_line():
+    entries = unreleased_entries((REPO / "CHANGELOG.md").read_text())
+    assert entries and all(line.startswith("- ") for line in entries), [e for e in entries if not e.startswith("- ")]
+    wrapped = "## Unreleased\n### Added\n- a change that goes on\n  to a second line\n## 0.1.0\n"
+    assert not all(line.startswith("- ") for line in unreleased_entries(wrapped))  # (it would be found)
+
+
+def test_the_benchmark_page_holds_at_most_4000_words():
+    assert len((REPO / "docs" / "benchmarks.md").read_text().split()) <= 4000
+
+
+@pytest.mark.parametrize("room", ["envs", "trainer/evaluation", "trainer/ppo"])
+def test_the_code_map_names_every_module_of_the_rooms_a_reader_opens_first(room):
+    code_map = (REPO / "docs" / "README.md").read_text()
+    unnamed = [p.name for p in sorted((REPO / room).glob("*.py"))
+               if p.name != "__init__.py" and not re.search(rf"\b{re.escape(p.stem)}(\.py)?\b", code_map)]
+    assert unnamed == [], f"docs/README.md's code map names none of {unnamed} in {room}/"
