@@ -175,7 +175,9 @@ def _started_run(stack: contextlib.ExitStack, cfg: TrainConfig, resume: str, giv
     run.algorithm.attach(collector)
     stack.enter_context(torch_threads(layout.learn_threads))  # restored at the end: RunThreads sets it anew
     threads = RunThreads.for_run(layout, cfg.threads, collector, run.iterations, thread_plan)
-    said = notes + _restored(run) + [threads.describe(), *trackers.describe()]  # every rank restores its share
+    # (a run with nothing left to train times no thread: its plan would be news of nothing)
+    planned = [] if run.nothing_to_do else [threads.describe()]
+    said = notes + _restored(run) + planned + trackers.describe()  # every rank restores its share
     for note in said if lead else ():
         print(note, file=sys.stderr)
     return run, trackers, threads

@@ -87,20 +87,22 @@ class DistillSettings:
 
 class RoundProgress:
     """A round's bar on standard error, where it is a terminal (``shown``; else nothing is drawn): the expert's
-    labels, a unit per state (most of a round's time), then each validation episode and each epoch of the
-    fine-tuning, the phase named in front.
+    labels, a unit per state (most of a round's time), then each validation episode and each step of the
+    fine-tuning (counted once the states are: :meth:`fine_tuning`), the phase named in front.
 
     Example:
         >>> progress = RoundProgress(DistillSettings(episodes=2, validation_episodes=4, epochs=3), 300, shown=False)
-        >>> progress.bar.total  # 2 x 300 states, 2 x 4 validation episodes, 3 epochs
+        >>> progress.bar.total  # 2 x 300 states, 2 x 4 validation episodes, 3 epochs (a step each, until counted)
         611
+        >>> progress.fine_tuning(30); progress.bar.total  # 30 steps of fine-tuning
+        638
     """
 
     def __init__(self, settings: DistillSettings, max_steps: int, shown: bool | None = None) -> None:
         from tqdm import tqdm
 
-        self.labels = settings.episodes * max_steps
-        total = self.labels + 2 * settings.validation_episodes + settings.epochs
+        self.labels, self.steps = settings.episodes * max_steps, settings.epochs
+        total = self.labels + 2 * settings.validation_episodes + self.steps
         self.bar = tqdm(total=total, desc="distilling", dynamic_ncols=True, file=sys.stderr,
                         disable=not (sys.stderr.isatty() if shown is None else shown),
                         bar_format="{desc}{percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
@@ -116,8 +118,29 @@ class RoundProgress:
         """The labels are done (episodes that ended early leave fewer states than the bar's share)."""
         self.bar.update(max(self.labels - self.bar.n, 0))
 
+    def fine_tuning(self, steps: int) -> None:
+        """The fine-tuning will take ``steps`` steps (:func:`fine_tuning_steps`): a unit each on the bar, which
+        stood still for a minute at 99% when an epoch was a unit."""
+        self.bar.total += steps - self.steps
+        self.steps = steps
+        self.bar.refresh()
+
     def close(self) -> None:
         self.bar.close()
+
+
+def _minibatch_starts(states: int, size: int) -> range:
+    """Where each of an epoch's minibatches starts: whole minibatches of ``size`` (one, of all, where fewer)."""
+    return range(0, max(states - size, 0) + 1, size)
+
+
+def fine_tuning_steps(states: int, settings: DistillSettings) -> int:
+    """The optimizer steps :func:`fine_tuned` takes on ``states`` labelled states.
+
+    >>> fine_tuning_steps(1000, DistillSettings(epochs=3, minibatch_size=256))  # 3 minibatches of 256 an epoch
+    9
+    """
+    return settings.epochs * len(_minibatch_starts(states, settings.minibatch_size))
 
 
 class Labels(NamedTuple):
@@ -168,13 +191,13 @@ def expert_labels(model: nn.Module, env: str, env_kwargs: dict[str, Any], episod
 
 
 def fine_tuned(model: nn.Module, labels: Labels, settings: DistillSettings, max_grad_norm: float,
-               epoch_done: Callable[[], None] = lambda: None) -> list[float]:
+               step_done: Callable[[], None] = lambda: None) -> list[float]:
     """Fine-tune ``model``'s actor in place toward ``labels`` by cross-entropy (minus the log-probability of the
     expert's levels, :meth:`evaluate`'s, over the active users); returns each epoch's mean cross-entropy.
 
     Only the actor's parameters move: the loss does not reach the critic, and the observation statistics are
-    buffers, not parameters. Deterministic: the shuffles come from ``settings.seed``. ``epoch_done()`` after each
-    epoch (a bar)."""
+    buffers, not parameters. Deterministic: the shuffles come from ``settings.seed``. ``step_done()`` after each
+    minibatch's step (a bar: :func:`fine_tuning_steps` of them)."""
     for p in model.parameters():
         p.requires_grad_(True)
     model.train()
@@ -185,7 +208,7 @@ def fine_tuned(model: nn.Module, labels: Labels, settings: DistillSettings, max_
     losses = []
     for _ in range(settings.epochs):
         order, total, steps = torch.randperm(n, generator=generator), 0.0, 0
-        for first in range(0, max(n - size, 0) + 1, size):
+        for first in _minibatch_starts(n, size):
             rows = order[first:first + size]
             log_prob = model.evaluate(labels.observations[rows], labels.levels[rows])[0]
             loss = -log_prob.mean()
@@ -194,8 +217,8 @@ def fine_tuned(model: nn.Module, labels: Labels, settings: DistillSettings, max_
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
             optimizer.step()
             total, steps = total + loss.item(), steps + 1
+            step_done()
         losses.append(total / steps)
-        epoch_done()
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -236,6 +259,7 @@ def distilled(model: nn.Module, env: str, env_kwargs: dict[str, Any], run_seed: 
             scored = validation_score(model, env, env_kwargs, run_seed, settings.validation_episodes)
         agreement = [_agreement(model, labels)]
         progress.phase(f"fine-tuning on {len(labels.observations):,} states")
+        progress.fine_tuning(fine_tuning_steps(len(labels.observations), settings))
         losses = fine_tuned(model, labels, settings, max_grad_norm, progress.advance)
         agreement.append(_agreement(model, labels))
         progress.phase("validation after")
