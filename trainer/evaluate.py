@@ -293,7 +293,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     profile = profile_of(cfg.env)
     names = list(profile.baselines) if asked_baselines is None else asked_baselines
     if other := [n for n in names if n not in profile.baselines]:  # another env's: say why they are not played
-        print(f"note: {cfg.env} has no baseline {', '.join(other)}"
+        print(f"note: --baselines {', '.join(other)}: {cfg.env} has no such baseline"
               + (f" (its baselines: {', '.join(profile.baselines)})" if profile.baselines else "")
               + ", so it is not played", file=sys.stderr)
         names = [n for n in names if n in profile.baselines]
