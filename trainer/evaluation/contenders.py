@@ -24,6 +24,7 @@ from trainer.evaluation.episodes import (
     batched_reference_episodes,
     evaluation_seeds,
     filter_episodes,
+    made_env,
     play_together,
     validation_seeds,
 )
@@ -61,8 +62,9 @@ def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.
     references = references_of(reference) if vr_config is not None else ()
     baselines = list(names) + ([CEILING_BASE] if BELIEF in references and CEILING_BASE not in names else [])
     seeds = evaluation_seeds(seed, episodes)
-    made = profile_of(env_fn.args[0]).baselines  # (env_fn: gym.make's partial, of the env's id and arguments)
-    players = [Player(act, seeds, EPISODE_BATCH)] + [Player(made[n](env_fn.keywords), seeds) for n in baselines]
+    env, kwargs = made_env(env_fn)
+    made = profile_of(env).baselines
+    players = [Player(act, seeds, EPISODE_BATCH)] + [Player(made[n](kwargs), seeds) for n in baselines]
     played = dict(zip([label, *baselines], play_together(players, env_fn)))
     if REFERENCE in references:
         played[REFERENCE] = clairvoyant_records(vr_config, env_fn, episodes, seed)
@@ -120,8 +122,8 @@ def compare_contenders(played: dict[str, Records], label: str, names: Sequence[s
     with_qoe = all("qoe_lin" in r for records in played.values() for r in records)
     paired_qoe = {name: paired_difference(played[label], played[name], "qoe_lin") for name in compared} \
         if with_qoe else {}
-    best, _ = best_baseline(env_fn.args[0], list(names), env_fn.keywords, env_fn,
-                            validation_seeds(run_seed, SELECTION_EPISODES))
+    env, kwargs = made_env(env_fn)
+    best, _ = best_baseline(env, list(names), kwargs, env_fn, validation_seeds(run_seed, SELECTION_EPISODES))
     gap = gap_closed(played[label], played[best], played[REFERENCE]) if REFERENCE in played and best else None
     return Comparison(results, paired, best, gap, paired_qoe, *ceiling_figures(played, label))
 

@@ -184,7 +184,7 @@ def _natively_batched(env_fn: Callable[[], gym.Env], what: str) -> Callable[...,
     """``env_fn``'s batched env (:func:`native_vector_env`); one without refused in one line that names it."""
     make = native_vector_env(env_fn)
     if make is None:
-        name = env_fn.args[0] if isinstance(env_fn, functools.partial) and env_fn.args else env_fn
+        name = made[0] if (made := made_env(env_fn)) else env_fn
         raise ValueError(f"{what} needs an env batched natively, and {name!r} has none (its profile declares no "
                          f"vector_env): play it with run_episodes or reference_episodes")
     return make
@@ -256,9 +256,20 @@ def native_vector_env(env_fn: Callable[[], gym.Env]) -> Callable[..., gym.vector
     Why: VR-edge's single env costs ~0.3 ms a step in Python, its batched env about that for all at once: a
     heuristic's 16 episodes take 0.15 s instead of 0.8 s.
     """
+    made = made_env(env_fn)
+    batched = None if made is None else profile_of(made[0]).vector_env_class()
+    return None if batched is None else functools.partial(batched, **made[1])
+
+
+def made_env(env_fn: Callable[[], gym.Env]) -> tuple[str, dict[str, Any]] | None:
+    """The env id and arguments of ``env_fn`` where it is ``functools.partial(gym.make, id, **arguments)`` (how the
+    trainer makes an env it plays); ``None`` for any other factory.
+
+    >>> made_env(functools.partial(gym.make, "CartPole-v1", sutton_barto_reward=True))
+    ('CartPole-v1', {'sutton_barto_reward': True})
+    """
     if isinstance(env_fn, functools.partial) and env_fn.func is gym.make and len(env_fn.args) == 1:
-        batched = profile_of(env_fn.args[0]).vector_env_class()
-        return None if batched is None else functools.partial(batched, **env_fn.keywords)
+        return env_fn.args[0], dict(env_fn.keywords)
     return None
 
 
