@@ -495,7 +495,7 @@ def run_progress(run_dir: Path) -> str:
     """How far a run is, from its files: iterations and env steps of its metrics against its total."""
     try:
         rows = (run_dir / "metrics.jsonl").read_text().splitlines()
-        total = json.loads((run_dir / "config.json").read_text())["total_steps"]
+        total = json.loads((run_dir / "config.json").read_text())["config"]["total_steps"]
         done = json.loads(rows[-1])["env_steps"] if rows else 0
     except (OSError, ValueError, KeyError, IndexError):
         return "starting (no iteration completed yet)"
