@@ -541,11 +541,15 @@ class Check:
     """The parts of the device check (:data:`PARTS`), each printing its section and filling its entry of
     ``report["parts"]``, within ``sizes.budget_s`` seconds (or ``budget_s``).
 
-    Example (the profile alone, on the CPU, at tiny sizes; what ``--quick`` runs)::
-
-        check = Check(QUICK, cuda=False, report_path=Path("/tmp/device_check.json"))
-        check.run(["profile"], Path(tempfile.mkdtemp()))
-        check.report["parts"]["profile"]["gpu_defaults"]["phases_s"]   # {"iteration": ..., "env": ..., ...}
+    Example (a part past a budget of 1 s is cut, and listed; ``--quick`` runs them all at tiny sizes):
+        >>> import contextlib, io
+        >>> check = Check(QUICK, cuda=False, report_path=Path(tempfile.mkdtemp()) / "r.json", budget_s=1)
+        >>> with contextlib.redirect_stdout(io.StringIO()):
+        ...     check.run(["env"], Path(tempfile.mkdtemp()))
+        >>> check.report["parts"]["env"]["status"], check.report["cut"]
+        ('cut', ['env: the whole part: the budget is spent'])
+        >>> json.loads(check.report_path.read_text())["parts"]["env"]["status"]
+        'cut'
     """
 
     sizes: Sizes
@@ -631,6 +635,7 @@ class Check:
                 if self.left() <= 0:
                     self.cut(part, "the whole part", "the budget is spent")
                     entry.update(status="cut", seconds=0.0)
+                    self.write_report()
                     continue
                 share = SHARES.get(part)
                 self.part_deadline = time.perf_counter() + (min(share * self.budget_s, self.left()) if share
