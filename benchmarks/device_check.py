@@ -117,7 +117,7 @@ RECIPES = {"gpu_defaults": ("make train ARGS=\"--device cuda\"", ()),
 
 # what share of the budget each part may take at most (what is left over goes on to the next); (4) and (5) take
 # what is left
-SHARES = {"tests": 0.30, "profile": 0.22, "scale": 0.18}
+SHARES = {"tests": 0.35, "profile": 0.22, "scale": 0.15}
 RESERVE_S = 10.0  # kept back for the report
 HEARTBEAT_S = 20.0  # a line at least this often, so that a silent minute is never a hang in disguise
 CUDA_TESTS_TIMEOUT_S = 300  # torchrun ranks: a hung run is reported (one line) and the check goes on
@@ -254,9 +254,14 @@ def profile_recipe(cfg: TrainConfig, sizes: Sizes, cuda: bool, say: Callable[[st
         out["env_steps_per_s"] = steps / out["phases_s"]["iteration"]
         say("    per iteration (s): " + ", ".join(f"{k} {v:.4f}" for k, v in out["phases_s"].items())
             + f"; {out['env_steps_per_s']:,.0f} env steps/s")
-        out["update_samples_per_s"] = update_variants(run, samples, cfg, layout, cuda, say)
+        out["update_errors"] = {}
+        out["update_samples_per_s"] = update_variants(run, samples, cfg, layout, cuda, say, out["update_errors"])
     episodes, kwargs = sizes.label_episodes, {**cfg.env_options, **dict(sizes.label_kwargs)}
-    seconds, states = timed("cpu", lambda: phase_labels(run, kwargs, episodes))
+    try:
+        seconds, states = timed("cpu", lambda: phase_labels(run, kwargs, episodes))
+    except Exception as e:  # noqa: BLE001 (the phases above are kept; the error is the labels' finding)
+        out["labels"] = {"episodes": episodes, "error": error_line(e)}
+        return out
     out["labels"] = {"episodes": episodes, "states": states, "seconds": seconds, "per_s": states / seconds}
     say(f"    distillation labels: {states:,} states of {episodes} episode(s) in {seconds:.1f} s, "
         f"{states / seconds:,.0f} per s")
@@ -280,9 +285,10 @@ def profile_round(run: PPO, collector: Any, r: int) -> tuple[dict[str, float], L
 
 
 def update_variants(run: PPO, samples: LearnerSamples, cfg: TrainConfig, layout: RunLayout, cuda: bool,
-                    say: Callable[[str], None]) -> dict[str, float]:
+                    say: Callable[[str], None], errors: dict[str, str]) -> dict[str, float]:
     """Samples/s of the update as the run makes it, under each :data:`PRECISIONS`, and (CUDA) captured as CUDA
-    graphs where the run does not capture it already (a second build of the run, ``--cuda-graphs true``)."""
+    graphs where the run does not capture it already (a second build of the run, ``--cuda-graphs true``); a variant
+    that raises is left out, its error in ``errors``."""
     epochs = run.settings.epochs
     rates: dict[str, float] = {}
     steps = {name: None for name in PRECISIONS}
@@ -290,12 +296,24 @@ def update_variants(run: PPO, samples: LearnerSamples, cfg: TrainConfig, layout:
         graphed = cfg.replaced(cuda_graphs=True)
         steps["cuda_graphs"] = PPO.new(graphed, machine_layout(graphed)).step
     for name, step in steps.items():
-        with learner_precision(name if name in PRECISIONS else "fp32", run.device):
-            phase_update(run, samples, 0, step)  # warm-up: autocast's or the capture's first call
-            seconds, _ = timed(run.device, functools.partial(phase_update, run, samples, 1, step))
+        try:
+            with learner_precision(name if name in PRECISIONS else "fp32", run.device):
+                phase_update(run, samples, 0, step)  # warm-up: autocast's or the capture's first call
+                seconds, _ = timed(run.device, functools.partial(phase_update, run, samples, 1, step))
+        except Exception as e:  # noqa: BLE001 (one variant that fails is the finding: the others are still measured)
+            errors[name] = error_line(e)
+            continue
         rates[name] = epochs * samples.advantages.numel() / seconds
-    say("    update, samples/s: " + ", ".join(f"{k} {v:,.0f}" for k, v in rates.items()))
+    say("    update, samples/s: " + ", ".join([*(f"{k} {v:,.0f}" for k, v in rates.items()),
+                                               *(f"{k} FAILED" for k in errors)]))
     return rates
+
+
+def error_line(e: BaseException) -> str:
+    """An exception in one line: its type, its message's first line, and where it was raised."""
+    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    message = next((line for line in str(e).splitlines() if line.strip()), "")[:300]
+    return f"{type(e).__name__}: {message}" + (f" ({Path(where.filename).name}:{where.lineno})" if where else "")
 
 
 def count_h2d_copies(num_envs: int = 64, num_steps: int = 128, backend: str = "sync",
@@ -470,7 +488,7 @@ def whole_run(argv: Sequence[str], run_dir: Path, deadline_s: float, say: Callab
                         cut = True
                         proc.terminate()  # the trainer saves the iteration under way and ends
                         with contextlib.suppress(subprocess.TimeoutExpired):
-                            proc.wait(timeout=60)  # (past that, killed below)
+                            proc.wait(timeout=30)  # (past that, killed below)
                         break
                     say(f"    ... {elapsed:.0f} s, {run_progress(run_dir)}")
         finally:
@@ -505,8 +523,8 @@ def run_progress(run_dir: Path) -> str:
 def whole_estimate(profiled: dict[str, Any] | None, cfg: TrainConfig) -> float | None:
     """Seconds a whole run of ``cfg`` should take, from its profile: start-up, its iterations, the distillation
     rounds it asks for (labels at the profiled rate, plus as long again for validation and fine-tuning), and the
-    quality line; ``None`` where it was not profiled."""
-    if not profiled or "phases_s" not in profiled:
+    quality line; ``None`` where it was not profiled (or its labels failed)."""
+    if not profiled or "per_s" not in profiled.get("labels", {}):
         return None
     from trainer.ppo.distillation import rounds_asked
 
@@ -605,10 +623,8 @@ class Check:
         try:
             return run()
         except Exception as e:  # noqa: BLE001 (reported, counted, and the other parts still run)
-            where = traceback.extract_tb(e.__traceback__)[-1]
             message = next((line for line in str(e).splitlines() if line.strip()), "")[:300]
-            self.say(f"    {label}: FAILED: {type(e).__name__}: {message} ({Path(where.filename).name}:"
-                     f"{where.lineno})")
+            self.say(f"    {label}: FAILED: {error_line(e)}")
             root_cause = e
             while root_cause.__cause__ is not None:
                 root_cause = root_cause.__cause__
@@ -702,6 +718,12 @@ class Check:
                 profile_recipe, cfg, self.sizes, self.cuda, self.say))
             if profiled:
                 entry[recipe] = profiled
+                errors = {f"update {k}": v for k, v in profiled["update_errors"].items()}
+                if "error" in profiled["labels"]:
+                    errors["labels"] = profiled["labels"]["error"]
+                for what, error in errors.items():
+                    self.say(f"    (profile) {recipe} {what}: FAILED: {error}")
+                    self.failures.append(f"(profile) {recipe} {what} raised {error.split(':')[0]}")
 
     def part_scale(self, root: Path, entry: dict) -> None:
         rows: dict[str, Any] = entry.setdefault("env_steps_per_s", {})

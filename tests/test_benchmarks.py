@@ -121,6 +121,28 @@ def test_the_cuda_tests_part_says_whether_they_passed(tmp_path, passing):
     assert bool(ran["tail"]) is not passing  # the failure's lines, for the report
 
 
+@pytest.mark.slow  # a tiny profile (~10 s; more on a busy machine)
+def test_a_profile_keeps_its_phases_where_an_update_variant_or_the_labels_fail(monkeypatch):
+    real = device_check.learner_precision
+
+    def no_bf16(name, device):
+        if name == "bf16":
+            raise RuntimeError("bf16 autocast: an op without a bfloat16 kernel")
+        return real(name, device)
+
+    def no_labels(*args, **kwargs):
+        raise ValueError("the expert cannot play this cell")
+
+    monkeypatch.setattr(device_check, "learner_precision", no_bf16)
+    monkeypatch.setattr(device_check, "phase_labels", no_labels)
+    cfg = device_check.recipe_config("gpu_defaults", "cpu", device_check.TINY_RUN)
+    profiled = device_check.profile_recipe(cfg, device_check.QUICK, cuda=False, say=lambda line: None)
+    assert set(profiled["phases_s"]) == PHASES and set(profiled["update_samples_per_s"]) == {"fp32", "tf32"}
+    assert profiled["update_errors"]["bf16"].startswith("RuntimeError: bf16 autocast: an op without a bfloat16 kernel")
+    assert profiled["labels"]["error"].startswith("ValueError: the expert cannot play this cell (test_benchmarks.py:")
+    assert device_check.whole_estimate(profiled, cfg) is None  # no labels rate: the whole run is not estimated
+
+
 def test_learner_precision_sets_tf32_and_bf16_and_restores_float32():
     a = torch.randn(4, 4)
     before = torch.get_float32_matmul_precision()
