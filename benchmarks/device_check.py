@@ -912,7 +912,8 @@ class Check:
         return {
             "cuda_graphs": {"cuda_tests_passed": parts.get("tests", {}).get("passed"),
                             "env_steps_per_s": parts.get("scale", {}).get("env_steps_per_s", {}),
-                            "update_samples_per_s": {k: update[k] for k in ("fp32", "cuda_graphs") if k in update}},
+                            "update_samples_per_s": {f"{way}_cuda_graphs": update[k] for way, k in
+                                                     (("without", "fp32"), ("with", "cuda_graphs")) if k in update}},
             "learner_precision": {"update_samples_per_s": {k: update[k] for k in PRECISIONS if k in update},
                                   "learning": {k: v for k, v in parts.get("precision", {}).items()
                                                if k not in ("status", "seconds")}},

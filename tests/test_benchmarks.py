@@ -60,7 +60,9 @@ def test_device_check_quick_runs_every_part(capsys, tmp_path):
     ranks = re.findall(r"^\s+([12]) ranks?: ([1-9][\d,]*) env steps/s \(([\d.]+)x one\)$", out, re.M)
     assert [k for k, _, _ in ranks] == ["1", "2"] and ranks[0][2] == "1.00"
     decisions = report["decisions"]
-    assert decisions["cuda_graphs"]["cuda_tests_passed"] is None
+    assert decisions["cuda_graphs"]["cuda_tests_passed"] is None  # (with CUDA graphs: measured on CUDA alone)
+    assert decisions["cuda_graphs"]["update_samples_per_s"] == {
+        "without_cuda_graphs": parts["profile"]["gpu_defaults"]["update_samples_per_s"]["fp32"]}
     assert set(decisions["learner_precision"]["update_samples_per_s"]) == set(device_check.PRECISIONS)
 
 
