@@ -16,74 +16,195 @@ from tests.messages import exits
 # without a GPU, the check must not read as if it had met the GPU targets
 PASSED = "device check: OK" if torch.cuda.is_available() else \
     "device check: OK on the CPU; nothing was measured on a GPU (CUDA is not available here)"
+PHASES = {"iteration", "collect", "env", "acting", "gae", "update", "snapshot"}
 
 
-@pytest.mark.slow  # quick: the parts asked for, in their order (below)
-def test_device_check_quick_runs_every_part(capsys):
-    assert device_check.main(["--quick"]) == 0
+def device_check_report(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.mark.slow  # quick: every part at tiny sizes on the CPU (~10 minutes on a busy 2-core machine)
+def test_device_check_quick_runs_every_part(capsys, tmp_path):
+    assert device_check.main(["--quick", "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
-    for part in "abcdefgh":  # each section, and its time
-        assert f"\n({part}) " in out and re.search(rf"^    \({part}: \d+ s\)$", out, re.M), part
-    assert "sync: OK: identical weights" in out and "device: OK: identical weights" in out
+    for part in device_check.PARTS:  # each section, in the issue's order, and its time
+        assert f"[{part}]\n" in out and re.search(rf"^    \({part}: \d+ s\)$", out, re.M), part
+    assert [out.index(f"[{p}]\n") for p in device_check.PARTS] == sorted(out.index(f"[{p}]\n")
+                                                                         for p in device_check.PARTS)
     assert out.rstrip().endswith(PASSED)
+    report = device_check_report(tmp_path / "r.json")
+    parts = report["parts"]
+    assert report["cut"] == [] and report["failures"] == [] and report["verdict"] == PASSED.split(": ", 1)[1]
+    assert parts["tests"]["status"] == "skipped" and parts["tests"]["passed"] is None  # no CUDA here
+    for recipe in ("gpu_defaults", "cell_recipe"):  # (2): every phase timed, the labels counted
+        profiled = parts["profile"][recipe]
+        assert set(profiled["phases_s"]) == PHASES and all(v > 0 for v in profiled["phases_s"].values()), recipe
+        assert set(profiled["update_samples_per_s"]) == set(device_check.PRECISIONS)
+        assert profiled["labels"]["states"] > 0 and profiled["labels"]["per_s"] > 0
+    assert parts["profile"]["cell_recipe"]["num_envs"] == 8  # the tiny run's flags over the recipe's
+    assert parts["scale"]["env_steps_per_s"]["32"]["without_cuda_graphs"] > 0  # (3): --quick's "many" envs
+    for recipe in ("gpu_defaults", "cell_recipe"):  # (4): the commands a user runs, to their quality line
+        ran = parts["whole"][recipe]
+        assert ran["exit_status"] == 0 and ran["quality"] and "reward/step" in ran["quality"], ran
+        assert ran["wall_s"] > 0 and ran["progress"] == "2 iterations, 256 of 256 env steps"
+    assert "--config" in parts["whole"]["cell_recipe"]["command"]
+    assert parts["resume"] == {**parts["resume"], "sync": True, "device": True}
     rows = re.findall(r"^\s+8\s+(sync|device|device compiled|async)\s+(\d+)\s+([\d,]+)", out, re.M)
     assert [(b, int(w)) for b, w, _ in rows] == [("sync", 0), ("device", 0), ("device compiled", 0), ("async", 1),
                                                  ("async", 2)]
     assert all(int(r.replace(",", "")) > 0 for _, _, r in rows)
     raw = re.search(r"^\s+64: numpy ([\d,]+), torch eager ([\d,]+)$", out, re.M)
     assert raw and all(int(r.replace(",", "")) > 0 for r in raw.groups())
-    assert re.search(r"^\s+16 envs: eager [1-9][\d,]*, compiled [1-9][\d,]*$", out, re.M)
-    assert re.search(r"^\s+16 envs, the cell recipe \(docs/cells.toml, compile off\): [1-9][\d,]*$", out, re.M)
+    assert set(parts["precision"]["reward_per_step"]) == set(device_check.PRECISIONS)
+    assert len(parts["precision"]["tf32_minus_fp32"]) == len(parts["precision"]["bf16_minus_fp32"]) == 1
     ranks = re.findall(r"^\s+([12]) ranks?: ([1-9][\d,]*) env steps/s \(([\d.]+)x one\)$", out, re.M)
-    assert [k for k, _, _ in ranks] == ["1", "2"] and ranks[0][2] == "1.00"  # (h): torchrun with 1 and 2 ranks
+    assert [k for k, _, _ in ranks] == ["1", "2"] and ranks[0][2] == "1.00"
+    decisions = report["decisions"]
+    assert decisions["cuda_graphs"]["cuda_tests_passed"] is None  # (with CUDA graphs: measured on CUDA alone)
+    assert decisions["cuda_graphs"]["update_samples_per_s"] == {
+        "without_cuda_graphs": parts["profile"]["gpu_defaults"]["update_samples_per_s"]["fp32"]}
+    assert set(decisions["learner_precision"]["update_samples_per_s"]) == set(device_check.PRECISIONS)
 
 
-def test_device_check_runs_the_parts_asked_for_in_their_order(capsys):
-    assert device_check.main(["--quick", "--parts", "ea"]) == 0  # two cheap parts (every part: the slow test above)
+def test_device_check_runs_the_parts_asked_for_in_their_order(capsys, tmp_path):
+    # two cheap parts (every part: the slow test above)
+    assert device_check.main(["--quick", "--parts", "env,tests", "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
-    assert out.index("\n(e) ") < out.index("\n(a) ") and "\n(b) " not in out and "\n(d) " not in out
+    assert out.index("[env]\n") < out.index("[tests]\n") and "[profile]" not in out and "[resume]" not in out
+    parts = device_check_report(tmp_path / "r.json")["parts"]
+    assert list(parts) == ["env", "tests"] and parts["env"]["64"]["numpy"] > 0
+    for wrong in ("env,nope", "env,env", ""):
+        with pytest.raises(SystemExit):
+            device_check.main(["--quick", "--parts", wrong])
     with pytest.raises(SystemExit):
-        device_check.main(["--quick", "--parts", "ax"])
-    with pytest.raises(SystemExit):
-        device_check.main(["--quick", "--parts", "aa"])
+        device_check.main(["--quick", "--budget", "0"])
 
 
-@pytest.mark.slow  # two device checks in fresh processes, ~20 s
+def test_parts_past_the_budget_are_cut_and_listed(capsys, tmp_path):
+    assert device_check.main(["--quick", "--parts", "profile,env", "--budget", "1", "--json",
+                              str(tmp_path / "r.json")]) == 0  # the report keeps back more than 1 s: nothing runs
+    out = capsys.readouterr().out
+    report = device_check_report(tmp_path / "r.json")
+    assert report["cut"] == ["profile: the whole part: the budget is spent", "env: the whole part: the budget is spent"]
+    assert report["parts"]["profile"]["status"] == report["parts"]["env"]["status"] == "cut"
+    assert "cut: profile: the whole part: the budget is spent" in out and out.rstrip().endswith("(2 cut by the budget)")
+
+
+def test_a_whole_run_that_would_not_fit_is_skipped_with_the_profiles_estimate(capsys, tmp_path):
+    check = device_check.Check(device_check.QUICK, cuda=False, report_path=tmp_path / "r.json", quick=True,
+                               budget_s=600)
+    profiled = {"start_s": 5.0, "iterations_of_the_whole_run": 1000, "phases_s": {"iteration": 2.0},
+                "labels": {"per_s": 100.0}}
+    check.report["parts"]["profile"] = {"gpu_defaults": profiled, "cell_recipe": profiled}
+    check.run(["whole"], tmp_path)  # 2,000 s of iterations: neither is started
+    whole = check.report["parts"]["whole"]
+    assert whole["gpu_defaults"]["cut"] == whole["cell_recipe"]["cut"] == "skipped: it would not fit"
+    assert whole["gpu_defaults"]["estimate_s"] == device_check.whole_estimate(
+        profiled, device_check.recipe_config("gpu_defaults", "cpu", device_check.TINY_RUN)) >= 2005
+    assert len(check.report["cut"]) == 2 and "--parts profile,whole --budget" in check.report["cut"][0]
+    assert not (tmp_path / "whole" / "gpu_defaults").exists()  # no run was started
+    assert json.loads((tmp_path / "r.json").read_text())["parts"]["whole"] == whole
+
+
+def test_a_whole_run_past_its_deadline_is_stopped_and_said_to_be_cut(tmp_path):
+    lines = []
+    ran = device_check.whole_run(["--device", "cpu", *device_check.TINY_RUN], tmp_path / "run", 0.5, lines.append)
+    assert ran["cut"].startswith("stopped at the budget's end (0 s)") and ran["exit_status"] != 0
+    assert ran["quality"] is None and "tail" not in ran  # cut, not failed
+
+
+@pytest.mark.parametrize("passing", [True, False])
+def test_the_cuda_tests_part_says_whether_they_passed(tmp_path, passing):
+    test = tmp_path / "test_gpu.py"
+    test.write_text(f"import pytest\n\n\n@pytest.mark.cuda\ndef test_it():\n    assert {passing}\n\n\n"
+                    "def test_not_cuda():\n    assert False\n")  # not marked cuda: deselected
+    ran = device_check.run_cuda_tests([test], timeout_s=120)
+    assert ran["passed"] is passing and ("1 passed" if passing else "1 failed") in ran["summary"]
+    assert bool(ran["tail"]) is not passing  # the failure's lines, for the report
+
+
+@pytest.mark.slow  # a tiny profile (~10 s; more on a busy machine)
+def test_a_profile_keeps_its_phases_where_an_update_variant_or_the_labels_fail(monkeypatch):
+    real = device_check.learner_precision
+
+    def no_bf16(name, device):
+        if name == "bf16":
+            raise RuntimeError("bf16 autocast: an op without a bfloat16 kernel")
+        return real(name, device)
+
+    def no_labels(*args, **kwargs):
+        raise ValueError("the expert cannot play this cell")
+
+    monkeypatch.setattr(device_check, "learner_precision", no_bf16)
+    monkeypatch.setattr(device_check, "phase_labels", no_labels)
+    cfg = device_check.recipe_config("gpu_defaults", "cpu", device_check.TINY_RUN)
+    profiled = device_check.profile_recipe(cfg, device_check.QUICK, cuda=False, say=lambda line: None)
+    assert set(profiled["phases_s"]) == PHASES and set(profiled["update_samples_per_s"]) == {"fp32", "tf32"}
+    assert profiled["update_errors"]["bf16"].startswith("RuntimeError: bf16 autocast: an op without a bfloat16 kernel")
+    assert profiled["labels"]["error"].startswith("ValueError: the expert cannot play this cell (test_benchmarks.py:")
+    assert device_check.whole_estimate(profiled, cfg) is None  # no labels rate: the whole run is not estimated
+
+
+def test_learner_precision_sets_tf32_and_bf16_and_restores_float32():
+    a = torch.randn(4, 4)
+    before = torch.get_float32_matmul_precision()
+    with device_check.learner_precision("tf32", "cpu"):
+        assert torch.get_float32_matmul_precision() == "high"
+    with device_check.learner_precision("bf16", "cpu"):
+        assert (a @ a).dtype == torch.bfloat16
+    with device_check.learner_precision("fp32", "cpu"):
+        assert (a @ a).dtype == torch.float32 and torch.get_float32_matmul_precision() == before
+    assert torch.get_float32_matmul_precision() == before and (a @ a).dtype == torch.float32
+    with pytest.raises(ValueError, match="precision 'fp16': choose one of fp32, tf32, bf16"):
+        with device_check.learner_precision("fp16", "cpu"):
+            pass
+
+
+@pytest.mark.slow  # two device checks in fresh processes
 def test_the_device_check_script_runs_the_check_and_keeps_its_report(tmp_path):
-    """What a GPU node runs (benchmarks/device_check.sh): the check's exit status, the report in $OUT."""
+    """What a GPU machine runs (benchmarks/device_check.sh): the check's exit status, both reports in $OUT."""
     import os
     import subprocess
     import sys
     script = str(Path(__file__).resolve().parents[1] / "benchmarks" / "device_check.sh")
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
-    run = subprocess.run(["bash", script, "--quick", "--parts", "ae"], env=env,
+    run = subprocess.run(["bash", script, "--quick", "--parts", "tests,env"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     report = (tmp_path / "device_check.txt").read_text()
-    assert "\n(a) " in report and "\n(e) " in report and report.rstrip().endswith(PASSED)
-    # cut short (the three parts take ~45 s here; the check starts in ~3 s), into a folder not made yet
-    env.update(DEVICE_CHECK_TIMEOUT="10", OUT=str(tmp_path / "new"))
-    run = subprocess.run(["bash", script, "--quick", "--parts", "bdf"], env=env, capture_output=True, text=True,
-                         timeout=300)
+    assert "[tests]\n" in report and "[env]\n" in report and report.rstrip().endswith(PASSED)
+    assert "budget: 460 s" in report  # the script's timeout (480 s) less 20
+    assert list(device_check_report(tmp_path / "device_check.json")["parts"]) == ["tests", "env"]
+    # cut short by the hard stop (a budget past it), into a folder not made yet
+    env.update(DEVICE_CHECK_TIMEOUT="40", OUT=str(tmp_path / "new"))  # past the start (~10 s on a busy machine)
+    run = subprocess.run(["bash", script, "--quick", "--parts", "resume,backends,profile", "--budget", "3600"],
+                         env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 124
     report = (tmp_path / "new" / "device_check.txt").read_text()
     assert report == run.stdout and "Traceback" not in report
     last = report.rstrip().splitlines()[-1]
-    assert re.fullmatch(r"device check: cut short \(stopped by SIGHUP\) in part \([bdf]\); the parts before it "
-                        r"are complete above, the rest: --parts (bdf|df|f)", last), last
+    assert re.fullmatch(r"device check: cut short \(stopped by SIGHUP\) in part (resume|backends|profile); the parts "
+                        r"before it are complete above, the rest: --parts (resume,backends,profile|backends,profile|"
+                        r"profile)", last), last
+    stopped = device_check_report(tmp_path / "new" / "device_check.json")
+    assert stopped["stopped"] == "stopped by SIGHUP" and "decisions" in stopped
 
 
-def test_a_variant_that_raises_is_reported_and_the_device_check_goes_on(capsys, monkeypatch):
+def test_a_variant_that_raises_is_reported_and_the_device_check_goes_on(capsys, monkeypatch, tmp_path):
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
     monkeypatch.setattr(device_check, "resume_matches", broken)
-    assert device_check.main(["--quick", "--parts", "de"]) == 1
+    assert device_check.main(["--quick", "--parts", "resume,env", "--json", str(tmp_path / "r.json")]) == 1
     out = capsys.readouterr().out
-    assert re.search(r"^    \(d\) sync: FAILED: RuntimeError: CUDA error: operation not permitted when stream is "
-                     r"capturing \(test_benchmarks.py:\d+\)$", out, re.M)
-    assert "(d) device: FAILED: RuntimeError" in out  # the next variant still ran
+    assert re.search(r"^    \(resume\) sync: FAILED: RuntimeError: CUDA error: operation not permitted when stream "
+                     r"is capturing \(test_benchmarks.py:\d+\)$", out, re.M)
+    assert "(resume) device: FAILED: RuntimeError" in out  # the next variant still ran
     assert re.search(r"^\s+64: numpy [\d,]+", out, re.M)  # and so did the next part
-    assert out.rstrip().endswith("device check: FAILED: (d) sync raised RuntimeError; (d) device raised RuntimeError")
+    message = "raised RuntimeError: CUDA error: operation not permitted when stream is capturing"
+    assert out.rstrip().endswith(f"device check: FAILED: (resume) sync {message}; (resume) device {message}")
+    report = device_check_report(tmp_path / "r.json")
+    assert report["parts"]["resume"]["status"] == "failed" and report["parts"]["env"]["status"] == "done"
+    assert len(report["failures"]) == 2
 
 
 @pytest.mark.slow  # whole training commands: CI runs it

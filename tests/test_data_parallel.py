@@ -430,7 +430,7 @@ def test_ray_under_torchrun_is_refused_before_ray_is_started(monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_two_gpus_under_nccl_learn_what_one_gpu_learns(tmp_path):
-    """Run by benchmarks.device_check (part g) on a machine with 2 GPUs: NCCL, the device backend, one rank per
+    """Run by benchmarks.device_check (its tests part) on a machine with 2 GPUs: NCCL, the device backend, one rank per
     GPU; the GPU's kernels reduce in other orders than the CPU's, hence the looser bound."""
     run = {**RUN, "device": "cuda", "backend": "device", "run_dir": str(tmp_path / "one")}
     one = alone(run)

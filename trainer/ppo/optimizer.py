@@ -7,10 +7,28 @@ from typing import Any
 import torch
 from torch import nn
 
+# devices where torch's Adam has one fused kernel per step (and where it was measured: the CPU by default since the
+# flat parameter, CUDA in every GPU run); elsewhere torch's own default implementation
+FUSED_DEVICES = ("cpu", "cuda")
+
+
+def adam_options(device: torch.device | str, capturable: bool = False) -> dict[str, Any]:
+    """The keyword arguments of PPO's ``torch.optim.Adam`` for parameters on ``device`` (the learning rate apart):
+    fused (one kernel per step) on the CPU and on CUDA; ``capturable`` for a step captured as a CUDA graph.
+
+    Example:
+        >>> adam_options("cuda", capturable=True)
+        {'eps': 1e-05, 'fused': True, 'capturable': True}
+        >>> adam_options("meta")
+        {'eps': 1e-05, 'capturable': False}
+    """
+    fused = {"fused": True} if torch.device(device).type in FUSED_DEVICES else {}
+    return {"eps": 1e-5, **fused, "capturable": capturable}
+
 
 def fused_adam(param: nn.Parameter, lr: float, capturable: bool = False) -> torch.optim.Adam:
-    """Fused Adam (``eps=1e-5``) over ``param`` (one flat tensor: ``trainer.common.flat_params``), a single kernel per
-    step, with the learning rate held as a tensor on ``param``'s device.
+    """Fused Adam (:func:`adam_options`) over ``param`` (one flat tensor: ``trainer.common.flat_params``), a single
+    kernel per step, with the learning rate held as a tensor on ``param``'s device.
 
     Why a tensor: annealing then writes it in place (:func:`set_learning_rate`), so a step captured
     as a CUDA graph (``capturable=True``) reads each new value, and nothing that was compiled sees
@@ -26,7 +44,7 @@ def fused_adam(param: nn.Parameter, lr: float, capturable: bool = False) -> torc
     """
     dtype = torch.float64 if param.device.type == "cpu" else torch.float32
     lr_tensor = torch.tensor(lr, dtype=dtype, device=param.device)
-    return torch.optim.Adam([param], lr=lr_tensor, eps=1e-5, fused=True, capturable=capturable)
+    return torch.optim.Adam([param], lr=lr_tensor, **adam_options(param.device, capturable))
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
