@@ -14,6 +14,7 @@ envs' states alone, the way the device backend kept them before issue 63 (one di
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -78,7 +79,7 @@ def gae_times(num_steps: int, num_envs: int, device: str = "cpu", repeats: int =
     times: dict[str, list[float]] = {name: [] for name in ways}
     for round_ in range(repeats + 1):
         for name, way in ways.items():
-            took = _seconds(lambda: way(deltas, carry), dev)
+            took = _seconds(functools.partial(way, deltas, carry), dev)
             if round_:
                 times[name].append(took)
     return {name: statistics.median(v) for name, v in times.items()}

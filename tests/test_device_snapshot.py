@@ -89,7 +89,8 @@ def test_a_state_in_either_form_continues_exactly_and_moves_to_the_sync_backend(
         with collector(6) as c:
             assert c.set_state(saved)
             got = c.collect()
-        assert all(torch.equal(want.batch[k], got.batch[k]) for k in want.batch.keys()) and want.episodes == got.episodes
+        assert all(torch.equal(want.batch[k], got.batch[k]) for k in want.batch.keys())
+        assert want.episodes == got.episodes
     space = envs.VREdgeVectorEnv(1, **ENV)
     with RolloutCollector([functools.partial(envs.VREdgeVectorEnv, 6, **ENV)],
                           f.greedy_policy(space.single_observation_space, space.single_action_space),

@@ -15,7 +15,8 @@ def rollout(steps: int, envs: int, seed: int, end_rate: float = 0.05) -> dict[st
     return {"rewards": torch.randn(steps, envs, generator=g), "values": torch.randn(steps, envs, generator=g),
             "next_vals": torch.randn(steps, envs, generator=g),
             "done": torch.rand(steps, envs, generator=g) < end_rate,
-            "log_probs": -torch.rand(steps, envs, generator=g), "target_log_probs": -torch.rand(steps, envs, generator=g)}
+            "log_probs": -torch.rand(steps, envs, generator=g),
+            "target_log_probs": -torch.rand(steps, envs, generator=g)}
 
 
 def deltas_and_carry(r: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
