@@ -25,6 +25,7 @@ from trainer import train as train_module
 from trainer.config import TrainConfig
 from trainer.flags import parse_args
 from trainer.ppo.algorithm import PPO
+from trainer.run_files import resume_state
 from trainer.run_layout import Machine, run_layout
 
 ENV = {"num_users": 3, "max_steps": 12, "abandon_stall_s": 2.0}  # short episodes: both kinds of ends occur
@@ -157,3 +158,30 @@ def test_a_device_run_resumes_exactly_from_a_checkpoint_in_either_form(tmp_path)
     assert _numbers(stopped) == _numbers(straight) == _numbers(older)
     last = [checkpoints.latest_loadable(d)[1] for d in (stopped, older, straight)]
     assert all(torch.equal(a["model"][k], last[2]["model"][k]) for a in last[:2] for k in a["model"])
+
+
+def test_a_checkpoint_whose_config_asks_for_other_envs_than_its_batched_states_hold_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    _trained(["--num-envs", "4", "--num-steps", "8", "--total-steps", "32", "--device", "cpu", "--compile", "off",
+              "--backend", "device", "--run-dir", str(run_dir)])
+    path, saved, _ = checkpoints.latest_loadable(run_dir)
+    assert resume_state(str(run_dir), {})[0].num_envs == 4  # as saved: resumes
+    saved["config"]["num_envs"] = 64
+    checkpoints.save(path, saved)
+    with pytest.raises(ValueError, match="num_envs=64 but its collector state holds 4 envs"):
+        resume_state(str(run_dir), {})
+
+
+@pytest.mark.slow  # two ranks started
+def test_a_device_run_of_two_ranks_resumes_in_one_process_as_if_never_stopped(tmp_path):
+    """Each rank's batched share joined by global env index in the checkpoint (``merge_states``), and a resume at
+    another world size takes the run's envs whole."""
+    from tests.test_data_parallel import RUN, alone, ranks
+    device_run = {**RUN, "backend": "device"}
+    straight = alone({**device_run, "run_dir": str(tmp_path / "straight")})
+    run = {**device_run, "run_dir": str(tmp_path / "run")}
+    ranks(2, run, max_iterations=2)
+    saved = checkpoints.latest_loadable(run["run_dir"])[1]["collector"]["env_states"]
+    assert isinstance(saved, dict) and env_state_count(saved) == RUN["num_envs"]
+    weights = alone(run, resume=run["run_dir"])  # 2 ranks -> 1 process
+    assert (weights - straight).abs().max().item() < 1e-5
