@@ -177,7 +177,7 @@ class DeviceCollector(Collector):
                 "episode_return": self._episode_return.cpu().numpy().copy(),
                 "episode_length": self._episode_length.cpu().numpy().copy(),
                 "steps": self._steps.cpu().numpy().copy(),
-                "env_states": checked_vector_state(self.env, self.env.unwrapped.get_state())}  # the env's copy
+                "env_states": checked_vector_state(self.env, self.env.unwrapped.get_state())}  # (a copy: the env's)
 
     def set_state(self, state: dict[str, Any], reseed: int | None = None) -> bool:
         """Continue from :meth:`get_state` (this collector's or a ``RolloutCollector``'s, envs' states in either

@@ -238,6 +238,7 @@ def restore_env_states(envs: Sequence[Any], states: Sequence[Any]) -> None:
             if state is not None:
                 env.unwrapped.set_state(state)
 
+
 # ------------------------------------------------------------------ the two forms of a collector state's envs
 # A collector state's ``env_states`` holds every env's state by rollout index (by global index under torchrun),
 # in one of two forms; whatever reads one goes through the functions below, and either form restores into any
