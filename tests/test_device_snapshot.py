@@ -185,3 +185,17 @@ def test_a_device_run_of_two_ranks_resumes_in_one_process_as_if_never_stopped(tm
     assert isinstance(saved, dict) and env_state_count(saved) == RUN["num_envs"]
     weights = alone(run, resume=run["run_dir"])  # 2 ranks -> 1 process
     assert (weights - straight).abs().max().item() < 1e-5
+
+
+def test_a_landed_run_of_per_env_states_goes_on_on_the_device_backend_as_on_sync(tmp_path):
+    """A run directory an older version wrote (``tests/data/landed``: its checkpoints hold one state per env)
+    resumed on the device backend has the numbers of the same run resumed on the sync backend it was started on."""
+    from tests.test_landed_runs import landed
+    numbers = {}
+    for backend in ("sync", "device"):
+        run_dir = landed("ppo-vredge", tmp_path / backend)
+        assert isinstance(checkpoints.latest_loadable(run_dir)[1]["collector"]["env_states"], list)
+        _trained(["--resume", str(run_dir), "--total-steps", "384", "--backend", backend, "--compile", "off"])
+        numbers[backend] = _numbers(run_dir)
+    assert [r["iteration"] for r in numbers["device"]] == [1, 2, 3, 4, 5, 6]
+    assert numbers["device"] == numbers["sync"]
