@@ -393,7 +393,6 @@ def test_snapshot_quick_reports_the_snapshot_and_gae_side_by_side(capsys):
     for n, row in out.items():
         assert set(row) == {"iteration", "snapshot", "states_before", "states_now", "gae_loop", "gae_scan"}
         assert all(v > 0 for v in row.values())
-        assert row["snapshot"] < row["iteration"]
     printed = capsys.readouterr().out
     assert "32 envs x 8 steps on cpu: iteration" in printed and "one dict per env as before" in printed
     assert "GAE loop" in printed and "scan" in printed
