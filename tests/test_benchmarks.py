@@ -390,7 +390,7 @@ def test_snapshot_quick_reports_the_snapshot_and_gae_side_by_side(capsys):
     from benchmarks import snapshot
     out = snapshot.main(["--quick"])
     assert sorted(out) == [8, 32]
-    for n, row in out.items():
+    for row in out.values():
         assert set(row) == {"iteration", "snapshot", "states_before", "states_now", "gae_loop", "gae_scan"}
         assert all(v > 0 for v in row.values())
     printed = capsys.readouterr().out
