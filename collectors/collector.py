@@ -13,7 +13,7 @@ from tensordict import TensorDictBase
 from collectors.backend_names import BACKENDS, LOCAL_BACKENDS
 from collectors.base import Collector, Policy, check_env_fns, explicit_seeds
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S, Deadline
-from collectors.env_group import EpisodeInfo
+from collectors.env_group import EpisodeInfo, env_states_of, joined_env_states, per_env_states
 from collectors.processes import start_method_of
 from collectors.rollout import Rollout
 from collectors.seeding import env_seeds, noise_keys
@@ -277,7 +277,7 @@ class RolloutCollector(Collector):
         if obs.shape != self._obs.shape or obs.dtype != self._obs.dtype:
             raise ValueError(f"collector state has observations {obs.shape} {obs.dtype}; this collector has "
                              f"{self._obs.shape} {self._obs.dtype} (different envs or num_envs?)")
-        env_states = list(state["env_states"])
+        env_states = per_env_states(state["env_states"])  # (a device backend's are batched)
         if len(env_states) != self.num_envs:
             raise ValueError(f"collector state has {len(env_states)} env states for {self.num_envs} envs")
         steps = np.asarray(state.get("steps", np.zeros(self.num_envs, dtype=np.int64)))
@@ -305,18 +305,18 @@ class RolloutCollector(Collector):
 
 
 def merge_states(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Concatenate per-env collector states of consecutive env slices (e.g. one per Ray actor)."""
+    """Concatenate collector states of consecutive env slices (e.g. one per Ray actor or torchrun rank)."""
     return {"observations": np.concatenate([p["observations"] for p in parts]),
             "episode_return": np.concatenate([p["episode_return"] for p in parts]),
             "episode_length": np.concatenate([p["episode_length"] for p in parts]),
             **({"steps": np.concatenate([p["steps"] for p in parts])} if all("steps" in p for p in parts) else {}),
-            "env_states": [s for p in parts for s in p["env_states"]]}
+            "env_states": joined_env_states([p["env_states"] for p in parts])}
 
 
 def split_state(state: dict[str, Any], envs: slice) -> dict[str, Any]:
-    """The part of a per-env collector state that belongs to ``envs``."""
+    """The part of a collector state that belongs to ``envs``."""
     return {"observations": np.asarray(state["observations"])[envs],
             "episode_return": np.asarray(state["episode_return"])[envs],
             "episode_length": np.asarray(state["episode_length"])[envs],
             **({"steps": np.asarray(state["steps"])[envs]} if "steps" in state else {}),
-            "env_states": list(state["env_states"])[envs]}
+            "env_states": env_states_of(state["env_states"], envs)}

@@ -12,7 +12,13 @@ from tensordict import TensorDict
 
 from collectors.base import Collector, Policy, check_env_fns, explicit_seeds
 from collectors.collector import call_policy, check_policy_output
-from collectors.env_group import build_env, close_envs, env_states, restore_env_states
+from collectors.env_group import (
+    batched_env_states,
+    build_env,
+    checked_vector_state,
+    close_envs,
+    env_state_count,
+)
 from collectors.rollout import Rollout
 from collectors.seeding import env_seeds, noise_keys
 
@@ -164,28 +170,33 @@ class DeviceCollector(Collector):
 
     # ------------------------------------------------------------------ state for exact resume
     def get_state(self) -> dict[str, Any]:
-        """As :meth:`collectors.RolloutCollector.get_state` (on the CPU, one entry per env), so a state restores
-        into either collector."""
+        """As :meth:`collectors.RolloutCollector.get_state` (on the CPU, by env index), so a state restores into
+        either collector; the envs' states in the batched form (``collectors.env_group.EnvStates``): a few
+        array copies, whatever the number of envs (a trainer snapshots this every iteration)."""
         return {"observations": self._obs.cpu().numpy().copy(),
                 "episode_return": self._episode_return.cpu().numpy().copy(),
                 "episode_length": self._episode_length.cpu().numpy().copy(),
-                "steps": self._steps.cpu().numpy().copy(), "env_states": env_states([self.env])}
+                "steps": self._steps.cpu().numpy().copy(),
+                "env_states": checked_vector_state(self.env, self.env.unwrapped.get_state())}  # (a copy: the env's)
 
     def set_state(self, state: dict[str, Any], reseed: int | None = None) -> bool:
-        """Continue from :meth:`get_state` (this collector's or a ``RolloutCollector``'s); always exact."""
+        """Continue from :meth:`get_state` (this collector's or a ``RolloutCollector``'s, envs' states in either
+        form); always exact."""
         obs = np.asarray(state["observations"])
         want = (self.num_envs, *self.observation_space.shape)
         if obs.shape != want or obs.dtype != self.observation_space.dtype:
             raise ValueError(f"collector state has observations {obs.shape} {obs.dtype}; this collector has "
                              f"{want} {self.observation_space.dtype} (different envs or num_envs?)")
-        states = list(state["env_states"])
-        if len(states) != self.num_envs or any(s is None for s in states):
-            raise ValueError(f"collector state has {len(states)} env states for {self.num_envs} envs, or some are "
+        held = env_state_count(state["env_states"])
+        batched = batched_env_states(state["env_states"]) if held == self.num_envs else None
+        if batched is None:
+            raise ValueError(f"collector state has {held} env states for {self.num_envs} envs, or some are "
                              "missing: the device backend restores every env exactly")
         steps = np.asarray(state.get("steps", np.zeros(self.num_envs, dtype=np.int64)))
         if steps.shape != (self.num_envs,):
             raise ValueError(f"collector state has step counters of shape {steps.shape} for {self.num_envs} envs")
-        restore_env_states([self.env], states)
+        # copies: on the CPU the env would otherwise step in the caller's arrays (a checkpoint's, kept to save)
+        self.env.unwrapped.set_state({k: np.array(v, copy=True) for k, v in batched.items()})
         for name, value, dtype in (("_obs", obs, None), ("_episode_return", state["episode_return"], torch.float64),
                                    ("_episode_length", state["episode_length"], torch.int64),
                                    ("_steps", steps, torch.int64)):

@@ -188,7 +188,7 @@ class EnvGroup:
 
 
 def env_states(envs: Sequence[Any]) -> list[Any]:
-    """One state per env (``None`` where an env offers no ``get_state()``).
+    """One state per env (``None`` where an env offers no ``get_state()``): the per-env form of :data:`EnvStates`.
 
     A ``VectorEnv``'s state is split along its env axis, so that a state belongs to one env
     and not to how envs were grouped into processes: a run may be resumed with another
@@ -201,20 +201,22 @@ def env_states(envs: Sequence[Any]) -> list[Any]:
         if not hasattr(env.unwrapped, "get_state"):
             states.extend([None] * n)
         elif isinstance(env, gym.vector.VectorEnv):
-            states.extend(_split_vector_state(env, env.unwrapped.get_state()))
+            states.extend(per_env_states(checked_vector_state(env, env.unwrapped.get_state())))
         else:
             states.append(env.unwrapped.get_state())
     return states
 
 
-def _split_vector_state(env: gym.vector.VectorEnv, state: Any) -> list[dict[str, np.ndarray]]:
+def checked_vector_state(env: gym.vector.VectorEnv, state: Any) -> dict[str, np.ndarray]:
+    """``state`` (``env.unwrapped.get_state()``) as the batched form of :data:`EnvStates`, checked: CPU tensors
+    become NumPy arrays without a copy."""
     n = env.num_envs
     if isinstance(state, dict):  # CPU tensors (a torch env's) as NumPy arrays, without a copy
         state = {k: np.asarray(v) for k, v in state.items()}
-    if not isinstance(state, dict) or not all(v.ndim >= 1 and v.shape[0] == n for v in state.values()):
+    if not isinstance(state, dict) or not state or not all(v.ndim >= 1 and v.shape[0] == n for v in state.values()):
         raise ValueError(f"{type(env.unwrapped).__name__}.get_state() must return a dict of arrays (or CPU "
                          f"tensors) with a leading axis of num_envs={n}, so that each env's state is kept on its own")
-    return [{k: v[j:j + 1].copy() for k, v in state.items()} for j in range(n)]
+    return state
 
 
 def restore_env_states(envs: Sequence[Any], states: Sequence[Any]) -> None:
@@ -235,6 +237,76 @@ def restore_env_states(envs: Sequence[Any], states: Sequence[Any]) -> None:
             start += 1
             if state is not None:
                 env.unwrapped.set_state(state)
+
+
+# ------------------------------------------------------------------ the two forms of a collector state's envs
+# A collector state's ``env_states`` holds every env's state by rollout index (by global index under torchrun),
+# in one of two forms; whatever reads one goes through the functions below, and either form restores into any
+# backend (converted once, when restored):
+#   per env:  a list of ``num_envs`` entries, each one env's ``get_state()`` (``None`` where the env has none); a
+#             VectorEnv's state is split along its env axis into ``[1, ...]`` arrays. Backends that host envs
+#             in groups (serial, sync, async, ray) keep this form, and the device backend did before issue 63
+#             (its older checkpoints hold it).
+#   batched:  one dict ``{name: array [num_envs, ...]}``, a torch-batched env's ``get_state()`` whole: the device
+#             backend's, so that its snapshot each iteration costs a few array copies whatever the number of
+#             envs, and a checkpoint stores a few arrays rather than one small dict per env.
+EnvStates = list[Any] | dict[str, np.ndarray]
+
+
+def env_state_count(states: EnvStates) -> int:
+    """How many envs ``states`` (either form) holds.
+
+    >>> env_state_count([None, None, None]), env_state_count({"t": np.zeros(4), "buffer": np.zeros((4, 8))})
+    (3, 4)
+    """
+    if isinstance(states, dict):
+        return len(next(iter(states.values()), ()))
+    return len(states)
+
+
+def per_env_states(states: EnvStates) -> list[Any]:
+    """``states`` in the per-env form: a batched one split along its env axis (one copy per env and array: a
+    restore into a backend that hosts envs in groups, or an older reader, pays it once).
+
+    >>> [s["t"].tolist() for s in per_env_states({"t": np.array([5, 6])})]
+    [[5], [6]]
+    """
+    if isinstance(states, dict):
+        return [{k: v[j:j + 1].copy() for k, v in states.items()} for j in range(env_state_count(states))]
+    return list(states)
+
+
+def batched_env_states(states: EnvStates) -> dict[str, np.ndarray] | None:
+    """``states`` in the batched form (the per-env entries of a VectorEnv's state joined along the env axis);
+    ``None`` where some env has no state.
+
+    >>> batched_env_states([{"t": np.array([5])}, {"t": np.array([6])}])["t"].tolist()
+    [5, 6]
+    """
+    if isinstance(states, dict):
+        return states
+    states = list(states)
+    if not states or any(s is None for s in states):
+        return None
+    return {k: np.concatenate([np.asarray(s[k]) for s in states]) for k in states[0]}
+
+
+def joined_env_states(parts: Sequence[EnvStates]) -> EnvStates:
+    """The states of consecutive env slices (e.g. one per torchrun rank) as one: batched where every part is."""
+    if all(isinstance(p, dict) for p in parts):
+        return {k: np.concatenate([np.asarray(p[k]) for p in parts]) for k in parts[0]}
+    return [s for p in parts for s in per_env_states(p)]
+
+
+def env_states_of(states: EnvStates, envs: slice) -> EnvStates:
+    """The part of ``states`` that belongs to the envs ``envs`` (same form; views, not copies).
+
+    >>> env_states_of({"t": np.arange(4)}, slice(1, 3))["t"].tolist(), env_states_of([7, 8, 9], slice(2, 3))
+    ([1, 2], [9])
+    """
+    if isinstance(states, dict):
+        return {k: np.asarray(v)[envs] for k, v in states.items()}
+    return list(states)[envs]
 
 
 def close_envs(envs: Sequence[Any]) -> None:

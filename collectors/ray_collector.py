@@ -13,6 +13,7 @@ from collectors.backends.ray_ import AsyncRollouts, RayWorkers, RolloutWorker
 from collectors.base import Collector, Policy, check_env_fns, explicit_seeds
 from collectors.collector import merge_states, split_state
 from collectors.deadlines import DEFAULT_WORKER_TIMEOUT_S
+from collectors.env_group import env_state_count
 from collectors.rollout import Rollout
 from collectors.storage import RolloutStorage, torch_dtype
 
@@ -126,9 +127,9 @@ class RayCollector(Collector):
 
     def set_state(self, state: dict[str, Any], reseed: int | None = None) -> bool:
         """As ``RolloutCollector.set_state``; each actor restores its slice of the envs."""
-        env_states = list(state["env_states"])
-        if len(env_states) != self.num_envs:
-            raise ValueError(f"collector state has {len(env_states)} env states for {self.num_envs} envs")
+        held = env_state_count(state["env_states"])
+        if held != self.num_envs:
+            raise ValueError(f"collector state has {held} env states for {self.num_envs} envs")
         return self.workers.set_env_states([split_state(state, sl) for sl in self.workers.slices], reseed)
 
     def _close(self) -> None:

@@ -505,3 +505,15 @@ def test_cells_table_plays_a_per_head_run_in_its_own_slots_as_evaluate_does(tmp_
     expected = evaluate_cells(model, cfg, (2, 3), (0.0,), episodes=2, baselines=("fair_share",), reference=False)
     assert [r["paired"]["fair_share"] for r in rows] == [e["paired_reward_per_step"]["fair_share"] for e in expected]
     assert "cells of 4 user slots" in (tmp_path / "table" / "table.md").read_text()
+
+
+def test_snapshot_quick_reports_the_snapshot_and_gae_side_by_side(capsys):
+    from benchmarks import snapshot
+    out = snapshot.main(["--quick"])
+    assert sorted(out) == [8, 32]
+    for row in out.values():
+        assert set(row) == {"iteration", "snapshot", "states_before", "states_now", "gae_loop", "gae_scan"}
+        assert all(v > 0 for v in row.values())
+    printed = capsys.readouterr().out
+    assert "32 envs x 8 steps on cpu: iteration" in printed and "one dict per env as before" in printed
+    assert "GAE loop" in printed and "scan" in printed

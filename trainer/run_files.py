@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import checkpoints
+from collectors.env_group import env_state_count
 from envs.settings import ConfigError
 from trainer import __version__
 from trainer.config import TrainConfig, with_current_names
@@ -64,10 +65,10 @@ def resume_state(resume: str, given: dict[str, Any]) -> tuple[TrainConfig, Path,
 
 def _check_env_count(cfg: TrainConfig, saved: dict[str, Any], source: Path) -> None:
     """Raise ``ValueError`` unless the stored config's ``num_envs`` is the number of envs its collector state holds
-    (one entry per env on every backend): a config edited to ask for a billion envs is refused, not built."""
+    (by env index on every backend): a config edited to ask for a billion envs is refused, not built."""
     if "collector" not in saved:
         return
-    held = len(saved["collector"]["env_states"])
+    held = env_state_count(saved["collector"]["env_states"])
     if held != cfg.num_envs:
         raise ValueError(f"{source}: its config asks for num_envs={cfg.num_envs:,} but its collector state holds "
                          f"{held:,} envs; a config edited or mixed from two runs?")

@@ -2,7 +2,8 @@
 
 The kernels (:func:`next_values`, :func:`compute_gae`, :func:`vtrace`) are pure functions of ``[T, N]``
 tensors, vectorised over envs; :func:`advantages_and_returns` and :func:`vtrace_targets` apply them to a
-rollout with the model's values.
+rollout with the model's values. Both recursions backwards in time are :func:`discounted_sums`: a loop over
+steps on the CPU, a scan of ``log2(T)`` steps elsewhere (a loop there is a few kernel launches per step).
 """
 
 from __future__ import annotations
@@ -25,6 +26,45 @@ def next_values(values: torch.Tensor, last_value: torch.Tensor, final_values: to
     return torch.where(terminated, torch.zeros_like(following), following)
 
 
+def discounted_sums_by_loop(deltas: torch.Tensor, carry: torch.Tensor) -> torch.Tensor:
+    """``x[t] = deltas[t] + carry[t] * x[t + 1]`` backwards from ``x[T] = 0``, all ``[T, N]``: one step at a time."""
+    sums = torch.zeros_like(deltas)
+    running = torch.zeros_like(deltas[0])
+    for t in range(deltas.shape[0] - 1, -1, -1):
+        running = deltas[t] + carry[t] * running
+        sums[t] = running
+    return sums
+
+
+def discounted_sums_by_scan(deltas: torch.Tensor, carry: torch.Tensor) -> torch.Tensor:
+    """What :func:`discounted_sums_by_loop` returns (up to float rounding), in ``ceil(log2 T)`` steps over all of time.
+
+    Step ``t`` is the map ``x -> carry[t] * x + deltas[t]``; after the pass with ``span``, ``(factors[t], sums[t])``
+    is the map of steps ``t .. t + 2 * span - 1`` composed (a Hillis-Steele scan). A ``carry`` of 0 (an episode's
+    end) makes ``factors`` 0 exactly, so nothing after an episode's end reaches the steps before it.
+
+    >>> deltas, carry = torch.tensor([[1.0], [2.0], [3.0]]), torch.tensor([[0.5], [0.0], [0.5]])
+    >>> discounted_sums_by_scan(deltas, carry).flatten().tolist()
+    [2.0, 2.0, 3.0]
+    """
+    sums, factors = deltas.clone(), carry.clone()
+    span = 1
+    while span < deltas.shape[0]:
+        # (right sides are computed whole before they are written: each pass reads the previous one's values)
+        sums[:-span] = sums[:-span] + factors[:-span] * sums[span:]
+        factors[:-span] = factors[:-span] * factors[span:]
+        span *= 2
+    return sums
+
+
+def discounted_sums(deltas: torch.Tensor, carry: torch.Tensor) -> torch.Tensor:
+    """``x[t] = deltas[t] + carry[t] * x[t + 1]`` backwards from ``x[T] = 0``: by the loop on the CPU (the numbers
+    runs there always had), by the scan elsewhere (a CUDA learner: a handful of kernels, not a few per step)."""
+    if deltas.device.type == "cpu":
+        return discounted_sums_by_loop(deltas, carry)
+    return discounted_sums_by_scan(deltas, carry)
+
+
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_vals: torch.Tensor, done: torch.Tensor,
                 gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(advantages, returns)``, both ``[T, N]``.
@@ -34,11 +74,7 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_vals: torch.Te
     """
     deltas = rewards + gamma * next_vals - values
     carry = (gamma * lam) * (~done).to(values.dtype)
-    advantages = torch.zeros_like(values)
-    running = torch.zeros_like(values[0])
-    for t in range(rewards.shape[0] - 1, -1, -1):
-        running = deltas[t] + carry[t] * running
-        advantages[t] = running
+    advantages = discounted_sums(deltas, carry)
     return advantages, advantages + values
 
 
@@ -56,12 +92,7 @@ def vtrace(behaviour_log_probs: torch.Tensor, target_log_probs: torch.Tensor, re
     clipped_rho = rho.clamp(max=rho_bar)
     cs = lam * rho.clamp(max=c_bar) * (~done).to(values.dtype)
     deltas = clipped_rho * (rewards + gamma * next_vals - values)
-    correction = torch.zeros_like(values)
-    running = torch.zeros_like(values[0])
-    for t in range(rewards.shape[0] - 1, -1, -1):
-        running = deltas[t] + gamma * cs[t] * running
-        correction[t] = running
-    vs = values + correction
+    vs = values + discounted_sums(deltas, gamma * cs)
     # the target for step t's Q estimate: v_s of the next step within the episode, else the bootstrap
     vs_next = torch.cat([vs[1:], next_vals[-1:]], dim=0)
     vs_next = torch.where(done, next_vals, vs_next)
