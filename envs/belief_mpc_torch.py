@@ -1,5 +1,5 @@
-""":class:`envs.belief_mpc.BeliefMPC` on torch tensors: the same levels, batched over envs x scenarios x candidate levels
-on any device.
+""":class:`envs.belief_mpc.BeliefMPC` on torch tensors: the same levels, batched over envs x scenarios x candidate
+levels on any device.
 
 The filter and the futures stay NumPy's (:class:`envs.belief.RegimeFilter`: a few percent of the work, and the same
 draws); the rollout, which is the rest, runs on tensors ``[B, S, K, U]`` (envs, scenarios, candidate levels, users)
