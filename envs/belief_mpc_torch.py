@@ -220,13 +220,13 @@ class TorchBeliefMPC:
                 bits = _chosen(low, cell["bits_low"][h], cell["bits"][h])
                 quality = _chosen(low, cell["quality_low"][h], cell["quality"][h])
             download = self._shared_finish_times(bits / cell["capacity_channel"][h])
-            stall = torch.clamp(download - buffer, min=0.0)
-            buffer = torch.clamp(torch.clamp(buffer - download, min=0.0) + cfg.segment_s, max=cfg.max_buffer_s)
+            stall = (download - buffer).clamp_(min=0.0)
+            buffer = (buffer - download).clamp_(min=0.0).add_(cfg.segment_s).clamp_(max=cfg.max_buffer_s)
             change = torch.abs(quality - quality_before)
             user_reward = cfg.quality_weight * quality - cfg.stall_weight * stall - cfg.switch_weight * change
             reward = self._user_mean(user_reward, active)
             quality_before, cum_stall = quality, cum_stall + stall
-            abandoned = torch.any(cum_stall > cfg.abandon_stall_s, dim=-1)
+            abandoned = torch.amax(cum_stall, dim=-1) > cfg.abandon_stall_s  # (any user over it: faster than any)
             weight = alive * (h < remaining)
             total = total + weight * reward
             abandoned = abandoned & (weight > 0)
