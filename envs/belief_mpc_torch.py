@@ -308,8 +308,15 @@ def _as_written(x: torch.Tensor) -> torch.Tensor:
 def _running_sum(x: torch.Tensor) -> torch.Tensor:
     """The running sum of ``x`` along its last axis, one term after the other (NumPy's ``cumsum``): torch's on a
     CPU, which adds in that order; written out elsewhere, where a scan may add in another."""
-    if x.device.type == "cpu":
-        return torch.cumsum(x, dim=-1)
+    return torch.cumsum(x, dim=-1) if x.device.type == "cpu" else running_sum_in_order(x)
+
+
+def running_sum_in_order(x: torch.Tensor) -> torch.Tensor:
+    """The running sum of ``x`` along its last axis, written out one term after the other (on any device).
+
+    >>> running_sum_in_order(torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64))
+    tensor([[1., 3., 6.]], dtype=torch.float64)
+    """
     sums = [x[..., 0]]
     for i in range(1, x.shape[-1]):
         sums.append(sums[-1] + x[..., i])

@@ -9,7 +9,13 @@ import torch
 
 import envs
 from envs.belief_mpc import BeliefMPC
-from envs.belief_mpc_torch import TorchBeliefMPC, _low_as_read, low_buffer_bound, numpy_order_sum
+from envs.belief_mpc_torch import (
+    TorchBeliefMPC,
+    _low_as_read,
+    low_buffer_bound,
+    numpy_order_sum,
+    running_sum_in_order,
+)
 from envs.settings import ConfigError
 
 # States whose levels may differ from NumPy's: none. The rollout does NumPy's floating-point operations in NumPy's
@@ -87,6 +93,13 @@ def test_sums_are_numpys_to_the_last_bit(n):
     rng = np.random.default_rng(n)
     x = rng.normal(size=(2000, n)) * np.exp(4 * rng.normal(size=(2000, n)))  # magnitudes apart: order shows
     assert np.array_equal(numpy_order_sum(torch.as_tensor(x)).numpy(), x.sum(axis=-1))
+
+
+@pytest.mark.parametrize("n", [1, 8, 12])
+def test_running_sums_are_numpys_to_the_last_bit(n):  # (the one a GPU runs: its scan may add in another order)
+    rng = np.random.default_rng(n)
+    x = rng.normal(size=(2000, n)) * np.exp(4 * rng.normal(size=(2000, n)))
+    assert np.array_equal(running_sum_in_order(torch.as_tensor(x)).numpy(), np.cumsum(x, axis=-1))
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"max_buffer_s": 3.3}, {"max_buffer_s": 7.1}])
