@@ -29,7 +29,8 @@ EnvKwargs = dict[str, Any]
 
 @dataclass(frozen=True)
 class Expert:
-    """An env's distillation expert: ``make(env_kwargs, seed)`` builds one that acts on a batch of observations.
+    """An env's distillation expert: ``make(env_kwargs, seed, device)`` builds one that acts on a batch of observations
+(NumPy arrays in and out), computing on the torch ``device`` (the learner's) where it computes on torch at all.
 
     A ``stateful`` expert (a filter that follows each env's observations) sees every row of one natively batched
     env at every step, those whose episodes are over included; a stateless one sees only the rows playing.
@@ -37,7 +38,7 @@ class Expert:
     measured, for the line a distillation starts with (``""``: not said)."""
 
     name: str
-    make: Callable[[EnvKwargs, int], Act]
+    make: Callable[[EnvKwargs, int, str], Act]
     stateful: bool = False
     pace: str = ""
     refusal: Callable[[EnvKwargs], str] = lambda kwargs: ""

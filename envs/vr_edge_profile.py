@@ -109,9 +109,9 @@ def _baseline(name: str):
     return make
 
 
-def _expert(env_kwargs: EnvKwargs, seed: int) -> Act:
-    from envs.belief_mpc import BeliefMPC
-    return BeliefMPC(VREdgeConfig(**env_kwargs), seed=seed)
+def _expert(env_kwargs: EnvKwargs, seed: int, device: str) -> Act:
+    from envs.belief_mpc_torch import TorchBeliefMPC  # BeliefMPC's levels (bit for bit), its rollout on torch
+    return TorchBeliefMPC(VREdgeConfig(**env_kwargs), seed=seed, device=device)
 
 
 def _expert_refusal(env_kwargs: EnvKwargs) -> str:
@@ -129,7 +129,8 @@ PROFILE = EnvProfile(
     baselines={name: _baseline(name) for name in _baseline_names()},
     references=("clairvoyant", "belief"),
     expert=Expert("BeliefMPC", _expert, stateful=True, refusal=_expert_refusal,
-                  pace="64 episodes of 300 steps: 2 min 16 s on a 2-core AMD EPYC"),
+                  pace="64 episodes of 300 steps: 2 min 16 s on a 2-core AMD EPYC with the NumPy BeliefMPC; "
+                       "the torch one, 3-7x faster (python -m benchmarks.belief_mpc)"),
     arguments=arguments, check_arguments=check_arguments,
     file_arguments=frozenset({"capacity_trace", "user_traces"}), trace_arguments=TRACE_ARGUMENTS,
     held_out=held_out_arguments, played_on=played_on, sizes=sizes,

@@ -39,5 +39,5 @@ if "Guess-v0" not in gym.registry:
     gym.register(id="Guess-v0", entry_point=GuessEnv)
 register_profile("Guess-v0", EnvProfile(
     baselines={"first": lambda kwargs: lambda obs: np.zeros(len(obs), np.int64)},  # a third of the steps
-    expert=Expert("oracle", lambda kwargs, seed: lambda obs: obs.argmax(axis=-1)),  # every step
+    expert=Expert("oracle", lambda kwargs, seed, device: lambda obs: obs.argmax(axis=-1)),  # every step
     episode_steps=lambda kwargs: kwargs.get("steps", 16)))

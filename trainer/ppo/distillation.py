@@ -67,7 +67,8 @@ class DistillSettings:
     """
 
     episodes: int = setting(PPOSettings.distill_episodes, "episodes the policy plays and BeliefMPC labels (300 "
-                            "states each on the default cell; about 2 s each on a 2-core CPU)", at_least=1,
+                            "states each on the default cell; about 2 s each on a 2-core CPU with the NumPy "
+                            "expert, 3-4x less with the torch one)", at_least=1,
                             at_most=100_000)
     epochs: int = setting(3, "passes of the cross-entropy over the labelled states", at_least=1, at_most=100)
     lr: float = setting(1e-4, "Adam learning rate of the fine-tuning", above=0, at_most=1)
@@ -151,10 +152,10 @@ class Labels(NamedTuple):
 
 
 def expert_labels(model: nn.Module, env: str, env_kwargs: dict[str, Any], episodes: int, seed: int,
-                  advance: Callable[[int], None] = lambda states: None) -> Labels:
+                  advance: Callable[[int], None] = lambda states: None, device: str | torch.device = "cpu") -> Labels:
     """Every state of ``episodes`` episodes the greedy ``model`` plays in ``env`` (:func:`distillation_seeds`), each
     with the action the env's expert (its profile's: VR-edge's ``BeliefMPC`` on ``fair_share``, which follows the
-    same observations) would play there.
+    same observations, its rollout on torch tensors of ``device``) would play there.
 
     Played ``_BATCH`` episodes at a time, each batch with a fresh expert; a stateful one (a filter, one row per
     env) sees one natively batched env's every row. ``advance(n)`` after each step's ``n`` states are labelled (a
@@ -165,7 +166,7 @@ def expert_labels(model: nn.Module, env: str, env_kwargs: dict[str, Any], episod
     observations: list[np.ndarray] = []
     actions: list[np.ndarray] = []
     for start in range(0, episodes, _BATCH):
-        teacher, chunk = expert.make(env_kwargs, seed), seeds[start:start + _BATCH]
+        teacher, chunk = expert.make(env_kwargs, seed, str(device)), seeds[start:start + _BATCH]
         seen: list[np.ndarray] = []
         said: list[np.ndarray] = []
 
@@ -241,18 +242,20 @@ def distillation_refusal(env: str, env_kwargs: dict[str, Any]) -> str:
 
 
 def distilled(model: nn.Module, env: str, env_kwargs: dict[str, Any], run_seed: int, settings: DistillSettings,
-              max_grad_norm: float, progress: RoundProgress | None = None) -> dict[str, Any]:
+              max_grad_norm: float, progress: RoundProgress | None = None, device: str | torch.device = "cpu"
+              ) -> dict[str, Any]:
     """Distil into ``model`` in place (module docstring); returns what happened: ``states`` labelled, the
     ``agreement`` with the expert's levels before and after, each epoch's ``cross_entropy``, the validation
     ``difference`` (after - before, paired) and whether the distilled weights were ``kept`` (else ``model`` is as
-    it was). ``progress``: a bar it moves (:class:`RoundProgress`; by default one on a terminal)."""
+    it was). ``progress``: a bar it moves (:class:`RoundProgress`; by default one on a terminal). ``device``: where
+    the expert computes (the learner's: the same labels on any)."""
     profile = profile_of(env)
     steps = profile.episode_steps(env_kwargs) or gym.spec(env).max_episode_steps or 1  # (a bar's total: a guess)
     progress = progress or RoundProgress(settings, steps)
     try:
         before = {k: v.clone() for k, v in model.state_dict().items()}
         progress.phase(f"{profile.expert.name} labels the states of {counted(settings.episodes, 'episode')}")
-        labels = expert_labels(model, env, env_kwargs, settings.episodes, settings.seed, progress.advance)
+        labels = expert_labels(model, env, env_kwargs, settings.episodes, settings.seed, progress.advance, device)
         progress.labelled()
         progress.phase("validation before")
         with episodes_counted(progress.advance):
@@ -338,7 +341,8 @@ def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] 
         started(f"{expert.name} labels the states of {counted(chosen.episodes, 'episode')} that {source.name}'s "
                 f"policy plays{pace}, the actor is fine-tuned toward its actions, and kept where it scores no lower "
                 f"on {validation}")
-        summary = distilled(model, cfg.env, cfg.env_options, cfg.seed, chosen, cfg.max_grad_norm)
+        summary = distilled(model, cfg.env, cfg.env_options, cfg.seed, chosen, cfg.max_grad_norm,
+                            device=expert_device(cfg.device))
         if summary["kept"]:
             weights = {k: v.clone() for k, v in model.state_dict().items()}
             state = {**state, "model": weights, "distilled": [*record, _stored(summary, source)]}
@@ -352,6 +356,21 @@ def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] 
                 if saved is not None:
                     saved.append(source)
     return {**summary, "checkpoint": source, "notes": notes}
+
+
+def expert_device(name: str) -> torch.device:
+    """Where the expert labels for a run of ``--device name``: the learner's device on this machine (a run trained
+    on a GPU and distilled where there is none: the CPU, the same labels).
+
+    >>> expert_device("cpu")
+    device(type='cpu')
+    """
+    from trainer.common.devices import resolve_device
+
+    try:
+        return resolve_device(name)
+    except ConfigError:
+        return torch.device("cpu")
 
 
 def _validated_against_best(cfg: Any, run_dir: str | Path, iteration: int, model: nn.Module) -> Any:
