@@ -68,7 +68,7 @@ from trainer import train as train_module
 from trainer.config import TrainConfig
 from trainer.interrupts import Interrupted
 from trainer.ppo.algorithm import PPO
-from trainer.ppo.distillation import expert_labels
+from trainer.ppo.distillation import expert_device, expert_labels
 from trainer.ppo.model import ActorCritic
 from trainer.ppo.targets import advantages_and_returns
 from trainer.ppo.update import LearnerSamples, minibatch_generator, ppo_update
@@ -169,12 +169,13 @@ def phase_update(run: PPO, samples: LearnerSamples, iteration: int, step: Any = 
 
 def phase_labels(run: PPO, env_kwargs: dict[str, Any], episodes: int) -> int:
     """The distillation expert's labels on ``episodes`` episodes the run's policy plays, as a round labels them
-    (a frozen CPU copy of the policy, as ``trainer.ppo.distillation.distill_run`` loads it); returns the states
-    labelled."""
+    (a frozen CPU copy of the policy, as ``trainer.ppo.distillation.distill_run`` loads it, the expert's rollout on
+    the learner's device); returns the states labelled."""
     from trainer.evaluation.policies import policy_from_state
 
     model, _ = policy_from_state(run.snapshot(), Path("the profiled run"))
-    return len(expert_labels(model, run.cfg.env, env_kwargs, episodes, seed=0).observations)
+    return len(expert_labels(model, run.cfg.env, env_kwargs, episodes, seed=0,
+                             device=expert_device(str(run.device))).observations)
 
 
 # ---------------------------------------------------------------------------------------------------------------
