@@ -13,14 +13,19 @@ No policy: the env alone, with random actions and autoreset.
 
 ``--train``: ``python -m trainer.train`` as a user runs it (VR-edge's defaults, ``--compile off``, a fresh
 interpreter each, the contenders alternating within each round): today's defaults (8 slots), today's defaults at
-12 slots (a ``per_head`` policy) and the cell recipe (``docs/cells.toml``: 12 slots, 2-12 users, churn, a ``set``
-policy); the steady env steps/s of each (after the first iteration) and the time per env step against the
-12-slot defaults.
+12 slots (a ``per_head`` policy), the cell recipe (``docs/cells.toml``: 12 slots, 2-12 users, churn, a ``set``
+policy) and the recipe with one encoder for the set policy's actor and critic (``shared_trunk = true``); the steady
+env steps/s of each (after the first iteration) and the time per env step against the 12-slot defaults. With
+``--base REV``, the 12-slot defaults and the recipe of the revision ``REV`` train in the same rounds (each against
+its own 12-slot defaults): what a change did, measured side by side.
+
+    python -m benchmarks.cell --train --base main      # the recipe's cost per env step, before and after
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -30,8 +35,8 @@ import numpy as np
 import torch
 
 import envs
-from benchmarks.backends import run as train_run
 from benchmarks.machine import print_machine, timed
+from benchmarks.revisions import ROOT, train_rate, worktree
 
 RECIPE = {"users": "2-12", "churn": "0-0.05"}
 CELLS = {  # name -> (slots, the other keyword arguments)
@@ -85,35 +90,55 @@ def report(engine: str, medians: dict[str, float]) -> None:
         print(f"{'':<{len(engine) + 2}}{name:<28} {rate:>12,.0f} {same_slots / rate:>19.2f}x {default / rate:>9.2f}x")
 
 
-RECIPE_FILE = Path(__file__).resolve().parent.parent / "docs" / "cells.toml"
-TRAININGS = {  # name -> trainer flags
+TRAININGS = {  # name -> trainer flags; {recipe}: the checkout's docs/cells.toml, {shared}: it with shared_trunk
     "defaults, 8 slots": [],
     "defaults, 12 slots": ["--env-kwargs", "num_users=12"],
-    "the cell recipe, 12 slots": ["--config", str(RECIPE_FILE)],
+    "the cell recipe, 12 slots": ["--config", "{recipe}"],
+    "the recipe, one shared encoder": ["--config", "{shared}"],
 }
+BASE = ("defaults, 12 slots", "the cell recipe, 12 slots")  # what --base also trains, from that revision
+BASE_SUFFIX = " (base)"
 
 
-def train_rates(iterations: int, rounds: int, num_envs: int, num_steps: int) -> dict[str, list[float]]:
-    """Steady env steps/s of each training in :data:`TRAININGS`, one per round, alternating within each round."""
+def recipe_files(source: Path, folder: Path) -> dict[str, str]:
+    """``{recipe}`` and ``{shared}`` of :data:`TRAININGS` for the checkout at ``source``: its recipe, and a copy of
+    it in ``folder`` whose set policy has one encoder for the actor and the critic (``shared_trunk = true``)."""
+    recipe = source / "docs" / "cells.toml"
+    shared = folder / f"{source.name}-cells-shared.toml"
+    shared.write_text("shared_trunk = true\n" + recipe.read_text())  # (a top-level key: before any table)
+    return {"recipe": str(recipe), "shared": str(shared)}
+
+
+def train_rates(iterations: int, rounds: int, num_envs: int, num_steps: int,
+                base: str | None = None) -> dict[str, list[float]]:
+    """Steady env steps/s of each training in :data:`TRAININGS`, one per round, alternating within each round;
+    with ``base`` (a git revision), the trainings of :data:`BASE` from that revision too."""
     shared = ["--compile", "off", "--num-envs", str(num_envs), "--num-steps", str(num_steps),
               "--total-steps", str(iterations * num_envs * num_steps)]
-    measured: dict[str, list[float]] = {name: [] for name in TRAININGS}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        sources = {name: ROOT for name in TRAININGS}
+        if base is not None:
+            base_root = stack.enter_context(worktree(base, Path(tmp) / "base"))
+            sources |= {name + BASE_SUFFIX: base_root for name in BASE}
+        files = {root: recipe_files(root, Path(tmp)) for root in set(sources.values())}
+        measured: dict[str, list[float]] = {name: [] for name in sources}
         for r in range(rounds):
-            for i, (name, flags) in enumerate(TRAININGS.items()):
-                measured[name].append(train_run([*flags, *shared], Path(tmp) / f"{i}-{r}")[0])
+            for i, (name, root) in enumerate(sources.items()):
+                flags = [f.format(**files[root]) for f in TRAININGS[name.removesuffix(BASE_SUFFIX)]]
+                measured[name].append(train_rate(root, [*flags, *shared], Path(tmp) / f"{i}-{r}"))
                 print(f"round {r + 1} {name}: {measured[name][-1]:,.0f} env steps/s", flush=True)
     return measured
 
 
 def report_training(measured: dict[str, list[float]]) -> None:
-    """The table: median steady env steps/s [min - max], and the time per env step against the 12-slot defaults."""
-    base = statistics.median(measured["defaults, 12 slots"])
-    print(f"\n{'training':<28} {'env steps/s, median [min - max]':>34} {'x defaults, 12 slots':>21}")
+    """The table: median steady env steps/s [min - max], and the time per env step against the 12-slot defaults of
+    the same code (a base revision's against its own)."""
+    print(f"\n{'training':<37} {'env steps/s, median [min - max]':>34} {'x defaults, 12 slots':>21}")
     for name, values in measured.items():
-        rate = statistics.median(values)
+        suffix = BASE_SUFFIX if name.endswith(BASE_SUFFIX) else ""
+        rate, base = statistics.median(values), statistics.median(measured["defaults, 12 slots" + suffix])
         spread = f"{rate:,.0f} [{min(values):,.0f} - {max(values):,.0f}]"
-        print(f"{name:<28} {spread:>34} {base / rate:>20.2f}x")
+        print(f"{name:<37} {spread:>34} {base / rate:>20.2f}x")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -126,13 +151,15 @@ def main(argv: list[str] | None = None) -> None:
                    "8 envs x 16 steps, 3 iterations, 1 round")
     p.add_argument("--train", action="store_true", help="whole trainings instead of the env alone")
     p.add_argument("--iterations", type=int, default=12, help="with --train: iterations per training")
+    p.add_argument("--base", help="with --train: a git revision whose 12-slot defaults and recipe train too, side by "
+                   "side (checked out in a temporary worktree), e.g. --base main")
     args = p.parse_args(argv)
     if args.train:
         print_machine()
         rounds, iterations, envs_steps = (1, 3, (8, 16)) if args.quick else (args.repeats, args.iterations, (64, 128))
         print(f"training: {envs_steps[0]} envs x {envs_steps[1]} steps, {iterations} iterations, {rounds} rounds, "
               "--compile off; time per env step as a multiple (1.50x: 50% slower)")
-        report_training(train_rates(iterations, rounds, *envs_steps))
+        report_training(train_rates(iterations, rounds, *envs_steps, base=args.base))
         return
     if args.quick:
         args.num_envs, args.steps, args.repeats = 16, 5, 1

@@ -335,14 +335,16 @@ def test_cell_quick_reports_every_cell_against_the_fixed_one_of_as_many_slots(ca
         assert float(rows[0][3]) == 1.0 and all(int(r[1].replace(",", "")) > 0 for r in rows), block
 
 
-@pytest.mark.slow  # three tiny trainings, each a command
+@pytest.mark.slow  # six tiny trainings, each a command
 def test_cell_train_quick_times_the_recipe_against_the_defaults_at_its_slots(capsys):
-    cell.main(["--train", "--quick"])
+    cell.main(["--train", "--quick", "--base", "HEAD"])  # (HEAD: a revision checked out beside this checkout)
     table = capsys.readouterr().out.split("\ntraining ")[-1]
     rows = re.findall(r"^(\S.*?)\s+([\d,]+) \[[\d,]+ - [\d,]+\]\s+([\d.]+)x$", table, re.M)
-    assert [r[0] for r in rows] == list(cell.TRAININGS), table
+    assert [r[0] for r in rows] == [*cell.TRAININGS, *(name + " (base)" for name in cell.BASE)], table
     assert all(int(r[1].replace(",", "")) > 0 for r in rows), table
-    assert float(dict((r[0], r[2]) for r in rows)["defaults, 12 slots"]) == 1.0, table  # the base, against itself
+    ratios = dict((r[0], r[2]) for r in rows)
+    assert float(ratios["defaults, 12 slots"]) == float(ratios["defaults, 12 slots (base)"]) == 1.0, table  # each
+    # against its own
 
 
 @pytest.mark.slow  # two tiny trainings, then their episodes

@@ -18,10 +18,11 @@ from trainer.run_files import resume_state
 
 LANDED = Path(__file__).resolve().parent / "data" / "landed"
 # iterations each landed run holds, the --total-steps that makes it longer, and the iterations that makes
-RUNS = {"ppo-vredge": (4, 384, 6), "apex-cartpole": (10, 240, 15), "ppo-vredge-distilled": (4, 384, 6)}
+RUNS = {"ppo-vredge": (4, 384, 6), "apex-cartpole": (10, 240, 15), "ppo-vredge-distilled": (4, 384, 6),
+        "ppo-cells-set": (4, 384, 6)}
 # the checkpoint trainer.evaluate plays: the PPO runs' best (validation) and the Ape-X run's newest (it validated not)
 EVALUATED = {"ppo-vredge": "ckpt_00000002.pt", "apex-cartpole": "ckpt_00000010.pt",
-             "ppo-vredge-distilled": "ckpt_00000004.pt"}
+             "ppo-vredge-distilled": "ckpt_00000004.pt", "ppo-cells-set": "ckpt_00000002.pt"}
 
 
 def landed(name: str, tmp_path: Path) -> Path:

@@ -2,16 +2,18 @@
 only; auto picks it where the env's user count varies; it trains, resumes, exports and loads at any slot count."""
 
 import io
+import json
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import checkpoints
 import trainer
 from envs.settings import ConfigError
-from tests.factories import MaskedCellEnv, settings_file
+from tests.factories import HostSyncs, MaskedCellEnv, settings_file
 from tests.messages import raises
 from trainer import train as train_module
 from trainer.common.moments import merged_moments, weighted_batch_moments
@@ -26,9 +28,10 @@ F, C, LEVELS, ACTIVE = 8, 6, 4, 7  # the masked VR-edge contract: 7 features + t
 LAYOUT = PolicyLayout("set", F, C, ACTIVE)
 
 
-def set_model(slots: int, layout: PolicyLayout = LAYOUT, seed: int = 0) -> SetActorCritic:
+def set_model(slots: int, layout: PolicyLayout = LAYOUT, seed: int = 0, shared_encoder: bool = False) -> SetActorCritic:
     space = gym.spaces.Box(-np.inf, np.inf, (slots * layout.features + layout.shared,), np.float32)
-    return SetActorCritic(space, gym.spaces.MultiDiscrete([LEVELS] * slots), layout, seed=seed)
+    return SetActorCritic(space, gym.spaces.MultiDiscrete([LEVELS] * slots), layout, seed=seed,
+                          shared_encoder=shared_encoder)
 
 
 def cell_observations(batch: int, slots: int, seed: int = 0, active_share: float = 0.6) -> torch.Tensor:
@@ -59,20 +62,58 @@ def permuted(obs: torch.Tensor, perm: torch.Tensor, layout: PolicyLayout = LAYOU
     return torch.cat([users[:, perm].reshape(len(obs), -1), cell], dim=1)
 
 
-def test_permuting_the_users_permutes_actions_and_probabilities_and_keeps_the_value():
-    model = trained_like(set_model(10))
+@pytest.mark.parametrize("shared", [False, True], ids=["separate encoders", "shared encoder"])
+def test_permuting_the_users_permutes_actions_and_log_probabilities_and_keeps_the_value(shared):
+    """Pooled in float32, whose sum rounds with the users' order: the value and every user's log-probabilities
+    within 1e-5, under permutations that mix active and inactive slots; greedy actions exactly, where no head's two
+    best levels are within 1e-4 of each other (a tie that rounding may break either way)."""
+    model = trained_like(set_model(10, shared_encoder=shared))
     obs = cell_observations(64, 10, seed=2)
-    perm = torch.randperm(10, generator=torch.Generator().manual_seed(3))
     a, p, v = model.exported(obs)
-    pa, pp, pv = model.exported(permuted(obs, perm))
-    assert torch.equal(pa, a[:, perm])
-    torch.testing.assert_close(pp, p[:, perm], atol=1e-6, rtol=0)
-    torch.testing.assert_close(pv, v, atol=1e-6, rtol=0)
-    assert len(set(a[:, 0].tolist())) > 1 and p.std() > 0.05  # greedy actions that say something
-    keys, steps = torch.arange(64), torch.full((64,), 5)  # sampled: the same log-probability, permuted actions
-    log_p = model.evaluate(obs, a)[0]
-    torch.testing.assert_close(model.evaluate(permuted(obs, perm), a[:, perm])[0], log_p, atol=1e-5, rtol=0)
+    best_two = p.log().topk(2, dim=-1).values
+    untied = best_two[..., 0] - best_two[..., 1] > 1e-4  # [B, U]
+    assert untied.float().mean() > 0.95 and len(set(a[:, 0].tolist())) > 1 and p.std() > 0.05  # says something
+    g = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        perm = torch.randperm(10, generator=g)
+        pa, pp, pv = model.exported(permuted(obs, perm))
+        torch.testing.assert_close(pv, v, atol=1e-5, rtol=0)
+        torch.testing.assert_close(pp.log(), p.log()[:, perm], atol=1e-5, rtol=0)
+        assert torch.equal(pa[untied[:, perm]], a[:, perm][untied[:, perm]])
+        log_p = model.evaluate(obs, a)[0]  # the summed log-probability of permuted actions
+        torch.testing.assert_close(model.evaluate(permuted(obs, perm), a[:, perm])[0], log_p, atol=1e-5, rtol=0)
+    keys, steps = torch.arange(64), torch.full((64,), 5)
     assert model.act(obs, keys, steps)["action"].shape == (64, 10)
+
+
+class Dtypes(TorchDispatchMode):
+    """The dtypes of every tensor the ops return while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[torch.dtype] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        self.seen |= {t.dtype for t in outs if isinstance(t, torch.Tensor)}
+        return out
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["separate encoders", "shared encoder"])
+def test_acting_and_the_update_run_in_float32_without_a_host_sync(shared):
+    """No float64 on the hot path (acting, the loss's forward and backward), and nothing that makes the host wait
+    for a device (a CUDA graph captures the step): the masked slots cost no data-dependent shape."""
+    model = trained_like(set_model(12, shared_encoder=shared)).train()
+    obs = cell_observations(32, 12, seed=13)
+    actions = torch.randint(0, LEVELS, (32, 12), generator=torch.Generator().manual_seed(14))
+    with Dtypes() as dtypes, HostSyncs() as syncs:
+        model.act(obs, torch.arange(32), torch.zeros(32, dtype=torch.int64))
+        log_p, entropy, value = model.evaluate(obs, actions)
+        (log_p.sum() + entropy.sum() + value.sum()).backward()
+    assert torch.float32 in dtypes.seen and torch.float64 not in dtypes.seen, dtypes.seen
+    assert not syncs.count, syncs.count
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
 def test_an_inactive_slots_features_change_nothing():
@@ -253,3 +294,57 @@ def test_two_ranks_learn_what_one_process_learns_on_a_cell_whose_users_come_and_
     assert torch.equal(w0, w1)
     assert (w0 - straight).abs().max().item() < 1e-5
     assert not torch.equal(straight, alone({**run, "run_dir": str(tmp_path / "other"), "seed": 4}))
+
+
+@pytest.mark.parametrize("toml,encoders", [("policy_arch_set", 2), ("policy_arch_set_shared", 1)])
+def test_separate_and_shared_encoders_both_train(tmp_path, toml, encoders):
+    """``shared_trunk`` picks one encoder pass that the actor and the critic both read; either kind learns: every
+    tensor of the model moves in one iteration."""
+    train(["--env", "VREdge-v0", "--env-kwargs", "num_users=4,users=\"2-4\"", "--num-envs", "4", "--num-steps", "16",
+           "--total-steps", "64", "--seed", "5", "--device", "cpu", "--backend", "sync", "--threads", "1",
+           "--compile", "off", "--config", settings_file(toml), "--run-dir", str(tmp_path)])
+    model, cfg, source = trained_model(tmp_path)
+    assert cfg.algo_settings.shared_trunk is (encoders == 1)
+    assert isinstance(model, SetActorCritic) and model.encoders.user_weight.shape[0] == encoders
+    fresh = make_model(cfg).state_dict()
+    trained = checkpoints.load(source)["model"]
+    assert fresh.keys() == trained.keys()
+    moved = [k for k, v in fresh.items() if v.is_floating_point() and "norm" not in k]
+    assert moved and all(not torch.equal(fresh[k], trained[k]) for k in moved)
+
+
+def test_a_set_run_of_a_version_before_the_shared_encoder_loads_with_separate_ones(tmp_path):
+    """A set run written before ``shared_trunk`` reached set policies (``tests/data/landed/ppo-cells-set``) is
+    rebuilt with its separate encoders, strictly, whether its config names ``shared_trunk`` or not."""
+    from tests.test_landed_runs import landed
+
+    run_dir = landed("ppo-cells-set", tmp_path)
+    model, cfg, source = trained_model(run_dir)
+    assert isinstance(model, SetActorCritic) and model.encoders.user_weight.shape[0] == 2
+    stored = checkpoints.load(source)
+    assert all(torch.equal(v, stored["model"][k]) for k, v in model.state_dict().items())
+    without = {k: v for k, v in stored["config"].items() if k != "shared_trunk"}  # as a config before the setting
+    assert make_model(TrainConfig.from_dict(without, stored=True)).encoders.user_weight.shape[0] == 2
+
+
+def test_a_shared_encoder_policy_exports_and_the_files_match_it_in_a_process_without_this_package(tmp_path):
+    from tests.test_export import RELOAD, fresh_python
+    from trainer.export import main as export_main
+    from trainer.ppo import export as export_cli
+
+    pytest.importorskip("onnxruntime", reason="needs the export extra")
+    train(["--env", "VREdge-v0", "--env-kwargs", "num_users=3", "--num-envs", "4", "--num-steps", "16",
+           "--total-steps", "64", "--seed", "3", "--device", "cpu", "--compile", "off",
+           "--config", settings_file("policy_arch_set_shared"), "--run-dir", str(tmp_path / "run")])
+    export_main(["--checkpoint", str(tmp_path / "run"), "--format", "both"])
+    model, _, _ = trained_model(tmp_path / "run")
+    assert model.encoders.user_weight.shape[0] == 1
+    obs = export_cli.verification_observations(model, "VREdge-v0", seed=11, env_kwargs={"num_users": 3})
+    users, cell = obs[:, :-5].reshape(len(obs), 3, 7), obs[:, -5:]
+    for part in (obs, np.concatenate([users[:, [2, 0, 1, 0, 2]].reshape(len(obs), -1), cell], 1)):  # 3, 5 slots
+        action, probs, value = export_cli.reference_outputs(model, part)
+        np.savez(tmp_path / "expected.npz", obs=part, action=action, probs=probs, value=value)
+        done = fresh_python(RELOAD, str(tmp_path / "run" / "export"), str(tmp_path / "expected.npz"), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        for name, r in json.loads(done.stdout).items():
+            assert r["actions_equal"] and r["prob_diff"] <= export_cli.ATOL and r["value_diff"] <= 1e-4, (name, r)

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from collectors.collector import merge_states, split_state
-from envs.settings import ConfigError
 from trainer import __version__
 from trainer.algorithm import ENVS_NOT_RESTORED, Algorithm, NonFiniteLossError
 from trainer.common.devices import resolve_device
@@ -100,10 +99,8 @@ class PPO(PPOSpec, Algorithm):
         obs_space, act_space, layout = model_spaces(cfg)
         ppo = cfg.algo_settings
         if layout.kind == "set":
-            if ppo.shared_trunk:
-                raise ConfigError("shared_trunk", True, "is not available with a set policy (policy_arch = \"set\", "
-                                  "or auto on a cell whose user count varies): set it false", flag=False)
-            return SetActorCritic(obs_space, act_space, layout, cfg.hidden_sizes, ppo.normalize_obs, seed=cfg.seed)
+            return SetActorCritic(obs_space, act_space, layout, cfg.hidden_sizes, ppo.normalize_obs, seed=cfg.seed,
+                                  shared_encoder=ppo.shared_trunk)
         return ActorCritic(obs_space, act_space, cfg.hidden_sizes, ppo.shared_trunk, ppo.normalize_obs,
                            seed=cfg.seed, layout=layout)
 

@@ -41,7 +41,8 @@ class PPOSettings:
     norm_adv: bool = setting(True, "normalise advantages per minibatch", flag=False)
     normalize_obs: bool = setting(True, "running observation normalisation", flag=False)
     scale_rewards: bool = setting(False, "divide rewards by the running return's std", flag=False)
-    shared_trunk: bool = setting(False, "one trunk for actor and critic", flag=False)
+    shared_trunk: bool = setting(False, "one trunk for actor and critic (a set policy: one encoder pass whose "
+                                 "output both read; not available with a per_head one)", flag=False)
     # learning from a lagging policy (--overlap, --keep-collecting)
     overlap_targets: str = setting("vtrace", "with --overlap: vtrace (V-trace corrects the targets for the "
                                    "one-update lag) or gae (stored values, PPO ratio against the behaviour "
