@@ -129,8 +129,7 @@ PROFILE = EnvProfile(
     baselines={name: _baseline(name) for name in _baseline_names()},
     references=("clairvoyant", "belief"),
     expert=Expert("BeliefMPC", _expert, stateful=True, refusal=_expert_refusal,
-                  pace="64 episodes of 300 steps: 2 min 16 s on a 2-core AMD EPYC with the NumPy BeliefMPC; "
-                       "the torch one, 3-7x faster (python -m benchmarks.belief_mpc)"),
+                  pace="64 episodes of 300 steps: about 70 s on a 2-core AMD EPYC"),
     arguments=arguments, check_arguments=check_arguments,
     file_arguments=frozenset({"capacity_trace", "user_traces"}), trace_arguments=TRACE_ARGUMENTS,
     held_out=held_out_arguments, played_on=played_on, sizes=sizes,
