@@ -325,11 +325,7 @@ def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] 
         record = distilled_record(state, source)
         chosen = dataclasses.replace(chosen, seed=len(record) if seed is None else seed)
         model, cfg = policy_from_state(state, source)
-        if cfg.algo != "ppo":
-            raise ConfigError("run", str(run_dir), message=f"{run_dir}: an --algo {cfg.algo} run; distillation "
-                              "fine-tunes a PPO policy's actor")
-        if why := distillation_refusal(cfg.env, cfg.env_options):
-            raise ConfigError("run", str(run_dir), message=f"{run_dir}: {why}")
+        _check_distillable(run_dir, cfg)
         iteration, revision = int(state["iteration"]), checkpoints.revision_of(source)
         moved = checkpoints.set_aside_newer(run_dir, iteration, revision)
         checkpoints.remove_partial_saves(run_dir)
@@ -356,6 +352,15 @@ def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] 
                 if saved is not None:
                     saved.append(source)
     return {**summary, "checkpoint": source, "notes": notes}
+
+
+def _check_distillable(run_dir: str | Path, cfg: Any) -> None:
+    """``ConfigError`` in one line where the run of config ``cfg`` cannot be distilled: not PPO, or its env refuses."""
+    if cfg.algo != "ppo":
+        raise ConfigError("run", str(run_dir), message=f"{run_dir}: an --algo {cfg.algo} run; distillation "
+                          "fine-tunes a PPO policy's actor")
+    if why := distillation_refusal(cfg.env, cfg.env_options):
+        raise ConfigError("run", str(run_dir), message=f"{run_dir}: {why}")
 
 
 def expert_device(name: str) -> torch.device:
