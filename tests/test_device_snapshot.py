@@ -21,9 +21,8 @@ from collectors.env_group import (
     per_env_states,
 )
 from tests import factories as f
-from trainer import train as train_module
+from tests.test_device_backend import _numbers, _trained
 from trainer.config import TrainConfig
-from trainer.flags import parse_args
 from trainer.ppo.algorithm import PPO
 from trainer.run_files import resume_state
 from trainer.run_layout import Machine, run_layout
@@ -126,17 +125,6 @@ def test_a_state_of_other_envs_is_refused():
         state = c.get_state()
     with collector(6) as c, pytest.raises(ValueError, match="4 env states for 6 envs"):
         c.set_state({**state, "observations": np.zeros((6, *state["observations"].shape[1:]), np.float32)})
-
-
-def _trained(argv: list[str], **kw) -> dict:
-    cli = parse_args(argv)
-    return train_module.train(cli.config, progress=False, resume=cli.resume, given=cli.given, **kw)
-
-
-def _numbers(run_dir) -> list[dict]:
-    import json
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.endswith(("_s", "sps"))} for r in rows]
 
 
 def test_a_device_run_resumes_exactly_from_a_checkpoint_in_either_form(tmp_path):

@@ -28,10 +28,10 @@ F, C, LEVELS, ACTIVE = 8, 6, 4, 7  # the masked VR-edge contract: 7 features + t
 LAYOUT = PolicyLayout("set", F, C, ACTIVE)
 
 
-def set_model(slots: int, layout: PolicyLayout = LAYOUT, seed: int = 0, shared_encoder: bool = False) -> SetActorCritic:
+def set_model(slots: int, layout: PolicyLayout = LAYOUT, seed: int = 0, shared_trunk: bool = False) -> SetActorCritic:
     space = gym.spaces.Box(-np.inf, np.inf, (slots * layout.features + layout.shared,), np.float32)
     return SetActorCritic(space, gym.spaces.MultiDiscrete([LEVELS] * slots), layout, seed=seed,
-                          shared_encoder=shared_encoder)
+                          shared_trunk=shared_trunk)
 
 
 def cell_observations(batch: int, slots: int, seed: int = 0, active_share: float = 0.6) -> torch.Tensor:
@@ -67,7 +67,7 @@ def test_permuting_the_users_permutes_actions_and_log_probabilities_and_keeps_th
     """Pooled in float32, whose sum rounds with the users' order: the value and every user's log-probabilities
     within 1e-5, under permutations that mix active and inactive slots; greedy actions exactly, where no head's two
     best levels are within 1e-4 of each other (a tie that rounding may break either way)."""
-    model = trained_like(set_model(10, shared_encoder=shared))
+    model = trained_like(set_model(10, shared_trunk=shared))
     obs = cell_observations(64, 10, seed=2)
     a, p, v = model.exported(obs)
     best_two = p.log().topk(2, dim=-1).values
@@ -104,7 +104,7 @@ class Dtypes(TorchDispatchMode):
 def test_acting_and_the_update_run_in_float32_without_a_host_sync(shared):
     """No float64 on the hot path (acting, the loss's forward and backward), and nothing that makes the host wait
     for a device (a CUDA graph captures the step): the masked slots cost no data-dependent shape."""
-    model = trained_like(set_model(12, shared_encoder=shared)).train()
+    model = trained_like(set_model(12, shared_trunk=shared)).train()
     obs = cell_observations(32, 12, seed=13)
     actions = torch.randint(0, LEVELS, (32, 12), generator=torch.Generator().manual_seed(14))
     with Dtypes() as dtypes, HostSyncs() as syncs:

@@ -100,7 +100,7 @@ class PPO(PPOSpec, Algorithm):
         ppo = cfg.algo_settings
         if layout.kind == "set":
             return SetActorCritic(obs_space, act_space, layout, cfg.hidden_sizes, ppo.normalize_obs, seed=cfg.seed,
-                                  shared_encoder=ppo.shared_trunk)
+                                  shared_trunk=ppo.shared_trunk)
         return ActorCritic(obs_space, act_space, cfg.hidden_sizes, ppo.shared_trunk, ppo.normalize_obs,
                            seed=cfg.seed, layout=layout)
 

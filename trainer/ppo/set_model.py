@@ -115,7 +115,7 @@ class SetActorCritic(nn.Module):
     """Actor-critic for a set of user slots: ``obs [B, U * F + C]`` -> one categorical head per slot.
 
     Each user's features, with the cell's, go through an encoder shared by all users (two, stacked: the actor's
-    and the critic's; or, with ``shared_encoder``, one whose output both read); a masked summary pools the ACTIVE
+    and the critic's; or, with ``shared_trunk``, one whose output both read); a masked summary pools the ACTIVE
     users' encodings (mean and max); each user's head reads its own encoding and the summary (logits
     ``[B, U, levels]``); the critic reads the summary and the cell's features. Inactive slots (the ``layout.active``
     flag is 0) are left out of the summary, the log-probability and the entropy, and act 0. ``U`` is read from the
@@ -136,7 +136,7 @@ class SetActorCritic(nn.Module):
         (torch.Size([8, 4]), torch.Size([8]), torch.Size([8]), True)
         >>> ac.act_deterministic(torch.zeros(8, 6 * 3 + 2)).shape
         torch.Size([8, 6])
-        >>> shared = SetActorCritic(obs_space, gym.spaces.MultiDiscrete([5] * 4), layout, shared_encoder=True)
+        >>> shared = SetActorCritic(obs_space, gym.spaces.MultiDiscrete([5] * 4), layout, shared_trunk=True)
         >>> shared.encoders.user_weight.shape  # [encoders, F, h1]: one, which the actor and the critic read
         torch.Size([1, 3, 64])
     """
@@ -145,7 +145,7 @@ class SetActorCritic(nn.Module):
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, layout: PolicyLayout,
                  hidden: tuple[int, ...] = (64, 64), normalize_obs: bool = True, seed: int = 0,
-                 shared_encoder: bool = False) -> None:
+                 shared_trunk: bool = False) -> None:
         super().__init__()
         self.levels = _check_set_spaces(obs_space, act_space, layout)
         self.layout = layout
@@ -154,7 +154,7 @@ class SetActorCritic(nn.Module):
         self.norm = SetNorm(self.layout) if normalize_obs else nn.Identity()
         # separate: the actor's and the critic's encoders stacked, half the ops of two (see StackedMLP); shared: one
         # pass, which both read (PPO's shared_trunk)
-        self.encoders = SetEncoders(f, c, hidden, count=1 if shared_encoder else 2)
+        self.encoders = SetEncoders(f, c, hidden, count=1 if shared_trunk else 2)
         # the actor's hidden layer on [own encoding; summary], split as the encoders' first layer is: the summary's
         # part once per observation
         actor = _orthogonal(3 * h, h, math.sqrt(2))
