@@ -5,6 +5,7 @@ run's next checkpoint (the one before stays as it was), and bad runs are one lin
 
 import functools
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -393,6 +394,27 @@ def test_a_round_says_what_it_will_do_then_shows_each_phase_on_a_bar(small_run, 
     assert bar.n == bar.total  # every phase moved it to its end
     for phase in ("labels the states", "validation before", "fine-tuning", "validation after"):
         assert phase in err, phase
+
+
+@pytest.mark.parametrize("heartbeat_s", [0.0, 3600.0])
+def test_a_round_in_a_pipe_says_how_far_it_got_in_lines_once_it_runs_long(small_run, tmp_path, monkeypatch, capsys,
+                                                                          heartbeat_s):
+    """Where standard error is no terminal (``make train | tee log``, CI), the bar's state comes as lines, the first
+    once the round has run ``HEARTBEAT_S`` (0 here: every update is late enough); a round shorter than that adds
+    nothing to what it printed before."""
+    from trainer.common import progress
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    monkeypatch.setattr(progress, "HEARTBEAT_S", heartbeat_s)
+    distill_command.main([str(run), *ROUND])
+    err = capsys.readouterr().err
+    states = [line for line in err.splitlines() if re.fullmatch(r"distilling: .*\d+%\|[#0-9 ]+\| .*", line)]
+    assert "\r" not in err
+    if heartbeat_s:
+        assert states == [], states
+    else:
+        for phase in ("labels the states", "validation before", "fine-tuning", "validation after"):
+            assert any(phase in line for line in states), (phase, states)
 
 
 def test_a_run_too_short_for_the_rounds_it_asks_for_says_so(tmp_path, capsys):

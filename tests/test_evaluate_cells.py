@@ -445,3 +445,16 @@ def test_a_batched_env_moves_the_bar_by_its_steps_not_only_as_its_episodes_end(m
     assert [r["length"] for r in records] == [20] * 4  # (the lowest level never stalls: all end at step 20)
     steps_before = [sum(n for kind, n in events[:i] if kind == "step") for i, e in enumerate(events) if e[0] == "bar"]
     assert steps_before == [5, 10, 15, 20] and sum(n for kind, n in events if kind == "bar") == 4
+
+
+def test_in_a_pipe_the_bar_comes_as_lines_of_how_many_episodes_were_played(monkeypatch, capsys):
+    """Standard error no terminal (a log, CI): the bar's state as whole lines, the first once the evaluation has run
+    ``HEARTBEAT_S`` (0 here), never a carriage return's redraw."""
+    from trainer.common import progress
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.0)
+    config, env_fn = _cell(6, 0.0)
+    with episodes_shown(4):
+        play_together([Player(envs.make_baseline("lowest", config), [1, 2, 3, 4])], env_fn)
+    err = capsys.readouterr().err
+    played = re.findall(r"^episodes: +(\d+)%\|[#0-9 ]+\| (\d+)/4 ", err, re.M)
+    assert "\r" not in err and played and played[-1] == ("100", "4"), err

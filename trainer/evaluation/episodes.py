@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -33,18 +32,18 @@ _PLAYED: contextvars.ContextVar[Callable[[Fraction | int], None] | None] = conte
 @contextlib.contextmanager
 def episodes_shown(total: int, what: str = "episodes") -> Iterator[None]:
     """For the block, a progress bar of ``total`` episodes that the episodes :func:`run_episodes` and
-    :func:`play_together` play move (on standard error, where it is a terminal: a piped or captured run prints
-    nothing more): by each step of a batched env (a step of ``n`` episodes of ``T`` steps is ``n / T`` of an
-    episode, the bar showing the whole episodes' worth played), else by each episode finished.
+    :func:`play_together` play move (on standard error: where it is a terminal, redrawn; in a pipe or a log, a line
+    now and then, none in the first 20 s: :func:`trainer.common.progress.progress_bar`): by each step of a batched
+    env (a step of ``n`` episodes of ``T`` steps is ``n / T`` of an episode, the bar showing the whole episodes'
+    worth played), else by each episode finished.
 
     Why: an evaluation plays every player's episodes, then the baselines' validation episodes, for minutes
     without a line; the commands know the total, the players' code need not know the bar. By the step: the
     episodes of a batched env end together, so a bar moved only as they end stood still for a whole cell.
     """
-    from tqdm import tqdm
+    from trainer.common.progress import progress_bar
 
-    bar = tqdm(total=total, unit="ep", desc=what, dynamic_ncols=True, file=sys.stderr,
-               disable=not sys.stderr.isatty())
+    bar = progress_bar(total, what, unit="ep")
     try:
         with episodes_counted(bar.update):
             yield

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -87,9 +86,10 @@ class DistillSettings:
 
 
 class RoundProgress:
-    """A round's bar on standard error, where it is a terminal (``shown``; else nothing is drawn): the expert's
-    labels, a unit per state (most of a round's time), then each validation episode and each step of the
-    fine-tuning (counted once the states are: :meth:`fine_tuning`), the phase named in front.
+    """A round's bar on standard error (:func:`trainer.common.progress.progress_bar`: in a pipe or a log, a line
+    now and then; ``shown=False``: none): the expert's labels, a unit per state (most of a round's time), then each
+    validation episode and each step of the fine-tuning (counted once the states are: :meth:`fine_tuning`), the
+    phase named in front.
 
     Example:
         >>> progress = RoundProgress(DistillSettings(episodes=2, validation_episodes=4, epochs=3), 300, shown=False)
@@ -100,13 +100,12 @@ class RoundProgress:
     """
 
     def __init__(self, settings: DistillSettings, max_steps: int, shown: bool | None = None) -> None:
-        from tqdm import tqdm
+        from trainer.common.progress import progress_bar
 
         self.labels, self.steps = settings.episodes * max_steps, settings.epochs
         total = self.labels + 2 * settings.validation_episodes + self.steps
-        self.bar = tqdm(total=total, desc="distilling", dynamic_ncols=True, file=sys.stderr,
-                        disable=not (sys.stderr.isatty() if shown is None else shown),
-                        bar_format="{desc}{percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
+        self.bar = progress_bar(total, "distilling", shown,
+                                bar_format="{desc}{percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
 
     def phase(self, what: str) -> None:
         """The phase now under way, in a few words."""
