@@ -129,7 +129,8 @@ PROFILE = EnvProfile(
     baselines={name: _baseline(name) for name in _baseline_names()},
     references=("clairvoyant", "belief"),
     expert=Expert("BeliefMPC", _expert, stateful=True, refusal=_expert_refusal,
-                  pace="64 episodes of 300 steps: about 70 s on a 2-core AMD EPYC"),
+                  pace="the default 8-user cell's 64 episodes of 300 steps: about 70 s on a quiet 2-core "
+                       "AMD EPYC; more users and a busy machine take longer"),
     arguments=arguments, check_arguments=check_arguments,
     file_arguments=frozenset({"capacity_trace", "user_traces"}), trace_arguments=TRACE_ARGUMENTS,
     held_out=held_out_arguments, played_on=played_on, sizes=sizes,
