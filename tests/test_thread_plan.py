@@ -154,14 +154,13 @@ def test_a_planned_run_on_a_simulated_machine_records_its_threads(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_resumed_run_goes_on_with_its_stored_plan_through_the_command_line(tmp_path, whole_machine):
+@pytest.mark.skipif(usable_cores() < 2, reason="one core: nothing to plan")
+def test_a_resumed_run_goes_on_with_its_stored_plan_through_the_command_line(tmp_path):
     """Stopped after the plan was made, a resume on the same machine runs the stored counts from its first
     iteration (no new trials) and says so.
 
     The resume starts from the newest checkpoint that holds a plan: on a loaded machine the first run may end while
     planning again (the plan watched its times drift), and its last checkpoint then holds no plan to go on with."""
-    if usable_cores() < 2:
-        pytest.skip("one core: nothing to plan")
     run = tmp_path / "run"
     (tmp_path / "keep.toml").write_text("keep_checkpoints = 1000\n")
     base = [sys.executable, "-m", "trainer.train", "--env", "CartPole-v1", "--backend", "sync", "--num-envs", "2",
