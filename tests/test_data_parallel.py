@@ -106,6 +106,7 @@ def straight(tmp_path_factory) -> torch.Tensor:
     return alone({**RUN, "run_dir": str(STRAIGHT["run_dir"])})
 
 
+@pytest.mark.slow  # (two ranks under torchrun: 23 s)
 def test_two_ranks_learn_what_one_process_learns_and_hold_identical_weights(straight, tmp_path):
     run_dir = tmp_path / "two"
     (first, w0), (second, w1) = ranks(2, {**RUN, "run_dir": str(run_dir)})

@@ -335,8 +335,8 @@ def cli_matrix_case(tmp_path, backend, signum, seed, straight=None):
     assert metrics(straight) == metrics(split)
 
 
-@pytest.mark.parametrize("backend, signum", [("sync", signal.SIGINT),
-                                             pytest.param("async", signal.SIGTERM, marks=pytest.mark.slow)])
+@pytest.mark.slow  # (a straight run, a signalled one and its resume: 45-80 s; quick: the in-process signals above)
+@pytest.mark.parametrize("backend, signum", [("sync", signal.SIGINT), ("async", signal.SIGTERM)])
 def test_command_line_real_signal_then_resume_is_exact(tmp_path, cli_straight, backend, signum):
     cli_matrix_case(tmp_path, backend, signum, seed=0, straight=cli_straight(backend))
 

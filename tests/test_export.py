@@ -91,7 +91,7 @@ VR_ARGUMENTS = {"num_users": 3, "bitrates_mbps": (8, 16, 32, 64)}
 
 
 @pytest.mark.parametrize("env,arch", [
-    ("CartPole-v1", "flat"),
+    pytest.param("CartPole-v1", "flat", marks=pytest.mark.slow),  # (40 s each; quick: per_head)
     ("VREdge-v0", "per_head"),
     pytest.param("VREdge-v0", "set", marks=pytest.mark.slow),  # (quick: per_head; set in the whole suite)
     pytest.param("VREdge-v0", "flat", marks=pytest.mark.slow),

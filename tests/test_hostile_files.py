@@ -68,7 +68,8 @@ USES = {  # how each command is typed on a run directory
 }
 
 
-@pytest.mark.parametrize("use", list(USES))
+@pytest.mark.parametrize("use", [pytest.param(u, marks=pytest.mark.slow) if u in ("compare", "resume") else u
+                                 for u in USES])  # (quick: two; compare and resume, 20-50 s each, in the whole suite)
 def test_a_fifo_as_best_is_skipped_in_one_line(trained, tmp_path, use):
     """The issue's reproducer: a FIFO planted as ``checkpoints/best`` hung all four commands; now each plays the
     newest checkpoint, saying the refused pointer once (a resume replaces it with the run's own)."""
@@ -184,7 +185,8 @@ def sweep(folder: Path, *extra: str) -> tuple[int, str, float]:
                    *TINY, "--total-steps", "32")
 
 
-@pytest.mark.parametrize("damage", ["emptied", pytest.param("deleted", marks=pytest.mark.slow)])  # (12 s each)
+@pytest.mark.slow  # (a sweep's trial, then its damage: 12-30 s each)
+@pytest.mark.parametrize("damage", ["emptied", "deleted"])
 def test_a_sweep_whose_study_lost_its_trials_is_refused(tmp_path, damage):
     """An emptied or deleted ``study.db`` turned a finished sweep into failed trials run over the old ones; now the
     same command, and ``--report``, are refused in one line naming the folder and the study, and nothing changes."""
@@ -203,6 +205,7 @@ def test_a_sweep_whose_study_lost_its_trials_is_refused(tmp_path, damage):
     assert {p.relative_to(folder): p.stat().st_mtime_ns for p in folder.rglob("*") if p.name != "study.db"} == kept
 
 
+@pytest.mark.slow  # (a sweep's command: 20 s)
 def test_a_fifo_as_the_sweeps_ask_lock_is_one_line(tmp_path):
     folder = tmp_path / "sw"
     (folder / ".claims").mkdir(parents=True)
@@ -239,13 +242,17 @@ def test_compare_writes_into_no_run(trained, tmp_path, inside):
 TRAIN = ("-m", "trainer.train", *TINY, "--total-steps", "32")
 
 
-@pytest.mark.parametrize("environment, named", [
+WRONG_TORCHRUN = [  # (a rank started with each: 20 s each; quick: the first)
     ({"WORLD_SIZE": "two"}, ("WORLD_SIZE",)),
     ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}, ("RANK", "WORLD_SIZE")),
     ({"WORLD_SIZE": "2", "RANK": "-1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}, ("RANK",)),
     ({"WORLD_SIZE": "2", "RANK": "0"}, ("MASTER_ADDR", "MASTER_PORT")),
     ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "http"}, ("MASTER_PORT",)),
-])
+]
+
+
+@pytest.mark.parametrize("environment, named", WRONG_TORCHRUN[:1] + [pytest.param(*case, marks=pytest.mark.slow)
+                                                                  for case in WRONG_TORCHRUN[1:]])
 def test_a_wrong_torchrun_environment_is_one_line(tmp_path, environment, named):
     status, err, _ = command(*TRAIN, "--run-dir", str(tmp_path / "run"), env=environment)
     assert status == 1, err

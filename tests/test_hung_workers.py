@@ -406,6 +406,7 @@ SLOW_CASES = [(signal.SIGTERM, True), (signal.SIGUSR1, False)]
 
 
 @pytest.mark.parametrize(("signum", "overlap"), CASES + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW_CASES])
+@pytest.mark.slow  # (25 s; quick: the other hung-worker tests)
 def test_a_stopped_worker_costs_no_stop_signal(tmp_path, signum, overlap):
     """SIGSTOP an async worker (or the collecting process's), then signal the trainer: it stops within seconds,
     saves the last completed iteration, prints the resume line, and leaves nothing running."""

@@ -84,6 +84,7 @@ def test_a_start_method_a_collector_cannot_use_is_refused_before_any_process_sta
 
 
 @pytest.mark.skipif(not (FORKSERVER and sys.platform.startswith("linux")), reason="needs a forkserver and /proc")
+@pytest.mark.slow  # (16 s)
 def test_the_forkserver_holds_stop_signals_back_for_collectors_processes_only():
     """The forkserver is started while stop signals are held back, so a Ctrl-C cannot reach a collector's
     process before it ignores it (a traceback from a worker's start-up). The program's own processes, forked

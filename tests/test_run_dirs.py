@@ -292,6 +292,7 @@ def test_a_requeued_slurm_job_takes_over_the_lock_of_its_earlier_run_on_another_
         run(["--resume", str(two_iterations)])
 
 
+@pytest.mark.slow  # (processes racing: 21 s)
 def test_contenders_racing_over_a_stale_lock_never_both_hold_it(tmp_path):
     """Four processes take over the same stale lock at the same moment, 40 times: exactly one holds it each time."""
     import multiprocessing

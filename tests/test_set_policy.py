@@ -327,6 +327,7 @@ def test_a_set_run_of_a_version_before_the_shared_encoder_loads_with_separate_on
     assert make_model(TrainConfig.from_dict(without, stored=True)).encoders.user_weight.shape[0] == 2
 
 
+@pytest.mark.slow  # (22 s; quick: test_export's per_head policy in such a process)
 def test_a_shared_encoder_policy_exports_and_the_files_match_it_in_a_process_without_this_package(tmp_path):
     from tests.test_export import RELOAD, fresh_python
     from trainer.export import main as export_main
