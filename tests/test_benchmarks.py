@@ -279,12 +279,11 @@ def test_revisions_compares_two_checkouts_side_by_side(capsys, monkeypatch):
     root = Path(revisions.__file__).resolve().parent.parent
     if subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True).returncode:
         pytest.skip("not a git checkout")
-    made = []  # this run's worktree: other tests (benchmarks.cell --base) may hold theirs at the same moment
+    made, worktree = [], revisions.worktree  # this run's worktree: benchmarks.cell --base may hold one meanwhile
 
     def recorded(revision, where):
         made.append(str(where))
         return worktree(revision, where)
-    worktree = revisions.worktree
     monkeypatch.setattr(revisions, "worktree", recorded)
     revisions.main(["--base", "HEAD", "--rounds", "1", "--", "--env", "CartPole-v1", "--num-envs", "2",
                     "--num-steps", "16", "--total-steps", "96", "--device", "cpu"])

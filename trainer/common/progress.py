@@ -53,7 +53,6 @@ def progress_bar(total: float, desc: str, shown: bool | None = None, **kwargs: A
     ``True``: drawn as on a terminal. ``kwargs``: tqdm's (``unit``, ``bar_format``, ...)."""
     from tqdm import tqdm
 
-    terminal = sys.stderr.isatty() if shown is None else shown
-    if terminal or shown is False:
-        return tqdm(total=total, desc=desc, dynamic_ncols=True, file=sys.stderr, disable=not terminal, **kwargs)
-    return tqdm(total=total, desc=desc, ncols=100, file=StatusLines(sys.stderr), **kwargs)
+    if shown is None and not sys.stderr.isatty():
+        return tqdm(total=total, desc=desc, ncols=100, file=StatusLines(sys.stderr), **kwargs)
+    return tqdm(total=total, desc=desc, dynamic_ncols=True, file=sys.stderr, disable=shown is False, **kwargs)
