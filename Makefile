@@ -7,16 +7,24 @@ space := $(subst ,, )
 
 .PHONY: setup train resume evaluate need-run test lint wheels clean
 
-# each step says what it installs first: pip is quiet, and the whole takes a few minutes on a fresh machine
+# each step says what it installs first; pip is quiet, so while any step works a line says how long setup has run
+# (torch alone can take a minute on a busy machine); the beat ends with setup, however setup ends, its nap too
+SETUP_BEAT_S := 15
 $(VENV)/.installed: pyproject.toml
-	@echo "setup: a virtual environment in $(VENV), with the newest pip"
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	@# torch first, pinned to the CPU wheel when no torch is present, so the range below never pulls a multi-GB CUDA build
-	@$(PY) -c "import torch" 2>/dev/null || echo "setup: torch"
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==2.13.0" || $(PY) -m pip install --quiet "torch>=2.4,<3"
-	@echo "setup: parallel-rollouts and its dependencies, with the extras $(EXTRAS)"
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	@set -e; \
+	( trap 'kill $$nap 2>/dev/null; wait $$nap 2>/dev/null; exit 0' TERM; s=0; while :; do \
+	    sleep $(SETUP_BEAT_S) </dev/null >/dev/null 2>&1 & nap=$$!; wait $$nap; \
+	    s=$$((s + $(SETUP_BEAT_S))); echo "setup: still installing ($$s s so far)"; done ) & \
+	beat=$$!; trap 'rc=$$?; kill $$beat 2>/dev/null; wait $$beat || :; exit $$rc' EXIT; trap 'exit 130' INT TERM; \
+	echo "setup: a virtual environment in $(VENV), with the newest pip"; \
+	test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+	$(PY) -m pip install --quiet --upgrade pip; \
+	if ! $(PY) -c "import torch" 2>/dev/null; then \
+	    echo "setup: torch 2.13.0 as the package index serves it (a CPU build where that is what it serves)"; \
+	    $(PY) -m pip install --quiet "torch==2.13.0" || $(PY) -m pip install --quiet "torch>=2.4,<3"; \
+	fi; \
+	echo "setup: parallel-rollouts and its dependencies, with the extras $(EXTRAS)"; \
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"; \
 	touch $@
 	@echo "setup: done ($(VENV))"
 

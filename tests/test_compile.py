@@ -259,6 +259,49 @@ def test_the_layout_on_a_gpu_machine_prints_the_envs_it_fills_it_with(monkeypatc
     assert layout.compile
 
 
+# ---------------------------------------------------------------------------- what the bar says
+
+@pytest.mark.parametrize("compile", ["on", "off"])
+def test_a_compiling_run_labels_its_bar_until_the_first_iteration_is_done(tmp_path, monkeypatch, capsys, compile):
+    """The compile makes the first iteration a minute or more on a busy 2-core CPU (the cell recipe): the bar says
+    why it waits at 0, and drops the label once an iteration is done; an eager run's bar has no label. (torch.compile
+    is the identity here: the label follows the run's layout, and compiling would take most of a minute.)"""
+    from trainer.loop import COMPILING, train
+
+    monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: fn if fn is not None else (lambda f: f))
+    cfg = TrainConfig(env="CartPole-v1", num_envs=2, num_steps=8, total_steps=48, backend="sync", device="cpu",
+                      compile=compile, run_dir=str(tmp_path / "run"))
+    train(cfg, progress=True)
+    frames = [f for f in capsys.readouterr().err.split("\r") if "/3 [" in f]
+    first = [f for f in frames if " 0/3 [" in f]
+    later = [f for f in frames if " 0/3 [" not in f]
+    assert first and later and any(" 3/3 [" in f for f in later)
+    assert all((COMPILING in f) == (compile == "on") for f in first)
+    assert not any(COMPILING in f for f in later)
+
+
+def test_a_bar_ticks_on_a_terminal_and_not_in_a_log():
+    """``ticking``: a bar drawn on a terminal is redrawn between updates (its elapsed time moves through a long
+    iteration); in a log it writes nothing more, since every redraw there would be a line."""
+    import io
+    import time
+
+    from tqdm import tqdm
+
+    from trainer.common.progress import ticking
+
+    def redraws(shown: bool) -> int:
+        out = io.StringIO()
+        bar = tqdm(total=5, file=out)
+        drawn = out.getvalue().count("0/5")
+        with ticking(bar, every=0.01, shown=shown):
+            time.sleep(0.2)
+        return out.getvalue().count("0/5") - drawn
+
+    assert redraws(shown=True) >= 3
+    assert redraws(shown=False) == 0
+
+
 # ---------------------------------------------------------------------------- the PPO loss
 
 @pytest.mark.slow  # (a process that trains or waits: the whole suite runs it)

@@ -30,6 +30,7 @@ from envs.settings import ConfigError
 from trainer.algorithm import Algorithm, NonFiniteLossError
 from trainer.arguments import command, counted
 from trainer.common.devices import resolve_device
+from trainer.common.progress import ticking
 from trainer.common.world import ALONE, World, joined_world
 from trainer.config import TrainConfig
 from trainer.evaluation.validation import Validator
@@ -78,10 +79,10 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
         algorithm, stop = run.algorithm, run.stop
         last = _LastCompleted(algorithm, threads, signals, run.run_dir, run.source, world)
         validator = _validator(algorithm, run.run_dir, world)  # --eval-every: the best checkpoint
-        bar = _progress_bar(progress, algorithm.iteration, stop, world)
+        bar = _progress_bar(progress, algorithm.iteration, stop, world, compiles=bool(run.layout.compile))
         plan_lines = ThreadPlanLines(run.run_dir, bar, world.lead)
         start = (algorithm.env_steps, time.perf_counter())
-        with (_closed_at_end(bar), _saved_when_failed(last), _metrics_log(run.run_dir, world) as log,
+        with (_closed_at_end(bar), ticking(bar), _saved_when_failed(last), _metrics_log(run.run_dir, world) as log,
               last_resort(functools.partial(_stuck_in_c, bar, last))):
             while algorithm.iteration < stop:
                 signals.raise_if_lost(world)  # (and under torchrun, a stop any rank received)
@@ -102,9 +103,15 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
     return {**summary, "late_signal": signals.late}
 
 
-def _progress_bar(progress: bool, iteration: int, stop: int, world: World) -> tqdm:
-    """The iterations' progress bar: rank 0's, where ``progress`` asks for one and there are iterations left."""
-    return tqdm(total=stop, initial=iteration, unit="it", dynamic_ncols=True,
+COMPILING = "compiling (first iteration)"  # the bar's label until the first iteration is done
+
+
+def _progress_bar(progress: bool, iteration: int, stop: int, world: World, compiles: bool) -> tqdm:
+    """The iterations' progress bar: rank 0's, where ``progress`` asks for one and there are iterations left.
+    Where the acting step ``compiles``, the bar says so until the first iteration is done (:func:`_show`): the
+    compile makes that iteration a minute or more on a busy 2-core CPU (the cell recipe's set policy), and a bar
+    at 0 with nothing said reads as a hang, in a terminal and in a log."""
+    return tqdm(total=stop, initial=iteration, unit="it", dynamic_ncols=True, desc=COMPILING if compiles else None,
                 disable=not progress or iteration >= stop or not world.lead)
 
 
@@ -431,6 +438,8 @@ class ThreadPlanLines:
 def _show(row: dict, recent: Sequence[float], bar: tqdm, trackers: Trackers) -> None:
     """A completed iteration's metrics ``row`` on the progress bar and in the run's ``trackers``."""
     trackers.log(row)
+    if not bar.disable and bar.desc:  # the compiling label: the first iteration is done
+        bar.set_description_str("", refresh=False)
     bar.update(1)
     bar.set_postfix(sps=f"{row['sps']:,.0f}", ret=f"{np.mean(recent):.2f}" if recent else "-")
 

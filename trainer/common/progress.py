@@ -1,4 +1,4 @@
-"""Progress bars on standard error for the long work after training (distillation, evaluation): drawn where
+"""Progress bars on standard error for long work (distillation, evaluation; the training bar's clock): drawn where
 standard error is a terminal, and where it is not (a pipe, a log file, CI) the bar's state as a line now and then,
 so that minutes of work are never silent in a log either.
 
@@ -9,8 +9,11 @@ a file instead would be thousands of carriage returns.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 HEARTBEAT_S = 20.0  # where standard error is no terminal: a line at most this often, the first after as long
@@ -56,3 +59,41 @@ def progress_bar(total: float, desc: str, shown: bool | None = None, **kwargs: A
     if shown is None and not sys.stderr.isatty():
         return tqdm(total=total, desc=desc, ncols=100, file=StatusLines(sys.stderr), **kwargs)
     return tqdm(total=total, desc=desc, dynamic_ncols=True, file=sys.stderr, disable=shown is False, **kwargs)
+
+
+TICK_S = 1.0  # a terminal's bar redrawn this often between updates
+
+
+@contextlib.contextmanager
+def ticking(bar: Any, every: float = TICK_S, shown: bool | None = None) -> Iterator[None]:
+    """While the block runs, ``bar`` redrawn every ``every`` seconds where it is drawn on a terminal, so that its
+    elapsed time moves during a long step (a training iteration that compiles takes a minute or more on a busy
+    2-core CPU, and a bar that does not move reads as a hang). ``shown``: whether it is drawn there (default:
+    standard error is a terminal); a log gets nothing more (each redraw would be a line).
+
+    Example:
+        >>> import io, time
+        >>> from tqdm import tqdm
+        >>> out = io.StringIO()
+        >>> bar = tqdm(total=3, file=out)
+        >>> with ticking(bar, every=0.01, shown=True):
+        ...     time.sleep(0.1)
+        >>> out.getvalue().count("0/3") > 2  # redrawn with no update
+        True
+    """
+    if bar.disable or not (sys.stderr.isatty() if shown is None else shown):
+        yield
+        return
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(every):
+            bar.refresh()  # under tqdm's own lock, as its updates and writes are
+
+    clock = threading.Thread(target=tick, name="bar-clock", daemon=True)
+    clock.start()
+    try:
+        yield
+    finally:
+        done.set()
+        clock.join()
