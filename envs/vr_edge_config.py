@@ -114,6 +114,10 @@ class VREdgeConfig:
                              "one per run; empty: one trace per file)")
     trace_scale: float = setting(0.0, "multiply a trace's Mbit/s by this", at_least=0,
                                  zero="scale each trace to a mean of the nominal capacity")
+    trace_quantile: float = setting(0.0, "with trace_scale 0, scale each trace so that this quantile of its windows "
+                                    "is the nominal capacity (0.5: its median; for heavy-tailed sets, whose outages "
+                                    "leave a cell scaled by its mean starved much of the time)", at_least=0,
+                                    at_most=1, zero="its mean")
     reveal_hidden_state: bool = setting(False, "append the regime (one-hot) and the fade flag to the observation (a "
                                         "diagnostic; synthetic cell only)")
     def __post_init__(self) -> None:
@@ -153,7 +157,8 @@ class VREdgeConfig:
         if not self.capacity_trace:
             return None
         return load_traces(self.capacity_trace, self.segment_s, self.trace_split, self.trace_scale or None,
-                           self.nominal_capacity_mbps, self.trace_column, self.trace_key)
+                           self.nominal_capacity_mbps, self.trace_column, self.trace_key,
+                           quantile=self.trace_quantile)
 
     @cached_property
     def link_traces(self) -> TraceSet | None:
@@ -368,6 +373,10 @@ def _check_traces(cfg: VREdgeConfig) -> None:
     if cfg.trace_scale and not cfg.capacity_trace:
         raise ConfigError("trace_scale", cfg.trace_scale, "must be 0 unless capacity_trace is given (the scale "
                           "applies to a trace)", flag=False)
+    if cfg.trace_quantile and not (cfg.capacity_trace and not cfg.trace_scale):
+        raise ConfigError("trace_quantile", cfg.trace_quantile, "must be 0 unless capacity_trace is given with "
+                          "trace_scale 0: the quantile says which of a trace's rates is scaled to the nominal "
+                          "capacity, and a trace_scale multiplies the Mbit/s instead", flag=False)
     for name in ("trace_column", "trace_key"):
         if getattr(cfg, name) and not traced:
             raise ConfigError(name, getattr(cfg, name), "must be empty unless capacity_trace or user_traces is "

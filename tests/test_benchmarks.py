@@ -411,8 +411,8 @@ def test_cells_table_marks_a_cell_where_the_policy_and_the_best_baseline_lose_th
                               "lowest": played([0, 0, 0], -4.0)},  # best is fair_share: lost too
                Cell(4, 0.0): {"run": played([1, 1, 1], -3.0), "fair_share": played([0, 1, 0], -2.0),
                               "lowest": played([1, 1, 1], -4.0)}}  # best is fair_share: served
-    for cell, players in records.items():
-        folder = tmp_path / cells_table._cell_name(cell)
+    for played_in, players in records.items():
+        folder = tmp_path / cells_table._cell_name(played_in)
         folder.mkdir()
         for player, episodes in players.items():
             (folder / f"{player}.json").write_text(json.dumps({"played_with": {}, "records": episodes}))

@@ -176,7 +176,8 @@ def trace_sets(tmp_path_factory):
     return str(cell), str(links)
 
 
-@pytest.mark.parametrize("which", ["cell", "users", "both", "both, varying users", "scaled cell, varying users"])
+@pytest.mark.parametrize("which", ["cell", "users", "both", "both, varying users", "scaled cell, varying users",
+                                   "cell at its median, varying users"])
 def test_torch_env_follows_the_numpy_env_with_traces(trace_sets, which):
     """Recorded traces replayed from tensors: the same files and windows drawn at every reset (many per env) and
     per joiner, the same terminations, rewards within 1e-12."""
@@ -184,7 +185,9 @@ def test_torch_env_follows_the_numpy_env_with_traces(trace_sets, which):
     traces = {"cell": dict(capacity_trace=cell), "users": dict(user_traces=links),
               "both": dict(capacity_trace=cell, user_traces=links, trace_split="train"),
               "both, varying users": dict(capacity_trace=cell, user_traces=links, users="2-6", churn=0.1),
-              "scaled cell, varying users": dict(capacity_trace=cell, trace_scale=25.0, users="1-5", churn=0.2)}
+              "scaled cell, varying users": dict(capacity_trace=cell, trace_scale=25.0, users="1-5", churn=0.2),
+              "cell at its median, varying users": dict(capacity_trace=cell, trace_quantile=0.5, users="1-5",
+                                                        churn=0.2)}
     assert_equivalent(16, 300, max_steps=30, abandon_stall_s=3.0, capacity_per_user_mbps=40.0, **traces[which])
 
 
