@@ -120,6 +120,13 @@ class VREdgeConfig:
                                     at_most=1, zero="its mean")
     reveal_hidden_state: bool = setting(False, "append the regime (one-hot) and the fade flag to the observation (a "
                                         "diagnostic; synthetic cell only)")
+    outage_prob: float = setting(0.0, "probability per step that an outage starts: the bad state of a two-state "
+                                 "Gilbert-Elliott channel, which multiplies the cell's capacity (synthetic or "
+                                 "recorded) by outage_depth while it lasts", at_least=0, at_most=1,
+                                 zero="no outages")
+    outage_end_prob: float = setting(0.3, "probability per step that an outage ends (its mean length: 1 / this "
+                                     "steps)", above=0, at_most=1)
+    outage_depth: float = setting(0.05, "capacity multiplier during an outage", above=0, at_most=1)
     def __post_init__(self) -> None:
         _check_kinds(self)  # first: a limit compared with segment_s='abc' (from --env-kwargs) is a bare TypeError
         check_limits(self, flags=False)
@@ -179,7 +186,7 @@ class VREdgeConfig:
     @cached_property
     def draws(self) -> DrawLayout:
         """Where each uniform of a step's (and a reset's) block goes (:mod:`envs.vr_edge_draws`)."""
-        return DrawLayout.of(self.num_users, self.varies)
+        return DrawLayout.of(self.num_users, self.varies, self.outages)
 
     @property
     def num_levels(self) -> int:
@@ -238,21 +245,22 @@ class VREdgeConfig:
         (and its trace's file and window with ``user_traces``), 8 per step of capacity history, 8 for each of
         ``_STATE_PER_ENV`` (and a cell trace's file and window), and the fade flag; where the cell :attr:`varies`,
         8 for each of the episode's draws (``users``, and ``churn`` where that is a range) and one per slot for
-        ``active``. Computed, not allocated: a run checks what its envs need against the machine's memory before
-        it builds one.
+        ``active``; with outages (:attr:`outages`), the outage flag. Computed, not allocated: a run checks what its envs
+        need against the machine's memory before it builds one.
 
         >>> cfg, varied = VREdgeConfig(num_users=3, history=5), VREdgeConfig(num_users=3, users="1-3", churn=0.1)
         >>> from envs.vr_edge_dynamics import initial_state
         >>> zero, ranged = np.zeros(1, np.uint64), VREdgeConfig(num_users=3, churn="0-0.1")
+        >>> outages = VREdgeConfig(num_users=3, outage_prob=0.1)
         >>> [c.state_bytes == sum(v.nbytes for v in initial_state(c, zero, zero).values())
-        ...  for c in (cfg, varied, ranged)]
-        [True, True, True]
+        ...  for c in (cfg, varied, ranged, outages)]
+        [True, True, True, True]
         """
         per_env = (len(_STATE_PER_ENV) + (2 if self.capacity_trace else 0) + (1 if self.varies else 0)
                    + (1 if self.churn_varies else 0))
         per_user = len(_STATE_PER_USER) + (2 if self.user_traces else 0)  # a user's trace and window
         active = self.num_users if self.varies else 0  # one bool per slot, and the episode's drawn count
-        return 8 * (per_user * self.num_users + self.history + per_env) + 1 + active
+        return 8 * (per_user * self.num_users + self.history + per_env) + 1 + active + (1 if self.outages else 0)
 
     @property
     def block_size(self) -> int:
@@ -260,6 +268,16 @@ class VREdgeConfig:
         the cell :attr:`varies` one more for the reset's user count and one per slot for leaving or joining (laid
         out by :attr:`draws`)."""
         return self.draws.size
+
+    @property
+    def outages(self) -> bool:
+        """Whether the cell has the outage chain (``outage_prob > 0``): only then does the env draw for it and keep
+        its ``outage`` flag in its state (the default is unchanged).
+
+        >>> VREdgeConfig().outages, VREdgeConfig(outage_prob=0.02).outages
+        (False, True)
+        """
+        return self.outage_prob > 0
 
     @cached_property
     def users_range(self) -> tuple[int, int]:
