@@ -32,12 +32,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import checkpoints
 import envs
 from benchmarks.machine import print_machine
+from envs.profiles import profile_of
 from envs.settings import ConfigError
 from envs.traces import TRACE_ARGUMENTS, TraceError
 from trainer.arguments import OneLineParser, churn_levels, most_users, user_counts
 from trainer.config import TrainConfig
 from trainer.evaluation.cells import Cell, cell_env_kwargs, cell_slots, cells_of, check_vr_edge
 from trainer.evaluation.episodes import EPISODE_BATCH, held_out_env_kwargs, run_episodes
+from trainer.evaluation.servable import LOST_IN_MOST_EPISODES, UNSERVABLE, unservable
 from trainer.evaluation.statistics import paired_difference, summarize
 
 if TYPE_CHECKING:
@@ -148,8 +150,11 @@ def _reward_per_step(records: list[dict[str, float]]) -> dict[str, float]:
 
 def table(args: argparse.Namespace, cells: list[Cell], runs: _Runs) -> tuple[str, list[dict[str, Any]]]:
     """The Markdown table and its numbers: a row per cell (each baseline's reward per step), a column per run (its
-    policy's reward per step minus each baseline's, paired: mean ± 95% interval, in the order of the baselines);
-    each run's checkpoint named by its content hash, in both."""
+    policy's reward per step minus each baseline's, paired: mean ± 95% interval, in the order of the baselines,
+    marked UNSERVABLE where the policy and the cell's best baseline, by reward per step on these episodes, both lose
+    their users in most episodes: :mod:`trainer.evaluation.servable`); each run's checkpoint named by its content
+    hash, in both."""
+    abandonment = profile_of("VREdge-v0").abandonment
     head = ["users", "churn", *args.baselines, *(f"{run.name}: policy minus each" for run in args.runs)]
     played = ", ".join(f"{run.name} {Path(runs.checkpoints[run]['checkpoint']).name} (sha256 "
                        f"{runs.checkpoints[run]['checkpoint_sha256'][:12]})" for run in args.runs)
@@ -158,15 +163,24 @@ def table(args: argparse.Namespace, cells: list[Cell], runs: _Runs) -> tuple[str
     rows = []
     for cell in cells:
         baselines = {b: _records(args, cell, b) for b in args.baselines}
+        summaries = {b: summarize(r) for b, r in baselines.items()}
+        best = max(summaries, key=lambda b: summaries[b]["reward_per_step"]) if summaries else None
         cols = [str(cell.users), f"{cell.churn:g}", *(f"{_reward_per_step(r)['mean']:.3f}" for r in baselines.values())]
         for run in args.runs:
             policy = _records(args, cell, run.name)
             paired = {b: paired_difference(policy, records) for b, records in baselines.items()}
+            cannot = unservable(summarize(policy), summaries.get(best), abandonment)
             rows.append({"users": cell.users, "churn": cell.churn, "run": str(run), **runs.checkpoints[run],
                          "policy": _reward_per_step(policy),
-                         "baselines": {b: _reward_per_step(r) for b, r in baselines.items()}, "paired": paired})
-            cols.append(" / ".join(f"{p['mean']:+.3f} ± {p['ci95']:.3f}" for p in paired.values()))
+                         "baselines": {b: _reward_per_step(r) for b, r in baselines.items()}, "paired": paired,
+                         "unservable": cannot})
+            cols.append(" / ".join(f"{p['mean']:+.3f} ± {p['ci95']:.3f}" for p in paired.values())
+                        + (f" {UNSERVABLE}" if cannot else ""))
         lines.append("| " + " | ".join(cols) + " |")
+    if any(row["unservable"] for row in rows):
+        lines.append(f"\n{UNSERVABLE}: the policy and the cell's best baseline lose their users (a user abandons) in "
+                     f"more than {LOST_IN_MOST_EPISODES:g} of their episodes there: nobody serves that cell, so that "
+                     "comparison is no result (docs/traces.md: how a trace set's scale sets the cell's difficulty)")
     return "\n".join(lines), rows
 
 

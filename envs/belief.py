@@ -105,6 +105,9 @@ def refused_setting(cfg: VREdgeConfig) -> tuple[str, str]:
     if cfg.user_traces:  # the futures drawn for the users' channels would be the synthetic chain's, not the traces'
         return "user_traces", ("users on recorded links (user_traces) follow no channel model to sample futures "
                                "from: play the synthetic users")
+    if cfg.outages:  # a third chain the filter's hidden state (regime, fade) does not hold
+        return "outage_prob", ("the filter's hidden state is the regime and the fade, not the outage chain "
+                               "(outage_prob): play outage_prob=0")
     for key, bad in (("noise_std", cfg.noise_std == 0), ("noise_corr", cfg.noise_corr == 1)):
         if bad:
             return key, "the filter needs capacity noise with a density (noise_std > 0 and noise_corr < 1)"

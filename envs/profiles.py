@@ -86,7 +86,9 @@ class EnvProfile:
     whole episode, where known (a bar's total). ``sizes(env_kwargs)``: :class:`EnvSizes` without building an env
     (``None``: measured from one built). ``vector_env`` and ``torch_env``: ``"module:Class"`` of its natively
     batched env (``Class(num_envs, **env_kwargs)``) and of its torch env (``--backend device``). ``cells``: whether
-    it has cells of users (``trainer.evaluate --users``).
+    it has cells of users (``trainer.evaluate --users``). ``abandonment``: the key of an episode's record that is 1
+    where the episode lost its users (VR-edge: ``abandoned``), by which an evaluation says that a cell cannot be
+    served (:mod:`trainer.evaluation.servable`; ``""``: the env has no such notion, and nothing is said).
     """
 
     score: str = "return"
@@ -106,6 +108,7 @@ class EnvProfile:
     vector_env: str = ""
     torch_env: str = ""
     cells: bool = False
+    abandonment: str = ""
 
     def vector_env_class(self) -> Callable[..., Any] | None:
         """The natively batched env's class (imported now), or ``None`` where the env has none."""

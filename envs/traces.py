@@ -58,8 +58,8 @@ import numpy as np
 
 TRACE_SPLITS = ("auto", "all", "train", "test")
 # the env arguments that concern traces: none of them changes the observation's or the action's shape
-TRACE_ARGUMENTS = frozenset({"capacity_trace", "user_traces", "trace_split", "trace_scale", "trace_column",
-                             "trace_key"})
+TRACE_ARGUMENTS = frozenset({"capacity_trace", "user_traces", "trace_split", "trace_scale", "trace_quantile",
+                             "trace_column", "trace_key"})
 SPLIT_FOLDERS = ("train", "test")  # a set's own split: a folder of each
 TRACE_SETS_DIR = Path(__file__).resolve().parent / "trace_sets"
 TRACE_SETS = ("pensieve",)  # shipped with the package, in TRACE_SETS_DIR: a name, not a path
@@ -179,14 +179,15 @@ def split_files(files: list[Path], split: str, path: str, setting: str = "capaci
 
 
 def load_traces(path: str, segment_s: float, split: str, scale: float | None, nominal_mbps: float,
-                column: str = "", key: str = "", setting: str = "capacity_trace") -> TraceSet:
+                column: str = "", key: str = "", setting: str = "capacity_trace", quantile: float = 0.0) -> TraceSet:
     """Read the traces of ``split`` in the set ``path`` names (:func:`trace_files`) as a :class:`TraceSet`.
 
-    ``scale`` multiplies the Mbit/s; ``None`` scales each trace to a mean of ``nominal_mbps``. ``column`` and
+    ``scale`` multiplies the Mbit/s; ``None`` scales each trace so that its mean (``quantile`` 0), or that quantile
+    of its windows (0.5: its median), is ``nominal_mbps`` (:func:`scale_factor`). ``column`` and
     ``key``: a CSV's throughput column and the columns whose values make one trace each. The set is cached by its
     files' versions (:func:`file_versions`) and these arguments: configs that name the same files share one set,
     read-only, and a file that changed (or a folder that gained one) is read again."""
-    return _scaled_set(file_versions(path, split, setting), segment_s, scale, nominal_mbps, column, key)
+    return _scaled_set(file_versions(path, split, setting), segment_s, scale, nominal_mbps, column, key, quantile)
 
 
 def load_link_traces(path: str, segment_s: float, split: str, mean_quality: float, column: str = "",
@@ -215,13 +216,34 @@ def file_versions(path: str, split: str, setting: str = "capacity_trace") -> Fil
     return tuple(versions)
 
 
+def scale_factor(name: str, rates: np.ndarray, nominal_mbps: float, quantile: float = 0.0) -> float:
+    """What one trace's windows ``rates`` (Mbit/s) are multiplied by to put its mean (``quantile`` 0) or that
+    quantile of its windows at ``nominal_mbps``; a :class:`TraceError` naming the file where that quantile is 0 Mbit/s
+    (an outage: no factor scales it up).
+
+    A heavy-tailed trace (outages, bursts) has a mean well above its median: scaled by its mean, the cell gets less
+    than the nominal capacity most of the time; scaled by its median, half of the time.
+
+    >>> rates = np.array([0.5, 1.0, 1.0, 9.5])  # mean 3, median 1
+    >>> scale_factor("t", rates, 12.0), scale_factor("t", rates, 12.0, quantile=0.5)
+    (4.0, 12.0)
+    """
+    if not quantile:
+        return float(nominal_mbps / rates.mean())
+    at = float(np.quantile(rates, quantile))
+    if at <= 0:
+        raise TraceError(f"{name}: the {quantile:g} quantile of its {len(rates)} windows is 0 Mbit/s (an outage), "
+                         "which no factor scales to the nominal capacity; give a higher trace_quantile")
+    return float(nominal_mbps / at)
+
+
 @functools.lru_cache(maxsize=SET_CACHE_SIZE)
 def _scaled_set(versions: FileVersions, segment_s: float, scale: float | None, nominal_mbps: float, column: str,
-                key: str) -> TraceSet:
+                key: str, quantile: float = 0.0) -> TraceSet:
     names, windows = _set_windows(versions, segment_s, column, key)
     scaled = []
     for name, rates in zip(names, windows):
-        factor = nominal_mbps / rates.mean() if scale is None else scale
+        factor = scale_factor(name, rates, nominal_mbps, quantile) if scale is None else scale
         scaled.append(np.maximum(rates * factor, MIN_CAPACITY_FRACTION * nominal_mbps))
         if not np.all(np.isfinite(scaled[-1])):
             raise TraceError(f"{name}: scaling by {factor:g} makes capacities that are not finite numbers; give a "

@@ -114,8 +114,19 @@ class VREdgeConfig:
                              "one per run; empty: one trace per file)")
     trace_scale: float = setting(0.0, "multiply a trace's Mbit/s by this", at_least=0,
                                  zero="scale each trace to a mean of the nominal capacity")
+    trace_quantile: float = setting(0.0, "with trace_scale 0, scale each trace so that this quantile of its windows "
+                                    "is the nominal capacity (0.5: its median; for heavy-tailed sets, whose outages "
+                                    "leave a cell scaled by its mean starved much of the time)", at_least=0,
+                                    at_most=1, zero="its mean")
     reveal_hidden_state: bool = setting(False, "append the regime (one-hot) and the fade flag to the observation (a "
                                         "diagnostic; synthetic cell only)")
+    outage_prob: float = setting(0.0, "probability per step that an outage starts: the bad state of a two-state "
+                                 "Gilbert-Elliott channel, which multiplies the cell's capacity (synthetic or "
+                                 "recorded) by outage_depth while it lasts", at_least=0, at_most=1,
+                                 zero="no outages")
+    outage_end_prob: float = setting(0.3, "probability per step that an outage ends (its mean length: 1 / this "
+                                     "steps)", above=0, at_most=1)
+    outage_depth: float = setting(0.05, "capacity multiplier during an outage", above=0, at_most=1)
     def __post_init__(self) -> None:
         _check_kinds(self)  # first: a limit compared with segment_s='abc' (from --env-kwargs) is a bare TypeError
         check_limits(self, flags=False)
@@ -153,7 +164,8 @@ class VREdgeConfig:
         if not self.capacity_trace:
             return None
         return load_traces(self.capacity_trace, self.segment_s, self.trace_split, self.trace_scale or None,
-                           self.nominal_capacity_mbps, self.trace_column, self.trace_key)
+                           self.nominal_capacity_mbps, self.trace_column, self.trace_key,
+                           quantile=self.trace_quantile)
 
     @cached_property
     def link_traces(self) -> TraceSet | None:
@@ -174,7 +186,7 @@ class VREdgeConfig:
     @cached_property
     def draws(self) -> DrawLayout:
         """Where each uniform of a step's (and a reset's) block goes (:mod:`envs.vr_edge_draws`)."""
-        return DrawLayout.of(self.num_users, self.varies)
+        return DrawLayout.of(self.num_users, self.varies, self.outages)
 
     @property
     def num_levels(self) -> int:
@@ -233,21 +245,22 @@ class VREdgeConfig:
         (and its trace's file and window with ``user_traces``), 8 per step of capacity history, 8 for each of
         ``_STATE_PER_ENV`` (and a cell trace's file and window), and the fade flag; where the cell :attr:`varies`,
         8 for each of the episode's draws (``users``, and ``churn`` where that is a range) and one per slot for
-        ``active``. Computed, not allocated: a run checks what its envs need against the machine's memory before
-        it builds one.
+        ``active``; with outages (:attr:`outages`), the outage flag. Computed, not allocated: a run checks what its envs
+        need against the machine's memory before it builds one.
 
         >>> cfg, varied = VREdgeConfig(num_users=3, history=5), VREdgeConfig(num_users=3, users="1-3", churn=0.1)
         >>> from envs.vr_edge_dynamics import initial_state
         >>> zero, ranged = np.zeros(1, np.uint64), VREdgeConfig(num_users=3, churn="0-0.1")
+        >>> outages = VREdgeConfig(num_users=3, outage_prob=0.1)
         >>> [c.state_bytes == sum(v.nbytes for v in initial_state(c, zero, zero).values())
-        ...  for c in (cfg, varied, ranged)]
-        [True, True, True]
+        ...  for c in (cfg, varied, ranged, outages)]
+        [True, True, True, True]
         """
         per_env = (len(_STATE_PER_ENV) + (2 if self.capacity_trace else 0) + (1 if self.varies else 0)
                    + (1 if self.churn_varies else 0))
         per_user = len(_STATE_PER_USER) + (2 if self.user_traces else 0)  # a user's trace and window
         active = self.num_users if self.varies else 0  # one bool per slot, and the episode's drawn count
-        return 8 * (per_user * self.num_users + self.history + per_env) + 1 + active
+        return 8 * (per_user * self.num_users + self.history + per_env) + 1 + active + (1 if self.outages else 0)
 
     @property
     def block_size(self) -> int:
@@ -255,6 +268,16 @@ class VREdgeConfig:
         the cell :attr:`varies` one more for the reset's user count and one per slot for leaving or joining (laid
         out by :attr:`draws`)."""
         return self.draws.size
+
+    @property
+    def outages(self) -> bool:
+        """Whether the cell has the outage chain (``outage_prob > 0``): only then does the env draw for it and keep
+        its ``outage`` flag in its state (the default is unchanged).
+
+        >>> VREdgeConfig().outages, VREdgeConfig(outage_prob=0.02).outages
+        (False, True)
+        """
+        return self.outage_prob > 0
 
     @cached_property
     def users_range(self) -> tuple[int, int]:
@@ -368,6 +391,10 @@ def _check_traces(cfg: VREdgeConfig) -> None:
     if cfg.trace_scale and not cfg.capacity_trace:
         raise ConfigError("trace_scale", cfg.trace_scale, "must be 0 unless capacity_trace is given (the scale "
                           "applies to a trace)", flag=False)
+    if cfg.trace_quantile and not (cfg.capacity_trace and not cfg.trace_scale):
+        raise ConfigError("trace_quantile", cfg.trace_quantile, "must be 0 unless capacity_trace is given with "
+                          "trace_scale 0: the quantile says which of a trace's rates is scaled to the nominal "
+                          "capacity, and a trace_scale multiplies the Mbit/s instead", flag=False)
     for name in ("trace_column", "trace_key"):
         if getattr(cfg, name) and not traced:
             raise ConfigError(name, getattr(cfg, name), "must be empty unless capacity_trace or user_traces is "

@@ -7,8 +7,9 @@ env's trajectories in the others without an error).
 
 The cell's five come first, at fixed indices (:class:`Draw`); then each user's channel (two per user: a normal by
 Box-Muller); where the cell's users vary, the reset's user count and one draw per slot for leaving or joining
-(:class:`DrawLayout`). Some draws serve a second purpose at reset, where the step's purpose is idle (a recorded
-trace's file and start window): a recorded trace replaces the synthetic cell without shifting any other draw.
+(:class:`DrawLayout`); where the cell has outages (``outage_prob``), one for the outage chain, last. Some draws serve a
+second purpose at reset, where the step's purpose is idle (a recorded trace's file and start window): a recorded trace
+replaces the synthetic cell without shifting any other draw.
 
 Example:
     >>> layout = DrawLayout.of(num_users=3, varies=True)
@@ -16,6 +17,9 @@ Example:
     (4, slice(5, 8, None), slice(8, 11, None), 11, slice(12, 15, None), 15)
     >>> DrawLayout.of(num_users=3, varies=False).size   # a fixed cell draws no users and no churn
     11
+    >>> with_outages = DrawLayout.of(num_users=3, varies=False, outages=True)  # one more, after all the others
+    >>> with_outages.outage, with_outages.size
+    (11, 12)
 """
 
 from __future__ import annotations
@@ -42,20 +46,24 @@ class DrawLayout:
     """The users' part of a block of ``num_users`` slots: ``channel`` and ``channel_pair`` (``[U]`` each: one
     normal per user, which a user trace's file and start window use instead), then where the cell varies ``users``
     (the reset's user count), ``episode_churn`` (the reset's churn, where it is a range) and ``churn`` (``[U]``,
-    each slot's leave or join per step; a reset's churn is its first draw, which a reset leaves free)."""
+    each slot's leave or join per step; a reset's churn is its first draw, which a reset leaves free), then where
+    the cell has outages ``outage`` (whether the outage chain moves, per step; after every other draw, so that a
+    cell without outages draws as before)."""
 
     channel: slice
     channel_pair: slice
     users: int
     episode_churn: int
     churn: slice
+    outage: int
     size: int
 
     @classmethod
-    def of(cls, num_users: int, varies: bool) -> DrawLayout:
+    def of(cls, num_users: int, varies: bool, outages: bool = False) -> DrawLayout:
         """The layout for a cell of ``num_users`` slots; ``varies``: whether its active users vary (only then does
-        it draw users and churn)."""
+        it draw users and churn); ``outages``: whether it has the outage chain (only then does it draw for it)."""
         users = CELL_DRAWS + 2 * num_users
+        before = users + (1 + num_users if varies else 0)
         return cls(channel=slice(CELL_DRAWS, CELL_DRAWS + num_users), channel_pair=slice(CELL_DRAWS + num_users, users),
                    users=users, episode_churn=users + 1, churn=slice(users + 1, users + 1 + num_users),
-                   size=users + (1 + num_users if varies else 0))
+                   outage=before, size=before + (1 if outages else 0))

@@ -142,6 +142,7 @@ def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> 
         "ep_switches": np.zeros(b),
         **trace_keys,
         **drawn,
+        **({"outage": np.zeros(b, dtype=bool)} if cfg.outages else {}),  # every episode starts out of an outage
     }
 
 
@@ -325,6 +326,10 @@ def cell_round(cfg: VREdgeConfig, s: dict[str, np.ndarray], u: np.ndarray
     logit = cfg.channel_corr * s["channel_logit"] + math.sqrt(1 - cfg.channel_corr**2) * cfg.channel_std * (
         rng.normals(u[:, cfg.draws.channel], u[:, cfg.draws.channel_pair]))
     cell = {"regime": regime, "noise": noise, "fade": fade, "channel_logit": logit}
+    if cfg.outages:  # the Gilbert-Elliott chain, over whatever sets the capacity (the synthetic cell or a trace)
+        draw = u[:, cfg.draws.outage]
+        cell["outage"] = np.where(s["outage"], draw >= cfg.outage_end_prob, draw < cfg.outage_prob)
+        capacity = capacity * np.where(cell["outage"], cfg.outage_depth, 1.0)
     if cfg.link_traces is not None:
         trace_keys.update(user_trace=s["user_trace"],
                           user_trace_pos=cfg.link_traces.next_position(s["user_trace"], s["user_trace_pos"]))

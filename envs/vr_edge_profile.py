@@ -135,4 +135,5 @@ PROFILE = EnvProfile(
     file_arguments=frozenset({"capacity_trace", "user_traces"}), trace_arguments=TRACE_ARGUMENTS,
     held_out=held_out_arguments, played_on=played_on, sizes=sizes,
     episode_steps=lambda kwargs: VREdgeConfig(**kwargs).max_steps,
-    vector_env="envs.vector:VREdgeVectorEnv", torch_env="envs.vr_edge_torch:VREdgeTorchEnv", cells=True)
+    vector_env="envs.vector:VREdgeVectorEnv", torch_env="envs.vr_edge_torch:VREdgeTorchEnv", cells=True,
+    abandonment="abandoned")

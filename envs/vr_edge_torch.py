@@ -128,6 +128,7 @@ class TorchDynamics:
         self.draws = cfg.draws  # where each uniform of a block goes: read here, not inside a compiled step
         self.regime_mult = torch.as_tensor(cfg.regime_multiplier, dtype=torch.float64, device=self.device)
         self.fade_factor = torch.tensor([1.0, cfg.fade_depth], dtype=torch.float64, device=self.device)
+        self.outage_factor = torch.tensor([1.0, cfg.outage_depth], dtype=torch.float64, device=self.device)
         self.regimes = torch.arange(len(REGIMES), device=self.device)
         self.user_ranks = torch.arange(cfg.num_users - 1, -1, -1, dtype=torch.int64, device=self.device)
         self.slots = torch.arange(cfg.num_users, device=self.device)
@@ -209,7 +210,8 @@ class TorchDynamics:
                 "buffer": (cfg.initial_buffer_s, f64, True), "level": (0, torch.int64, True),
                 "throughput": (cfg.bitrates_mbps[0], f64, True), "download_time": (0.0, f64, True),
                 "stall": (0.0, f64, True), "cum_stall": (0.0, f64, True), "ep_quality": (0.0, f64, False),
-                "ep_stall": (0.0, f64, False), "ep_switches": (0.0, f64, False)}
+                "ep_stall": (0.0, f64, False), "ep_switches": (0.0, f64, False),
+                **({"outage": (False, torch.bool, False)} if cfg.outages else {})}
 
     def initial_state(self, keys: torch.Tensor, counters: torch.Tensor) -> dict[str, torch.Tensor]:
         """Fresh states for ``[B]`` envs, drawn from block ``counters`` (as
@@ -328,6 +330,10 @@ class TorchDynamics:
         if self.user_traces is not None:
             cell.update(user_trace=s["user_trace"],
                         user_trace_pos=self.user_traces.next_position(s["user_trace"], s["user_trace_pos"]))
+        if cfg.outages:  # the Gilbert-Elliott chain (as envs.vr_edge_dynamics.cell_round)
+            draw = u[:, self.draws.outage]
+            cell["outage"] = torch.where(s["outage"], draw >= cfg.outage_end_prob, draw < cfg.outage_prob)
+            capacity = capacity * self.outage_factor[cell["outage"].to(torch.int64)]
         return cell, capacity, self._channel(cell)
 
     def _download_round(self, s: dict[str, torch.Tensor], capacity: torch.Tensor, channel: torch.Tensor,

@@ -394,6 +394,38 @@ def test_cells_table_pairs_each_run_with_the_baselines_as_evaluate_does(tmp_path
     assert {r["paired"]["fair_share"]["episodes"] for r in json.loads((out / "table.json").read_text())} == {2}
 
 
+def test_cells_table_marks_a_cell_where_the_policy_and_the_best_baseline_lose_their_users(tmp_path):
+    """Records as the players wrote them, of two cells: in one the policy and the best baseline (by reward per step)
+    each lose their users in most episodes, in the other the best baseline keeps them."""
+    import argparse
+
+    from benchmarks import cells_table
+    from trainer.evaluation.cells import Cell
+    from trainer.evaluation.servable import UNSERVABLE
+
+    def played(abandoned: list[float], reward: float) -> list[dict[str, float]]:
+        return [{"return": reward, "length": 1.0, "reward_per_step": reward + i / 10, "abandoned": a}
+                for i, a in enumerate(abandoned)]
+
+    records = {Cell(2, 0.0): {"run": played([1, 1, 0], -3.0), "fair_share": played([1, 1, 1], -2.0),
+                              "lowest": played([0, 0, 0], -4.0)},  # best is fair_share: lost too
+               Cell(4, 0.0): {"run": played([1, 1, 1], -3.0), "fair_share": played([0, 1, 0], -2.0),
+                              "lowest": played([1, 1, 1], -4.0)}}  # best is fair_share: served
+    for played_in, players in records.items():
+        folder = tmp_path / cells_table._cell_name(played_in)
+        folder.mkdir()
+        for player, episodes in players.items():
+            (folder / f"{player}.json").write_text(json.dumps({"played_with": {}, "records": episodes}))
+    args = argparse.Namespace(baselines=["fair_share", "lowest"], runs=[Path("run")], episodes=3, seed=0,
+                              out=tmp_path)
+    runs = cells_table._Runs(2, {}, {Path("run"): {"checkpoint": "c.pt", "checkpoint_sha256": "0" * 64}})
+    text, rows = cells_table.table(args, list(records), runs)
+    assert [r["unservable"] for r in rows] == [True, False]
+    table_rows = [line for line in text.splitlines() if line.startswith("| 2 ") or line.startswith("| 4 ")]
+    assert [UNSERVABLE in line for line in table_rows] == [True, False]
+    assert f"\n{UNSERVABLE}: the policy and the cell's best baseline lose their users" in text
+
+
 @pytest.mark.slow  # a tiny training, then its episodes, four times
 def test_cells_table_plays_a_run_again_once_its_checkpoint_holds_other_weights(tmp_path, capsys):
     """A run's records are kept by its checkpoint's content, not its path: the same --out after the checkpoint file

@@ -291,3 +291,70 @@ def test_every_argument_is_declared_with_its_help_and_checked_by_the_settings_ru
     with pytest.raises(ConfigError) as info:
         envs.VREdgeConfig(fade_depth=1.5)
     assert str(info.value) == "fade_depth must be > 0 and <= 1, got 1.5"
+
+
+OUTAGES = dict(outage_prob=0.05, outage_end_prob=0.25, outage_depth=0.1)  # a sixth of the steps, 4 steps each
+
+
+def _outage_run(steps: int, num_envs: int = 32, **kwargs):
+    """Each step's outage flags ``[steps, num_envs]`` and the capacity the envs played and would have played without
+    the outage chain (from the state's regime, noise, fade, or trace window), in envs that never end early."""
+    from envs.vr_edge_dynamics import episode_nominal, synthetic_capacity, trace_capacity
+    env = envs.VREdgeVectorEnv(num_envs, num_users=2, abandon_stall_s=1e9, max_steps=10_000, **OUTAGES, **kwargs)
+    env.reset(seed=list(range(num_envs)))
+    cfg, flags, played, underlying = env.config, [], [], []
+    for _ in range(steps):
+        *_, info = env.step(np.zeros((num_envs, 2), dtype=np.int64))
+        s = env.get_state()
+        nominal = episode_nominal(cfg, s)
+        base = (trace_capacity(cfg, s["trace"], s["trace_pos"], nominal) if cfg.traces is not None else
+                synthetic_capacity(cfg, s["regime"], s["noise"], s["fade"], nominal))
+        flags.append(s["outage"].copy())
+        played.append(info["capacity_mbps"])
+        underlying.append(base)
+    return np.array(flags), np.array(played), np.array(underlying)
+
+
+def test_the_outage_chain_multiplies_the_capacity_by_its_depth_while_it_lasts():
+    flags, played, underlying = _outage_run(60)
+    np.testing.assert_allclose(played, underlying * np.where(flags, OUTAGES["outage_depth"], 1.0), rtol=1e-12)
+    assert flags.any() and not flags.all()
+
+
+def test_the_outage_chain_holds_its_stationary_share_and_mean_length():
+    """A two-state Markov chain: in an outage a share p / (p + q) of the steps, each outage 1 / q steps on average
+    (32 envs x 600 steps: about 4,800 effective samples of the share, its standard error about 0.005)."""
+    flags, _, _ = _outage_run(600)
+    p, q = OUTAGES["outage_prob"], OUTAGES["outage_end_prob"]
+    assert flags.mean() == pytest.approx(p / (p + q), abs=0.03)
+    ends = (flags[:-1] & ~flags[1:]).sum()
+    assert flags[:-1].sum() / ends == pytest.approx(1 / q, rel=0.15)
+
+
+def test_outages_apply_to_a_recorded_trace_too(tmp_path):
+    from envs.make_traces import write_traces
+    write_traces(tmp_path, files=2, seconds=30)
+    flags, played, underlying = _outage_run(40, num_envs=8, capacity_trace=str(tmp_path))
+    np.testing.assert_allclose(played, underlying * np.where(flags, OUTAGES["outage_depth"], 1.0), rtol=1e-12)
+    assert flags.any()
+
+
+def test_without_outages_the_cell_draws_and_holds_what_it_did():
+    """The default: no outage draw in a block, no outage flag in the state (its streams, state and checkpoints as
+    before: tests/test_landed_runs.py resumes runs stored before outages existed)."""
+    from envs.vr_edge_draws import DrawLayout
+    from envs.vr_edge_dynamics import initial_state
+    zero = np.zeros(1, np.uint64)
+    assert envs.VREdgeConfig().block_size == DrawLayout.of(8, False).size == 5 + 2 * 8
+    assert "outage" not in initial_state(envs.VREdgeConfig(), zero, zero)
+    assert envs.VREdgeConfig(outage_prob=0.1).block_size == 5 + 2 * 8 + 1
+
+
+def test_outage_settings_out_of_range_and_the_filter_that_cannot_follow_them_are_one_line():
+    from envs.belief import filter_refusal
+    with raises(ConfigError, "outage_end_prob", "> 0"):
+        envs.VREdgeConfig(outage_prob=0.1, outage_end_prob=0.0)
+    with raises(ConfigError, "outage_depth", "> 0"):
+        envs.VREdgeConfig(outage_prob=0.1, outage_depth=0.0)
+    assert "outage_prob" in filter_refusal(envs.VREdgeConfig(outage_prob=0.1))
+    assert filter_refusal(envs.VREdgeConfig()) == ""

@@ -44,6 +44,7 @@ from trainer.evaluation.contenders import play_contenders
 from trainer.evaluation.episodes import Player, episodes_shown, play_together
 from trainer.evaluation.policies import trained_model
 from trainer.evaluation.report import json_ready
+from trainer.evaluation.servable import LOST_IN_MOST_EPISODES, UNSERVABLE
 from trainer.flags import parse_args
 from trainer.train import train
 
@@ -51,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VARYING = "num_users=6,users=2-6,churn=0.05,max_steps=20"  # 6 slots; episodes of 20 steps: tiny, fast
 TODAYS_KEYS = ["checkpoint", "checkpoint_sha256", "checkpoint_kind", "env", "env_kwargs", "episodes", "seed", "actions",
                "policy", "baselines", "reference", "paired_reward_per_step", "paired_qoe_lin", "best_baseline",
-               "best_baseline_picked_on", "gap_closed", "capture", "causal_share"]
+               "best_baseline_picked_on", "gap_closed", "capture", "causal_share", "unservable"]
 PER_HEAD = ("--config", settings_file("policy_arch_per_head"))
 CELL_KEYS = {"users", "churn", "policy", "baselines", "reference", "paired_reward_per_step", "best_baseline"}
 
@@ -458,3 +459,41 @@ def test_in_a_pipe_the_bar_comes_as_lines_of_how_many_episodes_were_played(monke
     err = capsys.readouterr().err
     played = re.findall(r"^episodes: +(\d+)%\|[#0-9 ]+\| (\d+)/4 ", err, re.M)
     assert "\r" not in err and played and played[-1] == ("100", "4"), err
+
+
+STARVED = 1.0  # Mbit/s per user: below the ladder's lowest bitrate (5), so every player stalls until its users leave
+
+
+def _lost(summary: dict) -> bool:
+    """Whether a player's summary loses its users in most episodes, recomputed from its ``abandoned`` mean."""
+    return summary["abandoned"] > LOST_IN_MOST_EPISODES
+
+
+def test_a_cell_nobody_serves_is_marked_unservable_through_the_python_api_and_a_served_one_is_not(varying_run):
+    model, cfg, _ = trained_model(varying_run, "best")
+    served = {"num_users": 6, "users": "2-6", "churn": 0.05, "max_steps": 20}
+    starved = {**served, "capacity_per_user_mbps": STARVED}
+    entries = {name: evaluate_cells(model, cfg, (6,), (0.0,), episodes=2, baselines=("fair_share", "lowest"),
+                                    env_kwargs=kwargs)[0] for name, kwargs in (("served", served),
+                                                                               ("starved", starved))}
+    for name, e in entries.items():  # the rule, from each cell's own numbers: the policy and the best baseline
+        best = e["baselines"][e["best_baseline"]]
+        assert e["unservable"] == (_lost(e["policy"]) and _lost(best)), name
+    assert entries["starved"]["unservable"] is True and entries["served"]["unservable"] is False
+
+
+def test_the_command_line_says_unservable_in_its_table_json_and_cell_tables(varying_run, capsys):
+    flags = ["--checkpoint", str(varying_run), "--episodes", "2", "--baselines", "fair_share,lowest", "--reference",
+             "none", "--out", str(varying_run.parent / "starved")]
+    for capacity, expected in ((STARVED, True), (100.0, False)):
+        evaluate_cli.main([*flags, "--env-kwargs", f"capacity_per_user_mbps={capacity}", "--json"])
+        out, err = capsys.readouterr()
+        payload = json.loads(out)
+        best = payload["baselines"][payload["best_baseline"]]
+        assert payload["unservable"] is expected is (_lost(payload["policy"]) and _lost(best)), capacity
+        assert (f"{UNSERVABLE}: the policy and the best baseline ({payload['best_baseline']})" in err) is expected
+    evaluate_cli.main([*flags, "--env-kwargs", f"capacity_per_user_mbps={STARVED}", "--users", "3,6", "--churn", "0"])
+    out = capsys.readouterr().out
+    marked = [line for line in out.splitlines() if line.rstrip().endswith(UNSERVABLE)]
+    assert len(marked) == 4 and f"{UNSERVABLE} (2 of 2 cells)" in out  # each cell in each of the two tables
+    assert "(cell, baseline) pairs" not in out  # no lead is counted where nobody serves the cell

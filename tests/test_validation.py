@@ -26,6 +26,7 @@ from trainer.evaluation import (
     summarize,
     validation_seeds,
 )
+from trainer.evaluation.servable import LOST_IN_MOST_EPISODES, UNSERVABLE
 from trainer.flags import parse_args, resumed_config
 
 
@@ -219,6 +220,7 @@ def test_the_final_validation_is_the_policy_against_the_best_baseline_on_the_val
     assert list(lines).index("quality") == list(lines).index("checkpoint") + 1 < list(lines).index("evaluate")
     assert best in lines["quality"] and f"{result['difference']['mean']:+.3f}" in lines["quality"]
     assert re.search(r"\(better in \d+\); took \d+ s$", lines["quality"])  # the time it took, labelled as one
+    assert UNSERVABLE not in lines["quality"] and "unservable" not in result  # a cell the baselines serve
 
 
 def test_the_final_validation_of_another_env_is_its_mean_return_and_it_can_be_turned_off(tmp_path, capsys):
@@ -233,6 +235,24 @@ def test_the_final_validation_of_another_env_is_its_mean_return_and_it_can_be_tu
     assert f"{returns:.2f}" in line and re.search(r"validation episodes; took \d+ s$", line)
     train_cli.main([*cartpole, "--run-dir", str(tmp_path / "off"), "--eval-episodes", "0"])
     assert "quality" not in printed_lines(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("flags", [(), ("--eval-every", "2")])  # the final validation's line; the best's
+def test_the_quality_line_says_when_nobody_serves_the_cell(tmp_path, capsys, flags):
+    """A cell of 1 Mbit/s per user (the ladder starts at 5): the policy and every baseline lose their users."""
+    run = tmp_path / "run"
+    train_cli.main(["--env-kwargs", "num_users=2,max_steps=20,capacity_per_user_mbps=1", "--num-envs", "2",
+                    "--num-steps", "8", "--total-steps", "16", "--device", "cpu", "--threads", "1",
+                    "--eval-episodes", "2", "--run-dir", str(run), *flags])
+    line = printed_lines(capsys.readouterr().out)["quality"]
+    from trainer.evaluation.policies import trained_model
+    model, cfg, _ = trained_model(run)
+    seeds, env_fn = validation_seeds(cfg.seed, 2), functools.partial(gym.make, "VREdge-v0", **cfg.env_options)
+    config = envs.VREdgeConfig(**cfg.env_options)
+    lost = [summarize(run_episodes(envs.make_baseline(n, config), env_fn, 2, 0, seeds=seeds))["abandoned"]
+            for n in envs.BASELINES]
+    assert min(lost) > LOST_IN_MOST_EPISODES  # (the cell as built: every baseline, the best whichever it is)
+    assert f"; {UNSERVABLE}: the policy and " in line, line
 
 
 def test_a_run_that_validated_says_its_best_without_playing_again(tmp_path, capsys, monkeypatch):

@@ -81,6 +81,16 @@ def test_torch_env_follows_the_numpy_env_on_a_cell_of_varying_users():
     assert_equivalent(16, 200, users="2-6", churn="0-0.3", max_steps=40, abandon_stall_s=3.0)  # drawn per episode
 
 
+def test_torch_env_follows_the_numpy_env_with_outages(trace_sets):
+    """The outage chain (a Gilbert-Elliott channel over the capacity) on the same draws: the synthetic cell, a
+    varying one and a recorded trace."""
+    outages = dict(outage_prob=0.1, outage_end_prob=0.3, outage_depth=0.05)
+    assert_equivalent(8, 200, max_steps=30, abandon_stall_s=3.0, **outages)
+    assert_equivalent(8, 150, users="2-6", churn=0.1, max_steps=30, abandon_stall_s=3.0, **outages)
+    assert_equivalent(8, 150, max_steps=30, abandon_stall_s=3.0, capacity_per_user_mbps=40.0,
+                      capacity_trace=trace_sets[0], **outages)
+
+
 def test_a_varying_cells_nominal_capacity_is_float64_on_torch_too():
     """users x capacity_per_user_mbps in float64 as NumPy computes it (an int64 tensor times a float was float32:
     33.3 Mbit/s per user drifted past 1e-12)."""
@@ -176,7 +186,8 @@ def trace_sets(tmp_path_factory):
     return str(cell), str(links)
 
 
-@pytest.mark.parametrize("which", ["cell", "users", "both", "both, varying users", "scaled cell, varying users"])
+@pytest.mark.parametrize("which", ["cell", "users", "both", "both, varying users", "scaled cell, varying users",
+                                   "cell at its median, varying users"])
 def test_torch_env_follows_the_numpy_env_with_traces(trace_sets, which):
     """Recorded traces replayed from tensors: the same files and windows drawn at every reset (many per env) and
     per joiner, the same terminations, rewards within 1e-12."""
@@ -184,7 +195,9 @@ def test_torch_env_follows_the_numpy_env_with_traces(trace_sets, which):
     traces = {"cell": dict(capacity_trace=cell), "users": dict(user_traces=links),
               "both": dict(capacity_trace=cell, user_traces=links, trace_split="train"),
               "both, varying users": dict(capacity_trace=cell, user_traces=links, users="2-6", churn=0.1),
-              "scaled cell, varying users": dict(capacity_trace=cell, trace_scale=25.0, users="1-5", churn=0.2)}
+              "scaled cell, varying users": dict(capacity_trace=cell, trace_scale=25.0, users="1-5", churn=0.2),
+              "cell at its median, varying users": dict(capacity_trace=cell, trace_quantile=0.5, users="1-5",
+                                                        churn=0.2)}
     assert_equivalent(16, 300, max_steps=30, abandon_stall_s=3.0, capacity_per_user_mbps=40.0, **traces[which])
 
 

@@ -8,6 +8,7 @@ the best checkpoint. Each has its own seeds, and training never uses either.
 - :mod:`.episodes`: the held-out seeds and env arguments, one record per episode: :func:`run_episodes` (a policy),
   :func:`reference_episodes` (a player that reads the envs), :func:`filter_episodes` (a stateful controller);
 - :mod:`.statistics`: means with 95% CIs, paired differences, the gap closed, Jain's index;
+- :mod:`.servable`: the one rule by which an evaluation says that nobody serves a cell (``UNSERVABLE``);
 - :mod:`.aggregate`: over runs, as rliable: the interquartile mean, the probability of improvement, stratified
   bootstrap CIs;
 - :mod:`.policies`: a checkpoint's policy (the run's best or latest), built by its algorithm;

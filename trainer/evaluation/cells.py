@@ -55,6 +55,7 @@ from trainer.evaluation.episodes import (
     policy_actions,
 )
 from trainer.evaluation.report import pyplot, write_figure
+from trainer.evaluation.servable import LOST_IN_MOST_EPISODES, UNSERVABLE
 
 
 class Cell(NamedTuple):
@@ -183,6 +184,22 @@ def _cell_name(entry: dict[str, Any]) -> str:
     return f"{str(entry['users']):>5} {entry['churn']:>6g}"
 
 
+def _unservable_mark(entry: dict[str, Any]) -> str:
+    """``  UNSERVABLE`` after a table's line of a cell nobody serves (:mod:`trainer.evaluation.servable`)."""
+    return f"  {UNSERVABLE}" if entry.get("unservable") else ""
+
+
+def unservable_note(entries: list[dict[str, Any]]) -> str:
+    """The line under a cell table that says what its :data:`UNSERVABLE` marks mean; ``""`` where none is."""
+    marked = [e for e in entries if e.get("unservable")]
+    if not marked:
+        return ""
+    return (f"{UNSERVABLE} ({len(marked)} of {len(entries)} cells): the policy and the best baseline lose their users "
+            f"(a user abandons) in more than {LOST_IN_MOST_EPISODES:g} of their episodes there: nobody serves "
+            "those cells, so their comparisons are no result (docs/traces.md: how a trace set's scale sets the "
+            "cell's difficulty)")
+
+
 def scores_table(entries: list[dict[str, Any]]) -> str:
     """Each player's mean reward per step in each cell (:func:`cell_entry`'s), a line per cell: the short form of
     what each scored (each mean's interval, and every other statistic, in ``evaluation_cells.json``)."""
@@ -191,8 +208,8 @@ def scores_table(entries: list[dict[str, Any]]) -> str:
     lines = ["reward per step, mean over the held-out episodes:",
              f"{'users':>5} {'churn':>6}" + "".join(f"{n:>{width}}" for n in names)]
     lines += [_cell_name(e) + "".join(f"{_players(e)[n]['reward_per_step']:>{width}.3f}" for n in names)
-              for e in entries]
-    return "\n".join(lines)
+              + _unservable_mark(e) for e in entries]
+    return "\n".join(lines + ([note] if (note := unservable_note(entries)) else []))
 
 
 _FIGURES = {"gap closed": "gap_closed", "capture": "capture"}  # a cell's ratios where references were played
@@ -234,15 +251,19 @@ def leads_table(entries: list[dict[str, Any]], most_named: int = 6) -> str:
         cells = [by_cell.get((e["users"], e["churn"], n)) for n in others]
         ratios = [e.get(_FIGURES[f]) for f in figures]
         lines.append(_cell_name(e) + "".join(f"{_lead_text(c) if c else '-':>{width}}" for c in cells)
-                     + "".join(f"{_ratio_text(r):>{width}}" for r in ratios))
-    against = [lead for lead in found if lead.other not in REFERENCES]  # (a reference is a bound, not a rival)
+                     + "".join(f"{_ratio_text(r):>{width}}" for r in ratios) + _unservable_mark(e))
+    unserved = {(e["users"], e["churn"]) for e in entries if e.get("unservable")}
+    # a reference is a bound, not a rival; a cell nobody serves holds no result to count
+    against = [lead for lead in found if lead.other not in REFERENCES and (lead.users, lead.churn) not in unserved]
     if not against:
         return "\n".join(lines)
     ahead = sum(_above_zero(lead) for lead in against)
     behind = [lead for lead in against if _above_zero(lead._replace(mean=-lead.mean))]
     spanning = len(against) - ahead - len(behind)
-    lines.append(f"\nthe policy leads (95% interval above 0) in {ahead} of {len(against)} (cell, baseline) pairs, "
-                 f"trails (below 0) in {len(behind)}" + (f", the interval spans 0 in {spanning}" if spanning else ""))
+    left_out = f" (the {UNSERVABLE} cells left out)" if unserved else ""
+    lines.append(f"\nthe policy leads (95% interval above 0) in {ahead} of {len(against)} (cell, baseline) pairs"
+                 f"{left_out}, trails (below 0) in {len(behind)}"
+                 + (f", the interval spans 0 in {spanning}" if spanning else ""))
     if behind:
         lines.append("trails: " + ", ".join(f"{b.other} at {b.users} users, churn {b.churn:g} ({_lead_text(b)})"
                                             for b in behind[:most_named])

@@ -29,6 +29,7 @@ from trainer.evaluation.episodes import (
     validation_seeds,
 )
 from trainer.evaluation.report import format_ceiling, format_table, plus_minus
+from trainer.evaluation.servable import unservable, unservable_text
 from trainer.evaluation.statistics import gap_closed, paired_difference, summarize
 
 REFERENCE = "clairvoyant"  # the reference's name in the results (trainer.evaluate --reference)
@@ -48,6 +49,8 @@ class Comparison(NamedTuple):
     paired_qoe_lin: dict[str, dict[str, Any]] = {}  # as ``paired``, of QoE_lin per user (an env whose info has it)
     capture: dict[str, Any] | None = None  # the policy's share of the causal ceiling's lead over fair_share
     causal_share: dict[str, Any] | None = None  # the causal ceiling's share of the clairvoyant's lead over it
+    unservable: bool | None = None  # nobody serves the cell (trainer.evaluation.servable); None: not said
+    unservable_line: str = ""  # where it is: the line that says so (trainer.evaluation.servable.unservable_text)
 
 
 def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.VREdgeConfig | None,
@@ -125,7 +128,10 @@ def compare_contenders(played: dict[str, Records], label: str, names: Sequence[s
     env, kwargs = made_env(env_fn)
     best, _ = best_baseline(env, list(names), kwargs, env_fn, validation_seeds(run_seed, SELECTION_EPISODES))
     gap = gap_closed(played[label], played[best], played[REFERENCE]) if REFERENCE in played and best else None
-    return Comparison(results, paired, best, gap, paired_qoe, *ceiling_figures(played, label))
+    lost = profile_of(env).abandonment
+    cannot = unservable(results[label], results[best] if best else None, lost)
+    line = unservable_text(results[label], best, results[best], lost) if cannot else ""
+    return Comparison(results, paired, best, gap, paired_qoe, *ceiling_figures(played, label), cannot, line)
 
 
 def ceiling_figures(played: dict[str, Records], label: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -147,7 +153,9 @@ def ceiling_figures(played: dict[str, Records], label: str) -> tuple[dict[str, A
 def comparison_payload(comparison: Comparison, label: str, names: Sequence[str]) -> dict[str, Any]:
     """A comparison as ``evaluation.json`` holds it: ``policy``, ``baselines``, ``reference`` (by name),
     ``paired_reward_per_step``, ``paired_qoe_lin`` (VR-edge), ``best_baseline``, ``best_baseline_picked_on``,
-    ``gap_closed``, ``capture`` and ``causal_share`` (:func:`ceiling_figures`; ``None`` where not played)."""
+    ``gap_closed``, ``capture`` and ``causal_share`` (:func:`ceiling_figures`; ``None`` where not played), and
+    ``unservable`` (:func:`trainer.evaluation.servable.unservable`: true where the policy and the best baseline both
+    lose their users in most episodes; ``None`` where it cannot be said)."""
     results, best = comparison.results, comparison.best
     return {"policy": results[label], "baselines": {n: results[n] for n in names},
             "reference": {r: results[r] for r in REFERENCES if r in results},
@@ -155,13 +163,17 @@ def comparison_payload(comparison: Comparison, label: str, names: Sequence[str])
             **({"paired_qoe_lin": comparison.paired_qoe_lin} if comparison.paired_qoe_lin else {}),
             "best_baseline": best,
             "best_baseline_picked_on": f"{SELECTION_EPISODES} validation episodes" if best else None,
-            "gap_closed": comparison.gap, "capture": comparison.capture, "causal_share": comparison.causal_share}
+            "gap_closed": comparison.gap, "capture": comparison.capture, "causal_share": comparison.causal_share,
+            "unservable": comparison.unservable}
 
 
 def comparison_text(comparison: Comparison, belief_base: str = CEILING_BASE) -> str:
     """One comparison in words: each player's statistics, the paired differences, the gap closed and, where the
-    causal ceiling (on ``belief_base``) was played, its causal share and the policy's capture."""
+    causal ceiling (on ``belief_base``) was played, its causal share and the policy's capture; first, where nobody
+    serves the cell, the line that says so (:func:`trainer.evaluation.servable.unservable_text`)."""
     lines = [format_table(comparison.results)]
+    if comparison.unservable_line:
+        lines.insert(0, comparison.unservable_line + "\n")
     if comparison.paired:
         qoe = comparison.paired_qoe_lin
         lines.append("\npolicy minus baseline, paired over the same episodes (mean ± 95% CI, policy better in): "

@@ -40,6 +40,7 @@ from trainer.evaluation.episodes import (
     validation_seeds,
 )
 from trainer.evaluation.policies import make_model
+from trainer.evaluation.servable import UNSERVABLE, unservable, unservable_text
 from trainer.evaluation.statistics import paired_difference, summarize
 
 
@@ -98,7 +99,7 @@ class Validator:
         self.policy = make_model(cfg).eval()  # a CPU copy: the learner's model may live on a GPU
         self.env_fn = validation_envs(cfg)
         self.baseline, self.baseline_records = None, None
-        self.score = profile_of(cfg.env).score
+        self.score, self.abandonment = profile_of(cfg.env).score, profile_of(cfg.env).abandonment
         if baselines := list(profile_of(cfg.env).baselines):
             self.baseline, played = best_baseline(cfg.env, baselines, cfg.env_options, self.env_fn, self.seeds)
             self.baseline_records = played[self.baseline]
@@ -124,6 +125,8 @@ class Validator:
         if self.baseline_records is not None:
             d = paired_difference(records, self.baseline_records, self.score)
             row.update(val_baseline=self.baseline, val_vs_baseline=d["mean"], val_vs_baseline_ci95=d["ci95"])
+            cannot = unservable(summary, summarize(self.baseline_records), self.abandonment)
+            row.update({} if cannot is None else {"val_unservable": cannot})  # (what the quality line says)
         # a tie goes to the later checkpoint: in a capped env (CartPole's 500) the first perfect score is often a
         # lucky one on the way up, and a later one has kept it for longer
         self.improved = score >= self.best_score
@@ -147,7 +150,9 @@ def final_validation(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]
     shows the episodes played, and that Ctrl-C skips them.
 
     The baseline is picked on the episodes it is compared on: by selection it is lucky on them, so the policy's
-    lead is if anything understated; ``trainer.evaluate`` picks it on other episodes than its test episodes.
+    lead is if anything understated; ``trainer.evaluate`` picks it on other episodes than its test episodes. Where
+    the policy and that baseline both lose their users in most episodes, ``unservable`` holds the line that says so
+    (:func:`trainer.evaluation.servable.unservable_text`).
     """
     started = time.perf_counter()
     seeds = validation_seeds(cfg.seed, cfg.eval_episodes)
@@ -161,6 +166,9 @@ def final_validation(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]
         if baselines:
             name, played = best_baseline(cfg.env, baselines, cfg.env_options, env_fn, seeds)
             result.update(baseline=name, difference=paired_difference(records, played[name], profile.score))
+            best = summarize(played[name])
+            if unservable(result["policy"], best, profile.abandonment):
+                result["unservable"] = unservable_text(result["policy"], name, best, profile.abandonment)
     return {**result, "seconds": time.perf_counter() - started}
 
 
@@ -172,8 +180,9 @@ def quality_line(result: dict[str, Any]) -> str:
         mean_return = _interval(policy["mean_return"], policy["mean_return_ci95"])
         return f"mean return {mean_return}, greedy, on {episodes}{took}"
     d, score = result["difference"], _summary_key(result["score"])
-    return (f"{policy[score]:.3f} {result['score_label']}, {_interval(d['mean'], d['ci95'], '+.3f')} against "
+    line = (f"{policy[score]:.3f} {result['score_label']}, {_interval(d['mean'], d['ci95'], '+.3f')} against "
             f"{result['baseline']}, the best baseline on the same {episodes} (better in {d['wins']}){took}")
+    return f"{line}; {result['unservable']}" if "unservable" in result else line
 
 
 def best_quality_line(env: str, best: dict[str, Any], episodes: int) -> str:
@@ -185,9 +194,11 @@ def best_quality_line(env: str, best: dict[str, Any], episodes: int) -> str:
         return line + f"mean return {best.get('val_return', float('nan')):.2f}, greedy, {on}"
     profile = profile_of(env)
     value = best.get(f"val_{profile.score}", float("nan"))  # (val_return, val_reward_per_step: Validator's row)
-    return line + (f"{value:.3f} {profile.score_label}, "
-                   f"{_interval(best['val_vs_baseline'], best['val_vs_baseline_ci95'], '+.3f')} against "
-                   f"{best['val_baseline']} {on}")
+    line += (f"{value:.3f} {profile.score_label}, "
+             f"{_interval(best['val_vs_baseline'], best['val_vs_baseline_ci95'], '+.3f')} against "
+             f"{best['val_baseline']} {on}")
+    return line + (f"; {UNSERVABLE}: the policy and {best['val_baseline']} lose their users in most of these "
+                   "episodes, so the comparison is no result" if best.get("val_unservable") else "")
 
 
 def _summary_key(score: str) -> str:
