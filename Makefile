@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	( trap 'kill $$nap 2>/dev/null; wait $$nap 2>/dev/null; exit 0' TERM; s=0; while :; do \
 	    sleep $(SETUP_BEAT_S) </dev/null >/dev/null 2>&1 & nap=$$!; wait $$nap; \
 	    s=$$((s + $(SETUP_BEAT_S))); echo "setup: still installing ($$s s so far)"; done ) & \
-	beat=$$!; trap 'rc=$$?; kill $$beat 2>/dev/null; wait $$beat || :; exit $$rc' EXIT; trap 'exit 130' INT TERM; \
+	beat=$$!; trap 'rc=$$?; kill $$beat 2>/dev/null; wait $$beat || :; exit $$rc' EXIT; trap 'echo "setup: stopped; make setup finishes it"; exit 130' INT TERM; \
 	echo "setup: a virtual environment in $(VENV), with the newest pip"; \
 	test -x $(PY) || $(PYTHON) -m venv $(VENV); \
 	$(PY) -m pip install --quiet --upgrade pip; \

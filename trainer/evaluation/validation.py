@@ -159,7 +159,9 @@ def final_validation(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]
     env_fn = validation_envs(cfg)
     profile = profile_of(cfg.env)
     baselines = list(profile.baselines)
-    with episodes_shown(len(seeds) * (1 + len(baselines)), "quality (Ctrl-C skips it)"):
+    players = 1 + len(baselines)  # the bar counts every player's episodes; the line names the episodes per player
+    with episodes_shown(len(seeds) * players, f"quality: {len(seeds)} episodes x {counted(players, 'player')} "
+                                              "(Ctrl-C skips it)"):
         records = run_episodes(policy_actions(model.eval(), deterministic=True), env_fn, len(seeds), 0, seeds=seeds)
         result: dict[str, Any] = {"episodes": len(seeds), "policy": summarize(records), "score": profile.score,
                                   "score_label": profile.score_label}
