@@ -469,5 +469,6 @@ def _too_short(config: dict[str, Any], run_dir: Path) -> str:
     from trainer.arguments import command
 
     rounds = counted(int(config.get("distill_rounds", 1)), "round")
-    return (f"not done: {total:,} env steps, and the {rounds} asked follow runs of {DISTILL_AFTER_STEPS:,}+ "
+    # the rule reads --total-steps as asked (the run rounds it down to whole iterations): the line quotes it so
+    return (f"not done: --total-steps {total:,}, and the {rounds} asked follow runs of {DISTILL_AFTER_STEPS:,}+ "
             f"(shorter ones are tests); {command('-m', 'trainer.distill', str(run_dir))} does one now")
