@@ -1,13 +1,15 @@
 """How far from the hindsight optimum are the players? Exact on small cells, bounded on the default one.
 
     python -m benchmarks.hindsight small [--users 2] [--rounds 8] [--episodes 20]
-    python -m benchmarks.hindsight default [--episodes 10] [--iterations 40] [--belief]
+    python -m benchmarks.hindsight default [--episodes 10] [--iterations 40] [--belief] [--sharing N]
 
 ``small``: on small cells (``--users`` users, ``--rounds`` rounds), the exact hindsight optimum
 (:func:`envs.hindsight.exact_hindsight`) against the clairvoyant reference (``ClairvoyantPlanner``, lookahead 5, 2
-sweeps), ``fair_share`` and the Lagrangian bound (:func:`envs.hindsight.lagrangian_bound`), episode by episode.
-``default``: on the default cell (8 users, 300 rounds), the Lagrangian bound against the clairvoyant, ``fair_share``
-and, with ``--belief``, ``BeliefMPC`` (its defaults; minutes). Both play the held-out episodes ``trainer.evaluate``
+sweeps), ``fair_share`` and the two Lagrangian bounds (:func:`envs.hindsight.lagrangian_bound`, any schedule;
+:func:`envs.hindsight.sharing_bound`, processor sharing kept), episode by episode. ``default``: on the default
+cell (8 users, 300 rounds), the airtime bound (``--iterations``) and, with ``--sharing N``, the sharing bound (``N``
+iterations aimed at the clairvoyant's return; minutes an episode) against the clairvoyant, ``fair_share`` and,
+with ``--belief``, ``BeliefMPC`` (its defaults; minutes). Both play the held-out episodes ``trainer.evaluate``
 plays (``evaluation_seeds(0, N)``); nothing here was tuned on them (the bound's step was chosen on raw seeds 0-1).
 Every figure is a return per round (the episode's return over its rounds); the check column counts the episodes
 where the bound is at least every player's return (it must be all of them).
@@ -24,7 +26,7 @@ import numpy as np
 import envs
 from envs.baselines import make_baseline
 from envs.belief_mpc import BeliefMPC
-from envs.hindsight import episode_future, exact_hindsight, lagrangian_bound
+from envs.hindsight import episode_future, exact_hindsight, lagrangian_bound, sharing_bound
 from envs.planner import ClairvoyantPlanner
 from trainer.evaluation import evaluation_seeds
 
@@ -73,7 +75,7 @@ def small(users: int, rounds: int, episodes: int, seed: int) -> None:
     config = envs.VREdgeConfig(num_users=users, max_steps=rounds)
     seeds = evaluation_seeds(seed, episodes)
     made = players(config)
-    scores: dict[str, list[float]] = {name: [] for name in ("exact", "bound", *made)}
+    scores: dict[str, list[float]] = {name: [] for name in ("exact", "bound", "sharing", *made)}
     seconds = dict.fromkeys(scores, 0.0)
     certified, states = 0, 0
     for s in seeds:
@@ -86,6 +88,9 @@ def small(users: int, rounds: int, episodes: int, seed: int) -> None:
         start = time.perf_counter()
         scores["bound"].append(lagrangian_bound(config, future, grid_s=0.05).value)
         seconds["bound"] += time.perf_counter() - start
+        start = time.perf_counter()
+        scores["sharing"].append(sharing_bound(config, future, grid_s=0.05, delay_grid_s=0.01, iterations=30).value)
+        seconds["sharing"] += time.perf_counter() - start
         for name, make in made.items():
             start = time.perf_counter()
             scores[name].append(episode_return(config, s, make()))
@@ -102,26 +107,35 @@ def small(users: int, rounds: int, episodes: int, seed: int) -> None:
                                                         f"{at_most}/{episodes})"))
 
 
-def default(episodes: int, iterations: int, belief: bool, seed: int) -> None:
-    """The bound and the players on ``episodes`` episodes of the default cell."""
+def default(episodes: int, iterations: int, sharing: int, belief: bool, seed: int) -> None:
+    """The bounds and the players on ``episodes`` episodes of the default cell."""
     config = envs.VREdgeConfig()
     seeds = evaluation_seeds(seed, episodes)
     made = players(config, belief)
-    scores: dict[str, list[float]] = {name: [] for name in ("bound", *made)}
+    bounds = ["bound", "sharing"] if sharing else ["bound"]
+    scores: dict[str, list[float]] = {name: [] for name in (*bounds, *made)}
     seconds = dict.fromkeys(scores, 0.0)
     for s in seeds:
-        start = time.perf_counter()
-        scores["bound"].append(lagrangian_bound(config, episode_future(config, s), iterations=iterations).value)
-        seconds["bound"] += time.perf_counter() - start
         for name, make in made.items():
             start = time.perf_counter()
             scores[name].append(episode_return(config, s, make()))
             seconds[name] += time.perf_counter() - start
-    bound = np.asarray(scores["bound"])
-    above = int(sum(np.all([bound >= np.asarray(v) for n, v in scores.items() if n != "bound"], axis=0)))
+        future = episode_future(config, s)
+        start = time.perf_counter()
+        scores["bound"].append(lagrangian_bound(config, future, iterations=iterations).value)
+        seconds["bound"] += time.perf_counter() - start
+        if sharing:
+            start = time.perf_counter()
+            scores["sharing"].append(sharing_bound(config, future, iterations=sharing, final_grid_s=0.05,
+                                                   target=scores["clairvoyant"][-1]).value)
+            seconds["sharing"] += time.perf_counter() - start
+    bound = np.min([scores[name] for name in bounds], axis=0)  # each is a bound: so is the lower
+    above = int(sum(np.all([np.asarray(scores[name]) >= np.asarray(v) for name in bounds for n, v in scores.items()
+                            if n not in bounds], axis=0)))
     rounds = config.max_steps
     print(f"default cell, {episodes} episodes (evaluation_seeds({seed}, {episodes})), bound: {iterations} "
-          f"iterations; bound above every player in {above}/{episodes} episodes")
+          f"iterations, sharing: {sharing}; bound above every player in {above}/{episodes} episodes (the last "
+          "column: the lower bound's lead)")
     print(f"{'player':>14} {'per round':>9}   {'95% CI':<6} {'seconds':>9}  bound - player (paired, per round)")
     for name, values in scores.items():
         gap = (bound - np.asarray(values)) / rounds
@@ -140,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     d = sub.add_parser("default", help="the bound against the players on the default cell")
     d.add_argument("--episodes", type=int, default=10)
     d.add_argument("--iterations", type=int, default=40)
+    d.add_argument("--sharing", type=int, default=0, help="iterations of the sharing bound (0: not computed)")
     d.add_argument("--belief", action="store_true", help="play BeliefMPC too (its defaults: minutes)")
     for q in (s, d):
         q.add_argument("--seed", type=int, default=0, help="evaluation seed (as trainer.evaluate)")
@@ -148,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.which == "small":
         small(args.users, args.rounds, args.episodes, args.seed)
     else:
-        default(args.episodes, args.iterations, args.belief, args.seed)
+        default(args.episodes, args.iterations, args.sharing, args.belief, args.seed)
 
 
 def _cpu() -> str:

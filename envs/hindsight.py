@@ -371,3 +371,137 @@ def _airtime_bought(work: np.ndarray, choices: list, order: np.ndarray, after: n
         plan[t] = np.where(playing, a, 0)
         level, idx = np.where(playing, a, level), np.where(playing, after[idx, jj], idx)
     return used, plan
+
+
+def sharing_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, delay_grid_s: float = 0.02,
+                  airtime_s: float = 6.0, iterations: int = 20, step: float = 1.0, final_grid_s: float | None = None,
+                  target: float = -np.inf) -> HindsightBound:
+    """An upper bound on the best return on ``future`` that keeps processor sharing: a Lagrangian relaxation of
+    "each user's copy of the others' levels is their levels".
+
+    Under processor sharing user ``u``'s download time is ``w_u + sum_{v != u} min(w_v, w_u)`` (``w``: the works),
+    so it depends on the others only through their levels that round. Give each user its own copy of the others'
+    levels, and relax "copy = level" with a price ``m[t, u, v, k]`` per round, user, other user and level (either
+    sign): user ``u`` pays ``m[t, u, v, k]`` when its copy of ``v`` plays ``k`` and is paid ``m[t, v, u, k]`` when it
+    plays ``k`` itself. For a real plan (copies = levels) the prices cancel, so its return is at most the sum over
+    users of what each can earn alone, choosing its level and its copies freely each round (weak duality). Each
+    user's problem is a dynamic programme over its buffer and level, on a buffer grid of ``grid_s`` seconds
+    (buffers rounded up), each other's delay rounded down to ``delay_grid_s`` and their sum down to ``grid_s``, and
+    may stop at any round: every value is at least the exact one. The prices start at zero (every user sees the
+    others at the lowest level) and move by subgradient steps as :func:`lagrangian_bound`'s, aimed at the higher of
+    ``target`` (a return some player reaches: the clairvoyant's) and what the users' plans reach played together;
+    the lowest value is returned, computed again on ``final_grid_s`` (finer; default ``grid_s``) at the best
+    prices. On the 2-user cells :func:`exact_hindsight` solves it lies within a few hundredths of a round of the
+    optimum, where :func:`lagrangian_bound` (any schedule) can stay at every user's best alone."""
+    grid = _Grid.of(config, grid_s, airtime_s)
+    users, levels = len(future.buffer), config.num_levels
+    prices = np.zeros((future.rounds, users, users, levels))
+    best, best_prices, values, reached, scale = np.inf, prices, [], target, step
+    for k in range(max(iterations, 1)):
+        value, plan, copies, playing = _sharing_dual(config, future, grid, delay_grid_s, prices)
+        values.append(value)
+        reached = max(reached, replay_return(config, future, plan))
+        if value < best:
+            best, best_prices = value, prices.copy()
+        elif k % 5 == 4:
+            scale /= 2
+        own = (plan[:, None, :, None] == np.arange(levels)) & playing[:, None, :, None]  # [T, u, v, k]: v plays k
+        copied = (copies[..., None] == np.arange(levels)) & playing[:, :, None, None]  # u's copy of v plays k
+        gradient = (own.astype(np.float64) - copied) * (1 - np.eye(users))[None, :, :, None]
+        norm = float((gradient**2).sum())
+        if norm == 0 or k + 1 == iterations:
+            break
+        prices = prices - scale * (value - reached) / norm * gradient
+    if final_grid_s is not None and final_grid_s != grid_s:
+        best = min(best, _sharing_dual(config, future, _Grid.of(config, final_grid_s, airtime_s), delay_grid_s,
+                                       best_prices)[0])
+    return HindsightBound(value=best, prices=best_prices, grid_s=final_grid_s or grid_s, values=values)
+
+
+def _sharing_dual(config: VREdgeConfig, future: Future, grid: _Grid, delay_step: float, prices: np.ndarray
+                  ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`sharing_bound`'s dual value at ``prices`` ``[T, U, U, L]``, and the users' best plans followed from
+    their start: levels ``[T, U]``, copies ``[T, U, U]`` (of each other user's level) and whether each still
+    plays ``[T, U]``."""
+    rounds, users, levels = future.rounds, len(future.buffer), config.num_levels
+    work = works(config, future)  # [T, U, L]
+    cap = int(round(grid.slices * grid.step / delay_step))
+    # each other user's delay to u at u's level a, per level k it is copied at: min(w_v(k), w_u(a)), rounded down
+    delay = np.minimum(work[:, None, :, None, :], work[:, :, None, :, None])  # [T, u, v, a, k]
+    shift = np.minimum(np.floor(delay / delay_step + 1e-9).astype(np.int64), cap)
+    shift[:, np.arange(users), np.arange(users)] = 0  # no copy of oneself: no delay, no price
+    pay = prices.copy()
+    pay[:, np.arange(users), np.arange(users)] = 0.0
+    total = np.full((rounds, users, levels, cap + 1), -np.inf)
+    total[..., 0] = 0.0
+    chosen = np.zeros((users, rounds, users, levels, cap + 1), dtype=np.int8)
+    for v in range(users):  # max-plus convolution over the other users, one at a time
+        best_k = np.full(total.shape, -np.inf)
+        for k in range(levels):
+            candidate = _land(total, shift[:, :, v, :, k], cap) - pay[:, :, v, k][:, :, None, None]
+            better = candidate > best_k
+            chosen[v][better] = k
+            best_k = np.where(better, candidate, best_k)
+        total = best_k
+    # the coarse delay buckets the dynamic programme sees: the best of each, at its earliest delay
+    per = int(round(grid.step / delay_step))
+    buckets = (cap + per - 1) // per + 1
+    padded = np.full((rounds, users, levels, buckets * per), -np.inf)
+    padded[..., :cap + 1] = total
+    coarse = padded.reshape(rounds, users, levels, buckets, per)
+    best_fine = np.argmax(coarse, axis=-1) + per * np.arange(buckets)  # [T, u, a, J]
+    fee = np.max(coarse, axis=-1)  # [T, u, a, J]: -(what the copies cost) at the best sum in the bucket
+    income = np.einsum("tvua->tua", pay)  # u paid for playing a by every other v's copy
+    q = config.quality
+    share = 1.0 / users
+    own = share * (config.quality_weight * q[None, :] - config.switch_weight * np.abs(q[None, :] - q[:, None]))
+    i = np.arange(grid.top + 1)
+    value = np.zeros((users, levels, grid.top + 1))
+    choices = []
+    for t in range(rounds - 1, -1, -1):
+        finish = work[t][:, :, None, None] + grid.step * np.arange(buckets)[None, None, None, :]  # [u, a, 1, J]
+        left = grid.step * i[None, None, :, None] - finish  # [u, a, G + 1, J]
+        stall = np.maximum(-left, 0.0)
+        after = np.minimum(np.ceil((np.maximum(left, 0.0) + config.segment_s) / grid.step - 1e-9), grid.top)
+        later = np.take_along_axis(value, after.astype(np.int64).reshape(users, levels, -1), axis=2).reshape(
+            users, levels, grid.top + 1, buckets)
+        total_j = later - share * config.stall_weight * stall + fee[t][:, :, None, :]
+        best_j = np.argmax(total_j, axis=-1)  # [u, a, G + 1]
+        h = np.take_along_axis(total_j, best_j[..., None], axis=-1)[..., 0] + income[t][:, :, None]
+        cont = own[None, :, :, None] + h[:, None, :, :]  # [u, l, a, G + 1]
+        best_a = np.argmax(cont, axis=2)
+        value = np.maximum(np.take_along_axis(cont, best_a[:, :, None], axis=2)[:, :, 0], 0.0)
+        choices.append((best_a, best_j, value > 0, after.astype(np.int64)))
+    choices.reverse()
+    start = np.minimum(np.ceil(future.buffer / grid.step - 1e-9).astype(np.int64), grid.top)
+    dual = float(value[np.arange(users), future.level, start].sum())
+    plan = np.zeros((rounds, users), dtype=np.int64)
+    copies = np.zeros((rounds, users, users), dtype=np.int64)
+    playing = np.zeros((rounds, users), dtype=bool)
+    us = np.arange(users)
+    level, idx, going = future.level.copy(), start.copy(), np.ones(users, dtype=bool)
+    for t, (best_a, best_j, go, after) in enumerate(choices):
+        going &= go[us, level, idx]
+        a = best_a[us, level, idx]
+        j = best_j[us, a, idx]
+        fine = best_fine[t, us, a, j]
+        for v in range(users - 1, -1, -1):  # back through the convolution: each other user's copied level
+            k = chosen[v, t, us, a, np.minimum(fine, cap)]
+            copies[t, :, v] = k
+            fine = np.maximum(fine - shift[t, us, v, a, k], 0)
+        plan[t], playing[t] = np.where(going, a, 0), going
+        level, idx = np.where(going, a, level), np.where(going, after[us, a, idx, j], idx)
+    return dual, plan, copies, playing
+
+
+def _land(total: np.ndarray, shift: np.ndarray, cap: int) -> np.ndarray:
+    """``total`` ``[T, U, L, M + 1]`` moved up by ``shift`` ``[T, U, L]`` steps, what lands past the cap kept at the
+    cap (the best of it: a shorter delay than the true one, in the user's favour)."""
+    m = np.arange(cap + 1)
+    src = m - shift[..., None]  # where the entry at m comes from
+    out = np.where(src >= 0, np.take_along_axis(total, np.maximum(src, 0), axis=-1), -np.inf)
+    tail_start = cap + 1 - shift  # entries from here on land past the cap
+    suffix_best = np.maximum.accumulate(total[..., ::-1], axis=-1)[..., ::-1]  # the best from m' on
+    tail = np.take_along_axis(suffix_best, np.clip(tail_start, 0, cap)[..., None], axis=-1)[..., 0]
+    out[..., cap] = np.maximum(out[..., cap], np.where(tail_start <= cap, tail, -np.inf))
+    return out

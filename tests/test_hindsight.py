@@ -9,7 +9,14 @@ import pytest
 
 import envs
 from benchmarks.hindsight import episode_return, main, players
-from envs.hindsight import episode_future, exact_hindsight, future_from_state, lagrangian_bound, replay_return
+from envs.hindsight import (
+    episode_future,
+    exact_hindsight,
+    future_from_state,
+    lagrangian_bound,
+    replay_return,
+    sharing_bound,
+)
 from envs.vr_edge_dynamics import download_round
 from tests.messages import raises
 
@@ -77,12 +84,40 @@ def test_bound_is_at_least_the_exact_optimum(users, rounds, seed):
     assert all(v >= best.value - 1e-9 for v in bound.values)  # every iterate is a bound, not only the lowest
 
 
+@pytest.mark.parametrize("users, rounds, seed", [(2, 5, 0), (2, 5, 1), (2, 6, 2)])
+def test_sharing_bound_is_at_least_the_exact_optimum(users, rounds, seed):
+    config = envs.VREdgeConfig(num_users=users, max_steps=rounds)
+    future = episode_future(config, seed)
+    best = exact_hindsight(config, future).value
+    bound = sharing_bound(config, future, grid_s=0.05, delay_grid_s=0.01, iterations=10)
+    assert min(bound.values) == bound.value >= best - 1e-9
+    assert all(v >= best - 1e-9 for v in bound.values)
+
+
+def test_keeping_processor_sharing_bounds_tighter_than_any_schedule():
+    config = envs.VREdgeConfig(num_users=2, max_steps=6)
+    future = episode_future(config, 2)  # two users who cannot both play high levels: any schedule nearly can
+    best = exact_hindsight(config, future).value
+    airtime = lagrangian_bound(config, future, grid_s=0.05, iterations=10).value
+    sharing = sharing_bound(config, future, grid_s=0.05, delay_grid_s=0.01, iterations=10).value
+    assert best <= sharing < airtime
+    assert sharing - best < 0.5 * (airtime - best)
+
+
+@pytest.mark.parametrize("seed", [0, 4])
+def test_for_one_user_both_bounds_relax_only_the_grid(seed):
+    config = envs.VREdgeConfig(num_users=1, max_steps=12)
+    future = episode_future(config, seed)
+    airtime = lagrangian_bound(config, future, grid_s=0.05, iterations=1).value
+    assert sharing_bound(config, future, grid_s=0.05, iterations=1).value == pytest.approx(airtime, abs=1e-9)
+
+
 @pytest.mark.parametrize("seed", [0, 3, 4])
 def test_for_one_user_the_bound_is_the_exact_optimum_as_the_grid_shrinks(seed):
     config = envs.VREdgeConfig(num_users=1, max_steps=12)
     future = episode_future(config, seed)
     best = exact_hindsight(config, future).value
-    gaps = [lagrangian_bound(config, future, grid_s=g, iterations=1).value - best for g in (0.1, 0.02, 0.004)]
+    gaps = [lagrangian_bound(config, future, grid_s=g, iterations=1).value - best for g in (0.1, 0.02, 0.01)]
     assert min(gaps) >= -1e-9  # no airtime to share: only the grid's rounding separates the two
     assert gaps[2] <= gaps[1] <= gaps[0] and gaps[2] <= 1e-2  # within 0.01 of it over 12 rounds
 
@@ -99,7 +134,9 @@ def test_bound_is_above_every_player_episode_by_episode():
 def test_bound_on_the_default_cell_is_above_belief_mpc_and_the_baselines():
     config = envs.VREdgeConfig()
     for seed in (0, 1):
-        bound = lagrangian_bound(config, episode_future(config, seed), iterations=15).value
+        future = episode_future(config, seed)
+        bound = min(lagrangian_bound(config, future, iterations=15).value,
+                    sharing_bound(config, future, iterations=3).value)
         for name, make in players(config, belief=True).items():
             assert bound >= episode_return(config, seed, make()), (seed, name)
         for name in envs.baselines.BASELINES:
@@ -126,6 +163,6 @@ def test_bad_input_is_one_clear_line():
 @pytest.mark.slow
 def test_the_benchmark_prints_both_tables(capsys):
     main(["small", "--users", "2", "--rounds", "3", "--episodes", "2"])
-    main(["default", "--episodes", "1", "--iterations", "1"])
+    main(["default", "--episodes", "1", "--iterations", "1", "--sharing", "1"])
     out = capsys.readouterr().out
     assert "exact certified in 2/2" in out and "bound above every player in 1/1 episodes" in out
