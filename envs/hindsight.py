@@ -49,7 +49,13 @@ from envs.vr_edge_dynamics import channel_of, download_round, initial_state, pro
 @dataclass(frozen=True)
 class Future:
     """An episode in hindsight: ``capacity`` ``[T]`` (Mbit/s) and ``channel`` ``[T, U]`` of each round, and the
-    users' start: ``buffer``, ``level`` and ``cum_stall`` ``[U]``."""
+    users' start: ``buffer``, ``level`` and ``cum_stall`` ``[U]``.
+
+    Example:
+        >>> future = episode_future(VREdgeConfig(num_users=3, max_steps=4), seed=0)
+        >>> future.rounds, future.channel.shape, future.buffer.tolist()
+        (4, (4, 3), [2.0, 2.0, 2.0])
+    """
 
     capacity: np.ndarray
     channel: np.ndarray
@@ -105,7 +111,14 @@ class HindsightOptimum:
     """The free-stopping relaxation's optimum (:func:`exact_hindsight`): its return ``value`` (an upper bound on
     every player's return on the episode), a plan reaching it ``actions`` ``[T', U]`` (``T' < T``: it stops after
     ``T'`` rounds), ``exact`` (the plan's true return is ``value``: the hindsight optimum itself) and the most
-    states kept at one round (``states``, its cost)."""
+    states kept at one round (``states``, its cost).
+
+    Example:
+        >>> best = exact_hindsight(VREdgeConfig(num_users=2, max_steps=3), episode_future(
+        ...     VREdgeConfig(num_users=2, max_steps=3), seed=0))
+        >>> best.actions.shape, best.exact
+        ((3, 2), True)
+    """
 
     value: float
     actions: np.ndarray
@@ -208,7 +221,15 @@ def _undominated(buffer: np.ndarray, gain: np.ndarray, code: np.ndarray, penalty
 class HindsightBound:
     """An upper bound on every player's return on an episode (:func:`lagrangian_bound`): ``value``, the lowest of
     the dual values tried (each one a bound), the prices ``prices`` ``[T, J]`` that gave it (per round and slice of
-    the round's airtime, ``grid_s`` seconds each) and ``values``, the dual value at each iterate."""
+    the round's airtime, ``grid_s`` seconds each; :func:`sharing_bound`'s: ``[T, U, U, L]``, per copy) and ``values``,
+    the dual value at each iterate.
+
+    Example:
+        >>> cfg = VREdgeConfig(num_users=2, max_steps=5)
+        >>> bound = lagrangian_bound(cfg, episode_future(cfg, seed=0), iterations=3)
+        >>> bound.prices.shape, len(bound.values), bound.value == min(bound.values)
+        ((5, 60), 3, True)
+    """
 
     value: float
     prices: np.ndarray
