@@ -444,60 +444,95 @@ def _sharing_dual(config: VREdgeConfig, future: Future, grid: _Grid, delay_step:
     """:func:`sharing_bound`'s dual value at ``prices`` ``[T, U, U, L]``, and the users' best plans followed from
     their start: levels ``[T, U]``, copies ``[T, U, U]`` (of each other user's level) and whether each still
     plays ``[T, U]``."""
-    rounds, users, levels = future.rounds, len(future.buffer), config.num_levels
     work = works(config, future)  # [T, U, L]
-    cap = int(round(grid.slices * grid.step / delay_step))
-    # each other user's delay to u at u's level a, per level k it is copied at: min(w_v(k), w_u(a)), rounded down
-    delay = np.minimum(work[:, None, :, None, :], work[:, :, None, :, None])  # [T, u, v, a, k]
-    shift = np.minimum(np.floor(delay / delay_step + 1e-9).astype(np.int64), cap)
-    shift[:, np.arange(users), np.arange(users)] = 0  # no copy of oneself: no delay, no price
-    pay = prices.copy()
-    pay[:, np.arange(users), np.arange(users)] = 0.0
-    total = np.full((rounds, users, levels, cap + 1), -np.inf)
-    total[..., 0] = 0.0
-    chosen = np.zeros((users, rounds, users, levels, cap + 1), dtype=np.int8)
-    for v in range(users):  # max-plus convolution over the other users, one at a time
-        best_k = np.full(total.shape, -np.inf)
-        for k in range(levels):
-            candidate = _land(total, shift[:, :, v, :, k], cap) - pay[:, :, v, k][:, :, None, None]
-            better = candidate > best_k
-            chosen[v][better] = k
-            best_k = np.where(better, candidate, best_k)
-        total = best_k
-    # the coarse delay buckets the dynamic programme sees: the best of each, at its earliest delay
-    per = int(round(grid.step / delay_step))
-    buckets = (cap + per - 1) // per + 1
-    padded = np.full((rounds, users, levels, buckets * per), -np.inf)
-    padded[..., :cap + 1] = total
-    coarse = padded.reshape(rounds, users, levels, buckets, per)
-    best_fine = np.argmax(coarse, axis=-1) + per * np.arange(buckets)  # [T, u, a, J]
-    fee = np.max(coarse, axis=-1)  # [T, u, a, J]: -(what the copies cost) at the best sum in the bucket
-    income = np.einsum("tvua->tua", pay)  # u paid for playing a by every other v's copy
+    copies = _Copies.of(work, grid, delay_step, prices)
+    value, choices = _sharing_values(config, work, grid, copies)
+    start = np.minimum(np.ceil(future.buffer / grid.step - 1e-9).astype(np.int64), grid.top)
+    dual = float(value[np.arange(len(start)), future.level, start].sum())
+    return (dual, *_sharing_path(future, choices, copies, start))
+
+
+@dataclass(frozen=True)
+class _Copies:
+    """What each user's copies of the others cost, per round ``t``, user ``u``, own level ``a`` and delay bucket
+    ``j`` (``grid.step`` each): ``fee`` ``[T, U, L, J]`` (minus the cheapest copies whose delay, rounded down, falls
+    in the bucket), ``income`` ``[T, U, L]`` (what the others' copies pay ``u`` for playing ``a``), and for
+    following a plan back: the finest delay ``fine`` ``[T, U, L, J]`` of each bucket's best, each convolution
+    stage's ``chosen`` level ``[V, T, U, L, M + 1]``, the steps ``shift`` ``[T, U, V, L, L]`` and the ``cap``."""
+
+    fee: np.ndarray
+    income: np.ndarray
+    fine: np.ndarray
+    chosen: np.ndarray
+    shift: np.ndarray
+    cap: int
+
+    @classmethod
+    def of(cls, work: np.ndarray, grid: _Grid, delay_step: float, prices: np.ndarray) -> _Copies:
+        rounds, users, levels = work.shape
+        cap = int(round(grid.slices * grid.step / delay_step))
+        # the other user's delay to u at u's level a, per level k it is copied at: min(w_v(k), w_u(a)), rounded down
+        delay = np.minimum(work[:, None, :, None, :], work[:, :, None, :, None])  # [T, u, v, a, k]
+        shift = np.minimum(np.floor(delay / delay_step + 1e-9).astype(np.int64), cap)
+        shift[:, np.arange(users), np.arange(users)] = 0  # no copy of oneself: no delay, no price
+        pay = prices.copy()
+        pay[:, np.arange(users), np.arange(users)] = 0.0
+        total = np.full((rounds, users, levels, cap + 1), -np.inf)
+        total[..., 0] = 0.0
+        chosen = np.zeros((users, rounds, users, levels, cap + 1), dtype=np.int8)
+        for v in range(users):  # max-plus convolution over the other users, one at a time
+            best_k = np.full(total.shape, -np.inf)
+            for k in range(levels):
+                candidate = _land(total, shift[:, :, v, :, k], cap) - pay[:, :, v, k][:, :, None, None]
+                better = candidate > best_k
+                chosen[v][better] = k
+                best_k = np.where(better, candidate, best_k)
+            total = best_k
+        # the coarse delay buckets the dynamic programme sees: the best of each, at its earliest delay
+        per = int(round(grid.step / delay_step))
+        buckets = (cap + per - 1) // per + 1
+        padded = np.full((rounds, users, levels, buckets * per), -np.inf)
+        padded[..., :cap + 1] = total
+        coarse = padded.reshape(rounds, users, levels, buckets, per)
+        return cls(fee=np.max(coarse, axis=-1), income=np.einsum("tvua->tua", pay),
+                   fine=np.argmax(coarse, axis=-1) + per * np.arange(buckets), chosen=chosen, shift=shift, cap=cap)
+
+
+def _sharing_values(config: VREdgeConfig, work: np.ndarray, grid: _Grid, copies: _Copies
+                    ) -> tuple[np.ndarray, list[tuple[np.ndarray, ...]]]:
+    """Each user's dynamic programme, backward: its value ``[U, L, G + 1]`` at the start, and per round its best
+    level ``[U, L, G + 1]``, delay bucket ``[U, L, G + 1]``, whether it plays on, and its buffer after
+    ``[U, L, G + 1, J]`` (rounded up)."""
+    users, levels, buckets = work.shape[1], work.shape[2], copies.fee.shape[-1]
     q = config.quality
     share = 1.0 / users
     own = share * (config.quality_weight * q[None, :] - config.switch_weight * np.abs(q[None, :] - q[:, None]))
     i = np.arange(grid.top + 1)
     value = np.zeros((users, levels, grid.top + 1))
     choices = []
-    for t in range(rounds - 1, -1, -1):
+    for t in range(work.shape[0] - 1, -1, -1):
         finish = work[t][:, :, None, None] + grid.step * np.arange(buckets)[None, None, None, :]  # [u, a, 1, J]
         left = grid.step * i[None, None, :, None] - finish  # [u, a, G + 1, J]
-        stall = np.maximum(-left, 0.0)
-        after = np.minimum(np.ceil((np.maximum(left, 0.0) + config.segment_s) / grid.step - 1e-9), grid.top)
-        later = np.take_along_axis(value, after.astype(np.int64).reshape(users, levels, -1), axis=2).reshape(
-            users, levels, grid.top + 1, buckets)
-        total_j = later - share * config.stall_weight * stall + fee[t][:, :, None, :]
+        after = np.minimum(np.ceil((np.maximum(left, 0.0) + config.segment_s) / grid.step - 1e-9),
+                           grid.top).astype(np.int64)
+        later = np.take_along_axis(value, after.reshape(users, levels, -1), axis=2).reshape(after.shape)
+        total_j = later - share * config.stall_weight * np.maximum(-left, 0.0) + copies.fee[t][:, :, None, :]
         best_j = np.argmax(total_j, axis=-1)  # [u, a, G + 1]
-        h = np.take_along_axis(total_j, best_j[..., None], axis=-1)[..., 0] + income[t][:, :, None]
+        h = np.take_along_axis(total_j, best_j[..., None], axis=-1)[..., 0] + copies.income[t][:, :, None]
         cont = own[None, :, :, None] + h[:, None, :, :]  # [u, l, a, G + 1]
         best_a = np.argmax(cont, axis=2)
         value = np.maximum(np.take_along_axis(cont, best_a[:, :, None], axis=2)[:, :, 0], 0.0)
-        choices.append((best_a, best_j, value > 0, after.astype(np.int64)))
-    choices.reverse()
-    start = np.minimum(np.ceil(future.buffer / grid.step - 1e-9).astype(np.int64), grid.top)
-    dual = float(value[np.arange(users), future.level, start].sum())
+        choices.append((best_a, best_j, value > 0, after))
+    return value, choices[::-1]
+
+
+def _sharing_path(future: Future, choices: list[tuple[np.ndarray, ...]], copies: _Copies, start: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The users' best plans followed forward from their start: levels ``[T, U]``, copies ``[T, U, U]`` and whether
+    each still plays ``[T, U]`` (level 0 once it stops)."""
+    rounds, users = len(choices), len(start)
     plan = np.zeros((rounds, users), dtype=np.int64)
-    copies = np.zeros((rounds, users, users), dtype=np.int64)
+    copied = np.zeros((rounds, users, users), dtype=np.int64)
     playing = np.zeros((rounds, users), dtype=bool)
     us = np.arange(users)
     level, idx, going = future.level.copy(), start.copy(), np.ones(users, dtype=bool)
@@ -505,14 +540,14 @@ def _sharing_dual(config: VREdgeConfig, future: Future, grid: _Grid, delay_step:
         going &= go[us, level, idx]
         a = best_a[us, level, idx]
         j = best_j[us, a, idx]
-        fine = best_fine[t, us, a, j]
+        fine = copies.fine[t, us, a, j]
         for v in range(users - 1, -1, -1):  # back through the convolution: each other user's copied level
-            k = chosen[v, t, us, a, np.minimum(fine, cap)]
-            copies[t, :, v] = k
-            fine = np.maximum(fine - shift[t, us, v, a, k], 0)
+            k = copies.chosen[v, t, us, a, np.minimum(fine, copies.cap)]
+            copied[t, :, v] = k
+            fine = np.maximum(fine - copies.shift[t, us, v, a, k], 0)
         plan[t], playing[t] = np.where(going, a, 0), going
         level, idx = np.where(going, a, level), np.where(going, after[us, a, idx, j], idx)
-    return dual, plan, copies, playing
+    return plan, copied, playing
 
 
 def _land(total: np.ndarray, shift: np.ndarray, cap: int) -> np.ndarray:
