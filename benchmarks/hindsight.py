@@ -102,9 +102,10 @@ def small(users: int, rounds: int, episodes: int, seed: int) -> None:
     for name, values in scores.items():
         gap = (np.asarray(values) - exact) / rounds
         ci = 1.96 * gap.std(ddof=1) / np.sqrt(len(gap)) if len(gap) > 1 else 0.0
-        at_most = int((np.asarray(values) <= exact + 1e-9).sum())
-        print(_row(name, values, rounds, seconds[name], f"{gap.mean():+.4f} ± {ci:.4f} (at most exact: "
-                                                        f"{at_most}/{episodes})"))
+        side = gap >= -1e-9 / rounds if name in ("bound", "sharing") else gap <= 1e-9 / rounds
+        said = "at least" if name in ("bound", "sharing") else "at most"
+        print(_row(name, values, rounds, seconds[name], f"{gap.mean():+.4f} ± {ci:.4f} ({said} exact: "
+                                                        f"{int(side.sum())}/{episodes})"))
 
 
 def default(episodes: int, iterations: int, sharing: int, belief: bool, seed: int) -> None:
