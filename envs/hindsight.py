@@ -362,7 +362,7 @@ def _dual(config: VREdgeConfig, future: Future, grid: _Grid, lam: np.ndarray
         value = np.maximum(np.take_along_axis(cont, best_a[:, :, None], axis=2)[:, :, 0], 0.0)
         choices.append((best_a, best_j, value > 0))
     choices.reverse()
-    start = np.ceil(future.buffer / grid.step - 1e-9).astype(np.int64)
+    start = np.ceil(future.buffer / grid.step).astype(np.int64)
     start = np.minimum(start, grid.top)
     dual = float(grid.step * lam.sum() + value[np.arange(users), future.level, start].sum())
     return (dual, *_airtime_bought(work, choices, order, after, future, grid, start))
@@ -447,7 +447,7 @@ def _sharing_dual(config: VREdgeConfig, future: Future, grid: _Grid, delay_step:
     work = works(config, future)  # [T, U, L]
     copies = _Copies.of(work, grid, delay_step, prices)
     value, choices = _sharing_values(config, work, grid, copies)
-    start = np.minimum(np.ceil(future.buffer / grid.step - 1e-9).astype(np.int64), grid.top)
+    start = np.minimum(np.ceil(future.buffer / grid.step).astype(np.int64), grid.top)
     dual = float(value[np.arange(len(start)), future.level, start].sum())
     return (dual, *_sharing_path(future, choices, copies, start))
 
@@ -471,9 +471,10 @@ class _Copies:
     def of(cls, work: np.ndarray, grid: _Grid, delay_step: float, prices: np.ndarray) -> _Copies:
         rounds, users, levels = work.shape
         cap = int(round(grid.slices * grid.step / delay_step))
-        # the other user's delay to u at u's level a, per level k it is copied at: min(w_v(k), w_u(a)), rounded down
+        # the other user's delay to u at u's level a, per level k it is copied at: min(w_v(k), w_u(a)), rounded
+        # down (and buffers below rounded up) with no tolerance: a rounding error may only favour the user
         delay = np.minimum(work[:, None, :, None, :], work[:, :, None, :, None])  # [T, u, v, a, k]
-        shift = np.minimum(np.floor(delay / delay_step + 1e-9).astype(np.int64), cap)
+        shift = np.minimum(np.floor(delay / delay_step).astype(np.int64), cap)
         shift[:, np.arange(users), np.arange(users)] = 0  # no copy of oneself: no delay, no price
         pay = prices.copy()
         pay[:, np.arange(users), np.arange(users)] = 0.0
@@ -513,7 +514,7 @@ def _sharing_values(config: VREdgeConfig, work: np.ndarray, grid: _Grid, copies:
     for t in range(work.shape[0] - 1, -1, -1):
         finish = work[t][:, :, None, None] + grid.step * np.arange(buckets)[None, None, None, :]  # [u, a, 1, J]
         left = grid.step * i[None, None, :, None] - finish  # [u, a, G + 1, J]
-        after = np.minimum(np.ceil((np.maximum(left, 0.0) + config.segment_s) / grid.step - 1e-9),
+        after = np.minimum(np.ceil((np.maximum(left, 0.0) + config.segment_s) / grid.step),
                            grid.top).astype(np.int64)
         later = np.take_along_axis(value, after.reshape(users, levels, -1), axis=2).reshape(after.shape)
         total_j = later - share * config.stall_weight * np.maximum(-left, 0.0) + copies.fee[t][:, :, None, :]
