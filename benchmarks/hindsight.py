@@ -1,0 +1,180 @@
+"""How far from the hindsight optimum are the players? Exact on small cells, bounded on the default one.
+
+    python -m benchmarks.hindsight small [--users 2] [--rounds 8] [--episodes 20]
+    python -m benchmarks.hindsight default [--episodes 10] [--iterations 40] [--belief] [--sharing N]
+
+``small``: on small cells (``--users`` users, ``--rounds`` rounds), the exact hindsight optimum
+(:func:`envs.hindsight.exact_hindsight`) against the clairvoyant reference (``ClairvoyantPlanner``, lookahead 5, 2
+sweeps), ``fair_share`` and the two Lagrangian bounds (:func:`envs.hindsight.lagrangian_bound`, any schedule;
+:func:`envs.hindsight.sharing_bound`, processor sharing kept), episode by episode. ``default``: on the default
+cell (8 users, 300 rounds), the airtime bound (``--iterations``) and, with ``--sharing N``, the sharing bound (``N``
+iterations aimed at the clairvoyant's return; minutes an episode) against the clairvoyant, ``fair_share`` and,
+with ``--belief``, ``BeliefMPC`` (its defaults; minutes). Both play the held-out episodes ``trainer.evaluate``
+plays (``evaluation_seeds(0, N)``); nothing here was tuned on them (the bound's step was chosen on raw seeds 0-1).
+Every figure is a return per round (the episode's return over its rounds); the check column counts the episodes
+where the bound is at least every player's return (it must be all of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import envs
+from envs.baselines import make_baseline
+from envs.belief_mpc import BeliefMPC
+from envs.hindsight import episode_future, exact_hindsight, lagrangian_bound, sharing_bound
+from envs.planner import ClairvoyantPlanner
+from trainer.evaluation import evaluation_seeds
+
+Player = Callable[[np.ndarray, envs.SyntheticVREdgeEnv], np.ndarray]
+
+
+def players(config: envs.VREdgeConfig, belief: bool = False) -> dict[str, Callable[[], Player]]:
+    """Fresh players by name, each ``player(obs [1, obs_dim], env) -> levels [1, U]``: the clairvoyant,
+    ``fair_share`` and, with ``belief``, BeliefMPC on ``fair_share`` (stateful: one per episode)."""
+    def clairvoyant() -> Player:
+        planner = ClairvoyantPlanner(config)
+        return lambda obs, env: planner(obs, [env])
+
+    def reading(make: Callable[[], Callable[[np.ndarray], np.ndarray]]) -> Callable[[], Player]:
+        def player() -> Player:
+            act = make()
+            return lambda obs, env: act(obs)
+        return player
+
+    made: dict[str, Callable[[], Player]] = {
+        "clairvoyant": clairvoyant, "fair_share": reading(lambda: make_baseline("fair_share", config))}
+    if belief:
+        made["belief_mpc"] = reading(lambda: BeliefMPC(config))
+    return made
+
+
+def episode_return(config: envs.VREdgeConfig, seed: int, player: Player) -> float:
+    """The return of ``player`` on the episode ``SyntheticVREdgeEnv(seed=seed)`` plays."""
+    env = envs.SyntheticVREdgeEnv(seed=seed, **config.to_dict())
+    obs, _ = env.reset()
+    total, done = 0.0, False
+    while not done:
+        obs, reward, terminated, truncated, _ = env.step(player(obs[None], env)[0])
+        total, done = total + reward, terminated or truncated
+    return total
+
+
+def _row(name: str, values: list[float], rounds: int, seconds: float, extra: str = "") -> str:
+    per_round = np.asarray(values) / rounds
+    ci = 1.96 * per_round.std(ddof=1) / np.sqrt(len(per_round)) if len(per_round) > 1 else 0.0
+    return f"{name:>14} {per_round.mean():>9.4f} ± {ci:.4f} {seconds:>9.1f}  {extra}"
+
+
+def small(users: int, rounds: int, episodes: int, seed: int) -> None:
+    """Exact optimum, bound and players on ``episodes`` small episodes."""
+    config = envs.VREdgeConfig(num_users=users, max_steps=rounds)
+    seeds = evaluation_seeds(seed, episodes)
+    made = players(config)
+    scores: dict[str, list[float]] = {name: [] for name in ("exact", "bound", "sharing", *made)}
+    seconds = dict.fromkeys(scores, 0.0)
+    certified, states = 0, 0
+    for s in seeds:
+        future = episode_future(config, s)
+        start = time.perf_counter()
+        best = exact_hindsight(config, future, max_states=1_000_000)
+        seconds["exact"] += time.perf_counter() - start
+        scores["exact"].append(best.value)
+        certified, states = certified + best.exact, max(states, best.states)
+        start = time.perf_counter()
+        scores["bound"].append(lagrangian_bound(config, future, grid_s=0.05).value)
+        seconds["bound"] += time.perf_counter() - start
+        start = time.perf_counter()
+        scores["sharing"].append(sharing_bound(config, future, grid_s=0.05, delay_grid_s=0.01, iterations=30).value)
+        seconds["sharing"] += time.perf_counter() - start
+        for name, make in made.items():
+            start = time.perf_counter()
+            scores[name].append(episode_return(config, s, make()))
+            seconds[name] += time.perf_counter() - start
+    exact = np.asarray(scores["exact"])
+    print(f"{users} users, {rounds} rounds, {episodes} episodes (evaluation_seeds({seed}, {episodes})); "
+          f"exact certified in {certified}/{episodes}, at most {states} states at one round")
+    print(f"{'player':>14} {'per round':>9}   {'95% CI':<6} {'seconds':>9}  vs exact (paired, per round)")
+    for name, values in scores.items():
+        gap = (np.asarray(values) - exact) / rounds
+        ci = 1.96 * gap.std(ddof=1) / np.sqrt(len(gap)) if len(gap) > 1 else 0.0
+        side = gap >= -1e-9 / rounds if name in ("bound", "sharing") else gap <= 1e-9 / rounds
+        said = "at least" if name in ("bound", "sharing") else "at most"
+        print(_row(name, values, rounds, seconds[name], f"{gap.mean():+.4f} ± {ci:.4f} ({said} exact: "
+                                                        f"{int(side.sum())}/{episodes})"))
+
+
+def default(episodes: int, iterations: int, sharing: int, belief: bool, seed: int) -> None:
+    """The bounds and the players on ``episodes`` episodes of the default cell."""
+    config = envs.VREdgeConfig()
+    seeds = evaluation_seeds(seed, episodes)
+    made = players(config, belief)
+    bounds = ["bound", "sharing"] if sharing else ["bound"]
+    scores: dict[str, list[float]] = {name: [] for name in (*bounds, *made)}
+    seconds = dict.fromkeys(scores, 0.0)
+    for s in seeds:
+        for name, make in made.items():
+            start = time.perf_counter()
+            scores[name].append(episode_return(config, s, make()))
+            seconds[name] += time.perf_counter() - start
+        future = episode_future(config, s)
+        start = time.perf_counter()
+        scores["bound"].append(lagrangian_bound(config, future, iterations=iterations).value)
+        seconds["bound"] += time.perf_counter() - start
+        if sharing:
+            start = time.perf_counter()
+            scores["sharing"].append(sharing_bound(config, future, iterations=sharing, final_grid_s=0.05,
+                                                   target=scores["clairvoyant"][-1]).value)
+            seconds["sharing"] += time.perf_counter() - start
+    bound = np.min([scores[name] for name in bounds], axis=0)  # each is a bound: so is the lower
+    above = int(sum(np.all([np.asarray(scores[name]) >= np.asarray(v) for name in bounds for n, v in scores.items()
+                            if n not in bounds], axis=0)))
+    rounds = config.max_steps
+    print(f"default cell, {episodes} episodes (evaluation_seeds({seed}, {episodes})), bound: {iterations} "
+          f"iterations, sharing: {sharing}; bound above every player in {above}/{episodes} episodes (the last "
+          "column: the lower bound's lead)")
+    print(f"{'player':>14} {'per round':>9}   {'95% CI':<6} {'seconds':>9}  bound - player (paired, per round)")
+    for name, values in scores.items():
+        gap = (bound - np.asarray(values)) / rounds
+        ci = 1.96 * gap.std(ddof=1) / np.sqrt(len(gap)) if len(gap) > 1 else 0.0
+        print(_row(name, values, rounds, seconds[name], f"{gap.mean():+.4f} ± {ci:.4f}"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.hindsight", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="which", required=True)
+    s = sub.add_parser("small", help="exact optimum against the players on small cells")
+    s.add_argument("--users", type=int, default=2)
+    s.add_argument("--rounds", type=int, default=8)
+    s.add_argument("--episodes", type=int, default=20)
+    d = sub.add_parser("default", help="the bound against the players on the default cell")
+    d.add_argument("--episodes", type=int, default=10)
+    d.add_argument("--iterations", type=int, default=40)
+    d.add_argument("--sharing", type=int, default=0, help="iterations of the sharing bound (0: not computed)")
+    d.add_argument("--belief", action="store_true", help="play BeliefMPC too (its defaults: minutes)")
+    for q in (s, d):
+        q.add_argument("--seed", type=int, default=0, help="evaluation seed (as trainer.evaluate)")
+    args = p.parse_args(argv)
+    print(f"CPU: {_cpu()}")
+    if args.which == "small":
+        small(args.users, args.rounds, args.episodes, args.seed)
+    else:
+        default(args.episodes, args.iterations, args.sharing, args.belief, args.seed)
+
+
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+        return platform.processor() or "unknown"
+
+
+if __name__ == "__main__":
+    main()
