@@ -161,3 +161,10 @@ def test_torch_state_round_trip_keeps_the_drawn_conditions():
     a = torch.ones(4, 8, dtype=torch.int64)
     assert torch.equal(env.step(a)[0], twin.step(a)[0])
     assert torch.equal(env.get_state()["capacity_scale"], twin.get_state()["capacity_scale"])
+
+
+def test_the_trainer_takes_the_ranges_as_env_kwargs_and_answers_a_bad_one_in_one_line():
+    from trainer.config import TrainConfig
+    TrainConfig(env_kwargs="outage_prob=0.02-0.3,capacity_scale=0.25-4").validate()
+    with raises(ConfigError, "--env-kwargs", "capacity_scale", "'0-4'"):
+        TrainConfig(env_kwargs="capacity_scale=0-4").validate()
