@@ -108,6 +108,9 @@ def refused_setting(cfg: VREdgeConfig) -> tuple[str, str]:
     if cfg.outages:  # a third chain the filter's hidden state (regime, fade) does not hold
         return "outage_prob", ("the filter's hidden state is the regime and the fade, not the outage chain "
                                "(outage_prob): play outage_prob=0")
+    if cfg.scaled:  # the filter's capacity model is the nominal cell's
+        return "capacity_scale", ("the filter models the capacity around the nominal cell, not one scaled by "
+                                  "capacity_scale: play capacity_scale=1")
     for key, bad in (("noise_std", cfg.noise_std == 0), ("noise_corr", cfg.noise_corr == 1)):
         if bad:
             return key, "the filter needs capacity noise with a density (noise_std > 0 and noise_corr < 1)"

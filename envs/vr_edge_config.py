@@ -33,7 +33,9 @@ MASK_CELL_FEATURES = ("airtime_share", "load")  # 1 / active users; active users
 # capacity history, a trace's file and window, and the fade flag)
 _STATE_PER_USER = ("channel_logit", "buffer", "level", "throughput", "download_time", "stall", "cum_stall")
 _STATE_PER_ENV = ("key", "counter", "t", "regime", "noise", "ep_quality", "ep_stall", "ep_switches")
-EPISODE_DRAWS = ("users", "churn")  # what a varying cell draws at reset and keeps for the episode
+# what a cell draws at reset and keeps for the episode: a varying cell's users (and churn, where a range), an
+# outage_prob range's probability, a capacity_scale range's scale
+EPISODE_DRAWS = ("users", "churn", "outage_prob", "capacity_scale")
 # the arguments that size what a run holds per env: its state and observation (state_bytes, obs_dim), its
 # action (one level per user) and the scores a policy gives the actions (num_users x levels)
 MEMORY_ARGUMENTS = ("num_users", "history", "bitrates_mbps")
@@ -120,19 +122,23 @@ class VREdgeConfig:
                                     at_most=1, zero="its mean")
     reveal_hidden_state: bool = setting(False, "append the regime (one-hot) and the fade flag to the observation (a "
                                         "diagnostic; synthetic cell only)")
-    outage_prob: float = setting(0.0, "probability per step that an outage starts: the bad state of a two-state "
-                                 "Gilbert-Elliott channel, which multiplies the cell's capacity (synthetic or "
-                                 "recorded) by outage_depth while it lasts", at_least=0, at_most=1,
-                                 zero="no outages")
+    outage_prob: float | str = setting(0.0, "probability per step that an outage starts: the bad state of a "
+                                       "two-state Gilbert-Elliott channel, which multiplies the cell's capacity "
+                                       "(synthetic or recorded) by outage_depth while it lasts; or a range "
+                                       "'LOW-HIGH' drawn uniformly per episode, within 0..1", zero="no outages")
     outage_end_prob: float = setting(0.3, "probability per step that an outage ends (its mean length: 1 / this "
                                      "steps)", above=0, at_most=1)
     outage_depth: float = setting(0.05, "capacity multiplier during an outage", above=0, at_most=1)
+    capacity_scale: float | str = setting(1.0, "multiplier of the cell's capacity (synthetic or recorded), or a "
+                                          "range 'LOW-HIGH' drawn log-uniformly per episode (0.25-4: starved to "
+                                          "generous cells, as many halvings as doublings), each > 0 (1: the cell "
+                                          "as it is)")
     def __post_init__(self) -> None:
         _check_kinds(self)  # first: a limit compared with segment_s='abc' (from --env-kwargs) is a bare TypeError
         check_limits(self, flags=False)
         _check_ladder(self)
         _check_cell(self)
-        self.users_range, self.churn_range  # noqa: B018 - their rules (a ConfigError), at construction
+        self.users_range, self.churn_range, self.outage_range, self.scale_range  # noqa: B018 - their rules, now
         _check_traces(self)
         object.__setattr__(self, "bitrates_mbps", tuple(self.bitrates_mbps))
         # nothing is read here: the traces on first use (a file that is missing or unreadable is a one-line error
@@ -186,7 +192,7 @@ class VREdgeConfig:
     @cached_property
     def draws(self) -> DrawLayout:
         """Where each uniform of a step's (and a reset's) block goes (:mod:`envs.vr_edge_draws`)."""
-        return DrawLayout.of(self.num_users, self.varies, self.outages)
+        return DrawLayout.of(self.num_users, self.varies, self.outages, self.scale_varies)
 
     @property
     def num_levels(self) -> int:
@@ -245,19 +251,22 @@ class VREdgeConfig:
         (and its trace's file and window with ``user_traces``), 8 per step of capacity history, 8 for each of
         ``_STATE_PER_ENV`` (and a cell trace's file and window), and the fade flag; where the cell :attr:`varies`,
         8 for each of the episode's draws (``users``, and ``churn`` where that is a range) and one per slot for
-        ``active``; with outages (:attr:`outages`), the outage flag. Computed, not allocated: a run checks what its envs
+        ``active``; with outages (:attr:`outages`), the outage flag; 8 for an ``outage_prob`` or ``capacity_scale``
+        drawn per episode. Computed, not allocated: a run checks what its envs
         need against the machine's memory before it builds one.
 
         >>> cfg, varied = VREdgeConfig(num_users=3, history=5), VREdgeConfig(num_users=3, users="1-3", churn=0.1)
         >>> from envs.vr_edge_dynamics import initial_state
         >>> zero, ranged = np.zeros(1, np.uint64), VREdgeConfig(num_users=3, churn="0-0.1")
         >>> outages = VREdgeConfig(num_users=3, outage_prob=0.1)
+        >>> drawn = VREdgeConfig(num_users=3, outage_prob="0-0.1", capacity_scale="0.5-2")
         >>> [c.state_bytes == sum(v.nbytes for v in initial_state(c, zero, zero).values())
-        ...  for c in (cfg, varied, ranged, outages)]
-        [True, True, True, True]
+        ...  for c in (cfg, varied, ranged, outages, drawn)]
+        [True, True, True, True, True]
         """
         per_env = (len(_STATE_PER_ENV) + (2 if self.capacity_trace else 0) + (1 if self.varies else 0)
-                   + (1 if self.churn_varies else 0))
+                   + (1 if self.churn_varies else 0) + (1 if self.outage_varies else 0)
+                   + (1 if self.scale_varies else 0))
         per_user = len(_STATE_PER_USER) + (2 if self.user_traces else 0)  # a user's trace and window
         active = self.num_users if self.varies else 0  # one bool per slot, and the episode's drawn count
         return 8 * (per_user * self.num_users + self.history + per_env) + 1 + active + (1 if self.outages else 0)
@@ -271,13 +280,42 @@ class VREdgeConfig:
 
     @property
     def outages(self) -> bool:
-        """Whether the cell has the outage chain (``outage_prob > 0``): only then does the env draw for it and keep
-        its ``outage`` flag in its state (the default is unchanged).
+        """Whether the cell has the outage chain (``outage_prob > 0``, or a range above 0): only then does the env
+        draw for it and keep its ``outage`` flag in its state (the default is unchanged).
 
-        >>> VREdgeConfig().outages, VREdgeConfig(outage_prob=0.02).outages
-        (False, True)
+        >>> VREdgeConfig().outages, VREdgeConfig(outage_prob=0.02).outages, VREdgeConfig(outage_prob="0-0.1").outages
+        (False, True, True)
         """
-        return self.outage_prob > 0
+        return self.outage_range[1] > 0
+
+    @property
+    def outage_varies(self) -> bool:
+        """Whether ``outage_prob`` is a range drawn per episode: then each env's state keeps its episode's
+        ``outage_prob`` (drawn at reset from the outage chain's draw, which a reset leaves free).
+
+        >>> VREdgeConfig(outage_prob="0-0.1").outage_varies, VREdgeConfig(outage_prob=0.05).outage_varies
+        (True, False)
+        """
+        return self.outage_range[0] < self.outage_range[1]
+
+    @property
+    def scaled(self) -> bool:
+        """Whether ``capacity_scale`` changes the capacity (not 1): only then is it multiplied in.
+
+        >>> VREdgeConfig().scaled, VREdgeConfig(capacity_scale=0.5).scaled, VREdgeConfig(capacity_scale="1-1").scaled
+        (False, True, False)
+        """
+        return self.scale_range != (1.0, 1.0)
+
+    @property
+    def scale_varies(self) -> bool:
+        """Whether ``capacity_scale`` is a range drawn per episode: then the block has one more draw (the reset's
+        scale) and each env's state keeps its episode's ``capacity_scale``.
+
+        >>> VREdgeConfig(capacity_scale="0.25-4").scale_varies, VREdgeConfig(capacity_scale=2).scale_varies
+        (True, False)
+        """
+        return self.scale_range[0] < self.scale_range[1]
 
     @cached_property
     def users_range(self) -> tuple[int, int]:
@@ -288,6 +326,16 @@ class VREdgeConfig:
     def churn_range(self) -> tuple[float, float]:
         """The churn, ``(low, high)``: drawn uniformly from ``low..high`` per episode (equal: a fixed churn)."""
         return churn_range(self.churn)
+
+    @cached_property
+    def outage_range(self) -> tuple[float, float]:
+        """The outage chain's start probability, ``(low, high)``: drawn uniformly per episode (equal: fixed)."""
+        return number_range("outage_prob", self.outage_prob, PROBABILITY)
+
+    @cached_property
+    def scale_range(self) -> tuple[float, float]:
+        """The capacity scale, ``(low, high)``: drawn log-uniformly per episode (equal: a fixed scale)."""
+        return number_range("capacity_scale", self.capacity_scale, POSITIVE)
 
     @property
     def nominal_capacity_mbps(self) -> float:
@@ -323,6 +371,11 @@ def users_range(users: int | str, num_users: int) -> tuple[int, int]:
                       flag=False)
 
 
+# what a range setting's bounds must be: the rule that says so, and the test
+PROBABILITY = ("a probability (>= 0 and <= 1)", lambda low, high: 0 <= low <= high <= 1)
+POSITIVE = ("a number > 0", lambda low, high: 0 < low <= high < math.inf)
+
+
 def churn_range(churn: float | str) -> tuple[float, float]:
     """``churn`` (a probability, or a range ``"LOW-HIGH"`` drawn uniformly per episode) as ``(low, high)`` within
     ``0..1``; a :class:`envs.settings.ConfigError` otherwise.
@@ -334,16 +387,30 @@ def churn_range(churn: float | str) -> tuple[float, float]:
     ...
     envs.settings.ConfigError: churn must be a probability (>= 0 and <= 1) or a range 'LOW-HIGH' of them, got '0.2-0.1'
     """
-    text = str(churn).strip()
-    low, sep, high = text.partition("-") if not is_number(churn) else (text, "", "")
+    return number_range("churn", churn, PROBABILITY)
+
+
+def number_range(key: str, value: float | str, rule: tuple[str, Any]) -> tuple[float, float]:
+    """The setting ``key``'s ``value`` (a number, or a range ``"LOW-HIGH"`` drawn per episode) as ``(low, high)``
+    within ``rule`` (:data:`PROBABILITY`, :data:`POSITIVE`); a :class:`envs.settings.ConfigError` otherwise.
+
+    >>> number_range("capacity_scale", "0.25-4", POSITIVE), number_range("outage_prob", 0.1, PROBABILITY)
+    ((0.25, 4.0), (0.1, 0.1))
+    >>> number_range("capacity_scale", "0-4", POSITIVE)
+    Traceback (most recent call last):
+    ...
+    envs.settings.ConfigError: capacity_scale must be a number > 0 or a range 'LOW-HIGH' of them, got '0-4'
+    """
+    text = str(value).strip()
+    low, sep, high = text.partition("-") if not is_number(value) else (text, "", "")
     try:
-        low_p, high_p = float(low), float(high if sep else low)
+        low_v, high_v = float(low), float(high if sep else low)
     except ValueError:
-        low_p = high_p = math.nan
-    if 0 <= low_p <= high_p <= 1:
-        return low_p, high_p
-    raise ConfigError("churn", churn, "must be a probability (>= 0 and <= 1) or a range 'LOW-HIGH' of them",
-                      flag=False)
+        low_v = high_v = math.nan
+    what, within = rule
+    if within(low_v, high_v):
+        return low_v, high_v
+    raise ConfigError(key, value, f"must be {what} or a range 'LOW-HIGH' of them", flag=False)
 
 
 def _check_kinds(cfg: VREdgeConfig) -> None:

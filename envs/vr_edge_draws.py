@@ -7,7 +7,8 @@ env's trajectories in the others without an error).
 
 The cell's five come first, at fixed indices (:class:`Draw`); then each user's channel (two per user: a normal by
 Box-Muller); where the cell's users vary, the reset's user count and one draw per slot for leaving or joining
-(:class:`DrawLayout`); where the cell has outages (``outage_prob``), one for the outage chain, last. Some draws serve a
+(:class:`DrawLayout`); where the cell has outages (``outage_prob``), one for the outage chain; where ``capacity_scale``
+is a range, one for the episode's scale (a reset's only), last. Some draws serve a
 second purpose at reset, where the step's purpose is idle (a recorded trace's file and start window): a recorded trace
 replaces the synthetic cell without shifting any other draw.
 
@@ -20,6 +21,8 @@ Example:
     >>> with_outages = DrawLayout.of(num_users=3, varies=False, outages=True)  # one more, after all the others
     >>> with_outages.outage, with_outages.size
     (11, 12)
+    >>> DrawLayout.of(num_users=3, varies=False, outages=True, scale_varies=True).scale   # one more, last
+    12
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ class DrawLayout:
     normal per user, which a user trace's file and start window use instead), then where the cell varies ``users``
     (the reset's user count), ``episode_churn`` (the reset's churn, where it is a range) and ``churn`` (``[U]``,
     each slot's leave or join per step; a reset's churn is its first draw, which a reset leaves free), then where
-    the cell has outages ``outage`` (whether the outage chain moves, per step; after every other draw, so that a
-    cell without outages draws as before)."""
+    the cell has outages ``outage`` (whether the outage chain moves, per step; a reset's draws the episode's
+    ``outage_prob`` where that is a range: every episode starts out of an outage), then where ``capacity_scale`` is a
+    range ``scale`` (the reset's scale; a step leaves it idle). Each after every other draw, so that a cell without
+    them draws as before."""
 
     channel: slice
     channel_pair: slice
@@ -56,14 +61,17 @@ class DrawLayout:
     episode_churn: int
     churn: slice
     outage: int
+    scale: int
     size: int
 
     @classmethod
-    def of(cls, num_users: int, varies: bool, outages: bool = False) -> DrawLayout:
+    def of(cls, num_users: int, varies: bool, outages: bool = False, scale_varies: bool = False) -> DrawLayout:
         """The layout for a cell of ``num_users`` slots; ``varies``: whether its active users vary (only then does
-        it draw users and churn); ``outages``: whether it has the outage chain (only then does it draw for it)."""
+        it draw users and churn); ``outages``: whether it has the outage chain (only then does it draw for it);
+        ``scale_varies``: whether its capacity scale is drawn per episode (only then does it draw one)."""
         users = CELL_DRAWS + 2 * num_users
         before = users + (1 + num_users if varies else 0)
+        scale = before + (1 if outages else 0)
         return cls(channel=slice(CELL_DRAWS, CELL_DRAWS + num_users), channel_pair=slice(CELL_DRAWS + num_users, users),
                    users=users, episode_churn=users + 1, churn=slice(users + 1, users + 1 + num_users),
-                   outage=before, size=before + (1 if outages else 0))
+                   outage=before, scale=scale, size=scale + (1 if scale_varies else 0))

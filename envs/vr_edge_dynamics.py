@@ -80,6 +80,35 @@ def _drawn_users(cfg: VREdgeConfig, u: np.ndarray) -> dict[str, np.ndarray]:
     return drawn
 
 
+def _drawn_network(cfg: VREdgeConfig, u: np.ndarray) -> dict[str, np.ndarray]:
+    """The network conditions drawn at reset for the episode, each ``[B]``: where ``outage_prob`` is a range, the
+    episode's ``outage_prob``, uniform over it from the outage chain's draw (which a reset leaves free: every
+    episode starts out of an outage); where ``capacity_scale`` is a range, the episode's ``capacity_scale`` from
+    the block's scale draw. ``{}`` where neither is a range."""
+    drawn = {}
+    if cfg.outage_varies:
+        low_p, high_p = cfg.outage_range
+        drawn["outage_prob"] = low_p + u[:, cfg.draws.outage] * (high_p - low_p)
+    if cfg.scale_varies:
+        # log-uniform, not uniform: a scale multiplies the capacity, so a range such as 0.25-4 should give as many
+        # episodes between a quarter and the nominal cell as between it and four times it (a uniform draw would
+        # put four fifths of them above 1 and hardly any starved cell)
+        low_s, high_s = cfg.scale_range
+        drawn["capacity_scale"] = low_s * np.exp(u[:, cfg.draws.scale] * math.log(high_s / low_s))
+    return drawn
+
+
+def episode_scale(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> float | np.ndarray:
+    """Each episode's capacity scale: its draw ``[B]`` where ``capacity_scale`` is a range, else the setting."""
+    return s["capacity_scale"] if cfg.scale_varies else cfg.scale_range[0]
+
+
+def episode_outage_prob(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> float | np.ndarray:
+    """Each episode's outage start probability: its draw ``[B]`` where ``outage_prob`` is a range, else the
+    setting (a float)."""
+    return s["outage_prob"] if cfg.outage_varies else cfg.outage_range[0]
+
+
 def _user_start(cfg: VREdgeConfig, b: int) -> dict[str, np.ndarray]:
     """The per-user leaves ``[b, U]`` of a user who starts (at reset, or joining): the initial buffer, the lowest
     level and its bitrate as throughput, no download, no stall."""
@@ -119,7 +148,7 @@ def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> 
     noise = cfg.noise_std * rng.normals(u[:, Draw.NOISE], u[:, Draw.NOISE_PAIR])
     fade = np.zeros(b, dtype=bool)
     logit = cfg.channel_std * rng.normals(u[:, cfg.draws.channel], u[:, cfg.draws.channel_pair])
-    drawn = _drawn_users(cfg, u)
+    drawn = {**_drawn_users(cfg, u), **_drawn_network(cfg, u)}
     nominal = episode_nominal(cfg, drawn)
     cap = synthetic_capacity(cfg, regime, noise, fade, nominal)
     trace_keys = _user_trace_start(cfg, u)
@@ -127,6 +156,8 @@ def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> 
         trace, pos = cfg.traces.start(u[:, Draw.NEXT_REGIME], u[:, Draw.FADE])
         cap = trace_capacity(cfg, trace, pos, nominal)
         trace_keys.update(trace=trace, trace_pos=pos)
+    if cfg.scaled:  # over whatever sets the capacity, the synthetic cell or a trace
+        cap = cap * episode_scale(cfg, drawn)
     return {
         "key": keys.copy(),
         "counter": counters + np.uint64(1),
@@ -246,11 +277,11 @@ def step_state(cfg: VREdgeConfig, s: dict[str, np.ndarray], actions: np.ndarray)
     t = s["t"] + 1
     terminated = np.any(users["cum_stall"] > cfg.abandon_stall_s, axis=1)  # (an inactive slot never stalls)
     truncated = (t >= cfg.max_steps) & ~terminated
-    new = {"key": s["key"], "counter": s["counter"] + np.uint64(1), "t": t, **cell, **users, **trace_keys}
+    new = {"key": s["key"], "counter": s["counter"] + np.uint64(1), "t": t, **cell, **users, **trace_keys,
+           **{k: s[k] for k in EPISODE_DRAWS if k in s}}
     reward = user_mean(cfg, r["user_reward"], active)
     parts = _reward_parts(cfg, s, r, switched, capacity, active)
     if active is not None:
-        new.update({k: s[k] for k in EPISODE_DRAWS if k in s})
         new.update(_churned(cfg, new, active, u, terminated | truncated))
     return new, reward, terminated, truncated, parts
 
@@ -326,9 +357,11 @@ def cell_round(cfg: VREdgeConfig, s: dict[str, np.ndarray], u: np.ndarray
     logit = cfg.channel_corr * s["channel_logit"] + math.sqrt(1 - cfg.channel_corr**2) * cfg.channel_std * (
         rng.normals(u[:, cfg.draws.channel], u[:, cfg.draws.channel_pair]))
     cell = {"regime": regime, "noise": noise, "fade": fade, "channel_logit": logit}
+    if cfg.scaled:  # the episode's scale, over whatever sets the capacity (the synthetic cell or a trace)
+        capacity = capacity * episode_scale(cfg, s)
     if cfg.outages:  # the Gilbert-Elliott chain, over whatever sets the capacity (the synthetic cell or a trace)
         draw = u[:, cfg.draws.outage]
-        cell["outage"] = np.where(s["outage"], draw >= cfg.outage_end_prob, draw < cfg.outage_prob)
+        cell["outage"] = np.where(s["outage"], draw >= cfg.outage_end_prob, draw < episode_outage_prob(cfg, s))
         capacity = capacity * np.where(cell["outage"], cfg.outage_depth, 1.0)
     if cfg.link_traces is not None:
         trace_keys.update(user_trace=s["user_trace"],

@@ -189,19 +189,37 @@ class TorchDynamics:
             drawn["churn"] = low_p + u[:, self.draws.episode_churn] * (high_p - low_p)
         return drawn
 
+    def _drawn_network(self, u: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The episode's ``outage_prob`` and ``capacity_scale`` where each is a range (as
+        :func:`envs.vr_edge_dynamics._drawn_network`: uniform and log-uniform); ``{}`` where neither is."""
+        cfg, drawn = self.cfg, {}
+        if cfg.outage_varies:
+            low_p, high_p = cfg.outage_range
+            drawn["outage_prob"] = low_p + u[:, self.draws.outage] * (high_p - low_p)
+        if cfg.scale_varies:
+            low_s, high_s = cfg.scale_range
+            drawn["capacity_scale"] = low_s * torch.exp(u[:, self.draws.scale] * math.log(high_s / low_s))
+        return drawn
+
+    def _scale(self, s: dict[str, torch.Tensor]) -> float | torch.Tensor:
+        """Each episode's capacity scale (as :func:`envs.vr_edge_dynamics.episode_scale`)."""
+        return s["capacity_scale"] if self.cfg.scale_varies else self.cfg.scale_range[0]
+
     def _drawn(self, keys: torch.Tensor, counters: torch.Tensor) -> dict[str, torch.Tensor]:
         """The leaves of fresh episode states that come from block ``counters``'s random draws."""
         cfg = self.cfg
         u = uniform_block(keys, counters, cfg.block_size)
         regime = torch.clamp((u[:, Draw.REGIME] * 3).to(torch.int64), max=2)
         noise = cfg.noise_std * _normals(u[:, Draw.NOISE], u[:, Draw.NOISE_PAIR])
-        users = self._drawn_users(u)
+        users, network = self._drawn_users(u), self._drawn_network(u)
         cap = self._capacity(regime, noise, torch.zeros_like(regime, dtype=torch.bool), self._nominal(users))
         traces, trace_cap = self._trace_start(u, self._nominal(users))
         cap = cap if trace_cap is None else trace_cap
+        if cfg.scaled:  # over whatever sets the capacity (as envs.vr_edge_dynamics.initial_state)
+            cap = cap * self._scale(network)
         return {"counter": counters + 1, "regime": regime, "noise": noise,
                 "channel_logit": cfg.channel_std * _normals(u[:, self.draws.channel], u[:, self.draws.channel_pair]),
-                "cap_history": cap[:, None].repeat(1, cfg.history), **users, **traces}
+                "cap_history": cap[:, None].repeat(1, cfg.history), **users, **traces, **network}
 
     def _constant_leaves(self) -> dict[str, tuple[bool | int | float, torch.dtype, bool]]:
         """The leaves every fresh episode starts with the same value: ``(value, dtype, one per user)``."""
@@ -278,11 +296,11 @@ class TorchDynamics:
         t = s["t"] + 1
         terminated = torch.any(users["cum_stall"] > cfg.abandon_stall_s, dim=1)
         truncated = (t >= cfg.max_steps) & ~terminated
-        new = {"key": s["key"], "counter": s["counter"] + 1, "t": t, **cell, **users}
+        new = {"key": s["key"], "counter": s["counter"] + 1, "t": t, **cell, **users,
+               **{k: s[k] for k in EPISODE_DRAWS if k in s}}
         reward = self._user_mean(r["user_reward"], active)
         parts = self._reward_parts(s, r, switched, capacity)
         if active is not None:
-            new.update({k: s[k] for k in EPISODE_DRAWS if k in s})
             new.update(self._churned(new, active, u, terminated | truncated))
         return new, reward, terminated, truncated, parts
 
@@ -330,9 +348,12 @@ class TorchDynamics:
         if self.user_traces is not None:
             cell.update(user_trace=s["user_trace"],
                         user_trace_pos=self.user_traces.next_position(s["user_trace"], s["user_trace_pos"]))
-        if cfg.outages:  # the Gilbert-Elliott chain (as envs.vr_edge_dynamics.cell_round)
+        if cfg.scaled:  # the episode's scale, then the Gilbert-Elliott chain (as envs.vr_edge_dynamics.cell_round)
+            capacity = capacity * self._scale(s)
+        if cfg.outages:
             draw = u[:, self.draws.outage]
-            cell["outage"] = torch.where(s["outage"], draw >= cfg.outage_end_prob, draw < cfg.outage_prob)
+            start = s["outage_prob"] if cfg.outage_varies else cfg.outage_range[0]
+            cell["outage"] = torch.where(s["outage"], draw >= cfg.outage_end_prob, draw < start)
             capacity = capacity * self.outage_factor[cell["outage"].to(torch.int64)]
         return cell, capacity, self._channel(cell)
 
