@@ -273,8 +273,6 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
 
     import checkpoints
     import envs
-    from envs.belief import filter_refusal
-    from envs.hindsight import bound_refusal
     from envs.profiles import profile_of, profiled_envs
     from envs.traces import TRACE_ARGUMENTS
     from trainer.evaluation import held_out_env_kwargs
@@ -305,16 +303,26 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
         names = [n for n in names if n in profile.baselines]
     env_kwargs = held_out_env_kwargs(cfg.env, cfg.env_options, args.given)
     vr_config = envs.VREdgeConfig(**env_kwargs).read_traces() if profile.cells else None  # a bad trace: at once
-    if vr_config is not None and "belief" in (args.reference or ()) and (refused := filter_refusal(vr_config)):
-        parser.error(f"--reference belief: {refused}; drop belief")
-    if vr_config is not None and "bound" in (args.reference or ()) and (refused := bound_refusal(vr_config)):
-        parser.error(f"--reference bound: {refused}; drop bound")
+    _check_references(parser, args, vr_config)
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
     out_dir = Path(args.out) if args.out else run_dir
     check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
     cells = _asked_cells(parser, args, model, cfg, vr_config, names)
     return _Setup(source, sha256, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells)
+
+
+def _check_references(parser: OneLineParser, args: argparse.Namespace, vr_config: VREdgeConfig | None) -> None:
+    """A usage error, in one line, where a reference asked for cannot play the VR-edge cell ``vr_config``: the
+    causal reference's filter (``belief``) or the hindsight bound (``bound``)."""
+    from envs.belief import filter_refusal
+    from envs.hindsight import bound_refusal
+
+    if vr_config is None:
+        return
+    for name, refusal in (("belief", filter_refusal), ("bound", bound_refusal)):
+        if name in (args.reference or ()) and (refused := refusal(vr_config)):
+            parser.error(f"--reference {name}: {refused}; drop {name}")
 
 
 def _asked_cells(parser: OneLineParser, args: argparse.Namespace, model: nn.Module, cfg: TrainConfig,
