@@ -139,7 +139,7 @@ def _parser() -> OneLineParser:
                         "the policy's capture of its lead over fair_share and, with clairvoyant, its causal share "
                         "of the clairvoyant's; synthetic cells only), bound (envs.hindsight: a certified upper bound "
                         "on any policy's score per episode, the bracket and the policy's optimality gap; users that "
-                        "do not vary; about 16 s an episode on the default cell) (default: clairvoyant; with --users "
+                        "do not vary; about 14 s an episode on the default cell) (default: clairvoyant; with --users "
                         "or --churn none, as the references cost most of a cell evaluation's time)")
     p.add_argument("--belief-base", choices=("fair_share", "policy"), default="fair_share",
                    help="with --reference belief: the base policy the causal ceiling improves by rollout, fair_share "
