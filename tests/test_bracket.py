@@ -159,3 +159,13 @@ def test_without_the_bound_an_old_run_evaluates_exactly_as_before(tmp_path):
     assert json.loads(json.dumps(payload).replace(str(run), "RUN")) == before
     said = [line for line in table.replace(str(run), "RUN").splitlines() if not line.startswith("episodes")]
     assert said == (BEFORE / "table.txt").read_text().splitlines()
+
+
+@pytest.mark.slow  # (the default cell: a bound episode and a BeliefMPC episode, under a minute)
+def test_the_cost_benchmark_times_both_references(capsys):
+    from benchmarks.hindsight import main
+
+    main(["cost", "--bound-episodes", "1", "--belief-episodes", "1", "--episodes", "2"])
+    out = capsys.readouterr().out
+    assert "bound:" in out and "belief:" in out and out.count("extrapolated from 1 x 2.0") == 2
+    assert "bound / belief on 2 episodes:" in out
