@@ -2,6 +2,7 @@
 
     python -m benchmarks.hindsight small [--users 2] [--rounds 8] [--episodes 20]
     python -m benchmarks.hindsight default [--episodes 10] [--iterations 40] [--belief] [--sharing N]
+    python -m benchmarks.hindsight cost [--bound-episodes 2] [--belief-episodes 50] [--episodes 50]
 
 ``small``: on small cells (``--users`` users, ``--rounds`` rounds), the exact hindsight optimum
 (:func:`envs.hindsight.exact_hindsight`) against the clairvoyant reference (``ClairvoyantPlanner``, lookahead 5, 2
@@ -11,6 +12,11 @@ cell (8 users, 300 rounds), the airtime bound (``--iterations``) and, with ``--s
 iterations aimed at the clairvoyant's return; minutes an episode) against the clairvoyant, ``fair_share`` and,
 with ``--belief``, ``BeliefMPC`` (its defaults; minutes). Both play the held-out episodes ``trainer.evaluate``
 plays (``evaluation_seeds(0, N)``); nothing here was tuned on them (the bound's step was chosen on raw seeds 0-1).
+``cost``: what ``trainer.evaluate --reference bound`` adds on the default cell against ``--reference belief``,
+each reference played as the evaluation plays it (:func:`trainer.evaluation.bracket.bound_records`;
+:func:`trainer.evaluation.contenders.ceiling_records`, every episode's row in one batched env), side by side in one
+process: the bound on ``--bound-episodes`` (one episode after another: the time scales with the episodes) and
+BeliefMPC on ``--belief-episodes`` (batched: timed whole), both extrapolated to ``--episodes`` where fewer were timed.
 Every figure is a return per round (the episode's return over its rounds); the check column counts the episodes
 where the bound is at least every player's return (it must be all of them).
 """
@@ -144,6 +150,31 @@ def default(episodes: int, iterations: int, sharing: int, belief: bool, seed: in
         print(_row(name, values, rounds, seconds[name], f"{gap.mean():+.4f} ± {ci:.4f}"))
 
 
+def cost(bound_episodes: int, belief_episodes: int, episodes: int, seed: int) -> None:
+    """Seconds of the bound's and BeliefMPC's references on the default cell's held-out episodes, side by side."""
+    import functools
+
+    import gymnasium as gym
+
+    from trainer.evaluation.bracket import BOUND_SOLVER, bound_records
+    from trainer.evaluation.contenders import ceiling_records
+
+    config = envs.VREdgeConfig()
+    env_fn = functools.partial(gym.make, "VREdge-v0", **config.to_dict())
+    start = time.perf_counter()
+    bound_records(config, bound_episodes, seed)
+    bound_s = time.perf_counter() - start
+    start = time.perf_counter()
+    ceiling_records(config, env_fn, belief_episodes, seed)
+    belief_s = time.perf_counter() - start
+    print(f"default cell, held-out episodes of seed {seed}; bound: {BOUND_SOLVER}; belief: BeliefMPC on fair_share")
+    for name, seconds, timed in (("bound", bound_s, bound_episodes), ("belief", belief_s, belief_episodes)):
+        said = "timed" if timed == episodes else f"extrapolated from {timed} x {episodes / timed:.1f}"
+        print(f"{name:>8}: {seconds:7.1f} s for {timed} episodes ({seconds / timed:.1f} s an episode); "
+              f"{seconds * episodes / timed / 60:.1f} min for {episodes} ({said})")
+    print(f"bound / belief on {episodes} episodes: {bound_s / bound_episodes / (belief_s / belief_episodes):.1f}x")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.hindsight", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -157,12 +188,18 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--iterations", type=int, default=40)
     d.add_argument("--sharing", type=int, default=0, help="iterations of the sharing bound (0: not computed)")
     d.add_argument("--belief", action="store_true", help="play BeliefMPC too (its defaults: minutes)")
-    for q in (s, d):
+    c = sub.add_parser("cost", help="--reference bound's cost against --reference belief's on the default cell")
+    c.add_argument("--bound-episodes", type=int, default=2)
+    c.add_argument("--belief-episodes", type=int, default=50)
+    c.add_argument("--episodes", type=int, default=50, help="the evaluation's episodes the times are given for")
+    for q in (s, d, c):
         q.add_argument("--seed", type=int, default=0, help="evaluation seed (as trainer.evaluate)")
     args = p.parse_args(argv)
     print(f"CPU: {_cpu()}")
     if args.which == "small":
         small(args.users, args.rounds, args.episodes, args.seed)
+    elif args.which == "cost":
+        cost(args.bound_episodes, args.belief_episodes, args.episodes, args.seed)
     else:
         default(args.episodes, args.iterations, args.sharing, args.belief, args.seed)
 

@@ -74,11 +74,26 @@ def episode_future(config: VREdgeConfig, seed: int) -> Future:
     return future_from_state(config, initial_state(config, key, np.zeros(1, dtype=np.uint64)))
 
 
+def bound_refusal(config: VREdgeConfig) -> str:
+    """Why the hindsight solvers cannot take cells built with ``config``; ``""`` when they can. Traces (capacity
+    and user links), outages and a capacity scale, fixed or drawn per episode, are all an exogenous future the
+    solvers read (:func:`envs.planner.true_rounds`); users that join and leave are not (the slots' activity would be
+    part of the problem's state).
+
+    >>> bound_refusal(VREdgeConfig(capacity_trace="pensieve", outage_prob=0.05)), bool(bound_refusal(
+    ...     VREdgeConfig(num_users=4, users="2-4")))
+    ('', True)
+    """
+    if config.varies:
+        return ("the hindsight solvers take a cell whose users do not vary: leave users and churn at their defaults "
+                "(every slot active, churn 0)")
+    return ""
+
+
 def future_from_state(config: VREdgeConfig, state: dict[str, np.ndarray]) -> Future:
     """The future of one env's state ``state`` (``B = 1``, as ``get_state()`` returns) up to its episode's end."""
-    if config.varies:
-        raise ValueError("the hindsight solvers take a cell whose users do not vary: leave users and churn at "
-                         "their defaults (every slot active, churn 0)")
+    if refused := bound_refusal(config):
+        raise ValueError(refused)
     rounds = true_rounds(config, state, int(config.max_steps - state["t"][0]))
     return Future(capacity=np.array([c[0] for _, c in rounds]),
                   channel=np.stack([channel_of(config, after)[0] for after, _ in rounds]),

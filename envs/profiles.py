@@ -158,7 +158,7 @@ def names_declared(field: str) -> list[str]:
     is a typo: a usage error before a checkpoint is read).
 
     >>> "fair_share" in names_declared("baselines"), names_declared("references")
-    (True, ['clairvoyant', 'belief'])
+    (True, ['clairvoyant', 'belief', 'bound'])
     """
     return list(dict.fromkeys(name for env in list(_PROFILES) for name in getattr(profile_of(env), field)))
 

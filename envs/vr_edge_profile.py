@@ -1,9 +1,9 @@
 """VR-edge's profile (:class:`envs.profiles.EnvProfile`): what the trainer knows of ``VREdge-v0``.
 
 Scored by reward per step; the streaming literature's heuristics as baselines (:data:`envs.baselines.BASELINES`),
-the clairvoyant planner and the causal ceiling as references, ``BeliefMPC`` (on ``fair_share``) as the distillation
-expert; held-out episodes on a trace set's test split; cells of users. Loaded on first ask
-(:func:`envs.profiles.profile_of`).
+the clairvoyant planner, the causal reference (``BeliefMPC``) and the certified upper bound (``envs.hindsight``) as
+references, ``BeliefMPC`` (on ``fair_share``) as the distillation expert; held-out episodes on a trace set's test
+split; cells of users. Loaded on first ask (:func:`envs.profiles.profile_of`).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def _baseline_names() -> tuple[str, ...]:
 PROFILE = EnvProfile(
     score="reward_per_step", score_label="reward/step", curve="reward_per_step",
     baselines={name: _baseline(name) for name in _baseline_names()},
-    references=("clairvoyant", "belief"),
+    references=("clairvoyant", "belief", "bound"),
     expert=Expert("BeliefMPC", _expert, stateful=True, refusal=_expert_refusal,
                   pace="the default 8-user cell's 64 episodes of 300 steps: about 70 s on a quiet 2-core "
                        "AMD EPYC; more users and a busy machine take longer"),

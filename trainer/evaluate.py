@@ -1,7 +1,7 @@
 """Evaluate a trained policy against the heuristic baselines on held-out seeds.
 
     python -m trainer.evaluate --checkpoint RUN_DIR_OR_FILE [--episodes 50] [--seed S] [--pick best|latest]
-                               [--deterministic | --stochastic] [--baselines all] [--reference clairvoyant,belief]
+                               [--deterministic | --stochastic] [--baselines all] [--reference clairvoyant,belief,bound]
                                [--capacity-trace PATH] [--env-kwargs K=V,...] [--users 2,4,8,12,16 --churn 0,0.05]
                                [--json]
 
@@ -135,10 +135,12 @@ def _parser() -> OneLineParser:
     p.add_argument("--reference", default=None, metavar="NAMES",
                    help="VR-edge: the references played beside the policy, comma-separated, or none: clairvoyant "
                         "(envs.planner; sees the true future: the fraction of the gap from the best baseline that "
-                        "the policy closes), belief (envs.belief_mpc: the causal ceiling, from observations only: "
+                        "the policy closes), belief (envs.belief_mpc: the causal reference, from observations only: "
                         "the policy's capture of its lead over fair_share and, with clairvoyant, its causal share "
-                        "of the clairvoyant's; synthetic cells only) (default: clairvoyant; with --users or "
-                        "--churn none, as the references cost most of a cell evaluation's time)")
+                        "of the clairvoyant's; synthetic cells only), bound (envs.hindsight: a certified upper bound "
+                        "on any policy's score per episode, the bracket and the policy's optimality gap; users that "
+                        "do not vary; about 14 s an episode on the default cell) (default: clairvoyant; with --users "
+                        "or --churn none, as the references cost most of a cell evaluation's time)")
     p.add_argument("--belief-base", choices=("fair_share", "policy"), default="fair_share",
                    help="with --reference belief: the base policy the causal ceiling improves by rollout, fair_share "
                         "or the policy evaluated (the ceiling at its strongest: in expectation no worse than the "
@@ -194,6 +196,9 @@ def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> li
         args.churn = churn_levels(args.churn) if args.churn is not None else None
     except ConfigError as e:
         parser.error(str(e))
+    if "bound" in (args.reference or ()) and (args.users is not None or args.churn is not None):
+        parser.error("--reference bound brackets the run's own cell, not the cells of --users/--churn: drop bound, or "
+                     "drop --users and --churn")
     if not Path(args.checkpoint).exists():  # a typo is answered at once, as a usage error
         parser.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
     if args.out and (problem := not_a_directory("--out", args.out)):
@@ -268,7 +273,6 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
 
     import checkpoints
     import envs
-    from envs.belief import filter_refusal
     from envs.profiles import profile_of, profiled_envs
     from envs.traces import TRACE_ARGUMENTS
     from trainer.evaluation import held_out_env_kwargs
@@ -299,14 +303,26 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
         names = [n for n in names if n in profile.baselines]
     env_kwargs = held_out_env_kwargs(cfg.env, cfg.env_options, args.given)
     vr_config = envs.VREdgeConfig(**env_kwargs).read_traces() if profile.cells else None  # a bad trace: at once
-    if vr_config is not None and "belief" in (args.reference or ()) and (refused := filter_refusal(vr_config)):
-        parser.error(f"--reference belief: {refused}; drop belief")
+    _check_references(parser, args, vr_config)
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
     out_dir = Path(args.out) if args.out else run_dir
     check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
     cells = _asked_cells(parser, args, model, cfg, vr_config, names)
     return _Setup(source, sha256, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells)
+
+
+def _check_references(parser: OneLineParser, args: argparse.Namespace, vr_config: VREdgeConfig | None) -> None:
+    """A usage error, in one line, where a reference asked for cannot play the VR-edge cell ``vr_config``: the
+    causal reference's filter (``belief``) or the hindsight bound (``bound``)."""
+    from envs.belief import filter_refusal
+    from envs.hindsight import bound_refusal
+
+    if vr_config is None:
+        return
+    for name, refusal in (("belief", filter_refusal), ("bound", bound_refusal)):
+        if name in (args.reference or ()) and (refused := refusal(vr_config)):
+            parser.error(f"--reference {name}: {refused}; drop {name}")
 
 
 def _asked_cells(parser: OneLineParser, args: argparse.Namespace, model: nn.Module, cfg: TrainConfig,

@@ -16,6 +16,7 @@ from envs.belief_mpc import BeliefMPC
 from envs.planner import ClairvoyantPlanner
 from envs.profiles import profile_of
 from trainer.evaluation.baselines import best_baseline
+from trainer.evaluation.bracket import BOUND, bound_records, bracket_figures, bracket_text
 from trainer.evaluation.episodes import (
     EPISODE_BATCH,
     Act,
@@ -34,7 +35,7 @@ from trainer.evaluation.statistics import gap_closed, paired_difference, summari
 
 REFERENCE = "clairvoyant"  # the reference's name in the results (trainer.evaluate --reference)
 BELIEF = "belief"  # the causal ceiling's (envs.belief_mpc.BeliefMPC on fair_share or the policy): --reference belief
-REFERENCES = (REFERENCE, BELIEF)
+REFERENCES = (REFERENCE, BELIEF, BOUND)  # (the bound: trainer.evaluation.bracket)
 CEILING_BASE = "fair_share"  # the base the causal ceiling improves on, and the lower end of its figures
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
 
@@ -51,6 +52,7 @@ class Comparison(NamedTuple):
     causal_share: dict[str, Any] | None = None  # the causal ceiling's share of the clairvoyant's lead over it
     unservable: bool | None = None  # nobody serves the cell (trainer.evaluation.servable); None: not said
     unservable_line: str = ""  # where it is: the line that says so (trainer.evaluation.servable.unservable_text)
+    bracket: dict[str, Any] | None = None  # where the bound was played (trainer.evaluation.bracket.bracket_figures)
 
 
 def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.VREdgeConfig | None,
@@ -74,6 +76,8 @@ def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.
     if BELIEF in references:
         played[BELIEF] = ceiling_records(vr_config, env_fn, episodes, seed, act if ceiling_base == "policy"
                                          else ceiling_base)
+    if BOUND in references:
+        played[BOUND] = bound_records(vr_config, episodes, seed)
     return {name: played[name] for name in [label, *names, *REFERENCES, CEILING_BASE] if name in played}
 
 
@@ -120,9 +124,10 @@ def compare_contenders(played: dict[str, Records], label: str, names: Sequence[s
     """The statistics of what each player scored, and the policy (``label``) against the others; the best baseline
     is picked on :data:`SELECTION_EPISODES` validation episodes of the run's seed ``run_seed``."""
     results = {name: summarize(records) for name, records in played.items()}
-    compared = list(names) + [r for r in REFERENCES if r in played]
+    # the bound is no player: it is paired in the bracket (bound minus the policy), not here
+    compared = list(names) + [r for r in REFERENCES if r in played and r != BOUND]
     paired = {name: paired_difference(played[label], played[name]) for name in compared}
-    with_qoe = all("qoe_lin" in r for records in played.values() for r in records)
+    with_qoe = all("qoe_lin" in r for name, records in played.items() if name != BOUND for r in records)
     paired_qoe = {name: paired_difference(played[label], played[name], "qoe_lin") for name in compared} \
         if with_qoe else {}
     env, kwargs = made_env(env_fn)
@@ -131,7 +136,9 @@ def compare_contenders(played: dict[str, Records], label: str, names: Sequence[s
     lost = profile_of(env).abandonment
     cannot = unservable(results[label], results[best] if best else None, lost)
     line = unservable_text(results[label], best, results[best], lost) if cannot else ""
-    return Comparison(results, paired, best, gap, paired_qoe, *ceiling_figures(played, label), cannot, line)
+    causal = [name for name in (label, best, BELIEF) if name and name in played]
+    bracket = bracket_figures(played, label, causal) if BOUND in played else None
+    return Comparison(results, paired, best, gap, paired_qoe, *ceiling_figures(played, label), cannot, line, bracket)
 
 
 def ceiling_figures(played: dict[str, Records], label: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -153,10 +160,13 @@ def ceiling_figures(played: dict[str, Records], label: str) -> tuple[dict[str, A
 def comparison_payload(comparison: Comparison, label: str, names: Sequence[str]) -> dict[str, Any]:
     """A comparison as ``evaluation.json`` holds it: ``policy``, ``baselines``, ``reference`` (by name),
     ``paired_reward_per_step``, ``paired_qoe_lin`` (VR-edge), ``best_baseline``, ``best_baseline_picked_on``,
-    ``gap_closed``, ``capture`` and ``causal_share`` (:func:`ceiling_figures`; ``None`` where not played), and
+    ``gap_closed``, ``capture`` and ``causal_share`` (:func:`ceiling_figures`; ``None`` where not played),
     ``unservable`` (:func:`trainer.evaluation.servable.unservable`: true where the policy and the best baseline both
-    lose their users in most episodes; ``None`` where it cannot be said)."""
+    lose their users in most episodes; ``None`` where it cannot be said) and, only where the bound was played,
+    ``optimality_gap`` (bound minus policy, paired) and ``bracket`` (:func:`trainer.evaluation.bracket.bracket_figures`,
+    less the optimality gap)."""
     results, best = comparison.results, comparison.best
+    bracket = comparison.bracket
     return {"policy": results[label], "baselines": {n: results[n] for n in names},
             "reference": {r: results[r] for r in REFERENCES if r in results},
             "paired_reward_per_step": comparison.paired,
@@ -164,13 +174,16 @@ def comparison_payload(comparison: Comparison, label: str, names: Sequence[str])
             "best_baseline": best,
             "best_baseline_picked_on": f"{SELECTION_EPISODES} validation episodes" if best else None,
             "gap_closed": comparison.gap, "capture": comparison.capture, "causal_share": comparison.causal_share,
-            "unservable": comparison.unservable}
+            "unservable": comparison.unservable,
+            **({"optimality_gap": bracket["optimality_gap"],
+                "bracket": {k: v for k, v in bracket.items() if k != "optimality_gap"}} if bracket else {})}
 
 
 def comparison_text(comparison: Comparison, belief_base: str = CEILING_BASE) -> str:
     """One comparison in words: each player's statistics, the paired differences, the gap closed and, where the
-    causal ceiling (on ``belief_base``) was played, its causal share and the policy's capture; first, where nobody
-    serves the cell, the line that says so (:func:`trainer.evaluation.servable.unservable_text`)."""
+    causal reference (BeliefMPC on ``belief_base``) was played, its causal share and the policy's capture, and where
+    the bound was, the bracket (:func:`trainer.evaluation.bracket.bracket_text`); first, where nobody serves the
+    cell, the line that says so (:func:`trainer.evaluation.servable.unservable_text`)."""
     lines = [format_table(comparison.results)]
     if comparison.unservable_line:
         lines.insert(0, comparison.unservable_line + "\n")
@@ -191,4 +204,6 @@ def comparison_text(comparison: Comparison, belief_base: str = CEILING_BASE) -> 
                      f"clairvoyant reference ({gap['gap']:+.3f} reward/step)")
     if comparison.capture is not None:
         lines.append("\n" + format_ceiling(comparison.capture, comparison.causal_share, belief_base))
+    if comparison.bracket is not None:
+        lines.append("\n" + bracket_text(comparison.bracket))
     return "\n".join(lines)

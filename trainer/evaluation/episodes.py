@@ -108,7 +108,7 @@ def policy_actions(model: torch.nn.Module, deterministic: bool) -> Act:
     return act
 
 
-def _say_played(amount: Fraction | int = 1) -> None:
+def say_played(amount: Fraction | int = 1) -> None:
     """Move the bar of :func:`episodes_shown`, where there is one, by ``amount`` episodes."""
     if (played := _PLAYED.get()) is not None:
         played(amount)
@@ -124,10 +124,10 @@ class _StepsShown:
 
     def stepped(self, rows: int) -> None:
         if self.max_steps:
-            _say_played(Fraction(rows, self.max_steps))
+            say_played(Fraction(rows, self.max_steps))
 
     def ended(self, length: int) -> None:
-        _say_played(Fraction(max(self.max_steps - length, 0), self.max_steps) if self.max_steps else 1)
+        say_played(Fraction(max(self.max_steps - length, 0), self.max_steps) if self.max_steps else 1)
 
 
 def run_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
@@ -235,7 +235,7 @@ def _single_records(call: _Call, env_fn: Callable[[], gym.Env], seeds: list[int]
                     records[current[i]] = {**stats[i].record(),
                                            **{k: float(v) for k, v in info.get("episode_metrics", {}).items()}}
                     stats[i] = _EpisodeStats()
-                    _say_played()
+                    say_played()
                     if next_episode < episodes:
                         obs[i], _ = envs[i].reset(seed=seeds[next_episode])
                         current[i], next_episode = next_episode, next_episode + 1
