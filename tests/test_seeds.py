@@ -146,6 +146,24 @@ def test_each_job_gets_its_share_of_the_machine():
     assert Machine(cores=2, memory=6).split(3) == Machine(cores=1, memory=2)
 
 
+@pytest.mark.parametrize("alone", [False, True], ids=["one of several jobs", "alone"])
+def test_a_jobs_run_ends_on_its_share_of_the_cores(tmp_path, monkeypatch, alone):
+    """Distillation's labels and the quality line run after training, outside its thread plan: in one of several
+    jobs they keep to the job's cores (torch's own count in each job oversubscribes the machine); alone, torch's
+    count is left as it is. The count is restored after."""
+    import trainer.loop as loop
+    import trainer.run_end as run_end
+    from trainer.experiments.seeds import SeedRun, _trained
+
+    before, seen = torch.get_num_threads(), []
+    monkeypatch.setattr(loop, "train", lambda cfg, **kw: {"iterations": 1, "env_steps": 32, "late_signal": 0})
+    monkeypatch.setattr(run_end, "end_of_run", lambda summary, said: seen.append(torch.get_num_threads()))
+    run = SeedRun(1, tmp_path / "s1", done=0, iterations=1)
+    share = Machine(cores=before + 1 if alone else 1)  # (alone: a share unlike torch's count, left alone)
+    assert _trained(run, _cli(tmp_path), share, alone=alone) == 0
+    assert seen == [before if alone else 1] and torch.get_num_threads() == before
+
+
 @pytest.mark.slow
 def test_jobs_train_their_seeds_with_their_share_and_their_output_in_the_run_directories(tmp_path, capfd):
     cli = _cli(tmp_path, "--seeds", "1-3", "--jobs", "2")

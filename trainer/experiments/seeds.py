@@ -163,6 +163,7 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
     """Train (or resume) one seed's run; its exit status (:func:`train_seeds`'). ``alone``: the only job, its
     progress on the terminal; otherwise its output goes to the run's ``train.log`` and one line says what became
     of it."""
+    from collectors.resources import torch_threads
     from trainer.interrupts import noted_signals
     from trainer.loop import TrainingStopped, train  # (torch: once the command line is checked)
     from trainer.run_end import end_of_run
@@ -189,7 +190,11 @@ def _trained(run: SeedRun, cli: CommandLine, share: Machine, alone: bool) -> int
     say(f"seed {run.seed}: finished at iteration {summary['iterations']} ({summary['env_steps']:,} env steps)")
     noted = len(noted_signals())
     if not summary["late_signal"]:  # (a stop as it closed: nothing more of this seed, nor the next)
-        end_of_run(summary, lambda label, line: say(f"seed {run.seed}: {label}: {line}"))
+        # the run's end (distillation's labels, the quality line) on the job's cores too: torch's own count in each
+        # of several jobs oversubscribes the machine, and its threads then wait on each other (measured: 3 jobs on
+        # 2 cores labelled a round of the cell recipe in about 27 minutes, against 3 alone on both cores)
+        with torch_threads(None if alone else share.cores):
+            end_of_run(summary, lambda label, line: say(f"seed {run.seed}: {label}: {line}"))
     if len(skipped_by := noted_signals()) > noted:  # a stop that skipped the seed's end: no next seed
         return 128 + skipped_by[-1]
     return 128 + summary["late_signal"] if summary["late_signal"] else 0  # a stop as it closed: no next seed
