@@ -14,7 +14,8 @@ No policy: the env alone, with random actions and autoreset.
 ``--train``: ``python -m trainer.train`` as a user runs it (VR-edge's defaults, ``--compile off``, a fresh
 interpreter each, the contenders alternating within each round): today's defaults (8 slots), today's defaults at
 12 slots (a ``per_head`` policy), the cell recipe (``docs/cells.toml``: 12 slots, 2-12 users, churn, a ``set``
-policy) and the recipe with one encoder for the set policy's actor and critic (``shared_trunk = true``); the steady
+policy with one encoder for its actor and critic) and the recipe with an encoder of its own for each
+(``shared_trunk = false``: the recipe before 2026-12-06, and what older set runs rebuild with); the steady
 env steps/s of each (after the first iteration) and the time per env step against the 12-slot defaults. With
 ``--base REV``, the 12-slot defaults and the recipe of the revision ``REV`` train in the same rounds (each against
 its own 12-slot defaults): what a change did, measured side by side.
@@ -90,23 +91,25 @@ def report(engine: str, medians: dict[str, float]) -> None:
         print(f"{'':<{len(engine) + 2}}{name:<28} {rate:>12,.0f} {same_slots / rate:>19.2f}x {default / rate:>9.2f}x")
 
 
-TRAININGS = {  # name -> trainer flags; {recipe}: the checkout's docs/cells.toml, {shared}: it with shared_trunk
+TRAININGS = {  # name -> trainer flags; {recipe}: the checkout's docs/cells.toml, {separate}: it with two encoders
     "defaults, 8 slots": [],
     "defaults, 12 slots": ["--env-kwargs", "num_users=12"],
     "the cell recipe, 12 slots": ["--config", "{recipe}"],
-    "the recipe, one shared encoder": ["--config", "{shared}"],
+    "the recipe, two encoders": ["--config", "{separate}"],
 }
 BASE = ("defaults, 12 slots", "the cell recipe, 12 slots")  # what --base also trains, from that revision
 BASE_SUFFIX = " (base)"
 
 
 def recipe_files(source: Path, folder: Path) -> dict[str, str]:
-    """``{recipe}`` and ``{shared}`` of :data:`TRAININGS` for the checkout at ``source``: its recipe, and a copy of
-    it in ``folder`` whose set policy has one encoder for the actor and the critic (``shared_trunk = true``)."""
+    """``{recipe}`` and ``{separate}`` of :data:`TRAININGS` for the checkout at ``source``: its recipe, and a copy of
+    it in ``folder`` whose set policy has an encoder for the actor and one for the critic (``shared_trunk = false``;
+    a revision whose recipe does not name it has them already)."""
     recipe = source / "docs" / "cells.toml"
-    shared = folder / f"{source.name}-cells-shared.toml"
-    shared.write_text("shared_trunk = true\n" + recipe.read_text())  # (a top-level key: before any table)
-    return {"recipe": str(recipe), "shared": str(shared)}
+    separate = folder / f"{source.name}-cells-separate.toml"
+    kept = [line for line in recipe.read_text().splitlines() if not line.replace(" ", "").startswith("shared_trunk=")]
+    separate.write_text("shared_trunk = false\n" + "\n".join(kept) + "\n")  # (a top-level key: before any table)
+    return {"recipe": str(recipe), "separate": str(separate)}
 
 
 def train_rates(iterations: int, rounds: int, num_envs: int, num_steps: int,
