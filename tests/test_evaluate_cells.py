@@ -294,8 +294,8 @@ def test_a_set_policy_trained_on_6_slots_plays_in_cells_of_the_most_users_asked(
     run = _train(tmp_path / "set", "VREdge-v0", VARYING, 1, "--config", str(ROOT / "docs" / "cells.toml"))
     model, cfg, _ = trained_model(run, "latest")
     assert cfg.policy_arch == "set" and model.layout.kind == "set"
-    payload = _json(capsys, ["--checkpoint", str(run), "--users", "2,8", "--churn", "0.05", "--episodes", "2",
-                             "--baselines", "fair_share", "--reference", "none"])
+    payload = _json(capsys, ["--checkpoint", str(run), "--pick", "latest", "--users", "2,8", "--churn", "0.05",
+                             "--episodes", "2", "--baselines", "fair_share", "--reference", "none"])
     assert payload["slots"] == 8 and [c["env_kwargs"]["num_users"] for c in payload["cells"]] == [8, 8]
     kwargs = dict(num_users=8, users=8, churn=0.05, max_steps=20, observe_active=True)
     greedy = policy_actions(model, deterministic=True)
