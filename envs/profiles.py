@@ -75,8 +75,9 @@ class EnvProfile:
     ``score``: the key of an episode's record (:func:`trainer.evaluation.episodes.run_episodes`) a policy is judged
     by (validation's best, the quality line, the paired comparisons), shown as ``score_label``; ``curve``: the
     training log's column learning curves show by default. ``baselines``: name -> ``make(env_kwargs)``, a
-    heuristic that acts on a batch of observations. ``references``: the names of the references
-    ``trainer.evaluate --reference`` may play. ``expert``: what distillation labels with (:class:`Expert`).
+    heuristic that acts on a batch of observations. ``references``: the references
+    ``trainer.evaluate --reference`` may play, name -> ``refusal(env_kwargs)``: why it cannot play that env's
+    cells in one line (``""``: it can). ``expert``: what distillation labels with (:class:`Expert`).
     ``arguments()``: the env's constructor arguments and their defaults (``{}``: not known, not checked);
     ``check_arguments(env_kwargs, backend)`` raises ``ValueError`` with one line where they are refused.
     ``file_arguments``: the arguments that name files (made absolute, may move); ``trace_arguments``: those
@@ -95,7 +96,7 @@ class EnvProfile:
     score_label: str = "return"
     curve: str = "episode_return"
     baselines: Mapping[str, Callable[[EnvKwargs], Act]] = field(default_factory=dict)
-    references: tuple[str, ...] = ()
+    references: Mapping[str, Callable[[EnvKwargs], str]] = field(default_factory=dict)
     expert: Expert | None = None
     arguments: Callable[[], EnvKwargs] = dict
     check_arguments: Callable[[EnvKwargs, str], None] = lambda kwargs, backend: None

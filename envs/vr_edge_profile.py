@@ -119,6 +119,11 @@ def _expert_refusal(env_kwargs: EnvKwargs) -> str:
     return filter_refusal(VREdgeConfig(**env_kwargs))
 
 
+def _bound_refusal(env_kwargs: EnvKwargs) -> str:
+    from envs.hindsight import bound_refusal
+    return bound_refusal(VREdgeConfig(**env_kwargs))
+
+
 def _baseline_names() -> tuple[str, ...]:
     from envs.baselines import BASELINES
     return tuple(BASELINES)
@@ -127,7 +132,8 @@ def _baseline_names() -> tuple[str, ...]:
 PROFILE = EnvProfile(
     score="reward_per_step", score_label="reward/step", curve="reward_per_step",
     baselines={name: _baseline(name) for name in _baseline_names()},
-    references=("clairvoyant", "belief", "bound"),
+    # the first is played by default; BeliefMPC's filter refuses what the distillation expert refuses
+    references={"clairvoyant": lambda kwargs: "", "belief": _expert_refusal, "bound": _bound_refusal},
     expert=Expert("BeliefMPC", _expert, stateful=True, refusal=_expert_refusal,
                   pace="the default 8-user cell's 64 episodes of 300 steps: about 70 s on a quiet 2-core "
                        "AMD EPYC; more users and a busy machine take longer"),

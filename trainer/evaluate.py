@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # (torch loads once the command line is checked)
     from torch import nn
 
     from envs import VREdgeConfig
+    from envs.profiles import EnvProfile
     from trainer.config import TrainConfig
     from trainer.evaluation.cells import Cell
     from trainer.evaluation.contenders import Comparison
@@ -303,7 +304,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
         names = [n for n in names if n in profile.baselines]
     env_kwargs = held_out_env_kwargs(cfg.env, cfg.env_options, args.given)
     vr_config = envs.VREdgeConfig(**env_kwargs).read_traces() if profile.cells else None  # a bad trace: at once
-    _check_references(parser, args, vr_config)
+    _check_references(parser, args, profile, env_kwargs)
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
     out_dir = Path(args.out) if args.out else run_dir
     check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
@@ -312,16 +313,12 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     return _Setup(source, sha256, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells)
 
 
-def _check_references(parser: OneLineParser, args: argparse.Namespace, vr_config: VREdgeConfig | None) -> None:
-    """A usage error, in one line, where a reference asked for cannot play the VR-edge cell ``vr_config``: the
-    causal reference's filter (``belief``) or the hindsight bound (``bound``)."""
-    from envs.belief import filter_refusal
-    from envs.hindsight import bound_refusal
-
-    if vr_config is None:
-        return
-    for name, refusal in (("belief", filter_refusal), ("bound", bound_refusal)):
-        if name in (args.reference or ()) and (refused := refusal(vr_config)):
+def _check_references(parser: OneLineParser, args: argparse.Namespace, profile: EnvProfile,
+                      env_kwargs: dict[str, Any]) -> None:
+    """A usage error, in one line, where a reference asked for cannot play the env's cells (its profile says why:
+    VR-edge's causal reference filters no traced cell, its bound takes no cell whose users vary)."""
+    for name in args.reference or ():
+        if name in profile.references and (refused := profile.references[name](env_kwargs)):
             parser.error(f"--reference {name}: {refused}; drop {name}")
 
 
@@ -394,7 +391,7 @@ def _with_reference(args: argparse.Namespace, setup: _Setup) -> tuple[str, ...]:
 
     declared = profile_of(setup.cfg.env).references
     if args.reference is None:
-        return () if setup.cells else declared[:1]
+        return () if setup.cells else tuple(declared)[:1]
     return tuple(r for r in args.reference if r in declared)
 
 
