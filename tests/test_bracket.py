@@ -187,3 +187,42 @@ def test_the_cost_benchmark_times_both_references(capsys):
     out = capsys.readouterr().out
     assert "bound:" in out and "belief:" in out and out.count("extrapolated from 1 x 2.0") == 2
     assert "bound / belief on 2 episodes:" in out
+
+
+def test_the_bracket_benchmark_gives_each_run_the_evaluations_bracket_and_plays_the_rest_once(
+        run, bracketed, tmp_path, monkeypatch, capsys):
+    """``benchmarks.bracket`` on two runs: each row is the bracket ``trainer.evaluate --reference bound`` gives the
+    run (the same episodes, the same figures), and a second call plays nothing it kept (the bound, BeliefMPC, the
+    baselines and each policy are read back)."""
+    from benchmarks import bracket as bench
+
+    twins = [Path(shutil.copytree(run, tmp_path / name)) for name in ("s1", "s2")]
+    out = tmp_path / "out"
+    argv = [*map(str, twins), "--episodes", str(EPISODES), "--out", str(out)]
+    bench.main(argv)
+    rows = json.loads((out / "bracket.json").read_text())
+    expected = {**bracketed[0]["bracket"], "optimality_gap": bracketed[0]["optimality_gap"]}
+    assert [r["run"] for r in rows] == [str(t) for t in twins]
+    for row in rows:
+        assert row["bound"]["per_episode"] == pytest.approx(expected["bound"]["per_episode"], abs=1e-9)
+        for key in ("width", "optimality_gap"):
+            assert row[key]["mean"] == pytest.approx(expected[key]["mean"], abs=1e-9)
+            assert row[key]["ci95"] == pytest.approx(expected[key]["ci95"], abs=1e-9)
+        assert row["bound_holds"]["held"] == EPISODES
+    table = capsys.readouterr().out
+    assert table.count("| s") == 2 and (out / "bracket.md").read_text().strip() in table
+
+    def played_again(*args, **kwargs):
+        raise AssertionError("played again: the kept records were not used")
+    monkeypatch.setattr(bench, "run_episodes", played_again)
+    monkeypatch.setattr(bench, "bound_records", played_again)
+    monkeypatch.setattr(bench, "ceiling_records", played_again)
+    bench.main(argv)
+    assert json.loads((out / "bracket.json").read_text()) == rows
+
+
+def test_the_bracket_benchmark_refuses_a_run_it_cannot_load_in_one_line(run, tmp_path, capsys):
+    from benchmarks import bracket as bench
+
+    with exits(2, "no-such-run", capsys=capsys):
+        bench.main([str(run), str(tmp_path / "no-such-run"), "--out", str(tmp_path / "out")])
