@@ -396,14 +396,7 @@ def lagrangian_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, 
     round one cell below the rounded-up one is also reached by finishing one slice later, at no stall and no more
     cost. Without it the result is today's, bit for bit."""
     grid = _Grid.of(config, grid_s, airtime_s)
-    charge = None
-    if penalty is not None:
-        if penalty.charge.shape[0] != future.rounds or penalty.charge.shape[-1] != grid.top + 1 or abs(
-                penalty.grid_s - grid_s) > 1e-12:
-            raise ValueError(f"the penalty (rounds {penalty.charge.shape[0]}, grid_s {penalty.grid_s}) does not fit "
-                             f"this bound (rounds {future.rounds}, grid_s {grid_s}): build it for the same episode "
-                             "and grid")
-        charge = penalty.charge
+    charge = _checked_charge(penalty, future, grid)
     lam = np.zeros((future.rounds, grid.slices)) if prices is None else _refined(prices, future.rounds, grid.slices)
     steps = np.maximum(lam - np.concatenate([lam[:, 1:], np.zeros((future.rounds, 1))], axis=1), 0.0)
     deadlines = grid_s * np.arange(1, grid.slices + 1)
@@ -425,6 +418,27 @@ def lagrangian_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, 
             break
         steps = np.maximum(steps - scale * (value - reached) / norm * gradient, 0.0)  # Polyak's step to the target
     return HindsightBound(value=best, prices=best_prices, grid_s=grid_s, values=values)
+
+
+def _checked_charge(penalty: Penalty | None, future: Future, grid: _Grid) -> np.ndarray | None:
+    """The penalty's charges ``[T, U, L, G + 1]`` where it fits the episode and the grid (``None``: no penalty)."""
+    if penalty is None:
+        return None
+    rounds, users, _, cells = penalty.charge.shape
+    if (rounds, users, cells) != (future.rounds, len(future.buffer), grid.top + 1) or abs(
+            penalty.grid_s - grid.step) > 1e-12:
+        raise ValueError(f"the penalty (rounds {rounds}, users {users}, grid_s {penalty.grid_s}) does not fit this "
+                         f"bound (rounds {future.rounds}, users {len(future.buffer)}, grid_s {grid.step}): build it "
+                         "for the same episode and grid")
+    return penalty.charge
+
+
+def _window_max(value: np.ndarray, below: int) -> np.ndarray:
+    """``value`` ``[..., G + 1]`` where each entry is the best of itself and the ``below`` entries before it."""
+    out = value.copy()
+    for k in range(1, below + 1):
+        np.maximum(out[..., k:], value[..., :-k], out=out[..., k:])
+    return out
 
 
 def _refined(prices: np.ndarray, rounds: int, slices: int) -> np.ndarray:
@@ -548,7 +562,7 @@ def _airtime_bought(work: np.ndarray, choices: list, order: np.ndarray, after: n
 
 def sharing_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, delay_grid_s: float = 0.02,
                   airtime_s: float = 6.0, iterations: int = 20, step: float = 1.0, final_grid_s: float | None = None,
-                  target: float = -np.inf) -> HindsightBound:
+                  target: float = -np.inf, penalty: Penalty | None = None) -> HindsightBound:
     """An upper bound on the best return on ``future`` that keeps processor sharing: a Lagrangian relaxation of
     "each user's copy of the others' levels is their levels".
 
@@ -565,15 +579,28 @@ def sharing_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, del
     ``target`` (a return some player reaches: the clairvoyant's) and what the users' plans reach played together;
     the lowest value is returned, computed again on ``final_grid_s`` (finer; default ``grid_s``) at the best
     prices. On the 2-user cells :func:`exact_hindsight` solves it lies within a few hundredths of a round of the
-    optimum, where :func:`lagrangian_bound` (any schedule) can stay at every user's best alone."""
+    optimum, where :func:`lagrangian_bound` (any schedule) can stay at every user's best alone.
+
+    With ``penalty`` (:func:`information_penalty` on ``grid_s``; ``final_grid_s`` then left out) each user pays its
+    charges as in :func:`lagrangian_bound`, and the value bounds every causal player's expected return in
+    expectation over episodes. A user here cannot finish later at will (its delay is its copies'), so a buffer
+    after the round may lie up to ``2 + ceil((users - 1) delay_grid_s / grid_s)`` cells below the rounded-up one
+    (two grid steps of buffer and delay, and the others' delays each rounded down by less than ``delay_grid_s``): the
+    best value over those cells is taken (with no penalty the values rise with the buffer, so the result is as
+    without it)."""
     grid = _Grid.of(config, grid_s, airtime_s)
+    charge = _checked_charge(penalty, future, grid)
+    if charge is not None and final_grid_s not in (None, grid_s):
+        raise ValueError(f"sharing_bound with a penalty takes no final_grid_s ({final_grid_s}): the penalty is on "
+                         f"grid_s={grid_s}; leave final_grid_s out")
     users, levels = len(future.buffer), config.num_levels
     prices = np.zeros((future.rounds, users, users, levels))
     best, best_prices, values, reached, scale = np.inf, prices, [], target, step
     for k in range(max(iterations, 1)):
-        value, plan, copies, playing = _sharing_dual(config, future, grid, delay_grid_s, prices)
+        value, plan, copies, playing = _sharing_dual(config, future, grid, delay_grid_s, prices, charge)
         values.append(value)
-        reached = max(reached, replay_return(config, future, plan))
+        reached = max(reached, replay_return(config, future, plan) - (
+            0.0 if penalty is None else plan_penalty(config, future, penalty, plan)))
         if value < best:
             best, best_prices = value, prices.copy()
         elif k % 5 == 4:
@@ -591,14 +618,15 @@ def sharing_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, del
     return HindsightBound(value=best, prices=best_prices, grid_s=final_grid_s or grid_s, values=values)
 
 
-def _sharing_dual(config: VREdgeConfig, future: Future, grid: _Grid, delay_step: float, prices: np.ndarray
-                  ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+def _sharing_dual(config: VREdgeConfig, future: Future, grid: _Grid, delay_step: float, prices: np.ndarray,
+                  charge: np.ndarray | None = None) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`sharing_bound`'s dual value at ``prices`` ``[T, U, U, L]``, and the users' best plans followed from
     their start: levels ``[T, U]``, copies ``[T, U, U]`` (of each other user's level) and whether each still
     plays ``[T, U]``."""
     work = works(config, future)  # [T, U, L]
     copies = _Copies.of(work, grid, delay_step, prices)
-    value, choices = _sharing_values(config, work, grid, copies)
+    below = None if charge is None else 2 + int(np.ceil((work.shape[1] - 1) * delay_step / grid.step - 1e-9))
+    value, choices = _sharing_values(config, work, grid, copies, charge, below)
     start = np.minimum(np.ceil(future.buffer / grid.step).astype(np.int64), grid.top)
     dual = float(value[np.arange(len(start)), future.level, start].sum())
     return (dual, *_sharing_path(future, choices, copies, start))
@@ -651,7 +679,8 @@ class _Copies:
                    fine=np.argmax(coarse, axis=-1) + per * np.arange(buckets), chosen=chosen, shift=shift, cap=cap)
 
 
-def _sharing_values(config: VREdgeConfig, work: np.ndarray, grid: _Grid, copies: _Copies
+def _sharing_values(config: VREdgeConfig, work: np.ndarray, grid: _Grid, copies: _Copies,
+                    charge: np.ndarray | None = None, below: int | None = None
                     ) -> tuple[np.ndarray, list[tuple[np.ndarray, ...]]]:
     """Each user's dynamic programme, backward: its value ``[U, L, G + 1]`` at the start, and per round its best
     level ``[U, L, G + 1]``, delay bucket ``[U, L, G + 1]``, whether it plays on, and its buffer after
@@ -668,10 +697,13 @@ def _sharing_values(config: VREdgeConfig, work: np.ndarray, grid: _Grid, copies:
         left = grid.step * i[None, None, :, None] - finish  # [u, a, G + 1, J]
         after = np.minimum(np.ceil((np.maximum(left, 0.0) + config.segment_s) / grid.step),
                            grid.top).astype(np.int64)
-        later = np.take_along_axis(value, after.reshape(users, levels, -1), axis=2).reshape(after.shape)
+        reach = value if below is None else _window_max(value, below)  # the best of the cells the buffer may be in
+        later = np.take_along_axis(reach, after.reshape(users, levels, -1), axis=2).reshape(after.shape)
         total_j = later - share * config.stall_weight * np.maximum(-left, 0.0) + copies.fee[t][:, :, None, :]
         best_j = np.argmax(total_j, axis=-1)  # [u, a, G + 1]
         h = np.take_along_axis(total_j, best_j[..., None], axis=-1)[..., 0] + copies.income[t][:, :, None]
+        if charge is not None:
+            h = h - charge[t]
         cont = own[None, :, :, None] + h[:, None, :, :]  # [u, l, a, G + 1]
         best_a = np.argmax(cont, axis=2)
         value = np.maximum(np.take_along_axis(cont, best_a[:, :, None], axis=2)[:, :, 0], 0.0)
