@@ -34,7 +34,14 @@ import numpy as np
 import envs
 from envs.baselines import make_baseline
 from envs.belief_mpc import BeliefMPC
-from envs.hindsight import episode_future, episode_penalty, exact_hindsight, lagrangian_bound, sharing_bound
+from envs.hindsight import (
+    PENALTY_SCALE,
+    episode_future,
+    episode_penalty,
+    exact_hindsight,
+    lagrangian_bound,
+    sharing_bound,
+)
 from envs.planner import ClairvoyantPlanner
 from trainer.evaluation import evaluation_seeds
 
@@ -78,7 +85,8 @@ def _row(name: str, values: list[float], rounds: int, seconds: float, extra: str
     return f"{name:>14} {per_round.mean():>9.4f} ± {ci:.4f} {seconds:>9.1f}  {extra}"
 
 
-def small(users: int, rounds: int, episodes: int, seed: int, penalty: bool = False) -> None:
+def small(users: int, rounds: int, episodes: int, seed: int, penalty: bool = False,
+          scale: float = PENALTY_SCALE) -> None:
     """Exact optimum, bound and players on ``episodes`` small episodes (and with ``penalty`` the penalised bound,
     which may fall below the exact optimum: it bounds the causal players' mean, not the hindsight optimum)."""
     config = envs.VREdgeConfig(num_users=users, max_steps=rounds)
@@ -104,7 +112,7 @@ def small(users: int, rounds: int, episodes: int, seed: int, penalty: bool = Fal
         seconds["sharing"] += time.perf_counter() - start
         if penalty:
             start = time.perf_counter()
-            charged = episode_penalty(config, s, grid_s=0.05)
+            charged = episode_penalty(config, s, grid_s=0.05, scale=scale)
             scores["penalised"].append(lagrangian_bound(config, future, grid_s=0.05, penalty=charged).value)
             seconds["penalised"] += time.perf_counter() - start
             start = time.perf_counter()
@@ -132,7 +140,8 @@ def small(users: int, rounds: int, episodes: int, seed: int, penalty: bool = Fal
                                                         f"{int(side.sum())}/{episodes})"))
 
 
-def default(episodes: int, iterations: int, sharing: int, belief: bool, seed: int, penalty: bool = False) -> None:
+def default(episodes: int, iterations: int, sharing: int, belief: bool, seed: int, penalty: bool = False,
+            scale: float = PENALTY_SCALE) -> None:
     """The bounds and the players on ``episodes`` episodes of the default cell."""
     config = envs.VREdgeConfig()
     seeds = evaluation_seeds(seed, episodes)
@@ -155,7 +164,7 @@ def default(episodes: int, iterations: int, sharing: int, belief: bool, seed: in
         seconds["bound"] += time.perf_counter() - start
         if penalty:
             start = time.perf_counter()
-            charged = episode_penalty(config, s)
+            charged = episode_penalty(config, s, scale=scale)
             scores["penalised"].append(lagrangian_bound(config, future, iterations=iterations,
                                                         penalty=charged).value)
             seconds["penalised"] += time.perf_counter() - start
@@ -192,7 +201,7 @@ def _penalised_rows(scores: dict[str, list[float]], seconds: dict[str, float], r
     by episode, and not on the clairvoyant, which sees the future)."""
     for bound_name in [name for name in scores if name.startswith("penalised")]:
         penalised = np.asarray(scores[bound_name])
-        print(f"{bound_name} bound (information_penalty, its defaults): {penalised.mean() / rounds:.4f} a round, "
+        print(f"{bound_name} bound (information_penalty): {penalised.mean() / rounds:.4f} a round, "
               f"{seconds[bound_name] / len(penalised):.1f} s an episode; a bound on each causal player's mean, in "
               "expectation (the clairvoyant is not causal)")
         print(f"{'player':>18} {bound_name + ' - player (paired, per round)':>46}")
@@ -250,14 +259,18 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--episodes", type=int, default=50, help="the evaluation's episodes the times are given for")
     for q in (s, d, c):
         q.add_argument("--seed", type=int, default=0, help="evaluation seed (as trainer.evaluate)")
+    for q in (s, d):
+        q.add_argument("--penalty-scale", type=float, default=PENALTY_SCALE,
+                       help="the penalty's scale (information_penalty's scale)")
     args = p.parse_args(argv)
     print(f"CPU: {_cpu()}")
     if args.which == "small":
-        small(args.users, args.rounds, args.episodes, args.seed, args.penalty)
+        small(args.users, args.rounds, args.episodes, args.seed, args.penalty, args.penalty_scale)
     elif args.which == "cost":
         cost(args.bound_episodes, args.belief_episodes, args.episodes, args.seed)
     else:
-        default(args.episodes, args.iterations, args.sharing, args.belief, args.seed, args.penalty)
+        default(args.episodes, args.iterations, args.sharing, args.belief, args.seed, args.penalty,
+                args.penalty_scale)
 
 
 def _cpu() -> str:
