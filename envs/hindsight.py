@@ -21,6 +21,10 @@ argument: ``docs/ceiling.md``, "How far from optimal"):
   buffer grid rounded in the user's favour; every price vector gives an upper bound, and a subgradient method lowers
   it. Any cell size (the default 8-user, 300-round cell in seconds).
 
+Both bounds take a ``penalty`` (:func:`information_penalty`, Brown, Smith & Sun's information relaxation): each plan
+then pays, per user and round, a charge whose mean is zero for any causal player, and the bound is one on every
+causal player's *expected* return (over episodes), no longer on every player's return episode by episode.
+
 Example:
     >>> from envs.vr_edge_config import VREdgeConfig
     >>> cfg = VREdgeConfig(num_users=2, max_steps=6)
@@ -123,7 +127,8 @@ def replay_return(config: VREdgeConfig, future: Future, actions: np.ndarray) -> 
 
 @dataclass(frozen=True)
 class Penalty:
-    """An information-relaxation penalty for :func:`lagrangian_bound` (:func:`information_penalty`): what user ``u``
+    """An information-relaxation penalty for :func:`lagrangian_bound` and :func:`sharing_bound`
+    (:func:`information_penalty`): what user ``u``
     pays at round ``t`` for playing level ``a`` from a buffer in grid cell ``i``, ``charge`` ``[T, U, L, G + 1]``
     (reward units: already the user's share of the cell's mean), on a buffer grid of ``grid_s`` seconds (cell
     ``i`` holds the buffers ``b`` with :func:`buffer_cell` ``(b, grid_s) == i``: ``((i - 1) grid_s, i grid_s]``).
@@ -145,7 +150,8 @@ class Penalty:
 
 # The penalty's defaults, chosen on raw seeds 1000-1001 of the default cell (never the evaluation's seeds), 20
 # iterations of lagrangian_bound: slowdown 3-8 at scales 0.05-0.3 tried; slowdown = users at 0.05 and 5 at 0.1 were
-# the best (-0.009 to -0.014 a round against no penalty); larger scales loosen the bound (8 at 1.0: +0.31), and 256
+# the best (-0.009 to -0.014 a round against no penalty); larger scales loosen the bound (8 at 1.0: +0.31 at 10
+# iterations), and 256
 # samples were no better than 64 (docs/ceiling.md, "The penalty").
 PENALTY_SCALE = 0.05
 PENALTY_SAMPLES = 64  # draws of the next round per round for the penalty's expectation
