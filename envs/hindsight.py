@@ -149,11 +149,10 @@ class Penalty:
 
 
 # The penalty's defaults, chosen on raw seeds 1000-1001 of the default cell (never the evaluation's seeds), 20
-# iterations of lagrangian_bound: slowdown 3-8 at scales 0.05-0.3 tried; slowdown = users at 0.05 and 5 at 0.1 were
-# the best (-0.009 to -0.014 a round against no penalty); larger scales loosen the bound (8 at 1.0: +0.31 at 10
-# iterations), and 256
-# samples were no better than 64 (docs/ceiling.md, "The penalty").
-PENALTY_SCALE = 0.05
+# iterations of lagrangian_bound: slowdown 3-8 at scales 0.025-0.3 tried; slowdown = users at 0.1 was the best on
+# both (-0.014 and -0.021 a round against no penalty); larger scales loosen the bound (8 at 1.0: +0.31 at 10
+# iterations), and 256 samples were no better than 64 (docs/ceiling.md, "The penalty").
+PENALTY_SCALE = 0.1
 PENALTY_SAMPLES = 64  # draws of the next round per round for the penalty's expectation
 _SAMPLES_KEY = 0x5EED_0F_9E4A17  # mixed into an episode's key: the penalty's draws are not the episode's own
 
