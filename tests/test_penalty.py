@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import envs
-from benchmarks.hindsight import episode_return, players
+from benchmarks.hindsight import episode_return, main, players
 from envs.hindsight import (
     Penalty,
     buffer_cell,
@@ -20,6 +20,7 @@ from envs.hindsight import (
 )
 from envs.vr_edge_dynamics import download_round
 from tests.messages import raises
+from trainer.evaluation import evaluation_seeds
 
 
 def _played_penalty(config: envs.VREdgeConfig, seed: int, penalty: Penalty) -> float:
@@ -213,3 +214,14 @@ def test_bad_input_is_one_clear_line():
         episode_penalty(config, 0, slowdown=0)
     with raises(ValueError, "users", "churn"):
         episode_penalty(envs.VREdgeConfig(num_users=3, users="1-3"), 0)
+
+
+def test_the_benchmark_reports_the_penalised_bounds(capsys):
+    main(["small", "--users", "2", "--rounds", "3", "--episodes", "2", "--penalty", "--penalty-scale", "0.2"])
+    rows = {line.split()[0] + (" " + line.split()[1] if line.split()[1] == "sharing" else ""): line.split()
+            for line in capsys.readouterr().out.splitlines() if line.strip().startswith("penalised")}
+    config = envs.VREdgeConfig(num_users=2, max_steps=3)
+    expected = np.mean([lagrangian_bound(config, episode_future(config, s), grid_s=0.05, penalty=episode_penalty(
+        config, s, grid_s=0.05, scale=0.2)).value for s in evaluation_seeds(0, 2)]) / 3
+    assert float(rows["penalised"][1]) == pytest.approx(expected, abs=1e-4)
+    assert "penalised sharing" in rows
