@@ -1,7 +1,7 @@
 """How far from the hindsight optimum are the players? Exact on small cells, bounded on the default one.
 
-    python -m benchmarks.hindsight small [--users 2] [--rounds 8] [--episodes 20]
-    python -m benchmarks.hindsight default [--episodes 10] [--iterations 40] [--belief] [--sharing N]
+    python -m benchmarks.hindsight small [--users 2] [--rounds 8] [--episodes 20] [--penalty]
+    python -m benchmarks.hindsight default [--episodes 10] [--iterations 40] [--belief] [--sharing N] [--penalty]
     python -m benchmarks.hindsight cost [--bound-episodes 2] [--belief-episodes 50] [--episodes 50]
 
 ``small``: on small cells (``--users`` users, ``--rounds`` rounds), the exact hindsight optimum
@@ -18,7 +18,9 @@ each reference played as the evaluation plays it (:func:`trainer.evaluation.brac
 process: the bound on ``--bound-episodes`` (one episode after another: the time scales with the episodes) and
 BeliefMPC on ``--belief-episodes`` (batched: timed whole), both extrapolated to ``--episodes`` where fewer were timed.
 Every figure is a return per round (the episode's return over its rounds); the check column counts the episodes
-where the bound is at least every player's return (it must be all of them).
+where the bound is at least every player's return (it must be all of them). ``--penalty``: the bound less
+:func:`envs.hindsight.information_penalty` (its defaults) too, reported apart: it bounds every causal player's mean
+over episodes, not each episode, and not the clairvoyant (docs/ceiling.md, "The penalty").
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ import numpy as np
 import envs
 from envs.baselines import make_baseline
 from envs.belief_mpc import BeliefMPC
-from envs.hindsight import episode_future, exact_hindsight, lagrangian_bound, sharing_bound
+from envs.hindsight import (
+    PENALTY_SCALE,
+    episode_future,
+    episode_penalty,
+    exact_hindsight,
+    lagrangian_bound,
+    sharing_bound,
+)
 from envs.planner import ClairvoyantPlanner
 from trainer.evaluation import evaluation_seeds
 
@@ -76,12 +85,16 @@ def _row(name: str, values: list[float], rounds: int, seconds: float, extra: str
     return f"{name:>14} {per_round.mean():>9.4f} ± {ci:.4f} {seconds:>9.1f}  {extra}"
 
 
-def small(users: int, rounds: int, episodes: int, seed: int) -> None:
-    """Exact optimum, bound and players on ``episodes`` small episodes."""
+def small(users: int, rounds: int, episodes: int, seed: int, penalty: bool = False,
+          scale: float = PENALTY_SCALE) -> None:
+    """Exact optimum, bound and players on ``episodes`` small episodes (and with ``penalty`` the penalised bound,
+    which may fall below the exact optimum: it bounds the causal players' mean, not the hindsight optimum)."""
     config = envs.VREdgeConfig(num_users=users, max_steps=rounds)
     seeds = evaluation_seeds(seed, episodes)
     made = players(config)
     scores: dict[str, list[float]] = {name: [] for name in ("exact", "bound", "sharing", *made)}
+    if penalty:
+        scores["penalised"], scores["penalised sharing"] = [], []
     seconds = dict.fromkeys(scores, 0.0)
     certified, states = 0, 0
     for s in seeds:
@@ -97,6 +110,15 @@ def small(users: int, rounds: int, episodes: int, seed: int) -> None:
         start = time.perf_counter()
         scores["sharing"].append(sharing_bound(config, future, grid_s=0.05, delay_grid_s=0.01, iterations=30).value)
         seconds["sharing"] += time.perf_counter() - start
+        if penalty:
+            start = time.perf_counter()
+            charged = episode_penalty(config, s, grid_s=0.05, scale=scale)
+            scores["penalised"].append(lagrangian_bound(config, future, grid_s=0.05, penalty=charged).value)
+            seconds["penalised"] += time.perf_counter() - start
+            start = time.perf_counter()
+            scores["penalised sharing"].append(sharing_bound(config, future, grid_s=0.05, delay_grid_s=0.01,
+                                                             iterations=30, penalty=charged).value)
+            seconds["penalised sharing"] += time.perf_counter() - start
         for name, make in made.items():
             start = time.perf_counter()
             scores[name].append(episode_return(config, s, make()))
@@ -108,13 +130,18 @@ def small(users: int, rounds: int, episodes: int, seed: int) -> None:
     for name, values in scores.items():
         gap = (np.asarray(values) - exact) / rounds
         ci = 1.96 * gap.std(ddof=1) / np.sqrt(len(gap)) if len(gap) > 1 else 0.0
+        if name.startswith("penalised"):
+            print(_row(name, values, rounds, seconds[name], f"{gap.mean():+.4f} ± {ci:.4f} (in expectation: no "
+                       "side to keep; below exact is possible)"))
+            continue
         side = gap >= -1e-9 / rounds if name in ("bound", "sharing") else gap <= 1e-9 / rounds
         said = "at least" if name in ("bound", "sharing") else "at most"
         print(_row(name, values, rounds, seconds[name], f"{gap.mean():+.4f} ± {ci:.4f} ({said} exact: "
                                                         f"{int(side.sum())}/{episodes})"))
 
 
-def default(episodes: int, iterations: int, sharing: int, belief: bool, seed: int) -> None:
+def default(episodes: int, iterations: int, sharing: int, belief: bool, seed: int, penalty: bool = False,
+            scale: float = PENALTY_SCALE) -> None:
     """The bounds and the players on ``episodes`` episodes of the default cell."""
     config = envs.VREdgeConfig()
     seeds = evaluation_seeds(seed, episodes)
@@ -122,6 +149,10 @@ def default(episodes: int, iterations: int, sharing: int, belief: bool, seed: in
     bounds = ["bound", "sharing"] if sharing else ["bound"]
     scores: dict[str, list[float]] = {name: [] for name in (*bounds, *made)}
     seconds = dict.fromkeys(scores, 0.0)
+    if penalty:  # beside the bounds, not among them: they bound the causal players' mean, not each episode
+        scores["penalised"], seconds["penalised"] = [], 0.0
+        if sharing:
+            scores["penalised sharing"], seconds["penalised sharing"] = [], 0.0
     for s in seeds:
         for name, make in made.items():
             start = time.perf_counter()
@@ -131,6 +162,17 @@ def default(episodes: int, iterations: int, sharing: int, belief: bool, seed: in
         start = time.perf_counter()
         scores["bound"].append(lagrangian_bound(config, future, iterations=iterations).value)
         seconds["bound"] += time.perf_counter() - start
+        if penalty:
+            start = time.perf_counter()
+            charged = episode_penalty(config, s, scale=scale)
+            scores["penalised"].append(lagrangian_bound(config, future, iterations=iterations,
+                                                        penalty=charged).value)
+            seconds["penalised"] += time.perf_counter() - start
+            if sharing:
+                start = time.perf_counter()
+                scores["penalised sharing"].append(sharing_bound(config, future, iterations=sharing,
+                                                                 penalty=charged).value)
+                seconds["penalised sharing"] += time.perf_counter() - start
         if sharing:
             start = time.perf_counter()
             scores["sharing"].append(sharing_bound(config, future, iterations=sharing, final_grid_s=0.05,
@@ -138,16 +180,37 @@ def default(episodes: int, iterations: int, sharing: int, belief: bool, seed: in
             seconds["sharing"] += time.perf_counter() - start
     bound = np.min([scores[name] for name in bounds], axis=0)  # each is a bound: so is the lower
     above = int(sum(np.all([np.asarray(scores[name]) >= np.asarray(v) for name in bounds for n, v in scores.items()
-                            if n not in bounds], axis=0)))
+                            if n not in bounds and not n.startswith("penalised")], axis=0)))
     rounds = config.max_steps
     print(f"default cell, {episodes} episodes (evaluation_seeds({seed}, {episodes})), bound: {iterations} "
           f"iterations, sharing: {sharing}; bound above every player in {above}/{episodes} episodes (the last "
           "column: the lower bound's lead)")
     print(f"{'player':>14} {'per round':>9}   {'95% CI':<6} {'seconds':>9}  bound - player (paired, per round)")
     for name, values in scores.items():
+        if name.startswith("penalised"):
+            continue
         gap = (bound - np.asarray(values)) / rounds
         ci = 1.96 * gap.std(ddof=1) / np.sqrt(len(gap)) if len(gap) > 1 else 0.0
         print(_row(name, values, rounds, seconds[name], f"{gap.mean():+.4f} ± {ci:.4f}"))
+    if penalty:
+        _penalised_rows(scores, seconds, rounds)
+
+
+def _penalised_rows(scores: dict[str, list[float]], seconds: dict[str, float], rounds: int) -> None:
+    """Each penalised bound against each player, paired: a bound on every *causal* player's mean only (not episode
+    by episode, and not on the clairvoyant, which sees the future)."""
+    for bound_name in [name for name in scores if name.startswith("penalised")]:
+        penalised = np.asarray(scores[bound_name])
+        print(f"{bound_name} bound (information_penalty): {penalised.mean() / rounds:.4f} a round, "
+              f"{seconds[bound_name] / len(penalised):.1f} s an episode; a bound on each causal player's mean, in "
+              "expectation (the clairvoyant is not causal)")
+        print(f"{'player':>18} {bound_name + ' - player (paired, per round)':>46}")
+        for name, values in scores.items():
+            if name == bound_name:
+                continue
+            gap = (penalised - np.asarray(values)) / rounds
+            ci = 1.96 * gap.std(ddof=1) / np.sqrt(len(gap)) if len(gap) > 1 else 0.0
+            print(f"{name:>18} {gap.mean():>+30.4f} ± {ci:.4f}")
 
 
 def cost(bound_episodes: int, belief_episodes: int, episodes: int, seed: int) -> None:
@@ -183,25 +246,31 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--users", type=int, default=2)
     s.add_argument("--rounds", type=int, default=8)
     s.add_argument("--episodes", type=int, default=20)
+    s.add_argument("--penalty", action="store_true", help="the penalised bound too (information_penalty's defaults)")
     d = sub.add_parser("default", help="the bound against the players on the default cell")
     d.add_argument("--episodes", type=int, default=10)
     d.add_argument("--iterations", type=int, default=40)
     d.add_argument("--sharing", type=int, default=0, help="iterations of the sharing bound (0: not computed)")
     d.add_argument("--belief", action="store_true", help="play BeliefMPC too (its defaults: minutes)")
+    d.add_argument("--penalty", action="store_true", help="the penalised bound too (information_penalty's defaults)")
     c = sub.add_parser("cost", help="--reference bound's cost against --reference belief's on the default cell")
     c.add_argument("--bound-episodes", type=int, default=2)
     c.add_argument("--belief-episodes", type=int, default=50)
     c.add_argument("--episodes", type=int, default=50, help="the evaluation's episodes the times are given for")
     for q in (s, d, c):
         q.add_argument("--seed", type=int, default=0, help="evaluation seed (as trainer.evaluate)")
+    for q in (s, d):
+        q.add_argument("--penalty-scale", type=float, default=PENALTY_SCALE,
+                       help="the penalty's scale (information_penalty's scale)")
     args = p.parse_args(argv)
     print(f"CPU: {_cpu()}")
     if args.which == "small":
-        small(args.users, args.rounds, args.episodes, args.seed)
+        small(args.users, args.rounds, args.episodes, args.seed, args.penalty, args.penalty_scale)
     elif args.which == "cost":
         cost(args.bound_episodes, args.belief_episodes, args.episodes, args.seed)
     else:
-        default(args.episodes, args.iterations, args.sharing, args.belief, args.seed)
+        default(args.episodes, args.iterations, args.sharing, args.belief, args.seed, args.penalty,
+                args.penalty_scale)
 
 
 def _cpu() -> str:

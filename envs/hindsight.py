@@ -21,6 +21,10 @@ argument: ``docs/ceiling.md``, "How far from optimal"):
   buffer grid rounded in the user's favour; every price vector gives an upper bound, and a subgradient method lowers
   it. Any cell size (the default 8-user, 300-round cell in seconds).
 
+Both bounds take a ``penalty`` (:func:`information_penalty`, Brown, Smith & Sun's information relaxation): each plan
+then pays, per user and round, a charge whose mean is zero for any causal player, and the bound is one on every
+causal player's *expected* return (over episodes), no longer on every player's return episode by episode.
+
 Example:
     >>> from envs.vr_edge_config import VREdgeConfig
     >>> cfg = VREdgeConfig(num_users=2, max_steps=6)
@@ -43,7 +47,7 @@ import numpy as np
 from envs import rng
 from envs.planner import true_rounds
 from envs.vr_edge_config import VREdgeConfig
-from envs.vr_edge_dynamics import channel_of, download_round, initial_state, processor_sharing_times
+from envs.vr_edge_dynamics import cell_round, channel_of, download_round, initial_state, processor_sharing_times
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,122 @@ def replay_return(config: VREdgeConfig, future: Future, actions: np.ndarray) -> 
     for t, act in enumerate(np.asarray(actions, dtype=np.int64)):
         r = download_round(config, buffer, level, future.capacity[t], future.channel[t], act)
         total += float(r["user_reward"].mean())
+        cum_stall = cum_stall + r["stall_s"]
+        if np.any(cum_stall > config.abandon_stall_s):
+            break
+        buffer, level = r["buffer"], act
+    return total
+
+
+@dataclass(frozen=True)
+class Penalty:
+    """An information-relaxation penalty for :func:`lagrangian_bound` and :func:`sharing_bound`
+    (:func:`information_penalty`): what user ``u``
+    pays at round ``t`` for playing level ``a`` from a buffer in grid cell ``i``, ``charge`` ``[T, U, L, G + 1]``
+    (reward units: already the user's share of the cell's mean), on a buffer grid of ``grid_s`` seconds (cell
+    ``i`` holds the buffers ``b`` with :func:`buffer_cell` ``(b, grid_s) == i``: ``((i - 1) grid_s, i grid_s]``).
+
+    Each charge is ``g(rate drawn) - E[g(rate) | the cell's true state before the round]``: its mean given
+    everything up to the round is zero whatever the level and the buffer, so a causal player pays nothing on
+    average.
+
+    Example:
+        >>> cfg = VREdgeConfig(num_users=2, max_steps=5)
+        >>> penalty = episode_penalty(cfg, seed=0, samples=8)
+        >>> penalty.charge.shape, penalty.grid_s
+        ((5, 2, 6, 41), 0.1)
+    """
+
+    charge: np.ndarray
+    grid_s: float
+
+
+# The penalty's defaults, chosen on raw seeds 1000-1001 of the default cell (never the evaluation's seeds), 20
+# iterations of lagrangian_bound: slowdown 3-8 at scales 0.025-0.3 tried; slowdown = users at 0.1 was the best on
+# both (-0.014 and -0.021 a round against no penalty); larger scales loosen the bound (8 at 1.0: +0.31 at 10
+# iterations), and 256 samples were no better than 64 (docs/ceiling.md, "The penalty").
+PENALTY_SCALE = 0.1
+PENALTY_SAMPLES = 64  # draws of the next round per round for the penalty's expectation
+_SAMPLES_KEY = 0x5EED_0F_9E4A17  # mixed into an episode's key: the penalty's draws are not the episode's own
+
+
+def buffer_cell(buffer: np.ndarray, grid_s: float) -> np.ndarray:
+    """The grid cell of each buffer (seconds): ``ceil(b / grid_s)``, with a tolerance of 1e-12 steps so that a
+    buffer on a grid point (within float error) is in the cell it ends.
+
+    >>> buffer_cell(np.array([0.0, 0.05, 0.1, 0.30000000000000004, 4.0]), 0.1).tolist()
+    [0, 1, 1, 3, 40]
+    """
+    return np.maximum(np.ceil(np.asarray(buffer) / grid_s - 1e-12), 0).astype(np.int64)
+
+
+def episode_penalty(config: VREdgeConfig, seed: int, **kwargs: float) -> Penalty:
+    """:func:`information_penalty` of the episode ``SyntheticVREdgeEnv(seed=seed)`` plays after ``reset()``."""
+    key = np.array([rng.key_from_seed(seed)])
+    return information_penalty(config, initial_state(config, key, np.zeros(1, dtype=np.uint64)), **kwargs)
+
+
+def information_penalty(config: VREdgeConfig, state: dict[str, np.ndarray], grid_s: float = 0.1,
+                        samples: int = PENALTY_SAMPLES, scale: float = PENALTY_SCALE, slowdown: float | None = None,
+                        samples_seed: int = 0) -> Penalty:
+    """A penalty (Brown, Smith & Sun 2010) charging a hindsight player for knowing each round's draw, per user.
+
+    For user ``u``, level ``a`` and buffer ``b`` (its cell's top, ``i * grid_s``), ``g(a, b, y)`` is
+    ``scale`` times the user's share of the stall the round would cost if its segment took ``slowdown`` (default:
+    the users; their fair share of the cell) times its work alone at the rate ``y`` (the round's capacity times the
+    user's channel): ``-stall_weight * max(slowdown * w_a(y) - b, 0) / users``. The charge at round ``t`` is
+    ``g(a, b, y_t)`` at the episode's true draw less its mean under the cell's own law given the cell's true state
+    before the round (the env's :func:`envs.vr_edge_dynamics.cell_round` on ``samples`` draws of its own, from a
+    stream independent of the episode's). The level and buffer a causal player has at round ``t`` are fixed by
+    what happened before it, and the round's draw is independent of that given the cell's state, so the charge's
+    mean given the past is zero for the level and buffer it plays: its penalties sum to zero in expectation (the
+    sampled mean is unbiased, its draws independent of everything else). ``state``: one env's state (``B = 1``,
+    as ``get_state()`` returns) before the episode's remaining rounds."""
+    if refused := bound_refusal(config):
+        raise ValueError(refused)
+    if not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"information_penalty samples={samples!r} is invalid: must be an integer >= 1")
+    if slowdown is not None and not slowdown > 0:
+        raise ValueError(f"information_penalty slowdown={slowdown!r} is invalid: must be > 0")
+    if not np.isfinite(scale):
+        raise ValueError(f"information_penalty scale={scale!r} is invalid: must be a finite number")
+    grid = _Grid.of(config, grid_s, config.max_buffer_s)  # (its slices are not used: the buffers only)
+    rounds = int(config.max_steps - state["t"][0])
+    after = true_rounds(config, state, rounds)
+    before = [state] + [s for s, _ in after[:-1]]
+    prior = {k: np.concatenate([s[k] for s in before]) for k in state}  # [T]: the cell's true state before
+    rate = np.stack([c[0] * channel_of(config, s)[0] for s, c in after])  # [T, U]: the true draws
+    keys = np.repeat(prior["key"] ^ np.uint64(_SAMPLES_KEY ^ samples_seed), samples)
+    counters = np.arange(rounds * samples, dtype=np.uint64)
+    repeated = {k: np.repeat(v, samples, axis=0) for k, v in prior.items()}
+    _, _, capacity, channel = cell_round(config, repeated, rng.uniform_block(keys, counters, config.block_size))
+    drawn = (capacity[:, None] * channel).reshape(rounds, samples, -1)  # [T, K, U]
+    users = rate.shape[1]
+    slowdown = float(users if slowdown is None else slowdown)
+    buffers = grid.step * np.arange(grid.top + 1)
+    charge = np.empty((rounds, users, config.num_levels, grid.top + 1))
+    for u in range(users):  # one user at a time: [T, K, L, G + 1] at once is large
+        expected = _one_round(config, drawn[:, :, u], buffers, slowdown).mean(axis=1)
+        charge[:, u] = _one_round(config, rate[:, u, None], buffers, slowdown)[:, 0] - expected
+    return Penalty(charge=scale / users * charge, grid_s=grid_s)
+
+
+def _one_round(config: VREdgeConfig, rate: np.ndarray, buffers: np.ndarray, slowdown: float) -> np.ndarray:
+    """``g`` ``[..., L, G + 1]`` (before the user's share and the scale) at rates ``rate`` ``[...]``: minus the
+    stall's cost when a segment of each level takes ``slowdown`` times its work alone, from each buffer. (A value of
+    the buffer after, linear in it, was tried beside it and did not tighten the bound: docs/ceiling.md.)"""
+    download = slowdown * config.ladder[:, None] * config.segment_s / rate[..., None, None]  # [..., L, 1]
+    return -config.stall_weight * np.maximum(download - buffers, 0.0)
+
+
+def plan_penalty(config: VREdgeConfig, future: Future, penalty: Penalty, actions: np.ndarray) -> float:
+    """The penalty ``actions`` ``[T', U]`` pay on ``future`` played from its start (the true dynamics; rounds after
+    an abandonment pay nothing): the sum over rounds and users of the charge at each user's level and buffer."""
+    buffer, level, cum_stall, total = future.buffer, future.level, future.cum_stall, 0.0
+    users = np.arange(len(buffer))
+    for t, act in enumerate(np.asarray(actions, dtype=np.int64)):
+        total += float(penalty.charge[t, users, act, buffer_cell(buffer, penalty.grid_s)].sum())
+        r = download_round(config, buffer, level, future.capacity[t], future.channel[t], act)
         cum_stall = cum_stall + r["stall_s"]
         if np.any(cum_stall > config.abandon_stall_s):
             break
@@ -253,7 +373,8 @@ class HindsightBound:
 
 
 def lagrangian_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, airtime_s: float = 6.0,
-                     iterations: int = 40, step: float = 1.0, prices: np.ndarray | None = None) -> HindsightBound:
+                     iterations: int = 40, step: float = 1.0, prices: np.ndarray | None = None,
+                     penalty: Penalty | None = None) -> HindsightBound:
     """An upper bound on the best return on ``future``: the Lagrangian relaxation of each round's shared airtime.
 
     Each round, the users' downloads share the cell's airtime: user ``u``'s rate ``x_u(s)`` (a share of the cell at
@@ -270,17 +391,28 @@ def lagrangian_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, 
     start at ``prices`` (``[T, J]``; zero: every user alone in the cell) and move by projected subgradient steps
     (Polyak's, ``step`` times the gap between the dual value and the best return the users' plans reach when
     played together, halved when five steps bring no lower value) for ``iterations`` rounds; the lowest value is
-    returned (each is a bound, so how the prices are found does not matter to its validity)."""
+    returned (each is a bound, so how the prices are found does not matter to its validity).
+
+    With ``penalty`` (:func:`information_penalty` of the same episode, on the same ``grid_s``) each user's problem
+    also pays the penalty's charge for its level and buffer each round it plays, and the value is a bound on the
+    best return *less the penalty* on the episode: an upper bound on every causal player's expected return *in
+    expectation over episodes* (not episode by episode; ``docs/ceiling.md``, "The penalty"). The grid value then
+    bounds the exact value over its buffer cell (the charge need not fall with the buffer): a buffer after the
+    round one cell below the rounded-up one is also reached by finishing one slice later, at no stall and no more
+    cost. Without it the result is today's, bit for bit."""
     grid = _Grid.of(config, grid_s, airtime_s)
+    charge = _checked_charge(penalty, future, grid)
     lam = np.zeros((future.rounds, grid.slices)) if prices is None else _refined(prices, future.rounds, grid.slices)
     steps = np.maximum(lam - np.concatenate([lam[:, 1:], np.zeros((future.rounds, 1))], axis=1), 0.0)
     deadlines = grid_s * np.arange(1, grid.slices + 1)
     best, best_prices, values, reached, scale = np.inf, lam, [], -np.inf, step
     for k in range(max(iterations, 1)):
         lam = np.cumsum(steps[:, ::-1], axis=1)[:, ::-1]  # non-increasing in the round's time
-        value, used, plan = _dual(config, future, grid, lam)
+        value, used, plan = _dual(config, future, grid, lam, charge)
         values.append(value)
-        reached = max(reached, replay_return(config, future, plan))  # a return some plan reaches: the target
+        # a return (less its penalty) some plan reaches: the target
+        reached = max(reached, replay_return(config, future, plan) - (
+            0.0 if penalty is None else plan_penalty(config, future, penalty, plan)))
         if value < best:
             best, best_prices = value, lam.copy()
         elif k % 5 == 4:
@@ -291,6 +423,27 @@ def lagrangian_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, 
             break
         steps = np.maximum(steps - scale * (value - reached) / norm * gradient, 0.0)  # Polyak's step to the target
     return HindsightBound(value=best, prices=best_prices, grid_s=grid_s, values=values)
+
+
+def _checked_charge(penalty: Penalty | None, future: Future, grid: _Grid) -> np.ndarray | None:
+    """The penalty's charges ``[T, U, L, G + 1]`` where it fits the episode and the grid (``None``: no penalty)."""
+    if penalty is None:
+        return None
+    rounds, users, _, cells = penalty.charge.shape
+    if (rounds, users, cells) != (future.rounds, len(future.buffer), grid.top + 1) or abs(
+            penalty.grid_s - grid.step) > 1e-12:
+        raise ValueError(f"the penalty (rounds {rounds}, users {users}, grid_s {penalty.grid_s}) does not fit this "
+                         f"bound (rounds {future.rounds}, users {len(future.buffer)}, grid_s {grid.step}): build it "
+                         "for the same episode and grid")
+    return penalty.charge
+
+
+def _window_max(value: np.ndarray, below: int) -> np.ndarray:
+    """``value`` ``[..., G + 1]`` where each entry is the best of itself and the ``below`` entries before it."""
+    out = value.copy()
+    for k in range(1, below + 1):
+        np.maximum(out[..., k:], value[..., :-k], out=out[..., k:])
+    return out
 
 
 def _refined(prices: np.ndarray, rounds: int, slices: int) -> np.ndarray:
@@ -348,10 +501,11 @@ def _fill_costs(lam: np.ndarray, work: np.ndarray, grid: _Grid) -> tuple[np.ndar
     return np.concatenate([cost, np.zeros(cost.shape[:-1] + (1,))], axis=-1), order
 
 
-def _dual(config: VREdgeConfig, future: Future, grid: _Grid, lam: np.ndarray
+def _dual(config: VREdgeConfig, future: Future, grid: _Grid, lam: np.ndarray, charge: np.ndarray | None = None
           ) -> tuple[float, np.ndarray, np.ndarray]:
     """The dual value at prices ``lam`` ``[T, J]``, the airtime ``[T, J]`` the users' best plans buy per slice, and
-    their levels ``[T, U]`` (a plan of the whole cell; level 0 once a user stops)."""
+    their levels ``[T, U]`` (a plan of the whole cell; level 0 once a user stops). With ``charge`` ``[T, U, L, G + 1]``
+    (a :class:`Penalty`'s) each user pays it for its level and buffer cell each round it plays."""
     rounds, users = future.rounds, len(future.buffer)
     levels = config.num_levels
     work = works(config, future)  # [T, U, L]
@@ -372,6 +526,8 @@ def _dual(config: VREdgeConfig, future: Future, grid: _Grid, lam: np.ndarray
         total = later - share * config.stall_weight * stall - cost[t][:, :, None, :]
         best_j = np.argmax(total, axis=-1)  # [U, L, G + 1]
         h = np.take_along_axis(total, best_j[..., None], axis=-1)[..., 0]
+        if charge is not None:
+            h = h - charge[t]
         cont = own[None, :, :, None] + h[:, None, :, :]  # [U, l, a, G + 1]
         best_a = np.argmax(cont, axis=2)
         value = np.maximum(np.take_along_axis(cont, best_a[:, :, None], axis=2)[:, :, 0], 0.0)
@@ -411,7 +567,7 @@ def _airtime_bought(work: np.ndarray, choices: list, order: np.ndarray, after: n
 
 def sharing_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, delay_grid_s: float = 0.02,
                   airtime_s: float = 6.0, iterations: int = 20, step: float = 1.0, final_grid_s: float | None = None,
-                  target: float = -np.inf) -> HindsightBound:
+                  target: float = -np.inf, penalty: Penalty | None = None) -> HindsightBound:
     """An upper bound on the best return on ``future`` that keeps processor sharing: a Lagrangian relaxation of
     "each user's copy of the others' levels is their levels".
 
@@ -428,15 +584,28 @@ def sharing_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, del
     ``target`` (a return some player reaches: the clairvoyant's) and what the users' plans reach played together;
     the lowest value is returned, computed again on ``final_grid_s`` (finer; default ``grid_s``) at the best
     prices. On the 2-user cells :func:`exact_hindsight` solves it lies within a few hundredths of a round of the
-    optimum, where :func:`lagrangian_bound` (any schedule) can stay at every user's best alone."""
+    optimum, where :func:`lagrangian_bound` (any schedule) can stay at every user's best alone.
+
+    With ``penalty`` (:func:`information_penalty` on ``grid_s``; ``final_grid_s`` then left out) each user pays its
+    charges as in :func:`lagrangian_bound`, and the value bounds every causal player's expected return in
+    expectation over episodes. A user here cannot finish later at will (its delay is its copies'), so a buffer
+    after the round may lie up to ``2 + ceil((users - 1) delay_grid_s / grid_s)`` cells below the rounded-up one
+    (two grid steps of buffer and delay, and the others' delays each rounded down by less than ``delay_grid_s``): the
+    best value over those cells is taken (with no penalty the values rise with the buffer, so the result is as
+    without it)."""
     grid = _Grid.of(config, grid_s, airtime_s)
+    charge = _checked_charge(penalty, future, grid)
+    if charge is not None and final_grid_s not in (None, grid_s):
+        raise ValueError(f"sharing_bound with a penalty takes no final_grid_s ({final_grid_s}): the penalty is on "
+                         f"grid_s={grid_s}; leave final_grid_s out")
     users, levels = len(future.buffer), config.num_levels
     prices = np.zeros((future.rounds, users, users, levels))
     best, best_prices, values, reached, scale = np.inf, prices, [], target, step
     for k in range(max(iterations, 1)):
-        value, plan, copies, playing = _sharing_dual(config, future, grid, delay_grid_s, prices)
+        value, plan, copies, playing = _sharing_dual(config, future, grid, delay_grid_s, prices, charge)
         values.append(value)
-        reached = max(reached, replay_return(config, future, plan))
+        reached = max(reached, replay_return(config, future, plan) - (
+            0.0 if penalty is None else plan_penalty(config, future, penalty, plan)))
         if value < best:
             best, best_prices = value, prices.copy()
         elif k % 5 == 4:
@@ -454,14 +623,15 @@ def sharing_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, del
     return HindsightBound(value=best, prices=best_prices, grid_s=final_grid_s or grid_s, values=values)
 
 
-def _sharing_dual(config: VREdgeConfig, future: Future, grid: _Grid, delay_step: float, prices: np.ndarray
-                  ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+def _sharing_dual(config: VREdgeConfig, future: Future, grid: _Grid, delay_step: float, prices: np.ndarray,
+                  charge: np.ndarray | None = None) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`sharing_bound`'s dual value at ``prices`` ``[T, U, U, L]``, and the users' best plans followed from
     their start: levels ``[T, U]``, copies ``[T, U, U]`` (of each other user's level) and whether each still
     plays ``[T, U]``."""
     work = works(config, future)  # [T, U, L]
     copies = _Copies.of(work, grid, delay_step, prices)
-    value, choices = _sharing_values(config, work, grid, copies)
+    below = None if charge is None else 2 + int(np.ceil((work.shape[1] - 1) * delay_step / grid.step - 1e-9))
+    value, choices = _sharing_values(config, work, grid, copies, charge, below)
     start = np.minimum(np.ceil(future.buffer / grid.step).astype(np.int64), grid.top)
     dual = float(value[np.arange(len(start)), future.level, start].sum())
     return (dual, *_sharing_path(future, choices, copies, start))
@@ -514,7 +684,8 @@ class _Copies:
                    fine=np.argmax(coarse, axis=-1) + per * np.arange(buckets), chosen=chosen, shift=shift, cap=cap)
 
 
-def _sharing_values(config: VREdgeConfig, work: np.ndarray, grid: _Grid, copies: _Copies
+def _sharing_values(config: VREdgeConfig, work: np.ndarray, grid: _Grid, copies: _Copies,
+                    charge: np.ndarray | None = None, below: int | None = None
                     ) -> tuple[np.ndarray, list[tuple[np.ndarray, ...]]]:
     """Each user's dynamic programme, backward: its value ``[U, L, G + 1]`` at the start, and per round its best
     level ``[U, L, G + 1]``, delay bucket ``[U, L, G + 1]``, whether it plays on, and its buffer after
@@ -531,10 +702,13 @@ def _sharing_values(config: VREdgeConfig, work: np.ndarray, grid: _Grid, copies:
         left = grid.step * i[None, None, :, None] - finish  # [u, a, G + 1, J]
         after = np.minimum(np.ceil((np.maximum(left, 0.0) + config.segment_s) / grid.step),
                            grid.top).astype(np.int64)
-        later = np.take_along_axis(value, after.reshape(users, levels, -1), axis=2).reshape(after.shape)
+        reach = value if below is None else _window_max(value, below)  # the best of the cells the buffer may be in
+        later = np.take_along_axis(reach, after.reshape(users, levels, -1), axis=2).reshape(after.shape)
         total_j = later - share * config.stall_weight * np.maximum(-left, 0.0) + copies.fee[t][:, :, None, :]
         best_j = np.argmax(total_j, axis=-1)  # [u, a, G + 1]
         h = np.take_along_axis(total_j, best_j[..., None], axis=-1)[..., 0] + copies.income[t][:, :, None]
+        if charge is not None:
+            h = h - charge[t]
         cont = own[None, :, :, None] + h[:, None, :, :]  # [u, l, a, G + 1]
         best_a = np.argmax(cont, axis=2)
         value = np.maximum(np.take_along_axis(cont, best_a[:, :, None], axis=2)[:, :, 0], 0.0)
