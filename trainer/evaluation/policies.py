@@ -86,9 +86,9 @@ def sampling_refused(cfg: TrainConfig, source: Path) -> str | None:
 
 def critic_refusal(model: nn.Module, cfg: TrainConfig, source: Path) -> str | None:
     """Why the critic of ``source``'s ``model`` (trained as ``cfg`` says) cannot be a rollout's terminal value
-    (:func:`critic_value`), or ``None`` where it can: a model without one (Ape-X's Q-network), or one trained on
-    scaled rewards (its values are in other units than the env's rewards)."""
-    if not callable(getattr(model, "value", None)):
+    (:func:`critic_value`), or ``None`` where it can: a model without one (its algorithm declares none:
+    Ape-X's Q-network), or one trained on scaled rewards (its values are in other units than the env's rewards)."""
+    if not algorithm_spec(cfg.algo).critic:
         return f"{source} holds {algorithm_spec(cfg.algo).model_name}, which has no critic"
     if getattr(cfg.algo_settings, "scale_rewards", False):
         return f"{source} was trained with scale_rewards: its critic's values are of scaled rewards, not the env's"
