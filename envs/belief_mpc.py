@@ -9,19 +9,28 @@ expected sum of rewards over the scenarios (the base's level is a candidate, so 
 never worse than the base policy's). A plan that makes a user abandon is charged ``quality_weight`` per remaining
 round (as :mod:`envs.planner`). In a cell whose users vary it counts the users active now (it does not foresee
 churn within the horizon); an inactive slot plays level 0.
+
+With a :class:`TerminalValue` (a trained critic and the discount it was trained with) the rollout estimates the
+critic's own quantity instead, the discounted return ``sum_h gamma^h r_h + gamma^H V(s_H)``: the base policy plays
+``H = horizon`` rounds, then the critic values the observation of the state reached. The value is added only where
+the episode goes on after the horizon and nobody abandoned: past the episode's last round there is no reward to
+estimate, and an abandonment ends the episode (the env's termination, after which the critic was trained to expect
+nothing), so an abandoning plan keeps the rewards up to its abandonment and forgoes the value the others are
+credited with; the flat per-round forfeit, which stands in for the rewards a truncated rollout cannot see, is not
+charged on top of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
 from envs.baselines import make_baseline, only_active
 from envs.belief import Futures, RegimeFilter, cell_seen
-from envs.settings import ConfigError, check_limits, setting
+from envs.settings import ConfigError, Limits, check_limits, setting
 from envs.vr_edge_config import VREdgeConfig
 from envs.vr_edge_dynamics import (
     channel_quality,
@@ -33,6 +42,7 @@ from envs.vr_edge_dynamics import (
 )
 
 Policy = Callable[[np.ndarray], np.ndarray]  # observations [B, obs_dim] -> levels [B, U]
+Value = Callable[[np.ndarray], np.ndarray]  # observations [B, obs_dim] -> estimated discounted returns [B]
 _TIE = 1e-9  # an expected return higher by less than this is rounding: the level in the plan stays
 
 
@@ -64,6 +74,35 @@ class BeliefMPCSettings:
         check_limits(self, flags=False)
 
 
+@dataclass(frozen=True)
+class TerminalValue:
+    """What :class:`BeliefMPC`'s rollout adds after its horizon (module docstring): ``gamma ** horizon`` times
+    ``value`` of the observation reached, with every reward before discounted by ``gamma`` too (the return the value
+    estimates). Off (``None``) by default: the truncated, undiscounted rollout.
+
+    >>> tail = TerminalValue(lambda obs: np.zeros(len(obs)), gamma=0.9)   # value: obs [N, obs_dim] -> [N]
+    >>> tail.value(np.zeros((4, 7))).shape, tail.gamma
+    ((4,), 0.9)
+    >>> TerminalValue(lambda obs: np.zeros(len(obs)), gamma=1.5)
+    Traceback (most recent call last):
+    ...
+    envs.settings.ConfigError: gamma must be > 0 and <= 1, got 1.5
+    """
+
+    value: Value = field(metadata={"help": "the estimate of the discounted return from an observation on, the base "
+                                           "policy playing (a trained critic: trainer.evaluation.policies)"})
+    gamma: float = field(metadata={"help": "the discount the value's return is estimated with (the run's --gamma); "
+                                           "the rollout's rewards are discounted by it too",
+                                   "limits": Limits(above=0, at_most=1, flag=False)})
+
+    def __post_init__(self) -> None:
+        if not callable(self.value):
+            raise ConfigError("value", self.value, "must be a function of observations", flag=False)
+        if not isinstance(self.gamma, (int, float)) or isinstance(self.gamma, bool):
+            raise ConfigError("gamma", self.gamma, "must be a number", flag=False)
+        check_limits(self, flags=False)
+
+
 class BeliefMPC:
     """Belief-state MPC for ``B`` VR-edge envs: observations in, levels out, no env state read (module docstring).
 
@@ -79,12 +118,17 @@ class BeliefMPC:
     Shapes: ``mpc(obs [B, obs_dim]) -> [B, U]`` int64 levels. It is stateful (the filter): pass every env's
     observation at every step, in order (``trainer.evaluation.filter_episodes``). ``base``: a
     baseline's name, or any policy ``obs -> levels`` (a trained one; truncated and sampled, the rollout is not sure
-    to improve on it: measured worse on the default policy, ``docs/benchmarks.md``). Keyword
+    to improve on it: measured worse on the default policy, ``docs/benchmarks.md``). ``terminal_value``: a
+    :class:`TerminalValue` (the base's critic) the rollout ends on, ``None`` (default): none. Keyword
     arguments are :class:`BeliefMPCSettings`; a trace-driven cell is refused (:class:`envs.belief.RegimeFilter`).
     """
 
-    def __init__(self, config: VREdgeConfig, base: str | Policy = "fair_share", **settings: Any) -> None:
+    def __init__(self, config: VREdgeConfig, base: str | Policy = "fair_share",
+                 terminal_value: TerminalValue | None = None, **settings: Any) -> None:
         self.settings = BeliefMPCSettings(**settings)
+        if terminal_value is not None and not isinstance(terminal_value, TerminalValue):
+            raise ConfigError("terminal_value", terminal_value, "must be a TerminalValue or None", flag=False)
+        self.terminal_value = terminal_value
         self.config = config
         self.filter = RegimeFilter(config, seed=self.settings.seed)
         self.base = make_baseline(base, config) if isinstance(base, str) else base
@@ -120,7 +164,9 @@ class BeliefMPC:
 
     def expected_return(self, start: dict[str, np.ndarray], futures: Futures, first: np.ndarray) -> np.ndarray:
         """Expected sum of rewards ``[B, K]`` over the next ``horizon`` rounds of playing the levels ``first``
-        ``[B, K, U]`` this round and the base policy after, the weighted mean over the scenarios ``futures``."""
+        ``[B, K, U]`` this round and the base policy after, the weighted mean over the scenarios ``futures``; with
+        :attr:`terminal_value`, the expected discounted return, the value after the horizon included (module
+        docstring)."""
         cfg = self.config
         b, k, _ = first.shape
         scenarios, horizon = futures.weight.shape[1], futures.capacity.shape[2]
@@ -131,15 +177,24 @@ class BeliefMPC:
         actions = np.repeat(first[:, None], scenarios, axis=1).reshape(b * scenarios * k, -1)
         total, alive = np.zeros(len(actions)), np.ones(len(actions))
         remaining = cfg.max_steps - sim["t"]
+        tail = self.terminal_value
         for h in range(horizon):
             if h:
                 actions = np.asarray(self.base(observe(cfg, sim)), dtype=np.int64)
             sim, reward, abandoned = self._round(sim, {name: v[:, h] for name, v in cell.items()}, actions)
             weight = alive * (h < remaining)
-            total += weight * reward
-            abandoned &= weight > 0
-            total -= abandoned * cfg.quality_weight * np.maximum(remaining - h - 1, 0)  # the rest is forfeit
+            if tail is None:
+                total += weight * reward
+                abandoned &= weight > 0
+                total -= abandoned * cfg.quality_weight * np.maximum(remaining - h - 1, 0)  # the rest is forfeit
+            else:  # the critic's return: discounted; an abandonment ends it (the critic prices what is lost)
+                total += weight * tail.gamma ** h * reward
+                abandoned &= weight > 0
             alive *= ~abandoned
+        if tail is not None:  # where the episode goes on after the horizon and nobody left: the critic's value
+            going_on = (alive > 0) & (horizon < remaining)
+            value = np.asarray(tail.value(observe(cfg, sim)), dtype=np.float64)
+            total += np.where(going_on, tail.gamma ** horizon * value, 0.0)  # (not 0 x a value: it may be NaN there)
         return (total.reshape(b, scenarios, k) * futures.weight[:, :, None]).sum(axis=1)
 
     def _round(self, sim: dict[str, np.ndarray], cell: dict[str, np.ndarray], actions: np.ndarray

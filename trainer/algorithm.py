@@ -74,6 +74,9 @@ class AlgorithmSpec:
     # whether trainer.export ships its model: an actor-critic with probabilities and values, and an ``exported``
     # method (greedy action, probabilities, value in one pass)
     exportable: ClassVar[bool] = False
+    # whether its model has a critic: ``model.value(obs [N, obs]) -> [N]``, the discounted return (``--gamma``) of the
+    # env's rewards (trainer.evaluate --belief-base policy_critic ends BeliefMPC's rollouts on it)
+    critic: ClassVar[bool] = False
     # the TrainConfig values it runs with where the user sets none, by env id ("*": every other env), over the
     # fields' own defaults: what learns on VR-edge is not what learns on CartPole
     defaults: ClassVar[dict[str, dict[str, Any]]] = {}

@@ -142,10 +142,12 @@ def _parser() -> OneLineParser:
                         "on any policy's score per episode, the bracket and the policy's optimality gap; users that "
                         "do not vary; about 14 s an episode on the default cell) (default: clairvoyant; with --users "
                         "or --churn none, as the references cost most of a cell evaluation's time)")
-    p.add_argument("--belief-base", choices=("fair_share", "policy"), default="fair_share",
-                   help="with --reference belief: the base policy the causal ceiling improves by rollout, fair_share "
-                        "or the policy evaluated (the ceiling at its strongest: in expectation no worse than the "
-                        "policy, at the cost of the policy's forward passes in every rollout; default: %(default)s)")
+    p.add_argument("--belief-base", choices=("fair_share", "policy", "policy_critic"), default="fair_share",
+                   help="with --reference belief: the base policy the causal ceiling improves by rollout, fair_share, "
+                        "the policy evaluated (at the cost of the policy's forward passes in every rollout), or "
+                        "policy_critic: the policy, each rollout ending on the run's critic (the discounted return, "
+                        "the run's --gamma, with the critic's value after the horizon: the ceiling at its strongest; "
+                        "a PPO run; default: %(default)s)")
     _add_env_flags(p)
     p.add_argument("--users", default=None, metavar="LIST",
                    help="VR-edge: evaluate in cells of these active users, comma-separated numbers or ranges "
@@ -277,7 +279,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     from envs.profiles import profile_of, profiled_envs
     from envs.traces import TRACE_ARGUMENTS
     from trainer.evaluation import held_out_env_kwargs
-    from trainer.evaluation.policies import picked_checkpoint, policy_from_state, sampling_refused
+    from trainer.evaluation.policies import critic_refusal, picked_checkpoint, policy_from_state, sampling_refused
     from trainer.evaluation.report import check_writable
 
     source, state, which = picked_checkpoint(args.checkpoint, args.pick)
@@ -305,6 +307,9 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     env_kwargs = held_out_env_kwargs(cfg.env, cfg.env_options, args.given)
     vr_config = envs.VREdgeConfig(**env_kwargs).read_traces() if profile.cells else None  # a bad trace: at once
     _check_references(parser, args, profile, env_kwargs)
+    if args.belief_base == "policy_critic" and "belief" in (args.reference or ()) and \
+            (refused := critic_refusal(model, cfg, source)):
+        parser.error(f"--belief-base policy_critic: {refused}; use --belief-base policy")
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
     out_dir = Path(args.out) if args.out else run_dir
     check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
@@ -366,10 +371,13 @@ def _played(args: argparse.Namespace, setup: _Setup, label: str) -> dict[str, li
     """The records of the episodes each player played, by name: the policy (``label``), the baselines, the
     clairvoyant reference where asked for; the same held-out seeds for each."""
     from trainer.evaluation import policy_actions
-    from trainer.evaluation.contenders import play_contenders
+    from trainer.evaluation.contenders import WITH_CRITIC, play_contenders
+    from trainer.evaluation.policies import critic_value
 
+    critic = critic_value(setup.model, setup.cfg) if args.belief_base == WITH_CRITIC else None
     return play_contenders(policy_actions(setup.model, args.deterministic), label, setup.names, setup.vr_config,
-                           setup.env_fn, args.episodes, args.seed, _with_reference(args, setup), args.belief_base)
+                           setup.env_fn, args.episodes, args.seed, _with_reference(args, setup), args.belief_base,
+                           critic)
 
 
 def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:

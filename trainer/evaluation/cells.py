@@ -45,6 +45,7 @@ from trainer.config import TrainConfig
 from trainer.evaluation.contenders import (
     CEILING_BASE,
     REFERENCES,
+    WITH_CRITIC,
     Comparison,
     compare_contenders,
     comparison_payload,
@@ -54,6 +55,7 @@ from trainer.evaluation.episodes import (
     held_out_env_kwargs,
     policy_actions,
 )
+from trainer.evaluation.policies import critic_value
 from trainer.evaluation.report import pyplot, write_figure
 from trainer.evaluation.servable import LOST_IN_MOST_EPISODES, UNSERVABLE
 
@@ -131,11 +133,13 @@ def play_cells(model: nn.Module, cfg: TrainConfig, cells: Sequence[Cell], env_kw
     trained = envs.VREdgeConfig(**env_kwargs)
     slots = cell_slots(model, cfg, trained, cells)
     act = policy_actions(model, deterministic)
+    critic = critic_value(model, cfg) if ceiling_base == WITH_CRITIC else None
     out = []
     for cell in cells:
         kwargs = cell_env_kwargs(env_kwargs, slots, cell, trained.masked)
         vr_config, env_fn = envs.VREdgeConfig(**kwargs), functools.partial(gym.make, cfg.env, **kwargs)
-        played = play_contenders(act, label, names, vr_config, env_fn, episodes, seed, reference, ceiling_base)
+        played = play_contenders(act, label, names, vr_config, env_fn, episodes, seed, reference, ceiling_base,
+                                 critic)
         out.append(CellResult(cell, kwargs, compare_contenders(played, label, names, vr_config, env_fn, cfg.seed)))
     return out
 

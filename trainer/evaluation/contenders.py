@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 
 import envs
-from envs.belief_mpc import BeliefMPC
+from envs.belief_mpc import BeliefMPC, TerminalValue
 from envs.planner import ClairvoyantPlanner
 from envs.profiles import profile_of
 from trainer.evaluation.baselines import best_baseline
@@ -37,6 +37,7 @@ REFERENCE = "clairvoyant"  # the reference's name in the results (trainer.evalua
 BELIEF = "belief"  # the causal ceiling's (envs.belief_mpc.BeliefMPC on fair_share or the policy): --reference belief
 REFERENCES = (REFERENCE, BELIEF, BOUND)  # (the bound: trainer.evaluation.bracket)
 CEILING_BASE = "fair_share"  # the base the causal ceiling improves on, and the lower end of its figures
+WITH_CRITIC = "policy_critic"  # the ceiling on the policy, its rollout ending on the run's critic (--belief-base)
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
 
 
@@ -57,11 +58,12 @@ class Comparison(NamedTuple):
 
 def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.VREdgeConfig | None,
                     env_fn: Callable[[], gym.Env], episodes: int, seed: int, reference: bool | Sequence[str],
-                    ceiling_base: str = CEILING_BASE) -> dict[str, Records]:
+                    ceiling_base: str = CEILING_BASE, critic: TerminalValue | None = None) -> dict[str, Records]:
     """The records of the episodes each player played, by name: the policy ``act`` (as ``label``), the baselines
     ``names``, the references ``reference`` names (VR-edge: ``vr_config``; ``True``: the clairvoyant, ``False``:
     none): the clairvoyant planner, and the causal ceiling :class:`envs.belief_mpc.BeliefMPC` on ``ceiling_base``
-    (:data:`CEILING_BASE`, or ``"policy"``: ``act``, the ceiling at its strongest), with :data:`CEILING_BASE` played
+    (:data:`CEILING_BASE`; ``"policy"``: ``act``; :data:`WITH_CRITIC`: ``act``, the rollout ending on ``critic``, the
+    policy's critic: the ceiling at its strongest), with :data:`CEILING_BASE` played
     too where ``names`` lacks it; the same held-out seeds for each. The policy and the baselines play together, in
     one batched env (:func:`trainer.evaluation.episodes.play_together`), each reference in one of its own."""
     references = references_of(reference) if vr_config is not None else ()
@@ -74,8 +76,11 @@ def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.
     if REFERENCE in references:
         played[REFERENCE] = clairvoyant_records(vr_config, env_fn, episodes, seed)
     if BELIEF in references:
-        played[BELIEF] = ceiling_records(vr_config, env_fn, episodes, seed, act if ceiling_base == "policy"
-                                         else ceiling_base)
+        if ceiling_base == WITH_CRITIC and critic is None:
+            raise ValueError(f"ceiling_base={WITH_CRITIC!r} needs the policy's critic (critic=...)")
+        on_policy = ceiling_base in ("policy", WITH_CRITIC)
+        played[BELIEF] = ceiling_records(vr_config, env_fn, episodes, seed, act if on_policy else ceiling_base,
+                                         critic if ceiling_base == WITH_CRITIC else None)
     if BOUND in references:
         played[BOUND] = bound_records(vr_config, episodes, seed)
     return {name: played[name] for name in [label, *names, *REFERENCES, CEILING_BASE] if name in played}
@@ -91,10 +96,12 @@ def clairvoyant_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.E
 
 
 def ceiling_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
-                    base: str | Act = CEILING_BASE) -> Records:
-    """The causal ceiling's records (:class:`envs.belief_mpc.BeliefMPC` on ``base``, its defaults) on the held-out
-    episodes ``seed`` gives, every env's observation at every step in one batched env (its filter keeps a row each)."""
-    return filter_episodes(BeliefMPC(vr_config, base=base), env_fn, episodes, seed, num_envs=64)
+                    base: str | Act = CEILING_BASE, terminal_value: TerminalValue | None = None) -> Records:
+    """The causal ceiling's records (:class:`envs.belief_mpc.BeliefMPC` on ``base``, its defaults, its rollout
+    ending on ``terminal_value`` where given) on the held-out episodes ``seed`` gives, every env's observation at
+    every step in one batched env (its filter keeps a row each)."""
+    return filter_episodes(BeliefMPC(vr_config, base=base, terminal_value=terminal_value), env_fn, episodes, seed,
+                           num_envs=64)
 
 
 def rows_at_once(episodes: int, names: Sequence[str], reference: bool | Sequence[str]) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ from trainer.common.spaces import check_env_id, model_spaces
 from trainer.config import TrainConfig, format_env_kwargs, with_current_names
 from trainer.evaluation.episodes import policy_actions
 from trainer.registry import ALGORITHMS, algorithm_class, algorithm_spec
+
+if TYPE_CHECKING:
+    from envs.belief_mpc import TerminalValue
 
 
 def make_model(cfg: TrainConfig) -> nn.Module:
@@ -79,6 +82,31 @@ def sampling_refused(cfg: TrainConfig, source: Path) -> str | None:
     if algorithm.stochastic:
         return None
     return f"{source} holds {algorithm.model_name}, whose policy is greedy (it explored only while collecting)"
+
+
+def critic_refusal(model: nn.Module, cfg: TrainConfig, source: Path) -> str | None:
+    """Why the critic of ``source``'s ``model`` (trained as ``cfg`` says) cannot be a rollout's terminal value
+    (:func:`critic_value`), or ``None`` where it can: a model without one (its algorithm declares none:
+    Ape-X's Q-network), or one trained on scaled rewards (its values are in other units than the env's rewards)."""
+    if not algorithm_spec(cfg.algo).critic:
+        return f"{source} holds {algorithm_spec(cfg.algo).model_name}, which has no critic"
+    if getattr(cfg.algo_settings, "scale_rewards", False):
+        return f"{source} was trained with scale_rewards: its critic's values are of scaled rewards, not the env's"
+    return None
+
+
+def critic_value(model: nn.Module, cfg: TrainConfig) -> TerminalValue:
+    """The critic of a trained ``model`` as :class:`envs.belief_mpc.BeliefMPC`'s terminal value: its estimate of the
+    discounted return (``cfg.gamma``, the run's discount) of NumPy observations ``[N, obs]``, float64 ``[N]``, on
+    one torch thread (as :func:`trainer.evaluation.episodes.policy_actions`, which it runs beside). Check
+    :func:`critic_refusal` first."""
+    from collectors.resources import torch_threads
+    from envs.belief_mpc import TerminalValue
+
+    def value(obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad(), torch_threads(1):
+            return model.value(torch.from_numpy(np.asarray(obs, dtype=np.float32))).double().numpy()
+    return TerminalValue(value, gamma=cfg.gamma)
 
 
 class PickedCheckpoint(NamedTuple):

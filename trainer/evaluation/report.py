@@ -146,7 +146,7 @@ def format_ceiling(capture: dict[str, Any], causal_share: dict[str, Any] | None,
     """The causal ceiling's lines of the table (``trainer.evaluation.contenders.ceiling_figures``): its causal share of
     the clairvoyant's lead over fair_share, where the clairvoyant was played, and the policy's capture of its own
     lead; a ceiling the policy beats is said to be not tight, and a capture above 1 no gain beyond what is reachable. ``base``: what the ceiling's
-    rollout improves on (``fair_share`` or ``policy``).
+    rollout improves on (``fair_share``, ``policy`` or ``policy_critic``).
 
     >>> print(format_ceiling({"fraction": 0.5, "ci95": 0.1, "gap": 0.02, "ceiling_tight": True}, None))
     capture: the policy reaches 0.500 ± 0.100 (95% CI, delta method over episodes) of the causal ceiling's lead over fair_share (+0.020 reward/step)

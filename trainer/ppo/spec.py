@@ -24,6 +24,7 @@ class PPOSpec(AlgorithmSpec):
     model_name: ClassVar[str] = "a PPO actor-critic"
     Settings: ClassVar[type] = PPOSettings
     exportable: ClassVar[bool] = True
+    critic: ClassVar[bool] = True
     # VR-edge: TrainConfig's own defaults (docs/benchmarks.md, "The defaults over 5 seeds"); other envs: the
     # CartPole command of docs/training.md (8 envs x 128 steps, 200k steps)
     defaults: ClassVar[dict[str, dict[str, Any]]] = {
