@@ -30,7 +30,7 @@ from benchmarks.machine import print_machine
 from envs.profiles import profile_of
 from trainer.arguments import OneLineParser
 from trainer.evaluation.bracket import BOUND, bound_records
-from trainer.evaluation.contenders import BELIEF, CEILING_BASE, ceiling_records, compare_contenders
+from trainer.evaluation.contenders import BELIEF, BELIEF_BASE, belief_records, compare_contenders
 from trainer.evaluation.episodes import Records, episodes_shown, held_out_env_kwargs, policy_actions, run_episodes
 from trainer.evaluation.report import plus_minus
 
@@ -85,7 +85,7 @@ def bracket_rows(args: argparse.Namespace, runs: dict[Path, Any], config: envs.V
     make = profile_of("VREdge-v0").baselines
     free = {name: functools.partial(run_episodes, make[name](env_kwargs), env_fn, args.episodes, args.seed)
             for name in names}
-    free[BELIEF] = functools.partial(ceiling_records, config, env_fn, args.episodes, args.seed, CEILING_BASE)
+    free[BELIEF] = functools.partial(belief_records, config, env_fn, args.episodes, args.seed, BELIEF_BASE)
     free[BOUND] = functools.partial(bound_records, config, args.episodes, args.seed)
     played = {name: _kept(args.out / f"{name}.json", played_with, play, name) for name, play in free.items()}
     rows = []

@@ -1,16 +1,16 @@
-"""The policy's capture of the causal ceiling, checkpoint by checkpoint: how much of what is reachable from
+"""The policy's capture of the causal reference, checkpoint by checkpoint: how much of what is reachable from
 observations a run has learnt, against the env steps it trained for (issue 51).
 
     python -m benchmarks.capture RUN [RUN ...] --out DIR [--checkpoints 4] [--episodes 50] [--seed 0]
 
-Plays ``fair_share`` and the causal ceiling (``envs.belief_mpc.BeliefMPC`` on ``fair_share``, its defaults) once
+Plays ``fair_share`` and the causal reference (``envs.belief_mpc.BeliefMPC`` on ``fair_share``, its defaults) once
 on the held-out episodes ``trainer.evaluate`` plays, then the greedy policy of ``--checkpoints`` checkpoints of
 each run spread over the ones it kept (its newest always; ``--keep-checkpoints`` and ``--checkpoint-every`` at
 training decide which exist), each on the same episodes. For each it reports the **capture** ``(policy -
 fair_share) / (belief - fair_share)`` with its 95% interval (delta method over episodes, as ``trainer.evaluate``),
 in ``DIR/table.md``, ``DIR/table.json`` and ``DIR/capture.png`` (capture against env steps, one line per run).
 The references' records are kept in ``DIR/references.json`` and reused by a later call on the same episodes and
-env (the ceiling's 50 episodes take minutes; a checkpoint's, seconds). The runs must share one synthetic VR-edge
+env (the reference's 50 episodes take minutes; a checkpoint's, seconds). The runs must share one synthetic VR-edge
 cell (the filter has no model of a trace).
 """
 
@@ -31,13 +31,13 @@ from envs.belief import filter_refusal
 from envs.settings import ConfigError
 from trainer.arguments import OneLineParser
 from trainer.evaluation.comparison import load_run, play
-from trainer.evaluation.contenders import ceiling_records
+from trainer.evaluation.contenders import belief_records
 from trainer.evaluation.episodes import run_episodes
 from trainer.evaluation.report import check_writable, plus_minus, pyplot, write_figure
 from trainer.evaluation.statistics import gap_closed, paired_difference
 
 Records = list[dict[str, float]]
-BASE, CEILING = "fair_share", "belief"
+BASE, REFERENCE = "fair_share", "belief"
 
 
 def spread(files: list[Path], n: int) -> list[Path]:
@@ -63,21 +63,21 @@ def run_cell(run: Path) -> dict[str, Any]:
     """The env arguments a run's policy is played with (its cell, held out), from its newest checkpoint."""
     loaded = load_run(run, "latest")
     if loaded.cfg.env != "VREdge-v0":
-        raise ConfigError("runs", str(run), message=f"{run}: trained on {loaded.cfg.env}; the ceiling is VR-edge's")
+        raise ConfigError("runs", str(run), message=f"{run}: trained on {loaded.cfg.env}; the reference is VR-edge's")
     if why := filter_refusal(envs.VREdgeConfig(**loaded.env_kwargs)):
         raise ConfigError("runs", str(run), message=f"{run}: {why}")
     return loaded.env_kwargs
 
 
 def references(env_kwargs: dict[str, Any], episodes: int, seed: int, out: Path) -> dict[str, Records]:
-    """``fair_share``'s and the ceiling's records on the held-out episodes: those kept in ``out`` where they were
+    """``fair_share``'s and the reference's records on the held-out episodes: those kept in ``out`` where they were
     played on the same episodes and env, else played now (and kept)."""
     path, key = out / "references.json", {"env_kwargs": env_kwargs, "episodes": episodes, "seed": seed}
     if path.is_file() and (kept := json.loads(path.read_text())).get("key") == json.loads(json.dumps(key)):
         return kept["records"]
     cfg, env_fn = envs.VREdgeConfig(**env_kwargs), functools.partial(gym.make, "VREdge-v0", **env_kwargs)
     played = {BASE: run_episodes(envs.make_baseline(BASE, cfg), env_fn, episodes, seed),
-              CEILING: ceiling_records(cfg, env_fn, episodes, seed, BASE)}
+              REFERENCE: belief_records(cfg, env_fn, episodes, seed, BASE)}
     path.write_text(json.dumps({"key": key, "records": played}))
     return played
 
@@ -86,7 +86,7 @@ def checkpoint_row(source: Path, refs: dict[str, Records], episodes: int, seed: 
     """One checkpoint's policy on the held-out episodes: its env steps, reward per step and capture."""
     loaded = load_run(source, "latest")
     played = play(loaded, episodes, seed)
-    capture = gap_closed(played, refs[BASE], refs[CEILING])
+    capture = gap_closed(played, refs[BASE], refs[REFERENCE])
     lead = paired_difference(played, refs[BASE])
     return {"checkpoint": str(source), "checkpoint_sha256": loaded.sha256, "env_steps": loaded.env_steps,
             "reward_per_step": sum(r["reward_per_step"] for r in played) / len(played),
@@ -95,10 +95,10 @@ def checkpoint_row(source: Path, refs: dict[str, Records], episodes: int, seed: 
 
 
 def table(rows: list[dict[str, Any]], refs: dict[str, Records]) -> str:
-    """The rows as a markdown table, under the ceiling's lead over ``fair_share``."""
-    lead = paired_difference(refs[CEILING], refs[BASE])
-    lines = [f"ceiling (BeliefMPC on fair_share) minus fair_share: {lead['mean']:+.4f} {plus_minus(lead['ci95'])} "
-             f"over {lead['episodes']} episodes", "",
+    """The rows as a markdown table, under the reference's lead over ``fair_share``."""
+    lead = paired_difference(refs[REFERENCE], refs[BASE])
+    lines = [f"causal reference (BeliefMPC on fair_share) minus fair_share: {lead['mean']:+.4f} "
+             f"{plus_minus(lead['ci95'])} over {lead['episodes']} episodes", "",
              "| run | env steps | reward/step | policy - fair_share | capture |", "|---|---|---|---|---|"]
     lines += [f"| {Path(r['checkpoint']).parent.parent.name} | {r['env_steps']:,} | {r['reward_per_step']:.4f} | "
               f"{r['vs_fair_share']:+.4f} {plus_minus(r['vs_fair_share_ci95'])} | "
@@ -107,16 +107,16 @@ def table(rows: list[dict[str, Any]], refs: dict[str, Records]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], out: Path) -> Path:
-    """Capture against env steps with 95% intervals, one line per run, and the ceiling at 1."""
+    """Capture against env steps with 95% intervals, one line per run, and the reference at 1."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in dict.fromkeys(Path(r["checkpoint"]).parent.parent for r in rows):
         mine = [r for r in rows if Path(r["checkpoint"]).parent.parent == run]
         ax.errorbar([r["env_steps"] for r in mine], [r["capture"] for r in mine],
                     yerr=[r["capture_ci95"] for r in mine], marker="o", capsize=3, label=run.name)
-    ax.axhline(1.0, color="k", linestyle="--", label="the causal ceiling")
+    ax.axhline(1.0, color="k", linestyle="--", label="the causal reference")
     ax.axhline(0.0, color="grey", linestyle=":", label="fair_share")
-    ax.set(xlabel="env steps trained", ylabel="capture of the ceiling's lead over fair_share")
+    ax.set(xlabel="env steps trained", ylabel="capture of the reference's lead over fair_share")
     ax.legend()
     return write_figure(fig, out / "capture.png")
 

@@ -1,4 +1,4 @@
-"""The foresight curve: the causal ceiling told the true next k rounds, against k.
+"""The foresight curve: the causal reference told the true next k rounds, against k.
 
     python -m benchmarks.foresight [--k 0 1 2 4 8] [--episodes 16] [--seed 0] [--checkpoint RUN_DIR]
                                    [--env-kwargs K=V,...] [--horizon 12] [--scenarios 16] [--sweeps 1] [--out DIR]

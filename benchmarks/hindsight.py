@@ -14,7 +14,7 @@ with ``--belief``, ``BeliefMPC`` (its defaults; minutes). Both play the held-out
 plays (``evaluation_seeds(0, N)``); nothing here was tuned on them (the bound's step was chosen on raw seeds 0-1).
 ``cost``: what ``trainer.evaluate --reference bound`` adds on the default cell against ``--reference belief``,
 each reference played as the evaluation plays it (:func:`trainer.evaluation.bracket.bound_records`;
-:func:`trainer.evaluation.contenders.ceiling_records`, every episode's row in one batched env), side by side in one
+:func:`trainer.evaluation.contenders.belief_records`, every episode's row in one batched env), side by side in one
 process: the bound on ``--bound-episodes`` (one episode after another: the time scales with the episodes) and
 BeliefMPC on ``--belief-episodes`` (batched: timed whole), both extrapolated to ``--episodes`` where fewer were timed.
 Every figure is a return per round (the episode's return over its rounds); the check column counts the episodes
@@ -220,7 +220,7 @@ def cost(bound_episodes: int, belief_episodes: int, episodes: int, seed: int) ->
     import gymnasium as gym
 
     from trainer.evaluation.bracket import BOUND_SOLVER, bound_records
-    from trainer.evaluation.contenders import ceiling_records
+    from trainer.evaluation.contenders import belief_records
 
     config = envs.VREdgeConfig()
     env_fn = functools.partial(gym.make, "VREdge-v0", **config.to_dict())
@@ -228,7 +228,7 @@ def cost(bound_episodes: int, belief_episodes: int, episodes: int, seed: int) ->
     bound_records(config, bound_episodes, seed)
     bound_s = time.perf_counter() - start
     start = time.perf_counter()
-    ceiling_records(config, env_fn, belief_episodes, seed)
+    belief_records(config, env_fn, belief_episodes, seed)
     belief_s = time.perf_counter() - start
     print(f"default cell, held-out episodes of seed {seed}; bound: {BOUND_SOLVER}; belief: BeliefMPC on fair_share")
     for name, seconds, timed in (("bound", bound_s, bound_episodes), ("belief", belief_s, belief_episodes)):

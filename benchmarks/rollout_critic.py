@@ -26,7 +26,7 @@ import gymnasium as gym
 import envs
 from benchmarks.machine import print_machine
 from trainer.arguments import OneLineParser
-from trainer.evaluation.contenders import ceiling_records
+from trainer.evaluation.contenders import belief_records
 from trainer.evaluation.episodes import held_out_env_kwargs, policy_actions, run_episodes
 from trainer.evaluation.policies import critic_refusal, critic_value, trained_model
 from trainer.evaluation.report import plus_minus
@@ -93,7 +93,7 @@ def _rollout(vr_config: envs.VREdgeConfig, env_fn: Any, args: Any, act: Any, tai
     from trainer.evaluation.episodes import filter_episodes
 
     if horizon == 12:  # (BeliefMPC's default: exactly what trainer.evaluate plays)
-        return ceiling_records(vr_config, env_fn, args.episodes, args.seed, act, tail)
+        return belief_records(vr_config, env_fn, args.episodes, args.seed, act, tail)
     return filter_episodes(BeliefMPC(vr_config, base=act, terminal_value=tail, horizon=horizon), env_fn,
                            args.episodes, args.seed, num_envs=64)
 

@@ -1,4 +1,4 @@
-"""A causal ceiling for VR-edge: model-predictive control over the belief about the cell, from observations only.
+"""A causal reference for VR-edge: model-predictive control over the belief about the cell, from observations only.
 
 Each step :class:`BeliefMPC` updates the exact filter over the cell's hidden state (:class:`envs.belief.RegimeFilter`),
 draws ``scenarios`` futures of the next ``horizon`` rounds from it (the same for every candidate; the first round's

@@ -1,4 +1,4 @@
-"""How much of the clairvoyant's lead is foresight: the causal ceiling told the true next ``known`` rounds.
+"""How much of the clairvoyant's lead is foresight: the causal reference told the true next ``known`` rounds.
 
 :class:`ForesightMPC` is :class:`envs.belief_mpc.BeliefMPC` whose scenarios begin with the env's true next ``known``
 rounds (the capacity and every user's channel, read from the env's state as :class:`envs.planner.ClairvoyantPlanner`

@@ -35,7 +35,7 @@ _START_FACTORS = np.array([0.7, 1.0, 1.3, 1.6, 2.0])
 
 
 class ClairvoyantPlanner:
-    """Receding-horizon planner that sees the true future capacities and channels (a ceiling, not a policy).
+    """Receding-horizon planner that sees the true future capacities and channels (a reference, not a policy).
 
     Example:
         >>> import envs

@@ -1,4 +1,4 @@
-"""The causal ceiling (envs.belief_mpc.BeliefMPC): its rollout is the env's rounds, its rollout never lowers the base
+"""The causal reference (envs.belief_mpc.BeliefMPC): its rollout is the env's rounds, its rollout never lowers the base
 plan's expected return, it counts active users, its settings are checked, and filter_episodes shows
 it every env at every step."""
 
@@ -168,21 +168,21 @@ def test_evaluate_plays_the_causal_ceiling_paired_and_reports_capture_and_causal
 
 
 def test_a_ceiling_the_policy_beats_is_said_to_be_no_ceiling():
-    from trainer.evaluation.contenders import ceiling_figures
-    from trainer.evaluation.report import format_ceiling
+    from trainer.evaluation.contenders import capture_figures
+    from trainer.evaluation.report import format_capture
 
     episodes = lambda *scores: [{"reward_per_step": s} for s in scores]  # noqa: E731
     played = {"policy": episodes(0.80, 0.82, 0.79), "fair_share": episodes(0.70, 0.71, 0.70),
               "belief": episodes(0.75, 0.76, 0.74), "clairvoyant": episodes(0.85, 0.86, 0.84)}
-    capture, causal = ceiling_figures(played, "policy")
+    capture, causal = capture_figures(played, "policy")
     assert capture["fraction"] > 1 and not capture["ceiling_tight"]
     assert causal["fraction"] == pytest.approx((0.75 - 0.7033333) / (0.85 - 0.7033333), rel=1e-4)
-    said = format_ceiling(capture, causal)
+    said = format_capture(capture, causal)
     assert "not tight" in said and "the policy reaches" not in said
     played["belief"] = episodes(0.90, 0.91, 0.90)
-    capture, _ = ceiling_figures(played, "policy")
+    capture, _ = capture_figures(played, "policy")
     assert capture["ceiling_tight"] and 0 < capture["fraction"] < 1
-    assert "not tight" not in format_ceiling(capture, None)
+    assert "not tight" not in format_capture(capture, None)
 
 
 @pytest.mark.parametrize("reference, things", [("bleief", ["bleief", "belief"]), ("clairvoyant,x", ["x"])])

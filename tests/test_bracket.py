@@ -216,7 +216,7 @@ def test_the_bracket_benchmark_gives_each_run_the_evaluations_bracket_and_plays_
         raise AssertionError("played again: the kept records were not used")
     monkeypatch.setattr(bench, "run_episodes", played_again)
     monkeypatch.setattr(bench, "bound_records", played_again)
-    monkeypatch.setattr(bench, "ceiling_records", played_again)
+    monkeypatch.setattr(bench, "belief_records", played_again)
     bench.main(argv)
     assert json.loads((out / "bracket.json").read_text()) == rows
 
@@ -226,3 +226,22 @@ def test_the_bracket_benchmark_refuses_a_run_it_cannot_load_in_one_line(run, tmp
 
     with exits(2, "no-such-run", capsys=capsys):
         bench.main([str(run), str(tmp_path / "no-such-run"), "--out", str(tmp_path / "out")])
+
+
+@pytest.mark.slow  # (two processes started, a cell of 1,000 user-rounds bounded twice: about 15 s)
+def test_a_large_cells_bound_is_the_same_on_one_process_per_core_and_moves_the_bar_per_episode(monkeypatch):
+    """Where a cell's episodes are large enough, ``bound_records`` bounds them in one process per usable core: the
+    same records, in the episodes' order, as in the evaluation's own process, and every episode counted."""
+    from trainer.evaluation import bracket
+
+    cfg = envs.VREdgeConfig(num_users=4, max_steps=250)
+    assert cfg.num_users * cfg.max_steps >= bracket.PARALLEL_USER_ROUNDS  # (the parallel path, below)
+    monkeypatch.setattr("collectors.resources.usable_cores", lambda: 2)
+    counted = []
+    with episodes_counted(counted.append):
+        parallel = bound_records(cfg, 3, seed=1)
+    monkeypatch.setattr(bracket, "PARALLEL_USER_ROUNDS", 10**9)
+    serial = bound_records(cfg, 3, seed=1)
+    assert parallel == serial and sum(counted) == 3
+    assert [r["return"] for r in serial] == [lagrangian_bound(cfg, episode_future(cfg, s), iterations=BOUND_ITERATIONS)
+                                             .value for s in evaluation_seeds(1, 3)]

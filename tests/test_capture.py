@@ -1,4 +1,4 @@
-"""``benchmarks.capture``: each checkpoint's capture of the causal ceiling, on the same held-out episodes, the
+"""``benchmarks.capture``: each checkpoint's capture of the causal reference, on the same held-out episodes, the
 references played once and reused; bad runs are one line."""
 
 import json

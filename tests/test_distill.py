@@ -1,4 +1,4 @@
-"""Distilling the causal ceiling into a trained policy (``trainer.ppo.distillation``, ``python -m trainer.distill``,
+"""Distilling the causal reference into a trained policy (``trainer.ppo.distillation``, ``python -m trainer.distill``,
 ``--distill-episodes``): the states labelled are the policy's own, the fine-tuning moves the actor toward the
 expert's levels and nothing else, a distillation that scores lower on validation is not kept, a round kept is the
 run's next checkpoint (the one before stays as it was), and bad runs are one line."""

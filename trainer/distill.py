@@ -1,4 +1,4 @@
-"""Distil the causal ceiling into a trained VR-edge policy: one round of DAgger with ``BeliefMPC`` as the expert.
+"""Distil the causal reference into a trained VR-edge policy: one round of DAgger with ``BeliefMPC`` as the expert.
 
     python -m trainer.distill RUN_DIR [--episodes 64] [--epochs 3] [--lr 1e-4] [--validation-episodes 64] [--seed S]
 

@@ -143,10 +143,11 @@ def _parser() -> OneLineParser:
                         "do not vary; about 14 s an episode on the default cell) (default: clairvoyant; with --users "
                         "or --churn none, as the references cost most of a cell evaluation's time)")
     p.add_argument("--belief-base", choices=("fair_share", "policy", "policy_critic"), default="fair_share",
-                   help="with --reference belief: the base policy the causal ceiling improves by rollout, fair_share, "
+                   help="with --reference belief: the base policy the causal reference improves by rollout, "
+                        "fair_share, "
                         "the policy evaluated (at the cost of the policy's forward passes in every rollout), or "
                         "policy_critic: the policy, each rollout ending on the run's critic (the discounted return, "
-                        "the run's --gamma, with the critic's value after the horizon: the ceiling at its strongest; "
+                        "the run's --gamma, with the critic's value after the horizon: the reference at its strongest; "
                         "a PPO run; default: %(default)s)")
     _add_env_flags(p)
     p.add_argument("--users", default=None, metavar="LIST",
@@ -386,8 +387,8 @@ def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
     from trainer.evaluation.contenders import SELECTION_EPISODES
 
     references = _with_reference(args, setup)
-    ceiling_base = "belief" in references and "fair_share" not in setup.names  # (played for the capture)
-    players = 1 + len(setup.names) + len(references) + ceiling_base
+    belief_base = "belief" in references and "fair_share" not in setup.names  # (played for the capture)
+    players = 1 + len(setup.names) + len(references) + belief_base
     return args.episodes * players + SELECTION_EPISODES * len(setup.names)
 
 

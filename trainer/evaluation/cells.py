@@ -43,7 +43,7 @@ from envs.settings import ConfigError
 from trainer.arguments import most_users
 from trainer.config import TrainConfig
 from trainer.evaluation.contenders import (
-    CEILING_BASE,
+    BELIEF_BASE,
     REFERENCES,
     WITH_CRITIC,
     Comparison,
@@ -125,7 +125,7 @@ class CellResult(NamedTuple):
 
 def play_cells(model: nn.Module, cfg: TrainConfig, cells: Sequence[Cell], env_kwargs: dict[str, Any],
                label: str, names: Sequence[str], episodes: int, seed: int, reference: bool | Sequence[str] = False,
-               deterministic: bool = True, ceiling_base: str = CEILING_BASE) -> list[CellResult]:
+               deterministic: bool = True, belief_base: str = BELIEF_BASE) -> list[CellResult]:
     """Each cell's players (:func:`play_contenders`: the policy ``model`` as ``label``, the baselines ``names``, the
     reference) on the same held-out episodes of ``seed``, in cells of :func:`cell_slots` slots on ``env_kwargs``
     (the run's, held out), and how the policy compares (:func:`compare_contenders`)."""
@@ -133,12 +133,12 @@ def play_cells(model: nn.Module, cfg: TrainConfig, cells: Sequence[Cell], env_kw
     trained = envs.VREdgeConfig(**env_kwargs)
     slots = cell_slots(model, cfg, trained, cells)
     act = policy_actions(model, deterministic)
-    critic = critic_value(model, cfg) if ceiling_base == WITH_CRITIC else None
+    critic = critic_value(model, cfg) if belief_base == WITH_CRITIC else None
     out = []
     for cell in cells:
         kwargs = cell_env_kwargs(env_kwargs, slots, cell, trained.masked)
         vr_config, env_fn = envs.VREdgeConfig(**kwargs), functools.partial(gym.make, cfg.env, **kwargs)
-        played = play_contenders(act, label, names, vr_config, env_fn, episodes, seed, reference, ceiling_base,
+        played = play_contenders(act, label, names, vr_config, env_fn, episodes, seed, reference, belief_base,
                                  critic)
         out.append(CellResult(cell, kwargs, compare_contenders(played, label, names, vr_config, env_fn, cfg.seed)))
     return out

@@ -29,15 +29,15 @@ from trainer.evaluation.episodes import (
     play_together,
     validation_seeds,
 )
-from trainer.evaluation.report import format_ceiling, format_table, plus_minus
+from trainer.evaluation.report import format_capture, format_table, plus_minus
 from trainer.evaluation.servable import unservable, unservable_text
 from trainer.evaluation.statistics import gap_closed, paired_difference, summarize
 
 REFERENCE = "clairvoyant"  # the reference's name in the results (trainer.evaluate --reference)
-BELIEF = "belief"  # the causal ceiling's (envs.belief_mpc.BeliefMPC on fair_share or the policy): --reference belief
+BELIEF = "belief"  # the causal reference's (envs.belief_mpc.BeliefMPC on fair_share or the policy): --reference belief
 REFERENCES = (REFERENCE, BELIEF, BOUND)  # (the bound: trainer.evaluation.bracket)
-CEILING_BASE = "fair_share"  # the base the causal ceiling improves on, and the lower end of its figures
-WITH_CRITIC = "policy_critic"  # the ceiling on the policy, its rollout ending on the run's critic (--belief-base)
+BELIEF_BASE = "fair_share"  # the base the causal reference improves on, and the lower end of its figures
+WITH_CRITIC = "policy_critic"  # the reference on the policy, its rollout ending on the run's critic (--belief-base)
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
 
 
@@ -49,8 +49,8 @@ class Comparison(NamedTuple):
     best: str | None  # the best baseline, picked on validation episodes
     gap: dict[str, Any] | None  # the fraction of the gap from it to the reference that the policy closes
     paired_qoe_lin: dict[str, dict[str, Any]] = {}  # as ``paired``, of QoE_lin per user (an env whose info has it)
-    capture: dict[str, Any] | None = None  # the policy's share of the causal ceiling's lead over fair_share
-    causal_share: dict[str, Any] | None = None  # the causal ceiling's share of the clairvoyant's lead over it
+    capture: dict[str, Any] | None = None  # the policy's share of the causal reference's lead over fair_share
+    causal_share: dict[str, Any] | None = None  # the causal reference's share of the clairvoyant's lead over it
     unservable: bool | None = None  # nobody serves the cell (trainer.evaluation.servable); None: not said
     unservable_line: str = ""  # where it is: the line that says so (trainer.evaluation.servable.unservable_text)
     bracket: dict[str, Any] | None = None  # where the bound was played (trainer.evaluation.bracket.bracket_figures)
@@ -58,16 +58,16 @@ class Comparison(NamedTuple):
 
 def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.VREdgeConfig | None,
                     env_fn: Callable[[], gym.Env], episodes: int, seed: int, reference: bool | Sequence[str],
-                    ceiling_base: str = CEILING_BASE, critic: TerminalValue | None = None) -> dict[str, Records]:
+                    belief_base: str = BELIEF_BASE, critic: TerminalValue | None = None) -> dict[str, Records]:
     """The records of the episodes each player played, by name: the policy ``act`` (as ``label``), the baselines
     ``names``, the references ``reference`` names (VR-edge: ``vr_config``; ``True``: the clairvoyant, ``False``:
-    none): the clairvoyant planner, and the causal ceiling :class:`envs.belief_mpc.BeliefMPC` on ``ceiling_base``
-    (:data:`CEILING_BASE`; ``"policy"``: ``act``; :data:`WITH_CRITIC`: ``act``, the rollout ending on ``critic``, the
-    policy's critic: the ceiling at its strongest), with :data:`CEILING_BASE` played
+    none): the clairvoyant planner, and the causal reference :class:`envs.belief_mpc.BeliefMPC` on ``belief_base``
+    (:data:`BELIEF_BASE`; ``"policy"``: ``act``; :data:`WITH_CRITIC`: ``act``, the rollout ending on ``critic``, the
+    policy's critic: the reference at its strongest), with :data:`BELIEF_BASE` played
     too where ``names`` lacks it; the same held-out seeds for each. The policy and the baselines play together, in
     one batched env (:func:`trainer.evaluation.episodes.play_together`), each reference in one of its own."""
     references = references_of(reference) if vr_config is not None else ()
-    baselines = list(names) + ([CEILING_BASE] if BELIEF in references and CEILING_BASE not in names else [])
+    baselines = list(names) + ([BELIEF_BASE] if BELIEF in references and BELIEF_BASE not in names else [])
     seeds = evaluation_seeds(seed, episodes)
     env, kwargs = made_env(env_fn)
     made = profile_of(env).baselines
@@ -76,14 +76,14 @@ def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.
     if REFERENCE in references:
         played[REFERENCE] = clairvoyant_records(vr_config, env_fn, episodes, seed)
     if BELIEF in references:
-        if ceiling_base == WITH_CRITIC and critic is None:
-            raise ValueError(f"ceiling_base={WITH_CRITIC!r} needs the policy's critic (critic=...)")
-        on_policy = ceiling_base in ("policy", WITH_CRITIC)
-        played[BELIEF] = ceiling_records(vr_config, env_fn, episodes, seed, act if on_policy else ceiling_base,
-                                         critic if ceiling_base == WITH_CRITIC else None)
+        if belief_base == WITH_CRITIC and critic is None:
+            raise ValueError(f"belief_base={WITH_CRITIC!r} needs the policy's critic (critic=...)")
+        on_policy = belief_base in ("policy", WITH_CRITIC)
+        played[BELIEF] = belief_records(vr_config, env_fn, episodes, seed, act if on_policy else belief_base,
+                                         critic if belief_base == WITH_CRITIC else None)
     if BOUND in references:
         played[BOUND] = bound_records(vr_config, episodes, seed)
-    return {name: played[name] for name in [label, *names, *REFERENCES, CEILING_BASE] if name in played}
+    return {name: played[name] for name in [label, *names, *REFERENCES, BELIEF_BASE] if name in played}
 
 
 def clairvoyant_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], episodes: int, seed: int
@@ -95,9 +95,9 @@ def clairvoyant_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.E
     return batched_reference_episodes(ClairvoyantPlanner(vr_config), env_fn, episodes, seed, num_envs=episodes)
 
 
-def ceiling_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
-                    base: str | Act = CEILING_BASE, terminal_value: TerminalValue | None = None) -> Records:
-    """The causal ceiling's records (:class:`envs.belief_mpc.BeliefMPC` on ``base``, its defaults, its rollout
+def belief_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
+                    base: str | Act = BELIEF_BASE, terminal_value: TerminalValue | None = None) -> Records:
+    """The causal reference's records (:class:`envs.belief_mpc.BeliefMPC` on ``base``, its defaults, its rollout
     ending on ``terminal_value`` where given) on the held-out episodes ``seed`` gives, every env's observation at
     every step in one batched env (its filter keeps a row each)."""
     return filter_episodes(BeliefMPC(vr_config, base=base, terminal_value=terminal_value), env_fn, episodes, seed,
@@ -106,15 +106,15 @@ def ceiling_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env],
 
 def rows_at_once(episodes: int, names: Sequence[str], reference: bool | Sequence[str]) -> int:
     """The most env rows one pair's players hold at once (:func:`play_contenders`, then :func:`compare_contenders`'
-    validation episodes): the policy's and the baselines' ``episodes`` each (:data:`CEILING_BASE`'s too where the
-    causal ceiling needs it) in one batched env, or the baselines' :data:`SELECTION_EPISODES` each in one; each
+    validation episodes): the policy's and the baselines' ``episodes`` each (:data:`BELIEF_BASE`'s too where the
+    causal reference needs it) in one batched env, or the baselines' :data:`SELECTION_EPISODES` each in one; each
     reference plays fewer rows, in one of its own. What a memory check counts (``trainer.evaluate --users``).
 
     >>> rows_at_once(50, ["fair_share", "buffer"], False), rows_at_once(2, ["fair_share", "buffer"], ["belief"])
     (150, 32)
     """
     references = references_of(reference)
-    players = 1 + len(names) + (BELIEF in references and CEILING_BASE not in names)
+    players = 1 + len(names) + (BELIEF in references and BELIEF_BASE not in names)
     return max(episodes * players, SELECTION_EPISODES * len(names))
 
 
@@ -145,29 +145,29 @@ def compare_contenders(played: dict[str, Records], label: str, names: Sequence[s
     line = unservable_text(results[label], best, results[best], lost) if cannot else ""
     causal = [name for name in (label, best, BELIEF) if name and name in played]
     bracket = bracket_figures(played, label, causal) if BOUND in played else None
-    return Comparison(results, paired, best, gap, paired_qoe, *ceiling_figures(played, label), cannot, line, bracket)
+    return Comparison(results, paired, best, gap, paired_qoe, *capture_figures(played, label), cannot, line, bracket)
 
 
-def ceiling_figures(played: dict[str, Records], label: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """``(capture, causal_share)`` where the causal ceiling (:data:`BELIEF`) was played, paired over the same
-    episodes, each a ratio of mean leads over :data:`CEILING_BASE` with its 95% interval (delta method,
+def capture_figures(played: dict[str, Records], label: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``(capture, causal_share)`` where the causal reference (:data:`BELIEF`) was played, paired over the same
+    episodes, each a ratio of mean leads over :data:`BELIEF_BASE` with its 95% interval (delta method,
     :func:`trainer.evaluation.statistics.gap_closed`): the **capture** ``(policy - fair_share) / (belief -
-    fair_share)``, with ``ceiling_tight`` (false where the policy scores above the ceiling: it is then no ceiling,
+    fair_share)``, with ``ceiling_tight`` (false where the policy scores above the reference: it is then no ceiling,
     and a capture above 1 no success); the **causal share** ``(belief - fair_share) / (clairvoyant - fair_share)``
     where the clairvoyant was played too."""
     if BELIEF not in played:
         return None, None
-    base, ceiling = played[CEILING_BASE], played[BELIEF]
-    capture = gap_closed(played[label], base, ceiling)
-    capture["ceiling_tight"] = paired_difference(ceiling, played[label])["mean"] >= 0
-    causal = gap_closed(ceiling, base, played[REFERENCE]) if REFERENCE in played else None
+    base, reference = played[BELIEF_BASE], played[BELIEF]
+    capture = gap_closed(played[label], base, reference)
+    capture["ceiling_tight"] = paired_difference(reference, played[label])["mean"] >= 0
+    causal = gap_closed(reference, base, played[REFERENCE]) if REFERENCE in played else None
     return capture, causal
 
 
 def comparison_payload(comparison: Comparison, label: str, names: Sequence[str]) -> dict[str, Any]:
     """A comparison as ``evaluation.json`` holds it: ``policy``, ``baselines``, ``reference`` (by name),
     ``paired_reward_per_step``, ``paired_qoe_lin`` (VR-edge), ``best_baseline``, ``best_baseline_picked_on``,
-    ``gap_closed``, ``capture`` and ``causal_share`` (:func:`ceiling_figures`; ``None`` where not played),
+    ``gap_closed``, ``capture`` and ``causal_share`` (:func:`capture_figures`; ``None`` where not played),
     ``unservable`` (:func:`trainer.evaluation.servable.unservable`: true where the policy and the best baseline both
     lose their users in most episodes; ``None`` where it cannot be said) and, only where the bound was played,
     ``optimality_gap`` (bound minus policy, paired) and ``bracket`` (:func:`trainer.evaluation.bracket.bracket_figures`,
@@ -186,7 +186,7 @@ def comparison_payload(comparison: Comparison, label: str, names: Sequence[str])
                 "bracket": {k: v for k, v in bracket.items() if k != "optimality_gap"}} if bracket else {})}
 
 
-def comparison_text(comparison: Comparison, belief_base: str = CEILING_BASE) -> str:
+def comparison_text(comparison: Comparison, belief_base: str = BELIEF_BASE) -> str:
     """One comparison in words: each player's statistics, the paired differences, the gap closed and, where the
     causal reference (BeliefMPC on ``belief_base``) was played, its causal share and the policy's capture, and where
     the bound was, the bracket (:func:`trainer.evaluation.bracket.bracket_text`); first, where nobody serves the
@@ -210,7 +210,7 @@ def comparison_text(comparison: Comparison, belief_base: str = CEILING_BASE) -> 
                      f"baseline ({comparison.best}, picked on {SELECTION_EPISODES} validation episodes) and the "
                      f"clairvoyant reference ({gap['gap']:+.3f} reward/step)")
     if comparison.capture is not None:
-        lines.append("\n" + format_ceiling(comparison.capture, comparison.causal_share, belief_base))
+        lines.append("\n" + format_capture(comparison.capture, comparison.causal_share, belief_base))
     if comparison.bracket is not None:
         lines.append("\n" + bracket_text(comparison.bracket))
     return "\n".join(lines)

@@ -142,32 +142,32 @@ def check_writable(directory: Path, what: str = "the evaluation outputs", run_di
         raise ValueError(f"cannot write {what} to {directory}: {e.strerror or e}; pass --out DIR") from None
 
 
-def format_ceiling(capture: dict[str, Any], causal_share: dict[str, Any] | None, base: str = "fair_share") -> str:
-    """The causal ceiling's lines of the table (``trainer.evaluation.contenders.ceiling_figures``): its causal share of
+def format_capture(capture: dict[str, Any], causal_share: dict[str, Any] | None, base: str = "fair_share") -> str:
+    """The causal reference's lines of the table (``trainer.evaluation.contenders.capture_figures``): its causal share of
     the clairvoyant's lead over fair_share, where the clairvoyant was played, and the policy's capture of its own
-    lead; a ceiling the policy beats is said to be not tight, and a capture above 1 no gain beyond what is reachable. ``base``: what the ceiling's
+    lead; a reference the policy beats is said to be not tight, and a capture above 1 no gain beyond what is reachable. ``base``: what the reference's
     rollout improves on (``fair_share``, ``policy`` or ``policy_critic``).
 
-    >>> print(format_ceiling({"fraction": 0.5, "ci95": 0.1, "gap": 0.02, "ceiling_tight": True}, None))
-    capture: the policy reaches 0.500 ± 0.100 (95% CI, delta method over episodes) of the causal ceiling's lead over fair_share (+0.020 reward/step)
+    >>> print(format_capture({"fraction": 0.5, "ci95": 0.1, "gap": 0.02, "ceiling_tight": True}, None))
+    capture: the policy reaches 0.500 ± 0.100 (95% CI, delta method over episodes) of the causal reference's lead over fair_share (+0.020 reward/step)
     """  # noqa: E501
     lines = []
     if causal_share is not None:
-        lines.append(f"causal share: the causal ceiling (belief on {base}, from observations only) reaches "
+        lines.append(f"causal share: the causal reference (belief on {base}, from observations only) reaches "
                      f"{_ratio(causal_share)} of the clairvoyant's lead over fair_share ({causal_share['gap']:+.3f} "
                      "reward/step); the rest is foresight of the draws, or what a better causal controller finds"
                      if math.isfinite(causal_share["fraction"]) else
                      f"causal share: none, the clairvoyant does not beat fair_share here ({causal_share['gap']:+.3f} "
                      "reward/step)")
     if not math.isfinite(capture["fraction"]):
-        lines.append(f"capture: none, the causal ceiling does not beat fair_share here ({capture['gap']:+.3f} "
+        lines.append(f"capture: none, the causal reference does not beat fair_share here ({capture['gap']:+.3f} "
                      "reward/step): it bounds nothing")
     elif capture["ceiling_tight"]:
-        lines.append(f"capture: the policy reaches {_ratio(capture)} of the causal ceiling's lead over fair_share "
+        lines.append(f"capture: the policy reaches {_ratio(capture)} of the causal reference's lead over fair_share "
                      f"({capture['gap']:+.3f} reward/step)")
     else:
-        lines.append(f"capture: {_ratio(capture)}, above 1: the policy plays at least as well as the causal ceiling "
-                     "here; the ceiling is not tight (BeliefMPC bounds the best causal play from below), so this is "
+        lines.append(f"capture: {_ratio(capture)}, above 1: the policy plays at least as well as the causal reference "
+                     "here; the reference is not tight (BeliefMPC bounds the best causal play from below), so this is "
                      "no gain beyond what is reachable")
     return "\n".join(lines)
 

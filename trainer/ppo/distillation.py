@@ -1,4 +1,4 @@
-"""Distilling the causal ceiling into a trained policy: rounds of DAgger with ``BeliefMPC`` as the expert, each a new
+"""Distilling the causal reference into a trained policy: rounds of DAgger with ``BeliefMPC`` as the expert, each a new
 checkpoint of the run (``python -m trainer.distill`` is its command line; a finished run asks for rounds through
 :meth:`trainer.ppo.algorithm.PPO.after_training`).
 
@@ -14,7 +14,7 @@ counters, the distilled weights, the record of rounds ``distilled`` with this on
 path, with its pointers: ``latest``, and ``best`` where the run validated (``--eval-every``) and the distilled policy
 scores no lower than the best on its validation episodes. The checkpoint distilled stays as it was, the one before.
 
-Why it pays: PPO's policy reaches 0.75-0.88 of the ceiling's lead over ``fair_share`` and the seeds differ
+Why it pays: PPO's policy reaches 0.75-0.88 of the reference's lead over ``fair_share`` and the seeds differ
 (``docs/ceiling.md``); the rollout's levels are a better target than the noisy policy gradient for the same states,
 and the policy averages the rollout's scenario noise over many states.
 """

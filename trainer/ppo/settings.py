@@ -27,7 +27,7 @@ class PPOSettings:
     ent_coef: float = setting(0.001, "entropy bonus")
     target_kl: float = setting(0.0, "stop the epochs early above this KL", at_least=0, zero="off")
     distill_episodes: int = setting(64, "once a run of at least 1M env steps on VR-edge's synthetic cell has "
-                                    "finished: distil the causal ceiling into its policy, BeliefMPC labelling the "
+                                    "finished: distil the causal reference into its policy, BeliefMPC labelling the "
                                     "states of this many episodes it plays (python -m trainer.distill)", at_least=0,
                                     at_most=100_000, zero="off", resumable=True, flag=False)
     distill_rounds: int = setting(1, "rounds of that distillation, each on episodes of its own played by the policy "
