@@ -410,9 +410,7 @@ def lagrangian_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, 
         lam = np.cumsum(steps[:, ::-1], axis=1)[:, ::-1]  # non-increasing in the round's time
         value, used, plan = _dual(config, future, grid, lam, charge)
         values.append(value)
-        # a return (less its penalty) some plan reaches: the target
-        reached = max(reached, replay_return(config, future, plan) - (
-            0.0 if penalty is None else plan_penalty(config, future, penalty, plan)))
+        reached = max(reached, _reached(config, future, penalty, plan))
         if value < best:
             best, best_prices = value, lam.copy()
         elif k % 5 == 4:
@@ -423,6 +421,12 @@ def lagrangian_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, 
             break
         steps = np.maximum(steps - scale * (value - reached) / norm * gradient, 0.0)  # Polyak's step to the target
     return HindsightBound(value=best, prices=best_prices, grid_s=grid_s, values=values)
+
+
+def _reached(config: VREdgeConfig, future: Future, penalty: Penalty | None, plan: np.ndarray) -> float:
+    """What ``plan`` ``[T, U]`` reaches on ``future``, less its penalty where there is one: the subgradient's target."""
+    charged = 0.0 if penalty is None else plan_penalty(config, future, penalty, plan)
+    return replay_return(config, future, plan) - charged
 
 
 def _checked_charge(penalty: Penalty | None, future: Future, grid: _Grid) -> np.ndarray | None:
@@ -583,29 +587,23 @@ def sharing_bound(config: VREdgeConfig, future: Future, grid_s: float = 0.1, del
     others at the lowest level) and move by subgradient steps as :func:`lagrangian_bound`'s, aimed at the higher of
     ``target`` (a return some player reaches: the clairvoyant's) and what the users' plans reach played together;
     the lowest value is returned, computed again on ``final_grid_s`` (finer; default ``grid_s``) at the best
-    prices. On the 2-user cells :func:`exact_hindsight` solves it lies within a few hundredths of a round of the
-    optimum, where :func:`lagrangian_bound` (any schedule) can stay at every user's best alone.
+    prices (tighter than :func:`lagrangian_bound`'s any schedule: ``docs/ceiling.md``).
 
-    With ``penalty`` (:func:`information_penalty` on ``grid_s``; ``final_grid_s`` then left out) each user pays its
-    charges as in :func:`lagrangian_bound`, and the value bounds every causal player's expected return in
-    expectation over episodes. A user here cannot finish later at will (its delay is its copies'), so a buffer
-    after the round may lie up to ``2 + ceil((users - 1) delay_grid_s / grid_s)`` cells below the rounded-up one
-    (two grid steps of buffer and delay, and the others' delays each rounded down by less than ``delay_grid_s``): the
-    best value over those cells is taken (with no penalty the values rise with the buffer, so the result is as
-    without it)."""
+    With ``penalty`` (:func:`information_penalty` on ``grid_s``; no ``final_grid_s``) each user pays its charges as
+    in :func:`lagrangian_bound` (a bound in expectation over episodes); a user here cannot finish later at will, so
+    the best value over the ``2 + ceil((users - 1) delay_grid_s / grid_s)`` buffer cells a round may land in is
+    taken (no penalty: the same result; ``docs/ceiling.md``, "The penalty")."""
     grid = _Grid.of(config, grid_s, airtime_s)
     charge = _checked_charge(penalty, future, grid)
     if charge is not None and final_grid_s not in (None, grid_s):
-        raise ValueError(f"sharing_bound with a penalty takes no final_grid_s ({final_grid_s}): the penalty is on "
-                         f"grid_s={grid_s}; leave final_grid_s out")
+        raise ValueError(f"final_grid_s={final_grid_s} with a penalty on grid_s={grid_s}: leave final_grid_s out")
     users, levels = len(future.buffer), config.num_levels
     prices = np.zeros((future.rounds, users, users, levels))
     best, best_prices, values, reached, scale = np.inf, prices, [], target, step
     for k in range(max(iterations, 1)):
         value, plan, copies, playing = _sharing_dual(config, future, grid, delay_grid_s, prices, charge)
         values.append(value)
-        reached = max(reached, replay_return(config, future, plan) - (
-            0.0 if penalty is None else plan_penalty(config, future, penalty, plan)))
+        reached = max(reached, _reached(config, future, penalty, plan))
         if value < best:
             best, best_prices = value, prices.copy()
         elif k % 5 == 4:

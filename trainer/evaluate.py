@@ -143,12 +143,10 @@ def _parser() -> OneLineParser:
                         "do not vary; about 14 s an episode on the default cell) (default: clairvoyant; with --users "
                         "or --churn none, as the references cost most of a cell evaluation's time)")
     p.add_argument("--belief-base", choices=("fair_share", "policy", "policy_critic"), default="fair_share",
-                   help="with --reference belief: the base policy the causal reference improves by rollout, "
-                        "fair_share, "
-                        "the policy evaluated (at the cost of the policy's forward passes in every rollout), or "
-                        "policy_critic: the policy, each rollout ending on the run's critic (the discounted return, "
-                        "the run's --gamma, with the critic's value after the horizon: the reference at its strongest; "
-                        "a PPO run; default: %(default)s)")
+                   help="with --reference belief: what the causal reference improves by rollout: fair_share, the "
+                        "policy evaluated (its forward passes in every rollout), or policy_critic: the policy, each "
+                        "rollout ending on the run's critic (the discounted return at the run's --gamma; a PPO run; "
+                        "default: %(default)s)")
     _add_env_flags(p)
     p.add_argument("--users", default=None, metavar="LIST",
                    help="VR-edge: evaluate in cells of these active users, comma-separated numbers or ranges "
