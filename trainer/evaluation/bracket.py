@@ -50,7 +50,8 @@ def bound_records(vr_config: envs.VREdgeConfig, episodes: int, seed: int) -> Rec
     bounded = functools.partial(_episode_bound, vr_config)
     workers = min(usable_cores(), len(seeds))
     records = []
-    if workers < 2 or vr_config.num_users * vr_config.max_steps < PARALLEL_USER_ROUNDS:
+    if workers < 2 or vr_config.num_users * vr_config.max_steps < PARALLEL_USER_ROUNDS or \
+            multiprocessing.current_process().daemon:  # (a pool's worker may start no process of its own)
         for episode_seed in seeds:
             records.append(bounded(episode_seed))
             say_played()
