@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from trainer.arguments import OneLineParser
 from trainer.evaluation.bracket import BOUND, bound_records
 from trainer.evaluation.contenders import BELIEF, BELIEF_BASE, belief_records, compare_contenders
 from trainer.evaluation.episodes import Records, episodes_shown, held_out_env_kwargs, policy_actions, run_episodes
-from trainer.evaluation.report import plus_minus
+from trainer.evaluation.report import plus_minus, write_replacing
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,8 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = bracket_rows(args, runs, config, kwargs[first])
     table = bracket_table(rows, args.episodes)
     print(table)
-    (args.out / "bracket.md").write_text(table + "\n")
-    (args.out / "bracket.json").write_text(json.dumps(rows, indent=1) + "\n")
+    write_replacing(args.out / "bracket.md", table + "\n")
+    write_replacing(args.out / "bracket.json", json.dumps(rows, indent=1) + "\n")
 
 
 def bracket_rows(args: argparse.Namespace, runs: dict[Path, Any], config: envs.VREdgeConfig,
@@ -113,9 +112,7 @@ def _kept(path: Path, played_with: dict[str, Any], play: Any, name: str) -> Reco
     print(f"bracket: playing {name} on {played_with['episodes']} held-out episodes", file=sys.stderr, flush=True)
     with episodes_shown(played_with["episodes"], name):
         records = play()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"played_with": played_with, "records": records}))
-    os.replace(tmp, path)
+    write_replacing(path, json.dumps({"played_with": played_with, "records": records}))  # whole or absent
     return records
 
 

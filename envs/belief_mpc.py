@@ -183,13 +183,11 @@ class BeliefMPC:
                 actions = np.asarray(self.base(observe(cfg, sim)), dtype=np.int64)
             sim, reward, abandoned = self._round(sim, {name: v[:, h] for name, v in cell.items()}, actions)
             weight = alive * (h < remaining)
+            # with the critic, its return: discounted, and an abandonment ends it (the critic prices what is lost)
+            total += weight * (reward if tail is None else tail.gamma ** h * reward)
+            abandoned &= weight > 0
             if tail is None:
-                total += weight * reward
-                abandoned &= weight > 0
                 total -= abandoned * cfg.quality_weight * np.maximum(remaining - h - 1, 0)  # the rest is forfeit
-            else:  # the critic's return: discounted; an abandonment ends it (the critic prices what is lost)
-                total += weight * tail.gamma ** h * reward
-                abandoned &= weight > 0
             alive *= ~abandoned
         if tail is not None:  # where the episode goes on after the horizon and nobody left: the critic's value
             going_on = (alive > 0) & (horizon < remaining)

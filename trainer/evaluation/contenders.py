@@ -152,7 +152,7 @@ def capture_figures(played: dict[str, Records], label: str) -> tuple[dict[str, A
     """``(capture, causal_share)`` where the causal reference (:data:`BELIEF`) was played, paired over the same
     episodes, each a ratio of mean leads over :data:`BELIEF_BASE` with its 95% interval (delta method,
     :func:`trainer.evaluation.statistics.gap_closed`): the **capture** ``(policy - fair_share) / (belief -
-    fair_share)``, with ``ceiling_tight`` (false where the policy scores above the reference: it is then no ceiling,
+    fair_share)``, with ``ceiling_tight`` (false where the policy scores above the reference: it then bounds nothing,
     and a capture above 1 no success); the **causal share** ``(belief - fair_share) / (clairvoyant - fair_share)``
     where the clairvoyant was played too."""
     if BELIEF not in played:
