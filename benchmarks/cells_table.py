@@ -24,7 +24,6 @@ import functools
 import json
 import multiprocessing
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import checkpoints
 import envs
 from benchmarks.machine import print_machine
+from collectors.stop_signals import leave_ctrl_c_to_the_parent
 from envs.profiles import profile_of
 from envs.settings import ConfigError
 from envs.traces import TRACE_ARGUMENTS, TraceError
@@ -112,10 +112,6 @@ def _played_with(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())["played_with"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _leave_ctrl_c_to_the_parent() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _tasks(args: argparse.Namespace, cells: list[Cell], runs: _Runs) -> list[tuple]:
@@ -280,7 +276,7 @@ def _play_all(args: argparse.Namespace, tasks: list[tuple]) -> None:
     other weights than when the table began, ends the command, every record played kept."""
     print(f"{len(tasks)} records to play (a player in a cell each), {args.jobs} at a time", flush=True)
     played = 0
-    with multiprocessing.get_context("spawn").Pool(args.jobs, initializer=_leave_ctrl_c_to_the_parent) as pool:
+    with multiprocessing.get_context("spawn").Pool(args.jobs, initializer=leave_ctrl_c_to_the_parent) as pool:
         try:
             for done in pool.imap_unordered(_play, tasks):
                 played += 1

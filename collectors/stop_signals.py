@@ -136,6 +136,12 @@ def held_back() -> bool:
     return bool(_held) or bool(pending & set(STOP_SIGNALS))
 
 
+def leave_ctrl_c_to_the_parent() -> None:
+    """In a pool's worker: Ctrl-C reaches the whole process group, and the parent says it once and ends the pool
+    (its end terminates the workers, so they keep SIGTERM's default, unlike :func:`ignore_stop_signals`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def ignore_stop_signals() -> None:
     """In a worker: Ctrl-C, a scheduler's SIGTERM, an early-warning SIGUSR1 or a closed terminal's SIGHUP reach
     the whole process group; they are the parent's to handle (it takes the envs' state, then shuts the workers

@@ -78,6 +78,13 @@ def episode_future(config: VREdgeConfig, seed: int) -> Future:
     return future_from_state(config, initial_state(config, key, np.zeros(1, dtype=np.uint64)))
 
 
+def episode_bound(config: VREdgeConfig, seed: int, iterations: int) -> tuple[float, int]:
+    """:func:`lagrangian_bound` (``iterations`` steps) on the episode ``SyntheticVREdgeEnv(seed=seed)`` plays after
+    ``reset()``, and the episode's rounds: what an evaluation's worker computes (this module needs no torch)."""
+    future = episode_future(config, seed)
+    return lagrangian_bound(config, future, iterations=iterations).value, future.rounds
+
+
 def bound_refusal(config: VREdgeConfig) -> str:
     """Why the hindsight solvers cannot take cells built with ``config``; ``""`` when they can. Traces (capacity
     and user links), outages and a capacity scale, fixed or drawn per episode, are all an exogenous future the

@@ -124,7 +124,7 @@ def test_a_bound_below_a_causal_return_fails_the_check(tmp_path, monkeypatch):
         true = lagrangian_bound(config, future, **kwargs)
         return HindsightBound(true.value - lowered, true.prices, true.grid_s, true.values)
 
-    monkeypatch.setattr("trainer.evaluation.bracket.lagrangian_bound", below)
+    monkeypatch.setattr("envs.hindsight.lagrangian_bound", below)  # (what envs.hindsight.episode_bound calls)
     payload, table = evaluated(run, "--episodes", "2", "--baselines", "fair_share", "--reference", "bound")
     policy = [r["return"] for r in players_records(run)["policy"][:2]]
     per_episode = payload["bracket"]["bound"]["per_episode"]

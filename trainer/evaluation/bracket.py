@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
-import signal
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 import envs
-from envs.hindsight import episode_future, lagrangian_bound
+from collectors.stop_signals import leave_ctrl_c_to_the_parent
+from envs.hindsight import episode_bound
 from trainer.evaluation.episodes import Records, evaluation_seeds, say_played
 from trainer.evaluation.report import plus_minus
 from trainer.evaluation.statistics import paired_difference, summarize
@@ -47,30 +47,20 @@ def bound_records(vr_config: envs.VREdgeConfig, episodes: int, seed: int) -> Rec
     from collectors.resources import usable_cores
 
     seeds = evaluation_seeds(seed, episodes)
-    bounded = functools.partial(_episode_bound, vr_config)
+    bounded = functools.partial(episode_bound, vr_config, iterations=BOUND_ITERATIONS)  # (a worker loads no torch)
     workers = min(usable_cores(), len(seeds))
-    records = []
+    values = []
     if workers < 2 or vr_config.num_users * vr_config.max_steps < PARALLEL_USER_ROUNDS or \
             multiprocessing.current_process().daemon:  # (a pool's worker may start no process of its own)
         for episode_seed in seeds:
-            records.append(bounded(episode_seed))
+            values.append(bounded(episode_seed))
             say_played()
-        return records
-    with multiprocessing.get_context("spawn").Pool(workers, initializer=_leave_ctrl_c_to_the_parent) as pool:
-        for record in pool.imap(bounded, seeds):  # (in the seeds' order)
-            records.append(record)
-            say_played()
-    return records
-
-
-def _episode_bound(vr_config: envs.VREdgeConfig, episode_seed: int) -> dict[str, float]:
-    future = episode_future(vr_config, episode_seed)
-    value = lagrangian_bound(vr_config, future, iterations=BOUND_ITERATIONS).value
-    return {"return": value, "length": future.rounds, "reward_per_step": value / future.rounds}
-
-
-def _leave_ctrl_c_to_the_parent() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the evaluation stops them (the pool's end) and says it once
+    else:
+        with multiprocessing.get_context("spawn").Pool(workers, initializer=leave_ctrl_c_to_the_parent) as pool:
+            for value in pool.imap(bounded, seeds):  # (in the seeds' order)
+                values.append(value)
+                say_played()
+    return [{"return": value, "length": rounds, "reward_per_step": value / rounds} for value, rounds in values]
 
 
 def bracket_figures(played: dict[str, Records], label: str, causal: Sequence[str]) -> dict[str, Any]:
