@@ -245,3 +245,15 @@ def test_a_large_cells_bound_is_the_same_on_one_process_per_core_and_moves_the_b
     assert parallel == serial and sum(counted) == 3
     assert [r["return"] for r in serial] == [lagrangian_bound(cfg, episode_future(cfg, s), iterations=BOUND_ITERATIONS)
                                              .value for s in evaluation_seeds(1, 3)]
+
+
+@pytest.mark.slow  # (two processes started)
+def test_a_bound_that_does_not_come_back_from_a_worker_ends_the_evaluation_with_a_line(monkeypatch):
+    """A worker that dies loses its episode for good: past the deadline the evaluation ends with one line, not a
+    wait for ever (here the deadline is shorter than any episode's bound)."""
+    from trainer.evaluation import bracket
+
+    monkeypatch.setattr("collectors.resources.usable_cores", lambda: 2)
+    monkeypatch.setattr(bracket, "EPISODE_DEADLINE_S", 1e-3)
+    with pytest.raises(TimeoutError, match="did not come back"):
+        bound_records(envs.VREdgeConfig(num_users=4, max_steps=250), 2, seed=1)

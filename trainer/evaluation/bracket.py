@@ -35,6 +35,9 @@ BOUND_SOLVER = f"envs.hindsight.lagrangian_bound (any schedule, {BOUND_ITERATION
 # well under a second each, less than starting a process (about 0.5 s); the default cell's (8 users, 300 rounds)
 # take 6-9 s each on a 2-core AMD EPYC, and one process per core halves the bound's wall time there
 PARALLEL_USER_ROUNDS = 1000
+# how long an episode's bound may take in a worker before the evaluation says it will not come (a worker that dies
+# loses its task and the pool waits for ever): the default cell's take 3-15 s on a 2-core AMD EPYC, under load too
+EPISODE_DEADLINE_S = 600
 RETURN_TOLERANCE = 1e-9  # a player's return above the bound's by more than this is a violation (float sums)
 
 
@@ -57,8 +60,13 @@ def bound_records(vr_config: envs.VREdgeConfig, episodes: int, seed: int) -> Rec
             say_played()
     else:
         with multiprocessing.get_context("spawn").Pool(workers, initializer=leave_ctrl_c_to_the_parent) as pool:
-            for value in pool.imap(bounded, seeds):  # (in the seeds' order)
-                values.append(value)
+            coming = pool.imap(bounded, seeds)  # (in the seeds' order)
+            for _ in seeds:
+                try:
+                    values.append(coming.next(timeout=EPISODE_DEADLINE_S))
+                except multiprocessing.TimeoutError:  # a worker killed (out of memory?) loses its episode for good
+                    raise TimeoutError(f"the bound of a held-out episode did not come back in {EPISODE_DEADLINE_S} s "
+                                       "(a worker killed?); run the evaluation again, or without bound") from None
                 say_played()
     return [{"return": value, "length": rounds, "reward_per_step": value / rounds} for value, rounds in values]
 
