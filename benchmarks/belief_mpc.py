@@ -1,13 +1,15 @@
-"""Distillation's labels per second: the NumPy BeliefMPC against the torch one, side by side in one run.
+"""Distillation's labels per second: the NumPy BeliefMPC against the torch one (on tensors, and fused on a CPU),
+side by side in one run.
 
     python -m benchmarks.belief_mpc [--cells default,cells] [--batch 64] [--steps 4] [--repeats 3] [--device cpu]
                                     [--threads N]
 
 Each round plays the same ``--steps`` steps of ``--batch`` envs (fair_share's levels, from reset: the filter sees each
 episode from its first step) and times each expert labelling every state, NumPy's
-(:class:`envs.belief_mpc.BeliefMPC`) then torch's (:class:`envs.belief_mpc_torch.TorchBeliefMPC` on ``--device``),
-its defaults (the expert distillation declares), filter and futures included; rounds alternate so that a machine's
-load hits both alike. Prints the machine, each cell's labels per second (median [min - max] of ``--repeats``
+(:class:`envs.belief_mpc.BeliefMPC`), then torch's (:class:`envs.belief_mpc_torch.TorchBeliefMPC` on ``--device``)
+with its rollout on tensors (what a GPU runs) and, on a CPU, fused (:mod:`envs.belief_mpc_kernel`: what a CPU
+runs), their defaults (the expert distillation declares), filter and futures included; rounds alternate so that a
+machine's load hits all alike. Prints the machine, each cell's labels per second (median [min - max] of ``--repeats``
 rounds), the ratio of the medians, and whether both chose the same levels. Cells: ``default`` (VR-edge's defaults)
 and ``cells`` (``docs/cells.toml``: 12 slots, 2-12 users, churn 0-0.05). ``--batch 64``: the episodes distillation
 labels side by side. ``--threads``: torch's intra-op threads (default: torch's own; on a 2-core machine shared with
@@ -73,21 +75,27 @@ def labels_per_second(device: str | torch.device = "cpu", env_kwargs: dict[str, 
 
 
 def side_by_side(env_kwargs: dict[str, Any], batch: int, steps: int, repeats: int, device: str) -> list[str]:
-    """Lines: NumPy's and torch's labels per second on one cell, their ratio, and whether their levels agree."""
+    """Lines: the labels per second of NumPy's expert, of torch's on tensors and (on a CPU) fused, on one cell, their
+    ratios to NumPy's, and whether their levels agree."""
     cfg = envs.VREdgeConfig(**env_kwargs)
     seen = observations(env_kwargs, batch, steps)
-    labelled(TorchBeliefMPC(cfg, device=device), seen[:1])  # (a device's first call starts it up)
-    rates: dict[str, list[float]] = {"numpy": [], "torch": []}
+    experts = {"numpy": lambda: BeliefMPC(cfg), "tensors": lambda: TorchBeliefMPC(cfg, device=device, fused=False)}
+    if torch.device(device).type == "cpu":
+        experts["fused"] = lambda: TorchBeliefMPC(cfg, device=device, fused=True)
+    for name in list(experts)[1:]:
+        labelled(experts[name](), seen[:1])  # (a device's first call starts it up; the kernel's compiles it)
+    rates: dict[str, list[float]] = {name: [] for name in experts}
     same = True
     for _ in range(repeats):
-        numpy_rate, numpy_levels = labelled(BeliefMPC(cfg), seen)
-        torch_rate, torch_levels = labelled(TorchBeliefMPC(cfg, device=device), seen)
-        rates["numpy"].append(numpy_rate)
-        rates["torch"].append(torch_rate)
-        same = same and np.array_equal(numpy_levels, torch_levels)
+        levels = {}
+        for name, expert in experts.items():
+            rate, levels[name] = labelled(expert(), seen)
+            rates[name].append(rate)
+        same = same and all(np.array_equal(v, levels["numpy"]) for v in levels.values())
     med = {k: statistics.median(v) for k, v in rates.items()}
-    return [*(f"  {k:<5} labels/s: median {med[k]:,.0f} [{min(v):,.0f} - {max(v):,.0f}]" for k, v in rates.items()),
-            f"  torch / numpy: {med['torch'] / med['numpy']:.1f}x; the same levels: {'yes' if same else 'NO'}"]
+    ratios = "; ".join(f"{k} / numpy {med[k] / med['numpy']:.1f}x" for k in list(experts)[1:])
+    return [*(f"  {k:<7} labels/s: median {med[k]:,.0f} [{min(v):,.0f} - {max(v):,.0f}]" for k, v in rates.items()),
+            f"  {ratios}; the same levels: {'yes' if same else 'NO'}"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,9 @@ rounding, and the point of the port is to label what the NumPy expert labels. Wh
 * a user's pass plays only the envs where its slot is active (elsewhere every candidate ties: the plan stays);
 * a user's pass does not play the plan as it stands again: the last pass played it (the same row, the same bits).
 
+On a CPU the rollout runs fused instead (:mod:`envs.belief_mpc_kernel`: the same operations in the same order, one
+compiled loop), which memory and small operations bound less than the tensors.
+
 The same levels, bit for bit on the states tested (``tests/test_belief_mpc_torch.py``): every floating-point
 operation of NumPy's rollout is done in its order, its sums included (:func:`numpy_order_sum`: NumPy adds the last
 axis of a row pairwise with 8 accumulators, the scenario axis one after the other); the observation the base policy
@@ -30,6 +33,7 @@ import torch
 from envs.baselines import fair_share_policy, only_active
 from envs.belief import Futures, RegimeFilter, cell_seen
 from envs.belief_mpc import _TIE, BeliefMPCSettings, state_from_observation
+from envs.belief_mpc_kernel import MOST_USERS, fused_expected_return
 from envs.settings import ConfigError
 from envs.vr_edge_config import OBS_HIGH, VREdgeConfig
 from envs.vr_edge_dynamics import channel_quality
@@ -53,17 +57,24 @@ class TorchBeliefMPC:
 
     Shapes: ``mpc(obs [B, obs_dim]) -> [B, U]`` int64 levels; stateful as BeliefMPC (pass every env's observation at
     every step, in order). The base policy is ``fair_share`` (its defaults), the one base ported: another is refused
-    in one line. ``device``: where the rollout runs (a ``torch.device`` or its name).
+    in one line. ``device``: where the rollout runs (a ``torch.device`` or its name). ``fused``: the rollout as one
+    compiled loop (:mod:`envs.belief_mpc_kernel`, a CPU's; the same returns to the last bit, several times faster
+    there) or on tensors (what a GPU runs); ``None`` (default): fused on a CPU.
     """
 
     def __init__(self, config: VREdgeConfig, base: str = "fair_share", device: str | torch.device = "cpu",
-                 **settings: Any) -> None:
+                 fused: bool | None = None, **settings: Any) -> None:
         if base != "fair_share":
             raise ConfigError("base", base, "is not ported to torch: TorchBeliefMPC plays fair_share as its base "
                               "(envs.belief_mpc.BeliefMPC plays any)", flag=False)
         self.settings = BeliefMPCSettings(**settings)
         self.config = config
         self.device = torch.device(device)
+        on_cpu = self.device.type == "cpu" and config.num_users <= MOST_USERS
+        if fused and not on_cpu:
+            raise ConfigError("fused", fused, f"needs a CPU and at most {MOST_USERS} users (the kernel is a CPU's): "
+                              "leave it None", flag=False)
+        self.fused = on_cpu if fused is None else fused
         self.filter = RegimeFilter(config, seed=self.settings.seed)
         self.base = fair_share_policy(config)
         f64 = {"dtype": torch.float64, "device": self.device}
@@ -201,7 +212,10 @@ class TorchBeliefMPC:
     def expected_return(self, start: dict[str, torch.Tensor], cell: dict[str, torch.Tensor], first: torch.Tensor
                         ) -> torch.Tensor:
         """Expected sum of rewards ``[B, K]`` of playing ``first`` ``[B, K, U]`` this round and the base policy after
-        (:meth:`envs.belief_mpc.BeliefMPC.expected_return`), on tensors ``[B, S, K, U]``."""
+        (:meth:`envs.belief_mpc.BeliefMPC.expected_return`): by the fused kernel where :attr:`fused`, else on tensors
+        ``[B, S, K, U]``."""
+        if self.fused:
+            return fused_expected_return(self, start, cell, first)
         cfg = self.config
         b, k, u = first.shape
         s, horizon = cell["weight"].shape[1], cell["bits"].shape[0]

@@ -1,7 +1,10 @@
-"""The torch BeliefMPC (envs.belief_mpc_torch): the NumPy BeliefMPC's levels on many states of a fixed and of a varying
-cell with churn (several seeds, states deep into episodes and near their end), the same expected returns to the last
-bit, NumPy's sums in NumPy's order, the low-buffer bound of fair_share's reading, and a base it does not port refused
-in one line."""
+"""The torch BeliefMPC (envs.belief_mpc_torch), its rollout on tensors and fused (envs.belief_mpc_kernel): the NumPy
+BeliefMPC's levels on many states of a fixed and of a varying cell with churn (several seeds, states deep into
+episodes and near their end), the same expected returns to the last bit (fixed and masked cells, below and above 8
+users, one thread or several, in a forked child), NumPy's sums in NumPy's order, the low-buffer bound of
+fair_share's reading, and what it does not do refused in one line."""
+
+import multiprocessing
 
 import numpy as np
 import pytest
@@ -27,13 +30,14 @@ CELLS = {"fixed": {"num_users": 6, "max_steps": 20},
          "churn": {"num_users": 8, "users": "2-8", "churn": "0-0.1", "max_steps": 20}}
 
 
-def _states_and_levels(kwargs: dict, seed: int, steps: int, device: str = "cpu", **settings) -> tuple[int, int]:
+def _states_and_levels(kwargs: dict, seed: int, steps: int, device: str = "cpu", fused: bool | None = None,
+                       **settings) -> tuple[int, int]:
     """``(states, states whose levels differ)`` over ``steps`` steps of 16 envs: both experts see the same
     observations, the envs played by random levels (buffers low and high, stalls, switches) then by NumPy's."""
     venv = envs.VREdgeVectorEnv(16, seed=seed, **kwargs)
     obs, _ = venv.reset()
     numpy_mpc = BeliefMPC(venv.config, seed=seed, **settings)
-    torch_mpc = TorchBeliefMPC(venv.config, seed=seed, device=device, **settings)
+    torch_mpc = TorchBeliefMPC(venv.config, seed=seed, device=device, fused=fused, **settings)
     rng = np.random.default_rng(seed)
     states = differ = 0
     for step in range(steps):
@@ -45,11 +49,12 @@ def _states_and_levels(kwargs: dict, seed: int, steps: int, device: str = "cpu",
     return states, differ
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "tensors"])
 @pytest.mark.parametrize("cell", sorted(CELLS))
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_levels_are_numpys_on_many_states(cell, seed):
+def test_the_levels_are_numpys_on_many_states(cell, seed, fused):
     # 20-step episodes played 24 steps: autoresets, the last steps (horizon past the end) and a new episode
-    states, differ = _states_and_levels(CELLS[cell], seed, 24, horizon=5, scenarios=4, sweeps=2)
+    states, differ = _states_and_levels(CELLS[cell], seed, 24, fused=fused, horizon=5, scenarios=4, sweeps=2)
     assert states == 384
     assert differ <= TIES_AT_MOST, f"{differ} of {states} states differ"
 
@@ -68,19 +73,76 @@ def test_the_levels_are_numpys_on_a_gpu():
     assert differ <= TIES_AT_MOST, f"{differ} of {states} states differ"
 
 
-def test_the_expected_returns_are_numpys_to_the_last_bit():
-    venv = envs.VREdgeVectorEnv(8, seed=5, num_users=5, max_steps=40)
+RETURN_CELLS = {"5 users": {"num_users": 5}, "9 users": {"num_users": 9},
+                "12 slots, churn": {"num_users": 12, "users": "2-12", "churn": "0-0.1"}}
+
+
+def _rollout_inputs(kwargs: dict) -> tuple:
+    """``(NumPy's expected returns, the torch expert, its start, cell and plans)``: 8 envs of ``kwargs`` 6 steps in,
+    4 random plans each, on 8 scenarios of 5 rounds both roll out."""
+    venv = envs.VREdgeVectorEnv(8, seed=5, max_steps=40, **kwargs)
     obs, _ = venv.reset()
     numpy_mpc, torch_mpc = BeliefMPC(venv.config, seed=5), TorchBeliefMPC(venv.config, seed=5)
     for _ in range(6):
         obs, *_ = venv.step(numpy_mpc(obs))
     numpy_mpc.filter.update(obs)
-    futures = numpy_mpc.filter.futures(obs, 8, 5)  # the scenarios both roll out
-    plans = np.random.default_rng(0).integers(0, venv.config.num_levels, size=(8, 4, 5))
+    futures = numpy_mpc.filter.futures(obs, 8, 5)
+    plans = np.random.default_rng(0).integers(0, venv.config.num_levels, size=(8, 4, venv.config.num_users))
     want = numpy_mpc.expected_return(numpy_mpc_start(venv, obs), futures, plans)
     start = torch_mpc._start(obs)
-    got = torch_mpc.expected_return(start, torch_mpc._cell(obs, futures, start), torch.as_tensor(plans))
-    assert np.array_equal(got.numpy(), want)
+    return want, torch_mpc, start, torch_mpc._cell(obs, futures, start), torch.as_tensor(plans)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "tensors"])
+@pytest.mark.parametrize("cell", sorted(RETURN_CELLS))
+def test_the_expected_returns_are_numpys_to_the_last_bit(cell, fused):
+    want, torch_mpc, start, torch_cell, plans = _rollout_inputs(RETURN_CELLS[cell])
+    torch_mpc.fused = fused
+    assert np.array_equal(torch_mpc.expected_return(start, torch_cell, plans).numpy(), want)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_the_fused_returns_do_not_depend_on_the_threads(threads):  # (each thread writes its own envs)
+    want, torch_mpc, start, torch_cell, plans = _rollout_inputs(RETURN_CELLS["12 slots, churn"])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert np.array_equal(torch_mpc.expected_return(start, torch_cell, plans).numpy(), want)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _returns_in_a_child(inputs: tuple, queue: multiprocessing.Queue) -> None:
+    _, torch_mpc, start, torch_cell, plans = inputs
+    queue.put(torch_mpc.expected_return(start, torch_cell, plans).numpy())
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork on this platform")
+def test_a_forked_child_runs_the_fused_rollout_after_its_parent():  # (the parent's threads are not the child's)
+    inputs = _rollout_inputs(RETURN_CELLS["9 users"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _, torch_mpc, start, torch_cell, plans = inputs
+        torch_mpc.expected_return(start, torch_cell, plans)  # the parent's threads start
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_returns_in_a_child, args=(inputs, queue))
+        child.start()
+        got = queue.get(timeout=60)
+        child.join(10)
+    finally:
+        torch.set_num_threads(before)
+        if child.is_alive():
+            child.kill()
+    assert np.array_equal(got, inputs[0])
+
+
+def test_the_fused_rollout_is_refused_off_a_cpu_in_one_line():
+    with pytest.raises(ConfigError, match="fused.*CPU") as e:
+        TorchBeliefMPC(envs.VREdgeConfig(), device="meta", fused=True)
+    assert "\n" not in str(e.value)
+    assert not TorchBeliefMPC(envs.VREdgeConfig(), device="meta").fused  # (the default there: tensors)
 
 
 def numpy_mpc_start(venv: envs.VREdgeVectorEnv, obs: np.ndarray) -> dict:

@@ -66,8 +66,8 @@ class DistillSettings:
     """
 
     episodes: int = setting(PPOSettings.distill_episodes, "episodes the policy plays and BeliefMPC labels (300 "
-                            "states each on the default cell; about 2 s each on a 2-core CPU with the NumPy "
-                            "expert, 3-4x less with the torch one)", at_least=1,
+                            "states each on the default cell; about 0.5 s each on a 2-core CPU, labels and "
+                            "fine-tuning)", at_least=1,
                             at_most=100_000)
     epochs: int = setting(3, "passes of the cross-entropy over the labelled states", at_least=1, at_most=100)
     lr: float = setting(1e-4, "Adam learning rate of the fine-tuning", above=0, at_most=1)
