@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -210,6 +210,29 @@ class RegimeFilter:
         self.log_posterior = start - log_sum_exp(start, axis=1)[:, None]
         self.noise, self.t = noise, seen.t
         return self.posterior
+
+    def state(self) -> dict[str, Any]:
+        """What this filter has taken in and drawn (copies): :meth:`load_state` of it on a filter of the same config
+        and seed goes on exactly as this one would.
+
+        >>> import envs
+        >>> venv = envs.VREdgeVectorEnv(2, seed=0, max_steps=20)
+        >>> obs, _ = venv.reset()
+        >>> a, b = RegimeFilter(venv.config), RegimeFilter(venv.config)
+        >>> _ = a.update(obs)
+        >>> b.load_state(a.state())
+        >>> bool((a.futures(obs, 4, 3).capacity == b.futures(obs, 4, 3).capacity).all())
+        True
+        """
+        arrays = {k: None if getattr(self, k) is None else getattr(self, k).copy()
+                  for k in ("log_posterior", "noise", "t")}
+        return {**arrays, "draws": self._draws}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Go on from :meth:`state`'s ``state``."""
+        for k in ("log_posterior", "noise", "t"):
+            setattr(self, k, None if state[k] is None else np.array(state[k]))
+        self._draws = int(state["draws"])
 
     def _log_step(self, noise: np.ndarray) -> np.ndarray:
         """Unnormalised log alpha ``[B, 6]`` one step on from the posterior, given the noise ``[B, 6]`` each hidden

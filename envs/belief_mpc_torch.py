@@ -90,6 +90,20 @@ class TorchBeliefMPC:
         self.filter.update(obs)
         return self.planned(obs, self.filter.futures(obs, self.settings.scenarios, self.settings.horizon))
 
+    def observe(self, obs: np.ndarray) -> None:
+        """Take in the envs' observations ``obs`` of a step it is not asked to label (its filter follows every
+        step)."""
+        self.filter.update(obs)
+
+    def state(self) -> dict[str, Any]:
+        """What it has seen and drawn (its filter's :meth:`envs.belief.RegimeFilter.state`): a checkpoint's share of
+        an expert that labels while a run trains."""
+        return self.filter.state()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Go on from :meth:`state`'s ``state`` (an expert of the same config, settings and seed)."""
+        self.filter.load_state(state)
+
     def planned(self, obs: np.ndarray, futures: Futures) -> np.ndarray:
         """Levels ``[B, U]``: the base policy's, improved by rollout on the scenarios ``futures`` (as
         :meth:`envs.belief_mpc.BeliefMPC.planned`)."""

@@ -33,7 +33,9 @@ class Expert:
 (NumPy arrays in and out), computing on the torch ``device`` (the learner's) where it computes on torch at all.
 
     A ``stateful`` expert (a filter that follows each env's observations) sees every row of one natively batched
-    env at every step, those whose episodes are over included; a stateless one sees only the rows playing.
+    env at every step, those whose episodes are over included; a stateless one sees only the rows playing. To label
+    while a run trains (``dagger_labels``), a stateful one also offers ``observe(obs)`` (a step it need not label),
+    ``state()`` and ``load_state(state)`` (what a checkpoint keeps of it).
     ``refusal(env_kwargs)`` says why it cannot serve those arguments (``""``: it can); ``pace``: how long it takes,
     measured, for the line a distillation starts with (``""``: not said)."""
 

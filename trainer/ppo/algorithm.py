@@ -3,6 +3,7 @@ iteration (a rollout in, the model updated, a metrics row out)."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +23,8 @@ from trainer.common.world import World
 from trainer.config import TrainConfig
 from trainer.metrics import metrics_row, run_episodes_and_reward, steps_per_second
 from trainer.ppo.cuda_graph import CapturedStep
-from trainer.ppo.distillation import distilled_record, rounds_after_training
+from trainer.ppo.dagger import InLoopLabels, imitation_step, label_plan
+from trainer.ppo.distillation import distilled_record, expert_device, rounds_after_training
 from trainer.ppo.minibatches import MinibatchPlan, plan_minibatches, rank_minibatch_size
 from trainer.ppo.model import ActorCritic
 from trainer.ppo.optimizer import fused_adam, load_optimizer_state, set_learning_rate
@@ -90,6 +92,7 @@ class PPO(PPOSpec, Algorithm):
     pipeline: Pipeline | None = None
     # the distillation rounds kept on the weights (trainer.ppo.distillation), carried into every later checkpoint
     distilled: list = field(default_factory=list)
+    labeller: InLoopLabels | None = None  # dagger_labels: the expert that labels while the run trains
 
     @classmethod
     def make_model(cls, cfg: TrainConfig) -> ActorCritic | SetActorCritic:
@@ -126,9 +129,11 @@ class PPO(PPOSpec, Algorithm):
                              compiled_ppo_loss() if layout.compile else ppo_loss, world)
         if layout.cuda_graphs:
             step = CapturedStep(step)
+        labeller = (InLoopLabels(cfg.env, cfg.env_options, label_plan(ppo.dagger_labels, cfg.num_envs, cfg.num_steps),
+                                 cfg.seed, str(expert_device(cfg.device))) if ppo.dagger_labels else None)
         return cls(cfg, device, model, acting, optimizer,
                    ReturnScaler(cfg.num_envs, cfg.gamma, device, world) if ppo.scale_rewards else None, plan,
-                   layout.iterations(cfg), step, world, layout.keep_collecting)
+                   layout.iterations(cfg), step, world, layout.keep_collecting, labeller=labeller)
 
     @property
     def settings(self) -> UpdateSettings:
@@ -207,8 +212,14 @@ class PPO(PPOSpec, Algorithm):
         else:
             adv, ret = advantages_and_returns(model, batch, rollout.next_observations, cfg.gamma, ppo.gae_lambda, scale)
         try:
-            return ppo_update(self.step, LearnerSamples.from_rollout(batch, adv, ret),
-                              minibatch_generator(cfg.seed, iteration, self.device), self.world)
+            stats = ppo_update(self.step, LearnerSamples.from_rollout(batch, adv, ret),
+                               minibatch_generator(cfg.seed, iteration, self.device), self.world)
+            if self.labeller is not None:  # DAgger inside the loop: after PPO's epochs, one step toward the expert
+                began = time.perf_counter()
+                stats.update(imitation_step(model, self.optimizer, self.labeller.labelled(batch["observations"]),
+                                            cfg.max_grad_norm, self.world))
+                stats["imitation_s"] = time.perf_counter() - began  # (what labelling costs an iteration)
+            return stats
         except NonFiniteLossError as e:
             raise NonFiniteLossError(f"iteration {iteration}: {e}; training stopped (try a lower --lr)") from None
 
@@ -225,6 +236,7 @@ class PPO(PPOSpec, Algorithm):
             "reward_scaler": self.scaler.state_dict() if self.scaler else None,
             "recent_returns": list(self.recent),
             "distilled": self.distilled,
+            **({"labeller": self.labeller.state()} if self.labeller is not None else {}),
             "rng": {**capture_rng(), "acting": self.acting.generator.get_state()},
             **self._pipeline_state(),  # "collector" (and, with --overlap, "acting_model")
         })
@@ -246,6 +258,8 @@ class PPO(PPOSpec, Algorithm):
             self.scaler.load_state_dict(state["reward_scaler"])
         self.recent.extend(state["recent_returns"])
         self.distilled = distilled_record(state, "the checkpoint resumed from")
+        if self.labeller is not None:
+            self.labeller.load_state(state["labeller"])
         restore_rng(state["rng"])
         self.acting.generator.set_state(state["rng"]["acting"])
         if self.world.size > 1:  # this rank's envs of the run's

@@ -32,6 +32,10 @@ class PPOSettings:
                                     at_most=100_000, zero="off", resumable=True, flag=False)
     distill_rounds: int = setting(1, "rounds of that distillation, each on episodes of its own played by the policy "
                                   "the round before left (DAgger)", at_least=1, at_most=10, resumable=True, flag=False)
+    dagger_labels: int = setting(0, "DAgger inside the loop: states of each rollout the env's expert (VR-edge: "
+                                 "BeliefMPC) labels while the run trains, every k-th step of up to 8 envs, the actor "
+                                 "then taking one cross-entropy step toward its actions (trainer/ppo/dagger.py)",
+                                 at_least=0, at_most=100_000, zero="off", flag=False)
     cuda_graphs: bool = setting(False, "on a CUDA learner: capture each minibatch step (loss, backward, clip, "
                                 "Adam) as one CUDA graph, replayed with one launch; with --backend device and "
                                 "--compile, the acting step too (torch.compile's reduce-overhead); measured by "

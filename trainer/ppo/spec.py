@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from envs.settings import ConfigError
 from trainer.algorithm import AlgorithmSpec
 from trainer.ppo.settings import PPOSettings
 
@@ -41,6 +42,25 @@ class PPOSpec(AlgorithmSpec):
     # it pays from ~2M env steps (docs/benchmarks.md, "Compiling the acting step and the loss")
     compile_pays_after: ClassVar[int | None] = 2_000_000
     data_parallel: ClassVar[bool] = True  # torchrun: gradients, normaliser and figures averaged over the ranks
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        """``dagger_labels`` needs an expert that can label the run's env, every step of its envs in order (not
+        --keep-collecting, which drops rollouts) and a minibatch step of PPO's own (not --cuda-graphs)."""
+        ppo: PPOSettings = cfg.algo_settings
+        if not ppo.dagger_labels:
+            return
+        from envs.profiles import profile_of  # (imports no torch)
+
+        expert = profile_of(cfg.env).expert
+        why = f"{cfg.env} declares no expert to label its states" if expert is None else expert.refusal(cfg.env_options)
+        if cfg.keep_collecting:
+            why = why or "--keep-collecting drops rollouts, and the expert must see every step"
+        if ppo.cuda_graphs:
+            why = why or "not with --cuda-graphs: its step is not captured"
+        if why:
+            raise ConfigError("dagger_labels", ppo.dagger_labels, f"cannot label during training: {why}; leave it 0",
+                              flag=False)
 
     @classmethod
     def keep_collecting(cls, cfg: TrainConfig) -> bool:
