@@ -3,6 +3,8 @@ labels and labels what a standalone expert following them would; one imitation s
 levels; a run that labels resumes bit for bit (the expert's state is in the checkpoint); settings it cannot run with
 are refused in one line."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -109,3 +111,12 @@ def test_a_run_that_labels_resumes_bit_for_bit(tmp_path):
 def test_what_it_cannot_label_is_refused_in_one_line(config, named):
     with raises(ConfigError, "dagger_labels", named):
         TrainConfig.from_dict({**config, "dagger_labels": 16}).validate()
+
+
+def test_the_recipe_asks_for_labels_during_half_the_default_steps():
+    cfg = parse_args(["--config", str(Path(__file__).parents[1] / "docs" / "dagger.toml")]).config
+    cfg.validate()
+    default = parse_args(["--env", "VREdge-v0"]).config
+    assert cfg.algo_settings.dagger_labels > 0 and default.algo_settings.dagger_labels == 0
+    assert cfg.total_steps * 2 == default.total_steps
+    assert cfg.algo_settings.distill_episodes == default.algo_settings.distill_episodes > 0  # the round after it
