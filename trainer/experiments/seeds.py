@@ -70,7 +70,8 @@ def claimed_folder(folder: Path, cfg: TrainConfig) -> None:
     another setup's seeds, or a run of its own."""
     setup, stored = setup_of(cfg), folder / SETUP
     if stored.exists():
-        theirs = with_current_names(_stored(stored, "setup"))
+        # a setting the folder's setup predates ran as its default, which is what a resume of its seeds reads
+        theirs = {**setup_of(TrainConfig.from_dict({"algo": cfg.algo})), **with_current_names(_stored(stored, "setup"))}
         differ = {k: (theirs.get(k), v) for k, v in setup.items() if theirs.get(k) != v}
         if differ:
             key, (old, new) = next(iter(differ.items()))
