@@ -25,11 +25,11 @@ import numba
 import numpy as np
 import torch
 
-MOST_USERS = 128  # NumPy's order of a sum of more terms halves it recursively: the kernel adds up to this many
 
 @numba.njit(cache=True, inline="always")
 def _numpy_order_sum(x: np.ndarray, n: int) -> float:  # pragma: no cover (compiled)
-    """The sum of ``x[:n]`` in NumPy's order (:func:`envs.belief_mpc_torch.numpy_order_sum`, ``n`` <= 128)."""
+    """The sum of ``x[:n]`` in NumPy's order (:func:`envs.belief_mpc_torch.numpy_order_sum`, ``n`` <= 128: beyond,
+    NumPy halves the sum, and the torch expert keeps such cells on tensors)."""
     if n < 8:
         total = x[0]
         for i in range(1, n):

@@ -25,6 +25,7 @@ reads is rounded to float32 as the env's.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,10 +34,23 @@ import torch
 from envs.baselines import fair_share_policy, only_active
 from envs.belief import Futures, RegimeFilter, cell_seen
 from envs.belief_mpc import _TIE, BeliefMPCSettings, state_from_observation
-from envs.belief_mpc_kernel import MOST_USERS, fused_expected_return
 from envs.settings import ConfigError
 from envs.vr_edge_config import OBS_HIGH, VREdgeConfig
 from envs.vr_edge_dynamics import channel_quality
+
+FUSED_MOST_USERS = 128  # the kernel adds a row's users in NumPy's order up to this many (beyond, NumPy halves)
+
+
+def fused_rollout() -> Callable[..., torch.Tensor] | None:
+    """The fused kernel's entry point (:func:`envs.belief_mpc_kernel.fused_expected_return`), or ``None`` where
+    Numba is not installed: a GPU node that carries only the pure-Python dependencies (``docs/device.md``) labels on
+    tensors, which are what a GPU runs anyway."""
+    try:
+        from envs.belief_mpc_kernel import fused_expected_return
+    except ImportError:
+        return None
+    return fused_expected_return
+
 
 _FAIR_SHARE = {name: p.default for name, p in inspect.signature(fair_share_policy).parameters.items()
                if p.default is not inspect.Parameter.empty}  # the base's settings: fair_share's own defaults
@@ -70,11 +84,14 @@ class TorchBeliefMPC:
         self.settings = BeliefMPCSettings(**settings)
         self.config = config
         self.device = torch.device(device)
-        on_cpu = self.device.type == "cpu" and config.num_users <= MOST_USERS
+        on_cpu = self.device.type == "cpu" and config.num_users <= FUSED_MOST_USERS
         if fused and not on_cpu:
-            raise ConfigError("fused", fused, f"needs a CPU and at most {MOST_USERS} users (the kernel is a CPU's): "
-                              "leave it None", flag=False)
-        self.fused = on_cpu if fused is None else fused
+            raise ConfigError("fused", fused, f"needs a CPU and at most {FUSED_MOST_USERS} users (the kernel is a "
+                              "CPU's): leave it None", flag=False)
+        self._fused = fused_rollout() if (on_cpu if fused is None else fused) else None
+        if fused and self._fused is None:
+            raise ConfigError("fused", fused, "needs Numba, which is not installed here: pip install numba, or leave "
+                              "it None", flag=False)
         self.filter = RegimeFilter(config, seed=self.settings.seed)
         self.base = fair_share_policy(config)
         f64 = {"dtype": torch.float64, "device": self.device}
@@ -84,6 +101,11 @@ class TorchBeliefMPC:
         self._weighted_quality = torch.as_tensor(config.quality_weight * config.quality, **f64)
         self._ranks = torch.arange(config.num_users - 1, -1, -1, **f64)  # users after each sorted one
         self._low_buffer = low_buffer_bound(config)
+
+    @property
+    def fused(self) -> bool:
+        """Whether the rollout runs fused (:mod:`envs.belief_mpc_kernel`) rather than on tensors."""
+        return self._fused is not None
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """Levels ``[B, U]`` for the next round of the ``B`` envs that show ``obs``."""
@@ -228,8 +250,8 @@ class TorchBeliefMPC:
         """Expected sum of rewards ``[B, K]`` of playing ``first`` ``[B, K, U]`` this round and the base policy after
         (:meth:`envs.belief_mpc.BeliefMPC.expected_return`): by the fused kernel where :attr:`fused`, else on tensors
         ``[B, S, K, U]``."""
-        if self.fused:
-            return fused_expected_return(self, start, cell, first)
+        if self._fused is not None:
+            return self._fused(self, start, cell, first)
         cfg = self.config
         b, k, u = first.shape
         s, horizon = cell["weight"].shape[1], cell["bits"].shape[0]

@@ -77,12 +77,12 @@ RETURN_CELLS = {"5 users": {"num_users": 5}, "9 users": {"num_users": 9},
                 "12 slots, churn": {"num_users": 12, "users": "2-12", "churn": "0-0.1"}}
 
 
-def _rollout_inputs(kwargs: dict) -> tuple:
+def _rollout_inputs(kwargs: dict, fused: bool | None = None) -> tuple:
     """``(NumPy's expected returns, the torch expert, its start, cell and plans)``: 8 envs of ``kwargs`` 6 steps in,
     4 random plans each, on 8 scenarios of 5 rounds both roll out."""
     venv = envs.VREdgeVectorEnv(8, seed=5, max_steps=40, **kwargs)
     obs, _ = venv.reset()
-    numpy_mpc, torch_mpc = BeliefMPC(venv.config, seed=5), TorchBeliefMPC(venv.config, seed=5)
+    numpy_mpc, torch_mpc = BeliefMPC(venv.config, seed=5), TorchBeliefMPC(venv.config, seed=5, fused=fused)
     for _ in range(6):
         obs, *_ = venv.step(numpy_mpc(obs))
     numpy_mpc.filter.update(obs)
@@ -96,14 +96,14 @@ def _rollout_inputs(kwargs: dict) -> tuple:
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "tensors"])
 @pytest.mark.parametrize("cell", sorted(RETURN_CELLS))
 def test_the_expected_returns_are_numpys_to_the_last_bit(cell, fused):
-    want, torch_mpc, start, torch_cell, plans = _rollout_inputs(RETURN_CELLS[cell])
-    torch_mpc.fused = fused
+    want, torch_mpc, start, torch_cell, plans = _rollout_inputs(RETURN_CELLS[cell], fused)
+    assert torch_mpc.fused == fused
     assert np.array_equal(torch_mpc.expected_return(start, torch_cell, plans).numpy(), want)
 
 
 @pytest.mark.parametrize("threads", [2, 3])
 def test_the_fused_returns_do_not_depend_on_the_threads(threads):  # (each thread writes its own envs)
-    want, torch_mpc, start, torch_cell, plans = _rollout_inputs(RETURN_CELLS["12 slots, churn"])
+    want, torch_mpc, start, torch_cell, plans = _rollout_inputs(RETURN_CELLS["12 slots, churn"], fused=True)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
@@ -119,7 +119,7 @@ def _returns_in_a_child(inputs: tuple, queue: multiprocessing.Queue) -> None:
 
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork on this platform")
 def test_a_forked_child_runs_the_fused_rollout_after_its_parent():  # (the parent's threads are not the child's)
-    inputs = _rollout_inputs(RETURN_CELLS["9 users"])
+    inputs = _rollout_inputs(RETURN_CELLS["9 users"], fused=True)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -143,6 +143,16 @@ def test_the_fused_rollout_is_refused_off_a_cpu_in_one_line():
         TorchBeliefMPC(envs.VREdgeConfig(), device="meta", fused=True)
     assert "\n" not in str(e.value)
     assert not TorchBeliefMPC(envs.VREdgeConfig(), device="meta").fused  # (the default there: tensors)
+
+
+def test_without_numba_the_default_labels_on_tensors_and_fused_is_refused(monkeypatch):
+    import envs.belief_mpc_torch as module
+
+    monkeypatch.setattr(module, "fused_rollout", lambda: None)  # (a node that carries no Numba)
+    assert not TorchBeliefMPC(envs.VREdgeConfig()).fused
+    with pytest.raises(ConfigError, match="fused.*[Nn]umba") as e:
+        TorchBeliefMPC(envs.VREdgeConfig(), fused=True)
+    assert "\n" not in str(e.value)
 
 
 def numpy_mpc_start(venv: envs.VREdgeVectorEnv, obs: np.ndarray) -> dict:
