@@ -86,11 +86,12 @@ def _run(argv, **kw):
                               overwrite=cli.overwrite, **kw)
 
 
-def test_a_run_that_labels_resumes_bit_for_bit(tmp_path):
+def test_a_run_that_labels_resumes_bit_for_bit(tmp_path, capsys):
     argv = ["--env", "VREdge-v0", "--env-kwargs", "num_users=3,max_steps=12", "--num-envs", "4", "--num-steps", "16",
             "--total-steps", str(4 * 16 * 4), "--checkpoint-every", "1", "--seed", "5",
             "--config", settings_file("dagger")]
     straight = _run(argv + ["--run-dir", str(tmp_path / "straight")])
+    assert "dagger_labels" in capsys.readouterr().err  # (the start says it labels)
     _run(argv + ["--run-dir", str(tmp_path / "split")], max_iterations=2)
     _run(["--resume", str(tmp_path / "split")])
     a, b = (checkpoints.latest_loadable(tmp_path / d)[1] for d in ("straight", "split"))

@@ -152,6 +152,11 @@ class PPO(PPOSpec, Algorithm):
         if isinstance(self.step, CapturedStep):
             notes.append("captured (--cuda-graphs): each PPO minibatch step (loss, backward, clip, Adam) as one CUDA "
                          "graph")
+        if self.labeller is not None:
+            plan = self.labeller.plan
+            notes.append(f"labelling (dagger_labels = {self.ppo.dagger_labels}): the env's expert labels every "
+                         f"{plan.every} steps of {plan.columns} envs while the run trains, the actor stepping toward "
+                         "its actions after each update (the first iteration also starts the expert)")
         return notes + [f"warning: {w}" for w in self.plan.warnings]
 
     def collector_options(self) -> dict[str, Any]:
