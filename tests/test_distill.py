@@ -77,14 +77,14 @@ def test_fine_tuning_moves_the_actor_toward_the_levels_and_leaves_the_critic(sma
     model = trained_model(small_run)[0]
     labels = distill.expert_labels(model, "VREdge-v0", SMALL, episodes=4, seed=0)
     obs = labels.observations
-    value_before, agree_before = model.value(obs).clone(), distill._agreement(model, labels)
+    value_before, agree_before = model.value(obs).clone(), distill.agreement(model, labels)
     buffers = {k: v.clone() for k, v in model.named_buffers()}
     settings, steps = distill.DistillSettings(epochs=100, lr=1e-2, minibatch_size=16), []
     losses = distill.fine_tuned(model, labels, settings, 0.5, lambda: steps.append(1))
     assert losses[-1] < losses[0]
     # the bar moves at every step (an epoch a unit left it at 99% for a minute): whole minibatches of 16 an epoch
     assert len(steps) == distill.fine_tuning_steps(len(obs), settings) == 100 * (len(obs) // 16)
-    assert distill._agreement(model, labels) > max(agree_before, 0.9)
+    assert distill.agreement(model, labels) > max(agree_before, 0.9)
     assert torch.equal(model.value(obs), value_before)  # the critic does not move
     assert all(torch.equal(v, buffers[k]) for k, v in model.named_buffers())  # nor the observation statistics
     assert not any(p.requires_grad for p in model.parameters())  # frozen again, as it was loaded

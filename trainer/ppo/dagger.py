@@ -20,7 +20,8 @@ import torch
 
 from envs.profiles import profile_of
 from trainer.common.world import World
-from trainer.ppo.distillation import Labels
+from trainer.ppo.distillation import Labels, agreement
+from trainer.ppo.update import descend
 
 MOST_COLUMNS = 8  # envs labelled side by side: an expert's call costs about as much for 1 env as for 8
 
@@ -97,17 +98,8 @@ def imitation_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, lab
     log-probability, over the active users), gradients zeroed in place, averaged over the ranks and clipped as PPO's
     own step does; returns the loss and the share of levels the greedy actor already plays (both before the step)."""
     device = next(model.parameters()).device
-    obs, levels = labels.observations.to(device), labels.levels.to(device)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    with torch.no_grad():
-        agreement = float((model.act_deterministic(obs) == levels).double().mean())
-    loss = -model.evaluate(obs, levels)[0].mean()
-    for p in params:
-        if p.grad is not None:
-            p.grad.zero_()
-    loss.backward()
-    for p in params:
-        world.mean_(p.grad)
-    torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
-    optimizer.step()
-    return {"imitation_loss": float(loss.detach()), "imitation_agreement": agreement}
+    labels = Labels(labels.observations.to(device), labels.levels.to(device))
+    before = agreement(model, labels)
+    loss = -model.evaluate(labels.observations, labels.levels)[0].mean()
+    descend(loss, optimizer, [p for group in optimizer.param_groups for p in group["params"]], max_grad_norm, world)
+    return {"imitation_loss": float(loss.detach()), "imitation_agreement": before}

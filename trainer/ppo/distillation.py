@@ -259,11 +259,11 @@ def distilled(model: nn.Module, env: str, env_kwargs: dict[str, Any], run_seed: 
         progress.phase("validation before")
         with episodes_counted(progress.advance):
             scored = validation_score(model, env, env_kwargs, run_seed, settings.validation_episodes)
-        agreement = [_agreement(model, labels)]
+        agreed = [agreement(model, labels)]
         progress.phase(f"fine-tuning on {len(labels.observations):,} states")
         progress.fine_tuning(fine_tuning_steps(len(labels.observations), settings))
         losses = fine_tuned(model, labels, settings, max_grad_norm, progress.advance)
-        agreement.append(_agreement(model, labels))
+        agreed.append(agreement(model, labels))
         progress.phase("validation after")
         with episodes_counted(progress.advance):
             after = validation_score(model, env, env_kwargs, run_seed, settings.validation_episodes)
@@ -274,14 +274,14 @@ def distilled(model: nn.Module, env: str, env_kwargs: dict[str, Any], run_seed: 
     if not kept:
         model.load_state_dict(before)
     return {"expert": profile.expert.name, "score_label": profile.score_label,
-            "states": len(labels.observations), "episodes": settings.episodes, "agreement": agreement,
+            "states": len(labels.observations), "episodes": settings.episodes, "agreement": agreed,
             "cross_entropy": losses, "difference": difference, "kept": kept,
             "validation_reward_per_step": summarize(after)["reward_per_step"],
             "settings": {f.name: getattr(settings, f.name) for f in fields(settings)}}
 
 
 @torch.no_grad()
-def _agreement(model: nn.Module, labels: Labels) -> float:
+def agreement(model: nn.Module, labels: Labels) -> float:
     """The share of the slots' levels where the greedy ``model`` plays the expert's (an inactive slot: both 0)."""
     return float((model.act_deterministic(labels.observations) == labels.levels).double().mean())
 

@@ -149,15 +149,22 @@ class MinibatchStep:
 
     def __call__(self, mb: LearnerSamples) -> PPOLoss:
         out = self.loss_fn(self.model, mb, self.settings)
-        for p in self.params:  # zeroed in place (flat_parameters' gradient views stay attached, and a CUDA
-            if p.grad is not None:  # graph keeps its addresses), without optimizer.zero_grad()'s bookkeeping
-                p.grad.zero_()
-        out.loss.backward()
-        for p in self.params:  # data-parallel: the gradient of the whole minibatch, every rank's share averaged
-            self.world.mean_(p.grad)  # (one flat parameter: one all-reduce per step; alone, nothing)
-        torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm, foreach=True)
-        self.optimizer.step()
+        descend(out.loss, self.optimizer, self.params, self.settings.max_grad_norm, self.world)
         return out
+
+
+def descend(loss: torch.Tensor, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], max_grad_norm: float,
+            world: World) -> None:
+    """One optimiser step on ``loss``: the gradients of ``params`` (the optimiser's) zeroed in place, ``loss``
+    backward, averaged over the ranks, the global norm clipped to ``max_grad_norm``, then the step."""
+    for p in params:  # zeroed in place (flat_parameters' gradient views stay attached, and a CUDA
+        if p.grad is not None:  # graph keeps its addresses), without optimizer.zero_grad()'s bookkeeping
+            p.grad.zero_()
+    loss.backward()
+    for p in params:  # data-parallel: the gradient of the whole minibatch, every rank's share averaged
+        world.mean_(p.grad)  # (one flat parameter: one all-reduce per step; alone, nothing)
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
+    optimizer.step()
 
 
 class UpdateStep(Protocol):
