@@ -266,9 +266,12 @@ def test_a_compiling_run_labels_its_bar_until_the_first_iteration_is_done(tmp_pa
     """The compile makes the first iteration a minute or more on a busy 2-core CPU (the cell recipe): the bar says
     why it waits at 0, and drops the label once an iteration is done; an eager run's bar has no label. (torch.compile
     is the identity here: the label follows the run's layout, and compiling would take most of a minute.)"""
+    import sys
+
     from trainer.loop import COMPILING, train
 
     monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: fn if fn is not None else (lambda f: f))
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the bar as a terminal draws it
     cfg = TrainConfig(env="CartPole-v1", num_envs=2, num_steps=8, total_steps=48, backend="sync", device="cpu",
                       compile=compile, run_dir=str(tmp_path / "run"))
     train(cfg, progress=True)
@@ -280,26 +283,45 @@ def test_a_compiling_run_labels_its_bar_until_the_first_iteration_is_done(tmp_pa
     assert not any(COMPILING in f for f in later)
 
 
-def test_a_bar_ticks_on_a_terminal_and_not_in_a_log():
-    """``ticking``: a bar drawn on a terminal is redrawn between updates (its elapsed time moves through a long
-    iteration); in a log it writes nothing more, since every redraw there would be a line."""
+def test_in_a_log_the_training_bar_is_lines(tmp_path, monkeypatch, capsys):
+    """Where standard error is no terminal (a pipe, a log, CI), the training bar is whole lines now and then, not
+    a redraw in place: a log read line by line had nothing for 70-85 s of a default run."""
+    from trainer.common import progress
+    from trainer.loop import train
+
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.0)  # every redraw a line, so that the test sees them
+    cfg = TrainConfig(env="CartPole-v1", num_envs=2, num_steps=8, total_steps=48, backend="sync", device="cpu",
+                      run_dir=str(tmp_path / "run"))
+    train(cfg, progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert [line for line in err.splitlines() if " 3/3 [" in line]
+
+
+def test_a_bar_ticks_through_a_long_step_on_a_terminal_and_in_a_log():
+    """``ticking``: a bar is redrawn between updates, so its elapsed time moves through a long iteration on a
+    terminal, and a log gets a line every heartbeat however long the iteration (here 0.05 s); ``shown=False``:
+    nothing more."""
     import io
     import time
 
     from tqdm import tqdm
 
-    from trainer.common.progress import ticking
+    from trainer.common.progress import StatusLines, ticking
 
-    def redraws(shown: bool) -> int:
-        out = io.StringIO()
-        bar = tqdm(total=5, file=out)
-        drawn = out.getvalue().count("0/5")
+    def redraws(out: io.StringIO, file: object, shown: bool = True) -> str:
+        bar = tqdm(total=5, file=file)
+        drawn = len(out.getvalue())
         with ticking(bar, every=0.01, shown=shown):
-            time.sleep(0.2)
-        return out.getvalue().count("0/5") - drawn
+            time.sleep(0.3)
+        return out.getvalue()[drawn:]
 
-    assert redraws(shown=True) >= 3
-    assert redraws(shown=False) == 0
+    terminal = io.StringIO()
+    assert redraws(terminal, terminal).count("0/5") >= 3
+    assert redraws(terminal, terminal, shown=False) == ""
+    log = io.StringIO()
+    lines = redraws(log, StatusLines(log, every=0.05)).splitlines()
+    assert len(lines) >= 3 and all("0/5" in line for line in lines)
 
 
 # ---------------------------------------------------------------------------- the PPO loss

@@ -30,7 +30,7 @@ from envs.settings import ConfigError
 from trainer.algorithm import Algorithm, NonFiniteLossError
 from trainer.arguments import command, counted
 from trainer.common.devices import resolve_device
-from trainer.common.progress import ticking
+from trainer.common.progress import progress_bar, ticking
 from trainer.common.world import ALONE, World, joined_world
 from trainer.config import TrainConfig
 from trainer.evaluation.validation import Validator
@@ -110,9 +110,10 @@ def _progress_bar(progress: bool, iteration: int, stop: int, world: World, compi
     """The iterations' progress bar: rank 0's, where ``progress`` asks for one and there are iterations left.
     Where the acting step ``compiles``, the bar says so until the first iteration is done (:func:`_show`): the
     compile makes that iteration a minute or more on a busy 2-core CPU (the cell recipe's set policy), and a bar
-    at 0 with nothing said reads as a hang, in a terminal and in a log."""
-    return tqdm(total=stop, initial=iteration, unit="it", dynamic_ncols=True, desc=COMPILING if compiles else None,
-                disable=not progress or iteration >= stop or not world.lead)
+    at 0 with nothing said reads as a hang, in a terminal and in a log (where it is a line every 20 s)."""
+    shown = progress and iteration < stop and world.lead
+    return progress_bar(stop, COMPILING if compiles else None, shown=None if shown else False, initial=iteration,
+                        unit="it")
 
 
 @contextlib.contextmanager

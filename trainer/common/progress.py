@@ -1,4 +1,4 @@
-"""Progress bars on standard error for long work (distillation, evaluation; the training bar's clock): drawn where
+"""Progress bars on standard error for long work (training, distillation, evaluation): drawn where
 standard error is a terminal, and where it is not (a pipe, a log file, CI) the bar's state as a line now and then,
 so that minutes of work are never silent in a log either.
 
@@ -50,7 +50,7 @@ class StatusLines:
         """(A line is flushed as it is written.)"""
 
 
-def progress_bar(total: float, desc: str, shown: bool | None = None, **kwargs: Any) -> Any:
+def progress_bar(total: float, desc: str | None, shown: bool | None = None, **kwargs: Any) -> Any:
     """A tqdm bar of ``total`` units on standard error: redrawn in place where it is a terminal, else a line of its
     state now and then (:class:`StatusLines`). ``shown=False``: nothing at all (a caller's own output, a test);
     ``True``: drawn as on a terminal. ``kwargs``: tqdm's (``unit``, ``bar_format``, ...)."""
@@ -65,23 +65,24 @@ TICK_S = 1.0  # a terminal's bar redrawn this often between updates
 
 
 @contextlib.contextmanager
-def ticking(bar: Any, every: float = TICK_S, shown: bool | None = None) -> Iterator[None]:
-    """While the block runs, ``bar`` redrawn every ``every`` seconds where it is drawn on a terminal, so that its
-    elapsed time moves during a long step (a training iteration that compiles takes a minute or more on a busy
-    2-core CPU, and a bar that does not move reads as a hang). ``shown``: whether it is drawn there (default:
-    standard error is a terminal); a log gets nothing more (each redraw would be a line).
+def ticking(bar: Any, every: float = TICK_S, shown: bool = True) -> Iterator[None]:
+    """While the block runs, ``bar`` (one of :func:`progress_bar`'s) redrawn every ``every`` seconds, so that a long
+    step still moves it: a training iteration that compiles takes a minute or more on a busy 2-core CPU, and a bar
+    that does not move reads as a hang. On a terminal its elapsed time moves; in a log the redraws go through
+    :class:`StatusLines`, which keeps a line every :data:`HEARTBEAT_S` however long the step. ``shown=False``: no
+    redraws.
 
     Example:
         >>> import io, time
         >>> from tqdm import tqdm
         >>> out = io.StringIO()
         >>> bar = tqdm(total=3, file=out)
-        >>> with ticking(bar, every=0.01, shown=True):
+        >>> with ticking(bar, every=0.01):
         ...     time.sleep(0.1)
         >>> out.getvalue().count("0/3") > 2  # redrawn with no update
         True
     """
-    if bar.disable or not (sys.stderr.isatty() if shown is None else shown):
+    if bar.disable or not shown:
         yield
         return
     done = threading.Event()
