@@ -1,11 +1,15 @@
 """Write small synthetic bandwidth traces in the Pensieve and Mahimahi formats (for tests and examples).
 
     python -m envs.make_traces --out traces/ [--files 4] [--seconds 120] [--mean-mbps 4] [--seed 0]
+                               [--kind regimes|heavy]
 
-Each file follows a persistent good / fair / poor regime chain with correlated log-normal
-noise (the shape of ``VREdge-v0``'s own cell, at the few Mbit/s of a phone's link), so
-that ``VREdgeConfig(capacity_trace=...)`` (which by default scales each file to the cell's
-nominal capacity) has something realistic-looking to replay. Half the files are Pensieve
+``regimes`` (the default): each file follows a persistent good / fair / poor regime chain with
+correlated log-normal noise (the shape of ``VREdge-v0``'s own cell, at the few Mbit/s of a
+phone's link), so that ``VREdgeConfig(capacity_trace=...)`` (which by default scales each file
+to the cell's nominal capacity) has something realistic-looking to replay. ``heavy``: a
+heavy-tailed, outage-heavy network of another kind (:func:`heavy_rates`: bursts and outages of
+a few seconds, coefficient of variation about 1, a sixth of the seconds below a tenth of the
+mean), a stand-in for networks a policy trained on Pensieve's never saw. Half the files are Pensieve
 text (``<time s> <Mbit/s>``, one sample every 0.5 to 1.5 s), half Mahimahi (one line per
 1500-byte delivery opportunity, in ms). Same arguments, same bytes.
 """
@@ -33,6 +37,26 @@ def synthetic_rates(gen: np.random.Generator, seconds: int, mean_mbps: float) ->
     return rates
 
 
+def heavy_rates(gen: np.random.Generator, seconds: int, mean_mbps: float) -> np.ndarray:
+    """Throughput ``[seconds]`` (Mbit/s) with heavy tails both ways: a Gilbert-Elliott outage chain (an outage
+    starts with probability 0.05 a second and ends with 0.25: 17% of the seconds, 4 s on average, at 0.5-8% of the
+    typical rate) over an AR(1) log-normal rate with a wide spread (sigma 0.6) and bursts (5% of the seconds at
+    2.5-4.5x), the whole scaled to ``mean_mbps``. Over 60 files of 320 s: coefficient of variation 1.04, 17% of
+    the seconds below a tenth of the mean (the heavy-tailed 5G logs of issue 64 as described there: 1.0 and 17%;
+    Pensieve's test set: 0.59 and 0%)."""
+    outage, noise = False, 0.0
+    rates = np.empty(seconds)
+    for t in range(seconds):
+        outage = gen.random() >= 0.25 if outage else gen.random() < 0.05
+        noise = 0.8 * noise + math.sqrt(1 - 0.64) * 0.6 * gen.standard_normal()
+        burst = float(gen.uniform(2.5, 4.5)) if gen.random() < 0.05 else 1.0
+        rates[t] = float(gen.uniform(0.005, 0.08)) if outage else math.exp(noise) * burst
+    return rates * (mean_mbps / rates.mean())
+
+
+RATE_KINDS = {"regimes": synthetic_rates, "heavy": heavy_rates}
+
+
 def pensieve_text(gen: np.random.Generator, rates: np.ndarray) -> str:
     """Samples at irregular times (0.5-1.5 s apart), each the rate of the second it falls in."""
     times, t = [], 0.0
@@ -56,17 +80,20 @@ def mahimahi_text(rates: np.ndarray) -> str:
 
 
 def write_traces(out: str | Path, files: int = 4, seconds: int = 120, mean_mbps: float = 4.0,
-                 seed: int = 0) -> list[Path]:
-    """Write ``files`` traces (alternately Pensieve ``*.log`` and Mahimahi ``*.mahi``) to ``out``; their paths."""
+                 seed: int = 0, kind: str = "regimes") -> list[Path]:
+    """Write ``files`` traces of ``kind`` (:data:`RATE_KINDS`; alternately Pensieve ``*.log`` and Mahimahi
+    ``*.mahi``) to ``out``; their paths."""
     if files < 1 or seconds < 2 or mean_mbps <= 0:
         raise ValueError(f"files={files}, seconds={seconds}, mean_mbps={mean_mbps}: need files >= 1, seconds >= 2 "
                          "and mean_mbps > 0")
+    if kind not in RATE_KINDS:
+        raise ValueError(f"kind={kind!r} is not one of {', '.join(RATE_KINDS)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for i, child in enumerate(np.random.SeedSequence(seed).spawn(files)):
         gen = np.random.default_rng(child)
-        rates = synthetic_rates(gen, seconds, mean_mbps)
+        rates = RATE_KINDS[kind](gen, seconds, mean_mbps)
         path = out / (f"trace_{i:02d}.log" if i % 2 == 0 else f"trace_{i:02d}.mahi")
         path.write_text(pensieve_text(gen, rates) if i % 2 == 0 else mahimahi_text(rates))
         paths.append(path)
@@ -81,9 +108,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=int, default=120, help="length of each trace")
     p.add_argument("--mean-mbps", type=float, default=4.0, help="mean throughput before any scaling")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kind", choices=sorted(RATE_KINDS), default="regimes",
+                   help="regimes: a persistent good/fair/poor chain; heavy: heavy-tailed, with outages")
     args = p.parse_args(argv)
     try:
-        paths = write_traces(args.out, args.files, args.seconds, args.mean_mbps, args.seed)
+        paths = write_traces(args.out, args.files, args.seconds, args.mean_mbps, args.seed, args.kind)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     print(f"wrote {len(paths)} traces to {args.out}: " + ", ".join(p.name for p in paths))

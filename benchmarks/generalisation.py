@@ -1,0 +1,218 @@
+"""The generalisation table (issue 64): runs trained on one set of networks, played on others they never saw, each
+paired with ``fair_share`` and ``robust_mpc`` on the same held-out episodes.
+
+    python -m benchmarks.generalisation --recipe synthetic=runs/default/s1,runs/default/s2,runs/default/s3 \\
+        --recipe pensieve=runs/pensieve/s1,runs/pensieve/s2,runs/pensieve/s3 \\
+        --recipe robust=runs/robust/s1,runs/robust/s2,runs/robust/s3 --episodes 50 --out runs/generalisation
+
+Every player (each run's greedy policy at the checkpoint ``trainer.evaluate`` picks, each baseline) plays the same
+``--episodes`` episodes (evaluation seed ``--seed``) of each network (:func:`networks`): the synthetic default cell,
+it with outages, Pensieve's test traces, and a heavy-tailed, outage-heavy set this command generates
+(``envs.make_traces --kind heavy``, 40 files of 320 s, seed 64) scaled by its mean and by its median. A network is
+the whole of the network's arguments over the runs' cell (their other arguments: users, episode length): a run
+trained with randomised conditions plays each network as it is, not with its training ranges over it. Records are
+kept per network and player (``OUT/<network>/<player>.json``, named by the checkpoint's content hash), so a stopped
+table goes on where it stopped.
+
+Prints a Markdown table (a row per network: each baseline's reward per step; per recipe, its seeds' mean policy
+minus each baseline, paired per episode with the seeds' rewards averaged, mean ± 95% interval over the episodes,
+and how many seeds are above zero against the best baseline alone; the episode length of the policy and of the best
+baseline) into ``OUT/table.md``, every number into ``OUT/table.json``. A network where the policy and the best
+baseline both lose their users in most episodes is marked UNSERVABLE (:mod:`trainer.evaluation.servable`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from benchmarks.cells_table import _checkpoint_named, _play_all, _played_with, _same_play, _stored_config
+from benchmarks.machine import print_machine
+from envs.make_traces import write_traces
+from envs.profiles import profile_of
+from envs.traces import TRACE_ARGUMENTS
+from trainer.arguments import OneLineParser
+from trainer.evaluation.servable import LOST_IN_MOST_EPISODES, UNSERVABLE, unservable
+from trainer.evaluation.statistics import paired_difference, summarize
+
+BASELINES = ("fair_share", "robust_mpc")
+HEAVY = {"files": 40, "seconds": 320, "seed": 64, "kind": "heavy"}  # the generated set (write_traces' arguments)
+# The arguments that say a network's conditions; a run trained with others (users, rewards) plays another cell.
+NETWORK_ARGUMENTS = TRACE_ARGUMENTS | {"outage_prob", "outage_end_prob", "outage_depth", "capacity_scale"}
+
+
+def networks(heavy: Path) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Name -> (what it is, its env arguments over the default cell's), with the generated set at ``heavy``."""
+    traces = {"capacity_trace": str(heavy), "user_traces": str(heavy), "trace_split": "all"}
+    return {
+        "synthetic": ("the synthetic default cell", {}),
+        "synthetic-outages": ("it with Gilbert-Elliott outages (outage_prob 0.05: 14% of the steps at 5%)",
+                              {"outage_prob": 0.05}),
+        "pensieve-test": ("Pensieve's test traces (cell and links), scaled by their mean",
+                          {"capacity_trace": "pensieve", "user_traces": "pensieve", "trace_split": "test"}),
+        "heavy": ("the generated heavy-tailed set, scaled by its mean", traces),
+        "heavy-median": ("the generated heavy-tailed set, scaled by its median", {**traces, "trace_quantile": 0.5}),
+    }
+
+
+class Recipe(NamedTuple):
+    name: str
+    runs: list[Path]
+
+
+def _recipe(text: str) -> Recipe:
+    name, _, runs = text.partition("=")
+    if not name or not runs:
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=RUN[,RUN...], e.g. robust=runs/robust/s1")
+    return Recipe(name, [Path(r) for r in runs.split(",") if r])
+
+
+def _player(recipe: Recipe, run: Path) -> str:
+    return f"{recipe.name}-{run.name}"
+
+
+class Played(NamedTuple):
+    """What the runs share, as :func:`_checked_runs` found it."""
+
+    cell: dict[str, Any]  # the runs' env arguments but their networks' (every network is played over them)
+    checkpoints: dict[str, dict[str, str]]  # player -> its checkpoint's path and content hash
+
+
+def _checked_runs(p: OneLineParser, recipes: list[Recipe]) -> Played:
+    """Each run's checkpoint named, and the cell all runs were trained in: a usage error, before anything is
+    played, where a run is not a VR-edge run, two were trained in different cells (other than by their networks:
+    users, rewards, episode length), or two players share a name."""
+    from checkpoints import CheckpointError
+    from trainer.evaluation.policies import picked_checkpoint
+
+    cells: dict[Path, dict[str, Any]] = {}
+    for run in (run for recipe in recipes for run in recipe.runs):
+        cfg = _stored_config(p, run)
+        if cfg.env != "VREdge-v0":
+            p.error(f"{run}: trained on {cfg.env}; the table plays VR-edge runs (VREdge-v0)")
+        cells[run] = {k: v for k, v in cfg.env_options.items() if k not in NETWORK_ARGUMENTS}
+        first, cell = next(iter(cells.items()))
+        if cells[run] != cell:
+            differ = sorted(k for k in set(cell) | set(cells[run]) if cell.get(k) != cells[run].get(k))
+            p.error(f"{first} and {run} were trained in different cells ({', '.join(differ)}); pass runs that "
+                    "differ only in their networks")
+    named: dict[str, dict[str, str]] = {}
+    for recipe in recipes:
+        for run in recipe.runs:
+            player = _player(recipe, run)
+            if player in named or player in BASELINES:
+                p.error(f"{player}: two players of one name; name the recipes apart")
+            try:
+                named[player] = _checkpoint_named(picked_checkpoint(run, "best").source)
+            except CheckpointError as e:
+                p.error(str(e))
+    return Played(next(iter(cells.values())), named)
+
+
+def _tasks(args: argparse.Namespace, played: Played) -> list[tuple]:
+    """Every (player, network) not played as asked now, the robust MPC first (it plans every step)."""
+    tasks = []
+    for name, (_, network) in args.networks.items():
+        asked = {"env_kwargs": {**played.cell, **network}, "episodes": args.episodes, "seed": args.seed}
+        folder = args.out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        players = [(b, None, asked) for b in BASELINES]
+        players += [(player, str(Path(named["checkpoint"]).parent), {**asked, **named})
+                    for player, named in played.checkpoints.items()]
+        for player, run, played_with in players:
+            out = folder / f"{player}.json"
+            if not _same_play(_played_with(out), played_with):
+                tasks.append((player, run, played_with, str(out)))
+    return sorted(tasks, key=lambda t: t[0] != "robust_mpc")
+
+
+def _records(args: argparse.Namespace, network: str, player: str) -> list[dict[str, float]]:
+    return json.loads((args.out / network / f"{player}.json").read_text())["records"]
+
+
+def _seed_mean(runs: list[list[dict[str, float]]]) -> list[dict[str, float]]:
+    """Episode by episode, the runs' records averaged (the same episodes, in the same order, for every run)."""
+    return [{k: sum(r[i][k] for r in runs) / len(runs) for k in runs[0][i]} for i in range(len(runs[0]))]
+
+
+def recipe_row(args: argparse.Namespace, network: str, recipe: Recipe) -> dict[str, Any]:
+    """One recipe on one network: its seeds' mean policy minus each baseline (paired per episode), the seeds above
+    the best baseline, the episode lengths, and whether nobody serves the network."""
+    baselines = {b: _records(args, network, b) for b in BASELINES}
+    summaries = {b: summarize(r) for b, r in baselines.items()}
+    best = max(summaries, key=lambda b: summaries[b]["reward_per_step"])
+    seeds = [_records(args, network, _player(recipe, run)) for run in recipe.runs]
+    mean = _seed_mean(seeds)
+    per_seed = [paired_difference(s, baselines[best]) for s in seeds]
+    pooled = summarize([r for s in seeds for r in s])
+    return {"network": network, "recipe": recipe.name, "runs": [str(r) for r in recipe.runs], "best": best,
+            "baselines": {b: summaries[b]["reward_per_step"] for b in BASELINES},
+            "paired": {b: paired_difference(mean, r) for b, r in baselines.items()},
+            "paired_best_per_seed": per_seed, "seeds_above_best": sum(d["mean"] - d["ci95"] > 0 for d in per_seed),
+            "length": {"policy": pooled["mean_length"], "best": summaries[best]["mean_length"]},
+            "length_paired": paired_difference(mean, baselines[best], key="length"),
+            "unservable": unservable(pooled, summaries[best], profile_of("VREdge-v0").abandonment)}
+
+
+def table(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
+    """The Markdown table and its rows (:func:`recipe_row` for every network and recipe)."""
+    rows = [recipe_row(args, network, recipe) for network in args.networks for recipe in args.recipes]
+    head = ["network", *BASELINES, *(f"{r.name} ({len(r.runs)} seeds): minus {' / '.join(BASELINES)}"
+                                     for r in args.recipes), "episode length: best baseline", "and each recipe's"]
+    lines = [f"{args.episodes} held-out episodes per network (seed {args.seed}); each recipe's seeds averaged per "
+             "episode, then paired with each baseline (mean ± 95% interval over the episodes); [k/n]: the seeds "
+             "whose own paired interval against the best baseline is above zero\n",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for network in args.networks:
+        mine = [r for r in rows if r["network"] == network]
+        cols = [network, *(f"{mine[0]['baselines'][b]:.3f}" for b in BASELINES)]
+        for row in mine:
+            cols.append(" / ".join(f"{d['mean']:+.3f} ± {d['ci95']:.3f}" for d in row["paired"].values())
+                        + f" [{row['seeds_above_best']}/{len(row['runs'])}]"
+                        + (f" {UNSERVABLE}" if row["unservable"] else ""))
+        cols += [f"{mine[0]['length']['best']:.0f} ({mine[0]['best']})",
+                 ", ".join(f"{r['length']['policy']:.0f}" for r in mine)]
+        lines.append("| " + " | ".join(cols) + " |")
+    lines.append("\nNetworks: " + "; ".join(f"`{n}`: {what}" for n, (what, _) in args.networks.items()) + ".")
+    if any(row["unservable"] for row in rows):
+        lines.append(f"{UNSERVABLE}: the policy (its seeds pooled) and the best baseline lose their users in more "
+                     f"than {LOST_IN_MOST_EPISODES:g} of their episodes: nobody serves that network, so its "
+                     "comparison is no result.")
+    return "\n".join(lines), rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = OneLineParser(prog="python -m benchmarks.generalisation", description=__doc__.split("\n\n")[0])
+    p.add_argument("--recipe", type=_recipe, action="append", required=True, dest="recipes",
+                   help="NAME=RUN[,RUN...]: a recipe's runs (one per training seed); repeat for each recipe")
+    p.add_argument("--episodes", type=int, default=50, help="held-out episodes per network (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="evaluation seed, as trainer.evaluate's (default: 0)")
+    p.add_argument("--networks", default="", help="comma-separated names of the networks to play (default: all)")
+    p.add_argument("--jobs", type=int, default=2, help="players at a time (default: %(default)s)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the records, the generated traces, the table")
+    args = p.parse_args(argv)
+    for flag, value in (("--episodes", args.episodes), ("--jobs", args.jobs)):
+        if value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out {args.out}: a file is there; name a folder (made if missing)")
+    known = networks(args.out / "heavy-traces")
+    asked = [n for n in args.networks.split(",") if n] or list(known)
+    if unknown := [n for n in asked if n not in known]:
+        p.error(f"--networks: {', '.join(unknown)} unknown; pick from {', '.join(known)}")
+    args.networks = {n: known[n] for n in asked}
+    played = _checked_runs(p, args.recipes)
+    print_machine()
+    write_traces(args.out / "heavy-traces", **HEAVY)  # the same bytes every time
+    _play_all(args, _tasks(args, played))
+    text, rows = table(args)
+    (args.out / "table.md").write_text(text + "\n")
+    (args.out / "table.json").write_text(json.dumps(rows, indent=1))
+    print(text)
+    print(f"wrote {args.out / 'table.md'} and table.json")
+
+
+if __name__ == "__main__":
+    main()
