@@ -47,6 +47,21 @@ class Expert:
 
 
 @dataclass(frozen=True)
+class Conditions:
+    """The conditions an env draws its episodes under that a curriculum may reweigh (``trainer.curriculum``: more
+    of the conditions where the best baseline beats the policy, as Genet does).
+
+    ``bins(env_kwargs)``: each condition as ``(name, env_kwargs that play it alone)``, in the order of the weights
+    (``[]``: these arguments have none to reweigh). ``reweighed(state, weights)``: one env's state (as its
+    ``get_state()`` gives it, split per env) drawing its next episodes by ``weights`` (one per bin, >= 0, summing
+    to 1). ``baselines``: the baselines (names in the profile's) the policy is measured against in each bin."""
+
+    bins: Callable[[EnvKwargs], list[tuple[str, EnvKwargs]]]
+    reweighed: Callable[[Any, Any], Any]
+    baselines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class EnvSizes:
     """What one env holds, in bytes, for the memory a run needs (``trainer.memory``).
 
@@ -92,6 +107,7 @@ class EnvProfile:
     it has cells of users (``trainer.evaluate --users``). ``abandonment``: the key of an episode's record that is 1
     where the episode lost its users (VR-edge: ``abandoned``), by which an evaluation says that a cell cannot be
     served (:mod:`trainer.evaluation.servable`; ``""``: the env has no such notion, and nothing is said).
+    ``conditions``: what a curriculum may reweigh (:class:`Conditions`; ``None``: nothing).
     """
 
     score: str = "return"
@@ -112,6 +128,7 @@ class EnvProfile:
     torch_env: str = ""
     cells: bool = False
     abandonment: str = ""
+    conditions: Conditions | None = None
 
     def vector_env_class(self) -> Callable[..., Any] | None:
         """The natively batched env's class (imported now), or ``None`` where the env has none."""

@@ -18,6 +18,7 @@ from envs.vr_edge_dynamics import (
     checked_state,
     episode_metrics,
     initial_state,
+    kept_condition_weights,
     observe,
     step_state,
     validate_actions,
@@ -93,7 +94,7 @@ class VREdgeVectorEnv(gym.vector.VectorEnv):
             keys, counters = self._state["key"], self._state["counter"]
         else:
             counters = np.zeros(self.num_envs, dtype=np.uint64)
-        self._state = initial_state(self.config, keys, counters)
+        self._state = initial_state(self.config, keys, counters, kept_condition_weights(self.config, self._state))
         return observe(self.config, self._state), {}
 
     def step(self, actions):
@@ -112,7 +113,8 @@ class VREdgeVectorEnv(gym.vector.VectorEnv):
             infos["_final_obs"] = done
             infos["final_info"] = {"episode_metrics": metrics, "_episode_metrics": done}
             infos["_final_info"] = done
-            fresh = initial_state(self.config, s["key"][done], s["counter"][done])
+            fresh = initial_state(self.config, s["key"][done], s["counter"][done],
+                                  kept_condition_weights(self.config, s, done))
             for k, v in fresh.items():
                 s[k][done] = v
             obs[done] = observe(self.config, fresh)

@@ -43,6 +43,7 @@ from envs.vr_edge_dynamics import (  # noqa: F401 - the names imported from here
     episode_metrics,
     episode_nominal,
     initial_state,
+    kept_condition_weights,
     next_active,
     observe,
     processor_sharing_times,
@@ -123,7 +124,7 @@ class SyntheticVREdgeEnv(gym.Env):
             key, counter = np.array([rng.key_from_seed(seed)]), np.zeros(1, dtype=np.uint64)
         else:  # next episode continues this env's random stream
             key, counter = self._state["key"], self._state["counter"]
-        self._state = initial_state(self.config, key, counter)
+        self._state = initial_state(self.config, key, counter, kept_condition_weights(self.config, self._state))
         return observe(self.config, self._state)[0], {}
 
     def step(self, action):

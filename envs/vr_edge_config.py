@@ -34,8 +34,8 @@ MASK_CELL_FEATURES = ("airtime_share", "load")  # 1 / active users; active users
 _STATE_PER_USER = ("channel_logit", "buffer", "level", "throughput", "download_time", "stall", "cum_stall")
 _STATE_PER_ENV = ("key", "counter", "t", "regime", "noise", "ep_quality", "ep_stall", "ep_switches")
 # what a cell draws at reset and keeps for the episode: a varying cell's users (and churn, where a range), an
-# outage_prob range's probability, a capacity_scale range's scale
-EPISODE_DRAWS = ("users", "churn", "outage_prob", "capacity_scale")
+# outage_prob range's probability, a capacity_scale range's scale; a condition grid's weights (a curriculum sets them)
+EPISODE_DRAWS = ("users", "churn", "outage_prob", "capacity_scale", "condition_weights")
 # the arguments that size what a run holds per env: its state and observation (state_bytes, obs_dim), its
 # action (one level per user) and the scores a policy gives the actions (num_users x levels)
 MEMORY_ARGUMENTS = ("num_users", "history", "bitrates_mbps")
@@ -133,6 +133,11 @@ class VREdgeConfig:
                                           "range 'LOW-HIGH' drawn log-uniformly per episode (0.25-4: starved to "
                                           "generous cells, as many halvings as doublings), each > 0 (1: the cell "
                                           "as it is)")
+    condition_grid: int = setting(0, "split the capacity_scale and outage_prob ranges into this many bins each and "
+                                  "draw each episode's conditions from the bins by weights kept in the env's state, "
+                                  "which a curriculum sets (trainer's curriculum_every; uniform until it does): "
+                                  "needs both as ranges", at_least=0, at_most=8, zero="the ranges alone")
+
     def __post_init__(self) -> None:
         _check_kinds(self)  # first: a limit compared with segment_s='abc' (from --env-kwargs) is a bare TypeError
         check_limits(self, flags=False)
@@ -252,24 +257,27 @@ class VREdgeConfig:
         ``_STATE_PER_ENV`` (and a cell trace's file and window), and the fade flag; where the cell :attr:`varies`,
         8 for each of the episode's draws (``users``, and ``churn`` where that is a range) and one per slot for
         ``active``; with outages (:attr:`outages`), the outage flag; 8 for an ``outage_prob`` or ``capacity_scale``
-        drawn per episode. Computed, not allocated: a run checks what its envs
-        need against the machine's memory before it builds one.
+        drawn per episode; 8 for each bin of a ``condition_grid``'s weights. Computed, not allocated: a run checks
+        what its envs need against the machine's memory before it builds one.
 
         >>> cfg, varied = VREdgeConfig(num_users=3, history=5), VREdgeConfig(num_users=3, users="1-3", churn=0.1)
         >>> from envs.vr_edge_dynamics import initial_state
         >>> zero, ranged = np.zeros(1, np.uint64), VREdgeConfig(num_users=3, churn="0-0.1")
         >>> outages = VREdgeConfig(num_users=3, outage_prob=0.1)
         >>> drawn = VREdgeConfig(num_users=3, outage_prob="0-0.1", capacity_scale="0.5-2")
+        >>> grid = VREdgeConfig(num_users=3, outage_prob="0-0.1", capacity_scale="0.5-2", condition_grid=3)
         >>> [c.state_bytes == sum(v.nbytes for v in initial_state(c, zero, zero).values())
-        ...  for c in (cfg, varied, ranged, outages, drawn)]
-        [True, True, True, True, True]
+        ...  for c in (cfg, varied, ranged, outages, drawn, grid)]
+        [True, True, True, True, True, True]
         """
         per_env = (len(_STATE_PER_ENV) + (2 if self.capacity_trace else 0) + (1 if self.varies else 0)
                    + (1 if self.churn_varies else 0) + (1 if self.outage_varies else 0)
                    + (1 if self.scale_varies else 0))
         per_user = len(_STATE_PER_USER) + (2 if self.user_traces else 0)  # a user's trace and window
         active = self.num_users if self.varies else 0  # one bool per slot, and the episode's drawn count
-        return 8 * (per_user * self.num_users + self.history + per_env) + 1 + active + (1 if self.outages else 0)
+        grid = self.condition_grid ** 2  # the condition weights a curriculum sets
+        return (8 * (per_user * self.num_users + self.history + per_env + grid) + 1 + active
+                + (1 if self.outages else 0))
 
     @property
     def block_size(self) -> int:
@@ -437,7 +445,10 @@ def _check_ladder(cfg: VREdgeConfig) -> None:
 
 
 def _check_cell(cfg: VREdgeConfig) -> None:
-    """One multiplier per regime, and a buffer that holds a segment."""
+    """One multiplier per regime, a buffer that holds a segment, and a condition grid over two ranges."""
+    if cfg.condition_grid and not (cfg.scale_varies and cfg.outage_varies):
+        raise ConfigError("condition_grid", cfg.condition_grid, "needs capacity_scale and outage_prob as ranges "
+                          "(e.g. capacity_scale=0.3-2,outage_prob=0-0.1): its bins split them", flag=False)
     if len(cfg.regime_multipliers) != len(REGIMES):
         raise ConfigError("regime_multipliers", cfg.regime_multipliers, f"must hold {len(REGIMES)} numbers "
                           f"({', '.join(REGIMES)})", flag=False)
@@ -471,9 +482,12 @@ def _check_traces(cfg: VREdgeConfig) -> None:
                           flag=False)
 
 
-def torch_env_refusal(step_cost_us: float = 0.0, **_: Any) -> str:
+def torch_env_refusal(step_cost_us: float = 0.0, condition_grid: int = 0, **_: Any) -> str:
     """Why the torch VR-edge env (``--backend device``) cannot run these arguments, naming the alternative; ``""``
     when it can. Without torch, so that a command line is checked before trace files are read."""
+    if condition_grid:
+        return "condition_grid (a curriculum over network conditions) is drawn by the NumPy env only: use " \
+               "--backend sync or async, or leave condition_grid at 0"
     if step_cost_us:
         return "step_cost_us stands in for a CPU simulator's cost and the torch VR-edge env (--backend device) " \
                "burns none: leave it at 0, or use --backend sync or async"

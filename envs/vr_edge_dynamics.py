@@ -80,11 +80,14 @@ def _drawn_users(cfg: VREdgeConfig, u: np.ndarray) -> dict[str, np.ndarray]:
     return drawn
 
 
-def _drawn_network(cfg: VREdgeConfig, u: np.ndarray) -> dict[str, np.ndarray]:
+def _drawn_network(cfg: VREdgeConfig, u: np.ndarray, weights: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The network conditions drawn at reset for the episode, each ``[B]``: where ``outage_prob`` is a range, the
     episode's ``outage_prob``, uniform over it from the outage chain's draw (which a reset leaves free: every
     episode starts out of an outage); where ``capacity_scale`` is a range, the episode's ``capacity_scale`` from
-    the block's scale draw. ``{}`` where neither is a range."""
+    the block's scale draw. ``{}`` where neither is a range. With a ``condition_grid``: both from the grid's bins
+    by ``weights`` (:func:`_drawn_conditions`)."""
+    if cfg.condition_grid:
+        return _drawn_conditions(cfg, u, weights)
     drawn = {}
     if cfg.outage_varies:
         low_p, high_p = cfg.outage_range
@@ -96,6 +99,42 @@ def _drawn_network(cfg: VREdgeConfig, u: np.ndarray) -> dict[str, np.ndarray]:
         low_s, high_s = cfg.scale_range
         drawn["capacity_scale"] = low_s * np.exp(u[:, cfg.draws.scale] * math.log(high_s / low_s))
     return drawn
+
+
+def uniform_condition_weights(cfg: VREdgeConfig, batch: int) -> np.ndarray:
+    """``[batch, grid**2]``: every bin of the condition grid equally likely (the ranges' own distribution)."""
+    bins = cfg.condition_grid ** 2
+    return np.full((batch, bins), 1.0 / bins)
+
+
+def kept_condition_weights(cfg: VREdgeConfig, s: dict[str, np.ndarray] | None, rows: Any = slice(None)
+                           ) -> np.ndarray | None:
+    """The condition weights ``rows`` of state ``s`` hold, for their next episodes (a reset keeps what a curriculum
+    set); ``None`` where there is no grid or no state yet."""
+    return s["condition_weights"][rows] if cfg.condition_grid and s is not None else None
+
+
+def _drawn_conditions(cfg: VREdgeConfig, u: np.ndarray, weights: np.ndarray | None) -> dict[str, np.ndarray]:
+    """An episode's ``capacity_scale`` and ``outage_prob`` from the condition grid: bin ``i * grid + j`` (the
+    ``i``-th of ``grid`` log-uniform slices of the scale's range, the ``j``-th uniform slice of the outage
+    probability's) chosen with probability ``weights[:, bin]`` (``[B, grid**2]``, each row summing to > 0; ``None``:
+    uniform), then uniformly within it. The scale draw picks the bin by inversion and, from where it fell inside
+    the bin's share, the scale within the bin; the outage chain's free draw the outage probability: two draws, as
+    without a grid."""
+    k, b = cfg.condition_grid, len(u)
+    weights = uniform_condition_weights(cfg, b) if weights is None else weights
+    cdf = np.cumsum(weights, axis=1)
+    x = u[:, cfg.draws.scale] * cdf[:, -1]
+    cell = np.minimum((cdf <= x[:, None]).sum(axis=1), k * k - 1)  # the first bin whose cdf passes x
+    rows = np.arange(b)
+    share = weights[rows, cell]
+    inside = np.clip((x - (cdf[rows, cell] - share)) / np.where(share > 0, share, 1.0), 0.0, np.nextafter(1.0, 0))
+    i, j = np.divmod(cell, k)
+    low_s, high_s = cfg.scale_range
+    low_p, high_p = cfg.outage_range
+    return {"capacity_scale": low_s * np.exp((i + inside) / k * math.log(high_s / low_s)),
+            "outage_prob": low_p + (j + u[:, cfg.draws.outage]) / k * (high_p - low_p),
+            "condition_weights": weights.copy()}
 
 
 def episode_scale(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> float | np.ndarray:
@@ -140,15 +179,18 @@ def channel_of(cfg: VREdgeConfig, s: dict[str, np.ndarray]) -> np.ndarray:
     return channel_quality(s["channel_logit"])
 
 
-def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray) -> dict[str, np.ndarray]:
-    """Return fresh episode states for ``[B]`` envs, drawn from block ``counters``."""
+def initial_state(cfg: VREdgeConfig, keys: np.ndarray, counters: np.ndarray, condition_weights: np.ndarray | None = None
+                  ) -> dict[str, np.ndarray]:
+    """Return fresh episode states for ``[B]`` envs, drawn from block ``counters``; with a ``condition_grid``, the
+    episodes' conditions drawn by ``condition_weights`` ``[B, grid**2]`` (``None``: uniform), kept in the state
+    (a curriculum sets them; each reset draws by the env's own)."""
     u = rng.uniform_block(keys, counters, cfg.block_size)
     b = len(keys)
     regime = np.minimum((u[:, Draw.REGIME] * 3).astype(np.int64), 2)
     noise = cfg.noise_std * rng.normals(u[:, Draw.NOISE], u[:, Draw.NOISE_PAIR])
     fade = np.zeros(b, dtype=bool)
     logit = cfg.channel_std * rng.normals(u[:, cfg.draws.channel], u[:, cfg.draws.channel_pair])
-    drawn = {**_drawn_users(cfg, u), **_drawn_network(cfg, u)}
+    drawn = {**_drawn_users(cfg, u), **_drawn_network(cfg, u, condition_weights)}
     nominal = episode_nominal(cfg, drawn)
     cap = synthetic_capacity(cfg, regime, noise, fade, nominal)
     trace_keys = _user_trace_start(cfg, u)

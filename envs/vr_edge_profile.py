@@ -8,7 +8,9 @@ split; cells of users. Loaded on first ask (:func:`envs.profiles.profile_of`).
 
 from __future__ import annotations
 
-from envs.profiles import Act, EnvKwargs, EnvProfile, EnvSizes, Expert
+from typing import Any
+
+from envs.profiles import Act, Conditions, EnvKwargs, EnvProfile, EnvSizes, Expert
 from envs.traces import TRACE_ARGUMENTS, TraceNotFoundError, has_split_folders, trace_root
 from envs.vr_edge_config import MEMORY_ARGUMENTS, VREdgeConfig, torch_env_refusal
 
@@ -124,6 +126,34 @@ def _bound_refusal(env_kwargs: EnvKwargs) -> str:
     return bound_refusal(VREdgeConfig(**env_kwargs))
 
 
+def condition_bins(env_kwargs: EnvKwargs) -> list[tuple[str, EnvKwargs]]:
+    """The bins of a ``condition_grid``, in the order of its weights (bin ``i * grid + j``: the ``i``-th log-uniform
+    slice of ``capacity_scale``'s range, the ``j``-th slice of ``outage_prob``'s), each as the env arguments that
+    draw its episodes alone (the grid off, both ranges narrowed to the bin); ``[]`` without a grid.
+
+    >>> [name for name, _ in condition_bins({"capacity_scale": "0.25-4", "outage_prob": "0-0.1",
+    ...                                      "condition_grid": 2})]
+    ['scale 0.25-1, outage 0-0.05', 'scale 0.25-1, outage 0.05-0.1', 'scale 1-4, outage 0-0.05', 'scale 1-4, outage 0.05-0.1']
+    """  # noqa: E501
+    import math
+
+    cfg = VREdgeConfig(**env_kwargs)
+    k = cfg.condition_grid
+    (low_s, high_s), (low_p, high_p) = cfg.scale_range, cfg.outage_range
+    scales = [low_s * math.exp(i / k * math.log(high_s / low_s)) for i in range(k + 1)] if k else []
+    outages = [low_p + j / k * (high_p - low_p) for j in range(k + 1)] if k else []
+    return [(f"scale {scales[i]:.3g}-{scales[i + 1]:.3g}, outage {outages[j]:.3g}-{outages[j + 1]:.3g}",
+             {**env_kwargs, "condition_grid": 0, "capacity_scale": f"{scales[i]!r}-{scales[i + 1]!r}",
+              "outage_prob": f"{outages[j]!r}-{outages[j + 1]!r}"}) for i in range(k) for j in range(k)]
+
+
+def _reweighed(state: dict[str, Any], weights: Any) -> dict[str, Any]:
+    import numpy as np
+
+    kept = np.asarray(state["condition_weights"])
+    return {**state, "condition_weights": np.broadcast_to(np.asarray(weights, dtype=kept.dtype), kept.shape).copy()}
+
+
 def _baseline_names() -> tuple[str, ...]:
     from envs.baselines import BASELINES
     return tuple(BASELINES)
@@ -134,6 +164,7 @@ PROFILE = EnvProfile(
     baselines={name: _baseline(name) for name in _baseline_names()},
     # the first is played by default; BeliefMPC's filter refuses what the distillation expert refuses
     references={"clairvoyant": lambda kwargs: "", "belief": _expert_refusal, "bound": _bound_refusal},
+    conditions=Conditions(condition_bins, _reweighed, baselines=("fair_share", "robust_mpc")),
     expert=Expert("BeliefMPC", _expert, stateful=True, refusal=_expert_refusal,
                   pace="the default 8-user cell's 64 episodes of 300 steps: about 30 s on a quiet 2-core "
                        "AMD EPYC; more users and a busy machine take longer"),

@@ -74,7 +74,7 @@ def _normals(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
 
 def check_config(cfg: VREdgeConfig) -> None:
     """Raise ``ValueError`` for settings the torch env cannot run, naming the alternative."""
-    if why := torch_env_refusal(step_cost_us=cfg.step_cost_us):
+    if why := torch_env_refusal(step_cost_us=cfg.step_cost_us, condition_grid=cfg.condition_grid):
         raise ValueError(why)
 
 

@@ -66,6 +66,12 @@ class TrainConfig:
                                  "for --eval-every, and at the end of a run, where its policy plays them and one "
                                  "line says how good it is (VR-edge: against the best baseline there)", at_least=0,
                                  zero="no validation at the end", resumable=True)
+    curriculum_every: int = setting(0, "every this many iterations, play the greedy policy and the env's baselines "
+                                    "in each of the conditions the env declares (VR-edge: condition_grid) and draw "
+                                    "more episodes where the best baseline beats the policy most (Genet's "
+                                    "curriculum; trainer/curriculum.py)", at_least=0, zero="off", flag=False)
+    curriculum_episodes: int = setting(8, "episodes per condition and player of each curriculum_every update",
+                                       at_least=1, flag=False)
     tensorboard: bool = setting(False, "also log to TensorBoard, in <run-dir>/tb (needs the tensorboard extra)",
                                 resumable=True)
     wandb: str = setting("", "also log to Weights & Biases, in this project (empty: off; needs the wandb extra): "
@@ -191,6 +197,9 @@ class TrainConfig:
         if self.device not in DEVICE_CHOICES and re.fullmatch(r"cuda:\d+", self.device) is None:
             raise ConfigError("device", self.device, "must be auto, cpu, cuda or cuda:N", hint=(
                 " (did you mean cuda?)" if self.device.lower() == "gpu" else did_you_mean(self.device, DEVICE_CHOICES)))
+        if self.curriculum_every and (why := _curriculum_refusal(self.env, self.env_options, self.backend,
+                                                                           self.overlap)):
+            raise ConfigError("curriculum_every", self.curriculum_every, why, flag=False)
         check_limits(self.algo_settings)
         spec.check_config(self)
 
@@ -436,3 +445,17 @@ def _scalar(text: str) -> Any:
             pass
     return text
 
+
+def _curriculum_refusal(env: str, env_kwargs: dict[str, Any], backend: str, overlap: bool) -> str:
+    """Why ``--curriculum-every`` cannot run on these arguments (``""``: it can), naming the fix."""
+    conditions = profile_of(env).conditions
+    if conditions is None or not conditions.bins(env_kwargs):
+        return ("needs conditions a curriculum can reweigh: an env that declares them, with the arguments that "
+                "make them (VR-edge, --env-kwargs condition_grid=N with capacity_scale and outage_prob as ranges)")
+    if overlap:
+        return ("needs --overlap false: it reweighs the envs between iterations, and with --overlap the next "
+                "rollout is already under way then")
+    if backend not in ("serial", "sync", "async"):
+        return (f"needs --backend serial, sync or async: it reweighs the envs between iterations through the "
+                f"collector's state, built and tested on those backends, not on {backend}")
+    return ""

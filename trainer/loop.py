@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -33,6 +34,7 @@ from trainer.common.devices import resolve_device
 from trainer.common.progress import progress_bar, ticking
 from trainer.common.world import ALONE, World, joined_world
 from trainer.config import TrainConfig
+from trainer.curriculum import Curriculum
 from trainer.evaluation.validation import Validator
 from trainer.interrupts import STOP_PATIENCE_S, Interrupted, StopSignals
 from trainer.memory import check_memory
@@ -78,7 +80,8 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
                                               preface, world)
         algorithm, stop = run.algorithm, run.stop
         last = _LastCompleted(algorithm, threads, signals, run.run_dir, run.source, world)
-        validator = _validator(algorithm, run.run_dir, world)  # --eval-every: the best checkpoint
+        # --eval-every: the best checkpoint; curriculum_every: the envs' conditions reweighed
+        validator, curriculum = _validator(algorithm, run.run_dir, world), Curriculum.for_run(run.cfg)
         bar = _progress_bar(progress, algorithm.iteration, stop, world, compiles=bool(run.layout.compile))
         plan_lines = ThreadPlanLines(run.run_dir, bar, world.lead)
         start = (algorithm.env_steps, time.perf_counter())
@@ -87,11 +90,12 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
             while algorithm.iteration < stop:
                 signals.raise_if_lost(world)  # (and under torchrun, a stop any rank received)
                 counts = threads.apply()
+                reweighed = _reweighed(curriculum, algorithm, run.collector)
                 row = algorithm.iterate(start)  # a rollout, then the update on it
                 if row is None:  # a rollout it chose not to learn from (PPO: too stale)
                     continue
                 plan_lines.record(threads)  # its own time: before validation
-                row.update(collect_threads=counts["collect"], learn_threads=counts["learn"],
+                row.update(collect_threads=counts["collect"], learn_threads=counts["learn"], **reweighed,
                            **validator.evaluate(algorithm.iteration, algorithm.model))
                 last.complete(row, log)  # logged and snapshotted: the iteration is complete
                 _show(row, algorithm.recent, bar, trackers)
@@ -104,6 +108,14 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
 
 
 COMPILING = "compiling (first iteration)"  # the bar's label until the first iteration is done
+
+
+def _reweighed(curriculum: Curriculum | None, algorithm: Algorithm, collector: Any) -> dict[str, float]:
+    """Where the curriculum is due before this iteration, its update (the envs reweighed before the rollout: an
+    update redone after a resume gives the same weights) and its columns for the iteration's row."""
+    if curriculum is None or not curriculum.due(algorithm.iteration):
+        return {}
+    return curriculum.update(algorithm.model, collector, algorithm.iteration)
 
 
 def _progress_bar(progress: bool, iteration: int, stop: int, world: World, compiles: bool) -> tqdm:
@@ -153,6 +165,7 @@ class _Run:
     saved: dict | None  # what it holds (None: a new run)
     nothing_to_do: bool  # a resume already at stop: it changes no file of the run
     notes: list[str]  # said once the run can start
+    collector: Any = None  # once started (:func:`_started_run`)
 
     @property
     def per_iteration(self) -> int:
@@ -181,6 +194,7 @@ def _started_run(stack: contextlib.ExitStack, cfg: TrainConfig, resume: str, giv
         layout.env_factories(), run.algorithm.acting, backend=cfg.backend, num_steps=cfg.num_steps,
         seed=layout.collector_seed(cfg.seed), **layout.collector_kwargs(), **run.algorithm.collector_options()))
     run.algorithm.attach(collector)
+    run.collector = collector
     stack.enter_context(torch_threads(layout.learn_threads))  # restored at the end: RunThreads sets it anew
     threads = RunThreads.for_run(layout, cfg.threads, collector, run.iterations, thread_plan)
     # (a run with nothing left to train times no thread: its plan would be news of nothing)

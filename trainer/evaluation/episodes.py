@@ -24,6 +24,7 @@ Records = list[dict[str, float]]  # one per episode (run_episodes)
 _EVAL_STREAM = 0x5EED_E7A1  # spawn key that separates evaluation seeds from training seeds
 _VALIDATION_STREAM = 0x5EED_7A11  # and validation seeds (model selection during training) from both
 _DISTILL_STREAM = 0x5EED_D157  # and the episodes a policy plays to be distilled from all three
+_CURRICULUM_STREAM = 0x5EED_C0DE  # and the episodes a curriculum measures on (trainer.curriculum) from all four
 EPISODE_BATCH = 16  # the envs run_episodes plays in lockstep by default (at most: one per episode); see Player.batch
 _PLAYED: contextvars.ContextVar[Callable[[Fraction | int], None] | None] = contextvars.ContextVar("played",
                                                                                                   default=None)
@@ -88,8 +89,14 @@ def distillation_seeds(seed: int, episodes: int) -> list[int]:
     return _branch_seeds(seed, episodes, _DISTILL_STREAM)
 
 
-def _branch_seeds(seed: int, episodes: int, stream: int) -> list[int]:
-    children = np.random.SeedSequence(seed, spawn_key=(stream,)).spawn(episodes)
+def curriculum_seeds(seed: int, episodes: int, update: int) -> list[int]:
+    """One env seed per episode of a curriculum's ``update`` (``trainer.curriculum``: the iteration it follows), a
+    fresh branch each, which neither training nor the branches above use."""
+    return _branch_seeds(seed, episodes, _CURRICULUM_STREAM, update)
+
+
+def _branch_seeds(seed: int, episodes: int, *stream: int) -> list[int]:
+    children = np.random.SeedSequence(seed, spawn_key=stream).spawn(episodes)
     return [int(c.generate_state(1)[0]) for c in children]
 
 
