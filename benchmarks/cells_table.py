@@ -25,6 +25,7 @@ import json
 import multiprocessing
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -271,14 +272,14 @@ def _check_runs(p: OneLineParser, args: argparse.Namespace, cells: list[Cell]) -
     return _Runs(slots[first], recipes[first], played)
 
 
-def _play_all(args: argparse.Namespace, tasks: list[tuple]) -> None:
-    """Play ``tasks``, ``--jobs`` at a time, each said as it is done; a stop signal, or a run's checkpoint that holds
-    other weights than when the table began, ends the command, every record played kept."""
+def _play_all(args: argparse.Namespace, tasks: list[tuple], play: Callable[[tuple], str] = _play) -> None:
+    """Play ``tasks`` (with ``play``), ``--jobs`` at a time, each said as it is done; a stop signal, or a run's
+    checkpoint that holds other weights than when the table began, ends the command, every record played kept."""
     print(f"{len(tasks)} records to play (a player in a cell each), {args.jobs} at a time", flush=True)
     played = 0
     with multiprocessing.get_context("spawn").Pool(args.jobs, initializer=leave_ctrl_c_to_the_parent) as pool:
         try:
-            for done in pool.imap_unordered(_play, tasks):
+            for done in pool.imap_unordered(play, tasks):
                 played += 1
                 print(f"played {done}", flush=True)
         except CheckpointChangedError as e:  # the records kept name the weights they are of: none is mistaken

@@ -8,7 +8,8 @@ paired with ``fair_share`` and ``robust_mpc`` on the same held-out episodes.
 Every player (each run's greedy policy at the checkpoint ``trainer.evaluate`` picks, each baseline) plays the same
 ``--episodes`` episodes (evaluation seed ``--seed``) of each network (:func:`networks`): the synthetic default cell,
 it with outages, Pensieve's test traces, and a heavy-tailed, outage-heavy set this command generates
-(``envs.make_traces --kind heavy``, 40 files of 320 s, seed 64) scaled by its mean and by its median. A network is
+(``envs.make_traces --kind heavy``, 40 files of 320 s, seed 64) as the cell's capacity, scaled by its mean and by
+its median. A network is
 the whole of the network's arguments over the runs' cell (their other arguments: users, episode length): a run
 trained with randomised conditions plays each network as it is, not with its training ranges over it. Records are
 kept per network and player (``OUT/<network>/<player>.json``, named by the checkpoint's content hash), so a stopped
@@ -25,10 +26,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from benchmarks.cells_table import _checkpoint_named, _play_all, _played_with, _same_play, _stored_config
+import numpy as np
+
+import envs
+from benchmarks.cells_table import (
+    _checked_model,
+    _checkpoint_named,
+    _play,
+    _play_all,
+    _played_with,
+    _same_play,
+    _stored_config,
+)
 from benchmarks.machine import print_machine
 from envs.make_traces import write_traces
 from envs.profiles import profile_of
@@ -38,23 +52,80 @@ from trainer.evaluation.servable import LOST_IN_MOST_EPISODES, UNSERVABLE, unser
 from trainer.evaluation.statistics import paired_difference, summarize
 
 BASELINES = ("fair_share", "robust_mpc")
+GUARD = "+guard"  # a run's player with the guard: its name's suffix
 HEAVY = {"files": 40, "seconds": 320, "seed": 64, "kind": "heavy"}  # the generated set (write_traces' arguments)
 # The arguments that say a network's conditions; a run trained with others (users, rewards) plays another cell.
 NETWORK_ARGUMENTS = TRACE_ARGUMENTS | {"outage_prob", "outage_end_prob", "outage_depth", "capacity_scale"}
 
 
 def networks(heavy: Path) -> dict[str, tuple[str, dict[str, Any]]]:
-    """Name -> (what it is, its env arguments over the default cell's), with the generated set at ``heavy``."""
-    traces = {"capacity_trace": str(heavy), "user_traces": str(heavy), "trace_split": "all"}
+    """Name -> (what it is, its env arguments over the runs' cell), with the generated set at ``heavy``. The
+    generated set sets the cell's capacity only: as every user's link too, each user's outages stall that user
+    alone and every player, ``lowest`` included, lost every user within 40 steps (16 episodes, 2026-12-06), a
+    network that tells no scheduler from another."""
+    heavy_cell = {"capacity_trace": str(heavy), "trace_split": "all"}
     return {
         "synthetic": ("the synthetic default cell", {}),
         "synthetic-outages": ("it with Gilbert-Elliott outages (outage_prob 0.05: 14% of the steps at 5%)",
                               {"outage_prob": 0.05}),
         "pensieve-test": ("Pensieve's test traces (cell and links), scaled by their mean",
                           {"capacity_trace": "pensieve", "user_traces": "pensieve", "trace_split": "test"}),
-        "heavy": ("the generated heavy-tailed set, scaled by its mean", traces),
-        "heavy-median": ("the generated heavy-tailed set, scaled by its median", {**traces, "trace_quantile": 0.5}),
+        "heavy": ("the generated heavy-tailed set as the cell's capacity, scaled by its mean", heavy_cell),
+        "heavy-median": ("the generated heavy-tailed set as the cell's capacity, scaled by its median",
+                         {**heavy_cell, "trace_quantile": 0.5}),
     }
+
+
+def guarded(act: Callable[[np.ndarray], np.ndarray], fallback: Callable[[np.ndarray], np.ndarray], mean: np.ndarray,
+            std: np.ndarray, z: float, counts: list[int]) -> Callable[[np.ndarray], np.ndarray]:
+    """``act`` with a guard: where a row's observation has a feature more than ``z`` standard deviations from what
+    the policy saw in training (its observation normaliser's ``mean`` and ``std``), that row's actions are
+    ``fallback``'s. ``counts`` gains the rows guarded and the rows played, call by call.
+
+    >>> counts = [0, 0]
+    >>> act = guarded(lambda o: np.zeros((len(o), 1)), lambda o: np.ones((len(o), 1)), np.zeros(2), np.ones(2), 6.0,
+    ...               counts)
+    >>> act(np.array([[0.5, -2.0], [7.0, 0.0]])).ravel().tolist(), counts
+    ([0.0, 1.0], [1, 2])
+    """
+    def act_guarded(obs: np.ndarray) -> np.ndarray:
+        actions = np.array(act(obs), copy=True)
+        outside = (np.abs((np.asarray(obs, dtype=np.float64) - mean) / std) > z).any(axis=1)
+        if outside.any():
+            actions[outside] = np.asarray(fallback(obs))[outside]
+        counts[0] += int(outside.sum())
+        counts[1] += len(outside)
+        return actions
+    return act_guarded
+
+
+def _play_task(task: tuple[str, str | None, dict[str, Any], str]) -> str:
+    """Play one task: a guarded run's (:func:`guarded`, its records with the share of its steps guarded), else as
+    cells_table plays a player."""
+    player, run, played_with, out = task
+    if GUARD not in player:
+        return _play(task)
+    import functools
+
+    import gymnasium as gym
+    import torch
+
+    from trainer.evaluation.episodes import policy_actions, run_episodes
+
+    torch.set_num_threads(1)
+    kwargs = played_with["env_kwargs"]
+    model = _checked_model(played_with)
+    norm, counts = model.norm, [0, 0]
+    act = guarded(policy_actions(model, deterministic=True),
+                  envs.make_baseline(played_with["guard_fallback"], envs.VREdgeConfig(**kwargs)),
+                  norm.mean.numpy(), np.sqrt(norm.var.numpy() + 1e-8), played_with["guard_z"], counts)
+    records = run_episodes(act, functools.partial(gym.make, "VREdge-v0", **kwargs), played_with["episodes"],
+                           played_with["seed"])
+    tmp = Path(out).with_suffix(".tmp")
+    tmp.write_text(json.dumps({"played_with": played_with, "records": records,
+                               "guarded_share": counts[0] / max(counts[1], 1)}))
+    os.replace(tmp, out)
+    return out
 
 
 class Recipe(NamedTuple):
@@ -64,8 +135,9 @@ class Recipe(NamedTuple):
 
 def _recipe(text: str) -> Recipe:
     name, _, runs = text.partition("=")
-    if not name or not runs:
-        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=RUN[,RUN...], e.g. robust=runs/robust/s1")
+    if not name or not runs or "+" in name:
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=RUN[,RUN...] (a NAME without +), e.g. "
+                                         "robust=runs/robust/s1")
     return Recipe(name, [Path(r) for r in runs.split(",") if r])
 
 
@@ -80,7 +152,7 @@ class Played(NamedTuple):
     checkpoints: dict[str, dict[str, str]]  # player -> its checkpoint's path and content hash
 
 
-def _checked_runs(p: OneLineParser, recipes: list[Recipe]) -> Played:
+def _checked_runs(p: OneLineParser, recipes: list[Recipe], guard: bool) -> Played:
     """Each run's checkpoint named, and the cell all runs were trained in: a usage error, before anything is
     played, where a run is not a VR-edge run, two were trained in different cells (other than by their networks:
     users, rewards, episode length), or two players share a name."""
@@ -92,6 +164,8 @@ def _checked_runs(p: OneLineParser, recipes: list[Recipe]) -> Played:
         cfg = _stored_config(p, run)
         if cfg.env != "VREdge-v0":
             p.error(f"{run}: trained on {cfg.env}; the table plays VR-edge runs (VREdge-v0)")
+        if guard and not (cfg.algo == "ppo" and cfg.algo_settings.normalize_obs):
+            p.error(f"{run}: --guard reads a PPO run's observation normaliser, and this run has none")
         cells[run] = {k: v for k, v in cfg.env_options.items() if k not in NETWORK_ARGUMENTS}
         first, cell = next(iter(cells.items()))
         if cells[run] != cell:
@@ -114,12 +188,14 @@ def _checked_runs(p: OneLineParser, recipes: list[Recipe]) -> Played:
 def _tasks(args: argparse.Namespace, played: Played) -> list[tuple]:
     """Every (player, network) not played as asked now, the robust MPC first (it plans every step)."""
     tasks = []
+    guard = {"guard_z": args.guard, "guard_fallback": args.guard_fallback}
     for name, (_, network) in args.networks.items():
         asked = {"env_kwargs": {**played.cell, **network}, "episodes": args.episodes, "seed": args.seed}
         folder = args.out / name
         folder.mkdir(parents=True, exist_ok=True)
         players = [(b, None, asked) for b in BASELINES]
-        players += [(player, str(Path(named["checkpoint"]).parent), {**asked, **named})
+        players += [(player, str(Path(named["checkpoint"]).parent), {**asked, **named, **(guard if GUARD in player
+                                                                                            else {})})
                     for player, named in played.checkpoints.items()]
         for player, run, played_with in players:
             out = folder / f"{player}.json"
@@ -129,7 +205,11 @@ def _tasks(args: argparse.Namespace, played: Played) -> list[tuple]:
 
 
 def _records(args: argparse.Namespace, network: str, player: str) -> list[dict[str, float]]:
-    return json.loads((args.out / network / f"{player}.json").read_text())["records"]
+    return _played(args, network, player)["records"]
+
+
+def _played(args: argparse.Namespace, network: str, player: str) -> dict[str, Any]:
+    return json.loads((args.out / network / f"{player}.json").read_text())
 
 
 def _seed_mean(runs: list[list[dict[str, float]]]) -> list[dict[str, float]]:
@@ -143,7 +223,8 @@ def recipe_row(args: argparse.Namespace, network: str, recipe: Recipe) -> dict[s
     baselines = {b: _records(args, network, b) for b in BASELINES}
     summaries = {b: summarize(r) for b, r in baselines.items()}
     best = max(summaries, key=lambda b: summaries[b]["reward_per_step"])
-    seeds = [_records(args, network, _player(recipe, run)) for run in recipe.runs]
+    played = [_played(args, network, _player(recipe, run)) for run in recipe.runs]
+    seeds = [p["records"] for p in played]
     mean = _seed_mean(seeds)
     per_seed = [paired_difference(s, baselines[best]) for s in seeds]
     pooled = summarize([r for s in seeds for r in s])
@@ -153,7 +234,9 @@ def recipe_row(args: argparse.Namespace, network: str, recipe: Recipe) -> dict[s
             "paired_best_per_seed": per_seed, "seeds_above_best": sum(d["mean"] - d["ci95"] > 0 for d in per_seed),
             "length": {"policy": pooled["mean_length"], "best": summaries[best]["mean_length"]},
             "length_paired": paired_difference(mean, baselines[best], key="length"),
-            "unservable": unservable(pooled, summaries[best], profile_of("VREdge-v0").abandonment)}
+            "unservable": unservable(pooled, summaries[best], profile_of("VREdge-v0").abandonment),
+            **({"guarded_share": float(np.mean([p["guarded_share"] for p in played]))} if GUARD in recipe.name
+               else {})}
 
 
 def table(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
@@ -171,6 +254,7 @@ def table(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
         for row in mine:
             cols.append(" / ".join(f"{d['mean']:+.3f} ± {d['ci95']:.3f}" for d in row["paired"].values())
                         + f" [{row['seeds_above_best']}/{len(row['runs'])}]"
+                        + (f" (guarded {row['guarded_share']:.0%})" if "guarded_share" in row else "")
                         + (f" {UNSERVABLE}" if row["unservable"] else ""))
         cols += [f"{mine[0]['length']['best']:.0f} ({mine[0]['best']})",
                  ", ".join(f"{r['length']['policy']:.0f}" for r in mine)]
@@ -190,12 +274,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--episodes", type=int, default=50, help="held-out episodes per network (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="evaluation seed, as trainer.evaluate's (default: 0)")
     p.add_argument("--networks", default="", help="comma-separated names of the networks to play (default: all)")
+    p.add_argument("--guard", type=float, default=0.0,
+                   help="also play each run with a guard: where an observation's feature is more than this many "
+                        "standard deviations from the run's training observations, --guard-fallback acts (0: off)")
+    p.add_argument("--guard-fallback", default="robust_mpc", choices=BASELINES, help="default: %(default)s")
     p.add_argument("--jobs", type=int, default=2, help="players at a time (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="folder for the records, the generated traces, the table")
     args = p.parse_args(argv)
     for flag, value in (("--episodes", args.episodes), ("--jobs", args.jobs)):
         if value < 1:
             p.error(f"{flag} must be >= 1, got {value}")
+    if args.guard < 0:
+        p.error(f"--guard must be >= 0 (0: off), got {args.guard:g}")
     if args.out.exists() and not args.out.is_dir():
         p.error(f"--out {args.out}: a file is there; name a folder (made if missing)")
     known = networks(args.out / "heavy-traces")
@@ -203,10 +293,12 @@ def main(argv: list[str] | None = None) -> None:
     if unknown := [n for n in asked if n not in known]:
         p.error(f"--networks: {', '.join(unknown)} unknown; pick from {', '.join(known)}")
     args.networks = {n: known[n] for n in asked}
-    played = _checked_runs(p, args.recipes)
+    if args.guard:  # each recipe again, guarded
+        args.recipes += [Recipe(r.name + GUARD, r.runs) for r in args.recipes]
+    played = _checked_runs(p, args.recipes, bool(args.guard))
     print_machine()
     write_traces(args.out / "heavy-traces", **HEAVY)  # the same bytes every time
-    _play_all(args, _tasks(args, played))
+    _play_all(args, _tasks(args, played), _play_task)
     text, rows = table(args)
     (args.out / "table.md").write_text(text + "\n")
     (args.out / "table.json").write_text(json.dumps(rows, indent=1))

@@ -140,3 +140,15 @@ def test_each_run_plays_each_network_as_evaluate_plays_it_and_again_plays_nothin
             summarize(alone)["reward_per_step"] - summarize(fair)["reward_per_step"])
     generalisation.main(argv)
     assert "0 records to play" in capsys.readouterr().out
+
+    def guarded(z: str) -> tuple[dict, list]:
+        generalisation.main([*argv, "--guard", z])
+        assert "4 records to play" in capsys.readouterr().out  # only the guarded players
+        kept = json.loads((out / "heavy-median" / "plain+guard-s1.json").read_text())
+        return kept, json.loads((out / "heavy-median" / "plain-s1.json").read_text())["records"]
+
+    never, alone = guarded("1e9")  # nothing leaves a range that wide: the policy's own records
+    assert never["guarded_share"] == 0 and never["records"] == alone
+    always, _ = guarded("1e-9")  # everything does: the fallback's (robust_mpc's) records
+    fallback = json.loads((out / "heavy-median" / "robust_mpc.json").read_text())["records"]
+    assert always["guarded_share"] == 1 and always["records"] == fallback
