@@ -51,7 +51,9 @@ from trainer.arguments import OneLineParser
 from trainer.evaluation.servable import LOST_IN_MOST_EPISODES, UNSERVABLE, unservable
 from trainer.evaluation.statistics import paired_difference, summarize
 
-BASELINES = ("fair_share", "robust_mpc")
+PAIRED = ("fair_share", "robust_mpc")  # the baselines each recipe is paired with in the table's columns
+# every baseline that acts by rule (not `random`): the best of them on a network is the one a policy must match
+BASELINES = ("lowest", "throughput", "buffer", "fair_share", "robust_mpc", "bola")
 GUARD = "+guard"  # a run's player with the guard: its name's suffix
 HEAVY = {"files": 40, "seconds": 320, "seed": 64, "kind": "heavy"}  # the generated set (write_traces' arguments)
 # The arguments that say a network's conditions; a run trained with others (users, rewards) plays another cell.
@@ -218,8 +220,8 @@ def _seed_mean(runs: list[list[dict[str, float]]]) -> list[dict[str, float]]:
 
 
 def recipe_row(args: argparse.Namespace, network: str, recipe: Recipe) -> dict[str, Any]:
-    """One recipe on one network: its seeds' mean policy minus each baseline (paired per episode), the seeds above
-    the best baseline, the episode lengths, and whether nobody serves the network."""
+    """One recipe on one network: its seeds' mean policy minus each paired baseline and the best of every baseline
+    (paired per episode), the seeds above the best, the episode lengths, and whether nobody serves the network."""
     baselines = {b: _records(args, network, b) for b in BASELINES}
     summaries = {b: summarize(r) for b, r in baselines.items()}
     best = max(summaries, key=lambda b: summaries[b]["reward_per_step"])
@@ -230,7 +232,8 @@ def recipe_row(args: argparse.Namespace, network: str, recipe: Recipe) -> dict[s
     pooled = summarize([r for s in seeds for r in s])
     return {"network": network, "recipe": recipe.name, "runs": [str(r) for r in recipe.runs], "best": best,
             "baselines": {b: summaries[b]["reward_per_step"] for b in BASELINES},
-            "paired": {b: paired_difference(mean, r) for b, r in baselines.items()},
+            "paired": {b: paired_difference(mean, baselines[b]) for b in PAIRED},
+            "paired_best": paired_difference(mean, baselines[best]),
             "paired_best_per_seed": per_seed, "seeds_above_best": sum(d["mean"] - d["ci95"] > 0 for d in per_seed),
             "length": {"policy": pooled["mean_length"], "best": summaries[best]["mean_length"]},
             "length_paired": paired_difference(mean, baselines[best], key="length"),
@@ -242,22 +245,25 @@ def recipe_row(args: argparse.Namespace, network: str, recipe: Recipe) -> dict[s
 def table(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     """The Markdown table and its rows (:func:`recipe_row` for every network and recipe)."""
     rows = [recipe_row(args, network, recipe) for network in args.networks for recipe in args.recipes]
-    head = ["network", *BASELINES, *(f"{r.name} ({len(r.runs)} seeds): minus {' / '.join(BASELINES)}"
-                                     for r in args.recipes), "episode length: best baseline", "and each recipe's"]
+    head = ["network", *PAIRED, "best baseline", *(f"{r.name} ({len(r.runs)} seeds): minus {' / '.join(PAIRED)} / "
+                                                    "best" for r in args.recipes),
+            "episode length: best baseline", "and each recipe's"]
     lines = [f"{args.episodes} held-out episodes per network (seed {args.seed}); each recipe's seeds averaged per "
-             "episode, then paired with each baseline (mean ± 95% interval over the episodes); [k/n]: the seeds "
-             "whose own paired interval against the best baseline is above zero\n",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             "episode, then paired with each baseline (mean ± 95% interval over the episodes); best: the best of "
+             f"{', '.join(BASELINES)} on that network; [k/n]: the seeds whose own paired interval against it is "
+             "above zero\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for network in args.networks:
         mine = [r for r in rows if r["network"] == network]
-        cols = [network, *(f"{mine[0]['baselines'][b]:.3f}" for b in BASELINES)]
+        best = mine[0]["best"]
+        cols = [network, *(f"{mine[0]['baselines'][b]:.3f}" for b in PAIRED),
+                f"{best} {mine[0]['baselines'][best]:.3f}"]
         for row in mine:
-            cols.append(" / ".join(f"{d['mean']:+.3f} ± {d['ci95']:.3f}" for d in row["paired"].values())
+            cols.append(" / ".join(f"{d['mean']:+.3f} ± {d['ci95']:.3f}"
+                                   for d in (*row["paired"].values(), row["paired_best"]))
                         + f" [{row['seeds_above_best']}/{len(row['runs'])}]"
                         + (f" (guarded {row['guarded_share']:.0%})" if "guarded_share" in row else "")
                         + (f" {UNSERVABLE}" if row["unservable"] else ""))
-        cols += [f"{mine[0]['length']['best']:.0f} ({mine[0]['best']})",
-                 ", ".join(f"{r['length']['policy']:.0f}" for r in mine)]
+        cols += [f"{mine[0]['length']['best']:.0f}", ", ".join(f"{r['length']['policy']:.0f}" for r in mine)]
         lines.append("| " + " | ".join(cols) + " |")
     lines.append("\nNetworks: " + "; ".join(f"`{n}`: {what}" for n, (what, _) in args.networks.items()) + ".")
     if any(row["unservable"] for row in rows):
@@ -277,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--guard", type=float, default=0.0,
                    help="also play each run with a guard: where an observation's feature is more than this many "
                         "standard deviations from the run's training observations, --guard-fallback acts (0: off)")
-    p.add_argument("--guard-fallback", default="robust_mpc", choices=BASELINES, help="default: %(default)s")
+    p.add_argument("--guard-fallback", default="robust_mpc", choices=PAIRED, help="default: %(default)s")
     p.add_argument("--jobs", type=int, default=2, help="players at a time (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="folder for the records, the generated traces, the table")
     args = p.parse_args(argv)

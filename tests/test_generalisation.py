@@ -42,13 +42,14 @@ def _records(abandoned: list[float], rewards: list[float], length: float = 10.0)
             for a, r in zip(abandoned, rewards)]
 
 
-def test_the_table_averages_the_seeds_per_episode_and_marks_a_network_nobody_serves(tmp_path):
+def test_the_table_averages_the_seeds_per_episode_and_marks_a_network_nobody_serves(tmp_path, monkeypatch):
     """Records as the players wrote them: each recipe's seeds are averaged episode by episode before they are paired
     with a baseline; the seeds above the best baseline are counted by their own intervals; a network where the
     policy and the best baseline lose their users in most episodes is UNSERVABLE, and only there."""
     from benchmarks import generalisation
     from trainer.evaluation.servable import UNSERVABLE
 
+    monkeypatch.setattr(generalisation, "BASELINES", ("fair_share", "robust_mpc"))  # (the best is of these two)
     players = {
         "calm": {"fair_share": _records([0, 0, 0], [0.5, 0.6, 0.7]), "robust_mpc": _records([0, 0, 0], [0.4] * 3),
                  "r-s1": _records([0, 0, 0], [0.6, 0.7, 0.8]), "r-s2": _records([0, 0, 0], [0.5, 0.6, 0.72])},
@@ -65,6 +66,7 @@ def test_the_table_averages_the_seeds_per_episode_and_marks_a_network_nobody_ser
     calm, storm = rows
     assert calm["best"] == "fair_share" and calm["paired"]["fair_share"]["mean"] == pytest.approx(0.16 / 3)
     assert calm["paired"]["robust_mpc"]["mean"] == pytest.approx((0.55 + 0.65 + 0.76) / 3 - 0.4)
+    assert calm["paired_best"] == calm["paired"]["fair_share"]
     assert calm["seeds_above_best"] == 1  # s1: +0.1 on every episode; s2: 0, 0, +0.02
     assert calm["unservable"] is False and storm["unservable"] is True
     assert storm["length"] == {"policy": 10.0, "best": 10.0}
@@ -125,7 +127,7 @@ def test_each_run_plays_each_network_as_evaluate_plays_it_and_again_plays_nothin
             "--episodes", "2", "--jobs", "1", "--out", str(out)]
     capsys.readouterr()
     generalisation.main(argv)
-    assert "8 records to play" in capsys.readouterr().out
+    assert "16 records to play" in capsys.readouterr().out  # 2 networks x (6 baselines + 2 runs)
     rows = json.loads((out / "table.json").read_text())
     assert [(r["network"], r["recipe"]) for r in rows] == [
         (n, r) for n in ("synthetic-outages", "heavy-median") for r in ("plain", "ranged")]
