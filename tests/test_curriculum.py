@@ -196,3 +196,20 @@ def test_a_run_with_a_curriculum_resumes_bit_for_bit(tmp_path, backend):
     _run(plain + ["--run-dir", str(tmp_path / "plain")])
     c = checkpoints.latest_loadable(tmp_path / "plain")[1]["model"]
     assert any(not torch.equal(c[k], a["model"][k]) for k in c)
+
+
+def test_the_genet_recipe_is_the_robust_recipe_with_the_curriculum():
+    """docs/genet.toml and docs/robust.toml train on the same conditions: the table compares them as the curriculum
+    and its absence (every other setting the default's)."""
+    from pathlib import Path
+
+    docs = Path(__file__).parents[1] / "docs"
+    genet, robust = (parse_args(["--config", str(docs / name)]).config for name in ("genet.toml", "robust.toml"))
+    for cfg in (genet, robust):
+        cfg.validate()
+    assert genet.curriculum_every > 0 and robust.curriculum_every == 0
+    assert {k: v for k, v in genet.env_options.items() if k != "condition_grid"} == robust.env_options
+    assert genet.env_options["condition_grid"] > 0 and condition_bins(genet.env_options)
+    default = parse_args(["--env", "VREdge-v0"]).config
+    assert (genet.total_steps, genet.algo_settings) == (robust.total_steps, robust.algo_settings) == (
+        default.total_steps, default.algo_settings)
