@@ -15,11 +15,12 @@ trained with randomised conditions plays each network as it is, not with its tra
 kept per network and player (``OUT/<network>/<player>.json``, named by the checkpoint's content hash), so a stopped
 table goes on where it stopped.
 
-Prints a Markdown table (a row per network: each baseline's reward per step; per recipe, its seeds' mean policy
-minus each baseline, paired per episode with the seeds' rewards averaged, mean ± 95% interval over the episodes,
-and how many seeds are above zero against the best baseline alone; the episode length of the policy and of the best
-baseline) into ``OUT/table.md``, every number into ``OUT/table.json``. A network where the policy and the best
-baseline both lose their users in most episodes is marked UNSERVABLE (:mod:`trainer.evaluation.servable`).
+Prints a Markdown table, a line per network and recipe: its seeds' mean policy minus ``fair_share``, ``robust_mpc``
+and the best of every rule-based baseline on that network, paired per episode (the seeds' rewards averaged), mean ±
+95% interval over the episodes; how many seeds are above the best by their own intervals; the episode length of the
+policy and of the best baseline. ``OUT/table.md`` holds it, ``OUT/table.json`` every number. A network where the
+policy and the best baseline both lose their users in most episodes is marked UNSERVABLE
+(:mod:`trainer.evaluation.servable`). ``--guard Z`` plays each run a second time with a guard (:func:`guarded`).
 """
 
 from __future__ import annotations
@@ -243,28 +244,25 @@ def recipe_row(args: argparse.Namespace, network: str, recipe: Recipe) -> dict[s
 
 
 def table(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
-    """The Markdown table and its rows (:func:`recipe_row` for every network and recipe)."""
+    """The Markdown table and its rows (:func:`recipe_row` for every network and recipe): a line per network and
+    recipe, the network's baselines on its first."""
     rows = [recipe_row(args, network, recipe) for network in args.networks for recipe in args.recipes]
-    head = ["network", *PAIRED, "best baseline", *(f"{r.name} ({len(r.runs)} seeds): minus {' / '.join(PAIRED)} / "
-                                                    "best" for r in args.recipes),
-            "episode length: best baseline", "and each recipe's"]
+    head = ["network (best baseline: reward/step)", "recipe", *(f"minus {b}" for b in PAIRED), "minus the best",
+            "seeds above it", "episode length: policy (best)"]
     lines = [f"{args.episodes} held-out episodes per network (seed {args.seed}); each recipe's seeds averaged per "
-             "episode, then paired with each baseline (mean ± 95% interval over the episodes); best: the best of "
-             f"{', '.join(BASELINES)} on that network; [k/n]: the seeds whose own paired interval against it is "
-             "above zero\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for network in args.networks:
-        mine = [r for r in rows if r["network"] == network]
-        best = mine[0]["best"]
-        cols = [network, *(f"{mine[0]['baselines'][b]:.3f}" for b in PAIRED),
-                f"{best} {mine[0]['baselines'][best]:.3f}"]
-        for row in mine:
-            cols.append(" / ".join(f"{d['mean']:+.3f} ± {d['ci95']:.3f}"
-                                   for d in (*row["paired"].values(), row["paired_best"]))
-                        + f" [{row['seeds_above_best']}/{len(row['runs'])}]"
-                        + (f" (guarded {row['guarded_share']:.0%})" if "guarded_share" in row else "")
-                        + (f" {UNSERVABLE}" if row["unservable"] else ""))
-        cols += [f"{mine[0]['length']['best']:.0f}", ", ".join(f"{r['length']['policy']:.0f}" for r in mine)]
-        lines.append("| " + " | ".join(cols) + " |")
+             "episode, then paired with each baseline: reward per step, mean ± 95% interval over the episodes; the "
+             f"best: the best of {', '.join(BASELINES)} on that network; seeds above it: those whose own paired "
+             "interval against it is above zero\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        first = row is next(r for r in rows if r["network"] == row["network"])
+        network = f"{row['network']} ({row['best']}: {row['baselines'][row['best']]:.3f})" if first else ""
+        cannot = f" {UNSERVABLE}" if row["unservable"] else ""
+        guarded = f" (guarded {row['guarded_share']:.0%})" if "guarded_share" in row else ""
+        lines.append("| " + " | ".join([
+            network, row["recipe"] + guarded,
+            *(f"{d['mean']:+.3f} ± {d['ci95']:.3f}" for d in (*row["paired"].values(), row["paired_best"])),
+            f"{row['seeds_above_best']}/{len(row['runs'])}{cannot}",
+            f"{row['length']['policy']:.0f} ({row['length']['best']:.0f})"]) + " |")
     lines.append("\nNetworks: " + "; ".join(f"`{n}`: {what}" for n, (what, _) in args.networks.items()) + ".")
     if any(row["unservable"] for row in rows):
         lines.append(f"{UNSERVABLE}: the policy (its seeds pooled) and the best baseline lose their users in more "
