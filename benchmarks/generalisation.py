@@ -58,7 +58,8 @@ BASELINES = ("lowest", "throughput", "buffer", "fair_share", "robust_mpc", "bola
 GUARD = "+guard"  # a run's player with the guard: its name's suffix
 HEAVY = {"files": 40, "seconds": 320, "seed": 64, "kind": "heavy"}  # the generated set (write_traces' arguments)
 # The arguments that say a network's conditions; a run trained with others (users, rewards) plays another cell.
-NETWORK_ARGUMENTS = TRACE_ARGUMENTS | {"outage_prob", "outage_end_prob", "outage_depth", "capacity_scale"}
+NETWORK_ARGUMENTS = TRACE_ARGUMENTS | {"outage_prob", "outage_end_prob", "outage_depth", "capacity_scale",
+                                       "condition_grid"}
 
 
 def networks(heavy: Path) -> dict[str, tuple[str, dict[str, Any]]]:
