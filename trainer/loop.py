@@ -80,8 +80,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
                                               preface, world)
         algorithm, stop = run.algorithm, run.stop
         last = _LastCompleted(algorithm, threads, signals, run.run_dir, run.source, world)
-        # --eval-every: the best checkpoint; curriculum_every: the envs' conditions reweighed
-        validator, curriculum = _validator(algorithm, run.run_dir, world), Curriculum.for_run(run.cfg)
+        validator = _validator(algorithm, run.run_dir, world)  # --eval-every: the best checkpoint
         bar = _progress_bar(progress, algorithm.iteration, stop, world, compiles=bool(run.layout.compile))
         plan_lines = ThreadPlanLines(run.run_dir, bar, world.lead)
         start = (algorithm.env_steps, time.perf_counter())
@@ -89,8 +88,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
               last_resort(functools.partial(_stuck_in_c, bar, last))):
             while algorithm.iteration < stop:
                 signals.raise_if_lost(world)  # (and under torchrun, a stop any rank received)
-                counts = threads.apply()
-                reweighed = _reweighed(curriculum, algorithm, run.collector)
+                counts, reweighed = threads.apply(), _reweighed(run.curriculum, algorithm, run.collector)
                 row = algorithm.iterate(start)  # a rollout, then the update on it
                 if row is None:  # a rollout it chose not to learn from (PPO: too stale)
                     continue
@@ -166,6 +164,7 @@ class _Run:
     nothing_to_do: bool  # a resume already at stop: it changes no file of the run
     notes: list[str]  # said once the run can start
     collector: Any = None  # once started (:func:`_started_run`)
+    curriculum: Curriculum | None = None  # curriculum_every: the envs' conditions reweighed
 
     @property
     def per_iteration(self) -> int:
@@ -194,7 +193,7 @@ def _started_run(stack: contextlib.ExitStack, cfg: TrainConfig, resume: str, giv
         layout.env_factories(), run.algorithm.acting, backend=cfg.backend, num_steps=cfg.num_steps,
         seed=layout.collector_seed(cfg.seed), **layout.collector_kwargs(), **run.algorithm.collector_options()))
     run.algorithm.attach(collector)
-    run.collector = collector
+    run.collector, run.curriculum = collector, Curriculum.for_run(cfg)
     stack.enter_context(torch_threads(layout.learn_threads))  # restored at the end: RunThreads sets it anew
     threads = RunThreads.for_run(layout, cfg.threads, collector, run.iterations, thread_plan)
     # (a run with nothing left to train times no thread: its plan would be news of nothing)
