@@ -159,7 +159,7 @@ def test_the_gaps_are_the_best_baseline_minus_the_greedy_policy_on_each_bin():
     for gap, (_, kwargs) in zip(gaps, condition_bins(cfg.env_options), strict=True):
         make = functools.partial(gym.make, "VREdge-v0", **kwargs)
 
-        def score(act) -> float:
+        def score(act, make=make) -> float:
             return float(np.mean([r["reward_per_step"] for r in run_episodes(act, make, 3, 0, seeds=seeds)]))
 
         best = max(score(PROFILE.baselines[b](kwargs)) for b in ("fair_share", "robust_mpc"))
