@@ -139,9 +139,10 @@ class Recipe(NamedTuple):
 
 def _recipe(text: str) -> Recipe:
     name, _, runs = text.partition("=")
-    if not name or not runs or "+" in name:
-        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=RUN[,RUN...] (a NAME without +), e.g. "
-                                         "robust=runs/robust/s1")
+    if not name or not runs:
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=RUN[,RUN...], e.g. robust=runs/robust/s1")
+    if "+" in name:  # (a guarded player's names end in +guard)
+        raise argparse.ArgumentTypeError(f"{text!r}: a recipe's NAME has no '+' ({GUARD} marks a guarded run)")
     return Recipe(name, [Path(r) for r in runs.split(",") if r])
 
 
@@ -278,7 +279,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="NAME=RUN[,RUN...]: a recipe's runs (one per training seed); repeat for each recipe")
     p.add_argument("--episodes", type=int, default=50, help="held-out episodes per network (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="evaluation seed, as trainer.evaluate's (default: 0)")
-    p.add_argument("--networks", default="", help="comma-separated names of the networks to play (default: all)")
+    p.add_argument("--networks", default="", help="comma-separated names of the networks to play (default: all of "
+                                                   f"{', '.join(networks(Path('.')))})")
     p.add_argument("--guard", type=float, default=0.0,
                    help="also play each run with a guard: where an observation's feature is more than this many "
                         "standard deviations from the run's training observations, --guard-fallback acts (0: off)")

@@ -213,3 +213,24 @@ def test_the_genet_recipe_is_the_robust_recipe_with_the_curriculum():
     default = parse_args(["--env", "VREdge-v0"]).config
     assert (genet.total_steps, genet.algo_settings) == (robust.total_steps, robust.algo_settings) == (
         default.total_steps, default.algo_settings)
+
+
+def test_a_run_says_its_curriculum_at_the_start_and_on_the_bar_while_it_updates(tmp_path, monkeypatch, capsys):
+    """The start names what each update plays; the bar reads 'curriculum update' while one runs (an update takes
+    10-90 s), and no longer after it."""
+    import sys
+
+    from trainer.loop import CURRICULUM
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the bar as a terminal draws it
+    toml = tmp_path / "curriculum.toml"
+    toml.write_text("curriculum_every = 2\ncurriculum_episodes = 2\n")
+    cli = parse_args(["--env", "VREdge-v0", "--env-kwargs", "num_users=2,max_steps=5,capacity_scale=0.25-4,"
+                      "outage_prob=0-0.1,condition_grid=2", "--num-envs", "2", "--num-steps", "8", "--total-steps",
+                      "48", "--compile", "off", "--threads", "1", "--eval-episodes", "0", "--config", str(toml),
+                      "--run-dir", str(tmp_path / "run")])
+    train_module.train(cli.config, progress=True)
+    err = capsys.readouterr().err
+    assert "curriculum: every 2 iterations, 4 conditions x 2 episodes" in err
+    frames = [f for f in err.split("\r") if "/3 [" in f]
+    assert any(CURRICULUM in f for f in frames) and CURRICULUM not in frames[-1]

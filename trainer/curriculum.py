@@ -72,6 +72,13 @@ class Curriculum:
         conditions = profile_of(cfg.env).conditions
         return cls(cfg, conditions) if cfg.curriculum_every and conditions is not None else None
 
+    def describe(self) -> str:
+        """The line a run starts with: what each update plays."""
+        players = ", ".join(("the greedy policy", *self.conditions.baselines))
+        return (f"curriculum: every {self.every} iterations, {len(self.bins)} conditions x {self.episodes} episodes "
+                f"of {players}; the envs then draw more of the conditions where the best baseline leads "
+                "(curriculum_every)")
+
     def due(self, iteration: int) -> bool:
         """Whether the envs are reweighed before ``iteration`` + 1 (every ``every`` iterations, not before the
         first: an untrained policy's gaps say nothing)."""

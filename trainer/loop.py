@@ -88,7 +88,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
               last_resort(functools.partial(_stuck_in_c, bar, last))):
             while algorithm.iteration < stop:
                 signals.raise_if_lost(world)  # (and under torchrun, a stop any rank received)
-                counts, reweighed = threads.apply(), _reweighed(run.curriculum, algorithm, run.collector)
+                counts, reweighed = threads.apply(), _reweighed(run.curriculum, algorithm, run.collector, bar)
                 row = algorithm.iterate(start)  # a rollout, then the update on it
                 if row is None:  # a rollout it chose not to learn from (PPO: too stale)
                     continue
@@ -106,14 +106,23 @@ def train(cfg: TrainConfig, progress: bool = True, resume: str = "", given: dict
 
 
 COMPILING = "compiling (first iteration)"  # the bar's label until the first iteration is done
+CURRICULUM = "curriculum update"  # the bar's label while the curriculum measures the conditions
 
 
-def _reweighed(curriculum: Curriculum | None, algorithm: Algorithm, collector: Any) -> dict[str, float]:
+def _reweighed(curriculum: Curriculum | None, algorithm: Algorithm, collector: Any, bar: tqdm) -> dict[str, float]:
     """Where the curriculum is due before this iteration, its update (the envs reweighed before the rollout: an
-    update redone after a resume gives the same weights) and its columns for the iteration's row."""
+    update redone after a resume gives the same weights), said on the bar while it runs, and its columns for the
+    iteration's row."""
     if curriculum is None or not curriculum.due(algorithm.iteration):
         return {}
-    return curriculum.update(algorithm.model, collector, algorithm.iteration)
+    shown = not bar.disable
+    if shown:
+        bar.set_description_str(CURRICULUM)
+    try:
+        return curriculum.update(algorithm.model, collector, algorithm.iteration)
+    finally:
+        if shown:
+            bar.set_description_str("", refresh=False)
 
 
 def _progress_bar(progress: bool, iteration: int, stop: int, world: World, compiles: bool) -> tqdm:
@@ -198,7 +207,8 @@ def _started_run(stack: contextlib.ExitStack, cfg: TrainConfig, resume: str, giv
     threads = RunThreads.for_run(layout, cfg.threads, collector, run.iterations, thread_plan)
     # (a run with nothing left to train times no thread: its plan would be news of nothing)
     planned = [] if run.nothing_to_do else [threads.describe()]
-    said = notes + _restored(run) + planned + trackers.describe()  # every rank restores its share
+    said = notes + _restored(run) + planned + trackers.describe() + ([run.curriculum.describe()] if run.curriculum
+                                                                    and not run.nothing_to_do else [])
     for note in said if lead else ():
         print(note, file=sys.stderr)
     return run, trackers, threads
