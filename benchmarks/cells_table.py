@@ -23,7 +23,6 @@ import dataclasses
 import functools
 import json
 import multiprocessing
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -73,10 +72,13 @@ def _play(task: tuple[str, str | None, dict[str, Any], str]) -> str:
         act = policy_actions(_checked_model(played_with), deterministic=True)
     records = run_episodes(act, functools.partial(gym.make, "VREdge-v0", **kwargs), played_with["episodes"],
                            played_with["seed"])
-    tmp = Path(out).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"played_with": played_with, "records": records}))
-    os.replace(tmp, out)  # whole or absent: a stopped table plays it again
-    return out
+    return _written(out, played_with, records)
+
+
+def _written(out: str, played_with: dict[str, Any], records: list[dict[str, float]], **more: Any) -> str:
+    """A player's record file ``out`` written (what it was played with, its records and ``more``); its path."""
+    checkpoints.files.write_whole(Path(out), json.dumps({"played_with": played_with, "records": records, **more}))
+    return out  # whole or absent: a stopped table plays it again
 
 
 def _checked_model(played_with: dict[str, Any]) -> nn.Module:
@@ -123,16 +125,27 @@ def _tasks(args: argparse.Namespace, cells: list[Cell], runs: _Runs) -> list[tup
     for cell in cells:
         played_with = {"env_kwargs": cell_env_kwargs(runs.env_kwargs, runs.slots, cell, masked),
                        "episodes": args.episodes, "seed": args.seed}
-        folder = args.out / _cell_name(cell)
-        folder.mkdir(parents=True, exist_ok=True)
         players = [(name, None, played_with) for name in args.baselines]
         players += [(run.name, str(run), {**played_with, **runs.checkpoints[run]})
                     for run in args.runs if not args.runs_later]
-        for player, run, asked in players:
-            out = folder / f"{player}.json"
-            if not _same_play(_played_with(out), asked):
-                tasks.append((player, run, asked, str(out)))
-    # the slowest first (the robust MPC plans every step), so that the last ones to finish are short
+        tasks += _unplayed(args.out / _cell_name(cell), players)
+    return _slowest_first(tasks)
+
+
+def _unplayed(folder: Path, players: list[tuple[str, str | None, dict[str, Any]]]) -> list[tuple]:
+    """The tasks of ``players`` (name, run or ``None`` for a baseline, what to play) whose records in ``folder`` (made
+    if missing) are not of what they ask now."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tasks = []
+    for player, run, asked in players:
+        out = folder / f"{player}.json"
+        if not _same_play(_played_with(out), asked):
+            tasks.append((player, run, asked, str(out)))
+    return tasks
+
+
+def _slowest_first(tasks: list[tuple]) -> list[tuple]:
+    # the robust MPC plans every step: first, so that the last ones to finish are short
     return sorted(tasks, key=lambda t: t[0] != "robust_mpc")
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -40,9 +39,10 @@ from benchmarks.cells_table import (
     _checkpoint_named,
     _play,
     _play_all,
-    _played_with,
-    _same_play,
+    _slowest_first,
     _stored_config,
+    _unplayed,
+    _written,
 )
 from benchmarks.machine import print_machine
 from envs.make_traces import write_traces
@@ -125,11 +125,7 @@ def _play_task(task: tuple[str, str | None, dict[str, Any], str]) -> str:
                   norm.mean.numpy(), np.sqrt(norm.var.numpy() + 1e-8), played_with["guard_z"], counts)
     records = run_episodes(act, functools.partial(gym.make, "VREdge-v0", **kwargs), played_with["episodes"],
                            played_with["seed"])
-    tmp = Path(out).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"played_with": played_with, "records": records,
-                               "guarded_share": counts[0] / max(counts[1], 1)}))
-    os.replace(tmp, out)
-    return out
+    return _written(out, played_with, records, guarded_share=counts[0] / max(counts[1], 1))
 
 
 class Recipe(NamedTuple):
@@ -196,17 +192,12 @@ def _tasks(args: argparse.Namespace, played: Played) -> list[tuple]:
     guard = {"guard_z": args.guard, "guard_fallback": args.guard_fallback}
     for name, (_, network) in args.networks.items():
         asked = {"env_kwargs": {**played.cell, **network}, "episodes": args.episodes, "seed": args.seed}
-        folder = args.out / name
-        folder.mkdir(parents=True, exist_ok=True)
         players = [(b, None, asked) for b in BASELINES]
         players += [(player, str(Path(named["checkpoint"]).parent), {**asked, **named, **(guard if GUARD in player
                                                                                             else {})})
                     for player, named in played.checkpoints.items()]
-        for player, run, played_with in players:
-            out = folder / f"{player}.json"
-            if not _same_play(_played_with(out), played_with):
-                tasks.append((player, run, played_with, str(out)))
-    return sorted(tasks, key=lambda t: t[0] != "robust_mpc")
+        tasks += _unplayed(args.out / name, players)
+    return _slowest_first(tasks)
 
 
 def _records(args: argparse.Namespace, network: str, player: str) -> list[dict[str, float]]:
