@@ -25,7 +25,7 @@ reads is rounded to float32 as the env's.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -41,15 +41,15 @@ from envs.vr_edge_dynamics import channel_quality
 FUSED_MOST_USERS = 128  # the kernel adds a row's users in NumPy's order up to this many (beyond, NumPy halves)
 
 
-def fused_rollout() -> Callable[..., torch.Tensor] | None:
-    """The fused kernel's entry point (:func:`envs.belief_mpc_kernel.fused_expected_return`), or ``None`` where
-    Numba is not installed: a GPU node that carries only the pure-Python dependencies (``docs/device.md``) labels on
-    tensors, which are what a GPU runs anyway."""
+def fused_rollout() -> ModuleType | None:
+    """The fused kernels (:mod:`envs.belief_mpc_kernel`), or ``None`` where Numba is not installed: a GPU node that
+    carries only the pure-Python dependencies (``docs/device.md``) labels on tensors, which are what a GPU runs
+    anyway."""
     try:
-        from envs.belief_mpc_kernel import fused_expected_return
+        from envs import belief_mpc_kernel
     except ImportError:
         return None
-    return fused_expected_return
+    return belief_mpc_kernel
 
 
 _FAIR_SHARE = {name: p.default for name, p in inspect.signature(fair_share_policy).parameters.items()
@@ -132,7 +132,9 @@ class TorchBeliefMPC:
         start = self._start(obs)
         cell = self._cell(obs, futures, start)
         plan = torch.as_tensor(np.array(self.base(obs), dtype=np.int64), device=self.device)
-        for _ in range(self.settings.sweeps):
+        if self._fused is not None:  # every sweep in one compiled loop
+            plan = self._fused.fused_planned(self, start, cell, plan)
+        for _ in range(0 if self._fused is not None else self.settings.sweeps):
             plan = self._improved(start, cell, plan)
         return only_active(self.config, obs, plan.cpu().numpy())
 
@@ -150,7 +152,8 @@ class TorchBeliefMPC:
         return start
 
     def _cell(self, obs: np.ndarray, futures: Futures, start: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The scenarios' tensors every candidate shares, ``[H, B, S, 1, U]``: ``capacity x channel``
+        """The scenarios' tensors every candidate shares, ``[H, B, S, 1, U]`` (``[B, S, H, U]`` for the fused
+        rollout): ``capacity x channel``
         (a download's denominator; infinite for an inactive slot, whose work is then 0), the base policy's segment
         sizes and qualities in rounds 1.. (:meth:`_base_levels`: ``bits``/``quality`` and ``bits_low``/
         ``quality_low`` while the buffer is low); and the scenarios' ``weight`` ``[B, S]``."""
@@ -164,9 +167,12 @@ class TorchBeliefMPC:
         per_round = {"capacity_channel": capacity_channel, "bits": self._segment_bits[level],
                      "quality": self._quality[level], "bits_low": self._segment_bits[low],
                      "quality_low": self._quality[low]}
+        weight = torch.as_tensor(futures.weight, device=dev)
+        if self._fused is not None:  # the kernel reads an env's scenarios as they are, [B, S, H, U]
+            return {"weight": weight, **per_round}
         # rounds first, [H, B, S, 1, U]: a round's slice is contiguous and broadcasts over the candidates
-        return {"weight": torch.as_tensor(futures.weight, device=dev),
-                **{k: v.permute(2, 0, 1, 3)[:, :, :, None].contiguous() for k, v in per_round.items()}}
+        rounds_first = {k: v.permute(2, 0, 1, 3)[:, :, :, None].contiguous() for k, v in per_round.items()}
+        return {"weight": weight, **rounds_first}
 
     def _base_levels(self, obs: np.ndarray, capacity: torch.Tensor, channel: torch.Tensor,
                      start: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,7 +257,7 @@ class TorchBeliefMPC:
         (:meth:`envs.belief_mpc.BeliefMPC.expected_return`): by the fused kernel where :attr:`fused`, else on tensors
         ``[B, S, K, U]``."""
         if self._fused is not None:
-            return self._fused(self, start, cell, first)
+            return self._fused.fused_expected_return(self, start, cell, first)
         cfg = self.config
         b, k, u = first.shape
         s, horizon = cell["weight"].shape[1], cell["bits"].shape[0]

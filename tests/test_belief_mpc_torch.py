@@ -1,8 +1,8 @@
 """The torch BeliefMPC (envs.belief_mpc_torch), its rollout on tensors and fused (envs.belief_mpc_kernel): the NumPy
-BeliefMPC's levels on many states of a fixed and of a varying cell with churn (several seeds, states deep into
-episodes and near their end), the same expected returns to the last bit (fixed and masked cells, below and above 8
-users, one thread or several, in a forked child), NumPy's sums in NumPy's order, the low-buffer bound of
-fair_share's reading, and what it does not do refused in one line."""
+BeliefMPC's levels on many states of a fixed cell, a varying cell with churn and one of short segments (several
+seeds, states deep into episodes and near their end), the same expected returns to the last bit (fixed and masked
+cells, below and above 8 users, short segments, one thread or several, in a forked child), NumPy's sums in NumPy's
+order, the low-buffer bound of fair_share's reading, and what it does not do refused in one line."""
 
 import multiprocessing
 
@@ -26,8 +26,11 @@ from envs.settings import ConfigError
 # differ by rounding alone, and there is no rounding of its own to break one differently.
 TIES_AT_MOST = 0
 
+# short segments: a buffer can be low after a round (at the defaults it never is: a round leaves at least a segment,
+# 1 s, and fair_share's mark is 1 s), so the rollout's rarer way through a round is played too
 CELLS = {"fixed": {"num_users": 6, "max_steps": 20},
-         "churn": {"num_users": 8, "users": "2-8", "churn": "0-0.1", "max_steps": 20}}
+         "churn": {"num_users": 8, "users": "2-8", "churn": "0-0.1", "max_steps": 20},
+         "short segments": {"num_users": 6, "segment_s": 0.5, "max_steps": 20}}
 
 
 def _states_and_levels(kwargs: dict, seed: int, steps: int, device: str = "cpu", fused: bool | None = None,
@@ -55,7 +58,7 @@ def _states_and_levels(kwargs: dict, seed: int, steps: int, device: str = "cpu",
 def test_the_levels_are_numpys_on_many_states(cell, seed, fused):
     # 20-step episodes played 24 steps: autoresets, the last steps (horizon past the end) and a new episode
     states, differ = _states_and_levels(CELLS[cell], seed, 24, fused=fused, horizon=5, scenarios=4, sweeps=2)
-    assert states == 384
+    assert states == 16 * 24
     assert differ <= TIES_AT_MOST, f"{differ} of {states} states differ"
 
 
@@ -74,7 +77,8 @@ def test_the_levels_are_numpys_on_a_gpu():
 
 
 RETURN_CELLS = {"5 users": {"num_users": 5}, "9 users": {"num_users": 9},
-                "12 slots, churn": {"num_users": 12, "users": "2-12", "churn": "0-0.1"}}
+                "12 slots, churn": {"num_users": 12, "users": "2-12", "churn": "0-0.1"},
+                "short segments": {"num_users": 5, "segment_s": 0.5}}
 
 
 def _rollout_inputs(kwargs: dict, fused: bool | None = None) -> tuple:
@@ -99,6 +103,12 @@ def test_the_expected_returns_are_numpys_to_the_last_bit(cell, fused):
     want, torch_mpc, start, torch_cell, plans = _rollout_inputs(RETURN_CELLS[cell], fused)
     assert torch_mpc.fused == fused
     assert np.array_equal(torch_mpc.expected_return(start, torch_cell, plans).numpy(), want)
+
+
+def test_low_buffers_after_the_first_round_are_played_on_short_segments():  # (so the test above plays them)
+    want, torch_mpc, start, torch_cell, plans = _rollout_inputs(RETURN_CELLS["short segments"], fused=True)
+    torch_mpc._low_buffer = 0.0  # a rollout that never reads a buffer as low (the first round's levels are given)
+    assert not np.array_equal(torch_mpc.expected_return(start, torch_cell, plans).numpy(), want)
 
 
 @pytest.mark.parametrize("threads", [2, 3])
