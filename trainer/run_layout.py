@@ -215,9 +215,9 @@ class RunLayout:
         where += " per rank" if self.world.size > 1 else ""
         return (f"layout: {self.env}{arguments}, {envs} as {kind}; {self.backend}: {procs}; "
                 f"{where}; learner on {self.device}\n"
-                f"threads: {f'{self.worker_threads} per worker, ' if self.workers else ''}{here} at most "
-                f"{self.collect_threads} collecting, this process at most "
-                f"{self.learn_threads} learning (override: --num-workers, envs_per_worker, --threads){world}")
+                f"thread limits: {f'{self.worker_threads} per worker, ' if self.workers else ''}{here} at most "
+                f"{self.collect_threads} collecting, this process at most {self.learn_threads} learning "
+                f"(override: --num-workers, envs_per_worker, --threads){world}")
 
     def iterations(self, cfg: TrainConfig) -> int:
         """Iterations of the whole run: ``cfg.total_steps`` in learner batches of ``batch_envs x num_steps``."""
