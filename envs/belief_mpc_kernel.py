@@ -4,16 +4,18 @@ distillation's states where the learner is a CPU.
 On a CPU the torch rollout is bound by memory and by its many small operations: each round reads and writes a few
 ``[B, S, K, U]`` float64 tensors a dozen times and sorts rows of 8-12 users with a general sort. Here each env's
 whole search (every pass over the users, every candidate level, every scenario) runs in one call, each
-(env, scenario, candidate) row played to the horizon in a few cache lines: one pass over the users per round and
-the sums in NumPy's order. What makes a row cheap is what the rows share:
+(env, scenario, candidate) row played to the horizon in a few cache lines, the sums in NumPy's order. What makes a
+row cheap is what the rows share:
 
 * the base policy's segments in the rounds after the first do not depend on the candidate: a user plays its
   ``fair_share`` segment, or the one a level lower where its buffer is low. The ``2U`` works that can be played in a
   round are sorted once per (env, scenario, round) for every row, and a row picks its own from them in their order
   (the order a sort of its own works would give, equal works in slot order) instead of sorting;
 * at the defaults no buffer is low after a round (a round leaves at least a segment, 1 s, and ``fair_share``'s mark is
-  1 s), so a row whose buffers are all above the mark (every row there) reads the works of the high segments, sorted
-  once, and picks nothing;
+  1 s): where no row of a pass has a low buffer (every round there), a round's works are the high segments', sorted
+  once, and its downloads are the same for every row, so they are computed once, and the candidates' rows (which go
+  round by round together) only stall, buffer and score, each operation done for every row in an inner loop the
+  compiler vectorises;
 * a row stops where every round after it would add nothing (its users abandoned, or the episode ends).
 
 Its arithmetic is the torch rollout's operation for operation: every product, sum and comparison in the same order,
@@ -38,12 +40,14 @@ import torch
 
 from envs.belief_mpc import _TIE
 
-# One env's tables (:func:`_load_env` fills them) and a row's scratch, allocated once per kernel call: the scenarios'
-# rounds ``[S, 3, H, U]`` (capacity x channel, the base's qualities high and low); the ``2U`` works a round can play,
-# sorted ``[S, H, 2U]``, with their users and variants (1: the segment a level lower); the high segments' works alone,
-# sorted ``[S, H, U]``, with their users; the active flags ``[U]``; a row's state ``[6, U + 1]`` (buffers, qualities
-# before, stalls so far, this round's qualities, works in ascending order, users' rewards); and ``[2U + 1]`` integers
-# (the users of the sorted works, then whether each user's buffer is low).
+# One env's tables (:func:`_load_env` fills them) and its candidates' scratch, allocated once per kernel call: the
+# scenarios' rounds ``[S, 3, H, U]`` (capacity x channel, the base's qualities high and low); the ``2U`` works a round
+# can play, sorted ``[S, H, 2U]``, with their users and variants (1: the segment a level lower); the high segments'
+# works alone, sorted ``[S, H, U]``, with their users; the active flags ``[U]``; the candidates' rows ``[4, U, K]``
+# (buffers, qualities before, stalls so far, users' rewards: a user's K rows side by side); a row's own round
+# ``[4, U + 1]`` (works in ascending order, qualities, downloads, a low row's downloads) and ``[2U + 1]`` integers
+# (the users of the sorted works, then whether each user's buffer is low); the rows' ``[3, K]`` totals, alive and
+# going on flags, and ``[K]`` rewards of a round.
 EnvTables = namedtuple("EnvTables", "scen sorted_work sorted_user sorted_low high_work high_user on rows scratch ints "
                                      "totals rewards")
 
@@ -193,7 +197,8 @@ def _load_env(b: int, active: np.ndarray, masked: bool, capacity_channel: np.nda
 @numba.njit(cache=True, inline="always")
 def _values(candidates: np.ndarray, n: int, b: int, buffer0: np.ndarray, level0: np.ndarray, cum_stall0: np.ndarray,
             masked: bool, remaining: np.ndarray, weight: np.ndarray, segment_bits: np.ndarray,
-            level_quality: np.ndarray, constants: np.ndarray, env: EnvTables, out: np.ndarray) -> None:  # pragma: no cover
+            level_quality: np.ndarray, constants: np.ndarray, env: EnvTables,
+            out: np.ndarray) -> None:  # pragma: no cover
     """``out[:n]``: the expected returns of env ``b`` playing ``candidates[:n]`` (levels ``[n, U]``) this round,
     each scenario's returns weighted and added one after the other (NumPy's order)."""
     for s in range(weight.shape[1]):
@@ -280,7 +285,8 @@ def _low_round(row: np.ndarray, s: int, h: int, low_buffer: float, constants: np
 
 
 @numba.njit(cache=True, inline="always")
-def _shared_downloads(work: np.ndarray, order: np.ndarray, n_users: int, download: np.ndarray) -> None:  # pragma: no cover
+def _shared_downloads(work: np.ndarray, order: np.ndarray, n_users: int,
+                      download: np.ndarray) -> None:  # pragma: no cover
     """``download[u]``: when user ``u``'s segment is in, the works ``work`` (in ascending order, of the users
     ``order``) shared in turn (processor sharing: each finish is what the smaller works took, in ascending order)."""
     running = 0.0

@@ -13,8 +13,8 @@ rounding, and the point of the port is to label what the NumPy expert labels. Wh
 * a user's pass plays only the envs where its slot is active (elsewhere every candidate ties: the plan stays);
 * a user's pass does not play the plan as it stands again: the last pass played it (the same row, the same bits).
 
-On a CPU the rollout runs fused instead (:mod:`envs.belief_mpc_kernel`: the same operations in the same order, one
-compiled loop), which memory and small operations bound less than the tensors.
+On a CPU the search runs fused instead (:mod:`envs.belief_mpc_kernel`: every pass over the users in one compiled call
+per env, the same operations in the same order), which memory and small operations bound less than the tensors.
 
 The same levels, bit for bit on the states tested (``tests/test_belief_mpc_torch.py``): every floating-point
 operation of NumPy's rollout is done in its order, its sums included (:func:`numpy_order_sum`: NumPy adds the last
@@ -71,8 +71,8 @@ class TorchBeliefMPC:
 
     Shapes: ``mpc(obs [B, obs_dim]) -> [B, U]`` int64 levels; stateful as BeliefMPC (pass every env's observation at
     every step, in order). The base policy is ``fair_share`` (its defaults), the one base ported: another is refused
-    in one line. ``device``: where the rollout runs (a ``torch.device`` or its name). ``fused``: the rollout as one
-    compiled loop (:mod:`envs.belief_mpc_kernel`, a CPU's; the same returns to the last bit, several times faster
+    in one line. ``device``: where the rollout runs (a ``torch.device`` or its name). ``fused``: the search as one
+    compiled call (:mod:`envs.belief_mpc_kernel`, a CPU's; the same returns to the last bit, several times faster
     there) or on tensors (what a GPU runs); ``None`` (default): fused on a CPU.
     """
 
