@@ -18,6 +18,11 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "TORCHINDUCTOR_CACHE_DIR" not in os
 
 import pytest  # noqa: E402 - after the environment above, which imports read
 
+try:  # pytest >= 9.2: a test's id is structured (see _group)
+    from _pytest.nodeid import NodeId  # noqa: E402
+except ImportError:  # pytest-xdist's own suffix works
+    NodeId = None
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep together, in one of pytest-xdist's test processes (``--dist loadgroup``), what shares state: every Ray
@@ -26,9 +31,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     free."""
     for item in items:
         if item.get_closest_marker("ray"):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+            _group(config, item, "ray")
         elif _uses_a_shared_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            _group(config, item, item.module.__name__)
+
+
+def _group(config: pytest.Config, item: pytest.Item, name: str) -> None:
+    """Put ``item`` in pytest-xdist's group ``name``. pytest-xdist reads the mark and appends ``@name`` to the
+    test's id, which its scheduler groups by; since pytest 9.2 a test's id is no longer the ``_nodeid`` it sets, so
+    every group was ignored (a module's shared run made in both processes, two local Rays at once): where that is
+    so, the id is given its ``@name`` here."""
+    item.add_marker(pytest.mark.xdist_group(name))
+    structured = NodeId is not None and isinstance(getattr(item, "_id", None), NodeId)
+    if structured and getattr(config.option, "loadgroup", False):
+        item._id = NodeId.parse(f"{item.nodeid}@{name}")
 
 
 def _uses_a_shared_fixture(item: pytest.Item) -> bool:
