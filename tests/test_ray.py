@@ -17,9 +17,10 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster():
-    """One two-node Ray cluster on this host for all Ray tests: small CPUs and object stores."""
+    """One two-node Ray cluster on this host for this module's Ray tests (small CPUs and object stores), shut down at
+    the module's end: a Ray left running in the test process makes a later test's ray.init join it."""
     from ray.cluster_utils import Cluster
     if ray.is_initialized():
         ray.shutdown()
