@@ -19,8 +19,11 @@ channels are observed exactly (an active user's channel quality inverts to its A
 from __future__ import annotations
 
 import copy
+import functools
 import math
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -263,28 +266,50 @@ class RegimeFilter:
         """P(regime, fade) ``[B, 3, 2]`` after the last :meth:`update`."""
         return np.exp(self.log_posterior).reshape(-1, len(REGIMES), FADES)
 
-    def futures(self, obs: np.ndarray, scenarios: int, horizon: int) -> Futures:
+    def futures(self, obs: np.ndarray, scenarios: int, horizon: int, threads: int = 1) -> Futures:
         """``scenarios`` futures of the next ``horizon`` rounds for each env of the last :meth:`update` (its
         observations ``obs``): the hidden state now drawn from the posterior, then the env's own step
         (:func:`envs.vr_edge_dynamics.cell_round`) on counter-based draws of this filter's seed. The first round's fade
-        outcome is stratified (:func:`stratified_hidden`), so a rare fade is in every env's scenarios."""
-        cfg, seen, b = self.config, cell_seen(self.config, obs), len(obs)
-        n = b * scenarios
-        u = self._uniforms(n, horizon + 1)  # [H + 1, n, block]: one block per round, one for the draw of now
+        outcome is stratified (:func:`stratified_hidden`), so a rare fade is in every env's scenarios. ``threads``:
+        the envs drawn in that many parts side by side (NumPy lets go of the GIL in its loops; each env's draws are
+        its own counters', so the same numbers)."""
+        seen, b = cell_seen(self.config, obs), len(obs)
+        first, self._draws = self._draws, self._draws + b * scenarios * (horizon + 1)
         posterior = np.exp(self.log_posterior)
-        hidden, fade_next, weight = stratified_hidden(posterior, fade_transition(cfg)[_FADE_OF.astype(int), 1],
-                                                      scenarios, u[horizon][:, 0].reshape(b, scenarios))
+        p_fade = posterior @ fade_transition(self.config)[_FADE_OF.astype(int), 1]  # (one product for all: a
+        # part's own would be another BLAS kernel, rounded otherwise)
+        bounds = np.linspace(0, b, max(1, min(threads, b)) + 1).astype(int)
+        parts = [(int(lo), int(hi), seen, posterior, p_fade, first, b, scenarios, horizon)
+                 for lo, hi in zip(bounds[:-1], bounds[1:])]
+        if len(parts) == 1:
+            return self._futures_of(*parts[0])
+        drawn = list(_pool(len(parts)).map(lambda part: self._futures_of(*part), parts))
+        return Futures(*(np.concatenate(x, axis=0) for x in zip(*drawn)))
+
+    def _futures_of(self, lo: int, hi: int, seen: CellSeen, posterior: np.ndarray, p_fade: np.ndarray, first: int,
+                    b: int, scenarios: int, horizon: int) -> Futures:
+        """:meth:`futures` of the envs ``lo <= env < hi`` of ``b`` (their ``posterior`` and P(fade next) ``p_fade``
+        among all's), on the draws from counter ``first`` on: round ``h`` (and, as ``h = horizon``, the draw of now)
+        of row ``r = env x scenarios + scenario`` is counter ``first + h x b x scenarios + r``, whatever the part."""
+        cfg, n = self.config, (hi - lo) * scenarios
+        rows = np.arange(lo * scenarios, hi * scenarios, dtype=np.uint64)
+        counters = np.uint64(first) + np.arange(horizon + 1, dtype=np.uint64)[:, None] * np.uint64(b * scenarios) + rows
+        keys = np.full(counters.size, self._key, dtype=np.uint64)
+        u = rng.uniform_block(keys, counters.ravel(), cfg.block_size).reshape(horizon + 1, n, cfg.block_size)
+        hidden, fade_next, weight = stratified_hidden(posterior[lo:hi], fade_transition(cfg)[_FADE_OF.astype(int), 1],
+                                                      scenarios, u[horizon][:, 0].reshape(hi - lo, scenarios),
+                                                      p_fade[lo:hi])
         state = {"regime": _REGIME_OF[hidden].ravel(), "fade": _FADE_OF[hidden].ravel(),
-                 "noise": np.take_along_axis(self.noise, hidden, axis=1).ravel(),
-                 "channel_logit": np.repeat(seen.channel_logit, scenarios, axis=0),
-                 "users": np.repeat(seen.users, scenarios)}
+                 "noise": np.take_along_axis(self.noise[lo:hi], hidden, axis=1).ravel(),
+                 "channel_logit": np.repeat(seen.channel_logit[lo:hi], scenarios, axis=0),
+                 "users": np.repeat(seen.users[lo:hi], scenarios)}
         u[0][:, Draw.FADE] = fade_draw(cfg, state["fade"], fade_next.ravel(), u[horizon][:, 1])
         rounds = []
         for h in range(horizon):
             cell, _, capacity, _ = cell_round(cfg, state, u[h])
             state.update(cell)
             rounds.append((capacity, cell["channel_logit"], cell["regime"], cell["fade"]))
-        capacity, logit, regime, fade = (np.stack(x, axis=1).reshape(b, scenarios, horizon, *x[0].shape[1:])
+        capacity, logit, regime, fade = (np.stack(x, axis=1).reshape(hi - lo, scenarios, horizon, *x[0].shape[1:])
                                          for x in zip(*rounds))
         return Futures(capacity, logit, regime, fade, weight)
 
@@ -300,23 +325,16 @@ class RegimeFilter:
         self._draws = ahead._draws
         return futures
 
-    def _uniforms(self, rows: int, blocks: int) -> np.ndarray:
-        """``[blocks, rows, block_size]`` uniforms, blocks not drawn before from this filter's stream."""
-        block = self.config.block_size
-        counters = np.arange(self._draws, self._draws + rows * blocks, dtype=np.uint64)
-        self._draws += rows * blocks
-        keys = np.full(len(counters), self._key, dtype=np.uint64)
-        return rng.uniform_block(keys, counters, block).reshape(blocks, rows, block)
 
-
-def stratified_hidden(posterior: np.ndarray, fade_next: np.ndarray, scenarios: int, v: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stratified_hidden(posterior: np.ndarray, fade_next: np.ndarray, scenarios: int, v: np.ndarray,
+                      p: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Hidden states now ``[B, S]`` for ``S`` scenarios, stratified by the fade of the next round: P(fade next)
     ``p = posterior @ fade_next`` (``fade_next[h]``: P(fade next | h)); ``n = round(S p)`` scenarios (at least 1
     where ``p > 0``, at most ``S - 1`` where ``p < 1``) have the fade next, each weighing ``p / n``, the others
     not, each weighing ``(1 - p) / (S - n)``; within a stratum the state is drawn from the posterior given it
-    (inverse CDF of the uniforms ``v`` ``[B, S]``). Returns ``(hidden, fade next, weight)``, each ``[B, S]``."""
-    p = posterior @ fade_next  # [B]
+    (inverse CDF of the uniforms ``v`` ``[B, S]``; ``p``: that product where the caller has it). Returns
+    ``(hidden, fade next, weight)``, each ``[B, S]``."""
+    p = posterior @ fade_next if p is None else p  # [B]
     n = np.where(p <= 0, 0, np.where(p >= 1, scenarios, np.clip(np.rint(scenarios * p), 1, scenarios - 1)))
     on = np.arange(scenarios) < n[:, None]  # [B, S]
     given = posterior[:, None, :] * np.where(on[..., None], fade_next, 1 - fade_next)  # [B, S, 6]
@@ -333,3 +351,13 @@ def fade_draw(cfg: VREdgeConfig, fade: np.ndarray, fade_next: np.ndarray, v: np.
     low = np.where(fade, np.where(fade_next, cfg.fade_end_prob, 0.0), np.where(fade_next, 0.0, cfg.fade_prob))
     high = np.where(fade, np.where(fade_next, 1.0, cfg.fade_end_prob), np.where(fade_next, cfg.fade_prob, 1.0))
     return low + v * (high - low)
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """``threads`` threads that draw parts of the futures, kept for this process (a forked child starts its own)."""
+    return _pools(threads, os.getpid())
+
+
+@functools.cache
+def _pools(threads: int, pid: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(threads, thread_name_prefix="futures")

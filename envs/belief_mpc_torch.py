@@ -110,7 +110,9 @@ class TorchBeliefMPC:
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """Levels ``[B, U]`` for the next round of the ``B`` envs that show ``obs``."""
         self.filter.update(obs)
-        return self.planned(obs, self.filter.futures(obs, self.settings.scenarios, self.settings.horizon))
+        futures = self.filter.futures(obs, self.settings.scenarios, self.settings.horizon,
+                                      threads=torch.get_num_threads())  # (the same draws, side by side)
+        return self.planned(obs, futures)
 
     def observe(self, obs: np.ndarray) -> None:
         """Take in the envs' observations ``obs`` of a step it is not asked to label (its filter follows every

@@ -166,7 +166,7 @@ PROFILE = EnvProfile(
     references={"clairvoyant": lambda kwargs: "", "belief": _expert_refusal, "bound": _bound_refusal},
     conditions=Conditions(condition_bins, _reweighed, baselines=("fair_share", "robust_mpc")),
     expert=Expert("BeliefMPC", _expert, stateful=True, refusal=_expert_refusal,
-                  pace="the default 8-user cell's 64 episodes of 300 steps: about 30 s on a quiet 2-core "
+                  pace="the default 8-user cell's 64 episodes of 300 steps: about 15 s on a quiet 2-core "
                        "AMD EPYC; more users and a busy machine take longer"),
     arguments=arguments, check_arguments=check_arguments,
     file_arguments=frozenset({"capacity_trace", "user_traces"}), trace_arguments=TRACE_ARGUMENTS,

@@ -195,3 +195,18 @@ def test_stratified_draws_are_the_posterior_given_the_fade_next():
     np.add.at(joint, (hidden[0], on[0].astype(int)), weight[0])
     expected = posterior[0][:, None] * np.stack([1 - fade_next, fade_next], axis=1)
     np.testing.assert_allclose(joint, expected, atol=0.01)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"num_users": 12, "users": "2-12", "churn": "0-0.05"}])
+def test_futures_drawn_in_parts_side_by_side_are_the_whole_batchs(kwargs):
+    venv = envs.VREdgeVectorEnv(16, seed=2, **kwargs)
+    obs, _ = venv.reset()
+    whole, parts = RegimeFilter(venv.config, seed=3), RegimeFilter(venv.config, seed=3)
+    for step in range(4):
+        whole.update(obs)
+        parts.update(obs)
+        for threads in (2, 3, 16):  # (16: an env a part; each draw goes on from the last, in both filters)
+            want, got = whole.futures(obs, 16, 6), parts.futures(obs, 16, 6, threads=threads)
+            for name, a, b in zip(want._fields, want, got):
+                assert np.array_equal(a, b), f"{name} differs with {threads} parts at step {step}"
+        obs, *_ = venv.step(np.full((16, venv.config.num_users), step % venv.config.num_levels))
