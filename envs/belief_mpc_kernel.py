@@ -22,8 +22,8 @@ Its arithmetic is the torch rollout's operation for operation: every product, su
 in float64, no fused multiply-add (Numba contracts none without ``fastmath``), so it gives the same expected returns
 to the last bit and the same levels (``tests/test_belief_mpc_torch.py`` compares all three rollouts, a cell of short
 segments playing the low buffers). The envs are split over torch's intra-op threads (the kernels release the GIL), so
-a run's thread plan holds for it too. Compiled on first use (a few seconds) and cached beside this file (or in Numba's
-cache directory).
+a run's thread plan holds for it too. Compiled on first use (about 30 s on a 2-core CPU, once) and cached beside this
+file (or in Numba's cache directory).
 """
 
 from __future__ import annotations

@@ -167,7 +167,8 @@ PROFILE = EnvProfile(
     conditions=Conditions(condition_bins, _reweighed, baselines=("fair_share", "robust_mpc")),
     expert=Expert("BeliefMPC", _expert, stateful=True, refusal=_expert_refusal,
                   pace="the default 8-user cell's 64 episodes of 300 steps: about 15 s on a quiet 2-core "
-                       "AMD EPYC; more users and a busy machine take longer"),
+                       "AMD EPYC, and about 30 s more the first time (the labeller compiles, then is cached); "
+                       "more users and a busy machine take longer"),
     arguments=arguments, check_arguments=check_arguments,
     file_arguments=frozenset({"capacity_trace", "user_traces"}), trace_arguments=TRACE_ARGUMENTS,
     held_out=held_out_arguments, played_on=played_on, sizes=sizes,

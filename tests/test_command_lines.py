@@ -190,8 +190,9 @@ def test_a_resume_with_nothing_to_do_changes_no_file(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "nothing to do" in err and "set aside" not in err and "dropped" not in err
     assert "not identical" not in err  # how a resumed run would differ: no run, no difference
-    threads = [line for line in err.splitlines() if line.startswith("threads:")]
-    assert len(threads) == 1 and "at most" in threads[0], threads  # the layout's; no iteration to plan threads for
+    threads = [line for line in err.splitlines() if line.startswith(("threads:", "thread limits:"))]
+    assert len(threads) == 1 and threads[0].startswith("thread limits:"), threads  # the layout's; no iteration to
+    # plan threads for
     assert files() == before
     # what it printed goes on from the checkpoint it described, not from the run's newest
     lines = printed_lines(out)
