@@ -46,8 +46,8 @@ from envs.belief_mpc import _TIE
 # works alone, sorted ``[S, H, U]``, with their users; the active flags ``[U]``; the candidates' rows ``[4, U, K]``
 # (buffers, qualities before, stalls so far, users' rewards: a user's K rows side by side); a row's own round
 # ``[4, U + 1]`` (works in ascending order, qualities, downloads, a low row's downloads) and ``[2U + 1]`` integers
-# (the users of the sorted works, then whether each user's buffer is low); the rows' ``[3, K]`` totals, alive and
-# going on flags, and ``[K]`` rewards of a round.
+# (the users of the sorted works, then whether each user's buffer is low); the rows' ``[2, K]`` totals and alive
+# flags, and ``[K]`` rewards of a round.
 EnvTables = namedtuple("EnvTables", "scen sorted_work sorted_user sorted_low high_work high_user on rows scratch ints "
                                      "totals rewards")
 
@@ -147,7 +147,7 @@ def _tables(horizon: int, n_scen: int, n_users: int, rows: int) -> EnvTables:  #
                      np.empty((n_scen, horizon, 2 * n_users), np.int64), np.empty((n_scen, horizon, n_users)),
                      np.empty((n_scen, horizon, n_users), np.int64), np.empty(n_users),
                      np.empty((4, n_users, rows)), np.empty((4, n_users + 1)), np.empty(2 * n_users + 1, np.int64),
-                     np.empty((3, rows)), np.empty(rows))
+                     np.empty((2, rows)), np.empty(rows))
 
 
 @numba.njit(cache=True, inline="always")
@@ -221,7 +221,7 @@ def _scenario_returns(candidates: np.ndarray, n: int, buffer0: np.ndarray, level
     stops where every round after it would add nothing (0 x a finite reward: its total as it is)."""
     scen, rows, scratch, ints = env.scen, env.rows, env.scratch, env.ints
     qw, abandon, low_buffer = constants[2], constants[5], constants[6]
-    total, alive, going = env.totals[0], env.totals[1], env.totals[2]
+    total, alive = env.totals[0], env.totals[1]
     n_users = rows.shape[1]
     work, order, q, download = scratch[0], ints[:n_users + 1], scratch[1], scratch[2]
     for k in range(n):  # the first round: each row's own works, sorted
@@ -240,7 +240,7 @@ def _scenario_returns(candidates: np.ndarray, n: int, buffer0: np.ndarray, level
             row[0, u], row[1, u], row[2, u] = buffer0[u], level_quality[level0[u]], cum_stall0[u]
         _shared_downloads(work, order, n_users, download)
         reward = _played_round(download, q, row, constants, masked, env.on)
-        total[k], alive[k], going[k] = 0.0, 1.0, 1.0
+        total[k], alive[k] = 0.0, 1.0
         _scored(k, reward, row[2], 0, remaining, qw, abandon, env.totals)
     for h in range(1, scen.shape[2]):
         if h >= remaining:
@@ -253,8 +253,8 @@ def _scenario_returns(candidates: np.ndarray, n: int, buffer0: np.ndarray, level
         if not any_low:  # every row's round at once (a row that stopped plays on, its total as it is)
             _played_rounds(download, scen[s, 1, h], rows, n, constants, masked, env.on, env.rewards)
         for k in range(n):
-            if going[k] == 0.0:
-                continue
+            if alive[k] == 0.0:
+                continue  # its users abandoned: nothing left to add
             if any_low:
                 reward = _low_round(rows[:, :, k], s, h, low_buffer, constants, masked, env, work, order, q)
             else:
@@ -376,8 +376,8 @@ def _numpy_order_sums(x: np.ndarray, n: int, out: np.ndarray) -> None:  # pragma
 @numba.njit(cache=True, inline="always")
 def _scored(k: int, reward: float, cum_stall: np.ndarray, h: int, remaining: int, qw: float, abandon: float,
             totals: np.ndarray) -> None:  # pragma: no cover
-    """Row ``k``'s round ``h`` added to its total (``totals``: totals, alive, going on); the rest of the episode
-    forfeit where a user's stalls pass the abandonment mark; the row stops where nothing is left to add."""
+    """Row ``k``'s round ``h`` added to its total (``totals``: totals, alive); the rest of the episode forfeit
+    where a user's stalls pass the abandonment mark, after which the row is no longer alive (nothing left to add)."""
     most = cum_stall[0]
     for u in range(1, len(cum_stall)):
         most = max(most, cum_stall[u])
@@ -386,8 +386,6 @@ def _scored(k: int, reward: float, cum_stall: np.ndarray, h: int, remaining: int
     if most > abandon and weight_h > 0:
         totals[0, k] = totals[0, k] - qw * float(max(remaining - h - 1, 0))
         totals[1, k] = 0.0
-    if totals[1, k] == 0.0:
-        totals[2, k] = 0.0
 
 
 def constants(mpc: Any) -> np.ndarray:
