@@ -20,7 +20,9 @@ and the best of every rule-based baseline on that network, paired per episode (t
 95% interval over the episodes; how many seeds are above the best by their own intervals; the episode length of the
 policy and of the best baseline. ``OUT/table.md`` holds it, ``OUT/table.json`` every number. A network where the
 policy and the best baseline both lose their users in most episodes is marked UNSERVABLE
-(:mod:`trainer.evaluation.servable`). ``--guard Z`` plays each run a second time with a guard (:func:`guarded`).
+(:mod:`trainer.evaluation.servable`). ``--guard Z`` plays each run a second time with a guard (:func:`guarded`),
+``--volatility-guard`` with :class:`envs.guard.VolatilityGuard`, its threshold calibrated on the run's own training
+network (:func:`calibrated_threshold`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ PAIRED = ("fair_share", "robust_mpc")  # the baselines each recipe is paired wit
 # every baseline that acts by rule (not `random`): the best of them on a network is the one a policy must match
 BASELINES = ("lowest", "throughput", "buffer", "fair_share", "robust_mpc", "bola")
 GUARD = "+guard"  # a run's player with the guard: its name's suffix
+VOLATILITY = "+volatility"  # a run's player with the volatility guard (envs.guard): its name's suffix
 HEAVY = {"files": 40, "seconds": 320, "seed": 64, "kind": "heavy"}  # the generated set (write_traces' arguments)
 # The arguments that say a network's conditions; a run trained with others (users, rewards) plays another cell.
 NETWORK_ARGUMENTS = TRACE_ARGUMENTS | {"outage_prob", "outage_end_prob", "outage_depth", "capacity_scale",
@@ -103,10 +106,59 @@ def guarded(act: Callable[[np.ndarray], np.ndarray], fallback: Callable[[np.ndar
     return act_guarded
 
 
-def _play_task(task: tuple[str, str | None, dict[str, Any], str]) -> str:
-    """Play one task: a guarded run's (:func:`guarded`, its records with the share of its steps guarded), else as
-    cells_table plays a player."""
+def calibrated_threshold(act: Callable[[np.ndarray], np.ndarray], trained_on: dict[str, Any], episodes: int,
+                         seed: int) -> float:
+    """The volatility guard's threshold for a policy: the highest share of jumping rounds
+    (:class:`envs.guard.VolatilityGuard`) that ``episodes`` validation episodes of its training network (its run's
+    env arguments ``trained_on``, randomised conditions and all) showed while it played them: where it trained,
+    the guard does not act. Validation episodes: a seed branch that neither training nor evaluation uses."""
+    import functools
+
+    import gymnasium as gym
+
+    from envs.guard import VolatilityGuard
+    from trainer.evaluation.episodes import filter_episodes, validation_seeds
+
+    watch = VolatilityGuard(act, envs.VREdgeConfig(**trained_on), threshold=np.inf)  # hedges, never trips: measures
+    filter_episodes(watch, functools.partial(gym.make, "VREdge-v0", **trained_on), episodes, seed,
+                    seeds=validation_seeds(seed, episodes))
+    return watch.peak
+
+
+def _play_volatility_guarded(task: tuple[str, str | None, dict[str, Any], str]) -> str:
+    """Play a run with the volatility guard, its threshold calibrated on its training network; its records with the
+    threshold and the share of its steps the guard played (the hedge's included)."""
+    import functools
+
+    import gymnasium as gym
+    import torch
+
+    from envs.guard import VolatilityGuard
+    from trainer.evaluation.episodes import filter_episodes, policy_actions
+
+    torch.set_num_threads(1)
     player, run, played_with, out = task
+    kwargs = played_with["env_kwargs"]
+    act = policy_actions(_checked_model(played_with), deterministic=True)
+    threshold = calibrated_threshold(act, played_with["trained_on"], played_with["episodes"], played_with["seed"])
+    guard, counts = VolatilityGuard(act, envs.VREdgeConfig(**kwargs), threshold), [0, 0]
+
+    def act_counted(obs: np.ndarray) -> np.ndarray:
+        actions = guard(obs)
+        counts[0] += int(guard.guarded.sum())
+        counts[1] += len(obs)
+        return actions
+    records = filter_episodes(act_counted, functools.partial(gym.make, "VREdge-v0", **kwargs),
+                              played_with["episodes"], played_with["seed"])
+    return _written(out, played_with, records, guarded_share=counts[0] / max(counts[1], 1), threshold=threshold)
+
+
+def _play_task(task: tuple[str, str | None, dict[str, Any], str]) -> str:
+    """Play one task: a guarded run's (:func:`guarded`, its records with the share of its steps guarded; or the
+    volatility guard's), else as cells_table plays a player."""
+    player, run, played_with, out = task
+    if VOLATILITY in player:
+        return _play_volatility_guarded(task)
     if GUARD not in player:
         return _play(task)
     import functools
@@ -137,8 +189,9 @@ def _recipe(text: str) -> Recipe:
     name, _, runs = text.partition("=")
     if not name or not runs:
         raise argparse.ArgumentTypeError(f"{text!r}: give NAME=RUN[,RUN...], e.g. robust=runs/robust/s1")
-    if "+" in name:  # (a guarded player's names end in +guard)
-        raise argparse.ArgumentTypeError(f"{text!r}: a recipe's NAME has no '+' ({GUARD} marks a guarded run)")
+    if "+" in name:  # (a guarded player's names end in +guard or +volatility)
+        raise argparse.ArgumentTypeError(f"{text!r}: a recipe's NAME has no '+' ({GUARD} and {VOLATILITY} mark "
+                                         "guarded runs)")
     return Recipe(name, [Path(r) for r in runs.split(",") if r])
 
 
@@ -151,6 +204,7 @@ class Played(NamedTuple):
 
     cell: dict[str, Any]  # the runs' env arguments but their networks' (every network is played over them)
     checkpoints: dict[str, dict[str, str]]  # player -> its checkpoint's path and content hash
+    trained_on: dict[str, dict[str, Any]]  # player -> its run's env arguments (its training network's included)
 
 
 def _checked_runs(p: OneLineParser, recipes: list[Recipe], guard: bool) -> Played:
@@ -174,6 +228,7 @@ def _checked_runs(p: OneLineParser, recipes: list[Recipe], guard: bool) -> Playe
             p.error(f"{first} and {run} were trained in different cells ({', '.join(differ)}); pass runs that "
                     "differ only in their networks")
     named: dict[str, dict[str, str]] = {}
+    trained_on: dict[str, dict[str, Any]] = {}
     for recipe in recipes:
         for run in recipe.runs:
             player = _player(recipe, run)
@@ -183,7 +238,8 @@ def _checked_runs(p: OneLineParser, recipes: list[Recipe], guard: bool) -> Playe
                 named[player] = _checkpoint_named(picked_checkpoint(run, "best").source)
             except CheckpointError as e:
                 p.error(str(e))
-    return Played(next(iter(cells.values())), named)
+            trained_on[player] = dict(_stored_config(p, run).env_options)
+    return Played(next(iter(cells.values())), named, trained_on)
 
 
 def _tasks(args: argparse.Namespace, played: Played) -> list[tuple]:
@@ -193,11 +249,16 @@ def _tasks(args: argparse.Namespace, played: Played) -> list[tuple]:
     for name, (_, network) in args.networks.items():
         asked = {"env_kwargs": {**played.cell, **network}, "episodes": args.episodes, "seed": args.seed}
         players = [(b, None, asked) for b in BASELINES]
-        players += [(player, str(Path(named["checkpoint"]).parent), {**asked, **named, **(guard if GUARD in player
-                                                                                            else {})})
-                    for player, named in played.checkpoints.items()]
+        players += [(player, str(Path(named["checkpoint"]).parent), {**asked, **named, **_guarded_with(
+                    player, guard, played.trained_on[player])}) for player, named in played.checkpoints.items()]
         tasks += _unplayed(args.out / name, players)
     return _slowest_first(tasks)
+
+
+def _guarded_with(player: str, guard: dict[str, Any], trained_on: dict[str, Any]) -> dict[str, Any]:
+    """What a guarded player plays with beyond an unguarded one's: the z-guard's settings, or the volatility
+    guard's training network (its threshold is calibrated there)."""
+    return guard if GUARD in player else {"trained_on": trained_on} if VOLATILITY in player else {}
 
 
 def _records(args: argparse.Namespace, network: str, player: str) -> list[dict[str, float]]:
@@ -232,8 +293,9 @@ def recipe_row(args: argparse.Namespace, network: str, recipe: Recipe) -> dict[s
             "length": {"policy": pooled["mean_length"], "best": summaries[best]["mean_length"]},
             "length_paired": paired_difference(mean, baselines[best], key="length"),
             "unservable": unservable(pooled, summaries[best], profile_of("VREdge-v0").abandonment),
-            **({"guarded_share": float(np.mean([p["guarded_share"] for p in played]))} if GUARD in recipe.name
-               else {})}
+            **({"guarded_share": float(np.mean([p["guarded_share"] for p in played]))}
+               if GUARD in recipe.name or VOLATILITY in recipe.name else {}),
+            **({"thresholds": [p["threshold"] for p in played]} if VOLATILITY in recipe.name else {})}
 
 
 def table(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
@@ -276,6 +338,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="also play each run with a guard: where an observation's feature is more than this many "
                         "standard deviations from the run's training observations, --guard-fallback acts (0: off)")
     p.add_argument("--guard-fallback", default="robust_mpc", choices=PAIRED, help="default: %(default)s")
+    p.add_argument("--volatility-guard", action="store_true",
+                   help="also play each run with envs.guard.VolatilityGuard (lowest where the cell's capacity jumps "
+                        "more often than on any validation episode of the run's training network)")
     p.add_argument("--jobs", type=int, default=2, help="players at a time (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="folder for the records, the generated traces, the table")
     args = p.parse_args(argv)
@@ -291,8 +356,11 @@ def main(argv: list[str] | None = None) -> None:
     if unknown := [n for n in asked if n not in known]:
         p.error(f"--networks: {', '.join(unknown)} unknown; pick from {', '.join(known)}")
     args.networks = {n: known[n] for n in asked}
+    unguarded = list(args.recipes)
     if args.guard:  # each recipe again, guarded
-        args.recipes += [Recipe(r.name + GUARD, r.runs) for r in args.recipes]
+        args.recipes += [Recipe(r.name + GUARD, r.runs) for r in unguarded]
+    if args.volatility_guard:
+        args.recipes += [Recipe(r.name + VOLATILITY, r.runs) for r in unguarded]
     played = _checked_runs(p, args.recipes, bool(args.guard))
     print_machine()
     write_traces(args.out / "heavy-traces", **HEAVY)  # the same bytes every time

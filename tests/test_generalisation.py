@@ -154,3 +154,32 @@ def test_each_run_plays_each_network_as_evaluate_plays_it_and_again_plays_nothin
     always, _ = guarded("1e-9")  # everything does: the fallback's (robust_mpc's) records
     fallback = json.loads((out / "heavy-median" / "robust_mpc.json").read_text())["records"]
     assert always["guarded_share"] == 1 and always["records"] == fallback
+
+    import envs
+    from envs.guard import HEDGE_ROUNDS, VolatilityGuard
+    from trainer.evaluation.episodes import filter_episodes, validation_seeds
+
+    generalisation.main([*argv, "--volatility-guard"])
+    assert "4 records to play" in capsys.readouterr().out  # only the guarded players
+    kept = json.loads((out / "heavy-median" / "ranged+volatility-s1.json").read_text())
+    model, _, _ = trained_model(runs["ranged"], pick="best")
+    act = policy_actions(model, deterministic=True)
+    trained_on = {"num_users": 3, "max_steps": 20, "outage_prob": "0-0.1", "capacity_scale": "0.5-2"}
+
+    def past_hedge(threshold: float, kwargs: dict, seeds: list[int]) -> tuple[int, list]:
+        guard, acted = VolatilityGuard(act, envs.VREdgeConfig(**kwargs), threshold), [0]
+
+        def counted(obs):
+            actions = guard(obs)
+            rounds = np.rint(obs[:, -1] * 20)  # (this cell's last feature: the round over max_steps)
+            acted[0] += int((guard.guarded & (rounds >= HEDGE_ROUNDS)).sum())
+            return actions
+        records = filter_episodes(counted, functools.partial(gym.make, "VREdge-v0", **kwargs), 2, 0, seeds=seeds)
+        return acted[0], records
+
+    # its threshold: the highest share on its own training network's validation episodes, where it then never acts
+    threshold = kept["threshold"]
+    assert past_hedge(threshold, trained_on, validation_seeds(0, 2))[0] == 0
+    assert past_hedge(threshold * 0.99, trained_on, validation_seeds(0, 2))[0] > 0
+    heavy = {"num_users": 3, "max_steps": 20, **known["heavy-median"][1]}
+    assert kept["records"] == past_hedge(threshold, heavy, None)[1]  # and it played the network with that guard
