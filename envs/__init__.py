@@ -21,6 +21,7 @@ _HOMES = {
     "VREdgeConfig": "envs.vr_edge",
     "VREdgeTorchEnv": "envs.vr_edge_torch",  # loads torch, which checking a command line must not
     "VREdgeVectorEnv": "envs.vector",
+    "VolatilityGuard": "envs.guard",
     "make_baseline": "envs.baselines",
 }
 
