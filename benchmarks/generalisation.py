@@ -22,7 +22,7 @@ policy and of the best baseline. ``OUT/table.md`` holds it, ``OUT/table.json`` e
 policy and the best baseline both lose their users in most episodes is marked UNSERVABLE
 (:mod:`trainer.evaluation.servable`). ``--guard Z`` plays each run a second time with a guard (:func:`guarded`),
 ``--volatility-guard`` with :class:`envs.guard.VolatilityGuard`, its threshold calibrated on the run's own training
-network (:func:`calibrated_threshold`).
+network (:mod:`trainer.evaluation.guards`).
 """
 
 from __future__ import annotations
@@ -106,51 +106,24 @@ def guarded(act: Callable[[np.ndarray], np.ndarray], fallback: Callable[[np.ndar
     return act_guarded
 
 
-def calibrated_threshold(act: Callable[[np.ndarray], np.ndarray], trained_on: dict[str, Any], episodes: int,
-                         seed: int) -> float:
-    """The volatility guard's threshold for a policy: the highest share of jumping rounds
-    (:class:`envs.guard.VolatilityGuard`) that ``episodes`` validation episodes of its training network (its run's
-    env arguments ``trained_on``, randomised conditions and all) showed while it played them: where it trained,
-    the guard does not act. Validation episodes: a seed branch that neither training nor evaluation uses."""
-    import functools
-
-    import gymnasium as gym
-
-    from envs.guard import VolatilityGuard
-    from trainer.evaluation.episodes import filter_episodes, validation_seeds
-
-    watch = VolatilityGuard(act, envs.VREdgeConfig(**trained_on), threshold=np.inf)  # hedges, never trips: measures
-    filter_episodes(watch, functools.partial(gym.make, "VREdge-v0", **trained_on), episodes, seed,
-                    seeds=validation_seeds(seed, episodes))
-    return watch.peak
-
-
 def _play_volatility_guarded(task: tuple[str, str | None, dict[str, Any], str]) -> str:
-    """Play a run with the volatility guard, its threshold calibrated on its training network; its records with the
-    threshold and the share of its steps the guard played (the hedge's included)."""
-    import functools
-
-    import gymnasium as gym
+    """Play a run through the volatility guard (:class:`envs.guard.VolatilityGuard`), its threshold calibrated on
+    the run's own training network (:mod:`trainer.evaluation.guards`, as ``trainer.evaluate --guard volatility``);
+    its records with the threshold and the share of its steps the guard played (the hedge's included)."""
     import torch
 
-    from envs.guard import VolatilityGuard
-    from trainer.evaluation.episodes import filter_episodes, policy_actions
+    from trainer.evaluation.episodes import policy_actions
+    from trainer.evaluation.guards import calibrated_threshold, guarded_records
 
     torch.set_num_threads(1)
     player, run, played_with, out = task
-    kwargs = played_with["env_kwargs"]
+    make = profile_of("VREdge-v0").guards["volatility"]
     act = policy_actions(_checked_model(played_with), deterministic=True)
-    threshold = calibrated_threshold(act, played_with["trained_on"], played_with["episodes"], played_with["seed"])
-    guard, counts = VolatilityGuard(act, envs.VREdgeConfig(**kwargs), threshold), [0, 0]
-
-    def act_counted(obs: np.ndarray) -> np.ndarray:
-        actions = guard(obs)
-        counts[0] += int(guard.guarded.sum())
-        counts[1] += len(obs)
-        return actions
-    records = filter_episodes(act_counted, functools.partial(gym.make, "VREdge-v0", **kwargs),
-                              played_with["episodes"], played_with["seed"])
-    return _written(out, played_with, records, guarded_share=counts[0] / max(counts[1], 1), threshold=threshold)
+    threshold = calibrated_threshold(make, act, "VREdge-v0", played_with["trained_on"], played_with["episodes"],
+                                     played_with["seed"])
+    records, share = guarded_records(make, act, threshold, "VREdge-v0", played_with["env_kwargs"],
+                                     played_with["episodes"], played_with["seed"])
+    return _written(out, played_with, records, guarded_share=share, threshold=threshold)
 
 
 def _play_task(task: tuple[str, str | None, dict[str, Any], str]) -> str:

@@ -107,7 +107,12 @@ class EnvProfile:
     it has cells of users (``trainer.evaluate --users``). ``abandonment``: the key of an episode's record that is 1
     where the episode lost its users (VR-edge: ``abandoned``), by which an evaluation says that a cell cannot be
     served (:mod:`trainer.evaluation.servable`; ``""``: the env has no such notion, and nothing is said).
-    ``conditions``: what a curriculum may reweigh (:class:`Conditions`; ``None``: nothing).
+    ``conditions``: what a curriculum may reweigh (:class:`Conditions`; ``None``: nothing). ``guards``: what
+    ``trainer.evaluate --guard`` may play the policy through, name -> ``make(act, env_kwargs, threshold)``: a
+    stateful act over every row of one natively batched env, with ``guarded`` (the rows it played, ``[B]`` bool)
+    after each call and ``peak`` (the highest value its statistic took); with ``threshold=math.inf`` it never acts
+    on its statistic, and its ``peak`` over a run's own training episodes is the threshold
+    (:mod:`trainer.evaluation.guards`).
     """
 
     score: str = "return"
@@ -129,6 +134,7 @@ class EnvProfile:
     cells: bool = False
     abandonment: str = ""
     conditions: Conditions | None = None
+    guards: Mapping[str, Callable[[Act, EnvKwargs, float], Act]] = field(default_factory=dict)
 
     def vector_env_class(self) -> Callable[..., Any] | None:
         """The natively batched env's class (imported now), or ``None`` where the env has none."""

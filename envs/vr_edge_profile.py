@@ -154,6 +154,11 @@ def _reweighed(state: dict[str, Any], weights: Any) -> dict[str, Any]:
     return {**state, "condition_weights": np.broadcast_to(np.asarray(weights, dtype=kept.dtype), kept.shape).copy()}
 
 
+def _volatility_guard(act: Act, kwargs: EnvKwargs, threshold: float) -> Act:
+    from envs.guard import VolatilityGuard
+    return VolatilityGuard(act, VREdgeConfig(**kwargs), threshold)
+
+
 def _baseline_names() -> tuple[str, ...]:
     from envs.baselines import BASELINES
     return tuple(BASELINES)
@@ -165,6 +170,7 @@ PROFILE = EnvProfile(
     # the first is played by default; BeliefMPC's filter refuses what the distillation expert refuses
     references={"clairvoyant": lambda kwargs: "", "belief": _expert_refusal, "bound": _bound_refusal},
     conditions=Conditions(condition_bins, _reweighed, baselines=("fair_share", "robust_mpc")),
+    guards={"volatility": _volatility_guard},
     expert=Expert("BeliefMPC", _expert, stateful=True, refusal=_expert_refusal,
                   pace="the default 8-user cell's 64 episodes of 300 steps: about 15 s on a quiet 2-core "
                        "AMD EPYC, and about 30 s more the first time (the labeller compiles, then is cached); "

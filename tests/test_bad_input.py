@@ -319,7 +319,7 @@ def test_evaluate_names_its_own_capacity_trace_when_that_is_what_is_wrong(vr_run
     not_names(line, "stored")
 
 
-def test_evaluate_refuses_a_capacity_trace_for_an_env_without_one(tmp_path):
+def test_evaluate_refuses_a_capacity_trace_or_a_guard_for_an_env_without_one(tmp_path):
     run_dir = tmp_path / "run"
     train_module.main(["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--total-steps", "16",
                        "--device", "cpu", "--run-dir", str(run_dir)])
@@ -327,6 +327,15 @@ def test_evaluate_refuses_a_capacity_trace_for_an_env_without_one(tmp_path):
     line = command(["-m", "trainer.evaluate", "--checkpoint", str(run_dir), "--capacity-trace",
                     str(tmp_path / "trace.log")], 2, tmp_path)  # it was a TypeError traceback from gym.make
     names(line, "--capacity-trace", "VREdge-v0", "CartPole-v1")
+    line = command(["-m", "trainer.evaluate", "--checkpoint", str(run_dir), "--guard", "volatility"], 2, tmp_path)
+    names(line, "--guard volatility", "CartPole-v1", "no guard")
+
+
+@pytest.mark.parametrize("argv,named", [(["--guard", "calm"], ["--guard calm", "volatility"]),
+                                        (["--guard", "volatility", "--users", "2"], ["--guard", "--users"])])
+def test_evaluate_refuses_a_guard_its_env_does_not_declare_or_across_cells(vr_run, tmp_path, argv, named):
+    line = command(["-m", "trainer.evaluate", "--checkpoint", str(vr_run), *argv], 2, tmp_path)
+    names(line, *named)
 
 
 # ---------------------------------------------------------------------------- evaluation.json, as export reads it

@@ -4,6 +4,7 @@ policy's spaces; QoE_lin stands beside reward per step, paired as well."""
 
 import json
 
+import numpy as np
 import pytest
 
 from envs.make_traces import write_traces
@@ -93,3 +94,34 @@ def test_bad_env_kwargs_are_usage_errors(synthetic_run, capsys, argv, named):
     run, _ = synthetic_run
     with exits(2, *named, capsys=capsys):
         evaluate_cli.main(["--checkpoint", str(run), *QUICK, *argv])
+
+
+def test_guard_plays_the_policy_through_the_envs_guard_calibrated_on_the_runs_own_network(synthetic_run, capsys):
+    """``--guard volatility``: the threshold is the guard's peak on the run's own cell (validation episodes), the
+    policy's records are those of the policy through the guard at that threshold, the baselines' unchanged."""
+    import functools
+    import math
+
+    import gymnasium as gym
+
+    from envs.profiles import profile_of
+    from trainer.evaluation.episodes import filter_episodes, policy_actions, validation_seeds
+    from trainer.evaluation.guards import guarded_records
+    from trainer.evaluation.policies import trained_model
+
+    run, traces = synthetic_run
+    plain, _ = evaluated(run, capsys=capsys)
+    payload, out = evaluated(run, "--guard", "volatility", "--env-kwargs", f"capacity_trace={traces}", capsys=capsys)
+    guard = payload["guard"]
+    assert guard["name"] == "volatility" and guard["calibration_episodes"] == 3
+    make = profile_of("VREdge-v0").guards["volatility"]
+    act = policy_actions(trained_model(run, pick="best")[0], deterministic=True)
+    own = {"num_users": 3, "max_steps": 30}
+    watch = make(act, own, math.inf)
+    filter_episodes(watch, functools.partial(gym.make, "VREdge-v0", **own), 3, 0, seeds=validation_seeds(0, 3))
+    assert guard["threshold"] == watch.peak  # calibrated on the run's own cell, not on the traces played
+    records, share = guarded_records(make, act, guard["threshold"], "VREdge-v0", payload["env_kwargs"], 3, 0)
+    assert payload["policy"]["reward_per_step"] == pytest.approx(np.mean([r["reward_per_step"] for r in records]))
+    assert guard["guarded_share"] == pytest.approx(share) and 0 < share <= 1
+    names(out, "volatility guard", f"{guard['threshold']:.3f}", f"{share:.0%}")
+    assert "guard" not in plain

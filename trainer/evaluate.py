@@ -87,10 +87,10 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
         _evaluate_cells(args, setup, label, signals, out)
         return
     with episodes_shown(_episodes_per_cell(args, setup)):
-        played = _played(args, setup, label)
+        played, guard = _played(args, setup, label)
         comparison = _compared(played, label, setup)
-    payload = _payload(args, setup, label, comparison)
-    _print_results(args, setup, comparison, out)
+    payload = {**_payload(args, setup, label, comparison), **({"guard": guard} if guard else {})}
+    _print_results(args, setup, comparison, out, guard)
     _write_results(args, setup, payload, lambda png: plot(comparison.results, setup.run_dir, png), signals, out)
 
 
@@ -133,20 +133,7 @@ def _parser() -> OneLineParser:
     mode.add_argument("--stochastic", dest="deterministic", action="store_false", help="sample actions")
     p.add_argument("--baselines", default="all",
                    help="'all', 'none' or comma-separated names (VR-edge only; default: %(default)s)")
-    p.add_argument("--reference", default=None, metavar="NAMES",
-                   help="VR-edge: the references played beside the policy, comma-separated, or none: clairvoyant "
-                        "(envs.planner; sees the true future: the fraction of the gap from the best baseline that "
-                        "the policy closes), belief (envs.belief_mpc: the causal reference, from observations only: "
-                        "the policy's capture of its lead over fair_share and, with clairvoyant, its causal share "
-                        "of the clairvoyant's; synthetic cells only), bound (envs.hindsight: a certified upper bound "
-                        "on any policy's score per episode, the bracket and the policy's optimality gap; users that "
-                        "do not vary; about 14 s an episode on the default cell) (default: clairvoyant; with --users "
-                        "or --churn none, as the references cost most of a cell evaluation's time)")
-    p.add_argument("--belief-base", choices=("fair_share", "policy", "policy_critic"), default="fair_share",
-                   help="with --reference belief: what the causal reference improves by rollout: fair_share, the "
-                        "policy evaluated (its forward passes in every rollout), or policy_critic: the policy, each "
-                        "rollout ending on the run's critic (the discounted return at the run's --gamma; a PPO run; "
-                        "default: %(default)s)")
+    _add_contender_flags(p)
     _add_env_flags(p)
     p.add_argument("--users", default=None, metavar="LIST",
                    help="VR-edge: evaluate in cells of these active users, comma-separated numbers or ranges "
@@ -166,6 +153,29 @@ def _parser() -> OneLineParser:
     p.add_argument("--out", default="", help="where evaluation.json/.png go (with --users or --churn: "
                                              "evaluation_cells.json/.png; default: the run directory)")
     return p
+
+
+def _add_contender_flags(p: OneLineParser) -> None:
+    """The flags of what plays beside the policy (the references) and of how the policy plays (a guard)."""
+    p.add_argument("--reference", default=None, metavar="NAMES",
+                   help="VR-edge: the references played beside the policy, comma-separated, or none: clairvoyant "
+                        "(envs.planner; sees the true future: the fraction of the gap from the best baseline that "
+                        "the policy closes), belief (envs.belief_mpc: the causal reference, from observations only: "
+                        "the policy's capture of its lead over fair_share and, with clairvoyant, its causal share "
+                        "of the clairvoyant's; synthetic cells only), bound (envs.hindsight: a certified upper bound "
+                        "on any policy's score per episode, the bracket and the policy's optimality gap; users that "
+                        "do not vary; about 14 s an episode on the default cell) (default: clairvoyant; with --users "
+                        "or --churn none, as the references cost most of a cell evaluation's time)")
+    p.add_argument("--belief-base", choices=("fair_share", "policy", "policy_critic"), default="fair_share",
+                   help="with --reference belief: what the causal reference improves by rollout: fair_share, the "
+                        "policy evaluated (its forward passes in every rollout), or policy_critic: the policy, each "
+                        "rollout ending on the run's critic (the discounted return at the run's --gamma; a PPO run; "
+                        "default: %(default)s)")
+    p.add_argument("--guard", default="", metavar="NAME",
+                   help="play the policy through a guard its env declares, its threshold the highest its statistic "
+                        "took on --episodes validation episodes of the run's own training network (VR-edge: "
+                        "volatility: lowest where the cell's capacity jumps more often than there, for networks "
+                        "the run never saw; docs/traces.md) (default: none)")
 
 
 def _add_env_flags(p: OneLineParser) -> None:
@@ -201,6 +211,9 @@ def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> li
     if "bound" in (args.reference or ()) and (args.users is not None or args.churn is not None):
         parser.error("--reference bound brackets the run's own cell, not the cells of --users/--churn: drop bound, or "
                      "drop --users and --churn")
+    if args.guard and (args.users is not None or args.churn is not None):
+        parser.error("--guard plays the run's own cell, not the cells of --users/--churn: drop --guard, or drop "
+                     "--users and --churn")
     if not Path(args.checkpoint).exists():  # a typo is answered at once, as a usage error
         parser.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
     if args.out and (problem := not_a_directory("--out", args.out)):
@@ -264,6 +277,7 @@ class _Setup(NamedTuple):
     run_dir: Path  # the run given
     out_dir: Path  # where evaluation.json/.png go
     cells: list[Cell]  # the (users, churn) pairs asked for (--users, --churn); none: the run's own cell
+    own_env_kwargs: dict[str, Any]  # the run's own env arguments, as it trained (a guard is calibrated on them)
 
 
 def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: list[str] | None) -> _Setup:
@@ -275,8 +289,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
 
     import checkpoints
     import envs
-    from envs.profiles import profile_of, profiled_envs
-    from envs.traces import TRACE_ARGUMENTS
+    from envs.profiles import profile_of
     from trainer.evaluation import held_out_env_kwargs
     from trainer.evaluation.policies import critic_refusal, picked_checkpoint, policy_from_state, sampling_refused
     from trainer.evaluation.report import check_writable
@@ -284,12 +297,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     source, state, which = picked_checkpoint(args.checkpoint, args.pick)
     sha256 = checkpoints.content_hash(source)  # right after the load: the weights evaluated (the path may change)
     trained_on = state.get("config", {}).get("env")
-    traced = sorted((TRACE_ARGUMENTS - profile_of(trained_on).trace_arguments) & args.given.keys())
-    if traced:  # before building the env with traces it cannot take
-        flags = {"--capacity-trace": args.capacity_trace, "--trace-split": args.trace_split}
-        flag = next((f for f, given in flags.items() if given), f"--env-kwargs {traced[0]}")
-        parser.error(f"{flag} applies to {', '.join(profiled_envs('trace_arguments'))}, not {trained_on} ({source}); "
-                     "drop it")
+    _check_traced(parser, args, trained_on, source)  # before building the env with traces it cannot take
     # the given arguments, traces with the split they are played with (a file: all of it), not the run's own split
     model, cfg = policy_from_state(state, source, held_out_env_kwargs(trained_on, {}, args.given))  # (traces gone?)
     if not args.deterministic and (refused := sampling_refused(cfg, source)):
@@ -306,6 +314,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     env_kwargs = held_out_env_kwargs(cfg.env, cfg.env_options, args.given)
     vr_config = envs.VREdgeConfig(**env_kwargs).read_traces() if profile.cells else None  # a bad trace: at once
     _check_references(parser, args, profile, env_kwargs)
+    _check_guard(parser, args, profile, cfg.env)
     if args.belief_base == "policy_critic" and "belief" in (args.reference or ()) and \
             (refused := critic_refusal(model, cfg, source)):
         parser.error(f"--belief-base policy_critic: {refused}; use --belief-base policy")
@@ -314,7 +323,22 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
     cells = _asked_cells(parser, args, model, cfg, vr_config, names)
-    return _Setup(source, sha256, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells)
+    own = policy_from_state(state, source)[1].env_options if args.guard else {}
+    return _Setup(source, sha256, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells,
+                  own)
+
+
+def _check_traced(parser: OneLineParser, args: argparse.Namespace, env: str | None, source: Path) -> None:
+    """A usage error, in one line, where trace arguments are given for an env (``env``, the checkpoint's) that
+    takes none."""
+    from envs.profiles import profile_of, profiled_envs
+    from envs.traces import TRACE_ARGUMENTS
+
+    if traced := sorted((TRACE_ARGUMENTS - profile_of(env).trace_arguments) & args.given.keys()):
+        flags = {"--capacity-trace": args.capacity_trace, "--trace-split": args.trace_split}
+        flag = next((f for f, given in flags.items() if given), f"--env-kwargs {traced[0]}")
+        parser.error(f"{flag} applies to {', '.join(profiled_envs('trace_arguments'))}, not {env} ({source}); "
+                     "drop it")
 
 
 def _check_references(parser: OneLineParser, args: argparse.Namespace, profile: EnvProfile,
@@ -324,6 +348,14 @@ def _check_references(parser: OneLineParser, args: argparse.Namespace, profile: 
     for name in args.reference or ():
         if name in profile.references and (refused := profile.references[name](env_kwargs)):
             parser.error(f"--reference {name}: {refused}; drop {name}")
+
+
+def _check_guard(parser: OneLineParser, args: argparse.Namespace, profile: EnvProfile, env: str) -> None:
+    """A usage error, in one line, where ``--guard`` names a guard the env's profile does not declare."""
+    if args.guard and args.guard not in profile.guards:
+        if profile.guards:
+            parser.error(f"--guard {args.guard}: {env} declares the guards {', '.join(profile.guards)}; name one")
+        parser.error(f"--guard {args.guard}: {env} declares no guard; drop --guard")
 
 
 def _asked_cells(parser: OneLineParser, args: argparse.Namespace, model: nn.Module, cfg: TrainConfig,
@@ -366,17 +398,33 @@ def _check_cells_fit(args: argparse.Namespace, cfg: TrainConfig, cells: list[Cel
                     widest_layer=max(cfg.hidden_sizes), policy_rows=min(args.episodes, EPISODE_BATCH))
 
 
-def _played(args: argparse.Namespace, setup: _Setup, label: str) -> dict[str, list[dict[str, float]]]:
-    """The records of the episodes each player played, by name: the policy (``label``), the baselines, the
-    clairvoyant reference where asked for; the same held-out seeds for each."""
+def _played(args: argparse.Namespace, setup: _Setup, label: str
+            ) -> tuple[dict[str, list[dict[str, float]]], dict[str, Any] | None]:
+    """The records of the episodes each player played, by name: the policy (``label``; through ``--guard``'s guard
+    where asked), the baselines, the references asked for; the same held-out seeds for each. With them, the guard's
+    name, threshold and share of the policy's steps it played (``None``: no guard)."""
     from trainer.evaluation import policy_actions
     from trainer.evaluation.contenders import WITH_CRITIC, play_contenders
     from trainer.evaluation.policies import critic_value
 
     critic = critic_value(setup.model, setup.cfg) if args.belief_base == WITH_CRITIC else None
-    return play_contenders(policy_actions(setup.model, args.deterministic), label, setup.names, setup.vr_config,
-                           setup.env_fn, args.episodes, args.seed, _with_reference(args, setup), args.belief_base,
-                           critic)
+    act = policy_actions(setup.model, args.deterministic)
+    guarded, guard = _guarded(args, setup, act) if args.guard else (None, None)
+    return play_contenders(act, label, setup.names, setup.vr_config, setup.env_fn, args.episodes, args.seed,
+                           _with_reference(args, setup), args.belief_base, critic, policy_records=guarded), guard
+
+
+def _guarded(args: argparse.Namespace, setup: _Setup, act: Any) -> tuple[list[dict[str, float]], dict[str, Any]]:
+    """The policy's records through ``--guard``'s guard, its threshold calibrated on the run's own training
+    network (:mod:`trainer.evaluation.guards`), and what the results say of it."""
+    from envs.profiles import profile_of
+    from trainer.evaluation.guards import calibrated_threshold, guarded_records
+
+    make = profile_of(setup.cfg.env).guards[args.guard]
+    threshold = calibrated_threshold(make, act, setup.cfg.env, setup.own_env_kwargs, args.episodes, args.seed)
+    records, share = guarded_records(make, act, threshold, setup.cfg.env, setup.env_kwargs, args.episodes, args.seed)
+    return records, {"name": args.guard, "threshold": threshold, "calibration_episodes": args.episodes,
+                     "guarded_share": share}
 
 
 def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
@@ -386,7 +434,7 @@ def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
 
     references = _with_reference(args, setup)
     belief_base = "belief" in references and "fair_share" not in setup.names  # (played for the capture)
-    players = 1 + len(setup.names) + len(references) + belief_base
+    players = 1 + len(setup.names) + len(references) + belief_base + bool(args.guard)  # (a guard: its calibration)
     return args.episodes * players + SELECTION_EPISODES * len(setup.names)
 
 
@@ -425,12 +473,17 @@ def _payload_head(args: argparse.Namespace, setup: _Setup) -> dict[str, Any]:
             **({"belief_base": args.belief_base} if "belief" in _with_reference(args, setup) else {})}
 
 
-def _print_results(args: argparse.Namespace, setup: _Setup, comparison: Comparison, out: TextIO) -> None:
-    """The results as a table on ``out``: what was played, each player's statistics, the paired differences and
-    the gap closed."""
+def _print_results(args: argparse.Namespace, setup: _Setup, comparison: Comparison, out: TextIO,
+                   guard: dict[str, Any] | None = None) -> None:
+    """The results as a table on ``out``: what was played (and the guard the policy played through), each player's
+    statistics, the paired differences and the gap closed."""
     from trainer.evaluation.contenders import comparison_text
 
     _print_header(args, setup, out)
+    if guard:
+        print(f"the policy played through the {guard['name']} guard, at {guard['threshold']:.3f} (the highest on "
+              f"{counted(guard['calibration_episodes'], 'validation episode')} of the run's own training network); "
+              f"it played {guard['guarded_share']:.0%} of the policy's steps", file=out)
     print(comparison_text(comparison, args.belief_base), file=out)
 
 

@@ -58,21 +58,27 @@ class Comparison(NamedTuple):
 
 def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.VREdgeConfig | None,
                     env_fn: Callable[[], gym.Env], episodes: int, seed: int, reference: bool | Sequence[str],
-                    belief_base: str = BELIEF_BASE, critic: TerminalValue | None = None) -> dict[str, Records]:
+                    belief_base: str = BELIEF_BASE, critic: TerminalValue | None = None,
+                    policy_records: Records | None = None) -> dict[str, Records]:
     """The records of the episodes each player played, by name: the policy ``act`` (as ``label``), the baselines
     ``names``, the references ``reference`` names (VR-edge: ``vr_config``; ``True``: the clairvoyant, ``False``:
     none): the clairvoyant planner, and the causal reference :class:`envs.belief_mpc.BeliefMPC` on ``belief_base``
     (:data:`BELIEF_BASE`; ``"policy"``: ``act``; :data:`WITH_CRITIC`: ``act``, the rollout ending on ``critic``, the
-    policy's critic: the reference at its strongest), with :data:`BELIEF_BASE` played
-    too where ``names`` lacks it; the same held-out seeds for each. The policy and the baselines play together, in
-    one batched env (:func:`trainer.evaluation.episodes.play_together`), each reference in one of its own."""
+    policy's critic: the reference at its strongest), with :data:`BELIEF_BASE` played too where ``names`` lacks it;
+    the same held-out seeds for each. The policy and the baselines play together, in one batched env
+    (:func:`trainer.evaluation.episodes.play_together`), each reference in one of its own. ``policy_records``: the
+    policy's records where it has played already (through a guard: :mod:`trainer.evaluation.guards`)."""
     references = references_of(reference) if vr_config is not None else ()
     baselines = list(names) + ([BELIEF_BASE] if BELIEF in references and BELIEF_BASE not in names else [])
     seeds = evaluation_seeds(seed, episodes)
     env, kwargs = made_env(env_fn)
     made = profile_of(env).baselines
-    players = [Player(act, seeds, EPISODE_BATCH)] + [Player(made[n](kwargs), seeds) for n in baselines]
-    played = dict(zip([label, *baselines], play_together(players, env_fn)))
+    players = [Player(made[n](kwargs), seeds) for n in baselines]
+    if policy_records is None:
+        players.insert(0, Player(act, seeds, EPISODE_BATCH))
+    played = dict(zip([label, *baselines] if policy_records is None else baselines, play_together(players, env_fn)))
+    if policy_records is not None:
+        played[label] = policy_records
     if REFERENCE in references:
         played[REFERENCE] = clairvoyant_records(vr_config, env_fn, episodes, seed)
     if BELIEF in references:

@@ -160,12 +160,18 @@ def reference_episodes(plan: Plan, env_fn: Callable[[], gym.Env], episodes: int,
 
 
 def filter_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: int, num_envs: int = EPISODE_BATCH,
-                    seeds: list[int] | None = None) -> Records:
+                    seeds: list[int] | None = None, playing: Callable[[np.ndarray], None] | None = None) -> Records:
     """A stateful controller's records (as :func:`run_episodes`'), played in one natively batched env of
     ``num_envs`` rows: ``act(obs [num_envs, *obs])`` sees every row at every step, rows whose episodes ended
-    included (their actions moot), so that it keeps a row per env (a filter: :class:`envs.belief_mpc.BeliefMPC`)."""
+    included (their actions moot), so that it keeps a row per env (a filter: :class:`envs.belief_mpc.BeliefMPC`).
+    ``playing(mask [num_envs])``, where given, hears before each call which rows are playing a recorded episode."""
     make = _natively_batched(env_fn, "filter_episodes")
-    return _batched_records(_on_every_row(act), make, _episode_seeds(episodes, seed, seeds), num_envs)
+    call = _on_every_row(act)
+    if playing is not None:
+        def call(obs: np.ndarray, rows: np.ndarray, envs: Sequence[gym.Env]) -> tuple[Any, np.ndarray]:
+            playing(rows)
+            return slice(None), act(obs)
+    return _batched_records(call, make, _episode_seeds(episodes, seed, seeds), num_envs)
 
 
 def batched_reference_episodes(plan: Plan, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
