@@ -160,18 +160,20 @@ def reference_episodes(plan: Plan, env_fn: Callable[[], gym.Env], episodes: int,
 
 
 def filter_episodes(act: Act, env_fn: Callable[[], gym.Env], episodes: int, seed: int, num_envs: int = EPISODE_BATCH,
-                    seeds: list[int] | None = None, playing: Callable[[np.ndarray], None] | None = None) -> Records:
+                    seeds: list[int] | None = None) -> Records:
     """A stateful controller's records (as :func:`run_episodes`'), played in one natively batched env of
     ``num_envs`` rows: ``act(obs [num_envs, *obs])`` sees every row at every step, rows whose episodes ended
-    included (their actions moot), so that it keeps a row per env (a filter: :class:`envs.belief_mpc.BeliefMPC`).
-    ``playing(mask [num_envs])``, where given, hears before each call which rows are playing a recorded episode."""
+    included (their actions moot), so that it keeps a row per env (a filter: :class:`envs.belief_mpc.BeliefMPC`)."""
+    return told_filter_episodes(lambda obs, playing: act(obs), env_fn, episodes, seed, num_envs, seeds)
+
+
+def told_filter_episodes(act: Callable[[np.ndarray, np.ndarray], np.ndarray], env_fn: Callable[[], gym.Env],
+                         episodes: int, seed: int, num_envs: int = EPISODE_BATCH, seeds: list[int] | None = None
+                         ) -> Records:
+    """As :func:`filter_episodes`, the controller told which rows play an episode that is recorded: ``act(obs
+    [num_envs, *obs], playing [num_envs] bool)`` (what a guard counts its share of the steps over)."""
     make = _natively_batched(env_fn, "filter_episodes")
-    call = _on_every_row(act)
-    if playing is not None:
-        def call(obs: np.ndarray, rows: np.ndarray, envs: Sequence[gym.Env]) -> tuple[Any, np.ndarray]:
-            playing(rows)
-            return slice(None), act(obs)
-    return _batched_records(call, make, _episode_seeds(episodes, seed, seeds), num_envs)
+    return _batched_records(_on_every_row(act), make, _episode_seeds(episodes, seed, seeds), num_envs)
 
 
 def batched_reference_episodes(plan: Plan, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
@@ -216,8 +218,8 @@ def _reading_envs(plan: Plan) -> _Call:
     return lambda obs, playing, envs: (playing, plan(obs[playing], [e for e, p in zip(envs, playing) if p]))
 
 
-def _on_every_row(act: Act) -> _Call:
-    return lambda obs, playing, envs: (slice(None), act(obs))
+def _on_every_row(act: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> _Call:
+    return lambda obs, playing, envs: (slice(None), act(obs, playing))
 
 
 def _every_row_reading_env(plan: Plan) -> _Call:

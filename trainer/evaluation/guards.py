@@ -24,7 +24,7 @@ from typing import Any
 import gymnasium as gym
 
 from envs.profiles import Act, EnvKwargs
-from trainer.evaluation.episodes import Records, filter_episodes, validation_seeds
+from trainer.evaluation.episodes import Records, filter_episodes, told_filter_episodes, validation_seeds
 
 GuardMaker = Callable[[Act, EnvKwargs, float], Any]  # EnvProfile.guards' values
 
@@ -46,13 +46,12 @@ def guarded_records(make: GuardMaker, act: Act, threshold: float, env_id: str, e
     """The records of ``act`` through ``make``'s guard at ``threshold`` on the held-out episodes ``seed`` gives of
     the env ``env_kwargs`` make (one batched env of 16 rows, as ``run_episodes`` plays a policy: its matrix products
     on the same batch shapes), and the share of those episodes' steps the guard played."""
-    guard, rows, counts = make(act, env_kwargs, threshold), [None], [0, 0]
+    guard, counts = make(act, env_kwargs, threshold), [0, 0]
 
-    def counted(obs: Any) -> Any:
+    def counted(obs: Any, playing: Any) -> Any:
         actions = guard(obs)
-        counts[0] += int(guard.guarded[rows[0]].sum())
-        counts[1] += int(rows[0].sum())
+        counts[0] += int(guard.guarded[playing].sum())
+        counts[1] += int(playing.sum())
         return actions
-    records = filter_episodes(counted, functools.partial(gym.make, env_id, **env_kwargs), episodes, seed,
-                              playing=lambda mask: rows.__setitem__(0, mask))
+    records = told_filter_episodes(counted, functools.partial(gym.make, env_id, **env_kwargs), episodes, seed)
     return records, counts[0] / max(counts[1], 1)
