@@ -2,12 +2,13 @@
 itself, paired on the held-out episodes ``trainer.evaluate`` plays (issue 65, item 3).
 
     python -m benchmarks.rollout_critic RUN --out DIR [--episodes 20] [--seed 0] [--pick best]
-                                        [--players truncated:12,critic:12,critic:4]
+                                        [--players truncated:12,critic:12,critic:4,critic:4:1]
 
-Plays the run's greedy policy, then each of ``--players``: ``truncated:H`` is ``--belief-base policy`` (today's
-rollout, ``H`` rounds, no terminal value; ``H = 12`` is its default), ``critic:H`` is ``--belief-base
-policy_critic`` (the discounted rollout ending on the critic, ``envs.belief_mpc.TerminalValue``, ``H`` rounds), the
-other settings BeliefMPC's defaults. Each player's records go to ``DIR/<player>.json`` as it finishes (a later call
+Plays the run's greedy policy, then each of ``--players``: ``truncated:H`` is BeliefMPC's rollout on the policy,
+``H`` rounds, no terminal value (``truncated:12`` is ``--belief-base policy``), ``critic:H`` the discounted rollout
+ending on the critic (``envs.belief_mpc.TerminalValue``, ``H`` rounds), and ``KIND:H:Z`` either with a margin of
+``Z`` standard errors (``envs.belief_mpc.kept_unless_clear``; ``critic:4:1`` is ``--belief-base policy_critic``),
+the other settings BeliefMPC's defaults. Each player's records go to ``DIR/<player>.json`` as it finishes (a later call
 with the same episodes reuses them), and the table (reward per step, each minus the policy paired over the
 episodes with its 95% interval, the seconds each took) to ``DIR/table.md``; the CPU and its load are printed first.
 """
@@ -26,8 +27,13 @@ import gymnasium as gym
 import envs
 from benchmarks.machine import print_machine
 from trainer.arguments import OneLineParser
-from trainer.evaluation.contenders import belief_records
-from trainer.evaluation.episodes import held_out_env_kwargs, policy_actions, run_episodes
+from trainer.evaluation.episodes import (
+    evaluation_seeds,
+    held_out_env_kwargs,
+    policy_actions,
+    run_episodes,
+    validation_seeds,
+)
 from trainer.evaluation.policies import critic_refusal, critic_value, trained_model
 from trainer.evaluation.report import plus_minus
 from trainer.evaluation.statistics import paired_difference, summarize
@@ -35,18 +41,25 @@ from trainer.evaluation.statistics import paired_difference, summarize
 KINDS = ("truncated", "critic")
 
 
-def parsed_players(text: str) -> list[tuple[str, int]]:
-    """``--players``: ``kind:horizon`` pairs, comma-separated.
+def parsed_players(text: str) -> list[tuple[str, int, float]]:
+    """``--players``: ``kind:horizon[:margin]`` triples, comma-separated (``margin``: BeliefMPC's, in standard
+    errors; 0 where not given).
 
-    >>> parsed_players("truncated:12,critic:4")
-    [('truncated', 12), ('critic', 4)]
+    >>> parsed_players("truncated:12,critic:4:1")
+    [('truncated', 12, 0.0), ('critic', 4, 1.0)]
     """
     players = []
     for item in text.split(","):
-        kind, _, horizon = item.partition(":")
-        if kind not in KINDS or not horizon.isdigit() or not 1 <= int(horizon) <= 32:
-            raise ValueError(f"--players {item!r}: use KIND:H, KIND one of {', '.join(KINDS)}, H in 1..32")
-        players.append((kind, int(horizon)))
+        kind, horizon, *margin = item.split(":")
+        try:
+            z = float(margin[0]) if margin else 0.0
+        except ValueError:
+            z = -1.0
+        if kind not in KINDS or not horizon.isdigit() or not 1 <= int(horizon) <= 32 or len(margin) > 1 or \
+                not 0 <= z < 100:
+            raise ValueError(f"--players {item!r}: use KIND:H[:Z], KIND one of {', '.join(KINDS)}, H in 1..32, Z "
+                             "a margin in standard errors, 0 to 100")
+        players.append((kind, int(horizon), z))
     return players
 
 
@@ -58,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="evaluation seed (default: %(default)s)")
     p.add_argument("--pick", choices=("best", "latest"), default="best")
     p.add_argument("--players", default="truncated:12,critic:12")
+    p.add_argument("--validation", action="store_true",
+                   help="play validation episodes (the seed branch settings are chosen on) instead of held-out ones")
     args = p.parse_args(argv)
     try:
         players = parsed_players(args.players)
@@ -74,39 +89,41 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load average at the start: {os.getloadavg()}; checkpoint {source}; {args.episodes} episodes, seed "
           f"{args.seed}; gamma {cfg.gamma}", flush=True)
     act = policy_actions(model, True)
+    args.seeds = (validation_seeds if args.validation else evaluation_seeds)(args.seed, args.episodes)
     played: dict[str, Any] = {"policy": _cached(out / "policy.json", args, lambda: run_episodes(
-        act, env_fn, args.episodes, args.seed))}
-    for kind, horizon in players:
-        name = f"{kind}:{horizon}"
+        act, env_fn, args.episodes, args.seed, seeds=args.seeds))}
+    for kind, horizon, margin in players:
+        name = f"{kind}:{horizon}" + (f":{margin:g}" if margin else "")
         tail = critic_value(model, cfg) if kind == "critic" else None
-        played[name] = _cached(out / f"{kind}_{horizon}.json", args, functools.partial(
-            _rollout, vr_config, env_fn, args, act, tail, horizon))
+        played[name] = _cached(out / f"{name.replace(':', '_')}.json", args, functools.partial(
+            _rollout, vr_config, env_fn, args, act, tail, horizon, margin))
     table = _table(played)
     (out / "table.md").write_text(table + "\n")
     print(table)
 
 
-def _rollout(vr_config: envs.VREdgeConfig, env_fn: Any, args: Any, act: Any, tail: Any, horizon: int
+def _rollout(vr_config: envs.VREdgeConfig, env_fn: Any, args: Any, act: Any, tail: Any, horizon: int, margin: float
              ) -> list[dict[str, float]]:
-    """One rollout player's records: BeliefMPC on the policy, ``horizon`` rounds, ending on ``tail`` (or none)."""
+    """One rollout player's records: BeliefMPC on the policy, ``horizon`` rounds, ending on ``tail`` (or none),
+    a candidate kept out unless its lead is ``margin`` standard errors clear."""
     from envs.belief_mpc import BeliefMPC
     from trainer.evaluation.episodes import filter_episodes
 
-    if horizon == 12:  # (BeliefMPC's default: exactly what trainer.evaluate plays)
-        return belief_records(vr_config, env_fn, args.episodes, args.seed, act, tail)
-    return filter_episodes(BeliefMPC(vr_config, base=act, terminal_value=tail, horizon=horizon), env_fn,
-                           args.episodes, args.seed, num_envs=64)
+    return filter_episodes(BeliefMPC(vr_config, base=act, terminal_value=tail, horizon=horizon, margin=margin),
+                           env_fn, args.episodes, args.seed, num_envs=64, seeds=args.seeds)
 
 
 def _cached(path: Path, args: Any, play: Any) -> dict[str, Any]:
     """A player's records and seconds from ``path`` where it holds these episodes, else played and written."""
     if path.exists():
         held = json.loads(path.read_text())
-        if held["episodes"] == args.episodes and held["seed"] == args.seed:
+        if held["episodes"] == args.episodes and held["seed"] == args.seed and \
+                held.get("validation", False) == args.validation:
             return held
     start = time.perf_counter()
     records = play()
-    held = {"episodes": args.episodes, "seed": args.seed, "seconds": time.perf_counter() - start,
+    held = {"episodes": args.episodes, "seed": args.seed, "validation": args.validation,
+            "seconds": time.perf_counter() - start,
             "load": os.getloadavg(), "records": records}
     path.write_text(json.dumps(held))
     print(f"{path.stem}: {summarize(records)['reward_per_step']:.4f} reward/step, {held['seconds']:.0f} s "

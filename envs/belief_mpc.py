@@ -119,16 +119,21 @@ class BeliefMPC:
     observation at every step, in order (``trainer.evaluation.filter_episodes``). ``base``: a
     baseline's name, or any policy ``obs -> levels`` (a trained one; truncated and sampled, the rollout is not sure
     to improve on it: measured worse on the default policy, ``docs/benchmarks.md``). ``terminal_value``: a
-    :class:`TerminalValue` (the base's critic) the rollout ends on, ``None`` (default): none. Keyword
-    arguments are :class:`BeliefMPCSettings`; a trace-driven cell is refused (:class:`envs.belief.RegimeFilter`).
+    :class:`TerminalValue` (the base's critic) the rollout ends on, ``None`` (default): none. ``margin``: a
+    candidate replaces the plan's level only where its lead over that level, paired over the scenarios, is more than
+    ``margin`` standard errors of that lead (:func:`kept_unless_clear`; 0, the default: any lead, as plain rollout).
+    Keyword arguments are :class:`BeliefMPCSettings`; a trace-driven cell is refused
+    (:class:`envs.belief.RegimeFilter`).
     """
 
     def __init__(self, config: VREdgeConfig, base: str | Policy = "fair_share",
-                 terminal_value: TerminalValue | None = None, **settings: Any) -> None:
+                 terminal_value: TerminalValue | None = None, margin: float = 0.0, **settings: Any) -> None:
         self.settings = BeliefMPCSettings(**settings)
         if terminal_value is not None and not isinstance(terminal_value, TerminalValue):
             raise ConfigError("terminal_value", terminal_value, "must be a TerminalValue or None", flag=False)
-        self.terminal_value = terminal_value
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < float("inf"):
+            raise ConfigError("margin", margin, "must be a number of standard errors >= 0 (0: any lead)", flag=False)
+        self.terminal_value, self.margin = terminal_value, float(margin)
         self.config = config
         self.filter = RegimeFilter(config, seed=self.settings.seed)
         self.base = make_baseline(base, config) if isinstance(base, str) else base
@@ -149,13 +154,18 @@ class BeliefMPC:
 
     def _improved(self, start: dict[str, np.ndarray], futures: Futures, plan: np.ndarray) -> np.ndarray:
         """``plan`` ``[B, U]`` after one pass over the users, each given its level of the highest expected return
-        with the others' fixed (its own kept unless another is better by more than :data:`_TIE`)."""
+        with the others' fixed (its own kept unless another is better by more than :data:`_TIE`, or with a
+        ``margin``, unless another's lead is clear: :func:`kept_unless_clear`)."""
         levels, rows = self.config.num_levels, np.arange(len(plan))
         for u in range(self.config.num_users):
             if "active" in start and not start["active"][:, u].any():
                 continue  # a slot active nowhere: nothing to improve
             candidates = np.repeat(plan[:, None], levels, axis=1)  # [B, L, U]
             candidates[:, :, u] = np.arange(levels)
+            if self.margin:
+                returns = self.scenario_returns(start, futures, candidates)
+                plan[:, u] = kept_unless_clear(returns, futures.weight, plan[:, u], self.margin)
+                continue
             value = self.expected_return(start, futures, candidates)
             best = np.argmax(value, axis=1)
             better = value[rows, best] > value[rows, plan[:, u]] + _TIE
@@ -167,6 +177,10 @@ class BeliefMPC:
         ``[B, K, U]`` this round and the base policy after, the weighted mean over the scenarios ``futures``; with
         :attr:`terminal_value`, the expected discounted return, the value after the horizon included (module
         docstring)."""
+        return (self.scenario_returns(start, futures, first) * futures.weight[:, :, None]).sum(axis=1)
+
+    def scenario_returns(self, start: dict[str, np.ndarray], futures: Futures, first: np.ndarray) -> np.ndarray:
+        """:meth:`expected_return`'s sums of rewards (or discounted returns) ``[B, S, K]``, each scenario's own."""
         cfg = self.config
         b, k, _ = first.shape
         scenarios, horizon = futures.weight.shape[1], futures.capacity.shape[2]
@@ -193,7 +207,7 @@ class BeliefMPC:
             going_on = (alive > 0) & (horizon < remaining)
             value = np.asarray(tail.value(observe(cfg, sim)), dtype=np.float64)
             total += np.where(going_on, tail.gamma ** horizon * value, 0.0)  # (not 0 x a value: it may be NaN there)
-        return (total.reshape(b, scenarios, k) * futures.weight[:, :, None]).sum(axis=1)
+        return total.reshape(b, scenarios, k)
 
     def _round(self, sim: dict[str, np.ndarray], cell: dict[str, np.ndarray], actions: np.ndarray
                ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
@@ -210,6 +224,32 @@ class BeliefMPC:
                  "fade": cell["fade"]}
         abandoned = np.any(users["cum_stall"] > cfg.abandon_stall_s, axis=1)
         return after, user_mean(cfg, r["user_reward"], active), abandoned
+
+
+def kept_unless_clear(returns: np.ndarray, weight: np.ndarray, kept: np.ndarray, margin: float) -> np.ndarray:
+    """Each row's level ``[B]``: of the candidates' returns ``[B, S, L]`` on ``S`` weighted scenarios (``weight``
+    ``[B, S]``, each row's summing to 1), the level whose lead over the ``kept`` level, paired scenario by scenario,
+    is highest less ``margin`` standard errors of that lead, where that is above zero; else ``kept``.
+
+    Why: the rollout's choice among levels is made on a few scenarios, so a candidate whose estimated return beats
+    the base's by a hair is as often worse; each such switch costs for real (quality changes are charged). The
+    standard error is the weighted spread of the paired lead over the effective number of scenarios,
+    ``1 / sum(w^2)``.
+
+    >>> returns = np.array([[[1.0, 1.1, 3.0], [1.0, 0.9, 3.1]]])  # one row, 2 scenarios, 3 levels
+    >>> w = np.array([[0.5, 0.5]])
+    >>> kept_unless_clear(returns, w, np.array([0]), 1.0).tolist()  # level 2's lead is clear, level 1's is noise
+    [2]
+    >>> kept_unless_clear(returns[:, :, :2], w, np.array([0]), 1.0).tolist()  # level 1 alone: kept
+    [0]
+    """
+    rows = np.arange(len(kept))
+    lead = returns - returns[rows, :, kept][:, :, None]  # [B, S, L], 0 for the kept level
+    mean = (lead * weight[:, :, None]).sum(axis=1)
+    spread = (weight[:, :, None] * (lead - mean[:, None]) ** 2).sum(axis=1)
+    clear = mean - margin * np.sqrt(spread * (weight ** 2).sum(axis=1)[:, None])
+    best = np.argmax(clear, axis=1)
+    return np.where(clear[rows, best] > _TIE, best, kept)
 
 
 def _per_candidate(x: np.ndarray, k: int) -> np.ndarray:

@@ -161,8 +161,8 @@ def test_evaluate_plays_the_rollout_on_the_policy_ending_on_its_critic(tiny_run,
     model, train_cfg, _ = trained_model(tiny_run, "best")
     tail = critic_value(model, train_cfg)
     assert tail.gamma == train_cfg.gamma == 0.9
-    direct = filter_episodes(BeliefMPC(cfg, base=policy_actions(model, True), terminal_value=tail), env_fn, 2, 0,
-                             num_envs=64)
+    direct = filter_episodes(BeliefMPC(cfg, base=policy_actions(model, True), terminal_value=tail, horizon=4,
+                                       margin=1.0), env_fn, 2, 0, num_envs=64)  # (ON_CRITIC's: the docs' numbers)
     assert payload["belief_base"] == "policy_critic" and payload["reference"]["belief"] == summarize(direct)
     width = envs.VREdgeVectorEnv(1, num_users=3).single_observation_space.shape[0]
     obs = np.random.default_rng(0).uniform(0, 1, (5, width)).astype(np.float32)
@@ -181,3 +181,50 @@ def test_a_run_without_a_critic_is_refused_in_one_line(tmp_path_factory, capsys)
     with exits(2, "--belief-base policy_critic", "no critic", "--belief-base policy", capsys=capsys):
         evaluate_cli.main(["--checkpoint", str(apex), "--episodes", "1", "--baselines", "none", "--reference",
                            "belief", "--belief-base", "policy_critic"])
+
+
+# ------------------------------------------------------------------ the margin: keep the base's level unless clear
+
+def test_with_no_margin_the_rule_is_the_plain_argmax_and_with_a_huge_one_the_kept_level():
+    from envs.belief_mpc import _TIE, kept_unless_clear
+
+    gen = np.random.default_rng(3)
+    returns = gen.normal(size=(200, 8, 6))
+    weight = gen.dirichlet(np.ones(8), size=200)
+    kept = gen.integers(0, 6, size=200)
+    value = (returns * weight[:, :, None]).sum(axis=1)
+    rows = np.arange(200)
+    plain = np.where(value.max(axis=1) > value[rows, kept] + _TIE, value.argmax(axis=1), kept)
+    assert np.array_equal(kept_unless_clear(returns, weight, kept, 0.0), plain)
+    assert np.array_equal(kept_unless_clear(returns, weight, kept, 1e9), kept)
+    # a level ahead of the kept one in every scenario by the same amount has no spread: any margin takes it
+    returns[:, :, 5] = returns[:, :, 0] + 1.0
+    assert np.array_equal(kept_unless_clear(returns, weight, np.zeros(200, dtype=np.int64), 1e9), np.full(200, 5))
+
+
+def test_a_margin_changes_only_which_leads_count_and_a_huge_one_plays_the_base():
+    venv = envs.VREdgeVectorEnv(3, seed=2, num_users=3, max_steps=50)
+    cfg, base = venv.config, envs.make_baseline("buffer", venv.config)
+    plain = BeliefMPC(cfg, base="buffer", horizon=3, scenarios=6)
+    huge = BeliefMPC(cfg, base="buffer", horizon=3, scenarios=6, margin=1e9)
+    obs, _ = venv.reset()
+    for _ in range(5):  # the filter sees every step from the first
+        plain.filter.update(obs)
+        obs, *_ = venv.step(base(obs))
+    plain.filter.update(obs)
+    futures = plain.filter.futures(obs, 6, 3)
+    assert np.array_equal(huge.planned(obs, futures), base(obs))  # nothing is ever clear: the base's levels
+    assert not np.array_equal(plain.planned(obs, futures), base(obs))  # (the plain rollout does move them here)
+    start = state_from_observation(cfg, obs)
+    first = np.repeat(base(obs)[:, None], cfg.num_levels, axis=1)
+    first[:, :, 1] = np.arange(cfg.num_levels)
+    per_scenario = plain.scenario_returns(start, futures, first)
+    assert np.array_equal((per_scenario * futures.weight[:, :, None]).sum(axis=1),
+                          plain.expected_return(start, futures, first))
+
+
+@pytest.mark.parametrize("margin", [-1.0, float("inf"), float("nan"), True, "1"])
+def test_a_bad_margin_is_one_line(margin):
+    with pytest.raises(ConfigError, match="margin") as refused:
+        BeliefMPC(envs.VREdgeConfig(num_users=2), margin=margin)
+    assert "\n" not in str(refused.value)
