@@ -117,10 +117,9 @@ def _play_volatility_guarded(task: tuple[str, str | None, dict[str, Any], str]) 
 
     torch.set_num_threads(1)
     player, run, played_with, out = task
-    make = profile_of("VREdge-v0").guards["volatility"]
+    make = profile_of("VREdge-v0").guards["volatility"].make
     act = policy_actions(_checked_model(played_with), deterministic=True)
-    threshold = calibrated_threshold(make, act, "VREdge-v0", played_with["trained_on"], played_with["episodes"],
-                                     played_with["seed"])
+    threshold = calibrated_threshold(make, act, "VREdge-v0", played_with["trained_on"])
     records, share = guarded_records(make, act, threshold, "VREdge-v0", played_with["env_kwargs"],
                                      played_with["episodes"], played_with["seed"])
     return _written(out, played_with, records, guarded_share=share, threshold=threshold)

@@ -70,6 +70,10 @@ class VolatilityGuard:
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         obs = np.asarray(obs)
+        if obs.ndim != 2 or obs.shape[1] != self.cfg.obs_dim:
+            raise ValueError(f"VolatilityGuard needs observations [B, {self.cfg.obs_dim}] (one row per env of the "
+                             f"config it was given), got shape {list(obs.shape)}: pass every row of one batched env "
+                             "of that config")
         rounds = self._observe(obs)
         self.guarded = self._tripped | (rounds < HEDGE_ROUNDS)
         actions = np.array(self.act(obs), copy=True)

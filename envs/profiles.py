@@ -47,6 +47,20 @@ class Expert:
 
 
 @dataclass(frozen=True)
+class Guard:
+    """A guard ``trainer.evaluate --guard`` may play a policy through: ``make(act, env_kwargs, threshold)`` is a
+    stateful act over every row of one natively batched env, with ``guarded`` (the rows it played, ``[B]`` bool)
+    after each call and ``peak`` (the highest value its statistic took); with ``threshold=math.inf`` it never acts
+    on its statistic, and its ``peak`` on a run's own training episodes is the threshold
+    (:mod:`trainer.evaluation.guards`). ``statistic``: what the threshold is a threshold of; ``hedge``: what the
+    guard plays and when (both in words, for the evaluation's line)."""
+
+    make: Callable[[Act, EnvKwargs, float], Act]
+    statistic: str = "its statistic"
+    hedge: str = "where it acts"
+
+
+@dataclass(frozen=True)
 class Conditions:
     """The conditions an env draws its episodes under that a curriculum may reweigh (``trainer.curriculum``: more
     of the conditions where the best baseline beats the policy, as Genet does).
@@ -108,11 +122,7 @@ class EnvProfile:
     where the episode lost its users (VR-edge: ``abandoned``), by which an evaluation says that a cell cannot be
     served (:mod:`trainer.evaluation.servable`; ``""``: the env has no such notion, and nothing is said).
     ``conditions``: what a curriculum may reweigh (:class:`Conditions`; ``None``: nothing). ``guards``: what
-    ``trainer.evaluate --guard`` may play the policy through, name -> ``make(act, env_kwargs, threshold)``: a
-    stateful act over every row of one natively batched env, with ``guarded`` (the rows it played, ``[B]`` bool)
-    after each call and ``peak`` (the highest value its statistic took); with ``threshold=math.inf`` it never acts
-    on its statistic, and its ``peak`` over a run's own training episodes is the threshold
-    (:mod:`trainer.evaluation.guards`).
+    ``trainer.evaluate --guard`` may play the policy through, name -> :class:`Guard`.
     """
 
     score: str = "return"
@@ -134,7 +144,7 @@ class EnvProfile:
     cells: bool = False
     abandonment: str = ""
     conditions: Conditions | None = None
-    guards: Mapping[str, Callable[[Act, EnvKwargs, float], Act]] = field(default_factory=dict)
+    guards: Mapping[str, Guard] = field(default_factory=dict)
 
     def vector_env_class(self) -> Callable[..., Any] | None:
         """The natively batched env's class (imported now), or ``None`` where the env has none."""

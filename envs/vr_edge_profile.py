@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs.profiles import Act, Conditions, EnvKwargs, EnvProfile, EnvSizes, Expert
+from envs.profiles import Act, Conditions, EnvKwargs, EnvProfile, EnvSizes, Expert, Guard
 from envs.traces import TRACE_ARGUMENTS, TraceNotFoundError, has_split_folders, trace_root
 from envs.vr_edge_config import MEMORY_ARGUMENTS, VREdgeConfig, torch_env_refusal
 
@@ -170,7 +170,10 @@ PROFILE = EnvProfile(
     # the first is played by default; BeliefMPC's filter refuses what the distillation expert refuses
     references={"clairvoyant": lambda kwargs: "", "belief": _expert_refusal, "bound": _bound_refusal},
     conditions=Conditions(condition_bins, _reweighed, baselines=("fair_share", "robust_mpc")),
-    guards={"volatility": _volatility_guard},
+    guards={"volatility": Guard(_volatility_guard, statistic="the share of rounds whose cell capacity jumped by more "
+                                                              "than x1.42",
+                                hedge="lowest in each episode's first 8 rounds and from the round the share passed "
+                                      "the threshold")},
     expert=Expert("BeliefMPC", _expert, stateful=True, refusal=_expert_refusal,
                   pace="the default 8-user cell's 64 episodes of 300 steps: about 15 s on a quiet 2-core "
                        "AMD EPYC, and about 30 s more the first time (the labeller compiles, then is cached); "

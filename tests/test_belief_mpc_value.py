@@ -164,6 +164,7 @@ def test_evaluate_plays_the_rollout_on_the_policy_ending_on_its_critic(tiny_run,
     direct = filter_episodes(BeliefMPC(cfg, base=policy_actions(model, True), terminal_value=tail, horizon=4,
                                        margin=1.0), env_fn, 2, 0, num_envs=64)  # (ON_CRITIC's: the docs' numbers)
     assert payload["belief_base"] == "policy_critic" and payload["reference"]["belief"] == summarize(direct)
+    assert payload["belief_settings"] == {"horizon": 4, "margin": 1.0}  # (what was played, said)
     width = envs.VREdgeVectorEnv(1, num_users=3).single_observation_space.shape[0]
     obs = np.random.default_rng(0).uniform(0, 1, (5, width)).astype(np.float32)
     import torch

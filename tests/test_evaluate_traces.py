@@ -113,15 +113,22 @@ def test_guard_plays_the_policy_through_the_envs_guard_calibrated_on_the_runs_ow
     plain, _ = evaluated(run, capsys=capsys)
     payload, out = evaluated(run, "--guard", "volatility", "--env-kwargs", f"capacity_trace={traces}", capsys=capsys)
     guard = payload["guard"]
-    assert guard["name"] == "volatility" and guard["calibration_episodes"] == 3
-    make = profile_of("VREdge-v0").guards["volatility"]
+    assert guard["name"] == "volatility" and guard["calibration_episodes"] == 50  # (not --episodes': fixed)
+    make = profile_of("VREdge-v0").guards["volatility"].make
     act = policy_actions(trained_model(run, pick="best")[0], deterministic=True)
     own = {"num_users": 3, "max_steps": 30}
     watch = make(act, own, math.inf)
-    filter_episodes(watch, functools.partial(gym.make, "VREdge-v0", **own), 3, 0, seeds=validation_seeds(0, 3))
+    filter_episodes(watch, functools.partial(gym.make, "VREdge-v0", **own), 50, 0, seeds=validation_seeds(0, 50))
     assert guard["threshold"] == watch.peak  # calibrated on the run's own cell, not on the traces played
     records, share = guarded_records(make, act, guard["threshold"], "VREdge-v0", payload["env_kwargs"], 3, 0)
     assert payload["policy"]["reward_per_step"] == pytest.approx(np.mean([r["reward_per_step"] for r in records]))
     assert guard["guarded_share"] == pytest.approx(share) and 0 < share <= 1
-    names(out, "volatility guard", f"{guard['threshold']:.3f}", f"{share:.0%}")
+    names(out, "guard: volatility", f"{guard['threshold']:.3f}", f"{share:.0%}", "jumped", "lowest")
     assert "guard" not in plain
+    again, _ = evaluated(run, "--guard", "volatility", "--episodes", "2", "--seed", "5", capsys=capsys)
+    assert again["guard"]["threshold"] == guard["threshold"]  # the evaluation's episodes and seed do not move it
+    alone, _ = evaluated(run, "--guard", "volatility", "--env-kwargs", f"capacity_trace={traces}", "--baselines",
+                         "none", capsys=capsys)  # (no one else played)
+    assert alone["policy"]["reward_per_step"] == payload["policy"]["reward_per_step"] and alone["baselines"] == {}
+    none, _ = evaluated(run, "--guard", "none", capsys=capsys)
+    assert "guard" not in none and none["policy"] == plain["policy"]

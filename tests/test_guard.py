@@ -110,3 +110,10 @@ def test_on_the_synthetic_cell_the_guard_plays_the_policy_past_the_hedge_and_is_
 def test_a_threshold_that_is_not_a_share_is_refused(threshold):
     with pytest.raises(ValueError, match="threshold"):
         VolatilityGuard(top, CFG, threshold)
+
+
+@pytest.mark.parametrize("shape", [(CFG.obs_dim,), (2, CFG.obs_dim + 7)])
+def test_observations_not_of_its_config_are_refused(shape):
+    with pytest.raises(ValueError, match=str(CFG.obs_dim)) as refused:
+        VolatilityGuard(top, CFG, 0.2)(np.zeros(shape, dtype=np.float32))
+    assert "\n" not in str(refused.value)

@@ -169,8 +169,9 @@ def _add_contender_flags(p: OneLineParser) -> None:
     p.add_argument("--belief-base", choices=("fair_share", "policy", "policy_critic"), default="fair_share",
                    help="with --reference belief: what the causal reference improves by rollout: fair_share, the "
                         "policy evaluated (its forward passes in every rollout), or policy_critic: the policy, each "
-                        "rollout ending on the run's critic (the discounted return at the run's --gamma; a PPO run; "
-                        "default: %(default)s)")
+                        "rollout 4 rounds ending on the run's critic (the discounted return at the run's --gamma; a "
+                        "PPO run), a level kept unless another's lead is one standard error clear: the strongest "
+                        "causal player measured (default: %(default)s)")
     p.add_argument("--guard", default="", metavar="NAME",
                    help="play the policy through a guard its env declares, its threshold the highest its statistic "
                         "took on --episodes validation episodes of the run's own training network (VR-edge: "
@@ -211,9 +212,10 @@ def _checked_before_torch(parser: OneLineParser, args: argparse.Namespace) -> li
     if "bound" in (args.reference or ()) and (args.users is not None or args.churn is not None):
         parser.error("--reference bound brackets the run's own cell, not the cells of --users/--churn: drop bound, or "
                      "drop --users and --churn")
+    args.guard = "" if args.guard == "none" else args.guard
     if args.guard and (args.users is not None or args.churn is not None):
-        parser.error("--guard plays the run's own cell, not the cells of --users/--churn: drop --guard, or drop "
-                     "--users and --churn")
+        parser.error("--guard plays one cell (the run's, or --env-kwargs' network over it), not the cells of "
+                     "--users/--churn: drop --guard, or drop --users and --churn")
     if not Path(args.checkpoint).exists():  # a typo is answered at once, as a usage error
         parser.error(f"--checkpoint {args.checkpoint}: no such checkpoint file or run directory")
     if args.out and (problem := not_a_directory("--out", args.out)):
@@ -418,13 +420,14 @@ def _guarded(args: argparse.Namespace, setup: _Setup, act: Any) -> tuple[list[di
     """The policy's records through ``--guard``'s guard, its threshold calibrated on the run's own training
     network (:mod:`trainer.evaluation.guards`), and what the results say of it."""
     from envs.profiles import profile_of
-    from trainer.evaluation.guards import calibrated_threshold, guarded_records
+    from trainer.evaluation.guards import CALIBRATION_EPISODES, calibrated_threshold, guarded_records
 
-    make = profile_of(setup.cfg.env).guards[args.guard]
-    threshold = calibrated_threshold(make, act, setup.cfg.env, setup.own_env_kwargs, args.episodes, args.seed)
-    records, share = guarded_records(make, act, threshold, setup.cfg.env, setup.env_kwargs, args.episodes, args.seed)
-    return records, {"name": args.guard, "threshold": threshold, "calibration_episodes": args.episodes,
-                     "guarded_share": share}
+    guard = profile_of(setup.cfg.env).guards[args.guard]
+    threshold = calibrated_threshold(guard.make, act, setup.cfg.env, setup.own_env_kwargs)
+    records, share = guarded_records(guard.make, act, threshold, setup.cfg.env, setup.env_kwargs, args.episodes,
+                                     args.seed)
+    return records, {"name": args.guard, "threshold": threshold, "calibration_episodes": CALIBRATION_EPISODES,
+                     "guarded_share": share, "says": guard.statistic, "hedge": guard.hedge}
 
 
 def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
@@ -466,11 +469,15 @@ def _payload(args: argparse.Namespace, setup: _Setup, label: str, comparison: Co
 
 def _payload_head(args: argparse.Namespace, setup: _Setup) -> dict[str, Any]:
     """What every evaluation's JSON starts with: what was evaluated, and on which episodes."""
+    from trainer.evaluation.contenders import ON_CRITIC, WITH_CRITIC
+
     return {"checkpoint": str(setup.source.resolve()), "checkpoint_sha256": setup.sha256,
             "checkpoint_kind": setup.which, "env": setup.cfg.env,
             "env_kwargs": setup.env_kwargs, "episodes": args.episodes, "seed": args.seed,
             "actions": "greedy" if args.deterministic else "sampled",
-            **({"belief_base": args.belief_base} if "belief" in _with_reference(args, setup) else {})}
+            **({"belief_base": args.belief_base} if "belief" in _with_reference(args, setup) else {}),
+            **({"belief_settings": ON_CRITIC} if "belief" in _with_reference(args, setup) and
+               args.belief_base == WITH_CRITIC else {})}
 
 
 def _print_results(args: argparse.Namespace, setup: _Setup, comparison: Comparison, out: TextIO,
@@ -481,9 +488,9 @@ def _print_results(args: argparse.Namespace, setup: _Setup, comparison: Comparis
 
     _print_header(args, setup, out)
     if guard:
-        print(f"the policy played through the {guard['name']} guard, at {guard['threshold']:.3f} (the highest on "
-              f"{counted(guard['calibration_episodes'], 'validation episode')} of the run's own training network); "
-              f"it played {guard['guarded_share']:.0%} of the policy's steps", file=out)
+        print(f"guard: {guard['name']} at {guard['threshold']:.3f} ({guard['says']}, the highest it was on the first "
+              f"{counted(guard['calibration_episodes'], 'validation episode')} of the run's own training network); it "
+              f"played {guard['guarded_share']:.0%} of the policy's steps ({guard['hedge']})", file=out)
     print(comparison_text(comparison, args.belief_base), file=out)
 
 

@@ -81,7 +81,8 @@ def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.
     players = [Player(made[n](kwargs), seeds) for n in baselines]
     if policy_records is None:
         players.insert(0, Player(act, seeds, EPISODE_BATCH))
-    played = dict(zip([label, *baselines] if policy_records is None else baselines, play_together(players, env_fn)))
+    played = dict(zip([label, *baselines] if policy_records is None else baselines,
+                      play_together(players, env_fn) if players else []))
     if policy_records is not None:
         played[label] = policy_records
     if REFERENCE in references:
