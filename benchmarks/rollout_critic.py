@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -50,16 +51,11 @@ def parsed_players(text: str) -> list[tuple[str, int, float]]:
     """
     players = []
     for item in text.split(","):
-        kind, horizon, *margin = item.split(":")
-        try:
-            z = float(margin[0]) if margin else 0.0
-        except ValueError:
-            z = -1.0
-        if kind not in KINDS or not horizon.isdigit() or not 1 <= int(horizon) <= 32 or len(margin) > 1 or \
-                not 0 <= z < 100:
+        if not (match := re.fullmatch(r"([a-z]+):(\d+)(?::(\d+(?:\.\d*)?))?", item)) or match[1] not in KINDS or \
+                not 1 <= int(match[2]) <= 32 or not 0 <= float(match[3] or 0) < 100:
             raise ValueError(f"--players {item!r}: use KIND:H[:Z], KIND one of {', '.join(KINDS)}, H in 1..32, Z "
                              "a margin in standard errors, 0 to 100")
-        players.append((kind, int(horizon), z))
+        players.append((match[1], int(match[2]), float(match[3] or 0)))
     return players
 
 

@@ -59,8 +59,8 @@ class VolatilityGuard:
             raise ValueError(f"VolatilityGuard needs threshold >= 0, got {threshold!r}: a share of rounds (0: any "
                              "jump past the hedge trips it)")
         self.act, self.cfg, self.threshold = act, cfg, float(threshold)
-        self._history = slice(cfg.num_user_features * cfg.num_users, cfg.num_user_features * cfg.num_users
-                              + cfg.history)
+        users = cfg.num_user_features * cfg.num_users  # the observation's per-user features come first
+        self._history = slice(users, users + cfg.history)
         self._round = self._history.stop  # the episode's progress, t / max_steps
         self._mean = np.zeros(0)
         self._tripped = np.zeros(0, dtype=bool)

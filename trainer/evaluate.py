@@ -174,7 +174,7 @@ def _add_contender_flags(p: OneLineParser) -> None:
                         "causal player measured (default: %(default)s)")
     p.add_argument("--guard", default="", metavar="NAME",
                    help="play the policy through a guard its env declares, its threshold the highest its statistic "
-                        "took on --episodes validation episodes of the run's own training network (VR-edge: "
+                        "took on the first 50 validation episodes of the run's own training network (VR-edge: "
                         "volatility: lowest where the cell's capacity jumps more often than there, for networks "
                         "the run never saw; docs/traces.md) (default: none)")
 
@@ -292,7 +292,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     import checkpoints
     import envs
     from envs.profiles import profile_of
-    from trainer.evaluation import held_out_env_kwargs
+    from trainer.evaluation import held_out_env_kwargs, policies
     from trainer.evaluation.policies import critic_refusal, picked_checkpoint, policy_from_state, sampling_refused
     from trainer.evaluation.report import check_writable
 
@@ -325,9 +325,8 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
     cells = _asked_cells(parser, args, model, cfg, vr_config, names)
-    own = policy_from_state(state, source)[1].env_options if args.guard else {}
     return _Setup(source, sha256, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells,
-                  own)
+                  policies.stored_config(state).env_options)
 
 
 def _check_traced(parser: OneLineParser, args: argparse.Namespace, env: str | None, source: Path) -> None:
@@ -427,18 +426,20 @@ def _guarded(args: argparse.Namespace, setup: _Setup, act: Any) -> tuple[list[di
     records, share = guarded_records(guard.make, act, threshold, setup.cfg.env, setup.env_kwargs, args.episodes,
                                      args.seed)
     return records, {"name": args.guard, "threshold": threshold, "calibration_episodes": CALIBRATION_EPISODES,
-                     "guarded_share": share, "says": guard.statistic, "hedge": guard.hedge}
+                     "guarded_share": share}
 
 
 def _episodes_per_cell(args: argparse.Namespace, setup: _Setup) -> int:
     """The episodes an evaluation plays per cell: each player's held-out ones, then each baseline's validation
     episodes (where the best baseline is picked)."""
     from trainer.evaluation.contenders import SELECTION_EPISODES
+    from trainer.evaluation.guards import CALIBRATION_EPISODES
 
     references = _with_reference(args, setup)
     belief_base = "belief" in references and "fair_share" not in setup.names  # (played for the capture)
-    players = 1 + len(setup.names) + len(references) + belief_base + bool(args.guard)  # (a guard: its calibration)
-    return args.episodes * players + SELECTION_EPISODES * len(setup.names)
+    players = 1 + len(setup.names) + len(references) + belief_base
+    calibration = CALIBRATION_EPISODES if args.guard else 0  # (a guard's threshold: its own episodes)
+    return args.episodes * players + SELECTION_EPISODES * len(setup.names) + calibration
 
 
 def _with_reference(args: argparse.Namespace, setup: _Setup) -> tuple[str, ...]:
@@ -484,13 +485,15 @@ def _print_results(args: argparse.Namespace, setup: _Setup, comparison: Comparis
                    guard: dict[str, Any] | None = None) -> None:
     """The results as a table on ``out``: what was played (and the guard the policy played through), each player's
     statistics, the paired differences and the gap closed."""
+    from envs.profiles import profile_of
     from trainer.evaluation.contenders import comparison_text
 
     _print_header(args, setup, out)
     if guard:
-        print(f"guard: {guard['name']} at {guard['threshold']:.3f} ({guard['says']}, the highest it was on the first "
+        words = profile_of(setup.cfg.env).guards[guard["name"]]
+        print(f"guard: {guard['name']} at {guard['threshold']:.3f} ({words.statistic}, the highest it was on the first "
               f"{counted(guard['calibration_episodes'], 'validation episode')} of the run's own training network); it "
-              f"played {guard['guarded_share']:.0%} of the policy's steps ({guard['hedge']})", file=out)
+              f"played {guard['guarded_share']:.0%} of the policy's steps ({words.hedge})", file=out)
     print(comparison_text(comparison, args.belief_base), file=out)
 
 

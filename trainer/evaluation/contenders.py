@@ -78,13 +78,11 @@ def play_contenders(act: Act, label: str, names: Sequence[str], vr_config: envs.
     seeds = evaluation_seeds(seed, episodes)
     env, kwargs = made_env(env_fn)
     made = profile_of(env).baselines
-    players = [Player(made[n](kwargs), seeds) for n in baselines]
+    players = {n: Player(made[n](kwargs), seeds) for n in baselines}
     if policy_records is None:
-        players.insert(0, Player(act, seeds, EPISODE_BATCH))
-    played = dict(zip([label, *baselines] if policy_records is None else baselines,
-                      play_together(players, env_fn) if players else []))
-    if policy_records is not None:
-        played[label] = policy_records
+        players = {label: Player(act, seeds, EPISODE_BATCH), **players}
+    played = dict(zip(players, play_together(list(players.values()), env_fn))) if players else {}
+    played.update({label: policy_records} if policy_records is not None else {})
     if REFERENCE in references:
         played[REFERENCE] = clairvoyant_records(vr_config, env_fn, episodes, seed)
     if BELIEF in references:

@@ -231,11 +231,17 @@ def _newest(path: str | Path, label: str, said: Path | None = None) -> PickedChe
     return PickedCheckpoint(source, state, "the newest checkpoint that loads" if problems else label)
 
 
+def stored_config(state: dict[str, Any]) -> TrainConfig:
+    """The training config a loaded checkpoint ``state`` holds, as the run trained (an older version's names read
+    as today's), unvalidated."""
+    return TrainConfig.from_dict(with_current_names(state["config"]), stored=True)
+
+
 def policy_from_state(state: dict[str, Any], source: Path, env_kwargs: dict[str, Any] | None = None,
                       ) -> tuple[nn.Module, TrainConfig]:
     """The frozen CPU policy and training config of a loaded checkpoint ``state`` (read from ``source``), with
     ``env_kwargs`` over the run's env arguments."""
-    cfg = stored = TrainConfig.from_dict(with_current_names(state["config"]), stored=True)
+    cfg = stored = stored_config(state)
     if env_kwargs:
         cfg = dataclasses.replace(cfg, env_kwargs=format_env_kwargs({**cfg.env_options, **env_kwargs}))
     try:
