@@ -44,6 +44,12 @@ from envs.vr_edge_dynamics import (
 Policy = Callable[[np.ndarray], np.ndarray]  # observations [B, obs_dim] -> levels [B, U]
 Value = Callable[[np.ndarray], np.ndarray]  # observations [B, obs_dim] -> estimated discounted returns [B]
 _TIE = 1e-9  # an expected return higher by less than this is rounding: the level in the plan stays
+# The rollout on a trained policy ending on its critic (a TerminalValue): 4 rounds, a level kept unless a candidate's
+# lead is one standard error clear (kept_unless_clear). Above the distilled default policy on 3 seeds' held-out
+# episodes, chosen on validation episodes (docs/ceiling.md); with the defaults (12 rounds, any lead) it scored below
+# the policy, its noise-chosen switches costing for real. trainer.evaluate --belief-base policy_critic plays it, and
+# approximate policy iteration labels with it (trainer.distill --expert rollout).
+ON_CRITIC = {"horizon": 4, "margin": 1.0}
 
 
 @dataclass(frozen=True)

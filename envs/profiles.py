@@ -37,13 +37,22 @@ class Expert:
     while a run trains (``dagger_labels``), a stateful one also offers ``observe(obs)`` (a step it need not label),
     ``state()`` and ``load_state(state)`` (what a checkpoint keeps of it).
     ``refusal(env_kwargs)`` says why it cannot serve those arguments (``""``: it can); ``pace``: how long it takes,
-    measured, for the line a distillation starts with (``""``: not said)."""
+    measured, for the line a distillation starts with (``""``: not said).
+
+    ``improving(env_kwargs, seed, act, value, gamma)``, where the env has one: an expert that improves on a trained
+    policy ``act`` (batches of observations to actions), its critic ``value`` (observations to the discounted
+    return, discount ``gamma``) valuing what its lookahead reaches (VR-edge: ``BeliefMPC``'s rollout on the policy
+    ending on the critic), stateful as ``make``'s; approximate policy iteration's expert (``trainer.distill
+    --expert rollout``), named ``improving_name``, its pace ``improving_pace``."""
 
     name: str
     make: Callable[[EnvKwargs, int, str], Act]
     stateful: bool = False
     pace: str = ""
     refusal: Callable[[EnvKwargs], str] = lambda kwargs: ""
+    improving: Callable[[EnvKwargs, int, Act, Act, float], Act] | None = None
+    improving_name: str = ""
+    improving_pace: str = ""
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,7 @@ def test_runs_that_cannot_be_distilled_are_one_line(tmp_path, capsys):
     with exits(2, "nowhere", capsys=capsys):
         distill_command.main([str(tmp_path / "nowhere")])
     with exits(2, "--epochs", capsys=capsys):
-        distill_command.main([str(cartpole), "--epochs", "0"])
+        distill_command.main([str(cartpole), "--epochs", "-1"])
     with exits(2, "--lr", capsys=capsys):
         distill_command.main([str(cartpole), "--lr", "-1"])
 
@@ -396,17 +396,18 @@ def test_a_round_says_what_it_will_do_then_shows_each_phase_on_a_bar(small_run, 
         assert phase in err, phase
 
 
-@pytest.mark.parametrize("heartbeat_s", [0.0, 3600.0])
+@pytest.mark.parametrize("heartbeat_s, expert", [(0.0, "reference"), (0.0, "rollout"), (3600.0, "reference")])
 def test_a_round_in_a_pipe_says_how_far_it_got_in_lines_once_it_runs_long(small_run, tmp_path, monkeypatch, capsys,
-                                                                          heartbeat_s):
+                                                                          heartbeat_s, expert):
     """Where standard error is no terminal (``make train | tee log``, CI), the bar's state comes as lines, the first
-    once the round has run ``HEARTBEAT_S`` (0 here: every update is late enough); a round shorter than that adds
-    nothing to what it printed before."""
+    once the round has run ``HEARTBEAT_S`` (0 here: every update is late enough), each with how far it got (an
+    expert's name too long for the line once cut the numbers off); a round shorter than that adds nothing to what
+    it printed before."""
     from trainer.common import progress
     run = tmp_path / "run"
     shutil.copytree(small_run, run)
     monkeypatch.setattr(progress, "HEARTBEAT_S", heartbeat_s)
-    distill_command.main([str(run), *ROUND])
+    distill_command.main([str(run), *ROUND, "--expert", expert])
     err = capsys.readouterr().err
     states = [line for line in err.splitlines() if re.fullmatch(r"distilling: .*\d+%\|[#0-9 ]+\| .*", line)]
     assert "\r" not in err
@@ -428,3 +429,77 @@ def test_a_run_too_short_for_the_rounds_it_asks_for_says_so(tmp_path, capsys):
     assert "not done" in said and "64" in said and f"{distill.DISTILL_AFTER_STEPS:,}" in said and "2 rounds" in said
     assert "trainer.distill" in said and str(run) in said
     assert len(checkpoints.checkpoint_files(run)) == 1  # nothing distilled
+
+
+def test_the_rollout_expert_labels_with_the_rollout_on_the_policy_as_it_was_ending_on_its_critic(small_run):
+    from envs.belief_mpc import ON_CRITIC, TerminalValue
+    from trainer.evaluation.episodes import policy_actions
+    from trainer.evaluation.policies import critic_values
+
+    model, cfg, _ = trained_model(small_run)
+    gamma = cfg.gamma
+    twin = {k: v.clone() for k, v in model.state_dict().items()}
+    rollout = distill.teacher(model, "VREdge-v0", SMALL, distill.ROLLOUT_EXPERT, gamma=gamma)
+    with torch.no_grad():  # the model moves after the expert is built (as the fine-tuning moves it): the expert not
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    labels = distill.expert_labels(model, "VREdge-v0", SMALL, episodes=2, seed=3, expert=rollout)
+    # by hand: the moved model plays; BeliefMPC on the policy before it, ending on that policy's critic, says
+    before = trained_model(small_run)[0]
+    assert all(torch.equal(v, twin[k]) for k, v in before.state_dict().items())
+    expert = BeliefMPC(envs.VREdgeConfig(**SMALL), base=policy_actions(before, deterministic=True),
+                       terminal_value=TerminalValue(critic_values(before), gamma), seed=3, **ON_CRITIC)
+    seen, said = [], []
+    act = policy_actions(model, deterministic=True)
+
+    def labelled(obs):
+        seen.append(obs.copy())
+        said.append(expert(obs))
+        return act(obs)
+
+    records = filter_episodes(labelled, functools.partial(gym.make, "VREdge-v0", **SMALL), 2, 0, num_envs=2,
+                              seeds=distillation_seeds(3, 2))
+    live = np.arange(len(seen))[:, None] < np.array([int(r["length"]) for r in records])[None, :]
+    np.testing.assert_array_equal(labels.observations.numpy(), np.stack(seen)[live].astype(np.float32))
+    np.testing.assert_array_equal(labels.levels.numpy(), np.stack(said)[live])
+    reference = distill.expert_labels(model, "VREdge-v0", SMALL, episodes=2, seed=3)
+    assert not torch.equal(reference.levels, labels.levels)  # another expert: on these states it says otherwise
+
+
+def test_rounds_go_on_while_each_is_kept_and_stop_at_the_first_not(small_run, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    better, worse = [[{"reward_per_step": 0.5}] * 4, [{"reward_per_step": 0.6}] * 4], \
+        [[{"reward_per_step": 0.5}] * 4, [{"reward_per_step": 0.4}] * 4]
+    scores = iter(better + better + worse + better)  # before, after of each round: the third is not kept
+    monkeypatch.setattr(distill, "validation_score", lambda *a, **k: next(scores))
+    experts = []
+    teacher = distill.teacher
+    monkeypatch.setattr(distill, "teacher", lambda *a, **k: experts.append(a[3] if len(a) > 3 else k.get("kind"))
+                        or teacher(*a, **k))
+    distill_command.main([str(run), "--episodes", "1", "--validation-episodes", "4", "--epochs", "1",
+                          "--expert", "rollout", "--rounds", "5"])
+    out, err = capsys.readouterr()
+    lines = [line for line in out.splitlines() if line.startswith("distilled:")]
+    assert len(lines) == 3 and "not kept" in lines[2] and all("not kept" not in line for line in lines[:2])
+    assert all(re.search(f"round {r} of 5", line) for r, line in zip((1, 2, 3), lines))
+    kept = checkpoints.load(checkpoints.checkpoint_files(run)[0])["distilled"]
+    assert [k["settings"]["seed"] for k in kept] == [0, 1]  # each round's episodes its own; the third wrote nothing
+    assert {k["settings"]["expert"] for k in kept} == {"rollout"} and set(experts) == {"rollout"}
+    assert {k["settings"]["lr"] for k in kept} == {distill.FINE_TUNING["rollout"]["lr"]}  # the rollout's, not given
+    assert printed_lines(out)["checkpoint"] == str(checkpoints.checkpoint_files(run)[0].resolve())
+    assert "BeliefMPC on the policy" in err  # what labels, in the line each round starts with
+
+
+def test_the_rollout_expert_refuses_a_critic_of_other_units_and_bad_rounds_in_one_line(small_run, tmp_path, capsys):
+    scaled = tmp_path / "scaled"
+    (tmp_path / "scaled.toml").write_text("scale_rewards = true\n")  # (no flag: a TOML key)
+    train(parse_args(["--num-envs", "4", "--num-steps", "16", "--total-steps", "64", "--env-kwargs", SMALL_FLAG,
+                      "--config", str(tmp_path / "scaled.toml"), "--eval-episodes", "0", "--threads", "1",
+                      "--run-dir", str(scaled)]).config, progress=False)
+    with exits(2, "scale_rewards", capsys=capsys):
+        distill_command.main([str(scaled), "--expert", "rollout"])
+    with exits(2, "--expert", capsys=capsys):
+        distill_command.main([str(small_run), "--expert", "oracle"])
+    with exits(2, "--rounds", capsys=capsys):
+        distill_command.main([str(small_run), "--rounds", "0"])

@@ -1,15 +1,21 @@
-"""Distil the causal reference into a trained VR-edge policy: one round of DAgger with ``BeliefMPC`` as the expert.
+"""Distil an expert into a trained VR-edge policy: rounds of DAgger, with the causal reference (``BeliefMPC`` on
+``fair_share``) or, for approximate policy iteration, the rollout on the policy itself as the expert.
 
-    python -m trainer.distill RUN_DIR [--episodes 64] [--epochs 3] [--lr 1e-4] [--validation-episodes 64] [--seed S]
+    python -m trainer.distill RUN_DIR [--episodes 64] [--epochs E] [--lr LR] [--validation-episodes 64] [--seed S]
+                                      [--expert reference|rollout] [--rounds 1]
 
-The run's newest checkpoint plays ``--episodes`` episodes of its own cell; ``envs.belief_mpc.BeliefMPC`` labels every
-state with the levels it would play; the actor is fine-tuned toward them. Where the result scores no lower on the
-run's validation episodes, it is the run's next checkpoint (``ckpt_<iteration>_<round>.pt``, the same iteration,
-its record of rounds in ``distilled``; ``latest`` names it, and ``best`` where it scores no lower than the best);
-the checkpoint it came from stays as it was. Otherwise nothing is written. ``trainer.train`` (so ``make train``)
-runs it when a VR-edge run of 1M+ steps finishes (``distill_rounds`` times). Running it again is another DAgger round
-(the distilled policy plays episodes of its own, the expert labels again). A synthetic VR-edge cell only (the expert
-filters its hidden state); a PPO run only. The library: ``trainer.ppo.distillation``.
+The run's newest checkpoint plays ``--episodes`` episodes of its own cell; the expert labels every state with the
+levels it would play (``--expert reference``: ``envs.belief_mpc.BeliefMPC`` on ``fair_share``; ``rollout``: its
+rollout on the policy being distilled, ending on the policy's critic); the actor is fine-tuned toward them. Where
+the result scores no lower on the run's validation episodes, it is the run's next checkpoint
+(``ckpt_<iteration>_<round>.pt``, the same iteration, its record of rounds in ``distilled``; ``latest`` names it, and
+``best`` where it scores no lower than the best); the checkpoint it came from stays as it was. Otherwise nothing is
+written. ``--rounds N`` does up to N rounds, each on the policy the round before kept, and stops at the first not
+kept: with ``--expert rollout`` that is approximate policy iteration (rollout, distil, repeat while each round
+beats the last on validation episodes). ``trainer.train`` (so ``make train``) runs the reference's rounds when a
+VR-edge run of 1M+ steps finishes (``distill_rounds`` times). Running it again is another round (the distilled
+policy plays episodes of its own, the expert labels again). A synthetic VR-edge cell only (the expert filters its
+hidden state); a PPO run only. The library: ``trainer.ppo.distillation``.
 """
 
 from __future__ import annotations
@@ -26,27 +32,23 @@ import multiprocessing
 from dataclasses import fields
 from pathlib import Path
 
-from envs.settings import ConfigError
+from envs.settings import ConfigError, help_of, limits_of
 from trainer.arguments import OneLineParser, ending_quietly_when_stdout_closes
 
 NOTHING_WRITTEN = "nothing was written (the run ends with the checkpoint it ended with before)"
+MOST_ROUNDS = 100  # --rounds: each a new checkpoint of the run (keep_checkpoints keeps the newest)
 
 
 @ending_quietly_when_stdout_closes()  # `| head -1`: exit status 141, no traceback (the round is saved before it speaks)
 def main(argv: list[str] | None = None) -> None:
     import checkpoints
     from trainer.interrupts import StopSignals
-    from trainer.ppo.distillation import DistillSettings, distill_run, summary_line
+    from trainer.ppo.distillation import DistillSettings
 
-    p = OneLineParser(prog="python -m trainer.distill", description=__doc__,
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", help="run directory (its newest checkpoint is distilled)")
-    for f in fields(DistillSettings):
-        default = None if f.name == "seed" else f.default
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=float if f.type == "float" else int, default=default,
-                       help=f"{f.metadata['help']} (default: " + ("the rounds the checkpoint has kept, so that each "
-                       "round labels episodes of its own)" if default is None else "%(default)s)"))
+    p = _parser()
     args = p.parse_args(argv)
+    if not 1 <= args.rounds <= MOST_ROUNDS:
+        p.error(f"--rounds must be >= 1 and <= {MOST_ROUNDS}, got {args.rounds}")
     run = Path(args.run)
     if run.is_file():
         p.error(f"{run} is a file: pass the run directory it belongs to (its newest checkpoint is distilled)")
@@ -59,8 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         # Ctrl-C or SIGTERM: one line saying what is on disk, exit status 128 + the signal, the run directory
         # unlocked; once done, a signal is noted and the process ends as it would have
         with StopSignals(until_exit=True) as signals:
-            summary = distill_run(run, seed=args.seed, saved=saved, **settings,
-                                  started=lambda line: print(f"distilling: {line}", file=sys.stderr, flush=True))
+            summary, which = _rounds(run, args.rounds, args.seed, saved, settings)
             signals.finish()
     except ConfigError as e:
         p.error(str(e))
@@ -74,10 +75,56 @@ def main(argv: list[str] | None = None) -> None:
         done = f"the round was saved first: {saved[-1].resolve()}" if saved else NOTHING_WRITTEN
         print(f"\n{str(e) or 'interrupted'}: {done}", file=sys.stderr)
         raise SystemExit(getattr(e, "exit_status", 130)) from None
+    _said(summary, which)
+    print(f"checkpoint: {Path(summary['checkpoint']).resolve()}")
+
+
+def _parser() -> OneLineParser:
+    from trainer.ppo.distillation import DistillSettings
+
+    p = OneLineParser(prog="python -m trainer.distill", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", help="run directory (its newest checkpoint is distilled)")
+    for f in fields(DistillSettings):
+        default = None if f.name == "seed" else f.default
+        kind = {"float": float, "str": str}.get(f.type, int)
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=default,
+                       choices=limits_of(f).choices or None,
+                       help=f"{help_of(f)} (default: " + ("the rounds the checkpoint has kept, so that each "
+                       "round labels episodes of its own)" if default is None else "%(default)s)"))
+    p.add_argument("--rounds", type=int, default=1, help="rounds, one after another, each labelling the episodes "
+                   "the policy the last one kept plays; the first not kept ends them (with --expert rollout: "
+                   "approximate policy iteration, each round's expert built on the policy before it) (default: "
+                   "%(default)s)")
+    return p
+
+
+def _rounds(run: Path, rounds: int, seed: int | None, saved: list[Path], settings: dict) -> tuple[dict, str]:
+    """Up to ``rounds`` rounds on ``run``, the first not kept the last, each said as the next starts; the last's
+    summary and its words (said by the caller, once a stop signal can no longer cut it short)."""
+    from trainer.ppo.distillation import distill_run
+
+    said: list[tuple[dict, str]] = []
+    for r in range(rounds):
+        if said:
+            _said(*said[-1])
+        which = f"round {r + 1} of {rounds}: " if rounds > 1 else ""
+        summary = distill_run(run, seed=seed if r == 0 else None, saved=saved, **settings,
+                              started=lambda line, which=which: print(f"distilling: {which}{line}", file=sys.stderr,
+                                                                       flush=True))
+        said.append((summary, which))
+        if not summary["kept"]:
+            break
+    return said[-1]
+
+
+def _said(summary: dict, which: str) -> None:
+    """A round's notes, then its outcome in a line (:func:`trainer.ppo.distillation.summary_line`)."""
+    from trainer.ppo.distillation import summary_line
+
     for note in summary["notes"]:
         print(f"note: {note}", file=sys.stderr)
-    print(f"distilled:  {summary_line(summary)}")
-    print(f"checkpoint: {Path(summary['checkpoint']).resolve()}")
+    print(f"distilled:  {which}{summary_line(summary)}", flush=True)
 
 
 if __name__ == "__main__":

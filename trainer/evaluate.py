@@ -470,7 +470,8 @@ def _payload(args: argparse.Namespace, setup: _Setup, label: str, comparison: Co
 
 def _payload_head(args: argparse.Namespace, setup: _Setup) -> dict[str, Any]:
     """What every evaluation's JSON starts with: what was evaluated, and on which episodes."""
-    from trainer.evaluation.contenders import ON_CRITIC, WITH_CRITIC
+    from envs.belief_mpc import ON_CRITIC
+    from trainer.evaluation.contenders import WITH_CRITIC
 
     return {"checkpoint": str(setup.source.resolve()), "checkpoint_sha256": setup.sha256,
             "checkpoint_kind": setup.which, "env": setup.cfg.env,

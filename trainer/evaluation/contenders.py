@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 
 import envs
-from envs.belief_mpc import BeliefMPC, TerminalValue
+from envs.belief_mpc import ON_CRITIC, BeliefMPC, TerminalValue
 from envs.planner import ClairvoyantPlanner
 from envs.profiles import profile_of
 from trainer.evaluation.baselines import best_baseline
@@ -39,11 +39,6 @@ REFERENCES = (REFERENCE, BELIEF, BOUND)  # (the bound: trainer.evaluation.bracke
 BELIEF_BASE = "fair_share"  # the base the causal reference improves on, and the lower end of its figures
 WITH_CRITIC = "policy_critic"  # the reference on the policy, its rollout ending on the run's critic (--belief-base)
 SELECTION_EPISODES = 16  # validation episodes on which the best baseline (the gap's lower end) is picked
-# The rollout on the policy ending on its critic (WITH_CRITIC): 4 rounds, a level kept unless a candidate's lead is
-# one standard error clear (envs.belief_mpc.kept_unless_clear). Above the distilled default policy on 3 seeds' held-out
-# episodes, chosen on validation episodes (docs/ceiling.md); with BeliefMPC's defaults (12 rounds, any lead) it scored
-# below the policy, its noise-chosen switches costing for real.
-ON_CRITIC = {"horizon": 4, "margin": 1.0}
 
 
 class Comparison(NamedTuple):
@@ -108,8 +103,8 @@ def clairvoyant_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.E
 def belief_records(vr_config: envs.VREdgeConfig, env_fn: Callable[[], gym.Env], episodes: int, seed: int,
                     base: str | Act = BELIEF_BASE, terminal_value: TerminalValue | None = None) -> Records:
     """The causal reference's records (:class:`envs.belief_mpc.BeliefMPC` on ``base``, its defaults; with a
-    ``terminal_value``, its rollout ending on it with :data:`ON_CRITIC`'s settings) on the held-out episodes
-    ``seed`` gives, every env's observation at every step in one batched env (its filter keeps a row each)."""
+    ``terminal_value``, its rollout ending on it with :data:`envs.belief_mpc.ON_CRITIC`'s settings) on the held-out
+    episodes ``seed`` gives, every env's observation at every step in one batched env (its filter keeps a row each)."""
     settings = ON_CRITIC if terminal_value is not None else {}
     return filter_episodes(BeliefMPC(vr_config, base=base, terminal_value=terminal_value, **settings), env_fn,
                            episodes, seed, num_envs=64)

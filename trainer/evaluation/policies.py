@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -97,16 +98,22 @@ def critic_refusal(model: nn.Module, cfg: TrainConfig, source: Path) -> str | No
 
 def critic_value(model: nn.Module, cfg: TrainConfig) -> TerminalValue:
     """The critic of a trained ``model`` as :class:`envs.belief_mpc.BeliefMPC`'s terminal value: its estimate of the
-    discounted return (``cfg.gamma``, the run's discount) of NumPy observations ``[N, obs]``, float64 ``[N]``, on
-    one torch thread (as :func:`trainer.evaluation.episodes.policy_actions`, which it runs beside). Check
+    discounted return (``cfg.gamma``, the run's discount) of NumPy observations (:func:`critic_values`). Check
     :func:`critic_refusal` first."""
-    from collectors.resources import torch_threads
     from envs.belief_mpc import TerminalValue
+
+    return TerminalValue(critic_values(model), gamma=cfg.gamma)
+
+
+def critic_values(model: nn.Module) -> Callable[[np.ndarray], np.ndarray]:
+    """``value(obs [N, obs]) -> [N]``: a trained ``model``'s critic on NumPy observations, float64, on one torch
+    thread (as :func:`trainer.evaluation.episodes.policy_actions`, which it runs beside)."""
+    from collectors.resources import torch_threads
 
     def value(obs: np.ndarray) -> np.ndarray:
         with torch.no_grad(), torch_threads(1):
             return model.value(torch.from_numpy(np.asarray(obs, dtype=np.float32))).double().numpy()
-    return TerminalValue(value, gamma=cfg.gamma)
+    return value
 
 
 class PickedCheckpoint(NamedTuple):

@@ -1,13 +1,16 @@
-"""Distilling the causal reference into a trained policy: rounds of DAgger with ``BeliefMPC`` as the expert, each a new
+"""Distilling an expert into a trained policy: rounds of DAgger with ``BeliefMPC`` as the expert, each a new
 checkpoint of the run (``python -m trainer.distill`` is its command line; a finished run asks for rounds through
 :meth:`trainer.ppo.algorithm.PPO.after_training`).
 
 The trained policy plays ``episodes`` episodes of its own cell (seeds of their own branch, disjoint from training,
-validation and test: :func:`trainer.evaluation.episodes.distillation_seeds`); at every state it visits,
-:class:`envs.belief_mpc.BeliefMPC` (on ``fair_share``, its defaults; observations only) says which levels it would
-play. The policy's actor is then fine-tuned toward those levels by cross-entropy (``epochs`` passes, Adam at ``lr``,
-the critic and the observation statistics untouched), and the result is kept only where it scores no lower than
-before on the run's validation episodes (paired; selection, never the test episodes).
+validation and test: :func:`trainer.evaluation.episodes.distillation_seeds`); at every state it visits, the expert
+(:func:`teacher`) says which levels it would play: the env's (:class:`envs.belief_mpc.BeliefMPC` on ``fair_share``,
+its defaults; observations only), or with ``expert="rollout"`` the env's improving expert built on the policy as
+the round finds it (``BeliefMPC``'s rollout on the policy, ending on its critic), which makes rounds approximate
+policy iteration. The policy's actor is then fine-tuned toward those levels by cross-entropy (``epochs`` passes,
+Adam at ``lr``: by default the expert's, :data:`FINE_TUNING`; the critic and the observation statistics untouched),
+and the result is kept only where it scores no lower than before on the run's validation episodes (paired;
+selection, never the test episodes).
 
 A round kept is written as the run's next checkpoint (``ckpt_<iteration>_<round>.pt``: the same iteration and
 counters, the distilled weights, the record of rounds ``distilled`` with this one last) through the run's one save
@@ -21,6 +24,7 @@ and the policy averages the rollout's scenario noise over many states.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -50,6 +54,13 @@ from trainer.evaluation.statistics import paired_difference, summarize
 from trainer.ppo.settings import PPOSettings
 
 _BATCH = 64  # episodes labelled side by side: one batched env, one filter row each
+REFERENCE_EXPERT = "reference"  # DistillSettings.expert: the env's expert (EnvProfile.expert.make)
+ROLLOUT_EXPERT = "rollout"  # ... or its improving expert, on the policy distilled and its critic (Expert.improving)
+EXPERTS = (REFERENCE_EXPERT, ROLLOUT_EXPERT)
+# Each expert's fine-tuning, where DistillSettings leaves epochs and lr at 0, measured on validation episodes
+# (docs/ceiling.md): the reference's levels are learnt in a few passes; the rollout's differ from the policy's own on
+# about 11% of slots, in states the policy tells apart only after long training (3 epochs at 1e-4 lose 0.009 a step)
+FINE_TUNING = {REFERENCE_EXPERT: {"epochs": 3, "lr": 1e-4}, ROLLOUT_EXPERT: {"epochs": 100, "lr": 3e-4}}
 
 
 @dataclass(frozen=True)
@@ -57,32 +68,46 @@ class DistillSettings:
     """How a run's policy is distilled (``python -m trainer.distill``); defaults measured on validation episodes
     (``docs/ceiling.md``).
 
-    >>> DistillSettings().episodes
-    64
-    >>> DistillSettings(lr=0)
+    >>> DistillSettings().episodes, DistillSettings().epochs, DistillSettings(expert="rollout").epochs
+    (64, 3, 100)
+    >>> DistillSettings(lr=-1)
     Traceback (most recent call last):
     ...
-    envs.settings.ConfigError: --lr must be > 0 and <= 1, got 0
+    envs.settings.ConfigError: --lr must be >= 0 and <= 1, got -1
     """
 
     episodes: int = setting(PPOSettings.distill_episodes, "episodes the policy plays and BeliefMPC labels (300 "
                             "states each on the default cell; about 0.5 s each on a 2-core CPU, labels and "
                             "fine-tuning)", at_least=1,
                             at_most=100_000)
-    epochs: int = setting(3, "passes of the cross-entropy over the labelled states", at_least=1, at_most=100)
-    lr: float = setting(1e-4, "Adam learning rate of the fine-tuning", above=0, at_most=1)
+    epochs: int = setting(0, "passes of the cross-entropy over the labelled states", at_least=0, at_most=100,
+                          zero="the expert's: 3 for reference, 100 for rollout")
+    lr: float = setting(0.0, "Adam learning rate of the fine-tuning", at_least=0, at_most=1,
+                        zero="the expert's: 1e-4 for reference, 3e-4 for rollout")
     minibatch_size: int = setting(256, "labelled states per step", at_least=1)
     validation_episodes: int = setting(64, "validation episodes the policy is scored on before and after (the run's "
                                        "own validation seeds)", at_least=2, at_most=10_000)
     seed: int = setting(0, "seed of the labelled episodes, the shuffles and the expert's scenarios", at_least=0,
                         at_most=2**64 - 1)  # torch seeds the shuffles' generator with an unsigned 64-bit integer
+    expert: str = setting(REFERENCE_EXPERT, "who labels: reference, the env's distillation expert (VR-edge: "
+                          "BeliefMPC on fair_share, seconds); or rollout, the env's improving expert built on the "
+                          "policy being distilled and its critic (VR-edge: BeliefMPC's rollout on the policy, "
+                          "minutes): approximate policy iteration, each round improving on the round before",
+                          choices=EXPERTS)
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value, number = getattr(self, f.name), f.type == "float"
-            if isinstance(value, bool) or not isinstance(value, (int, float) if number else int):
-                raise ConfigError(f.name, value, "must be a number" if number else "must be an integer")
+            value, kind = getattr(self, f.name), f.type
+            if kind == "str":
+                if not isinstance(value, str):
+                    raise ConfigError(f.name, value, "must be a word")
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float) if kind == "float" else int):
+                raise ConfigError(f.name, value, "must be a number" if kind == "float" else "must be an integer")
         check_limits(self)  # named as python -m trainer.distill's flags
+        for name, value in FINE_TUNING[self.expert].items():  # 0: the expert's (a frozen dataclass: set once)
+            if not getattr(self, name):
+                object.__setattr__(self, name, value)
 
 
 class RoundProgress:
@@ -150,28 +175,59 @@ class Labels(NamedTuple):
     levels: torch.Tensor
 
 
+class Teacher(NamedTuple):
+    """The expert a round labels with (:func:`teacher`): its ``name``, ``make(seed)`` a fresh one (each batch's),
+    whether it is ``stateful`` (:class:`envs.profiles.Expert`) and its ``pace`` in words (``""``: not said)."""
+
+    name: str
+    make: Callable[[int], Act]
+    stateful: bool
+    pace: str
+
+
+def teacher(model: nn.Module, env: str, env_kwargs: dict[str, Any], kind: str = REFERENCE_EXPERT,
+            device: str | torch.device = "cpu", gamma: float = 1.0) -> Teacher:
+    """Who labels a round of ``model`` (:attr:`DistillSettings.expert`): the env's expert
+    (:data:`REFERENCE_EXPERT`: VR-edge's ``BeliefMPC`` on ``fair_share``, its rollout on torch tensors of
+    ``device``), or its improving expert built on ``model`` as it is now (:data:`ROLLOUT_EXPERT`: VR-edge's
+    ``BeliefMPC`` rollout on the greedy policy ending on its critic, of discount ``gamma``, the run's), so that each
+    round's expert improves on the policy the round starts from: approximate policy iteration. Check
+    :func:`distillation_refusal` first."""
+    from trainer.evaluation.policies import critic_values
+
+    expert = profile_of(env).expert
+    if kind == REFERENCE_EXPERT:
+        return Teacher(expert.name, lambda seed: expert.make(env_kwargs, seed, str(device)), expert.stateful,
+                       expert.pace)
+    base = copy.deepcopy(model).eval()  # the policy the round starts from: the fine-tuning moves the model only
+    act, value = policy_actions(base, deterministic=True), critic_values(base)
+    return Teacher(expert.improving_name, lambda seed: expert.improving(env_kwargs, seed, act, value, gamma),
+                   expert.stateful, expert.improving_pace)
+
+
 def expert_labels(model: nn.Module, env: str, env_kwargs: dict[str, Any], episodes: int, seed: int,
-                  advance: Callable[[int], None] = lambda states: None, device: str | torch.device = "cpu") -> Labels:
+                  advance: Callable[[int], None] = lambda states: None, device: str | torch.device = "cpu",
+                  expert: Teacher | None = None) -> Labels:
     """Every state of ``episodes`` episodes the greedy ``model`` plays in ``env`` (:func:`distillation_seeds`), each
-    with the action the env's expert (its profile's: VR-edge's ``BeliefMPC`` on ``fair_share``, which follows the
-    same observations, its rollout on torch tensors of ``device``) would play there.
+    with the action ``expert`` (:func:`teacher`; by default the env's, VR-edge's ``BeliefMPC`` on ``fair_share``,
+    which follows the same observations, its rollout on torch tensors of ``device``) would play there.
 
     Played ``_BATCH`` episodes at a time, each batch with a fresh expert; a stateful one (a filter, one row per
     env) sees one natively batched env's every row. ``advance(n)`` after each step's ``n`` states are labelled (a
     bar)."""
-    expert = profile_of(env).expert
+    expert = expert or teacher(model, env, env_kwargs, device=device)
     make = functools.partial(gym.make, env, **env_kwargs)
     act, seeds = policy_actions(model.eval(), deterministic=True), distillation_seeds(seed, episodes)
     observations: list[np.ndarray] = []
     actions: list[np.ndarray] = []
     for start in range(0, episodes, _BATCH):
-        teacher, chunk = expert.make(env_kwargs, seed, str(device)), seeds[start:start + _BATCH]
+        labeller, chunk = expert.make(seed), seeds[start:start + _BATCH]
         seen: list[np.ndarray] = []
         said: list[np.ndarray] = []
 
-        def labelled(obs: np.ndarray, teacher: Act = teacher, seen: list = seen, said: list = said) -> np.ndarray:
+        def labelled(obs: np.ndarray, labeller: Act = labeller, seen: list = seen, said: list = said) -> np.ndarray:
             seen.append(obs.copy())
-            said.append(np.asarray(teacher(obs)))
+            said.append(np.asarray(labeller(obs)))
             advance(len(obs))
             return act(obs)
 
@@ -241,20 +297,23 @@ def distillation_refusal(env: str, env_kwargs: dict[str, Any]) -> str:
 
 
 def distilled(model: nn.Module, env: str, env_kwargs: dict[str, Any], run_seed: int, settings: DistillSettings,
-              max_grad_norm: float, progress: RoundProgress | None = None, device: str | torch.device = "cpu"
-              ) -> dict[str, Any]:
+              max_grad_norm: float, progress: RoundProgress | None = None, device: str | torch.device = "cpu",
+              gamma: float = 1.0) -> dict[str, Any]:
     """Distil into ``model`` in place (module docstring); returns what happened: ``states`` labelled, the
     ``agreement`` with the expert's levels before and after, each epoch's ``cross_entropy``, the validation
     ``difference`` (after - before, paired) and whether the distilled weights were ``kept`` (else ``model`` is as
     it was). ``progress``: a bar it moves (:class:`RoundProgress`; by default one on a terminal). ``device``: where
-    the expert computes (the learner's: the same labels on any)."""
+    the expert computes (the learner's: the same labels on any); ``gamma``: the run's discount (the rollout expert's
+    critic's: :func:`teacher`)."""
     profile = profile_of(env)
+    expert = teacher(model, env, env_kwargs, settings.expert, device, gamma)
     steps = profile.episode_steps(env_kwargs) or gym.spec(env).max_episode_steps or 1  # (a bar's total: a guess)
     progress = progress or RoundProgress(settings, steps)
     try:
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        progress.phase(f"{profile.expert.name} labels the states of {counted(settings.episodes, 'episode')}")
-        labels = expert_labels(model, env, env_kwargs, settings.episodes, settings.seed, progress.advance, device)
+        progress.phase(f"{expert.name} labels the states of {counted(settings.episodes, 'episode')}")
+        labels = expert_labels(model, env, env_kwargs, settings.episodes, settings.seed, progress.advance, device,
+                               expert)
         progress.labelled()
         progress.phase("validation before")
         with episodes_counted(progress.advance):
@@ -273,7 +332,7 @@ def distilled(model: nn.Module, env: str, env_kwargs: dict[str, Any], run_seed: 
     kept = difference["mean"] >= 0
     if not kept:
         model.load_state_dict(before)
-    return {"expert": profile.expert.name, "score_label": profile.score_label,
+    return {"expert": expert.name, "score_label": profile.score_label,
             "states": len(labels.observations), "episodes": settings.episodes, "agreement": agreed,
             "cross_entropy": losses, "difference": difference, "kept": kept,
             "validation_reward_per_step": summarize(after)["reward_per_step"],
@@ -324,20 +383,20 @@ def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] 
         record = distilled_record(state, source)
         chosen = dataclasses.replace(chosen, seed=len(record) if seed is None else seed)
         model, cfg = policy_from_state(state, source)
-        _check_distillable(run_dir, cfg)
+        _check_distillable(run_dir, cfg, model, source, chosen.expert)
         iteration, revision = int(state["iteration"]), checkpoints.revision_of(source)
         moved = checkpoints.set_aside_newer(run_dir, iteration, revision)
         checkpoints.remove_partial_saves(run_dir)
         aside = ", ".join(p.name for p in moved)
         notes = [f"newer than {source.name}, none loading, set aside as {aside}"] if moved else []
         validation = counted(chosen.validation_episodes, "validation episode")
-        expert = profile_of(cfg.env).expert
+        expert = teacher(model, cfg.env, cfg.env_options, chosen.expert)  # (its words; distilled builds its own)
         pace = f" ({expert.pace})" if expert.pace else ""
         started(f"{expert.name} labels the states of {counted(chosen.episodes, 'episode')} that {source.name}'s "
                 f"policy plays{pace}, the actor is fine-tuned toward its actions, and kept where it scores no lower "
                 f"on {validation}")
         summary = distilled(model, cfg.env, cfg.env_options, cfg.seed, chosen, cfg.max_grad_norm,
-                            device=expert_device(cfg.device))
+                            device=expert_device(cfg.device), gamma=cfg.gamma)
         if summary["kept"]:
             weights = {k: v.clone() for k, v in model.state_dict().items()}
             state = {**state, "model": weights, "distilled": [*record, _stored(summary, source)]}
@@ -353,13 +412,25 @@ def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] 
     return {**summary, "checkpoint": source, "notes": notes}
 
 
-def _check_distillable(run_dir: str | Path, cfg: Any) -> None:
-    """``ConfigError`` in one line where the run of config ``cfg`` cannot be distilled: not PPO, or its env refuses."""
+def _check_distillable(run_dir: str | Path, cfg: Any, model: nn.Module, source: Path, kind: str) -> None:
+    """``ConfigError`` in one line where the run of config ``cfg`` cannot be distilled with the expert ``kind``: not
+    PPO, or its env refuses; for the rollout expert, an env that declares none or a critic that cannot value its
+    lookahead (:func:`trainer.evaluation.policies.critic_refusal`)."""
+    from trainer.evaluation.policies import critic_refusal
+
     if cfg.algo != "ppo":
         raise ConfigError("run", str(run_dir), message=f"{run_dir}: an --algo {cfg.algo} run; distillation "
                           "fine-tunes a PPO policy's actor")
     if why := distillation_refusal(cfg.env, cfg.env_options):
         raise ConfigError("run", str(run_dir), message=f"{run_dir}: {why}")
+    if kind != ROLLOUT_EXPERT:
+        return
+    if profile_of(cfg.env).expert.improving is None:
+        raise ConfigError("expert", kind, message=f"--expert {kind}: {cfg.env} declares no improving expert "
+                          "(envs.profiles.Expert.improving); use --expert reference")
+    if why := critic_refusal(model, cfg, source):
+        raise ConfigError("expert", kind, message=f"--expert {kind} ends the rollout on the policy's critic, but "
+                          f"{why}; use --expert reference")
 
 
 def expert_device(name: str) -> torch.device:
