@@ -574,17 +574,19 @@ def test_the_evaluation_header_names_the_run_env_arguments(tmp_path, capsys):
                                            pytest.param(1.5, 15, marks=pytest.mark.slow)])  # first episodes; later
 def test_ctrl_c_during_an_evaluation_is_one_line(tmp_path, delay, signum):
     """``trainer.evaluate`` stopped by Ctrl-C or SIGTERM once the policy is loaded: one line, exit status 128 + the
-    signal, no traceback, no results written. (A signal during torch's import is another test's subject; the
-    signal waits for the "loaded" line, whose time a loaded machine stretches.)"""
+    signal, no traceback, no results written, nor the ``--out`` folder it would have made. (A signal during torch's
+    import is another test's subject; the signal waits for the "loaded" line, whose time a loaded machine
+    stretches.)"""
     import signal
     import time
 
     run_dir = tmp_path / "run"
     train_cli.main(["--num-envs", "2", "--num-steps", "16", "--total-steps", "32", "--device", "cpu", "--run-dir",
                     str(run_dir)])
+    out = ["--out", str(tmp_path / "new" / "out")] if signum == 2 else []  # (SIGTERM: into the run, as by default)
     process = subprocess.Popen([sys.executable, "-m", "trainer.evaluate", "--checkpoint", str(run_dir), "--episodes",
-                                "500"], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True)
+                                "500", *out], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
     before = []
     while (line := process.stderr.readline()) and not line.startswith("loaded "):
         before.append(line)
@@ -595,7 +597,7 @@ def test_ctrl_c_during_an_evaluation_is_one_line(tmp_path, delay, signum):
     assert err.rstrip().splitlines()[-1] == (f"stopped by {signal.Signals(signum).name}: the evaluation did not "
                                              "finish (its results are written once every episode is played)"), \
         err[-2000:]
-    assert not (run_dir / "evaluation.json").exists()
+    assert not (run_dir / "evaluation.json").exists() and not (tmp_path / "new").exists()
 
 
 # ---------------------------------------------------------------------------- a reader of stdout that has gone

@@ -124,6 +124,8 @@ def test_guard_plays_the_policy_through_the_envs_guard_calibrated_on_the_runs_ow
     assert payload["policy"]["reward_per_step"] == pytest.approx(np.mean([r["reward_per_step"] for r in records]))
     assert guard["guarded_share"] == pytest.approx(share) and 0 < share <= 1
     names(out, "guard: volatility", f"{guard['threshold']:.3f}", f"{share:.0%}", "jumped", "lowest")
+    rows = [line for line in out.splitlines() if line.startswith("policy (")]
+    assert rows and all("volatility" in row for row in rows), rows  # the policy's row says it played guarded
     assert "guard" not in plain
     again, _ = evaluated(run, "--guard", "volatility", "--episodes", "2", "--seed", "5", capsys=capsys)
     assert again["guard"]["threshold"] == guard["threshold"]  # the evaluation's episodes and seed do not move it

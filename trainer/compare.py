@@ -73,7 +73,7 @@ def _compare(argv: list[str] | None, signals: StopSignals) -> None:
     _import_the_comparison()
     import checkpoints
     from trainer.evaluation.comparison import load_run
-    from trainer.evaluation.report import check_writable
+    from trainer.evaluation.report import check_writable, existing_part
 
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
     runs: dict[Path, Path] = {}  # a run in two groups is loaded and played once
@@ -84,7 +84,7 @@ def _compare(argv: list[str] | None, signals: StopSignals) -> None:
         first = _check_one_env(parser, loaded)
         metric = args.curve or _default_curve(first.cfg.env)
         curves = _curves(groups, metric)
-        check_writable(_existing(out_dir), "the comparison")  # before minutes of episodes (and without making it)
+        check_writable(existing_part(out_dir), "the comparison")  # before minutes of episodes (and without making it)
     except (ValueError, checkpoints.CheckpointError) as e:
         raise SystemExit(f"error: {e}") from None
     played = _played(args, loaded)
@@ -198,12 +198,6 @@ def _beside(spec: str) -> Path:
 def _folder(group: _Group) -> str:
     """A group's label as part of a folder's name: ``flat-s*`` as ``flat-s``."""
     return re.sub(r"[^\w.+=-]+", "_", group.label).strip("_.") or "group"
-
-
-def _existing(path: Path) -> Path:
-    """``path`` or the nearest of its parents that exists: where a check of the output folder can write without
-    making it (a stopped comparison leaves nothing behind)."""
-    return next(p for p in (path, *path.parents) if p.exists())
 
 
 def _import_the_comparison() -> None:

@@ -81,7 +81,8 @@ def _evaluate(argv: list[str] | None, signals: StopSignals) -> None:
         setup = _setup(parser, args, asked_baselines)
     except (ValueError, checkpoints.CheckpointError) as e:
         raise SystemExit(f"error: {e}") from None
-    label = f"policy ({'greedy' if args.deterministic else 'stochastic'})"
+    guard = f", {args.guard} guard" if args.guard else ""  # (the table's row and the plot's bar say it too)
+    label = f"policy ({'greedy' if args.deterministic else 'stochastic'}{guard})"
     print(f"loaded {setup.which}: {setup.source}", file=sys.stderr)
     if setup.cells:
         _evaluate_cells(args, setup, label, signals, out)
@@ -294,7 +295,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     from envs.profiles import profile_of
     from trainer.evaluation import held_out_env_kwargs, policies
     from trainer.evaluation.policies import critic_refusal, picked_checkpoint, policy_from_state, sampling_refused
-    from trainer.evaluation.report import check_writable
+    from trainer.evaluation.report import check_writable, existing_part
 
     source, state, which = picked_checkpoint(args.checkpoint, args.pick)
     sha256 = checkpoints.content_hash(source)  # right after the load: the weights evaluated (the path may change)
@@ -322,7 +323,8 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
         parser.error(f"--belief-base policy_critic: {refused}; use --belief-base policy")
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
     out_dir = Path(args.out) if args.out else run_dir
-    check_writable(out_dir, run_dir=None if args.out else run_dir)  # before minutes of episodes, not after
+    # before minutes of episodes, not after; a folder --out names is made only when the results are written
+    check_writable(existing_part(out_dir), run_dir=None if args.out else run_dir)
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
     cells = _asked_cells(parser, args, model, cfg, vr_config, names)
     return _Setup(source, sha256, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells,
@@ -522,6 +524,7 @@ def _write_results(args: argparse.Namespace, setup: _Setup, payload: dict[str, A
     out_dir = setup.out_dir
     replaced = _described(out_dir / files[0])
     with signals.critical():
+        out_dir.mkdir(parents=True, exist_ok=True)
         write_replacing(out_dir / files[0], json.dumps(payload, indent=2, allow_nan=False))
         png = draw(out_dir / files[1])
         if png is None:  # no plot of these results: none of earlier ones beside them

@@ -22,7 +22,8 @@ HEARTBEAT_S = 20.0  # where standard error is no terminal: a line at most this o
 class StatusLines:
     """A file for tqdm where standard error is no terminal: the bar's latest state as one line, at most every
     ``every`` seconds and the first once the work has run that long, so that a long stretch says how far it got and
-    a short one prints nothing more than it did.
+    a short one prints nothing more than it did; where it said anything, its last state too as the bar closes
+    (the line a log ends the stretch with says that it finished, not where it was 20 s before).
 
     Example:
         >>> import io
@@ -31,6 +32,10 @@ class StatusLines:
         >>> lines.write("\\rlabelling  40%|####      | 0:10<0:15"); lines.write("")
         >>> out.getvalue()
         'labelling  40%|####      | 0:10<0:15\\n'
+        >>> lines.every = 3600.0  # later states come too soon to be said ...
+        >>> lines.write("\\rlabelling 100%|##########| 0:25<0:00"); lines.write("\\n")  # ... but the last, at close
+        >>> out.getvalue().splitlines()[-1]
+        'labelling 100%|##########| 0:25<0:00'
     """
 
     encoding = "ascii"  # tqdm draws its bar in ASCII for a log
@@ -38,13 +43,22 @@ class StatusLines:
     def __init__(self, stream: TextIO, every: float | None = None) -> None:
         self.stream, self.every = stream, HEARTBEAT_S if every is None else every
         self.last = time.monotonic()
+        self.said, self.unsaid = False, ""  # whether a state was written; the latest state not written
 
     def write(self, text: str) -> None:
         status, now = text.strip(), time.monotonic()
         if status and now - self.last >= self.every:
-            self.stream.write(status + "\n")
-            self.stream.flush()
+            self._line(status)
             self.last = now
+        elif status:
+            self.unsaid = status
+        elif "\n" in text and self.said and self.unsaid:  # tqdm closes a bar with a newline after its last state
+            self._line(self.unsaid)
+
+    def _line(self, status: str) -> None:
+        self.stream.write(status + "\n")
+        self.stream.flush()
+        self.said, self.unsaid = True, ""
 
     def flush(self) -> None:
         """(A line is flushed as it is written.)"""

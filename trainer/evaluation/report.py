@@ -125,6 +125,12 @@ def write_replacing(path: Path, text: str) -> None:
     write_whole(path, text)
 
 
+def existing_part(path: Path) -> Path:
+    """``path`` or the nearest of its parents that exists: where a check of an output folder can write without
+    making it (a command stopped before its results leaves no empty folder behind)."""
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
 def check_writable(directory: Path, what: str = "the evaluation outputs", run_dir: Path | None = None) -> None:
     """Raise ``ValueError`` naming ``directory`` when files cannot be created in it, or, for a run's own outputs
     (``run_dir`` given), when a link leads it out of the run: nothing is written outside the run it names."""
