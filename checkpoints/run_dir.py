@@ -113,19 +113,20 @@ def best_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 
 
 def save_in_run_dir(run_dir: str | os.PathLike, state: dict[str, Any], iteration: int, keep: int,
-                    revision: int = 0) -> Path:
+                    revision: int = 0, spared: tuple[str, ...] = ()) -> Path:
     """Save ``state`` as iteration ``iteration`` (its ``revision``-th file: :func:`checkpoint_name`), point ``latest``
     at it, keep the newest ``keep`` files.
 
     The pointer moves only after the new file is complete, so it never names a partial file, and older files are
-    deleted only after that; retention never deletes the file just written nor the one ``best`` names.
+    deleted only after that; retention never deletes the file just written, the one ``best`` names, nor those named
+    in ``spared`` (file names in the run's checkpoints folder: the trained weights rounds of distillation came from).
     """
     if keep < 1:
         raise ValueError(f"keep={keep} is invalid: must be >= 1")
     directory = Path(run_dir) / "checkpoints"
     path = save(directory / checkpoint_name(iteration, revision), state)
     _write_pointer(directory, path.name)
-    kept = {path, best_checkpoint(run_dir)}
+    kept = {path, best_checkpoint(run_dir), *(directory / name for name in spared)}
     for old in checkpoint_files(run_dir)[keep:]:
         if old not in kept:
             old.unlink(missing_ok=True)

@@ -503,3 +503,19 @@ def test_the_rollout_expert_refuses_a_critic_of_other_units_and_bad_rounds_in_on
         distill_command.main([str(small_run), "--expert", "oracle"])
     with exits(2, "--rounds", capsys=capsys):
         distill_command.main([str(small_run), "--rounds", "0"])
+
+
+def test_however_many_rounds_are_kept_the_trained_checkpoint_they_came_from_stays(small_run, tmp_path, monkeypatch,
+                                                                                    capsys):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    trained = checkpoints.checkpoint_files(run)[0]
+    before = trained.read_bytes()
+    keep = TrainConfig().keep_checkpoints  # (the run's: it was trained with the default)
+    scores = iter([[{"reward_per_step": 0.5}] * 4, [{"reward_per_step": 0.6}] * 4] * (keep + 2))
+    monkeypatch.setattr(distill, "validation_score", lambda *a, **k: next(scores))
+    distill_command.main([str(run), *ROUND, "--rounds", str(keep + 1)])  # more rounds than files retention keeps
+    distill_command.main([str(run), *ROUND])  # and one more later
+    files = checkpoints.checkpoint_files(run)
+    assert trained in files and trained.read_bytes() == before, [f.name for f in files]  # to go back to
+    assert len(files) == keep + 1 and files[0].name.endswith(f"_{keep + 2}.pt")  # the newest rounds, and it

@@ -17,14 +17,22 @@ COLUMNS = (("mean_return", "return"), ("reward_per_step", "reward/step"), ("qoe_
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:
-    """One row per policy (``summarize``'s output): mean ± 95% CI of the columns any of them has."""
+    """One row per policy (``summarize``'s output): mean ± 95% CI of the columns any of them has, the names'
+    column as wide as the longest name needs.
+
+    >>> rows = format_table({"policy (greedy, volatility guard)": {"reward_per_step": 0.7, "reward_per_step_ci95":
+    ...                      0.01}, "lowest": {"reward_per_step": 0.5, "reward_per_step_ci95": 0.02}}).splitlines()
+    >>> len({row.index("±") for row in rows[2:]})  # every row's numbers under one another
+    1
+    """
     present = [(k, title) for k, title in COLUMNS if any(k in r for r in results.values())]
-    head = f"{'policy':<22}" + "".join(f"{title:>22}" for _, title in present)
+    width = max([22, *(len(name) + 2 for name in results)])
+    head = f"{'policy':<{width}}" + "".join(f"{title:>22}" for _, title in present)
     lines = [head, "-" * len(head)]
     for name, r in results.items():
         cells = "".join(f"{r[k]:>12.3f} {plus_minus(r[k + '_ci95']):<9}" if k in r else f"{'-':>22}"
                         for k, _ in present)
-        lines.append(f"{name:<22}{cells}")
+        lines.append(f"{name:<{width}}{cells}")
     return "\n".join(lines)
 
 

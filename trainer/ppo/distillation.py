@@ -76,10 +76,9 @@ class DistillSettings:
     envs.settings.ConfigError: --lr must be >= 0 and <= 1, got -1
     """
 
-    episodes: int = setting(PPOSettings.distill_episodes, "episodes the policy plays and BeliefMPC labels (300 "
-                            "states each on the default cell; about 0.5 s each on a 2-core CPU, labels and "
-                            "fine-tuning)", at_least=1,
-                            at_most=100_000)
+    episodes: int = setting(PPOSettings.distill_episodes, "episodes the policy plays and the expert labels (300 "
+                            "states each on the default cell; on a 2-core CPU, labels and fine-tuning, about 0.5 s "
+                            "each with the reference, 10 s with the rollout)", at_least=1, at_most=100_000)
     epochs: int = setting(0, "passes of the cross-entropy over the labelled states", at_least=0, at_most=100,
                           zero="the expert's: 3 for reference, 100 for rollout")
     lr: float = setting(0.0, "Adam learning rate of the fine-tuning", at_least=0, at_most=1,
@@ -292,7 +291,8 @@ def validation_score(model: nn.Module, env: str, env_kwargs: dict[str, Any], run
 def distillation_refusal(env: str, env_kwargs: dict[str, Any]) -> str:
     """Why a run of ``env`` with ``env_kwargs`` cannot be distilled; ``""`` when it can."""
     if (expert := profile_of(env).expert) is None:
-        return f"trained on {env}, which declares no distillation expert (envs.profiles.EnvProfile.expert)"
+        return (f"trained on {env}, which has no expert to distil (VR-edge's synthetic cell has one; an env of your "
+                "own declares its own in its profile: envs.profiles.EnvProfile.expert)")
     return expert.refusal(env_kwargs)
 
 
@@ -404,7 +404,10 @@ def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] 
                 state["acting_model"] = weights
             best = _validated_against_best(cfg, run_dir, iteration, model)
             with stop_signals_held():  # the file and its pointers are one step: a stop waits for the whole
-                source = checkpoints.save_in_run_dir(run_dir, state, iteration, cfg.keep_checkpoints, revision + 1)
+                # however many rounds, retention keeps the weights training left, which the first round came from
+                trained = record[0]["from"] if record else source.name
+                source = checkpoints.save_in_run_dir(run_dir, state, iteration, cfg.keep_checkpoints, revision + 1,
+                                                     spared=(str(trained),))
                 if best is not None:
                     best.saved(source)
                 if saved is not None:
