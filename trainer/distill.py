@@ -36,14 +36,13 @@ from envs.settings import ConfigError, help_of, limits_of
 from trainer.arguments import OneLineParser, ending_quietly_when_stdout_closes
 
 NOTHING_WRITTEN = "nothing was written (the run ends with the checkpoint it ended with before)"
-MOST_ROUNDS = 100  # --rounds: each a new checkpoint of the run (keep_checkpoints keeps the newest)
 
 
 @ending_quietly_when_stdout_closes()  # `| head -1`: exit status 141, no traceback (the round is saved before it speaks)
 def main(argv: list[str] | None = None) -> None:
     import checkpoints
     from trainer.interrupts import StopSignals
-    from trainer.ppo.distillation import DistillSettings
+    from trainer.ppo.distillation import MOST_ROUNDS, DistillSettings, distill_rounds
 
     p = _parser()
     args = p.parse_args(argv)
@@ -61,7 +60,8 @@ def main(argv: list[str] | None = None) -> None:
         # Ctrl-C or SIGTERM: one line saying what is on disk, exit status 128 + the signal, the run directory
         # unlocked; once done, a signal is noted and the process ends as it would have
         with StopSignals(until_exit=True) as signals:
-            summary, which = _rounds(run, args.rounds, args.seed, saved, settings)
+            said = _Said(args.rounds)
+            distill_rounds(run, args.rounds, args.seed, saved, started=said.started, ended=said.ended, **settings)
             signals.finish()
     except ConfigError as e:
         p.error(str(e))
@@ -75,8 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         done = f"the round was saved first: {saved[-1].resolve()}" if saved else NOTHING_WRITTEN
         print(f"\n{str(e) or 'interrupted'}: {done}", file=sys.stderr)
         raise SystemExit(getattr(e, "exit_status", 130)) from None
-    _said(summary, which)
-    print(f"checkpoint: {Path(summary['checkpoint']).resolve()}")
+    print(f"checkpoint: {Path(said.last()['checkpoint']).resolve()}")
 
 
 def _parser() -> OneLineParser:
@@ -99,23 +98,24 @@ def _parser() -> OneLineParser:
     return p
 
 
-def _rounds(run: Path, rounds: int, seed: int | None, saved: list[Path], settings: dict) -> tuple[dict, str]:
-    """Up to ``rounds`` rounds on ``run``, the first not kept the last, each said as the next starts; the last's
-    summary and its words (said by the caller, once a stop signal can no longer cut it short)."""
-    from trainer.ppo.distillation import distill_run
+class _Said:
+    """What the command says of its rounds: a line as each starts, and each one's outcome as the next starts, the
+    last's by :meth:`last` once the work is done (a stop signal then cuts no line short)."""
 
-    said: list[tuple[dict, str]] = []
-    for r in range(rounds):
-        if said:
-            _said(*said[-1])
-        which = f"round {r + 1} of {rounds}: " if rounds > 1 else ""
-        summary = distill_run(run, seed=seed if r == 0 else None, saved=saved, **settings,
-                              started=lambda line, which=which: print(f"distilling: {which}{line}", file=sys.stderr,
-                                                                       flush=True))
-        said.append((summary, which))
-        if not summary["kept"]:
-            break
-    return said[-1]
+    def __init__(self, rounds: int) -> None:
+        self.rounds, self.done = rounds, []
+
+    def started(self, line: str) -> None:
+        if self.done:
+            _said(*self.done[-1])
+        print(f"distilling: {line}", file=sys.stderr, flush=True)
+
+    def ended(self, summary: dict) -> None:
+        self.done.append((summary, f"round {len(self.done) + 1} of {self.rounds}: " if self.rounds > 1 else ""))
+
+    def last(self) -> dict:
+        _said(*self.done[-1])
+        return self.done[-1][0]
 
 
 def _said(summary: dict, which: str) -> None:

@@ -61,6 +61,7 @@ EXPERTS = (REFERENCE_EXPERT, ROLLOUT_EXPERT)
 # (docs/ceiling.md): the reference's levels are learnt in a few passes; the rollout's differ from the policy's own on
 # about 11% of slots, in states the policy tells apart only after long training (3 epochs at 1e-4 lose 0.009 a step)
 FINE_TUNING = {REFERENCE_EXPERT: {"epochs": 3, "lr": 1e-4}, ROLLOUT_EXPERT: {"epochs": 100, "lr": 3e-4}}
+MOST_ROUNDS = 100  # distill_rounds: each a new checkpoint of the run (retention keeps the newest and the trained)
 
 
 @dataclass(frozen=True)
@@ -413,6 +414,35 @@ def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] 
                 if saved is not None:
                     saved.append(source)
     return {**summary, "checkpoint": source, "notes": notes}
+
+
+def distill_rounds(run_dir: str | Path, rounds: int = 1, seed: int | None = None, saved: list[Path] | None = None,
+                   started: Callable[[str], None] = lambda line: None,
+                   ended: Callable[[dict[str, Any]], None] = lambda summary: None, **settings: Any
+                   ) -> list[dict[str, Any]]:
+    """Up to ``rounds`` rounds (:func:`distill_run`) on ``run_dir``, one after another, each on the policy the one
+    before kept; the first not kept is the last. With ``expert="rollout"`` this is approximate policy iteration
+    (each round's expert the rollout on the policy it starts from). ``seed``: the first round's (later rounds: the
+    rounds kept, as by default); ``started(line)`` as each starts (``"round r of n: "`` in front where ``rounds >
+    1``), ``ended(summary)`` as each ends; returns their summaries.
+
+    >>> distill_rounds("run", rounds=0)
+    Traceback (most recent call last):
+    ...
+    envs.settings.ConfigError: --rounds must be >= 1 and <= 100, got 0
+    """
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= MOST_ROUNDS:
+        raise ConfigError("rounds", rounds, f"must be >= 1 and <= {MOST_ROUNDS}")
+    summaries: list[dict[str, Any]] = []
+    for r in range(rounds):
+        which = f"round {r + 1} of {rounds}: " if rounds > 1 else ""
+        summary = distill_run(run_dir, seed=seed if r == 0 else None, saved=saved, **settings,
+                              started=lambda line, which=which: started(which + line))
+        summaries.append(summary)
+        ended(summary)
+        if not summary["kept"]:
+            break
+    return summaries
 
 
 def _check_distillable(run_dir: str | Path, cfg: Any, model: nn.Module, source: Path, kind: str) -> None:
