@@ -519,3 +519,35 @@ def test_however_many_rounds_are_kept_the_trained_checkpoint_they_came_from_stay
     files = checkpoints.checkpoint_files(run)
     assert trained in files and trained.read_bytes() == before, [f.name for f in files]  # to go back to
     assert len(files) == keep + 1 and files[0].name.endswith(f"_{keep + 2}.pt")  # the newest rounds, and it
+
+
+def test_the_fine_tuning_runs_on_one_thread_unless_told_and_leaves_the_count_as_it_was(small_run, monkeypatch):
+    model = trained_model(small_run)[0]
+    labels = distill.expert_labels(model, "VREdge-v0", SMALL, episodes=1, seed=0)
+    seen, evaluate = [], model.evaluate
+
+    def counted(*args):
+        seen.append(torch.get_num_threads())
+        return evaluate(*args)
+
+    monkeypatch.setattr(model, "evaluate", counted)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        distill.fine_tuned(model, labels, distill.DistillSettings(epochs=1, minibatch_size=4), 0.5)
+        distill.fine_tuned(model, labels, distill.DistillSettings(epochs=1, minibatch_size=4), 0.5, threads=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    steps = len(seen) // 2
+    assert steps and set(seen[:steps]) == {1} and set(seen[steps:]) == {2}
+
+
+def test_the_fine_tuning_benchmark_times_one_thread_and_two_side_by_side(small_run, capsys):
+    from benchmarks import fine_tuning
+
+    fine_tuning.main([str(small_run), "--episodes", "1", "--epochs", "1", "--repeats", "1", "--busy", "0,1"])
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "busy loop" in line]
+    assert len(lines) == 2 and all("1 thread" in line and "2 threads" in line and "x" in line for line in lines)
+    assert "cpu:" in out  # the machine it ran on
