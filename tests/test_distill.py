@@ -256,7 +256,8 @@ ROUND = ["--episodes", "1", "--validation-episodes", "4", "--epochs", "1"]
 def test_a_torn_newest_checkpoint_is_set_aside_and_the_round_never_removes_the_runs_last_good_one(
         tmp_path, monkeypatch, capsys):
     """The issue's reproducer: with --keep-checkpoints 1 and the newest file torn, the round distils the good one,
-    sets the torn one aside as a resume does, and retention keeps what it wrote: the run resumes."""
+    sets the torn one aside as a resume does, and retention keeps what it wrote and the trained weights it came
+    from (never removed by a round): the run resumes."""
     run = tmp_path / "k1"
     train_main(["--num-envs", "4", "--num-steps", "16", "--total-steps", "128", "--env-kwargs", SMALL_FLAG,
                 "--eval-episodes", "0", "--threads", "1", "--device", "cpu", "--keep-checkpoints", "1",
@@ -269,7 +270,7 @@ def test_a_torn_newest_checkpoint_is_set_aside_and_the_round_never_removes_the_r
     distill_command.main([str(run), *ROUND])
     out, err = capsys.readouterr()
     written = Path(printed_lines(out)["checkpoint"])
-    assert written.is_file() and checkpoints.checkpoint_files(run) == [written]  # kept 1: the round's
+    assert written.is_file() and checkpoints.checkpoint_files(run) == [written, good]  # kept 1: the round's
     assert torn.name in err and torn.with_name(torn.name + ".orphaned").is_file()  # set aside, and said
     assert checkpoints.latest_loadable(run)[0] == written
     train_main(["--resume", str(run), "--total-steps", "192"])  # the run goes on from it

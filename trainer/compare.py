@@ -73,7 +73,7 @@ def _compare(argv: list[str] | None, signals: StopSignals) -> None:
     _import_the_comparison()
     import checkpoints
     from trainer.evaluation.comparison import load_run
-    from trainer.evaluation.report import check_writable, existing_part
+    from trainer.evaluation.report import check_writable
 
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
     runs: dict[Path, Path] = {}  # a run in two groups is loaded and played once
@@ -84,7 +84,7 @@ def _compare(argv: list[str] | None, signals: StopSignals) -> None:
         first = _check_one_env(parser, loaded)
         metric = args.curve or _default_curve(first.cfg.env)
         curves = _curves(groups, metric)
-        check_writable(existing_part(out_dir), "the comparison")  # before minutes of episodes (and without making it)
+        check_writable(out_dir, "the comparison", make=False)  # before minutes of episodes
     except (ValueError, checkpoints.CheckpointError) as e:
         raise SystemExit(f"error: {e}") from None
     played = _played(args, loaded)

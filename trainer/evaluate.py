@@ -295,7 +295,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     from envs.profiles import profile_of
     from trainer.evaluation import held_out_env_kwargs, policies
     from trainer.evaluation.policies import critic_refusal, picked_checkpoint, policy_from_state, sampling_refused
-    from trainer.evaluation.report import check_writable, existing_part
+    from trainer.evaluation.report import check_writable
 
     source, state, which = picked_checkpoint(args.checkpoint, args.pick)
     sha256 = checkpoints.content_hash(source)  # right after the load: the weights evaluated (the path may change)
@@ -324,7 +324,7 @@ def _setup(parser: OneLineParser, args: argparse.Namespace, asked_baselines: lis
     run_dir = checkpoints.run_dir_of(args.checkpoint)  # the run given: never one a pointer would lead to
     out_dir = Path(args.out) if args.out else run_dir
     # before minutes of episodes, not after; a folder --out names is made only when the results are written
-    check_writable(existing_part(out_dir), run_dir=None if args.out else run_dir)
+    check_writable(out_dir, run_dir=None if args.out else run_dir, make=False)
     env_fn = functools.partial(gym.make, cfg.env, **env_kwargs)
     cells = _asked_cells(parser, args, model, cfg, vr_config, names)
     return _Setup(source, sha256, which, model, cfg, names, env_kwargs, env_fn, vr_config, run_dir, out_dir, cells,

@@ -133,24 +133,22 @@ def write_replacing(path: Path, text: str) -> None:
     write_whole(path, text)
 
 
-def existing_part(path: Path) -> Path:
-    """``path`` or the nearest of its parents that exists: where a check of an output folder can write without
-    making it (a command stopped before its results leaves no empty folder behind)."""
-    return next(p for p in (path, *path.parents) if p.exists())
-
-
-def check_writable(directory: Path, what: str = "the evaluation outputs", run_dir: Path | None = None) -> None:
+def check_writable(directory: Path, what: str = "the evaluation outputs", run_dir: Path | None = None,
+                   make: bool = True) -> None:
     """Raise ``ValueError`` naming ``directory`` when files cannot be created in it, or, for a run's own outputs
-    (``run_dir`` given), when a link leads it out of the run: nothing is written outside the run it names."""
+    (``run_dir`` given), when a link leads it out of the run: nothing is written outside the run it names.
+    ``make=False``: a missing ``directory`` is not made; the nearest of its parents that exists is tried instead
+    (the caller makes it when it writes, so a command stopped before its results leaves no empty folder)."""
     if run_dir is not None and not directory.resolve().is_relative_to(run_dir.resolve()):
         raise ValueError(f"cannot write {what} to {directory}: it leads to {directory.resolve()}, outside the run "
                          f"{run_dir}; remove the link, or pass --out DIR")
-    if directory.exists() and not directory.is_dir():  # mkdir's "File exists" would not say which is wrong
-        raise ValueError(f"cannot write {what} to {directory}: it is a file, not a directory; pass --out DIR with "
-                         "DIR a directory (made if missing)")
+    tried = directory if make else next(p for p in (directory, *directory.parents) if p.exists())
+    if tried.exists() and not tried.is_dir():  # mkdir's "File exists" would not say which is wrong
+        raise ValueError(f"cannot write {what} to {directory}: {tried} is a file, not a directory; pass --out DIR "
+                         "with DIR a directory (made if missing)")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".check-", suffix=".tmp"):
+        tried.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=tried, prefix=".check-", suffix=".tmp"):
             pass
     except OSError as e:
         raise ValueError(f"cannot write {what} to {directory}: {e.strerror or e}; pass --out DIR") from None

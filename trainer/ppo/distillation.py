@@ -256,7 +256,7 @@ def fine_tuned(model: nn.Module, labels: Labels, settings: DistillSettings, max_
     buffers, not parameters. Deterministic: the shuffles come from ``settings.seed``. ``step_done()`` after each
     minibatch's step (a bar: :func:`fine_tuning_steps` of them). On ``threads`` torch threads: one by default, as
     its minibatches are small and a second thread that waits on another process costs far more than it gains
-    (``benchmarks.fine_tuning``: 1.4x faster quiet, 3.4x slower beside one busy process, on a 2-core AMD EPYC)."""
+    (``benchmarks.fine_tuning``: 1.4x faster quiet, 3.8x slower beside one busy process, on a 2-core AMD EPYC)."""
     with torch_threads(threads):
         return _fine_tuned(model, labels, settings, max_grad_norm, step_done)
 
@@ -415,7 +415,7 @@ def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] 
             best = _validated_against_best(cfg, run_dir, iteration, model)
             with stop_signals_held():  # the file and its pointers are one step: a stop waits for the whole
                 # however many rounds, retention keeps the weights training left, which the first round came from
-                trained = record[0]["from"] if record else source.name
+                trained = record[0].get("from", source.name) if record else source.name  # (no "from": in place)
                 source = checkpoints.save_in_run_dir(run_dir, state, iteration, cfg.keep_checkpoints, revision + 1,
                                                      spared=(str(trained),))
                 if best is not None:
