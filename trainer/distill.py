@@ -42,12 +42,10 @@ NOTHING_WRITTEN = "nothing was written (the run ends with the checkpoint it ende
 def main(argv: list[str] | None = None) -> None:
     import checkpoints
     from trainer.interrupts import StopSignals
-    from trainer.ppo.distillation import MOST_ROUNDS, DistillSettings, distill_rounds
+    from trainer.ppo.distillation import DistillSettings, distill_rounds
 
     p = _parser()
     args = p.parse_args(argv)
-    if not 1 <= args.rounds <= MOST_ROUNDS:
-        p.error(f"--rounds must be >= 1 and <= {MOST_ROUNDS}, got {args.rounds}")
     run = Path(args.run)
     if run.is_file():
         p.error(f"{run} is a file: pass the run directory it belongs to (its newest checkpoint is distilled)")

@@ -475,13 +475,13 @@ def _payload_head(args: argparse.Namespace, setup: _Setup) -> dict[str, Any]:
     from envs.belief_mpc import ON_CRITIC
     from trainer.evaluation.contenders import WITH_CRITIC
 
+    belief = "belief" in _with_reference(args, setup)
     return {"checkpoint": str(setup.source.resolve()), "checkpoint_sha256": setup.sha256,
             "checkpoint_kind": setup.which, "env": setup.cfg.env,
             "env_kwargs": setup.env_kwargs, "episodes": args.episodes, "seed": args.seed,
             "actions": "greedy" if args.deterministic else "sampled",
-            **({"belief_base": args.belief_base} if "belief" in _with_reference(args, setup) else {}),
-            **({"belief_settings": ON_CRITIC} if "belief" in _with_reference(args, setup) and
-               args.belief_base == WITH_CRITIC else {})}
+            **({"belief_base": args.belief_base} if belief else {}),
+            **({"belief_settings": ON_CRITIC} if belief and args.belief_base == WITH_CRITIC else {})}
 
 
 def _print_results(args: argparse.Namespace, setup: _Setup, comparison: Comparison, out: TextIO,

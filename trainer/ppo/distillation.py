@@ -308,15 +308,16 @@ def distillation_refusal(env: str, env_kwargs: dict[str, Any]) -> str:
 
 def distilled(model: nn.Module, env: str, env_kwargs: dict[str, Any], run_seed: int, settings: DistillSettings,
               max_grad_norm: float, progress: RoundProgress | None = None, device: str | torch.device = "cpu",
-              gamma: float = 1.0) -> dict[str, Any]:
+              gamma: float = 1.0, expert: Teacher | None = None) -> dict[str, Any]:
     """Distil into ``model`` in place (module docstring); returns what happened: ``states`` labelled, the
     ``agreement`` with the expert's levels before and after, each epoch's ``cross_entropy``, the validation
     ``difference`` (after - before, paired) and whether the distilled weights were ``kept`` (else ``model`` is as
     it was). ``progress``: a bar it moves (:class:`RoundProgress`; by default one on a terminal). ``device``: where
     the expert computes (the learner's: the same labels on any); ``gamma``: the run's discount (the rollout expert's
-    critic's: :func:`teacher`)."""
+    critic's: :func:`teacher`); ``expert``: the one built already (by default :func:`teacher`'s for
+    ``settings.expert``)."""
     profile = profile_of(env)
-    expert = teacher(model, env, env_kwargs, settings.expert, device, gamma)
+    expert = expert or teacher(model, env, env_kwargs, settings.expert, device, gamma)
     steps = profile.episode_steps(env_kwargs) or gym.spec(env).max_episode_steps or 1  # (a bar's total: a guess)
     progress = progress or RoundProgress(settings, steps)
     try:
@@ -400,13 +401,14 @@ def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] 
         aside = ", ".join(p.name for p in moved)
         notes = [f"newer than {source.name}, none loading, set aside as {aside}"] if moved else []
         validation = counted(chosen.validation_episodes, "validation episode")
-        expert = teacher(model, cfg.env, cfg.env_options, chosen.expert)  # (its words; distilled builds its own)
+        device = expert_device(cfg.device)
+        expert = teacher(model, cfg.env, cfg.env_options, chosen.expert, device, cfg.gamma)
         pace = f" ({expert.pace})" if expert.pace else ""
         started(f"{expert.name} labels the states of {counted(chosen.episodes, 'episode')} that {source.name}'s "
                 f"policy plays{pace}, the actor is fine-tuned toward its actions, and kept where it scores no lower "
                 f"on {validation}")
-        summary = distilled(model, cfg.env, cfg.env_options, cfg.seed, chosen, cfg.max_grad_norm,
-                            device=expert_device(cfg.device), gamma=cfg.gamma)
+        summary = distilled(model, cfg.env, cfg.env_options, cfg.seed, chosen, cfg.max_grad_norm, device=device,
+                            expert=expert)
         if summary["kept"]:
             weights = {k: v.clone() for k, v in model.state_dict().items()}
             state = {**state, "model": weights, "distilled": [*record, _stored(summary, source)]}
