@@ -374,6 +374,15 @@ def distilled_record(state: dict[str, Any], source: str | Path) -> list[dict[str
     return record
 
 
+def _set_aside_after(run_dir: str | Path, source: Path, iteration: int, revision: int) -> list[str]:
+    """As a resume does: sets aside files newer than ``source`` (they do not load) and the remains of a save that
+    never finished; returns the note saying what was set aside (none where nothing was)."""
+    moved = checkpoints.set_aside_newer(run_dir, iteration, revision)
+    checkpoints.remove_partial_saves(run_dir)
+    aside = ", ".join(p.name for p in moved)
+    return [f"newer than {source.name}, none loading, set aside as {aside}"] if moved else []
+
+
 def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] | None = None,
                 started: Callable[[str], None] = lambda line: None, **settings: Any) -> dict[str, Any]:
     """One round on the newest checkpoint of ``run_dir`` (module docstring) with :class:`DistillSettings`
@@ -396,10 +405,7 @@ def distill_run(run_dir: str | Path, seed: int | None = None, saved: list[Path] 
         model, cfg = policy_from_state(state, source)
         _check_distillable(run_dir, cfg, model, source, chosen.expert)
         iteration, revision = int(state["iteration"]), checkpoints.revision_of(source)
-        moved = checkpoints.set_aside_newer(run_dir, iteration, revision)
-        checkpoints.remove_partial_saves(run_dir)
-        aside = ", ".join(p.name for p in moved)
-        notes = [f"newer than {source.name}, none loading, set aside as {aside}"] if moved else []
+        notes = _set_aside_after(run_dir, source, iteration, revision)
         validation = counted(chosen.validation_episodes, "validation episode")
         device = expert_device(cfg.device)
         expert = teacher(model, cfg.env, cfg.env_options, chosen.expert, device, cfg.gamma)
