@@ -22,13 +22,16 @@ policy and of the best baseline. ``OUT/table.md`` holds it, ``OUT/table.json`` e
 policy and the best baseline both lose their users in most episodes is marked UNSERVABLE
 (:mod:`trainer.evaluation.servable`). ``--guard Z`` plays each run a second time with a guard (:func:`guarded`),
 ``--volatility-guard`` with :class:`envs.guard.VolatilityGuard`, its threshold calibrated on the run's own training
-network (:mod:`trainer.evaluation.guards`).
+network (:mod:`trainer.evaluation.guards`); ``--volatility-guard 8,32`` once per hedge (the rounds each episode
+starts with at the lowest level), a recipe's row named for its hedge where it is not the default 8
+(``synthetic+volatility32``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -47,6 +50,7 @@ from benchmarks.cells_table import (
     _written,
 )
 from benchmarks.machine import print_machine
+from envs.guard import HEDGE_ROUNDS, VolatilityGuard
 from envs.make_traces import write_traces
 from envs.profiles import profile_of
 from envs.traces import TRACE_ARGUMENTS
@@ -117,7 +121,10 @@ def _play_volatility_guarded(task: tuple[str, str | None, dict[str, Any], str]) 
 
     torch.set_num_threads(1)
     player, run, played_with, out = task
-    make = profile_of("VREdge-v0").guards["volatility"].make
+    hedge = played_with.get("hedge_rounds", HEDGE_ROUNDS)
+
+    def make(act: Callable[[np.ndarray], np.ndarray], kwargs: dict[str, Any], threshold: float) -> VolatilityGuard:
+        return VolatilityGuard(act, envs.VREdgeConfig(**kwargs), threshold, hedge_rounds=hedge)
     act = policy_actions(_checked_model(played_with), deterministic=True)
     threshold = calibrated_threshold(make, act, "VREdge-v0", played_with["trained_on"])
     records, share = guarded_records(make, act, threshold, "VREdge-v0", played_with["env_kwargs"],
@@ -229,8 +236,13 @@ def _tasks(args: argparse.Namespace, played: Played) -> list[tuple]:
 
 def _guarded_with(player: str, guard: dict[str, Any], trained_on: dict[str, Any]) -> dict[str, Any]:
     """What a guarded player plays with beyond an unguarded one's: the z-guard's settings, or the volatility
-    guard's training network (its threshold is calibrated there)."""
-    return guard if GUARD in player else {"trained_on": trained_on} if VOLATILITY in player else {}
+    guard's training network (its threshold is calibrated there) and its hedge where not the default."""
+    if GUARD in player:
+        return guard
+    if VOLATILITY not in player:
+        return {}
+    hedge = re.match(r"\d*", player.partition(VOLATILITY)[2]).group()  # "synthetic+volatility32-s1": 32
+    return {"trained_on": trained_on, **({"hedge_rounds": int(hedge)} if hedge else {})}
 
 
 def _records(args: argparse.Namespace, network: str, player: str) -> list[dict[str, float]]:
@@ -298,6 +310,17 @@ def table(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     return "\n".join(lines), rows
 
 
+def _hedges(p: OneLineParser, text: str) -> list[int]:
+    """``--volatility-guard``'s hedges (none where it was not given); a usage error where one is not a whole
+    number >= 0 or one is given twice."""
+    hedges = [h.strip() for h in text.split(",") if h.strip()]
+    if bad := [h for h in hedges if not h.isdigit()]:
+        p.error(f"--volatility-guard: {', '.join(bad)} is not a number of rounds; give whole numbers >= 0, e.g. 8,32")
+    if len(set(map(int, hedges))) < len(hedges):
+        p.error(f"--volatility-guard {text}: a hedge given twice; give each once")
+    return [int(h) for h in hedges]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = OneLineParser(prog="python -m benchmarks.generalisation", description=__doc__.split("\n\n")[0])
     p.add_argument("--recipe", type=_recipe, action="append", required=True, dest="recipes",
@@ -310,9 +333,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="also play each run with a guard: where an observation's feature is more than this many "
                         "standard deviations from the run's training observations, --guard-fallback acts (0: off)")
     p.add_argument("--guard-fallback", default="robust_mpc", choices=PAIRED, help="default: %(default)s")
-    p.add_argument("--volatility-guard", action="store_true",
+    p.add_argument("--volatility-guard", nargs="?", const=str(HEDGE_ROUNDS), default="", metavar="HEDGES",
                    help="also play each run with envs.guard.VolatilityGuard (lowest where the cell's capacity jumps "
-                        "more often than on any validation episode of the run's training network)")
+                        "more often than on any validation episode of the run's training network), once per "
+                        "comma-separated hedge: the rounds each episode starts with at the lowest level (default: "
+                        f"{HEDGE_ROUNDS})")
     p.add_argument("--jobs", type=int, default=2, help="players at a time (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="folder for the records, the generated traces, the table")
     args = p.parse_args(argv)
@@ -331,8 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     unguarded = list(args.recipes)
     if args.guard:  # each recipe again, guarded
         args.recipes += [Recipe(r.name + GUARD, r.runs) for r in unguarded]
-    if args.volatility_guard:
-        args.recipes += [Recipe(r.name + VOLATILITY, r.runs) for r in unguarded]
+    args.recipes += [Recipe(r.name + VOLATILITY + ("" if h == HEDGE_ROUNDS else str(h)), r.runs)
+                     for h in _hedges(p, args.volatility_guard) for r in unguarded]
     played = _checked_runs(p, args.recipes, bool(args.guard))
     print_machine()
     write_traces(args.out / "heavy-traces", **HEAVY)  # the same bytes every time

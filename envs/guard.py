@@ -24,19 +24,22 @@ Act = Callable[[np.ndarray], np.ndarray]
 
 JUMP = 0.35  # a round whose capacity differs from the last by more than this in log (x1.42 either way) jumped
 MEMORY = 0.97  # the share's running mean keeps this much of itself a round (a memory of ~33 rounds)
-HEDGE_ROUNDS = 8  # the rounds at an episode's start that play lowest while the share has little evidence; the
-# share also counts this many rounds without a jump before the episode's first, so an early jump moves it little
+HEDGE_ROUNDS = 8  # by default, the rounds at an episode's start that play lowest while the share has little
+# evidence; whatever the hedge, the share counts this many rounds without a jump before the episode's first, so that
+# an early jump moves it little
 
 
 class VolatilityGuard:
     """``act`` guarded: each row of one natively batched VR-edge env plays ``act``'s levels until the share of its
     episode's rounds whose cell capacity jumped (:data:`JUMP`) passes ``threshold``, then every user's lowest level
-    to the episode's end; every row plays the lowest level in its episode's first :data:`HEDGE_ROUNDS` rounds.
+    to the episode's end; every row plays the lowest level in its episode's first ``hedge_rounds`` rounds
+    (:data:`HEDGE_ROUNDS`; a longer hedge is safer on a network like no training one and costs its rounds on every
+    network: docs/traces.md, "How long to hedge").
 
     It keeps a row per env, so it must see every row at every step, rows whose episodes ended included
     (``trainer.evaluation.filter_episodes``); a row's episode starts where its observation's round is 0. Shapes:
     ``guard(obs [B, obs_dim]) -> actions [B, U]``; ``share`` ``[B]`` and ``guarded`` ``[B]`` (bool) after each call;
-    ``peak``: the highest share seen from round :data:`HEDGE_ROUNDS` on, every row and call so far (with
+    ``peak``: the highest share seen from round ``hedge_rounds`` on, every row and call so far (with
     ``threshold=math.inf`` the guard only hedges and measures: its peak calibrates another's threshold).
 
         >>> import numpy as np
@@ -54,11 +57,14 @@ class VolatilityGuard:
         ([[5, 5, 5], [5, 5, 5]], [False, False])
     """
 
-    def __init__(self, act: Act, cfg: VREdgeConfig, threshold: float) -> None:
+    def __init__(self, act: Act, cfg: VREdgeConfig, threshold: float, hedge_rounds: int = HEDGE_ROUNDS) -> None:
         if not threshold >= 0:
             raise ValueError(f"VolatilityGuard needs threshold >= 0, got {threshold!r}: a share of rounds (0: any "
                              "jump past the hedge trips it)")
-        self.act, self.cfg, self.threshold = act, cfg, float(threshold)
+        if isinstance(hedge_rounds, bool) or not isinstance(hedge_rounds, int) or hedge_rounds < 0:
+            raise ValueError(f"VolatilityGuard needs hedge_rounds a whole number >= 0, got {hedge_rounds!r}: the "
+                             "rounds at an episode's start that play the lowest level")
+        self.act, self.cfg, self.threshold, self.hedge_rounds = act, cfg, float(threshold), hedge_rounds
         users = cfg.num_user_features * cfg.num_users  # the observation's per-user features come first
         self._history = slice(users, users + cfg.history)
         self._round = self._history.stop  # the episode's progress, t / max_steps
@@ -75,7 +81,7 @@ class VolatilityGuard:
                              f"config it was given), got shape {list(obs.shape)}: pass every row of one batched env "
                              "of that config")
         rounds = self._observe(obs)
-        self.guarded = self._tripped | (rounds < HEDGE_ROUNDS)
+        self.guarded = self._tripped | (rounds < self.hedge_rounds)
         actions = np.array(self.act(obs), copy=True)
         actions[self.guarded] = 0  # every user's lowest level
         return actions
@@ -86,7 +92,7 @@ class VolatilityGuard:
             self._mean, self._tripped = np.zeros(len(obs)), np.zeros(len(obs), dtype=bool)
         rounds = np.rint(obs[:, self._round].astype(np.float64) * self.cfg.max_steps)
         self._mean, self.share = running_share(self._mean, rounds, jumped(obs[:, self._history]))
-        past_hedge = rounds >= HEDGE_ROUNDS
+        past_hedge = rounds >= self.hedge_rounds
         if past_hedge.any():
             self.peak = max(self.peak, float(self.share[past_hedge].max()))
         self._tripped = np.where(rounds == 0, False, self._tripped | ((self.share > self.threshold) & past_hedge))

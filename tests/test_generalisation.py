@@ -98,6 +98,9 @@ def test_bad_input_is_one_line(tmp_path, capsys):
         generalisation.main(["--recipe", f"x={a}", "--networks", "synthetic,moon", "--out", out])
     with exits(2, "robust", capsys=capsys):
         generalisation.main(["--recipe", "robust", "--out", out])
+    for hedges, named in (("8,-2", "-2"), ("8,eight", "eight"), ("16,16", "twice")):
+        with exits(2, "--volatility-guard", named, capsys=capsys):
+            generalisation.main(["--recipe", f"x={a}", "--volatility-guard", hedges, "--out", out])
     assert not (tmp_path / "out").exists()
 
 
@@ -166,13 +169,13 @@ def test_each_run_plays_each_network_as_evaluate_plays_it_and_again_plays_nothin
     act = policy_actions(model, deterministic=True)
     trained_on = {"num_users": 3, "max_steps": 20, "outage_prob": "0-0.1", "capacity_scale": "0.5-2"}
 
-    def past_hedge(threshold: float, kwargs: dict, seeds: list[int]) -> tuple[int, list]:
-        guard, acted = VolatilityGuard(act, envs.VREdgeConfig(**kwargs), threshold), [0]
+    def past_hedge(threshold: float, kwargs: dict, seeds: list[int], hedge: int = HEDGE_ROUNDS) -> tuple[int, list]:
+        guard, acted = VolatilityGuard(act, envs.VREdgeConfig(**kwargs), threshold, hedge_rounds=hedge), [0]
 
         def counted(obs):
             actions = guard(obs)
             rounds = np.rint(obs[:, -1] * 20)  # (this cell's last feature: the round over max_steps)
-            acted[0] += int((guard.guarded & (rounds >= HEDGE_ROUNDS)).sum())
+            acted[0] += int((guard.guarded & (rounds >= hedge)).sum())
             return actions
         episodes = len(seeds) if seeds else 2
         records = filter_episodes(counted, functools.partial(gym.make, "VREdge-v0", **kwargs), episodes, 0,
@@ -186,3 +189,13 @@ def test_each_run_plays_each_network_as_evaluate_plays_it_and_again_plays_nothin
     assert past_hedge(threshold * 0.99, trained_on, validation_seeds(0, 50))[0] > 0
     heavy = {"num_users": 3, "max_steps": 20, **known["heavy-median"][1]}
     assert kept["records"] == past_hedge(threshold, heavy, None)[1]  # and it played the network with that guard
+
+    generalisation.main([*argv, "--volatility-guard", "8,3"])  # another hedge: only its players play
+    assert "4 records to play" in capsys.readouterr().out
+    rows = {(r["network"], r["recipe"]) for r in json.loads((out / "table.json").read_text())}
+    assert {("heavy-median", "ranged+volatility"), ("heavy-median", "ranged+volatility3")} <= rows
+    short = json.loads((out / "heavy-median" / "ranged+volatility3-s1.json").read_text())
+    assert short["played_with"]["hedge_rounds"] == 3 and "hedge_rounds" not in kept["played_with"]
+    threshold = short["threshold"]  # calibrated past its own hedge, and played with it
+    assert past_hedge(threshold, trained_on, validation_seeds(0, 50), hedge=3)[0] == 0
+    assert short["records"] == past_hedge(threshold, heavy, None, hedge=3)[1]

@@ -106,6 +106,28 @@ def test_on_the_synthetic_cell_the_guard_plays_the_policy_past_the_hedge_and_is_
     assert actions_over(peak / 2)[0] != never  # below it, it does
 
 
+@pytest.mark.parametrize("hedge", [0, 3, 20])
+def test_the_hedge_lasts_the_rounds_asked_and_the_peak_is_taken_past_it(hedge):
+    guard = VolatilityGuard(top, CFG, threshold=math.inf, hedge_rounds=hedge)
+    assert played(guard, [1.0, 3.0] * 15) == [True] * hedge + [False] * (30 - hedge)
+    mean, shares = np.zeros(1), []
+    for t in range(30):  # the share's prior is the default hedge's whatever the hedge: the same shares
+        mean, share = running_share(mean, np.array([float(t)]), np.array([float(t > 0)]))
+        shares.append(share[0])
+    assert guard.peak == pytest.approx(max(shares[hedge:]))
+    tripped = VolatilityGuard(top, CFG, threshold=0.2, hedge_rounds=hedge)  # from the round past the hedge its
+    # share passes the threshold, for good
+    expected = [t < hedge or any(share > 0.2 for share in shares[hedge:t + 1]) for t in range(30)]
+    assert played(tripped, [1.0, 3.0] * 15) == expected and expected[-1]
+
+
+@pytest.mark.parametrize("hedge", [-1, 2.5, True, "8"])
+def test_a_hedge_that_is_not_a_count_of_rounds_is_refused(hedge):
+    with pytest.raises(ValueError, match="hedge_rounds") as refused:
+        VolatilityGuard(top, CFG, 0.2, hedge_rounds=hedge)
+    assert "\n" not in str(refused.value)
+
+
 @pytest.mark.parametrize("threshold", [-0.1, float("nan")])
 def test_a_threshold_that_is_not_a_share_is_refused(threshold):
     with pytest.raises(ValueError, match="threshold"):

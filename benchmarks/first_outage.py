@@ -1,0 +1,117 @@
+"""How episodes end on an outage-heavy network (issue 64, docs/traces.md "How long to hedge"): for each player,
+how many of its episodes end in the very round of the first outage it meets, and when that first outage comes.
+
+    python -m benchmarks.first_outage runs/default/s1 runs/default/s2 runs/default/s3 --out runs/first_outage
+
+Every player (each run's greedy policy, and ``lowest``) plays the same ``--episodes`` episodes (evaluation seed
+``--seed``) of a network of :func:`benchmarks.generalisation.networks` (``heavy`` by default: the generated
+heavy-tailed set, the same bytes as the generalisation table's) over each run's cell, in one batched env of a row
+per episode. A round is an outage where the cell's capacity in it is below a tenth of the nominal (the observation's
+capacity, which is over the nominal: on a set scaled by its mean, a tenth of the mean, issue 64's measure of a heavy
+tail). On a recorded network a player's path through it is its own (time moves with its downloads), so each
+player's outages are counted on its own path. Prints a Markdown table: the mean episode length, the episodes that
+met an outage, those that ended in the round of their first (and within two rounds of it), and the quartiles of the
+first outage's round.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OUTAGE = 0.1  # a round whose capacity is below this share of the nominal is an outage
+
+
+def outage_episodes(act: Any, env_kwargs: dict[str, Any], episodes: int, seed: int) -> list[dict[str, int]]:
+    """Per episode (evaluation seeds of ``seed``), its ``length`` and the round of the first outage its player met
+    (``first_outage``, 1-based; 0 where none): ``act(obs [n, obs_dim]) -> levels [n, users]`` plays every row."""
+    from envs.vector import VREdgeVectorEnv
+    from trainer.evaluation.episodes import evaluation_seeds
+
+    env = VREdgeVectorEnv(num_envs=episodes, **env_kwargs)
+    cfg = env.config
+    capacity = cfg.num_user_features * cfg.num_users + cfg.history - 1  # the last round's, in the history
+    obs, _ = env.reset(seed=evaluation_seeds(seed, episodes))
+    length, first = np.zeros(episodes, dtype=int), np.zeros(episodes, dtype=int)
+    playing = np.ones(episodes, dtype=bool)
+    for t in range(1, cfg.max_steps + 1):
+        obs, _, terminated, truncated, info = env.step(np.asarray(act(obs)))
+        ended = terminated | truncated
+        seen = np.where(ended[:, None], info["final_obs"], obs) if ended.any() else obs  # the round's own capacity
+        met = playing & (first == 0) & (seen[:, capacity] < OUTAGE)
+        first[met] = t
+        length[playing & ended] = t
+        playing &= ~ended
+        if not playing.any():
+            break
+    env.close()
+    return [{"length": int(n), "first_outage": int(f)} for n, f in zip(length, first)]
+
+
+def summary(episodes: list[dict[str, int]]) -> dict[str, Any]:
+    """A player's row: mean length, episodes meeting an outage, ending in its round (and within two rounds after),
+    and the quartiles of the first outage's round over the episodes meeting one."""
+    met = [e for e in episodes if e["first_outage"]]
+    after = [e["length"] - e["first_outage"] for e in met]
+    return {"episodes": len(episodes), "mean_length": float(np.mean([e["length"] for e in episodes])),
+            "met_an_outage": len(met), "ended_in_its_round": sum(a == 0 for a in after),
+            "ended_within_2": sum(0 <= a <= 2 for a in after),
+            "first_outage_quartiles": np.quantile([e["first_outage"] for e in met], [0.25, 0.5, 0.75]).tolist()
+            if met else []}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    import envs
+    from benchmarks.cells_table import _stored_config
+    from benchmarks.generalisation import HEAVY, NETWORK_ARGUMENTS, networks
+    from benchmarks.machine import print_machine
+    from envs.make_traces import write_traces
+    from trainer.arguments import OneLineParser
+    from trainer.evaluation.episodes import policy_actions
+    from trainer.evaluation.policies import trained_model
+
+    p = OneLineParser(prog="python -m benchmarks.first_outage", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="run directories (VR-edge, one cell)")
+    p.add_argument("--network", default="heavy", help="a network of the generalisation table (default: heavy)")
+    p.add_argument("--episodes", type=int, default=50, help="held-out episodes (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="evaluation seed (default: %(default)s)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the generated traces and the table")
+    args = p.parse_args(argv)
+    known = networks(args.out / "heavy-traces")
+    if args.network not in known:
+        p.error(f"--network {args.network} unknown; pick from {', '.join(known)}")
+    if args.episodes < 1:
+        p.error(f"--episodes must be >= 1, got {args.episodes}")
+    cells = {json.dumps({k: v for k, v in _stored_config(p, run).env_options.items() if k not in NETWORK_ARGUMENTS},
+                        sort_keys=True) for run in args.runs}
+    if len(cells) > 1:
+        p.error("the runs were trained in different cells (users, rewards, episode length); pass runs of one cell")
+    env_kwargs = {**json.loads(cells.pop()), **known[args.network][1]}
+    print_machine()
+    write_traces(args.out / "heavy-traces", **HEAVY)  # the same bytes every time
+    torch.set_num_threads(1)
+    users = envs.VREdgeConfig(**env_kwargs).num_users
+    players = {"lowest": lambda obs: np.zeros((len(obs), users), dtype=np.int64)}
+    players |= {str(run): policy_actions(trained_model(run, pick="best")[0], deterministic=True) for run in args.runs}
+    rows = {name: summary(outage_episodes(act, env_kwargs, args.episodes, args.seed)) for name, act in players.items()}
+    head = ["player", "episode length", "met an outage", "ended in its round", "within 2 rounds",
+            "first outage: round (quartiles)"]
+    lines = [f"{args.network}: {args.episodes} held-out episodes (seed {args.seed}); an outage: a round whose "
+             f"capacity is below {OUTAGE:g} of the nominal\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join([name, f"{r['mean_length']:.1f}", str(r["met_an_outage"]), str(r["ended_in_its_round"]),
+                                 str(r["ended_within_2"]), ", ".join(f"{q:g}" for q in r["first_outage_quartiles"])])
+              + " |" for name, r in rows.items()]
+    text = "\n".join(lines)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "first_outage.md").write_text(text + "\n")
+    (args.out / "first_outage.json").write_text(json.dumps(rows, indent=1))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
