@@ -8,10 +8,10 @@ Every player (each run's greedy policy, and ``lowest``) plays the same ``--episo
 heavy-tailed set, the same bytes as the generalisation table's) over each run's cell, in one batched env of a row
 per episode. A round is an outage where the cell's capacity in it is below a tenth of the nominal (the observation's
 capacity, which is over the nominal: on a set scaled by its mean, a tenth of the mean, issue 64's measure of a heavy
-tail). On a recorded network a player's path through it is its own (time moves with its downloads), so each
-player's outages are counted on its own path. Prints a Markdown table: the mean episode length, the episodes that
-met an outage, those that ended in the round of their first (and within two rounds of it), and the quartiles of the
-first outage's round.
+tail). The capacity does not depend on the player: an episode's first outage comes in the same round for every
+player still playing it. Prints a Markdown table: the mean episode length, the episodes that met an outage, those
+that ended in the round of their first (and within two rounds of it), and the quartiles of the first outage's
+round over the episodes that met one.
 """
 
 from __future__ import annotations
