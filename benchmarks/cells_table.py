@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import json
 import multiprocessing
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import checkpoints
 import envs
 from benchmarks.machine import print_machine
-from collectors.stop_signals import leave_ctrl_c_to_the_parent
+from collectors.stop_signals import handled_stop_signals, leave_ctrl_c_to_the_parent, restore_handlers
 from envs.profiles import profile_of
 from envs.settings import ConfigError
 from envs.traces import TRACE_ARGUMENTS, TraceError
@@ -289,18 +290,26 @@ def _play_all(args: argparse.Namespace, tasks: list[tuple], play: Callable[[tupl
     """Play ``tasks`` (with ``play``), ``--jobs`` at a time, each said as it is done; a stop signal, or a run's
     checkpoint that holds other weights than when the table began, ends the command, every record played kept."""
     print(f"{len(tasks)} records to play (a player in a cell each), {args.jobs} at a time", flush=True)
-    played = 0
-    with multiprocessing.get_context("spawn").Pool(args.jobs, initializer=leave_ctrl_c_to_the_parent) as pool:
-        try:
-            for done in pool.imap_unordered(play, tasks):
-                played += 1
-                print(f"played {done}", flush=True)
-        except CheckpointChangedError as e:  # the records kept name the weights they are of: none is mistaken
-            sys.exit(f"error: {e}")
-        except KeyboardInterrupt:  # the pool's exit terminates the players; what they finished is kept
-            print(f"stopped: every player that finished is kept in {args.out} (of {len(tasks)}: {played} reported); "
-                  "the same command goes on", file=sys.stderr)
-            sys.exit(130)
+    played, stopped_by = 0, [signal.SIGINT]
+
+    def stop(signum: int, frame: Any) -> None:  # any stop signal as Ctrl-C: the pool's exit ends its players
+        stopped_by[0] = signum
+        raise KeyboardInterrupt
+    previous = {s: signal.signal(s, stop) for s in handled_stop_signals() if s != signal.SIGINT}
+    try:
+        with multiprocessing.get_context("spawn").Pool(args.jobs, initializer=leave_ctrl_c_to_the_parent) as pool:
+            try:
+                for done in pool.imap_unordered(play, tasks):
+                    played += 1
+                    print(f"played {done}", flush=True)
+            except CheckpointChangedError as e:  # the records kept name the weights they are of: none is mistaken
+                sys.exit(f"error: {e}")
+            except KeyboardInterrupt:  # the pool's exit terminates the players; what they finished is kept
+                print(f"stopped: every player that finished is kept in {args.out} (of {len(tasks)}: {played} "
+                      "reported); the same command goes on", file=sys.stderr)
+                sys.exit(128 + stopped_by[0])
+    finally:
+        restore_handlers(previous)
 
 
 def main(argv: list[str] | None = None) -> None:

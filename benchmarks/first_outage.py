@@ -16,17 +16,25 @@ round over the episodes that met one.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmarks.generalisation import HEAVY, Played, Recipe, _checked_runs, networks
+from benchmarks.machine import print_machine
+from collectors.stop_signals import exiting_at_once_on_stop_signals
+from envs.make_traces import write_traces
+from trainer.arguments import OneLineParser
+
 OUTAGE = 0.1  # a round whose capacity is below this share of the nominal is an outage
 
 
 def outage_episodes(act: Any, env_kwargs: dict[str, Any], episodes: int, seed: int) -> list[dict[str, int]]:
-    """Per episode (evaluation seeds of ``seed``), its ``length`` and the round of the first outage its player met
+    """Per episode (evaluation seeds of ``seed``), its ``length``, whether a user's leaving ended it
+    (``terminated``: 1, not the episode's last round) and the round of the first outage its player met
     (``first_outage``, 1-based; 0 where none): ``act(obs [n, obs_dim]) -> levels [n, users]`` plays every row."""
     from envs.vector import VREdgeVectorEnv
     from trainer.evaluation.episodes import evaluation_seeds
@@ -35,7 +43,7 @@ def outage_episodes(act: Any, env_kwargs: dict[str, Any], episodes: int, seed: i
     cfg = env.config
     capacity = cfg.num_user_features * cfg.num_users + cfg.history - 1  # the last round's, in the history
     obs, _ = env.reset(seed=evaluation_seeds(seed, episodes))
-    length, first = np.zeros(episodes, dtype=int), np.zeros(episodes, dtype=int)
+    length, first, left = np.zeros(episodes, dtype=int), np.zeros(episodes, dtype=int), np.zeros(episodes, dtype=int)
     playing = np.ones(episodes, dtype=bool)
     for t in range(1, cfg.max_steps + 1):
         obs, _, terminated, truncated, info = env.step(np.asarray(act(obs)))
@@ -44,18 +52,19 @@ def outage_episodes(act: Any, env_kwargs: dict[str, Any], episodes: int, seed: i
         met = playing & (first == 0) & (seen[:, capacity] < OUTAGE)
         first[met] = t
         length[playing & ended] = t
+        left[playing & terminated] = 1
         playing &= ~ended
         if not playing.any():
             break
     env.close()
-    return [{"length": int(n), "first_outage": int(f)} for n, f in zip(length, first)]
+    return [{"length": int(n), "terminated": int(e), "first_outage": int(f)} for n, e, f in zip(length, left, first)]
 
 
 def summary(episodes: list[dict[str, int]]) -> dict[str, Any]:
-    """A player's row: mean length, episodes meeting an outage, ending in its round (and within two rounds after),
-    and the quartiles of the first outage's round over the episodes meeting one."""
+    """A player's row: mean length, episodes meeting an outage, ended by a user leaving in its round (and within
+    two rounds after), and the quartiles of the first outage's round over the episodes meeting one."""
     met = [e for e in episodes if e["first_outage"]]
-    after = [e["length"] - e["first_outage"] for e in met]
+    after = [e["length"] - e["first_outage"] for e in met if e["terminated"]]
     return {"episodes": len(episodes), "mean_length": float(np.mean([e["length"] for e in episodes])),
             "met_an_outage": len(met), "ended_in_its_round": sum(a == 0 for a in after),
             "ended_within_2": sum(0 <= a <= 2 for a in after),
@@ -64,53 +73,64 @@ def summary(episodes: list[dict[str, int]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import torch
-
-    import envs
-    from benchmarks.cells_table import _stored_config
-    from benchmarks.generalisation import HEAVY, NETWORK_ARGUMENTS, networks
-    from benchmarks.machine import print_machine
-    from envs.make_traces import write_traces
-    from trainer.arguments import OneLineParser
-    from trainer.evaluation.episodes import policy_actions
-    from trainer.evaluation.policies import trained_model
-
     p = OneLineParser(prog="python -m benchmarks.first_outage", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="run directories (VR-edge, one cell)")
-    p.add_argument("--network", default="heavy", help="a network of the generalisation table (default: heavy)")
+    p.add_argument("--network", default="heavy", help="a network of the generalisation table: "
+                   f"{', '.join(networks(Path('.')))} (default: %(default)s)")
     p.add_argument("--episodes", type=int, default=50, help="held-out episodes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="evaluation seed (default: %(default)s)")
-    p.add_argument("--out", type=Path, required=True, help="folder for the generated traces and the table")
+    p.add_argument("--out", type=Path, required=True,
+                   help="folder for the generated traces and the table (first_outage_NETWORK.md and .json)")
     args = p.parse_args(argv)
     known = networks(args.out / "heavy-traces")
     if args.network not in known:
         p.error(f"--network {args.network} unknown; pick from {', '.join(known)}")
     if args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
-    cells = {json.dumps({k: v for k, v in _stored_config(p, run).env_options.items() if k not in NETWORK_ARGUMENTS},
-                        sort_keys=True) for run in args.runs}
-    if len(cells) > 1:
-        p.error("the runs were trained in different cells (users, rewards, episode length); pass runs of one cell")
-    env_kwargs = {**json.loads(cells.pop()), **known[args.network][1]}
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out {args.out}: a file is there; name a folder (made if missing)")
+    runs = list(dict.fromkeys(args.runs))  # (a run named twice is one player)
+    # each run its own recipe: checked as the generalisation table checks them (VR-edge, one cell, a checkpoint)
+    played = _checked_runs(p, [Recipe(f"run{i}", [run]) for i, run in enumerate(runs)], guard=False)
+    with exiting_at_once_on_stop_signals("nothing was written; run the same command again"):
+        rows = _played(args, runs, played, {**played.cell, **known[args.network][1]})
+    text = _table(args, rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"first_outage_{args.network}.md").write_text(text + "\n")
+    (args.out / f"first_outage_{args.network}.json").write_text(json.dumps(rows, indent=1))
+    print(text)
+
+
+def _played(args: argparse.Namespace, runs: list[Path], played: Played, env_kwargs: dict[str, Any]
+            ) -> dict[str, dict[str, Any]]:
+    """Each player's row (:func:`summary`): ``lowest`` and each run's greedy policy."""
+    import torch
+
+    import envs
+    from benchmarks.cells_table import _checked_model
+    from trainer.evaluation.episodes import policy_actions
+
     print_machine()
     write_traces(args.out / "heavy-traces", **HEAVY)  # the same bytes every time
     torch.set_num_threads(1)
     users = envs.VREdgeConfig(**env_kwargs).num_users
     players = {"lowest": lambda obs: np.zeros((len(obs), users), dtype=np.int64)}
-    players |= {str(run): policy_actions(trained_model(run, pick="best")[0], deterministic=True) for run in args.runs}
-    rows = {name: summary(outage_episodes(act, env_kwargs, args.episodes, args.seed)) for name, act in players.items()}
+    players |= {str(run): policy_actions(_checked_model(named), deterministic=True)
+                for run, named in zip(runs, played.checkpoints.values())}
+    return {name: summary(outage_episodes(act, env_kwargs, args.episodes, args.seed)) for name, act in players.items()}
+
+
+def _table(args: argparse.Namespace, rows: dict[str, dict[str, Any]]) -> str:
     head = ["player", "episode length", "met an outage", "ended in its round", "within 2 rounds",
             "first outage: round (quartiles)"]
     lines = [f"{args.network}: {args.episodes} held-out episodes (seed {args.seed}); an outage: a round whose "
-             f"capacity is below {OUTAGE:g} of the nominal\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"capacity is below {OUTAGE:g} of the nominal; ended: by a user leaving\n", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
     lines += ["| " + " | ".join([name, f"{r['mean_length']:.1f}", str(r["met_an_outage"]), str(r["ended_in_its_round"]),
-                                 str(r["ended_within_2"]), ", ".join(f"{q:g}" for q in r["first_outage_quartiles"])])
-              + " |" for name, r in rows.items()]
-    text = "\n".join(lines)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "first_outage.md").write_text(text + "\n")
-    (args.out / "first_outage.json").write_text(json.dumps(rows, indent=1))
-    print(text)
+                                 str(r["ended_within_2"]),
+                                 ", ".join(f"{q:g}" for q in r["first_outage_quartiles"]) or "none"]) + " |"
+              for name, r in rows.items()]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

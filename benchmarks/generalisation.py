@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -310,18 +311,29 @@ def table(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     return "\n".join(lines), rows
 
 
-def _hedges(p: OneLineParser, text: str) -> list[int]:
+def _hedges(p: OneLineParser, text: str | None) -> list[int]:
     """``--volatility-guard``'s hedges (none where it was not given); a usage error where one is not a whole
-    number >= 0 or one is given twice."""
-    hedges = [h.strip() for h in text.split(",") if h.strip()]
-    if bad := [h for h in hedges if not h.isdigit()]:
-        p.error(f"--volatility-guard: {', '.join(bad)} is not a number of rounds; give whole numbers >= 0, e.g. 8,32")
+    number >= 0 (an empty one included) or one is given twice."""
+    if text is None:
+        return []
+    hedges = [h.strip() for h in text.split(",")]
+    if bad := [h for h in hedges if not (h.isascii() and h.isdigit())]:
+        p.error(f"--volatility-guard {text}: {', '.join(repr(h) for h in bad)} is not a whole number >= 0 of rounds; "
+                "give comma-separated hedges, e.g. 8,32")
     if len(set(map(int, hedges))) < len(hedges):
         p.error(f"--volatility-guard {text}: a hedge given twice; give each once")
     return [int(h) for h in hedges]
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except KeyboardInterrupt:  # before the players start (checking the runs, writing the traces): nothing played
+        print("stopped before anything was played; the same command starts again", file=sys.stderr)
+        sys.exit(130)
+
+
+def _main(argv: list[str] | None) -> None:
     p = OneLineParser(prog="python -m benchmarks.generalisation", description=__doc__.split("\n\n")[0])
     p.add_argument("--recipe", type=_recipe, action="append", required=True, dest="recipes",
                    help="NAME=RUN[,RUN...]: a recipe's runs (one per training seed); repeat for each recipe")
@@ -333,11 +345,12 @@ def main(argv: list[str] | None = None) -> None:
                    help="also play each run with a guard: where an observation's feature is more than this many "
                         "standard deviations from the run's training observations, --guard-fallback acts (0: off)")
     p.add_argument("--guard-fallback", default="robust_mpc", choices=PAIRED, help="default: %(default)s")
-    p.add_argument("--volatility-guard", nargs="?", const=str(HEDGE_ROUNDS), default="", metavar="HEDGES",
+    p.add_argument("--volatility-guard", nargs="?", const=str(HEDGE_ROUNDS), default=None, metavar="HEDGES",
                    help="also play each run with envs.guard.VolatilityGuard (lowest where the cell's capacity jumps "
                         "more often than on any validation episode of the run's training network), once per "
                         "comma-separated hedge: the rounds each episode starts with at the lowest level (default: "
-                        f"{HEDGE_ROUNDS})")
+                        f"{HEDGE_ROUNDS}); a recipe's rows are NAME+volatility (hedge {HEDGE_ROUNDS}) and "
+                        "NAME+volatilityN (hedge N)")
     p.add_argument("--jobs", type=int, default=2, help="players at a time (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="folder for the records, the generated traces, the table")
     args = p.parse_args(argv)

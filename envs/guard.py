@@ -14,6 +14,7 @@ acts, played on its validation episodes), so that it does not act there.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import numpy as np
@@ -61,10 +62,14 @@ class VolatilityGuard:
         if not threshold >= 0:
             raise ValueError(f"VolatilityGuard needs threshold >= 0, got {threshold!r}: a share of rounds (0: any "
                              "jump past the hedge trips it)")
-        if isinstance(hedge_rounds, bool) or not isinstance(hedge_rounds, int) or hedge_rounds < 0:
+        try:  # any integer (numpy's too), not a bool
+            hedge = -1 if isinstance(hedge_rounds, bool) else operator.index(hedge_rounds)
+        except TypeError:
+            hedge = -1
+        if hedge < 0:
             raise ValueError(f"VolatilityGuard needs hedge_rounds a whole number >= 0, got {hedge_rounds!r}: the "
                              "rounds at an episode's start that play the lowest level")
-        self.act, self.cfg, self.threshold, self.hedge_rounds = act, cfg, float(threshold), hedge_rounds
+        self.act, self.cfg, self.threshold, self.hedge_rounds = act, cfg, float(threshold), hedge
         users = cfg.num_user_features * cfg.num_users  # the observation's per-user features come first
         self._history = slice(users, users + cfg.history)
         self._round = self._history.stop  # the episode's progress, t / max_steps

@@ -1,5 +1,4 @@
-"""benchmarks.first_outage: each episode's first outage, found on the player's own path, and how episodes end
-against it."""
+"""benchmarks.first_outage: each episode's first outage, and how episodes end against it."""
 
 from __future__ import annotations
 
@@ -20,8 +19,9 @@ def at(level: int):
     return lambda obs: np.full((len(obs), 2), level, dtype=np.int64)
 
 
-def first_outage_alone(level: int, seed: int) -> tuple[int, int]:
-    """One episode played alone in a single env: its length and the round of its first outage (0: none)."""
+def first_outage_alone(level: int, seed: int) -> tuple[int, int, int]:
+    """One episode played alone in a single env: its length, whether a user's leaving ended it, and the round of
+    its first outage (0: none)."""
     import gymnasium as gym
 
     env, cfg = gym.make("VREdge-v0", **CELL), envs.VREdgeConfig(**CELL)
@@ -33,7 +33,7 @@ def first_outage_alone(level: int, seed: int) -> tuple[int, int]:
         if not first and obs[capacity] < OUTAGE:
             first = t
         if terminated or truncated:
-            return t, first
+            return t, int(terminated), first
     raise AssertionError("the episode did not end")
 
 
@@ -41,17 +41,20 @@ def test_each_episode_is_its_seeds_played_alone_and_the_top_level_ends_in_its_fi
     seeds = evaluation_seeds(0, 6)
     for level in (0, 5):
         played = outage_episodes(at(level), CELL, 6, 0)
-        assert [(e["length"], e["first_outage"]) for e in played] == [first_outage_alone(level, s) for s in seeds]
+        assert [(e["length"], e["terminated"], e["first_outage"]) for e in played] == [
+            first_outage_alone(level, s) for s in seeds]
     top, lowest = summary(outage_episodes(at(5), CELL, 6, 0)), summary(outage_episodes(at(0), CELL, 6, 0))
     assert top["met_an_outage"] == top["ended_in_its_round"] > 0  # every one it met ended there
     assert lowest["met_an_outage"] > 0 and lowest["ended_in_its_round"] < top["ended_in_its_round"]
     assert top["mean_length"] < lowest["mean_length"]
 
 
-def test_an_episode_without_an_outage_counts_none():
-    calm = summary([{"length": 30, "first_outage": 0}, {"length": 12, "first_outage": 10}])
-    assert calm["met_an_outage"] == 1 and calm["ended_in_its_round"] == 0 and calm["ended_within_2"] == 1
-    assert calm["first_outage_quartiles"] == [10, 10, 10] and calm["mean_length"] == 21
+def test_an_episode_without_an_outage_counts_none_nor_one_that_ran_to_its_last_round():
+    calm = summary([{"length": 30, "terminated": 0, "first_outage": 0},
+                    {"length": 12, "terminated": 1, "first_outage": 10},
+                    {"length": 30, "terminated": 0, "first_outage": 30}])  # its last round an outage: nobody left
+    assert calm["met_an_outage"] == 2 and calm["ended_in_its_round"] == 0 and calm["ended_within_2"] == 1
+    assert calm["first_outage_quartiles"] == [15, 20, 25] and calm["mean_length"] == 24
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):
@@ -67,4 +70,9 @@ def test_bad_input_is_one_line(tmp_path, capsys):
         first_outage.main([str(a), "--episodes", "0", "--out", out])
     with exits(2, "config.json", capsys=capsys):
         first_outage.main([str(tmp_path), "--out", out])
+    with exits(2, "checkpoints", capsys=capsys):  # (a traceback once, after the traces were written)
+        first_outage.main([str(a), "--out", out])
+    (tmp_path / "afile").write_text("")
+    with exits(2, "--out", "afile", capsys=capsys):
+        first_outage.main([str(a), "--out", str(tmp_path / "afile")])
     assert not (tmp_path / "out").exists()

@@ -98,7 +98,8 @@ def test_bad_input_is_one_line(tmp_path, capsys):
         generalisation.main(["--recipe", f"x={a}", "--networks", "synthetic,moon", "--out", out])
     with exits(2, "robust", capsys=capsys):
         generalisation.main(["--recipe", "robust", "--out", out])
-    for hedges, named in (("8,-2", "-2"), ("8,eight", "eight"), ("16,16", "twice")):
+    for hedges, named in (("8,-2", "-2"), ("8,eight", "eight"), ("16,16", "twice"), ("", "''"), ("8,,16", "''"),
+                          ("\u00b2", "\u00b2")):  # (an empty hedge once played no guard; a superscript two crashed)
         with exits(2, "--volatility-guard", named, capsys=capsys):
             generalisation.main(["--recipe", f"x={a}", "--volatility-guard", hedges, "--out", out])
     assert not (tmp_path / "out").exists()
@@ -199,3 +200,33 @@ def test_each_run_plays_each_network_as_evaluate_plays_it_and_again_plays_nothin
     threshold = short["threshold"]  # calibrated past its own hedge, and played with it
     assert past_hedge(threshold, trained_on, validation_seeds(0, 50), hedge=3)[0] == 0
     assert short["records"] == past_hedge(threshold, heavy, None, hedge=3)[1]
+
+
+@pytest.mark.slow  # (a pool of two spawned players started)
+def test_sigterm_while_players_play_stops_them_all_and_keeps_what_finished(tmp_path):
+    """SIGTERM (as Ctrl-C) ends the command with one line and 128 + the signal, the players' processes with it
+    (they once played on, orphaned, then printed tracebacks); the same command goes on."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    run = _run_dir(tmp_path / "run", num_users=3)
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "benchmarks.cells_table", str(run), "--runs-later", "--users", "3", "--churn", "0",
+            "--episodes", "2000", "--out", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # the machine's lines first
+        if "records to play" in line:
+            break
+    time.sleep(3)  # the players started
+    players = psutil.Process(proc.pid).children(recursive=True)
+    assert players
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1].startswith("stopped") and "Traceback" not in err
+    gone, alive = psutil.wait_procs(players, timeout=10)
+    assert not alive, [p.pid for p in alive]

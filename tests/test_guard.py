@@ -106,7 +106,7 @@ def test_on_the_synthetic_cell_the_guard_plays_the_policy_past_the_hedge_and_is_
     assert actions_over(peak / 2)[0] != never  # below it, it does
 
 
-@pytest.mark.parametrize("hedge", [0, 3, 20])
+@pytest.mark.parametrize("hedge", [0, 3, np.int64(20)])
 def test_the_hedge_lasts_the_rounds_asked_and_the_peak_is_taken_past_it(hedge):
     guard = VolatilityGuard(top, CFG, threshold=math.inf, hedge_rounds=hedge)
     assert played(guard, [1.0, 3.0] * 15) == [True] * hedge + [False] * (30 - hedge)
