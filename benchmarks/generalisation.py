@@ -369,8 +369,15 @@ def _main(argv: list[str] | None) -> None:
     unguarded = list(args.recipes)
     if args.guard:  # each recipe again, guarded
         args.recipes += [Recipe(r.name + GUARD, r.runs) for r in unguarded]
+    hedges = _hedges(p, args.volatility_guard)
     args.recipes += [Recipe(r.name + VOLATILITY + ("" if h == HEDGE_ROUNDS else str(h)), r.runs)
-                     for h in _hedges(p, args.volatility_guard) for r in unguarded]
+                     for h in hedges for r in unguarded]
+    if hedges and (first := next((run for r in unguarded for run in r.runs), None)):  # (one cell: checked below)
+        options = _stored_config(p, first).env_options
+        steps = envs.VREdgeConfig(**{k: v for k, v in options.items() if k not in NETWORK_ARGUMENTS}).max_steps
+        if whole := [h for h in hedges if h >= steps]:
+            p.error(f"--volatility-guard: a hedge of {whole[0]} rounds covers the runs' whole episode (max_steps "
+                    f"{steps}): the policy would never play; give fewer rounds")
     played = _checked_runs(p, args.recipes, bool(args.guard))
     print_machine()
     write_traces(args.out / "heavy-traces", **HEAVY)  # the same bytes every time

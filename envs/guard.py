@@ -69,6 +69,9 @@ class VolatilityGuard:
         if hedge < 0:
             raise ValueError(f"VolatilityGuard needs hedge_rounds a whole number >= 0, got {hedge_rounds!r}: the "
                              "rounds at an episode's start that play the lowest level")
+        if hedge >= cfg.max_steps:
+            raise ValueError(f"VolatilityGuard hedge_rounds={hedge} covers the whole episode (max_steps "
+                             f"{cfg.max_steps}): the policy would never play; give fewer rounds")
         self.act, self.cfg, self.threshold, self.hedge_rounds = act, cfg, float(threshold), hedge
         users = cfg.num_user_features * cfg.num_users  # the observation's per-user features come first
         self._history = slice(users, users + cfg.history)

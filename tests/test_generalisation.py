@@ -99,7 +99,8 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     with exits(2, "robust", capsys=capsys):
         generalisation.main(["--recipe", "robust", "--out", out])
     for hedges, named in (("8,-2", "-2"), ("8,eight", "eight"), ("16,16", "twice"), ("", "''"), ("8,,16", "''"),
-                          ("\u00b2", "\u00b2")):  # (an empty hedge once played no guard; a superscript two crashed)
+                          ("\u00b2", "\u00b2"), ("8,300", "max_steps")):  # (an empty hedge once played no guard; a
+        # superscript two crashed; a hedge as long as the episode, the runs' 300 steps, leaves the policy nothing)
         with exits(2, "--volatility-guard", named, capsys=capsys):
             generalisation.main(["--recipe", f"x={a}", "--volatility-guard", hedges, "--out", out])
     assert not (tmp_path / "out").exists()

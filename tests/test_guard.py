@@ -121,8 +121,8 @@ def test_the_hedge_lasts_the_rounds_asked_and_the_peak_is_taken_past_it(hedge):
     assert played(tripped, [1.0, 3.0] * 15) == expected and expected[-1]
 
 
-@pytest.mark.parametrize("hedge", [-1, 2.5, True, "8"])
-def test_a_hedge_that_is_not_a_count_of_rounds_is_refused(hedge):
+@pytest.mark.parametrize("hedge", [-1, 2.5, True, "8", CFG.max_steps])  # (the last: the policy would never play)
+def test_a_hedge_that_is_not_a_count_of_rounds_the_policy_plays_after_is_refused(hedge):
     with pytest.raises(ValueError, match="hedge_rounds") as refused:
         VolatilityGuard(top, CFG, 0.2, hedge_rounds=hedge)
     assert "\n" not in str(refused.value)
