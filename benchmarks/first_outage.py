@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     (args.out / f"first_outage_{args.network}.md").write_text(text + "\n")
     (args.out / f"first_outage_{args.network}.json").write_text(json.dumps(rows, indent=1))
     print(text)
+    print(f"wrote {args.out / f'first_outage_{args.network}.md'} and .json")
 
 
 def _played(args: argparse.Namespace, runs: list[Path], played: Played, env_kwargs: dict[str, Any]
@@ -117,7 +118,13 @@ def _played(args: argparse.Namespace, runs: list[Path], played: Played, env_kwar
     players = {"lowest": lambda obs: np.zeros((len(obs), users), dtype=np.int64)}
     players |= {str(run): policy_actions(_checked_model(named), deterministic=True)
                 for run, named in zip(runs, played.checkpoints.values())}
-    return {name: summary(outage_episodes(act, env_kwargs, args.episodes, args.seed)) for name, act in players.items()}
+    print(f"{len(players)} players, {args.episodes} episodes each (a few seconds a player on the default cell)",
+          flush=True)
+    rows = {}
+    for name, act in players.items():
+        rows[name] = summary(outage_episodes(act, env_kwargs, args.episodes, args.seed))
+        print(f"played {name}", flush=True)
+    return rows
 
 
 def _table(args: argparse.Namespace, rows: dict[str, dict[str, Any]]) -> str:
