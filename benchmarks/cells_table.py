@@ -313,9 +313,15 @@ def _play_all(args: argparse.Namespace, tasks: list[tuple], play: Callable[[tupl
 
 
 def main(argv: list[str] | None = None) -> None:
+    stopped_before_playing(_main, argv)
+
+
+def stopped_before_playing(command: Callable[[list[str] | None], None], argv: list[str] | None) -> None:
+    """Run a table's ``command``; a Ctrl-C before its players start (checking the runs, loading their models,
+    writing traces: nothing played) is one line and exit 130 (once they play, :func:`_play_all` says what is kept)."""
     try:
-        _main(argv)
-    except KeyboardInterrupt:  # before the players start (checking the runs, loading their models): nothing played
+        command(argv)
+    except KeyboardInterrupt:
         print("stopped before anything was played; the same command starts again", file=sys.stderr)
         sys.exit(130)
 

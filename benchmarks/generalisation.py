@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -49,6 +48,7 @@ from benchmarks.cells_table import (
     _stored_config,
     _unplayed,
     _written,
+    stopped_before_playing,
 )
 from benchmarks.machine import print_machine
 from envs.guard import HEDGE_ROUNDS, VolatilityGuard
@@ -326,11 +326,7 @@ def _hedges(p: OneLineParser, text: str | None) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
-        _main(argv)
-    except KeyboardInterrupt:  # before the players start (checking the runs, writing the traces): nothing played
-        print("stopped before anything was played; the same command starts again", file=sys.stderr)
-        sys.exit(130)
+    stopped_before_playing(_main, argv)
 
 
 def _main(argv: list[str] | None) -> None:
